@@ -76,6 +76,7 @@ class TrnType(enum.IntEnum):
     TENDON = 3
     SITE = 4
     BODY = 5
+    SO3 = 6
     UNDEFINED = 1000
 
 
@@ -85,21 +86,28 @@ class DynType(enum.IntEnum):
     FILTER = 2
     FILTEREXACT = 3
     MUSCLE = 4
-    USER = 5
+    DCMOTOR = 5
+    PID = 6
+    USER = 7
 
 
 class GainType(enum.IntEnum):
     FIXED = 0
     AFFINE = 1
     MUSCLE = 2
-    USER = 3
+    DCMOTOR = 3
+    SO3 = 4
+    PID = 5
+    USER = 6
 
 
 class BiasType(enum.IntEnum):
     NONE = 0
     AFFINE = 1
     MUSCLE = 2
-    USER = 3
+    DCMOTOR = 3
+    SO3 = 4
+    USER = 5
 
 
 class EqType(enum.IntEnum):
@@ -108,7 +116,9 @@ class EqType(enum.IntEnum):
     JOINT = 2
     TENDON = 3
     FLEX = 4
-    DISTANCE = 5
+    FLEXVERT = 5
+    FLEXSTRAIN = 6
+    DISTANCE = 7
 
 
 class WrapType(enum.IntEnum):
@@ -174,6 +184,16 @@ class EnableBit(enum.IntFlag):
     INVDISCRETE = 1 << 3
     SLEEP = 1 << 4
     DIAGEXACT = 1 << 5
+    IPC = 1 << 6
+    SPECULATIVE = 1 << 7
+
+
+class SameFrame(enum.IntEnum):
+    NONE = 0
+    BODY = 1
+    INERTIA = 2
+    BODYROT = 3
+    INERTIAROT = 4
 
 
 class Stage(enum.IntEnum):
