@@ -1,0 +1,269 @@
+"""MJCF -> Model: global settings, assets, ids and the final arrays (numpy only).
+
+``load_model`` parses the XML (``simjax.mjcf.parse``), compiles the body tree
+(``tree``) and the other elements (``objects``), lays everything out in mjModel's
+arrays (``layout``) and finally asks the engine for the quantities MuJoCo computes at
+the reference pose (``simjax.engine.setconst``, the analogue of ``mj_setConst``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from simjax.errors import MJCFError, UnsupportedFeatureError
+from simjax.mjcf import layout
+from simjax.mjcf import objects as obj
+from simjax.mjcf.tree import TreeBuilder
+from simjax.types import ConeType, IntegratorType, JacobianType, SolverType
+
+_FLAG_DISABLE = ("constraint", "equality", "frictionloss", "limit", "contact", "spring",
+                 "damper", "gravity", "clampctrl", "warmstart", "filterparent", "actuation",
+                 "refsafe", "sensor", "midphase", "eulerdamp", "autoreset", "nativeccd",
+                 "island", "multiccd")
+_FLAG_ENABLE = ("override", "energy", "fwdinv", "invdiscrete", "sleep", "diagexact", "ipc",
+                "speculative")
+
+
+@dataclasses.dataclass
+class Settings:
+    """Resolved <compiler> settings (last value of each attribute wins)."""
+
+    to_rad: float = np.pi / 180
+    eulerseq: str = "xyz"
+    autolimits: bool = True
+    inertiafromgeom: str = "auto"
+    inertiagrouprange: tuple = (0, 5)
+    boundmass: float = 0.0
+    boundinertia: float = 0.0
+    balanceinertia: bool = False
+    settotalmass: float = -1.0
+    meshdir: str | None = None
+    texturedir: str | None = None
+    strippath: bool = False
+    fitaabb: bool = False
+    alignfree: bool = False
+    default_solref: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.array([0.02, 1.0]))
+    default_solimp: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.array([0.9, 0.95, 0.001, 0.5, 2.0]))
+
+    def group_in_range(self, group: int) -> bool:
+        return self.inertiagrouprange[0] <= group <= self.inertiagrouprange[1]
+
+
+def _settings(root) -> Settings:
+    s = Settings()
+    for el in root.children:
+        if el.tag != "compiler":
+            continue
+        a, g = el.attrs, el.given
+        if "angle" in g:
+            s.to_rad = 1.0 if a["angle"] == "radian" else np.pi / 180
+        for key in ("eulerseq", "inertiafromgeom"):
+            if key in g:
+                setattr(s, key, a[key])
+        for key in ("autolimits", "balanceinertia", "strippath", "fitaabb", "alignfree"):
+            if key in g:
+                setattr(s, key, bool(a[key]))
+        for key in ("boundmass", "boundinertia", "settotalmass"):
+            if key in g:
+                setattr(s, key, float(a[key]))
+        if "inertiagrouprange" in g:
+            s.inertiagrouprange = tuple(int(v) for v in a["inertiagrouprange"])
+        if "assetdir" in g:
+            s.meshdir = s.meshdir or a["assetdir"]
+            s.texturedir = s.texturedir or a["assetdir"]
+        if "meshdir" in g:
+            s.meshdir = a["meshdir"]
+        if "texturedir" in g:
+            s.texturedir = a["texturedir"]
+        if "coordinate" in g and a["coordinate"] == "global":
+            raise el.error("global coordinates no longer supported; use local")
+        for key in ("fusestatic", "discardvisual"):
+            if key in g and a[key]:
+                raise UnsupportedFeatureError(f"compiler/{key}", el.file, el.line, el.path)
+        if len(s.eulerseq) != 3 or any(c not in "xyzXYZ" for c in s.eulerseq):
+            raise el.error("euler sequence must have 3 characters from xyzXYZ")
+    return s
+
+
+_OPT_FLOAT = ("timestep", "impratio", "tolerance", "ls_tolerance", "noslip_tolerance",
+              "ccd_tolerance", "sleep_tolerance", "density", "viscosity")
+_OPT_VEC = ("gravity", "wind", "magnetic")
+_OPT_INT = ("iterations", "ls_iterations", "noslip_iterations", "ccd_iterations",
+            "sdf_iterations", "sdf_initpoints")
+_ENUMS = {"integrator": {"euler": IntegratorType.EULER, "rk4": IntegratorType.RK4,
+                         "implicit": IntegratorType.IMPLICIT,
+                         "implicitfast": IntegratorType.IMPLICITFAST},
+          "cone": {"pyramidal": ConeType.PYRAMIDAL, "elliptic": ConeType.ELLIPTIC},
+          "jacobian": {"dense": JacobianType.DENSE, "sparse": JacobianType.SPARSE,
+                       "auto": JacobianType.AUTO},
+          "solver": {"pgs": SolverType.PGS, "cg": SolverType.CG, "newton": SolverType.NEWTON}}
+
+
+def _options(root) -> dict:
+    """Option values as plain numbers (mjOption), last attribute wins."""
+    opt = dict(timestep=0.002, impratio=1.0, tolerance=1e-8, ls_tolerance=0.01,
+               noslip_tolerance=1e-6, ccd_tolerance=1e-6, sleep_tolerance=1e-3,
+               gravity=np.array([0, 0, -9.81]), wind=np.zeros(3),
+               magnetic=np.array([0, -0.5, 0]), density=0.0, viscosity=0.0, o_margin=0.0,
+               o_solref=np.array([0.02, 1.0]), o_solimp=np.array([0.9, 0.95, 0.001, 0.5, 2]),
+               o_friction=np.array([1, 1, 0.005, 0.0001, 0.0001]),
+               integrator=0, cone=0, jacobian=2, solver=2, iterations=100, ls_iterations=50,
+               noslip_iterations=0, ccd_iterations=35, sdf_iterations=10, sdf_initpoints=40,
+               disableflags=0, enableflags=0, disableactuator=0)
+    for el in root.children:
+        if el.tag != "option":
+            continue
+        a, g = el.attrs, el.given
+        for k in _OPT_FLOAT + ("o_margin",):
+            if k in g:
+                opt[k] = float(a[k])
+        for k in _OPT_VEC + ("o_solref", "o_solimp", "o_friction"):
+            if k in g:
+                opt[k] = np.asarray(a[k], dtype=np.float64)
+        for k in _OPT_INT:
+            if k in g:
+                opt[k] = int(a[k])
+        for k, table in _ENUMS.items():
+            if k in g:
+                opt[k] = int(table[a[k]])
+        if "actuatorgroupdisable" in g:
+            bits = 0
+            for grp in np.atleast_1d(a["actuatorgroupdisable"]).astype(int):
+                if not 0 <= grp <= 30:
+                    raise el.error("actuatorgroupdisable values must be in 0..30")
+                bits |= 1 << int(grp)
+            opt["disableactuator"] = bits
+        for fl in el.children:
+            if fl.tag != "flag":
+                continue
+            for i, name in enumerate(_FLAG_DISABLE):
+                if name in fl.given:
+                    if fl.attrs[name] == "disable":
+                        opt["disableflags"] |= 1 << i
+                    else:
+                        opt["disableflags"] &= ~(1 << i)
+            for i, name in enumerate(_FLAG_ENABLE):
+                if name in fl.given:
+                    if fl.attrs[name] == "enable":
+                        opt["enableflags"] |= 1 << i
+                    else:
+                        opt["enableflags"] &= ~(1 << i)
+    if opt["timestep"] <= 0:
+        raise MJCFError("timestep must be positive")
+    return opt
+
+
+def _sections(root, tag):
+    """All children of every ``tag`` section, in document order."""
+    out = []
+    for sec in root.children:
+        if sec.tag == tag:
+            out.extend(sec.children)
+    return out
+
+
+def _check_unsupported(root):
+    for sec in root.children:
+        if sec.tag in ("deformable",) and sec.children:
+            raise UnsupportedFeatureError("<deformable> (flex/skin)", sec.file, sec.line, sec.path)
+        if sec.tag == "extension" and sec.children:
+            raise UnsupportedFeatureError("engine plugins (<extension>)", sec.file, sec.line,
+                                          sec.path)
+
+
+def _load_assets(root, model_dir, settings, assets, collide_meshes):
+    """Meshes and height fields, in document order; returns lists and name->id maps."""
+    from simjax.mjcf import hfield as hf
+    from simjax.mjcf import mesh as ms
+    meshes, hfields, mesh_ids, hfield_ids = [], [], {}, {}
+    mesh_names, hfield_names = [], []
+    for el in _sections(root, "asset"):
+        if el.tag not in ("mesh", "hfield"):
+            continue
+        a = dict(el.attrs)
+        name = a.get("name") or (os.path.splitext(os.path.basename(a["file"]))[0]
+                                 if a.get("file") else "")
+        a["name"] = name
+        try:
+            if el.tag == "mesh":
+                if any(c.tag == "plugin" for c in el.children):
+                    raise UnsupportedFeatureError("mesh plugin", el.file, el.line, el.path)
+                if name in mesh_ids:
+                    raise el.error(f"repeated name '{name}' in mesh")
+                mesh_ids[name] = len(meshes)
+                mesh_names.append(name)
+                meshes.append(ms.load_mesh(a, model_dir, settings.meshdir, settings.strippath,
+                                           assets, needs_hull=name in collide_meshes))
+            else:
+                if name in hfield_ids:
+                    raise el.error(f"repeated name '{name}' in hfield")
+                hfield_ids[name] = len(hfields)
+                hfield_names.append(name)
+                hfields.append(hf.load_hfield(a, model_dir, settings.meshdir,
+                                              settings.strippath, assets))
+        except MJCFError as e:
+            if e.line is None:
+                raise el.error(e.message) from None
+            raise
+    return meshes, hfields, mesh_ids, hfield_ids, mesh_names, hfield_names
+
+
+def _collision_meshes(root):
+    """Names of meshes used by colliding mesh geoms or pairs (they need a convex hull)."""
+    names = set()
+
+    def walk(el):
+        for ch in el.children:
+            if ch.tag == "geom" and ch.attrs.get("mesh") and (
+                    ch.attrs.get("contype") or ch.attrs.get("conaffinity")):
+                names.add(ch.attrs["mesh"])
+            walk(ch)
+    for wb in root.children:
+        if wb.tag == "worldbody":
+            walk(wb)
+    return names
+
+
+def compile_root(root, model_dir, assets=None):
+    """Compile a parsed MJCF tree into a Model without the reference-pose constants."""
+    _check_unsupported(root)
+    settings = _settings(root)
+    opt = _options(root)
+    meshes, hfields, mesh_ids, hfield_ids, mesh_names, hfield_names = _load_assets(
+        root, model_dir, settings, assets, _collision_meshes(root))
+    tb = TreeBuilder(settings, meshes, hfields, mesh_ids, hfield_ids)
+    bodies = tb.build([s for s in root.children if s.tag == "worldbody"])
+    ids = layout.name_ids(bodies, mesh_names, hfield_names)
+    joints = [j for b in bodies for j in b.joints]
+    tendon_recs, wtype, wobj, wprm = obj.tendons(_sections(root, "tendon"), ids, settings)
+    ids["tendon"] = _index([t["name"] for t in tendon_recs], "tendon")
+    act_recs = obj.actuators(_sections(root, "actuator"), ids, settings, joints, tendon_recs)
+    ids["actuator"] = _index([r["name"] for r in act_recs], "actuator")
+    sensor_recs = obj.sensors(_sections(root, "sensor"), ids, joints, tendon_recs)
+    eq_recs = obj.equalities(_sections(root, "equality"), ids)
+    return layout.assemble(root, settings, opt, bodies, meshes, hfields, mesh_names,
+                           hfield_names, ids, tendon_recs, (wtype, wobj, wprm), act_recs,
+                           sensor_recs, eq_recs)
+
+
+def _index(names, what):
+    out = {}
+    for i, n in enumerate(names):
+        if n:
+            if n in out:
+                raise MJCFError(f"repeated name '{n}' in {what}")
+            out[n] = i
+    return out
+
+
+def load_model(source, assets=None):
+    """Parse and compile an MJCF model (see :func:`simjax.load_model`)."""
+    from simjax.mjcf.parse import parse
+    root, model_dir = parse(source, assets)
+    model = compile_root(root, model_dir, assets)
+    from simjax.engine.setconst import set_const
+    return set_const(model)

@@ -1,0 +1,444 @@
+"""Elements outside the body tree: tendons, actuators, sensors, equalities, contact
+pairs/excludes, keyframes and custom data (numpy only).
+
+Semantics follow MuJoCo's ``mjCTendon``, ``mjCActuator``, ``mjCSensor``,
+``mjCEquality``, ``mjCPair``, ``mjCBodyPair`` and ``mjCKey`` compile steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from simjax.errors import UnsupportedFeatureError
+from simjax.types import (BiasType, DataType, DynType, EqType, GainType, JointType,
+                          ObjType, SensorType, Stage, TrnType, WrapType)
+
+DYN = {"none": DynType.NONE, "integrator": DynType.INTEGRATOR, "filter": DynType.FILTER,
+       "filterexact": DynType.FILTEREXACT, "muscle": DynType.MUSCLE, "user": DynType.USER}
+GAIN = {"fixed": GainType.FIXED, "affine": GainType.AFFINE, "muscle": GainType.MUSCLE,
+        "user": GainType.USER}
+BIAS = {"none": BiasType.NONE, "affine": BiasType.AFFINE, "muscle": BiasType.MUSCLE,
+        "user": BiasType.USER}
+
+
+def _get(attrs, key, default):
+    """attrs[key], or ``default`` when unset (None)."""
+    v = attrs.get(key)
+    return default if v is None else v
+
+
+def _limited(el, flag, rng, autolimits, entity, attr=""):
+    hasrange = not (rng[0] == 0 and rng[1] == 0)
+    if flag == "auto" and not autolimits and hasrange:
+        raise el.error(f"{entity} has `{attr}range` but not `{attr}limited`. set the "
+                       f"autolimits=\"true\" compiler option, specify `{attr}limited` explicitly "
+                       f"(\"true\" or \"false\"), or remove the `{attr}range` attribute.")
+    return flag == "true" or (flag == "auto" and rng[0] < rng[1])
+
+
+def _lookup(ids, objtype, name, el, what):
+    if name is None or name == "":
+        raise el.error(f"missing {what} name")
+    i = ids[objtype].get(name, -1)
+    if i < 0:
+        raise el.error(f"unknown {what} '{name}'")
+    return i
+
+
+def _poly3(v):
+    out = np.zeros(3)
+    v = np.atleast_1d(np.asarray(v, dtype=np.float64))
+    out[:len(v)] = v[:3]
+    return out
+
+
+# ----------------------------------------------------------------------------- tendons
+def tendons(els, ids, s):
+    """Tendon records and the flat wrap arrays."""
+    recs, wtype, wobj, wprm = [], [], [], []
+    for el in els:
+        a = el.attrs
+        adr = len(wtype)
+        if el.tag == "fixed":
+            for ch in el.children:
+                j = _lookup(ids, "joint", ch.attrs.get("joint"), ch, "joint")
+                wtype.append(WrapType.JOINT)
+                wobj.append(j)
+                wprm.append(float(ch.attrs.get("coef", 1.0)))
+        else:
+            for ch in el.children:
+                if ch.tag == "site":
+                    wtype.append(WrapType.SITE)
+                    wobj.append(_lookup(ids, "site", ch.attrs.get("site"), ch, "site"))
+                    wprm.append(0.0)
+                elif ch.tag == "geom":
+                    g = _lookup(ids, "geom", ch.attrs.get("geom"), ch, "geom")
+                    gt = ids["geom_type"][g]
+                    if gt not in (2, 5):
+                        raise ch.error("wrapping geom must be sphere or cylinder")
+                    wtype.append(WrapType.SPHERE if gt == 2 else WrapType.CYLINDER)
+                    wobj.append(g)
+                    side = ch.attrs.get("sidesite")
+                    wprm.append(float(_lookup(ids, "site", side, ch, "sidesite"))
+                                if side else -1.0)
+                elif ch.tag == "pulley":
+                    wtype.append(WrapType.PULLEY)
+                    wobj.append(-1)
+                    wprm.append(float(ch.attrs["divisor"]))
+            _check_spatial(el, wtype[adr:])
+        rng = np.asarray(a["range"], dtype=np.float64)
+        limited = _limited(el, a["limited"], rng, s.autolimits, "tendon")
+        if limited and rng[0] >= rng[1]:
+            raise el.error("invalid limits in tendon")
+        afr = np.asarray(a["actuatorfrcrange"], dtype=np.float64)
+        afl = _limited(el, a["actuatorfrclimited"], afr, s.autolimits, "tendon", "actuatorfrc")
+        if afl and afr[0] >= afr[1]:
+            raise el.error("invalid actuatorfrcrange in tendon")
+        sl = np.atleast_1d(np.asarray(_get(a, "springlength", [-1, -1]), dtype=np.float64))
+        if sl.size == 1:
+            sl = np.array([sl[0], sl[0]])
+        stiff, damp = _poly3(a["stiffness"]), _poly3(a["damping"])
+        recs.append(dict(name=a.get("name") or "", adr=adr, num=len(wtype) - adr,
+                         limited=limited, range=rng, actfrclimited=afl, actfrcrange=afr,
+                         solref_lim=a["solreflimit"], solimp_lim=a["solimplimit"],
+                         solref_fri=a["solreffriction"], solimp_fri=a["solimpfriction"],
+                         margin=float(a["margin"]), stiffness=stiff, damping=damp,
+                         armature=float(_get(a, "armature", 0.0)),
+                         frictionloss=float(a["frictionloss"]), lengthspring=sl,
+                         group=int(_get(a, "group", 0)), user=a.get("user")))
+    return recs, np.array(wtype, np.int32), np.array(wobj, np.int32), np.array(wprm)
+
+
+def _check_spatial(el, types):
+    if not types:
+        raise el.error("tendon must have at least one object")
+    if types[0] != WrapType.SITE or types[-1] != WrapType.SITE:
+        raise el.error("tendon must start and end with a site")
+    for i, t in enumerate(types):
+        if t in (WrapType.SPHERE, WrapType.CYLINDER):
+            if i == 0 or i == len(types) - 1 or types[i - 1] != WrapType.SITE or \
+                    types[i + 1] != WrapType.SITE:
+                raise el.error("geom in tendon must be between two sites")
+
+
+# ----------------------------------------------------------------------------- actuators
+_TARGETS = (("joint", TrnType.JOINT, "joint"), ("jointinparent", TrnType.JOINTINPARENT, "joint"),
+            ("tendon", TrnType.TENDON, "tendon"), ("site", TrnType.SITE, "site"),
+            ("cranksite", TrnType.SLIDERCRANK, "site"), ("body", TrnType.BODY, "body"))
+
+
+def actuators(els, ids, s, joints, tendon_recs):
+    """Actuator records (one control and one force output each)."""
+    recs = []
+    actadr = 0
+    for i, el in enumerate(els):
+        a = el.attrs
+        if el.tag in ("pid", "orientation", "dcmotor", "plugin"):
+            raise UnsupportedFeatureError(f"<{el.tag}> actuator", el.file, el.line, el.path)
+        dyn = DYN.get(a["dyntype"])
+        gain = GAIN.get(a["gaintype"])
+        bias = BIAS.get(a["biastype"])
+        if dyn is None or gain is None or bias is None:
+            raise UnsupportedFeatureError(
+                f"actuator dyn/gain/bias type {a['dyntype']}/{a['gaintype']}/{a['biastype']}",
+                el.file, el.line, el.path)
+        if int(_get(a, "nsample", 0) or 0) > 0 or float(_get(a, "delay", 0) or 0) > 0:
+            raise UnsupportedFeatureError("actuator delay / history buffer (nsample, delay)",
+                                          el.file, el.line, el.path)
+        given = [(k, t, o) for k, t, o in _TARGETS if a.get(k)]
+        if not given:
+            raise el.error("missing transmission target for actuator")
+        if len(given) > 1:
+            raise el.error("actuator can have only one transmission target")
+        key, trn, otype = given[0]
+        trnid = [_lookup(ids, otype, a[key], el, otype), -1]
+        if trn == TrnType.SITE and a.get("refsite"):
+            trnid[1] = _lookup(ids, "site", a["refsite"], el, "refsite")
+        if trn == TrnType.SLIDERCRANK:
+            if not a.get("slidersite"):
+                raise el.error("slider-crank actuator requires slidersite")
+            trnid[1] = _lookup(ids, "site", a["slidersite"], el, "slidersite")
+            if float(a["cranklength"]) <= 0:
+                raise el.error("crank length must be positive in actuator")
+        gainprm = np.array(a["gainprm"], dtype=np.float64)
+        biasprm = np.array(a["biasprm"], dtype=np.float64)
+        dynprm = np.array(a["dynprm"], dtype=np.float64)
+        ctrlrange = np.array(a["ctrlrange"], dtype=np.float64)
+        actrange = np.array(a["actrange"], dtype=np.float64)
+        _inherit_range(el, a, trn, trnid, dyn, gain, bias, gainprm, biasprm, ctrlrange,
+                       actrange, joints, tendon_recs)
+        forcerange = np.array(a["forcerange"], dtype=np.float64)
+        fl = _limited(el, a["forcelimited"], forcerange, s.autolimits, "actuator", "force")
+        cl = _limited(el, a["ctrllimited"], ctrlrange, s.autolimits, "actuator", "ctrl")
+        al = _limited(el, a["actlimited"], actrange, s.autolimits, "actuator", "act")
+        if fl and forcerange[0] >= forcerange[1]:
+            raise el.error("invalid force range for actuator")
+        if cl and ctrlrange[0] >= ctrlrange[1]:
+            raise el.error("invalid control range for actuator")
+        if al and actrange[0] >= actrange[1]:
+            raise el.error("invalid actrange for actuator")
+        if al and dyn == DynType.NONE:
+            raise el.error("actrange specified but dyntype is 'none' in actuator")
+        actdim = int(_get(a, "actdim", -1))
+        if actdim > 1 and dyn != DynType.USER:
+            raise el.error("actdim > 1 is only allowed for dyntype 'user'")
+        if actdim == 1 and dyn == DynType.NONE:
+            raise el.error("invalid actdim 1 in stateless actuator")
+        if actdim == 0 and dyn != DynType.NONE:
+            raise el.error("invalid actdim 0 in stateful actuator")
+        if actdim < 0:
+            actdim = int(dyn != DynType.NONE)
+        _check_muscle(el, gain, bias, gainprm, biasprm)
+        damping = _poly3(_get(a, "damping", 0.0))
+        armature = float(_get(a, "armature", 0.0))
+        if (np.any(damping) or armature) and trn not in (TrnType.JOINT, TrnType.JOINTINPARENT,
+                                                          TrnType.TENDON):
+            raise el.error("damping/armature requires joint or tendon transmission in actuator")
+        recs.append(dict(name=a.get("name") or "", trntype=trn, trnid=trnid, dyntype=dyn,
+                         gaintype=gain, biastype=bias, dynprm=dynprm, gainprm=gainprm,
+                         biasprm=biasprm, actearly=bool(a["actearly"]), ctrllimited=cl,
+                         forcelimited=fl, actlimited=al, ctrlrange=ctrlrange,
+                         forcerange=forcerange, actrange=actrange,
+                         lengthrange=np.array(a["lengthrange"], dtype=np.float64),
+                         gear=np.array(a["gear"], dtype=np.float64),
+                         cranklength=float(a["cranklength"]), actnum=actdim,
+                         actadr=actadr if actdim else -1, group=int(_get(a, "group", 0)),
+                         damping=damping, armature=armature, user=a.get("user"), el=el))
+        actadr += actdim
+    return recs
+
+
+def _inherit_range(el, a, trn, trnid, dyn, gain, bias, gainprm, biasprm, ctrlrange,
+                   actrange, joints, tendon_recs):
+    x = float(_get(a, "inheritrange", 0.0) or 0.0)
+    if not (gain == GainType.FIXED and gainprm[0] == -biasprm[1] and bias == BiasType.AFFINE
+            and x > 0):
+        return
+    if dyn in (DynType.NONE, DynType.FILTEREXACT):
+        target = ctrlrange
+    elif dyn == DynType.INTEGRATOR:
+        target = actrange
+    else:
+        raise el.error("inheritrange only available for position and intvelocity actuators")
+    if trn == TrnType.JOINT:
+        j = joints[trnid[0]]
+        if j["type"] not in (JointType.HINGE, JointType.SLIDE):
+            raise el.error("inheritrange can only be used with hinge and slide joints")
+        rng = j["range"]
+    elif trn == TrnType.TENDON:
+        rng = tendon_recs[trnid[0]]["range"]
+    else:
+        raise el.error("inheritrange can only be used with joint and tendon transmission")
+    if rng[0] == rng[1]:
+        raise el.error("inheritrange used but target has no range defined")
+    mean, rad = 0.5 * (rng[1] + rng[0]), 0.5 * (rng[1] - rng[0]) * x
+    target[:] = [mean - rad, mean + rad]
+
+
+def _check_muscle(el, gain, bias, gainprm, biasprm):
+    for is_m, prm in ((gain == GainType.MUSCLE, gainprm), (bias == BiasType.MUSCLE, biasprm)):
+        if not is_m:
+            continue
+        if prm[0] >= prm[1]:
+            raise el.error("range[0]<range[1] required in muscle")
+        if prm[4] >= 1 or prm[5] <= 1:
+            raise el.error("lmin<1<lmax required in muscle")
+        if prm[3] <= 0 or prm[6] <= 0 or prm[7] <= 0 or prm[8] <= 0:
+            raise el.error("positive scale, vmax, fpmax, fvmax required in muscle")
+
+
+# ----------------------------------------------------------------------------- sensors
+# tag -> (type, dim, attribute naming the object, object type)
+_ACC, _VEL, _POS = Stage.ACC, Stage.VEL, Stage.POS
+_SITE_SENSORS = {"touch": (SensorType.TOUCH, 1), "accelerometer": (SensorType.ACCELEROMETER, 3),
+                 "velocimeter": (SensorType.VELOCIMETER, 3), "gyro": (SensorType.GYRO, 3),
+                 "force": (SensorType.FORCE, 3), "torque": (SensorType.TORQUE, 3),
+                 "magnetometer": (SensorType.MAGNETOMETER, 3)}
+_JOINT_SENSORS = {"jointpos": SensorType.JOINTPOS, "jointvel": SensorType.JOINTVEL,
+                  "jointactuatorfrc": SensorType.JOINTACTFRC,
+                  "ballquat": SensorType.BALLQUAT, "ballangvel": SensorType.BALLANGVEL,
+                  "jointlimitpos": SensorType.JOINTLIMITPOS,
+                  "jointlimitvel": SensorType.JOINTLIMITVEL,
+                  "jointlimitfrc": SensorType.JOINTLIMITFRC}
+_TENDON_SENSORS = {"tendonpos": SensorType.TENDONPOS, "tendonvel": SensorType.TENDONVEL,
+                   "tendonactuatorfrc": SensorType.TENDONACTFRC,
+                   "tendonlimitpos": SensorType.TENDONLIMITPOS,
+                   "tendonlimitvel": SensorType.TENDONLIMITVEL,
+                   "tendonlimitfrc": SensorType.TENDONLIMITFRC}
+_ACT_SENSORS = {"actuatorpos": SensorType.ACTUATORPOS, "actuatorvel": SensorType.ACTUATORVEL,
+                "actuatorfrc": SensorType.ACTUATORFRC}
+_FRAME_SENSORS = {"framepos": (SensorType.FRAMEPOS, 3), "framequat": (SensorType.FRAMEQUAT, 4),
+                  "framexaxis": (SensorType.FRAMEXAXIS, 3),
+                  "frameyaxis": (SensorType.FRAMEYAXIS, 3),
+                  "framezaxis": (SensorType.FRAMEZAXIS, 3),
+                  "framelinvel": (SensorType.FRAMELINVEL, 3),
+                  "frameangvel": (SensorType.FRAMEANGVEL, 3),
+                  "framelinacc": (SensorType.FRAMELINACC, 3),
+                  "frameangacc": (SensorType.FRAMEANGACC, 3)}
+_SUBTREE_SENSORS = {"subtreecom": SensorType.SUBTREECOM,
+                    "subtreelinvel": SensorType.SUBTREELINVEL,
+                    "subtreeangmom": SensorType.SUBTREEANGMOM}
+_STAGE_ACC = {SensorType.TOUCH, SensorType.ACCELEROMETER, SensorType.FORCE, SensorType.TORQUE,
+              SensorType.ACTUATORFRC, SensorType.JOINTACTFRC, SensorType.TENDONACTFRC,
+              SensorType.JOINTLIMITFRC, SensorType.TENDONLIMITFRC, SensorType.FRAMELINACC,
+              SensorType.FRAMEANGACC, SensorType.CONTACT, SensorType.TACTILE}
+_STAGE_VEL = {SensorType.VELOCIMETER, SensorType.GYRO, SensorType.JOINTVEL,
+              SensorType.TENDONVEL, SensorType.ACTUATORVEL, SensorType.BALLANGVEL,
+              SensorType.JOINTLIMITVEL, SensorType.TENDONLIMITVEL, SensorType.FRAMELINVEL,
+              SensorType.FRAMEANGVEL, SensorType.SUBTREELINVEL, SensorType.SUBTREEANGMOM,
+              SensorType.E_KINETIC}
+_DT_POSITIVE = {SensorType.TOUCH, SensorType.INSIDESITE}
+_DT_AXIS = {SensorType.FRAMEXAXIS, SensorType.FRAMEYAXIS, SensorType.FRAMEZAXIS,
+            SensorType.GEOMNORMAL}
+_DT_QUAT = {SensorType.BALLQUAT, SensorType.FRAMEQUAT}
+_OBJ = {"body": ObjType.BODY, "xbody": ObjType.XBODY, "geom": ObjType.GEOM,
+        "site": ObjType.SITE, "camera": ObjType.CAMERA}
+_OBJ_IDS = {ObjType.BODY: "body", ObjType.XBODY: "body", ObjType.GEOM: "geom",
+            ObjType.SITE: "site", ObjType.CAMERA: "camera"}
+
+
+def sensors(els, ids, joints, tendon_recs):
+    """Sensor records with type, object/reference, dim, datatype and stage."""
+    recs = []
+    adr = 0
+    for el in els:
+        r = _sensor(el, ids, joints, tendon_recs)
+        a = el.attrs
+        if int(_get(a, "nsample", 0) or 0) > 0 or float(_get(a, "delay", 0) or 0) > 0 or \
+                np.any(np.asarray(_get(a, "interval", [0, 0]) or [0, 0], dtype=float) != 0):
+            raise UnsupportedFeatureError("sensor delay / history buffer / interval",
+                                          el.file, el.line, el.path)
+        cutoff, noise = float(_get(a, "cutoff", 0.0)), float(_get(a, "noise", 0.0))
+        if noise < 0:
+            raise el.error("negative noise in sensor")
+        if cutoff < 0:
+            raise el.error("negative cutoff in sensor")
+        t = r["type"]
+        dtype = DataType.POSITIVE if t in _DT_POSITIVE else DataType.AXIS if t in _DT_AXIS \
+            else DataType.QUATERNION if t in _DT_QUAT else DataType.REAL
+        if cutoff > 0 and (dtype == DataType.QUATERNION or
+                           (dtype == DataType.AXIS and t != SensorType.GEOMNORMAL)):
+            raise el.error("cutoff applied to axis or quaternion datatype in sensor")
+        stage = _ACC if t in _STAGE_ACC else _VEL if t in _STAGE_VEL else _POS
+        r.update(name=a.get("name") or "", datatype=dtype, needstage=stage, cutoff=cutoff,
+                 noise=noise, adr=adr, user=a.get("user"))
+        adr += r["dim"]
+        recs.append(r)
+    return recs
+
+
+def _sensor(el, ids, joints, tendon_recs):
+    a, tag = el.attrs, el.tag
+    base = dict(reftype=ObjType.UNKNOWN, refid=-1, intprm=[0, 0, 0])
+    if tag in _SITE_SENSORS:
+        t, dim = _SITE_SENSORS[tag]
+        return dict(base, type=t, dim=dim, objtype=ObjType.SITE,
+                    objid=_lookup(ids, "site", a.get("site"), el, "site"))
+    if tag in _JOINT_SENSORS:
+        t = _JOINT_SENSORS[tag]
+        j = _lookup(ids, "joint", a.get("joint"), el, "joint")
+        jt = joints[j]["type"]
+        if t in (SensorType.BALLQUAT, SensorType.BALLANGVEL):
+            if jt != JointType.BALL:
+                raise el.error("joint must be ball in sensor")
+        elif t in (SensorType.JOINTLIMITPOS, SensorType.JOINTLIMITVEL,
+                   SensorType.JOINTLIMITFRC):
+            if not joints[j]["limited"]:
+                raise el.error("joint must be limited in sensor")
+        elif jt not in (JointType.HINGE, JointType.SLIDE):
+            raise el.error("joint must be slide or hinge in sensor")
+        dim = 4 if t == SensorType.BALLQUAT else 3 if t == SensorType.BALLANGVEL else 1
+        return dict(base, type=t, dim=dim, objtype=ObjType.JOINT, objid=j)
+    if tag in _TENDON_SENSORS:
+        t = _TENDON_SENSORS[tag]
+        k = _lookup(ids, "tendon", a.get("tendon"), el, "tendon")
+        if t in (SensorType.TENDONLIMITPOS, SensorType.TENDONLIMITVEL,
+                 SensorType.TENDONLIMITFRC) and not tendon_recs[k]["limited"]:
+            raise el.error("tendon must be limited in sensor")
+        return dict(base, type=t, dim=1, objtype=ObjType.TENDON, objid=k)
+    if tag in _ACT_SENSORS:
+        return dict(base, type=_ACT_SENSORS[tag], dim=1, objtype=ObjType.ACTUATOR,
+                    objid=_lookup(ids, "actuator", a.get("actuator"), el, "actuator"))
+    if tag in _FRAME_SENSORS:
+        t, dim = _FRAME_SENSORS[tag]
+        r = dict(base, type=t, dim=dim, **_frame_obj(el, ids, a.get("objtype"),
+                                                      a.get("objname"), "obj"))
+        if a.get("reftype") or a.get("refname"):
+            ref = _frame_obj(el, ids, a.get("reftype"), a.get("refname"), "ref")
+            r.update(reftype=ref["objtype"], refid=ref["objid"])
+        return r
+    if tag in _SUBTREE_SENSORS:
+        return dict(base, type=_SUBTREE_SENSORS[tag], dim=3, objtype=ObjType.BODY,
+                    objid=_lookup(ids, "body", a.get("body"), el, "body"))
+    if tag == "camprojection":
+        cam = _lookup(ids, "camera", a.get("camera"), el, "camera")
+        return dict(base, type=SensorType.CAMPROJECTION, dim=2, objtype=ObjType.SITE,
+                    objid=_lookup(ids, "site", a.get("site"), el, "site"),
+                    reftype=ObjType.CAMERA, refid=cam)
+    if tag == "rangefinder":
+        if a.get("camera") or (a.get("data") not in (None, "dist")):
+            raise UnsupportedFeatureError("rangefinder camera / data fields", el.file, el.line,
+                                          el.path)
+        return dict(base, type=SensorType.RANGEFINDER, dim=1, objtype=ObjType.SITE,
+                    objid=_lookup(ids, "site", a.get("site"), el, "site"), intprm=[1, 0, 0])
+    if tag == "clock":
+        return dict(base, type=SensorType.CLOCK, dim=1, objtype=ObjType.UNKNOWN, objid=-1)
+    if tag in ("e_potential", "e_kinetic"):
+        t = SensorType.E_POTENTIAL if tag == "e_potential" else SensorType.E_KINETIC
+        return dict(base, type=t, dim=1, objtype=ObjType.UNKNOWN, objid=-1)
+    raise UnsupportedFeatureError(f"<{tag}> sensor", el.file, el.line, el.path)
+
+
+def _frame_obj(el, ids, objtype, objname, what):
+    if objtype not in _OBJ:
+        raise el.error(f"{what}type must be (x)body, geom, site or camera in sensor")
+    ot = _OBJ[objtype]
+    return dict(objtype=ot, objid=_lookup(ids, _OBJ_IDS[ot], objname, el, f"{what}name"))
+
+
+# ----------------------------------------------------------------------------- equality
+def equalities(els, ids):
+    recs = []
+    for el in els:
+        a = el.attrs
+        data = np.zeros(12)
+        data[1] = 1.0
+        data[10] = 1.0
+        tag = el.tag
+        if tag in ("connect", "weld"):
+            etype = EqType.CONNECT if tag == "connect" else EqType.WELD
+            if a.get("site1") or a.get("site2"):
+                if not (a.get("site1") and a.get("site2")):
+                    raise el.error("either both body1 and body2 or site1 and site2 must be "
+                                   "defined")
+                objtype = ObjType.SITE
+                o1 = _lookup(ids, "site", a["site1"], el, "site1")
+                o2 = _lookup(ids, "site", a["site2"], el, "site2")
+                data[:] = 0
+                if etype == EqType.WELD:
+                    data[10] = float(_get(a, "torquescale", 1.0))
+            else:
+                objtype = ObjType.BODY
+                o1 = _lookup(ids, "body", a.get("body1"), el, "body1")
+                o2 = ids["body"].get(a.get("body2"), -1) if a.get("body2") else 0
+                if o2 < 0:
+                    raise el.error(f"unknown body2 '{a.get('body2')}'")
+                data[:] = 0
+                data[0:3] = _get(a, "anchor", np.zeros(3))
+                if etype == EqType.WELD:
+                    rp = np.asarray(_get(a, "relpose", [0, 1, 0, 0, 0, 0, 0]), dtype=float)
+                    data[3:6] = rp[:3]
+                    data[6:10] = rp[3:7]
+                    data[10] = float(_get(a, "torquescale", 1.0))
+        elif tag in ("joint", "tendon"):
+            etype = EqType.JOINT if tag == "joint" else EqType.TENDON
+            objtype = ObjType.JOINT if tag == "joint" else ObjType.TENDON
+            o1 = _lookup(ids, tag, a.get(f"{tag}1"), el, f"{tag}1")
+            o2 = _lookup(ids, tag, a[f"{tag}2"], el, f"{tag}2") if a.get(f"{tag}2") else -1
+            data[:] = 0
+            data[:5] = _get(a, "polycoef", [0, 1, 0, 0, 0])
+        else:
+            raise UnsupportedFeatureError(f"<{tag}> equality", el.file, el.line, el.path)
+        recs.append(dict(name=a.get("name") or "", type=etype, obj1=o1, obj2=o2,
+                         objtype=objtype, active=bool(_get(a, "active", True)),
+                         solref=a["solref"], solimp=a["solimp"], data=data))
+    return recs
