@@ -281,7 +281,6 @@ def _joint_fields(f, jnt, dof, madr, dof_parent, dof_tree, nuser):
     f["jnt_margin"] = [j["margin"] for j in jnt]
     f["jnt_user"] = _user(jnt, nuser["nuser_jnt"])
     f["jnt_actuatorid"] = np.full(len(jnt), -1)
-    f["_springdamper"] = [j["springdamper"] for j in jnt]
     f["dof_bodyid"] = [d["bodyid"] for d in dof]
     f["dof_jntid"] = [d["jntid"] for d in dof]
     f["dof_parentid"] = dof_parent
@@ -401,7 +400,7 @@ def _tendon_fields(f, recs, wraps, nuser):
 
 def _actuator_fields(f, recs, nuser):
     for k in ("trntype", "dyntype", "gaintype", "biastype", "actadr", "actnum", "cranklength",
-              "actearly", "ctrllimited", "forcelimited", "actlimited", "armature"):
+              "actearly", "ctrllimited", "forcelimited", "actlimited", "armature", "ctrlspec"):
         f[f"actuator_{k}"] = [r[k] for r in recs]
     f["actuator_trnid"] = _stack([r["trnid"] for r in recs], 2, np.int32)
     for k in ("dynprm", "gainprm", "biasprm"):

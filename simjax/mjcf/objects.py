@@ -111,8 +111,18 @@ def tendons(els, ids, s):
 def _check_spatial(el, types):
     if not types:
         raise el.error("tendon must have at least one object")
-    if types[0] != WrapType.SITE or types[-1] != WrapType.SITE:
-        raise el.error("tendon must start and end with a site")
+    # pulleys split the path into branches; each branch starts and ends with a site
+    branches, cur = [], []
+    for t in types:
+        if t == WrapType.PULLEY:
+            branches.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    branches.append(cur)
+    for br in branches:
+        if br and (br[0] != WrapType.SITE or br[-1] != WrapType.SITE):
+            raise el.error("tendon branch must start and end with a site")
     for i, t in enumerate(types):
         if t in (WrapType.SPHERE, WrapType.CYLINDER):
             if i == 0 or i == len(types) - 1 or types[i - 1] != WrapType.SITE or \
@@ -193,7 +203,10 @@ def actuators(els, ids, s, joints, tendon_recs):
         if (np.any(damping) or armature) and trn not in (TrnType.JOINT, TrnType.JOINTINPARENT,
                                                           TrnType.TENDON):
             raise el.error("damping/armature requires joint or tendon transmission in actuator")
+        # MuJoCo 4 records the input signature of the servo shortcuts
+        ctrlspec = {"position": 1, "velocity": 2, "intvelocity": 2}.get(el.tag, 0)
         recs.append(dict(name=a.get("name") or "", trntype=trn, trnid=trnid, dyntype=dyn,
+                         ctrlspec=ctrlspec,
                          gaintype=gain, biastype=bias, dynprm=dynprm, gainprm=gainprm,
                          biasprm=biasprm, actearly=bool(a["actearly"]), ctrllimited=cl,
                          forcelimited=fl, actlimited=al, ctrlrange=ctrlrange,
@@ -304,7 +317,7 @@ def sensors(els, ids, joints, tendon_recs):
         r = _sensor(el, ids, joints, tendon_recs)
         a = el.attrs
         if int(_get(a, "nsample", 0) or 0) > 0 or float(_get(a, "delay", 0) or 0) > 0 or \
-                np.any(np.asarray(_get(a, "interval", [0, 0]) or [0, 0], dtype=float) != 0):
+                np.any(np.asarray(_get(a, "interval", [0, 0]), dtype=float) != 0):
             raise UnsupportedFeatureError("sensor delay / history buffer / interval",
                                           el.file, el.line, el.path)
         cutoff, noise = float(_get(a, "cutoff", 0.0)), float(_get(a, "noise", 0.0))
@@ -431,10 +444,9 @@ def equalities(els, ids):
                     data[10] = float(_get(a, "torquescale", 1.0))
         elif tag in ("joint", "tendon"):
             etype = EqType.JOINT if tag == "joint" else EqType.TENDON
-            objtype = ObjType.JOINT if tag == "joint" else ObjType.TENDON
+            objtype = ObjType.UNKNOWN  # MuJoCo 4 leaves it unset for joint/tendon
             o1 = _lookup(ids, tag, a.get(f"{tag}1"), el, f"{tag}1")
             o2 = _lookup(ids, tag, a[f"{tag}2"], el, f"{tag}2") if a.get(f"{tag}2") else -1
-            data[:] = 0
             data[:5] = _get(a, "polycoef", [0, 1, 0, 0, 0])
         else:
             raise UnsupportedFeatureError(f"<{tag}> equality", el.file, el.line, el.path)

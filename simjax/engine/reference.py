@@ -1,0 +1,377 @@
+"""Reference-pose constants of a compiled model: MuJoCo's set0, setStat, setSpring.
+
+Runs once per model at load time, in float64 numpy (the arrays are small and this is
+not part of the traced step): forward kinematics, subtree centres of mass, point
+Jacobians, the joint-space inertia M = sum_b (m_b Jp_b^T Jp_b + Jr_b^T I_b Jr_b) + armature,
+fixed and straight spatial tendons, and actuator transmissions. From these it derives the
+quantities listed in :mod:`simjax.engine.setconst` exactly as ``engine_setconst.c``.
+
+Not covered yet (left as zeros, visible in the conformance report): lengths and Jacobians of
+spatial tendons that wrap around geoms, and site transmissions with a reference site or a
+slider-crank; the engine's tendon/transmission stage will supply them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from simjax.mjcf.orientation import quat_mul, quat_normalize, quat_to_mat, rotate
+from simjax.types import EqType, JointType, ObjType, TrnType, WrapType
+
+_MINVAL = 1e-15
+
+
+def _axis_angle(axis, ang):
+    return np.concatenate([[np.cos(ang / 2)], np.sin(ang / 2) * np.asarray(axis)])
+
+
+class _Kin:
+    """Positions, frames and Jacobians of a model at one configuration ``qpos``."""
+
+    def __init__(self, m, qpos):
+        self.m = m
+        nb = m.nbody
+        self.xpos = np.zeros((nb, 3))
+        self.xquat = np.zeros((nb, 4))
+        self.xquat[0] = [1, 0, 0, 0]
+        self.xanchor = np.zeros((m.njnt, 3))
+        self.xaxis = np.zeros((m.njnt, 3))
+        bpos, bquat = np.asarray(m.body_pos), np.asarray(m.body_quat)
+        jpos, jaxis = np.asarray(m.jnt_pos), np.asarray(m.jnt_axis)
+        qpos0 = np.asarray(m.qpos0)
+        for b in range(1, nb):
+            p = m.body_parentid[b]
+            pos = self.xpos[p] + rotate(self.xquat[p], bpos[b])
+            quat = quat_mul(self.xquat[p], bquat[b])
+            for j in range(m.body_jntadr[b], m.body_jntadr[b] + m.body_jntnum[b]) \
+                    if m.body_jntnum[b] else []:
+                a = m.jnt_qposadr[j]
+                t = m.jnt_type[j]
+                if t == JointType.FREE:
+                    pos = qpos[a:a + 3].copy()
+                    quat = quat_normalize(qpos[a + 3:a + 7])
+                    self.xanchor[j], self.xaxis[j] = pos, [0, 0, 1]
+                    continue
+                anchor = pos + rotate(quat, jpos[j])
+                axis = rotate(quat, jaxis[j])
+                self.xanchor[j], self.xaxis[j] = anchor, axis
+                if t == JointType.BALL:
+                    quat = quat_mul(quat, quat_normalize(qpos[a:a + 4]))
+                elif t == JointType.HINGE:
+                    quat = quat_mul(quat, _axis_angle(jaxis[j], qpos[a] - qpos0[a]))
+                else:
+                    pos = pos + axis * (qpos[a] - qpos0[a])
+                    continue
+                pos = anchor - rotate(quat, jpos[j])
+            self.xpos[b], self.xquat[b] = pos, quat_normalize(quat)
+        self.xmat = np.array([quat_to_mat(q) for q in self.xquat])
+        self.xipos = self.xpos + np.einsum("bij,bj->bi", self.xmat, np.asarray(m.body_ipos))
+        self.ximat = np.array([quat_to_mat(quat_mul(q, iq)) for q, iq in
+                               zip(self.xquat, np.asarray(m.body_iquat))])
+        self._subtree_com()
+
+    def _subtree_com(self):
+        m = self.m
+        mass = np.asarray(m.body_mass)
+        acc = mass[:, None] * self.xipos
+        tot = mass.copy()
+        for b in range(m.nbody - 1, 0, -1):
+            acc[m.body_parentid[b]] += acc[b]
+            tot[m.body_parentid[b]] += tot[b]
+        self.subtree_com = np.where(tot[:, None] > _MINVAL,
+                                    acc / np.maximum(tot, _MINVAL)[:, None], self.xipos)
+
+    def frame(self, body, pos, quat):
+        """World position and rotation matrix of a frame (pos, quat) on ``body``."""
+        return self.xpos[body] + self.xmat[body] @ pos, self.xmat[body] @ quat_to_mat(quat)
+
+    def jac(self, body, point):
+        """(jacp, jacr), each (3, nv): point Jacobian of ``point`` fixed to ``body``."""
+        m = self.m
+        jp, jr = np.zeros((3, m.nv)), np.zeros((3, m.nv))
+        b = body
+        while b > 0:
+            for j in range(m.body_jntadr[b], m.body_jntadr[b] + m.body_jntnum[b]) \
+                    if m.body_jntnum[b] else []:
+                d = m.jnt_dofadr[j]
+                t = m.jnt_type[j]
+                if t == JointType.FREE:
+                    jp[:, d:d + 3] = np.eye(3)
+                    for k in range(3):
+                        ax = self.xmat[b][:, k]
+                        jr[:, d + 3 + k] = ax
+                        jp[:, d + 3 + k] = np.cross(ax, point - self.xanchor[j])
+                elif t == JointType.BALL:
+                    for k in range(3):
+                        ax = self.xmat[b][:, k]
+                        jr[:, d + k] = ax
+                        jp[:, d + k] = np.cross(ax, point - self.xanchor[j])
+                elif t == JointType.HINGE:
+                    ax = self.xaxis[j]
+                    jr[:, d] = ax
+                    jp[:, d] = np.cross(ax, point - self.xanchor[j])
+                else:
+                    jp[:, d] = self.xaxis[j]
+            b = m.body_parentid[b]
+        return jp, jr
+
+    def mass_matrix(self, armature):
+        m = self.m
+        M = np.diag(armature).astype(np.float64)
+        mass, inertia = np.asarray(m.body_mass), np.asarray(m.body_inertia)
+        for b in range(1, m.nbody):
+            jp, jr = self.jac(b, self.xipos[b])
+            ib = self.ximat[b] @ np.diag(inertia[b]) @ self.ximat[b].T
+            M += mass[b] * jp.T @ jp + jr.T @ ib @ jr
+        return M
+
+
+def _tendons(m, kin, qpos):
+    """Tendon lengths and Jacobians (fixed, and spatial without geom wrapping)."""
+    length, J = np.zeros(m.ntendon), np.zeros((m.ntendon, m.nv))
+    exact = np.ones(m.ntendon, bool)
+    wt, wo, wp = np.asarray(m.wrap_type), np.asarray(m.wrap_objid), np.asarray(m.wrap_prm)
+    spos = [kin.frame(m.site_bodyid[s], np.asarray(m.site_pos)[s],
+                      np.asarray(m.site_quat)[s])[0] for s in range(m.nsite)]
+    for t in range(m.ntendon):
+        adr, num = m.tendon_adr[t], m.tendon_num[t]
+        if num and wt[adr] == WrapType.JOINT:
+            for k in range(adr, adr + num):
+                j = wo[k]
+                length[t] += wp[k] * qpos[m.jnt_qposadr[j]]
+                J[t, m.jnt_dofadr[j]] += wp[k]
+            continue
+        divisor = 1.0
+        for k in range(adr, adr + num - 1):
+            if wt[k] == WrapType.PULLEY:
+                divisor = wp[k]
+                continue
+            if wt[k] in (WrapType.SPHERE, WrapType.CYLINDER) or \
+                    wt[k + 1] in (WrapType.SPHERE, WrapType.CYLINDER):
+                exact[t] = False
+                continue
+            if wt[k] != WrapType.SITE or wt[k + 1] != WrapType.SITE:
+                continue
+            s0, s1 = wo[k], wo[k + 1]
+            d = spos[s1] - spos[s0]
+            n = np.linalg.norm(d)
+            length[t] += n / divisor
+            if n > _MINVAL:
+                j1 = kin.jac(m.site_bodyid[s1], spos[s1])[0]
+                j0 = kin.jac(m.site_bodyid[s0], spos[s0])[0]
+                J[t] += (d / n) @ (j1 - j0) / divisor
+    return length, J, exact
+
+
+def _transmission(m, kin, qpos, ten_len, ten_J):
+    """Actuator lengths and moment rows (nu, nv) for the supported transmissions."""
+    length, moment = np.zeros(m.nu), np.zeros((m.nu, m.nv))
+    gear = np.asarray(m.actuator_gear)
+    for i in range(m.nu):
+        tid = m.actuator_trnid[i, 0]
+        tt = m.actuator_trntype[i]
+        if tt in (TrnType.JOINT, TrnType.JOINTINPARENT):
+            jt = m.jnt_type[tid]
+            d = m.jnt_dofadr[tid]
+            if jt in (JointType.HINGE, JointType.SLIDE):
+                length[i] = qpos[m.jnt_qposadr[tid]] * gear[i, 0]
+                moment[i, d] = gear[i, 0]
+            else:
+                n = 6 if jt == JointType.FREE else 3
+                moment[i, d:d + n] = gear[i, :n]
+        elif tt == TrnType.TENDON:
+            length[i] = ten_len[tid] * gear[i, 0]
+            moment[i] = ten_J[tid] * gear[i, 0]
+        elif tt == TrnType.SITE and m.actuator_trnid[i, 1] < 0:
+            b = m.site_bodyid[tid]
+            p, r = kin.frame(b, np.asarray(m.site_pos)[tid], np.asarray(m.site_quat)[tid])
+            jp, jr = kin.jac(b, p)
+            moment[i] = (r @ gear[i, :3]) @ jp + (r @ gear[i, 3:]) @ jr
+    return length, moment
+
+
+def set0(model):
+    """Fill every reference-pose constant of ``model`` (see module doc)."""
+    import jax.numpy as jnp
+    m = model
+    qpos0 = np.asarray(m.qpos0, dtype=np.float64)
+    kin = _Kin(m, qpos0)
+    armature = np.asarray(m.dof_armature, dtype=np.float64).copy()
+    act_arm = np.asarray(m.actuator_armature)
+    for i in range(m.nu):
+        if act_arm[i] and m.actuator_trntype[i] in (TrnType.JOINT, TrnType.JOINTINPARENT):
+            j = m.actuator_trnid[i, 0]
+            armature[m.jnt_dofadr[j]] += act_arm[i] * np.asarray(m.actuator_gear)[i, 0] ** 2
+    M = kin.mass_matrix(armature)
+    Minv = np.linalg.inv(M) if m.nv else np.zeros((0, 0))
+    out = {"dof_M0": np.diag(M).copy()}
+    out["body_invweight0"] = _body_invweight(m, kin, Minv)
+    out["dof_invweight0"] = _dof_invweight(m, Minv)
+    ten_len, ten_J, _ = _tendons(m, kin, qpos0)
+    out["tendon_length0"] = ten_len
+    out["tendon_invweight0"] = np.einsum("ti,ij,tj->t", ten_J, Minv, ten_J)
+    act_len, moment = _transmission(m, kin, qpos0, ten_len, ten_J)
+    out["actuator_length0"] = act_len
+    out["actuator_acc0"] = np.linalg.norm(moment @ Minv, axis=1) if m.nv else np.zeros(m.nu)
+    out["eq_data"] = _eq_data(m, kin)
+    out["actuator_biasprm"] = _dampratio(m, moment, out["dof_M0"])
+    out.update(_cameras(m, kin))
+    stat, dof_length = _stat(m, kin, M)
+    out["dof_length"] = dof_length
+    out["tendon_lengthspring"] = _lengthspring(m)
+    arrays = {k: jnp.asarray(v) for k, v in out.items() if k not in _STATIC_OUT}
+    arrays.update({k: np.asarray(v) for k, v in out.items() if k in _STATIC_OUT})
+    old = model.stat
+    new_stat = {}
+    for k, v in stat.items():
+        given = np.asarray(getattr(old, k))
+        new_stat[k] = getattr(old, k) if not np.any(np.isnan(given)) else jnp.asarray(v)
+    return model.replace(stat=old.replace(**new_stat), **arrays)
+
+
+_STATIC_OUT = frozenset({"cam_pos0", "cam_poscom0", "cam_mat0"})
+
+
+def _body_invweight(m, kin, Minv):
+    out = np.zeros((m.nbody, 2))
+    for b in range(1, m.nbody):
+        if m.body_dofnum[m.body_weldid[b]] == 0 or m.nv == 0:
+            continue
+        jp, jr = kin.jac(b, kin.xipos[b])
+        J = np.vstack([jp, jr])
+        A = J @ Minv @ J.T
+        out[b] = [np.trace(A[:3, :3]) / 3, np.trace(A[3:, 3:]) / 3]
+    return out
+
+
+def _dof_invweight(m, Minv):
+    out = np.zeros(m.nv)
+    for j in range(m.njnt):
+        d = m.jnt_dofadr[j]
+        t = m.jnt_type[j]
+        if t == JointType.FREE:
+            out[d:d + 3] = np.trace(Minv[d:d + 3, d:d + 3]) / 3
+            out[d + 3:d + 6] = np.trace(Minv[d + 3:d + 6, d + 3:d + 6]) / 3
+        elif t == JointType.BALL:
+            out[d:d + 3] = np.trace(Minv[d:d + 3, d:d + 3]) / 3
+        else:
+            out[d] = Minv[d, d]
+    return out
+
+
+def _eq_data(m, kin):
+    data = np.array(m.eq_data, dtype=np.float64)
+    for i in range(m.neq):
+        if m.eq_objtype[i] != ObjType.BODY:
+            continue
+        b1, b2 = m.eq_obj1id[i], m.eq_obj2id[i]
+        if m.eq_type[i] == EqType.CONNECT:
+            pos = kin.xpos[b1] + kin.xmat[b1] @ data[i, 0:3]
+            data[i, 3:6] = kin.xmat[b2].T @ (pos - kin.xpos[b2])
+        elif m.eq_type[i] == EqType.WELD:
+            if np.any(data[i, 6:10]):
+                data[i, 6:10] = quat_normalize(data[i, 6:10])
+                continue
+            pos = kin.xpos[b2] + kin.xmat[b2] @ data[i, 0:3]
+            data[i, 3:6] = kin.xmat[b1].T @ (pos - kin.xpos[b1])
+            q1 = kin.xquat[b1] * np.array([1, -1, -1, -1])
+            data[i, 6:10] = quat_mul(q1, kin.xquat[b2])
+    return data
+
+
+def _dampratio(m, moment, dof_M0):
+    """biasprm[2] > 0 on position-like actuators is a damping ratio: turn it into -kv."""
+    bias = np.array(m.actuator_biasprm, dtype=np.float64)
+    gain = np.asarray(m.actuator_gainprm)
+    for i in range(m.nu):
+        if gain[i, 0] != -bias[i, 1] or bias[i, 2] <= 0:
+            continue
+        trn2 = moment[i] ** 2
+        mass = np.sum(np.where(trn2 > _MINVAL, dof_M0 / np.maximum(trn2, _MINVAL), 0.0))
+        bias[i, 2] = -bias[i, 2] * 2 * np.sqrt(gain[i, 0] * mass)
+    return bias
+
+
+def _cameras(m, kin):
+    pos0, com0, mat0 = np.zeros((m.ncam, 3)), np.zeros((m.ncam, 3)), np.zeros((m.ncam, 9))
+    for c in range(m.ncam):
+        b = m.cam_bodyid[c]
+        p, r = kin.frame(b, np.asarray(m.cam_pos)[c], np.asarray(m.cam_quat)[c])
+        tgt = m.cam_targetbodyid[c]
+        pos0[c] = p - kin.xpos[b]
+        com0[c] = p - kin.subtree_com[tgt if tgt >= 0 else b]
+        mat0[c] = r.reshape(-1)
+    return {"cam_pos0": pos0, "cam_poscom0": com0, "cam_mat0": mat0}
+
+
+def _stat(m, kin, M):
+    """MuJoCo's setStat: bounding box, mean body size, dof length scales, means."""
+    lo, hi = np.full(3, 1e10), np.full(3, -1e10)
+
+    def upd(p, r=0.0):
+        nonlocal lo, hi
+        lo, hi = np.minimum(lo, p - r), np.maximum(hi, p + r)
+    for b in range(1, m.nbody):
+        upd(kin.xpos[b])
+        upd(kin.xipos[b])
+    for j in range(m.njnt):
+        upd(kin.xanchor[j])
+    sizes = np.asarray(m.geom_size)
+    rb = np.asarray(m.geom_rbound)
+    gxpos = []
+    for s in range(m.nsite):
+        upd(kin.frame(m.site_bodyid[s], np.asarray(m.site_pos)[s],
+                      np.asarray(m.site_quat)[s])[0])
+    for g in range(m.ngeom):
+        p = kin.frame(m.geom_bodyid[g], np.asarray(m.geom_pos)[g], np.asarray(m.geom_quat)[g])[0]
+        gxpos.append(p)
+        r = 0.0
+        if rb[g] > 0:
+            r = rb[g]
+        elif m.geom_type[g] == 0:
+            r = max(sizes[g, 0], sizes[g, 1]) * 0.1 if (sizes[g, 0] or sizes[g, 1]) else 0.01
+        elif m.geom_type[g] == 1:
+            r = np.max(np.asarray(m.hfield_size)[m.geom_dataid[g]]) * 0.1
+        upd(p, r)
+    stat = {"center": (lo + hi) / 2, "extent": 2.0, "meansize": 0.2, "meanmass": 1.0,
+            "meaninertia": 1.0}
+    if hi[0] > lo[0]:
+        stat["extent"] = max(1e-5, np.max(hi - lo))
+    body = np.zeros(m.nbody)
+    for j in range(m.njnt):
+        b = m.jnt_bodyid[j]
+        body[b] = max(body[b], np.linalg.norm(kin.xipos[b] - kin.xanchor[j]))
+        p = m.body_parentid[b]
+        body[p] = max(body[p], np.linalg.norm(kin.xipos[p] - kin.xanchor[j]))
+    body[0] = 0
+    for g in range(m.ngeom):
+        b = m.geom_bodyid[g]
+        if b > 0 and rb[g] > 0:
+            body[b] = max(body[b], rb[g] + np.linalg.norm(kin.xipos[b] - gxpos[g]))
+    if m.nbody > 1:
+        body[1:] = np.maximum(body[1:], 1e-5)
+        stat["meansize"] = body[1:].sum() / (m.nbody - 1)
+        stat["meanmass"] = np.asarray(m.body_mass)[1:].sum() / (m.nbody - 1)
+    dof_length = np.ones(m.nv)
+    for d in range(m.nv):
+        j = m.dof_jntid[d]
+        t = m.jnt_type[j]
+        if t in (JointType.BALL, JointType.HINGE) or (t == JointType.FREE and
+                                                       d - m.jnt_dofadr[j] >= 3):
+            dof_length[d] = body[m.dof_bodyid[d]]
+    stat["extent"] = max(stat["extent"], 2 * stat["meansize"])
+    if m.nv:
+        stat["meaninertia"] = np.trace(M) / m.nv
+    return stat, dof_length
+
+
+def _lengthspring(m):
+    ls = np.array(m.tendon_lengthspring, dtype=np.float64)
+    if not m.ntendon:
+        return ls
+    qs = np.asarray(m.qpos_spring, dtype=np.float64)
+    kin = _Kin(m, qs)
+    length, _, _ = _tendons(m, kin, qs)
+    unset = (ls[:, 0] == -1) & (ls[:, 1] == -1)
+    ls[unset] = length[unset, None]
+    return ls
+
