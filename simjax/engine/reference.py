@@ -231,10 +231,42 @@ def set0(model):
 _STATIC_OUT = frozenset({"cam_pos0", "cam_poscom0", "cam_mat0"})
 
 
+def body_simple(m):
+    """MuJoCo's body_simple: 1 diagonal M, 2 diagonal M with sliders only, else 0."""
+    simple = np.zeros(m.nbody, np.int32)
+    for b in range(m.nbody):
+        p = m.body_parentid[b]
+        simple[b] = int(m.body_sameframe[b] == 1 and (
+            m.body_rootid[b] == b or (m.body_parentid[p] == 0 and m.body_dofnum[p] == 0)))
+        if p > 0:
+            simple[p] = 0
+        rot = False
+        for j in range(m.body_jntadr[b], m.body_jntadr[b] + m.body_jntnum[b]) \
+                if m.body_jntnum[b] else []:
+            axis = np.asarray(m.jnt_axis)[j]
+            aligned = np.sum(np.abs(axis) > 1e-14) == 1
+            t = m.jnt_type[j]
+            if rot or np.any(np.abs(np.asarray(m.jnt_pos)[j]) >= 1e-6) or (
+                    t in (JointType.HINGE, JointType.SLIDE) and not aligned):
+                simple[b] = 0
+            rot |= t in (JointType.BALL, JointType.HINGE)
+    for b in range(m.nbody):
+        if simple[b] and m.body_dofnum[b]:
+            slides = all(m.jnt_type[j] == JointType.SLIDE for j in
+                         range(m.body_jntadr[b], m.body_jntadr[b] + m.body_jntnum[b]))
+            simple[b] = 2 if slides else 1
+    return simple
+
+
 def _body_invweight(m, kin, Minv):
     out = np.zeros((m.nbody, 2))
+    simple = body_simple(m)
+    mass = np.asarray(m.body_mass)
     for b in range(1, m.nbody):
         if m.body_dofnum[m.body_weldid[b]] == 0 or m.nv == 0:
+            continue
+        if simple[b] == 2:
+            out[b] = [1 / max(_MINVAL, mass[b]), 0.0]
             continue
         jp, jr = kin.jac(b, kin.xipos[b])
         J = np.vstack([jp, jr])
@@ -245,10 +277,13 @@ def _body_invweight(m, kin, Minv):
 
 def _dof_invweight(m, Minv):
     out = np.zeros(m.nv)
+    simple = body_simple(m)
     for j in range(m.njnt):
         d = m.jnt_dofadr[j]
         t = m.jnt_type[j]
-        if t == JointType.FREE:
+        if simple[m.jnt_bodyid[j]] == 2:
+            out[d] = 1 / max(_MINVAL, float(np.asarray(m.body_mass)[m.jnt_bodyid[j]]))
+        elif t == JointType.FREE:
             out[d:d + 3] = np.trace(Minv[d:d + 3, d:d + 3]) / 3
             out[d + 3:d + 6] = np.trace(Minv[d + 3:d + 6, d + 3:d + 6]) / 3
         elif t == JointType.BALL:
