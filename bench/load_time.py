@@ -1,0 +1,50 @@
+"""Time simjax.load_model against mujoco.MjModel.from_xml_path on corpus models.
+
+Usage: python bench/load_time.py [--repeat N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import simjax
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+                      "corpus")
+MODELS = ["mujoco_humanoid/humanoid.xml", "gym_ant/ant.xml",
+          "mjx_shadow_hand/scene_right.xml", "mjx_barkour_v0/assets/barkour_v0_mjx.xml",
+          "menagerie_trossen_wx250s/scene.xml"]
+
+
+def _best(fn, repeat):
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    try:
+        import mujoco
+    except ImportError:
+        mujoco = None
+    print(f"{'model':45s} {'simjax [s]':>11s} {'mujoco [s]':>11s}")
+    for rel in MODELS:
+        path = os.path.join(CORPUS, rel)
+        if not os.path.exists(path):
+            print(f"{rel:45s} (not found)")
+            continue
+        ts = _best(lambda: simjax.load_model(path), args.repeat)
+        tm = _best(lambda: mujoco.MjModel.from_xml_path(path), args.repeat) if mujoco else \
+            float("nan")
+        print(f"{rel:45s} {ts:11.3f} {tm:11.3f}")
+
+
+if __name__ == "__main__":
+    main()
