@@ -299,11 +299,12 @@ class _Parser:
             cls = parent
         else:
             if not name:
-                raise self._err(raw, path, "nested default class needs a non-empty 'class' name")
+                raise self._err(raw, f"{path}/default",
+                                "nested default class needs a non-empty 'class' name")
+            path = f"{path}/default[{name}]"
             if name in self.classes:
                 raise self._err(raw, path, f"repeated default class name '{name}'")
             cls = self.classes[name] = _Class(name, parent)
-            path = f"{path}/default[{name}]"
         self._check_children(raw, spec, path)
         # MuJoCo reads a class's own elements before its nested classes, so a nested class
         # inherits them regardless of document order.

@@ -108,7 +108,7 @@ mujoco: model
      contact* tendon* equality* actuator* sensor* custom* keyframe*
 compiler: autolimits:bool=true boundmass:real boundinertia:real settotalmass:real=-1
     balanceinertia:bool strippath:bool coordinate:kw.coordinate angle:kw.angle=degree
-    fitaabb:bool eulerseq meshdir texturedir discardvisual:bool usethread:bool=true
+    fitaabb:bool eulerseq=xyz meshdir texturedir discardvisual:bool usethread:bool=true
     fusestatic:bool inertiafromgeom:tfa inertiagrouprange:int[2]=0,5 saveinertial:bool
     savecompiled:bool=true savecanonical:bool=true assetdir alignfree:bool
     conflict:kw.conflict passthrough:kw.passthrough
@@ -228,7 +228,7 @@ attach: model body frame prefix!r
 site: name class type:kw.sitetype group:int pos:real[3] $ori material mesh
     size:real[1..3]=0.005,0.005,0.005 fromto:real[6]=- rgba:real[4]=0.5,0.5,0.5,1 user:real[]
 camera: name class projection:kw.projection fovy:real=45 ipd:real=0.068 resolution:int[2]=1,1
-    output:flags.camout pos:real[3] $ori mode:kw.camlight target!n focal:real[2]=-
+    output:flags.camout=rgb pos:real[3] $ori mode:kw.camlight target!n focal:real[2]=-
     focalpixel:real[2]=- principal:real[2]=- principalpixel:real[2]=- sensorsize:real[2]=-
     user:real[]
 light: name class directional:bool type:kw.lighttype castshadow:bool=true active:bool=true
