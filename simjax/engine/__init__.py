@@ -1,0 +1,23 @@
+"""The simulation pipeline, pure JAX (one module per MuJoCo stage).
+
+Re-exports the functions a user calls: :func:`make_data`, :func:`reset`,
+:func:`reset_keyframe`, :func:`forward`, :func:`step`, the Jacobian and inertia queries
+of :mod:`simjax.engine.support`, and the :class:`Data` type.
+"""
+from simjax.engine.data import Data
+from simjax.engine.forward import (euler, forward, fwd_acceleration, fwd_actuation,
+                                   fwd_constraint, fwd_position, fwd_velocity, implicit,
+                                   rk4, step)
+from simjax.engine.io import make_data, reset, reset_keyframe
+from simjax.engine.support import (apply_ft, differentiate_pos, energy_pos, energy_vel,
+                                   full_m, integrate_pos, jac, jac_body, jac_body_com,
+                                   jac_geom, jac_site, jac_subtree_com, mul_m, pack_m,
+                                   solve_m)
+
+__all__ = [
+    "Data", "make_data", "reset", "reset_keyframe", "forward", "step", "euler", "rk4",
+    "implicit", "fwd_position", "fwd_velocity", "fwd_actuation", "fwd_acceleration",
+    "fwd_constraint", "jac", "jac_body", "jac_body_com", "jac_geom", "jac_site",
+    "jac_subtree_com", "full_m", "mul_m", "solve_m", "pack_m", "apply_ft",
+    "integrate_pos", "differentiate_pos", "energy_pos", "energy_vel",
+]

@@ -1,0 +1,124 @@
+"""Data: the simulation state and everything the pipeline computes from it (mjData).
+
+``Data`` is a frozen dataclass registered as a pytree whose fields are all ``jax.Array``
+leaves with fixed shapes, named and laid out as in mjData, with two deliberate layout
+differences that make vectorised code simpler:
+
+- rotation matrices are (n, 3, 3), not (n, 9): ``xmat``, ``ximat``, ``geom_xmat``,
+  ``site_xmat``, ``cam_xmat``;
+- the inertia matrix is stored dense: ``qM`` is the full symmetric (nv, nv) matrix and
+  ``qL`` its lower Cholesky factor (``qM = qL @ qL.T``). MuJoCo stores ``M`` and ``qLD``
+  sparse; :func:`simjax.engine.support.pack_m` converts to MuJoCo's packed layout.
+  ``ten_J`` and ``actuator_moment`` are dense (ntendon, nv) and (nout, nv) as well.
+
+There is no batch axis inside Data: batch with ``jax.vmap``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+#: mjtWarning indices (MuJoCo 4.0): per-warning counters live in ``Data.warning``.
+WARN_INERTIA, WARN_CONTACTFULL, WARN_CNSTRFULL = 0, 1, 2
+WARN_BADQPOS, WARN_BADQVEL, WARN_BADQACC, WARN_BADCTRL = 3, 4, 5, 6
+NWARNING = 7
+
+# (name, shape as tuple of count names / ints, kind: "f" float, "i" int32, "b" bool)
+DATA_FIELDS = (
+    # ----- state and inputs
+    ("time", (), "f"),
+    ("qpos", ("nq",), "f"),
+    ("qvel", ("nv",), "f"),
+    ("act", ("na",), "f"),
+    ("qacc_warmstart", ("nv",), "f"),
+    ("plugin_state", ("npluginstate",), "f"),
+    ("history", ("nhistory",), "f"),
+    ("ctrl", ("nu",), "f"),
+    ("qfrc_applied", ("nv",), "f"),
+    ("xfrc_applied", ("nbody", 6), "f"),
+    ("eq_active", ("neq",), "b"),
+    ("mocap_pos", ("nmocap", 3), "f"),
+    ("mocap_quat", ("nmocap", 4), "f"),
+    ("qacc", ("nv",), "f"),
+    ("act_dot", ("na",), "f"),
+    ("userdata", ("nuserdata",), "f"),
+    ("sensordata", ("nsensordata",), "f"),
+    # ----- position dependent: kinematics, com_pos, camlight, tendon, transmission, crb
+    ("xpos", ("nbody", 3), "f"),
+    ("xquat", ("nbody", 4), "f"),
+    ("xmat", ("nbody", 3, 3), "f"),
+    ("xipos", ("nbody", 3), "f"),
+    ("ximat", ("nbody", 3, 3), "f"),
+    ("xanchor", ("njnt", 3), "f"),
+    ("xaxis", ("njnt", 3), "f"),
+    ("geom_xpos", ("ngeom", 3), "f"),
+    ("geom_xmat", ("ngeom", 3, 3), "f"),
+    ("site_xpos", ("nsite", 3), "f"),
+    ("site_xmat", ("nsite", 3, 3), "f"),
+    ("cam_xpos", ("ncam", 3), "f"),
+    ("cam_xmat", ("ncam", 3, 3), "f"),
+    ("subtree_com", ("nbody", 3), "f"),
+    ("cdof", ("nv", 6), "f"),
+    ("cinert", ("nbody", 10), "f"),
+    ("ten_length", ("ntendon",), "f"),
+    ("ten_J", ("ntendon", "nv"), "f"),
+    ("actuator_length", ("nout",), "f"),
+    ("actuator_moment", ("nout", "nv"), "f"),
+    ("crb", ("nbody", 10), "f"),
+    ("qM", ("nv", "nv"), "f"),
+    ("qL", ("nv", "nv"), "f"),
+    # ----- velocity dependent
+    ("ten_velocity", ("ntendon",), "f"),
+    ("actuator_velocity", ("nout",), "f"),
+    ("cvel", ("nbody", 6), "f"),
+    ("cdof_dot", ("nv", 6), "f"),
+    ("qfrc_bias", ("nv",), "f"),
+    ("qfrc_spring", ("nv",), "f"),
+    ("qfrc_damper", ("nv",), "f"),
+    ("qfrc_gravcomp", ("nv",), "f"),
+    ("qfrc_fluid", ("nv",), "f"),
+    ("qfrc_passive", ("nv",), "f"),
+    ("subtree_linvel", ("nbody", 3), "f"),
+    ("subtree_angmom", ("nbody", 3), "f"),
+    # ----- actuation / acceleration dependent
+    ("actuator_force", ("nout",), "f"),
+    ("qfrc_actuator", ("nv",), "f"),
+    ("qfrc_smooth", ("nv",), "f"),
+    ("qacc_smooth", ("nv",), "f"),
+    ("qfrc_constraint", ("nv",), "f"),
+    ("qfrc_inverse", ("nv",), "f"),
+    ("cacc", ("nbody", 6), "f"),
+    ("cfrc_int", ("nbody", 6), "f"),
+    ("cfrc_ext", ("nbody", 6), "f"),
+    # ----- diagnostics
+    ("energy", (2,), "f"),
+    ("warning", (NWARNING,), "i"),
+)
+
+DATA_FIELD_NAMES = tuple(f[0] for f in DATA_FIELDS)
+
+
+def _data_doc():
+    lines = [__doc__.strip().splitlines()[0], "", "Fields (mjData names; shapes):"]
+    for name, shape, kind in DATA_FIELDS:
+        dims = " x ".join(str(s) for s in shape) or "scalar"
+        lines.append(f"    {name}: ({dims}), {dict(f='float', i='int32', b='bool')[kind]}")
+    return "\n".join(lines)
+
+
+Data = dataclasses.make_dataclass(
+    "Data", [(n, Any) for n in DATA_FIELD_NAMES], frozen=True, eq=False,
+    namespace={"__doc__": _data_doc(), "__module__": __name__,
+               "replace": lambda self, **kw: dataclasses.replace(self, **kw)})
+
+jax.tree_util.register_dataclass(Data, data_fields=list(DATA_FIELD_NAMES), meta_fields=[])
+
+
+def field_shape(model, shape) -> tuple[int, ...]:
+    """Concrete shape of a DATA_FIELDS entry for ``model``."""
+    out = []
+    for s in shape:
+        out.append(s if isinstance(s, int) else int(getattr(model, s, 0) or 0))
+    return tuple(out)

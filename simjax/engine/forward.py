@@ -1,0 +1,297 @@
+"""Forward dynamics and time integration (MuJoCo's engine_forward).
+
+``forward`` runs the pipeline stages in mj_forward's order (position, velocity,
+actuation, acceleration, constraint); ``step`` checks the state, runs ``forward`` and
+integrates with the model's integrator: semi-implicit Euler with implicit joint damping
+(mj_Euler), RK4 (mj_RungeKutta), implicit and implicitfast (mj_implicit).
+
+Constraints are not part of this module yet: ``fwd_constraint`` sets qacc = qacc_smooth
+and qfrc_constraint = 0 (exact for models without active constraints, e.g. with
+``DisableBit.CONSTRAINT``).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg
+import numpy as np
+
+from simjax.engine import actuation
+from simjax.engine import derivative
+from simjax.engine import io
+from simjax.engine import passive
+from simjax.engine import smooth
+from simjax.engine import support
+from simjax.engine.data import WARN_BADQACC, WARN_BADQPOS, WARN_BADQVEL, Data
+from simjax.types import DisableBit, EnableBit, IntegratorType
+
+#: mjMAXVAL: |values| above this count as divergence (mju_isBad).
+MAXVAL = 1e10
+
+
+# --------------------------------------------------------------------------- stages
+def fwd_position(m, d: Data) -> Data:
+    """Position-dependent stage (mj_fwdPosition, without collision and constraints)."""
+    d = smooth.kinematics(m, d)
+    d = smooth.com_pos(m, d)
+    d = smooth.camlight(m, d)
+    d = smooth.tendon(m, d)
+    d = smooth.crb(m, d)
+    d = smooth.factor_m(m, d)
+    d = actuation.transmission(m, d)
+    return d
+
+
+def fwd_velocity(m, d: Data) -> Data:
+    """Velocity-dependent stage (mj_fwdVelocity): tendon and actuator velocities,
+    com-based velocities, passive forces and qfrc_bias."""
+    out = {}
+    if m.ntendon:
+        out["ten_velocity"] = d.ten_J @ d.qvel
+    if m.nu:
+        if m.opt.disableflags & DisableBit.ACTUATION:
+            out["actuator_velocity"] = jnp.zeros(m.nout, d.qpos.dtype)
+        else:
+            out["actuator_velocity"] = d.actuator_moment @ d.qvel
+    d = d.replace(**out)
+    d = smooth.com_vel(m, d)
+    d = passive.passive(m, d)
+    return d.replace(qfrc_bias=smooth.rne(m, d))
+
+
+def fwd_actuation(m, d: Data) -> Data:
+    """Actuation stage (mj_fwdActuation): act_dot, actuator_force, qfrc_actuator."""
+    return actuation.actuation(m, d)
+
+
+def fwd_acceleration(m, d: Data) -> Data:
+    """Smooth acceleration (mj_fwdAcceleration): qfrc_smooth and qacc_smooth = M^-1 f."""
+    qfrc = d.qfrc_passive - d.qfrc_bias + d.qfrc_applied + d.qfrc_actuator
+    if m.nbody > 1 and m.nv:
+        qfrc = qfrc + support.xfrc_accumulate(m, d)
+    qacc = smooth.solve_m(m, d, qfrc) if m.nv else qfrc
+    return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc)
+
+
+def fwd_constraint(m, d: Data) -> Data:
+    """Constraint stage placeholder: no constraint rows, qacc = qacc_smooth."""
+    return d.replace(qacc=d.qacc_smooth, qfrc_constraint=jnp.zeros_like(d.qacc_smooth))
+
+
+def energy(m, d: Data) -> Data:
+    """Potential and kinetic energy into d.energy when EnableBit.ENERGY is set."""
+    if not (m.opt.enableflags & EnableBit.ENERGY):
+        return d.replace(energy=jnp.zeros(2, d.qpos.dtype))
+    return d.replace(energy=jnp.stack([support.energy_pos(m, d), support.energy_vel(m, d)]))
+
+
+def forward(m, d: Data) -> Data:
+    """Forward dynamics (mj_forward): everything in Data from the state and inputs.
+
+    Computes kinematics, inertia, forces and qacc without integrating; time and state
+    are unchanged.
+    """
+    d = fwd_position(m, d)
+    d = fwd_velocity(m, d)
+    d = energy(m, d)
+    d = fwd_actuation(m, d)
+    d = fwd_acceleration(m, d)
+    return fwd_constraint(m, d)
+
+
+# --------------------------------------------------------------------------- integration
+def _advance(m, d: Data, act_dot, qacc, qvel=None) -> Data:
+    """Advance activations, velocities, positions and time by one step (mj_advance).
+
+    Positions integrate with ``qvel`` if given (RK4), else with the new velocity
+    (semi-implicit Euler).
+    """
+    h = jnp.asarray(m.opt.timestep, d.qpos.dtype)
+    out = {}
+    if m.na and not (m.opt.disableflags & DisableBit.ACTUATION):
+        tab = actuation.tables(m)
+        off = actuation._disabled_mask(m)[tab.act_owner]
+        ad = jnp.where(off, 0.0, act_dot) if off.any() else act_dot
+        out["act"] = actuation.next_activation(m, d.act, ad)
+    new_qvel = d.qvel + h * qacc
+    out["qvel"] = new_qvel
+    out["qpos"] = support.integrate_pos(m, d.qpos, new_qvel if qvel is None else qvel, h)
+    out["time"] = d.time + h
+    out["qacc_warmstart"] = d.qacc
+    return d.replace(**out)
+
+
+def _concrete(x):
+    try:
+        return np.asarray(x)
+    except Exception:
+        return None
+
+
+def _euler_damped(m):
+    """Whether mj_Euler integrates damping implicitly: True/False when decidable at trace
+    time, else None (damping parameters are traced)."""
+    if m.opt.disableflags & (DisableBit.EULERDAMP | DisableBit.DAMPER) or not m.nv:
+        return False
+    if np.any(np.asarray(m.jnt_actuatorid)[np.asarray(m.dof_jntid)] != -1):
+        return True
+    damping, poly = _concrete(m.dof_damping), _concrete(m.dof_dampingpoly)
+    if damping is None or poly is None:
+        return None
+    return bool(np.any(damping > 0) or np.any(poly != 0))
+
+
+def euler(m, d: Data) -> Data:
+    """Semi-implicit Euler step with implicit dof damping (mj_Euler).
+
+    With dof damping B: (M + h diag(dB/dv)) qacc = qfrc_smooth + qfrc_constraint.
+    """
+    dtype = d.qpos.dtype
+    h = jnp.asarray(m.opt.timestep, dtype)
+
+    def damped(d):
+        damping, poly = passive.dof_damping(m, dtype)
+        diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
+        qh = d.qM + jnp.diag(h * diag)
+        return jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(qh), True),
+                                          d.qfrc_smooth + d.qfrc_constraint)
+
+    flag = _euler_damped(m)
+    if flag is None:
+        any_damp = (jnp.any(jnp.asarray(m.dof_damping) > 0) |
+                    jnp.any(jnp.asarray(m.dof_dampingpoly) != 0))
+        qacc = jax.lax.cond(any_damp, damped, lambda d: d.qacc, d)
+    else:
+        qacc = damped(d) if flag else d.qacc
+    return _advance(m, d, d.act_dot, qacc)
+
+
+_RK4_A = ((0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
+_RK4_B = (1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0)
+
+
+def rk4(m, d: Data) -> Data:
+    """Classic 4th-order Runge-Kutta step (mj_RungeKutta, N=4); ``d`` must be forwarded.
+
+    Stages re-run forward (without sensors); the returned Data carries the derived
+    quantities of the last stage, as MuJoCo's does.
+    """
+    dtype = d.qpos.dtype
+    h = jnp.asarray(m.opt.timestep, dtype)
+    t0, qpos0, qvel0, act0 = d.time, d.qpos, d.qvel, d.act
+    keep = dict(energy=d.energy, sensordata=d.sensordata)   # stages skip sensors/energy
+    xv, fa, fact = [qvel0], [d.qacc], [d.act_dot]
+    for row in _RK4_A:
+        c = sum(row)
+        dqvel = sum(a * v for a, v in zip(row, xv))
+        dqacc = sum(a * f for a, f in zip(row, fa))
+        dact = sum(a * f for a, f in zip(row, fact))
+        di = d.replace(qpos=support.integrate_pos(m, qpos0, dqvel, h),
+                       qvel=qvel0 + h * dqacc, act=act0 + h * dact, time=t0 + c * h)
+        d = forward(m, di)
+        xv.append(d.qvel)
+        fa.append(d.qacc)
+        fact.append(d.act_dot)
+    dqvel = sum(b * v for b, v in zip(_RK4_B, xv))
+    dqacc = sum(b * f for b, f in zip(_RK4_B, fa))
+    dact = sum(b * f for b, f in zip(_RK4_B, fact))
+    d = d.replace(time=t0, qpos=qpos0, qvel=qvel0, act=act0, **keep)
+    return _advance(m, d, dact, dqacc, dqvel)
+
+
+def implicit(m, d: Data) -> Data:
+    """Implicit-in-velocity step (mj_implicit) for integrators implicit / implicitfast.
+
+    implicit: (M - h qDeriv) qacc = f with the full velocity derivative incl. RNE.
+    implicitfast: the symmetric part (lower triangle within M's sparsity) of qDeriv
+    without RNE, plus an exact 6x6 solve with gyroscopic terms for standalone free
+    bodies, as MuJoCo does.
+    """
+    dtype = d.qpos.dtype
+    h = jnp.asarray(m.opt.timestep, dtype)
+    qfrc = d.qfrc_smooth + d.qfrc_constraint
+    if not m.nv:
+        return _advance(m, d, d.act_dot, qfrc)
+    if m.opt.integrator == IntegratorType.IMPLICIT:
+        qderiv = derivative.smooth_vel(m, d, flg_bias=True)
+        qacc = jnp.linalg.solve(d.qM - h * qderiv, qfrc)
+        return _advance(m, d, d.act_dot, qacc)
+
+    qderiv = derivative.smooth_vel(m, d, flg_bias=False)
+    from simjax.engine import tables
+    low = jnp.tril(qderiv * jnp.asarray(tables.get(m).m_mask, dtype))
+    sym = low + low.T - jnp.diag(jnp.diag(low))
+    qh = d.qM - h * sym
+    free = derivative.free_bodies(m)
+    if len(free):
+        # keep the factorisation well defined: free blocks are solved separately below
+        dadr = np.asarray(m.jnt_dofadr)[np.asarray(m.body_jntadr)[free]]
+        blk = np.zeros(m.nv, bool)
+        for a in dadr:
+            blk[a:a + 6] = True
+        both = blk[:, None] & blk[None, :]
+        qh = jnp.where(both, d.qM, qh)
+    qacc = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(qh), True), qfrc)
+    if len(free):
+        idx = dadr[:, None] + np.arange(6)                              # (k, 6)
+        bias = derivative.free_bias_blocks(m, d, free)                  # (k, 6, 6)
+        amat = (d.qM[idx[:, :, None], idx[:, None, :]] -
+                h * qderiv[idx[:, :, None], idx[:, None, :]] + h * bias)
+        xb = jnp.linalg.solve(amat, qfrc[idx][..., None])[..., 0]
+        src = np.arange(m.nv)
+        src[idx.ravel()] = m.nv + np.arange(idx.size)
+        qacc = jnp.concatenate([qacc, xb.ravel()])[src]
+    return _advance(m, d, d.act_dot, qacc)
+
+
+# --------------------------------------------------------------------------- step
+_RESET_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart", "ctrl", "qfrc_applied",
+                 "xfrc_applied", "mocap_pos", "mocap_quat", "plugin_state", "history",
+                 "userdata", "act_dot", "eq_active")
+
+
+def _is_bad(x):
+    if x.size == 0:
+        return jnp.zeros((), bool)
+    return jnp.any(jnp.isnan(x) | (jnp.abs(x) > MAXVAL))
+
+
+def _reset_where(m, d: Data, bad) -> Data:
+    """Replace the state of ``d`` by the reset state where ``bad`` (mj_resetData)."""
+    fresh = io.make_data(m, dtype=d.qpos.dtype)
+    return d.replace(**{n: jnp.where(bad, getattr(fresh, n), getattr(d, n))
+                        for n in _RESET_FIELDS})
+
+
+def step(m, d: Data) -> Data:
+    """Advance the simulation by one timestep (mj_step).
+
+    Checks qpos/qvel (mj_checkPos/Vel: count mjWARN_BADQPOS/BADQVEL in d.warning and,
+    unless AUTORESET is disabled, reset the state), runs :func:`forward`, checks qacc
+    (mjWARN_BADQACC; with autoreset the world is returned in its reset state instead of
+    being integrated — MuJoCo would also integrate one step from it), then integrates
+    with ``m.opt.integrator``.
+    """
+    autoreset = not (m.opt.disableflags & DisableBit.AUTORESET)
+    badq = _is_bad(d.qpos)
+    badv = jnp.logical_and(~badq, _is_bad(d.qvel))
+    warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))
+    warning = warning.at[WARN_BADQVEL].add(badv.astype(jnp.int32))
+    d = d.replace(warning=warning)
+    if autoreset:
+        d = _reset_where(m, d, badq | badv)
+    d = forward(m, d)
+    bada = _is_bad(d.qacc)
+    d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
+    integrator = m.opt.integrator
+    if integrator == IntegratorType.EULER:
+        new = euler(m, d)
+    elif integrator == IntegratorType.RK4:
+        new = rk4(m, d)
+    elif integrator in (IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST):
+        new = implicit(m, d)
+    else:
+        raise ValueError(f"invalid integrator {integrator}")
+    if autoreset:
+        new = _reset_where(m, new, bada)
+    return new

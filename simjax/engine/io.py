@@ -1,0 +1,82 @@
+"""Creating and resetting Data (mj_makeData, mj_resetData, mj_resetDataKeyframe)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine.data import DATA_FIELDS, Data, field_shape
+
+
+def _float_dtype(model, dtype=None):
+    if dtype is not None:
+        return jnp.dtype(dtype)
+    q = getattr(model, "qpos0", None)
+    if q is not None and hasattr(q, "dtype") and jnp.issubdtype(q.dtype, jnp.floating):
+        return jnp.dtype(q.dtype)
+    return jnp.zeros(()).dtype
+
+
+def _mocap_bodies(model):
+    """Body ids of mocap bodies, ordered by mocap id."""
+    mocapid = np.asarray(model.body_mocapid)
+    bodies = np.nonzero(mocapid >= 0)[0]
+    return bodies[np.argsort(mocapid[bodies])]
+
+
+def make_data(model, dtype=None) -> Data:
+    """A Data at the model's reference state (mj_makeData followed by mj_resetData).
+
+    qpos = qpos0, zero velocities, activations and controls, mocap bodies at their model
+    pose, equality constraints at ``eq_active0``. Derived quantities are zero until
+    :func:`simjax.engine.forward.forward` runs. ``dtype`` defaults to the model's float
+    dtype (float64 under ``jax_enable_x64``).
+    """
+    ftype = _float_dtype(model, dtype)
+    kw = {}
+    for name, shape, kind in DATA_FIELDS:
+        dt = {"f": ftype, "i": jnp.int32, "b": jnp.bool_}[kind]
+        kw[name] = jnp.zeros(field_shape(model, shape), dt)
+    kw["qpos"] = jnp.asarray(model.qpos0, ftype).reshape(model.nq)
+    if model.nmocap:
+        bodies = _mocap_bodies(model)
+        kw["mocap_pos"] = jnp.asarray(model.body_pos, ftype)[bodies]
+        kw["mocap_quat"] = jnp.asarray(model.body_quat, ftype)[bodies]
+    if model.neq:
+        kw["eq_active"] = jnp.asarray(model.eq_active0, jnp.bool_)
+    return Data(**kw)
+
+
+def reset_keyframe(model, data: Data, key_id) -> Data:
+    """Reset to keyframe ``key_id`` (mj_resetDataKeyframe).
+
+    ``key_id``: keyframe index (Python or traced int, so batches of worlds may reset to
+    different keyframes under vmap) or keyframe name. Everything is reset as by
+    :func:`make_data`, then time, qpos, qvel, act, ctrl and mocap poses are loaded from
+    the keyframe. ``data`` only supplies the float dtype.
+    """
+    if isinstance(key_id, str):
+        idx = model.name2id("key", key_id)
+        if idx < 0:
+            raise KeyError(f"no keyframe named '{key_id}'")
+        key_id = idx
+    new = make_data(model, dtype=data.qpos.dtype)
+    ftype = new.qpos.dtype
+
+    def row(arr, n):
+        return jnp.asarray(arr, ftype).reshape(model.nkey, n)[key_id]
+
+    kw = dict(time=jnp.asarray(model.key_time, ftype).reshape(model.nkey)[key_id],
+              qpos=row(model.key_qpos, model.nq), qvel=row(model.key_qvel, model.nv),
+              act=row(model.key_act, model.na), ctrl=row(model.key_ctrl, model.nu))
+    if model.nmocap:
+        kw["mocap_pos"] = row(model.key_mpos, 3 * model.nmocap).reshape(model.nmocap, 3)
+        kw["mocap_quat"] = row(model.key_mquat, 4 * model.nmocap).reshape(model.nmocap, 4)
+    return new.replace(**kw)
+
+
+def reset(model, key=None, dtype=None) -> Data:
+    """Fresh Data at qpos0 (mj_resetData), or at keyframe ``key`` (index or name)."""
+    data = make_data(model, dtype)
+    if key is None:
+        return data
+    return reset_keyframe(model, data, key)

@@ -1,0 +1,219 @@
+"""Quaternion and spatial-algebra helpers (MuJoCo's engine_util_spatial), vectorised.
+
+Every function works on arrays with arbitrary leading (batch) dimensions: the last axis
+holds the 3-vector, 4-quaternion (w, x, y, z), 6-vector (rotation:translation, MuJoCo's
+"com-based" spatial order) or 10-vector inertia (MuJoCo's cinert layout: xx, yy, zz, xy,
+xz, yz, mass*com(3), mass). Functions are written to be safe under ``jax.grad``: norms
+and square roots never produce NaN gradients at zero.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+#: MuJoCo's mjMINVAL: smallest value treated as non-zero.
+MINVAL = 1e-15
+
+
+# --------------------------------------------------------------------------- vectors
+def dot(a, b):
+    """Inner product over the last axis."""
+    return jnp.sum(a * b, axis=-1)
+
+
+def cross(a, b):
+    """3D cross product over the last axis."""
+    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
+    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
+    return jnp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
+
+
+def safe_sqrt(x):
+    """sqrt(x) for x >= 0 whose gradient at 0 is 0 instead of inf/NaN."""
+    pos = x > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
+
+
+def norm(x, axis=-1):
+    """Euclidean norm with a finite gradient at zero."""
+    return safe_sqrt(jnp.sum(x * x, axis=axis))
+
+
+def normalize(v, fallback=None):
+    """(v / |v|, |v|) over the last axis (mju_normalize3 semantics).
+
+    Below MINVAL the result is ``fallback`` (default: the unit x axis), as MuJoCo does.
+    """
+    n = norm(v)
+    small = n < MINVAL
+    if fallback is None:
+        fallback = jnp.zeros(v.shape[-1], v.dtype).at[0].set(1)
+    safe_n = jnp.where(small, 1.0, n)
+    return jnp.where(small[..., None], fallback, v / safe_n[..., None]), n
+
+
+def matvec(mat, v):
+    """mat @ v for (..., 3, 3) and (..., 3)."""
+    return jnp.einsum("...ij,...j->...i", mat, v)
+
+
+def matTvec(mat, v):
+    """mat.T @ v for (..., 3, 3) and (..., 3)."""
+    return jnp.einsum("...ji,...j->...i", mat, v)
+
+
+# --------------------------------------------------------------------------- quaternions
+def quat_identity(shape=(), dtype=jnp.float32):
+    return jnp.zeros(tuple(shape) + (4,), dtype).at[..., 0].set(1)
+
+
+def quat_normalize(q):
+    """Unit quaternion (mju_normalize4): the identity if |q| < MINVAL."""
+    n = norm(q)
+    small = n < MINVAL
+    ident = jnp.zeros(4, q.dtype).at[0].set(1)
+    return jnp.where(small[..., None], ident, q / jnp.where(small, 1.0, n)[..., None])
+
+
+def quat_neg(q):
+    """Conjugate quaternion (mju_negQuat)."""
+    return q * jnp.array([1.0, -1.0, -1.0, -1.0], q.dtype)
+
+
+def quat_mul(a, b):
+    """Hamilton product a * b (mju_mulQuat)."""
+    a0, a1, a2, a3 = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
+    b0, b1, b2, b3 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+    return jnp.stack([
+        a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
+        a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+        a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
+        a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0], axis=-1)
+
+
+def rot_vec_quat(v, q):
+    """Rotate 3-vector v by unit quaternion q (mju_rotVecQuat)."""
+    w = q[..., 0:1]
+    u = q[..., 1:4]
+    t = w * v + cross(u, v)
+    return v + 2.0 * cross(u, t)
+
+
+def quat_to_mat(q):
+    """Rotation matrix (..., 3, 3) of unit quaternion q (mju_quat2Mat)."""
+    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    ww, wx, wy, wz = w * w, w * x, w * y, w * z
+    xx, xy, xz = x * x, x * y, x * z
+    yy, yz, zz = y * y, y * z, z * z
+    rows = [
+        jnp.stack([ww + xx - yy - zz, 2 * (xy - wz), 2 * (xz + wy)], -1),
+        jnp.stack([2 * (xy + wz), ww - xx + yy - zz, 2 * (yz - wx)], -1),
+        jnp.stack([2 * (xz - wy), 2 * (yz + wx), ww - xx - yy + zz], -1),
+    ]
+    return jnp.stack(rows, axis=-2)
+
+
+def axis_angle_to_quat(axis, angle):
+    """Quaternion rotating by ``angle`` (rad) about unit ``axis`` (mju_axisAngle2Quat)."""
+    half = 0.5 * angle
+    return jnp.concatenate([jnp.cos(half)[..., None], axis * jnp.sin(half)[..., None]], -1)
+
+
+def _sin_half_over(n, scale):
+    """sin(scale*n/2)/n, finite (-> scale/2) as n -> 0, with a finite gradient."""
+    small = n < 1e-8
+    n_safe = jnp.where(small, 1.0, n)
+    return jnp.where(small, 0.5 * scale, jnp.sin(0.5 * scale * n_safe) / n_safe)
+
+
+def quat_integrate(q, vel, scale):
+    """Rotate q by local angular velocity ``vel`` for time ``scale`` (mju_quatIntegrate).
+
+    The input quaternion is normalised first, as MuJoCo does; the result is not.
+    """
+    n = norm(vel)
+    angle = scale * n
+    qrot = jnp.concatenate([jnp.cos(0.5 * angle)[..., None],
+                            vel * _sin_half_over(n, scale)[..., None]], -1)
+    return quat_mul(quat_normalize(q), qrot)
+
+
+def quat_to_vel(q, dt=1.0):
+    """3D angular velocity whose rotation over ``dt`` is q (mju_quat2Vel).
+
+    Angles beyond pi are wrapped to rotate the short way round.
+    """
+    v = q[..., 1:4]
+    s = norm(v)
+    angle = 2.0 * jnp.arctan2(s, q[..., 0])
+    angle = jnp.where(angle > jnp.pi, angle - 2 * jnp.pi, angle)
+    # angle / s with the s -> 0 limit 2 / w (and a finite gradient)
+    small = s < MINVAL
+    ratio = jnp.where(small, 2.0 / jnp.where(q[..., 0] == 0, 1.0, q[..., 0]),
+                      angle / jnp.where(small, 1.0, s))
+    return v * (ratio / dt)[..., None]
+
+
+def sub_quat(qa, qb):
+    """3D velocity taking qb to qa: qb * quat(res) = qa (mju_subQuat)."""
+    return quat_to_vel(quat_mul(quat_neg(qb), qa))
+
+
+# --------------------------------------------------------------------------- spatial algebra
+def motion_cross(vel, v):
+    """Spatial motion cross product vel x v (mju_crossMotion), rot:lin layout."""
+    w, u = vel[..., :3], vel[..., 3:]
+    return jnp.concatenate([cross(w, v[..., :3]),
+                            cross(w, v[..., 3:]) + cross(u, v[..., :3])], -1)
+
+
+def force_cross(vel, f):
+    """Spatial force cross product vel x* f (mju_crossForce), rot:lin layout."""
+    w, u = vel[..., :3], vel[..., 3:]
+    return jnp.concatenate([cross(w, f[..., :3]) + cross(u, f[..., 3:]),
+                            cross(w, f[..., 3:])], -1)
+
+
+def inert_com(inertia, mat, dif, mass):
+    """Body inertia expressed about a point offset by -dif (mju_inertCom).
+
+    inertia: (..., 3) principal moments; mat: (..., 3, 3) inertia frame -> world;
+    dif: (..., 3) com minus reference point; mass: (...,). Returns (..., 10) cinert.
+    """
+    rot = jnp.einsum("...ij,...j,...kj->...ik", mat, inertia, mat)
+    m = mass[..., None]
+    d0, d1, d2 = dif[..., 0], dif[..., 1], dif[..., 2]
+    res = jnp.stack([
+        rot[..., 0, 0] + mass * (d1 * d1 + d2 * d2),
+        rot[..., 1, 1] + mass * (d0 * d0 + d2 * d2),
+        rot[..., 2, 2] + mass * (d0 * d0 + d1 * d1),
+        rot[..., 0, 1] - mass * d0 * d1,
+        rot[..., 0, 2] - mass * d0 * d2,
+        rot[..., 1, 2] - mass * d1 * d2], -1)
+    return jnp.concatenate([res, m * dif, m], -1)
+
+
+def inert_mul(i, v):
+    """6D inertia (10-vector) times 6D motion vector (mju_mulInertVec)."""
+    i0, i1, i2, i3, i4, i5 = (i[..., k] for k in range(6))
+    c = i[..., 6:9]
+    mass = i[..., 9:10]
+    w, u = v[..., :3], v[..., 3:]
+    rot = jnp.stack([i0 * w[..., 0] + i3 * w[..., 1] + i4 * w[..., 2],
+                     i3 * w[..., 0] + i1 * w[..., 1] + i5 * w[..., 2],
+                     i4 * w[..., 0] + i5 * w[..., 1] + i2 * w[..., 2]], -1)
+    rot = rot + cross(c, u)
+    lin = mass * u - cross(c, w)
+    return jnp.concatenate([rot, lin], -1)
+
+
+def transform_motion(vec, newpos, oldpos, rot=None):
+    """Re-express a 6D motion vector at a new point, optionally rotated into a frame.
+
+    mju_transformSpatial with flg_force=0; ``rot`` maps new-frame to old-frame
+    coordinates (its columns are the new axes), e.g. a body's ximat.
+    """
+    lin = vec[..., 3:] - cross(newpos - oldpos, vec[..., :3])
+    ang = vec[..., :3]
+    if rot is not None:
+        ang, lin = matTvec(rot, ang), matTvec(rot, lin)
+    return jnp.concatenate([ang, lin], -1)

@@ -1,0 +1,398 @@
+"""Passive forces: springs, dampers, gravity compensation, fluid (mj_passive).
+
+Sets qfrc_spring, qfrc_damper, qfrc_gravcomp, qfrc_fluid and their sum qfrc_passive
+(gravity compensation of joints with ``jnt_actgravcomp`` goes to qfrc_actuator instead,
+in :mod:`simjax.engine.actuation`). Follows MuJoCo 4.0 semantics, including polynomial
+stiffness (``jnt_stiffnesspoly``, ``tendon_stiffnesspoly``) and damping
+(``dof_dampingpoly``, ``tendon_dampingpoly``) and damping inherited from actuators.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import math
+from simjax.engine import smooth
+from simjax.engine import support
+from simjax.types import DisableBit, GeomType, JointType
+
+
+def _f(x, dtype):
+    return jnp.asarray(x, dtype)
+
+
+def poly_force(linear, poly, x, odd):
+    """Polynomial force coefficient (mju_polyForce): force = -x * poly_force(...).
+
+    linear + poly[0]*y + poly[1]*y^2 with y = |x| if ``odd`` else x. poly: (..., 2).
+    """
+    y = jnp.abs(x) if odd else x
+    return linear + poly[..., 0] * y + poly[..., 1] * y * y
+
+
+def poly_force_deriv(linear, poly, x, odd):
+    """d(x * poly_force)/dx (mjd_xPolyForce)."""
+    y = jnp.abs(x) if odd else x
+    return linear + 2 * poly[..., 0] * y + 3 * poly[..., 1] * y * y
+
+
+def poly_potential(linear, poly, x, odd):
+    """Integral of t * poly_force(t) from 0 to x (mju_polyPotential)."""
+    y = jnp.abs(x) if odd else x
+    return 0.5 * linear * y * y + poly[..., 0] / 3 * y ** 3 + poly[..., 1] / 4 * y ** 4
+
+
+# --------------------------------------------------------------------------- springs
+def _joint_spring_dofs(m, qpos, dtype):
+    """Joint spring forces (nv,), or None without joints (mj_springdamper, springs)."""
+    jtype = np.asarray(m.jnt_type)
+    qadr = np.asarray(m.jnt_qposadr)
+    dadr = np.asarray(m.jnt_dofadr)
+    k = _f(m.jnt_stiffness, dtype)
+    poly = _f(m.jnt_stiffnesspoly, dtype).reshape(m.njnt, 2)
+    qspring = _f(m.qpos_spring, dtype)
+    parts = []   # (dof indices, forces)
+
+    scalar = np.nonzero((jtype == JointType.HINGE) | (jtype == JointType.SLIDE))[0]
+    if len(scalar):
+        x = qpos[qadr[scalar]] - qspring[qadr[scalar]]
+        parts.append((dadr[scalar], -x * poly_force(k[scalar], poly[scalar], x, False)))
+
+    free = np.nonzero(jtype == JointType.FREE)[0]
+    if len(free):
+        idx = qadr[free][:, None] + np.arange(3)
+        dif = qpos[idx] - qspring[idx]
+        r = math.norm(dif)
+        kr = poly_force(k[free], poly[free], r, False)
+        parts.append(((dadr[free][:, None] + np.arange(3)).ravel(),
+                      (-kr[:, None] * dif).ravel()))
+
+    rot = np.nonzero((jtype == JointType.FREE) | (jtype == JointType.BALL))[0]
+    if len(rot):
+        off = np.where(jtype[rot] == JointType.FREE, 3, 0)
+        idx = (qadr[rot] + off)[:, None] + np.arange(4)
+        dif = math.sub_quat(math.quat_normalize(qpos[idx]), qspring[idx])
+        r = math.norm(dif)
+        kr = poly_force(k[rot], poly[rot], r, False)
+        parts.append((((dadr[rot] + off)[:, None] + np.arange(3)).ravel(),
+                      (-kr[:, None] * dif).ravel()))
+
+    if not parts:
+        return jnp.zeros(m.nv, dtype)
+    idx = np.concatenate([p[0] for p in parts])
+    val = jnp.concatenate([p[1] for p in parts])
+    # each dof appears at most once: a permutation gather instead of a scatter
+    src = np.full(m.nv, len(idx))
+    src[idx] = np.arange(len(idx))
+    return jnp.concatenate([val, jnp.zeros(1, dtype)])[src]
+
+
+def dof_damping(m, dtype):
+    """Linear and polynomial damping per dof incl. actuator damping (nv,), (nv, 2)."""
+    damping = _f(m.dof_damping, dtype)
+    poly = _f(m.dof_dampingpoly, dtype).reshape(m.nv, 2)
+    if m.nu:
+        share = smooth._actuator_share(m, "joint")
+        if share.any():
+            s = jnp.asarray(share, dtype)
+            g2 = smooth._gear2(m, dtype)
+            damping = damping + s @ (_f(m.actuator_damping, dtype) * g2)
+            poly = poly + s @ (_f(m.actuator_dampingpoly, dtype).reshape(-1, 2) * g2[:, None])
+    return damping, poly
+
+
+def tendon_damping(m, dtype):
+    """Linear and polynomial tendon damping incl. actuator damping (ntendon,), (ntendon, 2)."""
+    damping = _f(m.tendon_damping, dtype)
+    poly = _f(m.tendon_dampingpoly, dtype).reshape(m.ntendon, 2)
+    if m.nu:
+        share = smooth._actuator_share(m, "tendon")
+        if share.any():
+            s = jnp.asarray(share, dtype)
+            g2 = smooth._gear2(m, dtype)
+            damping = damping + s @ (_f(m.actuator_damping, dtype) * g2)
+            poly = poly + s @ (_f(m.actuator_dampingpoly, dtype).reshape(-1, 2) * g2[:, None])
+    return damping, poly
+
+
+def _tendon_spring_damper(m, d, spring_on, damper_on):
+    """Tendon spring (dead-band lengthspring) and damper forces along the tendon."""
+    dtype = d.qpos.dtype
+    zero = jnp.zeros(m.ntendon, dtype)
+    frc_s, frc_d = zero, zero
+    if spring_on:
+        length = d.ten_length
+        rng = _f(m.tendon_lengthspring, dtype).reshape(m.ntendon, 2)
+        x = jnp.where(length > rng[:, 1], length - rng[:, 1],
+                      jnp.where(length < rng[:, 0], length - rng[:, 0], 0.0))
+        spoly = _f(m.tendon_stiffnesspoly, dtype).reshape(m.ntendon, 2)
+        frc_s = -x * poly_force(_f(m.tendon_stiffness, dtype), spoly, x, False)
+    if damper_on:
+        damping, dpoly = tendon_damping(m, dtype)
+        v = d.ten_velocity
+        frc_d = -v * poly_force(damping, dpoly, v, True)
+    return frc_s @ d.ten_J, frc_d @ d.ten_J
+
+
+# --------------------------------------------------------------------------- gravcomp
+def gravcomp(m, d):
+    """Gravity compensation forces (nv,) (mj_gravcomp); zero if none or gravity off."""
+    dtype = d.qpos.dtype
+    if not m.ngravcomp or (m.opt.disableflags & DisableBit.GRAVITY):
+        return jnp.zeros(m.nv, dtype)
+    g = smooth.gravity(m, dtype)
+    scale = _f(m.body_mass, dtype) * _f(m.body_gravcomp, dtype)
+    force = -scale[:, None] * g
+    force = force.at[0].set(0.0)
+    bodies = np.arange(m.nbody)
+    return support.apply_ft(m, d, force, None, d.xipos, bodies)
+
+
+# --------------------------------------------------------------------------- fluid
+def _inertia_box_force(mass, inertia, density, viscosity, lvel):
+    """Local force/torque (n, 6) of the inertia-box fluid model (rot:lin).
+
+    mass (n,), inertia (n, 3) principal moments, lvel (n, 6) local velocity relative
+    to the wind; the body is replaced by the box with the same inertia.
+    """
+    i0, i1, i2 = inertia[:, 0], inertia[:, 1], inertia[:, 2]
+    msafe = jnp.where(mass < math.MINVAL, 1.0, mass)
+
+    def side(a, b, c):
+        return math.safe_sqrt(jnp.maximum(math.MINVAL, b + c - a) / msafe * 6.0)
+
+    box = jnp.stack([side(i0, i1, i2), side(i1, i0, i2), side(i2, i0, i1)], -1)
+    diam = jnp.sum(box, -1) / 3.0
+    w, v = lvel[:, :3], lvel[:, 3:]
+    visc_on = viscosity > 0
+    torque = jnp.where(visc_on, -jnp.pi * diam[:, None] ** 3 * viscosity * w, 0.0)
+    force = jnp.where(visc_on, -3.0 * jnp.pi * diam[:, None] * viscosity * v, 0.0)
+    b0, b1, b2 = box[:, 0], box[:, 1], box[:, 2]
+    area = jnp.stack([b1 * b2, b0 * b2, b0 * b1], -1)
+    force = force - jnp.where(density > 0, 0.5 * density * area * jnp.abs(v) * v, 0.0)
+    arm = jnp.stack([b0 * (b1 ** 4 + b2 ** 4), b1 * (b0 ** 4 + b2 ** 4),
+                     b2 * (b0 ** 4 + b1 ** 4)], -1)
+    torque = torque - jnp.where(density > 0, density * arm * jnp.abs(w) * w / 64.0, 0.0)
+    return jnp.concatenate([torque, force], -1)
+
+
+def geom_semiaxes(size, gtype):
+    """Ellipsoid semi-axes approximating a geom (mju_geomSemiAxes); gtype static."""
+    s0, s1, s2 = size[:, 0], size[:, 1], size[:, 2]
+    sphere = gtype == GeomType.SPHERE
+    capsule = gtype == GeomType.CAPSULE
+    cyl = gtype == GeomType.CYLINDER
+    a1 = jnp.where(sphere | capsule | cyl, s0, s1)
+    a2 = jnp.where(sphere, s0, jnp.where(capsule, s1 + s0, jnp.where(cyl, s1, s2)))
+    return jnp.stack([s0, a1, a2], -1)
+
+
+def ellipsoid_force(lvel, density, viscosity, size, coef):
+    """Local force/torque (n, 6) of the ellipsoid fluid model (mj_addedMassForces +
+    mj_viscousForces), before scaling by the interaction coefficient.
+
+    lvel: (n, 6) local rot:lin velocity (wind removed); size: (n, 3) semi-axes;
+    coef: (n, 12) geom_fluid rows.
+    """
+    w, v = lvel[:, :3], lvel[:, 3:]
+    blunt, slender, angdrag = coef[:, 1:2], coef[:, 2:3], coef[:, 3:4]
+    kutta, magnus = coef[:, 4:5], coef[:, 5:6]
+    vmass, vinert = coef[:, 6:9], coef[:, 9:12]
+    # added mass
+    lin_mom = density * vmass * v
+    ang_mom = density * vinert * w
+    torque = math.cross(lin_mom, v) + math.cross(ang_mom, w)
+    force = math.cross(lin_mom, w)
+    # viscous / lift
+    s0, s1, s2 = size[:, 0:1], size[:, 1:2], size[:, 2:3]
+    volume = 4.0 / 3.0 * jnp.pi * s0 * s1 * s2
+    d_max = jnp.max(size, -1, keepdims=True)
+    d_min = jnp.min(size, -1, keepdims=True)
+    d_mid = s0 + s1 + s2 - d_max - d_min
+    a_max = jnp.pi * d_max * d_mid
+    magnus_force = math.cross(w, v) * magnus * density * volume
+    sq = jnp.concatenate([(s1 * s2) ** 2, (s2 * s0) ** 2, (s0 * s1) ** 2], -1)
+    proj_denom = jnp.sum(sq * sq * v * v, -1, keepdims=True)
+    proj_num = jnp.sum(sq * v * v, -1, keepdims=True)
+    a_proj = jnp.pi * math.safe_sqrt(proj_denom / jnp.maximum(math.MINVAL, proj_num))
+    speed = math.norm(v)[:, None]
+    cos_alpha = proj_num / jnp.maximum(math.MINVAL, speed * proj_denom)
+    circ = math.cross(sq * v, v) * kutta * density * cos_alpha * a_proj
+    kutta_force = math.cross(circ, v)
+    eq_d = 2.0 / 3.0 * (s0 + s1 + s2)
+    lin_visc_f = 3.0 * jnp.pi * eq_d
+    lin_visc_t = jnp.pi * eq_d ** 3
+    i_max = 8.0 / 15.0 * jnp.pi * d_mid * d_max ** 4
+    ii = jnp.concatenate([_max_moment(size, 0), _max_moment(size, 1), _max_moment(size, 2)], -1)
+    mom_visc = w * (angdrag * ii + slender * (i_max - ii))
+    drag_lin = viscosity * lin_visc_f + density * speed * (
+        a_proj * blunt + slender * (a_max - a_proj))
+    drag_ang = viscosity * lin_visc_t + density * math.norm(mom_visc)[:, None]
+    torque = torque - drag_ang * w
+    force = force + magnus_force + kutta_force - drag_lin * v
+    return jnp.concatenate([torque, force], -1)
+
+
+def _max_moment(size, k):
+    d0 = size[:, k:k + 1]
+    d1 = size[:, (k + 1) % 3:(k + 1) % 3 + 1]
+    d2 = size[:, (k + 2) % 3:(k + 2) % 3 + 1]
+    return 8.0 / 15.0 * jnp.pi * d0 * jnp.maximum(d1, d2) ** 4
+
+
+def _concrete(x):
+    """numpy value of x if it is concrete (not traced), else None."""
+    try:
+        return np.asarray(x)
+    except Exception:
+        return None
+
+
+def fluid_plan(m):
+    """Which elements use which fluid model.
+
+    Returns (box_bodies, ell_geoms, box_weight, ell_weight): index arrays of bodies
+    evaluated with the inertia-box model and of geoms evaluated with the ellipsoid
+    model, and per-element weights. A body uses the ellipsoid model when any of its
+    geoms has geom_fluid[0] > 0 (MJCF ``fluidshape``), the box model otherwise; each
+    ellipsoid geom's force is scaled by geom_fluid[0]. When geom_fluid is concrete the
+    choice is made statically (weights None); when traced, both models are evaluated
+    everywhere and the weights select them.
+    """
+    gb = np.asarray(m.geom_bodyid)
+    gf = _concrete(m.geom_fluid)
+    if gf is not None:
+        coef = gf.reshape(m.ngeom, 12)[:, 0]
+        use_ell = np.zeros(m.nbody, bool)
+        use_ell[gb[coef > 0]] = True
+        return np.nonzero(~use_ell)[0], np.nonzero(use_ell[gb])[0], None, None
+    coef = jnp.asarray(m.geom_fluid).reshape(m.ngeom, 12)[:, 0]
+    onehot = np.zeros((m.nbody, m.ngeom))
+    onehot[gb, np.arange(m.ngeom)] = 1.0
+    use_ell = (jnp.asarray(onehot, coef.dtype) @ (coef > 0).astype(coef.dtype)) > 0
+    return (np.arange(m.nbody), np.arange(m.ngeom), jnp.where(use_ell, 0.0, 1.0),
+            jnp.where(coef > 0, 1.0, 0.0))
+
+
+class FluidGroup(NamedTuple):
+    """Elements sharing one fluid model: forces act at ``point`` on ``bodies``.
+
+    rot (n, 3, 3) local frames; lvel (n, 6) local rot:lin velocity relative to the wind;
+    lfrc (n, 6) weighted local force; weight (n,); ``force_fn(lvel_row, *params_rows)``
+    the unweighted local force of one element, with per-element ``params``.
+    """
+
+    bodies: np.ndarray
+    point: Any
+    rot: Any
+    lvel: Any
+    lfrc: Any
+    weight: Any
+    force_fn: Callable
+    params: tuple
+    is_box: bool
+
+
+def fluid_local(m, d):
+    """Local fluid forces of every element using a fluid model: a list of FluidGroup.
+
+    Used by :func:`fluid` and by the implicit integrators' derivatives.
+    """
+    dtype = d.qpos.dtype
+    box_bodies, ell_geoms, box_w, ell_w = fluid_plan(m)
+    wind = _f(m.opt.wind, dtype).reshape(3)
+    density = _f(m.opt.density, dtype)
+    viscosity = _f(m.opt.viscosity, dtype)
+    mass = _f(m.body_mass, dtype)
+    groups = []
+    if len(box_bodies):
+        b = box_bodies
+        lvel = support.object_velocity(m, d, b, d.xipos[b], d.ximat[b])
+        lvel = lvel.at[:, 3:].add(-math.matTvec(d.ximat[b], wind))
+        weight = jnp.where(mass[b] < math.MINVAL, 0.0, 1.0)
+        if box_w is not None:
+            weight = weight * box_w
+
+        def box_fn(lv, ms, it):
+            return _inertia_box_force(ms[None], it[None], density, viscosity, lv[None])[0]
+
+        params = (mass[b], _f(m.body_inertia, dtype)[b])
+        frc = _inertia_box_force(*params, density, viscosity, lvel) * weight[:, None]
+        groups.append(FluidGroup(b, d.xipos[b], d.ximat[b], lvel, frc, weight, box_fn,
+                                 params, True))
+    if len(ell_geoms):
+        g = ell_geoms
+        b = np.asarray(m.geom_bodyid)[g]
+        lvel = support.object_velocity(m, d, b, d.geom_xpos[g], d.geom_xmat[g])
+        lvel = lvel.at[:, 3:].add(-math.matTvec(d.geom_xmat[g], wind))
+        coef = _f(m.geom_fluid, dtype).reshape(m.ngeom, 12)[g]
+        size = geom_semiaxes(_f(m.geom_size, dtype)[g], np.asarray(m.geom_type)[g])
+        weight = jnp.where(mass[b] < math.MINVAL, 0.0, coef[:, 0])
+        if ell_w is not None:
+            weight = weight * ell_w
+
+        def ell_fn(lv, sz, cf):
+            return ellipsoid_force(lv[None], density, viscosity, sz[None], cf[None])[0]
+
+        frc = ellipsoid_force(lvel, density, viscosity, size, coef) * weight[:, None]
+        groups.append(FluidGroup(b, d.geom_xpos[g], d.geom_xmat[g], lvel, frc, weight,
+                                 ell_fn, (size, coef), False))
+    return groups
+
+
+def fluid(m, d):
+    """Fluid forces (nv,) (mj_fluid): inertia-box or ellipsoid model per body.
+
+    Skipped statically when density and viscosity are concretely zero; when they are
+    traced, a ``lax.cond`` on them skips the work at run time.
+    """
+    dtype = d.qpos.dtype
+    dens, visc = _concrete(m.opt.density), _concrete(m.opt.viscosity)
+    if dens is not None and visc is not None and not (dens != 0 or visc != 0):
+        return jnp.zeros(m.nv, dtype)
+
+    def compute(d):
+        total = jnp.zeros(m.nv, dtype)
+        for grp in fluid_local(m, d):
+            torque = math.matvec(grp.rot, grp.lfrc[:, :3])
+            force = math.matvec(grp.rot, grp.lfrc[:, 3:])
+            total = total + support.apply_ft(m, d, force, torque, grp.point, grp.bodies)
+        return total
+
+    if dens is not None and visc is not None:
+        return compute(d)
+    on = (jnp.asarray(m.opt.density) != 0) | (jnp.asarray(m.opt.viscosity) != 0)
+    return jax.lax.cond(on, compute, lambda d: jnp.zeros(m.nv, dtype), d)
+
+
+# --------------------------------------------------------------------------- mj_passive
+def passive(m, d):
+    """All passive forces (mj_passive): qfrc_spring, qfrc_damper, qfrc_gravcomp,
+    qfrc_fluid and their sum qfrc_passive (nv,), generalised coordinates."""
+    dtype = d.qpos.dtype
+    zero = jnp.zeros(m.nv, dtype)
+    spring_on = not (m.opt.disableflags & DisableBit.SPRING)
+    damper_on = not (m.opt.disableflags & DisableBit.DAMPER)
+    if not m.nv or not (spring_on or damper_on):
+        return d.replace(qfrc_spring=zero, qfrc_damper=zero, qfrc_gravcomp=zero,
+                         qfrc_fluid=zero, qfrc_passive=zero)
+    spring = _joint_spring_dofs(m, d.qpos, dtype) if spring_on and m.njnt else zero
+    damper = zero
+    if damper_on:
+        damping, poly = dof_damping(m, dtype)
+        damper = -d.qvel * poly_force(damping, poly, d.qvel, True)
+    if m.ntendon:
+        ts, td = _tendon_spring_damper(m, d, spring_on, damper_on)
+        spring, damper = spring + ts, damper + td
+    qfrc_gc = gravcomp(m, d)
+    qfrc_fl = fluid(m, d)
+    passive_gc = qfrc_gc
+    actgc = np.asarray(m.jnt_actgravcomp)[np.asarray(m.dof_jntid)]
+    if actgc.any():
+        passive_gc = jnp.where(actgc, 0.0, qfrc_gc)
+    total = spring + damper + qfrc_fl + passive_gc
+    return d.replace(qfrc_spring=spring, qfrc_damper=damper, qfrc_gravcomp=qfrc_gc,
+                     qfrc_fluid=qfrc_fl, qfrc_passive=total)

@@ -1,0 +1,437 @@
+"""Smooth dynamics: kinematics, com-based quantities, inertia, bias forces.
+
+Implements MuJoCo's engine_core_smooth stages for rigid bodies: mj_kinematics,
+mj_comPos, mj_camlight, mj_tendon (fixed tendons), mj_crb / mj_makeM, mj_factorM,
+mj_solveM, mj_comVel, mj_rne and mj_subtreeVel.
+
+No Python loop runs over bodies or dofs: tree recursions are dense products with the
+static tables of :mod:`simjax.engine.tables` (subtree sums, dof-to-body incidence), and
+the composition of body frames uses pointer doubling (ceil(log2(depth)) vectorised
+steps). All spatial vectors use MuJoCo's rotation:translation order and are expressed
+in the world frame about the subtree centre of mass of the body's kinematic tree.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import jax.scipy.linalg
+import numpy as np
+
+from simjax.engine import math
+from simjax.engine import tables
+from simjax.engine.io import _mocap_bodies
+from simjax.errors import UnsupportedFeatureError
+from simjax.types import CamLight, DisableBit, JointType, WrapType
+
+
+def _f(x, dtype):
+    return jnp.asarray(x, dtype)
+
+
+# --------------------------------------------------------------------------- kinematics
+def _local_frames(m, d):
+    """Body frames relative to their parent frame after applying each body's joints.
+
+    Returns (pos, quat, slot_axis, slot_anchor): body pose (nbody, 3/4) relative to the
+    parent (absolute for free-joint bodies), and per joint slot the joint axis and
+    anchor (nslot, nbody, 3) in the parent frame.
+    """
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    nbody = m.nbody
+    pos = _f(m.body_pos, dtype)
+    quat = _f(m.body_quat, dtype)
+    if m.nmocap:
+        # mocap bodies take their pose from Data (gather, no scatter)
+        bodies = _mocap_bodies(m)
+        src = np.arange(nbody)
+        src[bodies] = nbody + np.arange(len(bodies))
+        pos = jnp.concatenate([pos, d.mocap_pos.astype(dtype)])[src]
+        quat = jnp.concatenate([quat, math.quat_normalize(d.mocap_quat.astype(dtype))])[src]
+    # the world frame is the identity whatever the model says
+    world = np.arange(nbody) == 0
+    pos = jnp.where(world[:, None], 0.0, pos)
+    quat = jnp.where(world[:, None], jnp.array([1.0, 0, 0, 0], dtype), quat)
+
+    jtype = np.asarray(m.jnt_type)
+    qadr_all = np.asarray(m.jnt_qposadr)
+    jnt_axis = _f(m.jnt_axis, dtype)
+    jnt_pos = _f(m.jnt_pos, dtype)
+    qpos0 = _f(m.qpos0, dtype)
+    slot_axis, slot_anchor = [], []
+    for jid in tab.slot_jnt:
+        has = jid >= 0
+        j = np.where(has, jid, 0)
+        t = np.where(has, jtype[j], -1)
+        qadr = qadr_all[j] if m.njnt else np.zeros(nbody, np.int64)
+        axis_j, jpos_j = jnt_axis[j], jnt_pos[j]
+        ax = math.rot_vec_quat(axis_j, quat)
+        an = math.rot_vec_quat(jpos_j, quat) + pos
+        new_pos, new_quat = pos, quat
+        if np.any(t == JointType.SLIDE):
+            dq = d.qpos[qadr] - qpos0[qadr]
+            sel = (t == JointType.SLIDE)[:, None]
+            new_pos = jnp.where(sel, pos + ax * dq[:, None], new_pos)
+        rot_kind = (t == JointType.HINGE) | (t == JointType.BALL)
+        if np.any(rot_kind):
+            qloc = math.axis_angle_to_quat(axis_j, d.qpos[qadr] - qpos0[qadr])
+            if np.any(t == JointType.BALL):
+                ball_idx = np.minimum(qadr[:, None] + np.arange(4), m.nq - 1)
+                qball = math.quat_normalize(d.qpos[ball_idx])
+                qloc = jnp.where((t == JointType.BALL)[:, None], qball, qloc)
+            qrot = math.quat_mul(quat, qloc)
+            prot = an - math.rot_vec_quat(jpos_j, qrot)
+            new_pos = jnp.where(rot_kind[:, None], prot, new_pos)
+            new_quat = jnp.where(rot_kind[:, None], qrot, new_quat)
+        if np.any(t == JointType.FREE):
+            free_idx = np.minimum(qadr[:, None] + np.arange(7), m.nq - 1)
+            qf = d.qpos[free_idx]
+            sel = (t == JointType.FREE)[:, None]
+            new_pos = jnp.where(sel, qf[:, :3], new_pos)
+            new_quat = jnp.where(sel, math.quat_normalize(qf[:, 3:]), new_quat)
+            an = jnp.where(sel, qf[:, :3], an)
+            ax = jnp.where(sel, axis_j, ax)
+        pos, quat = new_pos, new_quat
+        slot_axis.append(ax)
+        slot_anchor.append(an)
+    return pos, quat, slot_axis, slot_anchor
+
+
+def _sameframe_codes(arr):
+    """mjtSameFrame codes of a *_sameframe array, or None if they are unknown.
+
+    A boolean layout cannot tell BODY (copy the body frame) from BODYROT (copy only the
+    rotation), so booleans are ignored and the frame is computed in full (equal up to
+    the compiler's sameframe tolerance).
+    """
+    arr = np.asarray(arr)
+    if arr.dtype == bool or arr.size == 0:
+        return None
+    return arr.astype(np.int64)
+
+
+def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=None):
+    """World pose of frames given relative to bodies (mj_local2Global).
+
+    ``sameframe`` (mjtSameFrame codes, static) lets frames coinciding with the body
+    (1 BODY, 3 BODYROT) or inertial (2 INERTIA, 4 INERTIAROT) frame copy it, as MuJoCo
+    does.
+    """
+    q = d.xquat[bodyid]
+    gpos = d.xpos[bodyid] + math.matvec(d.xmat[bodyid], lpos)
+    gmat = math.quat_to_mat(math.quat_mul(q, lquat))
+    codes = _sameframe_codes(sameframe) if sameframe is not None else None
+    if codes is None:
+        return gpos, gmat
+    if np.any(codes == 1):
+        gpos = jnp.where((codes == 1)[:, None], d.xpos[bodyid], gpos)
+    if np.any((codes == 1) | (codes == 3)):
+        gmat = jnp.where(((codes == 1) | (codes == 3))[:, None, None], d.xmat[bodyid], gmat)
+    if np.any(codes == 2):
+        gpos = jnp.where((codes == 2)[:, None], xipos[bodyid], gpos)
+    if np.any((codes == 2) | (codes == 4)):
+        gmat = jnp.where(((codes == 2) | (codes == 4))[:, None, None], ximat[bodyid], gmat)
+    return gpos, gmat
+
+
+def kinematics(m, d):
+    """Global poses of bodies, joints, geoms and sites (mj_kinematics).
+
+    Sets xpos, xquat, xmat (body frames), xipos, ximat (inertial frames), xanchor,
+    xaxis (joint anchors and axes), geom_xpos/xmat and site_xpos/xmat; world frame.
+    """
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    pos, quat, slot_axis, slot_anchor = _local_frames(m, d)
+
+    # compose frames up the tree by pointer doubling: after each step a body's
+    # transform spans twice as many ancestors
+    tpos, tquat = pos, quat
+    for jump in tab.jump_steps:
+        pj, qj = tpos[jump], tquat[jump]
+        tpos = pj + math.rot_vec_quat(tpos, qj)
+        tquat = math.quat_mul(qj, tquat)
+    xquat = math.quat_normalize(tquat)
+    xpos = tpos
+    xmat = math.quat_to_mat(xquat)
+
+    out = dict(xpos=xpos, xquat=xquat, xmat=xmat)
+    if m.njnt:
+        # joint axis/anchor: local values live in the parent frame (world for free bodies)
+        fparent = np.asarray(m.body_parentid).copy()
+        fparent[tab.is_free_body] = 0
+        jb = np.asarray(m.jnt_bodyid)
+        pb = fparent[jb]
+        ax = jnp.stack(slot_axis)[tab.jnt_slot, jb]
+        an = jnp.stack(slot_anchor)[tab.jnt_slot, jb]
+        out["xaxis"] = math.rot_vec_quat(ax, xquat[pb])
+        out["xanchor"] = xpos[pb] + math.rot_vec_quat(an, xquat[pb])
+
+    d = d.replace(**out)
+    allb = np.arange(m.nbody)
+    xipos, ximat = _local_to_global(d, allb, _f(m.body_ipos, dtype), _f(m.body_iquat, dtype),
+                                    m.body_sameframe)
+    out = dict(xipos=xipos, ximat=ximat)
+    if m.ngeom:
+        out["geom_xpos"], out["geom_xmat"] = _local_to_global(
+            d, np.asarray(m.geom_bodyid), _f(m.geom_pos, dtype), _f(m.geom_quat, dtype),
+            m.geom_sameframe, xipos, ximat)
+    if m.nsite:
+        out["site_xpos"], out["site_xmat"] = _local_to_global(
+            d, np.asarray(m.site_bodyid), _f(m.site_pos, dtype), _f(m.site_quat, dtype),
+            m.site_sameframe, xipos, ximat)
+    return d.replace(**out)
+
+
+# --------------------------------------------------------------------------- com_pos
+def subtree_mass(m, dtype=None):
+    """Mass of each body's subtree (nbody,), from body_mass (mjModel.body_subtreemass).
+
+    Computed from ``body_mass`` rather than read from the model so that randomising or
+    differentiating masses keeps subtree quantities consistent.
+    """
+    mass = jnp.asarray(m.body_mass) if dtype is None else _f(m.body_mass, dtype)
+    return jnp.asarray(tables.get(m).desc, mass.dtype) @ mass
+
+
+def com_pos(m, d):
+    """Subtree centres of mass, com-based inertias and motion dofs (mj_comPos).
+
+    subtree_com (nbody, 3) world; cinert (nbody, 10) about the body's tree com, world
+    axes; cdof (nv, 6) motion axis of each dof (rot:lin) about the tree com.
+    """
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    mass = _f(m.body_mass, dtype)
+    desc = jnp.asarray(tab.desc, dtype)
+    smass = desc @ mass
+    moment = desc @ (mass[:, None] * d.xipos)
+    small = smass < math.MINVAL
+    subtree_com = jnp.where(small[:, None], d.xipos,
+                            moment / jnp.where(small, 1.0, smass)[:, None])
+    root = np.asarray(m.body_rootid)
+    cinert = math.inert_com(_f(m.body_inertia, dtype), d.ximat,
+                            d.xipos - subtree_com[root], mass)
+    out = dict(subtree_com=subtree_com, cinert=cinert)
+    if m.nv:
+        cand = [jnp.swapaxes(d.xmat, -1, -2).reshape(m.nbody * 3, 3), jnp.eye(3, dtype=dtype)]
+        if m.njnt:
+            cand.insert(0, d.xaxis)
+        axis = jnp.concatenate(cand)[tab.dof_axis_src]
+        dof_body = np.asarray(m.dof_bodyid)
+        offset = subtree_com[root[dof_body]] - d.xanchor[np.asarray(m.dof_jntid)]
+        rot = jnp.concatenate([axis, math.cross(axis, offset)], -1)
+        lin = jnp.concatenate([jnp.zeros_like(axis), axis], -1)
+        out["cdof"] = jnp.where(tab.dof_is_rot[:, None], rot, lin)
+    return d.replace(**out)
+
+
+def camlight(m, d):
+    """Camera poses (mj_camlight; lights are not modelled): cam_xpos, cam_xmat."""
+    if not m.ncam:
+        return d
+    dtype = d.qpos.dtype
+    body = np.asarray(m.cam_bodyid)
+    pos, mat = _local_to_global(d, body, _f(m.cam_pos, dtype), _f(m.cam_quat, dtype))
+    mode = np.asarray(m.cam_mode)
+    target = np.asarray(m.cam_targetbodyid)
+    track = (mode == CamLight.TRACK) | (mode == CamLight.TRACKCOM)
+    if np.any(track):
+        mat0 = _f(np.asarray(m.cam_mat0).reshape(-1, 3, 3), dtype)
+        mat = jnp.where(track[:, None, None], mat0, mat)
+        tpos = jnp.where((mode == CamLight.TRACK)[:, None],
+                         d.xpos[body] + _f(m.cam_pos0, dtype),
+                         d.subtree_com[body] + _f(m.cam_poscom0, dtype))
+        pos = jnp.where(track[:, None], tpos, pos)
+    aim = ((mode == CamLight.TARGETBODY) | (mode == CamLight.TARGETBODYCOM)) & (target >= 0)
+    if np.any(aim):
+        tb = np.maximum(target, 0)
+        look = jnp.where((mode == CamLight.TARGETBODY)[:, None], d.xpos[tb], d.subtree_com[tb])
+        z, _ = math.normalize(pos - look)
+        x, _ = math.normalize(math.cross(jnp.array([0.0, 0, 1], dtype), z))
+        y, _ = math.normalize(math.cross(z, x))
+        amat = jnp.stack([x, y, z], axis=-1)
+        mat = jnp.where(aim[:, None, None], amat, mat)
+    return d.replace(cam_xpos=pos, cam_xmat=mat)
+
+
+# --------------------------------------------------------------------------- tendons
+def _fixed_tendon_tables(m):
+    wtype = np.asarray(m.wrap_type)
+    if np.any(wtype != WrapType.JOINT):
+        raise UnsupportedFeatureError("spatial tendons (only fixed tendons are implemented)")
+    ntendon, nwrap = m.ntendon, m.nwrap
+    member = np.zeros((ntendon, nwrap))
+    adr, num = np.asarray(m.tendon_adr), np.asarray(m.tendon_num)
+    for t in range(ntendon):
+        member[t, adr[t]:adr[t] + num[t]] = 1.0
+    jid = np.asarray(m.wrap_objid)
+    qadr = np.asarray(m.jnt_qposadr)[jid]
+    onehot = np.zeros((nwrap, m.nv))
+    onehot[np.arange(nwrap), np.asarray(m.jnt_dofadr)[jid]] = 1.0
+    return member, qadr, onehot
+
+
+def tendon(m, d):
+    """Tendon lengths and Jacobians (mj_tendon) for fixed tendons.
+
+    ten_length (ntendon,) = sum coef * qpos; ten_J (ntendon, nv) dense. Spatial tendons
+    raise UnsupportedFeatureError.
+    """
+    if not m.ntendon:
+        return d
+    dtype = d.qpos.dtype
+    member, qadr, onehot = _fixed_tendon_tables(m)
+    prm = _f(m.wrap_prm, dtype).reshape(m.nwrap)
+    memb = jnp.asarray(member, dtype)
+    length = memb @ (prm * d.qpos[qadr])
+    ten_j = memb @ (prm[:, None] * jnp.asarray(onehot, dtype))
+    return d.replace(ten_length=length, ten_J=ten_j)
+
+
+# --------------------------------------------------------------------------- inertia
+def _actuator_share(m, kind):
+    """Static (n, nactuator) matrix: which actuators pass damping/armature to a joint
+    (kind='joint', rows per dof) or tendon (kind='tendon'), per mj_actuatorArmature."""
+    from simjax.types import TrnType
+    na = m.nu
+    if kind == "joint":
+        ids = np.asarray(m.jnt_actuatorid)[np.asarray(m.dof_jntid)] if m.nv else np.zeros(0, int)
+        targets = np.asarray(m.dof_jntid)
+        ok_trn = (TrnType.JOINT, TrnType.JOINTINPARENT)
+    else:
+        ids = np.asarray(m.tendon_actuatorid)
+        targets = np.arange(m.ntendon)
+        ok_trn = (TrnType.TENDON,)
+    share = np.zeros((len(ids), na))
+    if na == 0:
+        return share
+    trntype = np.asarray(m.actuator_trntype)
+    trnid = np.asarray(m.actuator_trnid).reshape(-1, 2)[:, 0]
+    for r, (aid, tgt) in enumerate(zip(ids, targets)):
+        if aid >= 0:
+            share[r, aid] = 1.0
+        elif aid < -1:
+            share[r] = (trnid == tgt) & np.isin(trntype, ok_trn)
+    return share
+
+
+def _gear2(m, dtype):
+    gear = _f(m.actuator_gear, dtype).reshape(-1, 6)[np.asarray(m.actuator_outadr), 0]
+    return gear * gear
+
+
+def dof_armature(m, dtype):
+    """Armature per dof (nv,) including what actuators contribute (mj_actuatorArmature)."""
+    arm = _f(m.dof_armature, dtype)
+    if m.nu:
+        share = _actuator_share(m, "joint")
+        if share.any():
+            arm = arm + jnp.asarray(share, dtype) @ (_f(m.actuator_armature, dtype) *
+                                                     _gear2(m, dtype))
+    return arm
+
+
+def crb(m, d):
+    """Composite rigid-body inertias and the dense joint-space inertia (mj_makeM).
+
+    crb (nbody, 10); qM (nv, nv) full symmetric, armature included (joint, actuator and
+    tendon armature as MuJoCo adds them).
+    """
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    crb_ = jnp.asarray(tab.desc_noworld, dtype) @ d.cinert
+    if not m.nv:
+        return d.replace(crb=crb_)
+    f = math.inert_mul(crb_[np.asarray(m.dof_bodyid)], d.cdof)
+    low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
+    qm = low + low.T - jnp.diag(jnp.diag(low)) + jnp.diag(dof_armature(m, dtype))
+    if m.ntendon:
+        arm = _f(m.tendon_armature, dtype)
+        share = _actuator_share(m, "tendon")
+        if share.any():
+            arm = arm + jnp.asarray(share, dtype) @ (_f(m.actuator_armature, dtype) *
+                                                     _gear2(m, dtype))
+        qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, arm, d.ten_J)
+    return d.replace(crb=crb_, qM=qm)
+
+
+def factor_m(m, d):
+    """Factorise the inertia matrix (mj_factorM): qL lower Cholesky, qM = qL qL^T."""
+    if not m.nv:
+        return d
+    return d.replace(qL=jnp.linalg.cholesky(d.qM))
+
+
+def solve_m(m, d, x):
+    """Solve qM y = x with the factor in ``d`` (mj_solveM); x: (nv,) or (nv, k)."""
+    return jax.scipy.linalg.cho_solve((d.qL, True), x)
+
+
+# --------------------------------------------------------------------------- velocity
+def com_vel(m, d):
+    """Body spatial velocities and dof axis derivatives (mj_comVel).
+
+    cvel (nbody, 6) rot:lin about the tree com; cdof_dot (nv, 6).
+    """
+    if not m.nv:
+        return d
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    v = d.cdof * d.qvel[:, None]
+    cvel = jnp.asarray(tab.anc_dof, dtype) @ v
+    before = jnp.asarray(tab.pred, dtype) @ v
+    cdof_dot = math.motion_cross(before, d.cdof)
+    cdof_dot = jnp.where(tab.free_trans_dof[:, None], 0.0, cdof_dot)
+    return d.replace(cvel=cvel, cdof_dot=cdof_dot)
+
+
+def gravity(m, dtype):
+    """World gravity (3,), zero when the gravity disable flag is set."""
+    if m.opt.disableflags & DisableBit.GRAVITY:
+        return jnp.zeros(3, dtype)
+    return _f(m.opt.gravity, dtype).reshape(3)
+
+
+def rne(m, d, flg_acc=False):
+    """Recursive Newton-Euler: qfrc_bias = C(qpos, qvel) (mj_rne), plus M qacc if flg_acc.
+
+    Returns (nv,) generalised forces; gravity enters as a world acceleration of -g.
+    """
+    if not m.nv:
+        return jnp.zeros(0, d.qpos.dtype)
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    anc = jnp.asarray(tab.anc_dof, dtype)
+    g = gravity(m, dtype)
+    acc_dof = d.cdof_dot * d.qvel[:, None]
+    if flg_acc:
+        acc_dof = acc_dof + d.cdof * d.qacc[:, None]
+    cacc = anc @ acc_dof + jnp.concatenate([jnp.zeros(3, dtype), -g])
+    cfrc = math.inert_mul(d.cinert, cacc) + math.force_cross(
+        d.cvel, math.inert_mul(d.cinert, d.cvel))
+    cfrc = jnp.asarray(tab.desc_noworld, dtype) @ cfrc
+    return jnp.sum(d.cdof * cfrc[np.asarray(m.dof_bodyid)], -1)
+
+
+def subtree_vel(m, d):
+    """Subtree linear velocity and angular momentum about the subtree com (mj_subtreeVel).
+
+    subtree_linvel (nbody, 3), subtree_angmom (nbody, 3), world frame.
+    """
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    mass = _f(m.body_mass, dtype)
+    desc = jnp.asarray(tab.desc, dtype)
+    root = np.asarray(m.body_rootid)
+    weld_dofnum = np.asarray(m.body_dofnum)[np.asarray(m.body_weldid)]
+    vel = math.transform_motion(d.cvel, d.xipos, d.subtree_com[root])
+    vel = jnp.where((weld_dofnum == 0)[:, None], 0.0, vel)   # static / mocap bodies
+    ang, lin = vel[:, :3], vel[:, 3:]
+    smass = desc @ mass
+    linvel = (desc @ (mass[:, None] * lin)) / jnp.maximum(math.MINVAL, smass)[:, None]
+    inertia = _f(m.body_inertia, dtype)
+    iw = math.matvec(d.ximat, inertia * math.matTvec(d.ximat, ang))
+    # angular momentum about the subtree com: sum of spins plus orbital terms
+    own = iw + mass[:, None] * math.cross(d.xipos, lin)
+    angmom = desc @ own - smass[:, None] * math.cross(d.subtree_com, linvel)
+    return d.replace(subtree_linvel=linvel, subtree_angmom=angmom)

@@ -1,0 +1,265 @@
+"""Queries on a computed Data, as pure functions (MuJoCo's engine_support / core_util).
+
+Jacobians (mj_jac, mj_jacBody, mj_jacBodyCom, mj_jacGeom, mj_jacSite,
+mj_jacSubtreeCom), inertia-matrix helpers (mj_fullM, mj_mulM, mj_solveM, packing into
+MuJoCo's sparse layout), force application (mj_applyFT, mj_xfrcAccumulate), object
+velocities (mj_objectVelocity), position integration and differencing
+(mj_integratePos, mj_differentiatePos) and energies (mj_energyPos, mj_energyVel).
+
+All require the position stage (kinematics, com_pos, and for inertia helpers crb and
+factor_m) to have run on ``d``. Body ids may be Python ints or traced integers.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import jax.scipy.linalg
+import numpy as np
+
+from simjax.engine import math
+from simjax.engine import tables
+from simjax.types import DisableBit, JointType
+
+
+# --------------------------------------------------------------------------- Jacobians
+def jac(m, d, point, body):
+    """Jacobians of a world point attached to ``body`` (mj_jac).
+
+    point: (3,) world position. Returns (jacp, jacr), each (3, nv): translational and
+    rotational velocity of the point per unit dof velocity, world frame.
+    """
+    dtype = d.qpos.dtype
+    mask = jnp.asarray(tables.get(m).anc_dof, dtype)[body]
+    offset = point - d.subtree_com[jnp.asarray(m.body_rootid)[body]]
+    rot = d.cdof[:, :3]
+    lin = d.cdof[:, 3:] + math.cross(rot, offset)
+    return (lin * mask[:, None]).T, (rot * mask[:, None]).T
+
+
+def jac_body(m, d, body):
+    """Jacobians of the body frame origin (mj_jacBody): (jacp, jacr), (3, nv) each."""
+    return jac(m, d, d.xpos[body], body)
+
+
+def jac_body_com(m, d, body):
+    """Jacobians of the body centre of mass (mj_jacBodyCom): (jacp, jacr)."""
+    return jac(m, d, d.xipos[body], body)
+
+
+def jac_geom(m, d, geom):
+    """Jacobians of a geom centre (mj_jacGeom): (jacp, jacr)."""
+    return jac(m, d, d.geom_xpos[geom], jnp.asarray(m.geom_bodyid)[geom])
+
+
+def jac_site(m, d, site):
+    """Jacobians of a site (mj_jacSite): (jacp, jacr)."""
+    return jac(m, d, d.site_xpos[site], jnp.asarray(m.site_bodyid)[site])
+
+
+def jac_subtree_com(m, d, body):
+    """Translational Jacobian (3, nv) of the subtree centre of mass (mj_jacSubtreeCom)."""
+    dtype = d.qpos.dtype
+    tab = tables.get(m)
+    mass = jnp.asarray(m.body_mass, dtype)
+    weight = jnp.asarray(tab.desc, dtype)[body] * mass
+    anc = jnp.asarray(tab.anc_dof, dtype)                       # (nbody, nv)
+    offset = d.xipos - d.subtree_com[np.asarray(m.body_rootid)]  # (nbody, 3)
+    rot = d.cdof[:, :3]
+    # jacp of every body com: cdof_lin + cdof_rot x offset_b, masked by anc_dof
+    lin = d.cdof[None, :, 3:] + math.cross(rot[None], offset[:, None, :])
+    total = jnp.einsum("b,bv,bvk->kv", weight, anc, lin)
+    return total / jnp.sum(weight)
+
+
+# --------------------------------------------------------------------------- inertia
+def full_m(m, d):
+    """Dense inertia matrix (nv, nv) (mj_fullM)."""
+    return d.qM
+
+
+def mul_m(m, d, vec):
+    """qM @ vec (mj_mulM); vec (nv,) or (nv, k)."""
+    return d.qM @ vec
+
+
+def solve_m(m, d, vec):
+    """qM^-1 vec via the Cholesky factor qL (mj_solveM); vec (nv,) or (nv, k)."""
+    return jax.scipy.linalg.cho_solve((d.qL, True), vec)
+
+
+def m_sparsity(m, layout="M"):
+    """Static (rows, cols) of MuJoCo's packed inertia storage.
+
+    layout "M": MuJoCo 4.0's CSR ``mjData.M`` (row i lists i's ancestor dofs in
+    increasing order, ending with the diagonal); "qM": the legacy ``dof_Madr`` layout
+    (diagonal first, then ancestors going up the tree).
+    """
+    mask = tables.get(m).m_mask
+    rows, cols = [], []
+    for i in range(m.nv):
+        anc = np.nonzero(mask[i])[0]
+        order = anc if layout == "M" else anc[::-1]
+        rows += [i] * len(anc)
+        cols += list(order)
+    return np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+
+
+def pack_m(m, qM, layout="M"):
+    """Pack a dense inertia-like matrix into MuJoCo's sparse layout (see m_sparsity)."""
+    rows, cols = m_sparsity(m, layout)
+    return qM[..., rows, cols]
+
+
+# --------------------------------------------------------------------------- forces
+def apply_ft(m, d, force, torque, point, bodies):
+    """Generalised force (nv,) of world forces/torques applied at points (mj_applyFT).
+
+    force, torque: (n, 3) world frame (either may be None); point: (n, 3) world
+    application points; bodies: (n,) static body ids. Vectorised over all n at once.
+    """
+    dtype = d.qpos.dtype
+    bodies = np.asarray(bodies)
+    offset = point - d.subtree_com[np.asarray(m.body_rootid)[bodies]]
+    zero = jnp.zeros_like(point)
+    f = zero if force is None else force
+    t = zero if torque is None else torque
+    wrench = jnp.concatenate([t + math.cross(offset, f), f], -1)   # about the tree com
+    anc = jnp.asarray(tables.get(m).anc_dof[bodies], dtype)       # (n, nv)
+    return jnp.sum(d.cdof * (anc.T @ wrench), -1)
+
+
+def xfrc_accumulate(m, d):
+    """Generalised force (nv,) of xfrc_applied (force:torque at body coms)."""
+    xfrc = d.xfrc_applied[1:]
+    bodies = np.arange(1, m.nbody)
+    return apply_ft(m, d, xfrc[:, :3], xfrc[:, 3:], d.xipos[1:], bodies)
+
+
+def object_velocity(m, d, bodies, pos, rot=None):
+    """6D velocity (n, 6, rot:lin) of frames at ``pos`` rigidly attached to ``bodies``
+    (mj_objectVelocity); in the frames ``rot`` (n, 3, 3) if given, else world axes."""
+    bodies = np.asarray(bodies)
+    vel = math.transform_motion(d.cvel[bodies], pos,
+                                d.subtree_com[np.asarray(m.body_rootid)[bodies]], rot)
+    static = np.asarray(m.body_dofnum)[np.asarray(m.body_weldid)[bodies]] == 0
+    if static.any():
+        vel = jnp.where(static[:, None], 0.0, vel)
+    return vel
+
+
+# --------------------------------------------------------------------------- qpos algebra
+def _joint_groups(m):
+    jtype = np.asarray(m.jnt_type)
+    return {t: np.nonzero(jtype == t)[0] for t in JointType}
+
+
+def integrate_pos(m, qpos, qvel, dt):
+    """qpos advanced by qvel over dt (mj_integratePos); quaternions via exp map.
+
+    qpos (nq,), qvel (nv,). Hinge/slide add dt*v; ball and the rotation of free joints
+    rotate by the local angular velocity; free positions add dt*v.
+    """
+    if not m.njnt:
+        return qpos
+    qadr, dadr = np.asarray(m.jnt_qposadr), np.asarray(m.jnt_dofadr)
+    g = _joint_groups(m)
+    idx, vals = [], []
+    scalar = np.concatenate([g[JointType.HINGE], g[JointType.SLIDE]])
+    if len(scalar):
+        idx.append(qadr[scalar])
+        vals.append(qpos[qadr[scalar]] + dt * qvel[dadr[scalar]])
+    free = g[JointType.FREE]
+    if len(free):
+        pi = (qadr[free][:, None] + np.arange(3)).ravel()
+        idx.append(pi)
+        vals.append(qpos[pi] + dt * qvel[(dadr[free][:, None] + np.arange(3)).ravel()])
+    rot = np.concatenate([free, g[JointType.BALL]])
+    if len(rot):
+        off = np.where(np.asarray(m.jnt_type)[rot] == JointType.FREE, 3, 0)
+        qi = (qadr[rot] + off)[:, None] + np.arange(4)
+        vi = (dadr[rot] + off)[:, None] + np.arange(3)
+        idx.append(qi.ravel())
+        vals.append(math.quat_integrate(qpos[qi], qvel[vi], dt).ravel())
+    return _assemble(m.nq, qpos, idx, vals)
+
+
+def _assemble(n, base, idx, vals):
+    """Vector of length n with entries idx[k] <- vals[k] (each index once), gather-only."""
+    idx = np.concatenate(idx)
+    vals = jnp.concatenate(vals)
+    src = np.arange(len(idx), len(idx) + n)
+    src[idx] = np.arange(len(idx))
+    return jnp.concatenate([vals, base])[src]
+
+
+def differentiate_pos(m, qpos1, qpos2, dt):
+    """Velocity (nv,) taking qpos1 to qpos2 over dt (mj_differentiatePos)."""
+    if not m.njnt:
+        return jnp.zeros(m.nv, qpos1.dtype)
+    qadr, dadr = np.asarray(m.jnt_qposadr), np.asarray(m.jnt_dofadr)
+    g = _joint_groups(m)
+    idx, vals = [], []
+    scalar = np.concatenate([g[JointType.HINGE], g[JointType.SLIDE]])
+    if len(scalar):
+        idx.append(dadr[scalar])
+        vals.append((qpos2[qadr[scalar]] - qpos1[qadr[scalar]]) / dt)
+    free = g[JointType.FREE]
+    if len(free):
+        pi = (qadr[free][:, None] + np.arange(3)).ravel()
+        idx.append((dadr[free][:, None] + np.arange(3)).ravel())
+        vals.append((qpos2[pi] - qpos1[pi]) / dt)
+    rot = np.concatenate([free, g[JointType.BALL]])
+    if len(rot):
+        off = np.where(np.asarray(m.jnt_type)[rot] == JointType.FREE, 3, 0)
+        qi = (qadr[rot] + off)[:, None] + np.arange(4)
+        idx.append(((dadr[rot] + off)[:, None] + np.arange(3)).ravel())
+        vals.append((math.sub_quat(qpos2[qi], qpos1[qi]) / dt).ravel())
+    return _assemble(m.nv, jnp.zeros(m.nv, qpos1.dtype), idx, vals)
+
+
+# --------------------------------------------------------------------------- energy
+def energy_pos(m, d):
+    """Potential energy (mj_energyPos): gravity plus joint and tendon springs."""
+    from simjax.engine.passive import poly_potential
+    dtype = d.qpos.dtype
+    energy = jnp.zeros((), dtype)
+    if not (m.opt.disableflags & DisableBit.GRAVITY):
+        g = jnp.asarray(m.opt.gravity, dtype).reshape(3)
+        energy = energy - jnp.sum(jnp.asarray(m.body_mass, dtype)[1:] * (d.xipos[1:] @ g))
+    if m.opt.disableflags & DisableBit.SPRING:
+        return energy
+    if m.njnt:
+        k = jnp.asarray(m.jnt_stiffness, dtype)
+        poly = jnp.asarray(m.jnt_stiffnesspoly, dtype).reshape(m.njnt, 2)
+        qs = jnp.asarray(m.qpos_spring, dtype)
+        qadr = np.asarray(m.jnt_qposadr)
+        g = _joint_groups(m)
+        scalar = np.concatenate([g[JointType.HINGE], g[JointType.SLIDE]])
+        if len(scalar):
+            x = d.qpos[qadr[scalar]] - qs[qadr[scalar]]
+            energy = energy + jnp.sum(poly_potential(k[scalar], poly[scalar], x, False))
+        free = g[JointType.FREE]
+        if len(free):
+            pi = qadr[free][:, None] + np.arange(3)
+            r = math.norm(d.qpos[pi] - qs[pi])
+            energy = energy + jnp.sum(poly_potential(k[free], poly[free], r, False))
+        rot = np.concatenate([free, g[JointType.BALL]])
+        if len(rot):
+            off = np.where(np.asarray(m.jnt_type)[rot] == JointType.FREE, 3, 0)
+            qi = (qadr[rot] + off)[:, None] + np.arange(4)
+            # MuJoCo differences the raw (unnormalised) qpos quaternion here
+            r = math.norm(math.sub_quat(d.qpos[qi], qs[qi]))
+            energy = energy + jnp.sum(poly_potential(k[rot], poly[rot], r, False))
+    if m.ntendon:
+        length = d.ten_length
+        rng = jnp.asarray(m.tendon_lengthspring, dtype).reshape(m.ntendon, 2)
+        x = jnp.where(length > rng[:, 1], length - rng[:, 1],
+                      jnp.where(length < rng[:, 0], length - rng[:, 0], 0.0))
+        spoly = jnp.asarray(m.tendon_stiffnesspoly, dtype).reshape(m.ntendon, 2)
+        energy = energy + jnp.sum(poly_potential(
+            jnp.asarray(m.tendon_stiffness, dtype), spoly, x, False))
+    return energy
+
+
+def energy_vel(m, d):
+    """Kinetic energy 0.5 qvel' qM qvel (mj_energyVel)."""
+    return 0.5 * d.qvel @ (d.qM @ d.qvel)

@@ -1,0 +1,179 @@
+"""Static index tables derived from a Model's structure, computed once per structure.
+
+The pipeline never loops over bodies, joints or dofs at run time. Instead, the kinematic
+tree is turned (here, in numpy, at trace time) into:
+
+- ``desc`` (nbody, nbody): ``desc[b, c] = 1`` if body c is in the subtree of body b.
+  Subtree sums (subtree mass/com, composite inertia, RNE backward pass, applying forces)
+  become one dense matmul.
+- ``anc_dof`` (nbody, nv): ``anc_dof[b, k] = 1`` if dof k moves body b. Forward
+  recursions that are linear in the dofs (body velocities, bias accelerations) become one
+  matmul.
+- ``m_mask`` (nv, nv): ``m_mask[i, j] = 1`` if dof j is dof i or one of its ancestors
+  (the sparsity of MuJoCo's mass matrix, lower triangle).
+- pointer-doubling tables for the one genuinely non-linear recursion, the composition of
+  body frames, so kinematics needs ceil(log2(depth)) vectorised steps.
+
+Tables are cached by the content of the static arrays they depend on, so they are built
+once per model structure no matter how many times ``step`` is traced.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+
+from simjax.types import JointType
+
+_CACHE: dict = {}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Tables:
+    """Static tables for one model structure (all numpy)."""
+
+    depth: np.ndarray            # (nbody,) depth of each body, world = 0
+    jump_steps: tuple            # pointer-doubling ancestors: tuple of (nbody,) arrays
+    is_free_body: np.ndarray     # (nbody,) body's pose comes straight from a free joint
+    desc: np.ndarray             # (nbody, nbody) subtree membership, float
+    desc_noworld: np.ndarray     # desc without the world row (MuJoCo skips world sums)
+    anc_dof: np.ndarray          # (nbody, nv) dof k moves body b, float
+    m_mask: np.ndarray           # (nv, nv) lower-triangular ancestor mask, float
+    pred: np.ndarray             # (nv, nv) dofs whose velocity precedes dof j (cdof_dot)
+    free_trans_dof: np.ndarray   # (nv,) bool: translational dof of a free joint
+    # kinematics: per-joint-slot tables (bodies apply their joints in order)
+    slot_jnt: np.ndarray         # (nslot, nbody) joint id in slot, -1 if none
+    jnt_slot: np.ndarray         # (njnt,) slot index of each joint
+    # cdof axis sources: index into concat([xaxis (njnt), xmat columns (nbody*3), eye(3)])
+    dof_axis_src: np.ndarray     # (nv,) int
+    dof_is_rot: np.ndarray       # (nv,) bool: rotational dof (hinge, ball, free rot)
+    dof_is_slide: np.ndarray     # (nv,) bool: slide dof (offset not applied)
+
+
+def _key(model):
+    parts = [model.nbody, model.njnt, model.nv, model.nq]
+    for name in ("body_parentid", "body_jntnum", "body_jntadr", "body_dofnum",
+                 "body_dofadr", "jnt_type", "jnt_bodyid", "jnt_dofadr", "dof_bodyid",
+                 "dof_jntid", "dof_parentid"):
+        arr = np.ascontiguousarray(getattr(model, name))
+        parts.append(hashlib.sha1(arr.tobytes()).hexdigest())
+    return tuple(parts)
+
+
+def get(model) -> Tables:
+    """Tables for ``model`` (cached by structure)."""
+    key = _key(model)
+    tab = _CACHE.get(key)
+    if tab is None:
+        tab = _build(model)
+        _CACHE[key] = tab
+    return tab
+
+
+def _build(model) -> Tables:
+    nbody, njnt, nv = model.nbody, model.njnt, model.nv
+    parent = np.asarray(model.body_parentid, dtype=np.int64)
+    jnt_type = np.asarray(model.jnt_type)
+    body_jntnum = np.asarray(model.body_jntnum)
+    body_jntadr = np.asarray(model.body_jntadr)
+
+    # bodies whose frame is set directly by a free joint: treated as roots when composing
+    is_free = np.zeros(nbody, bool)
+    for b in range(1, nbody):
+        if body_jntnum[b] == 1 and jnt_type[body_jntadr[b]] == JointType.FREE:
+            is_free[b] = True
+
+    depth = np.zeros(nbody, np.int64)
+    for b in range(1, nbody):
+        depth[b] = depth[parent[b]] + 1
+
+    # pointer doubling: after step s each body holds the composition of 2^s frames
+    frame_parent = parent.copy()
+    frame_parent[is_free] = 0
+    frame_parent[0] = 0
+    frame_depth = np.zeros(nbody, np.int64)
+    for b in range(1, nbody):
+        frame_depth[b] = frame_depth[frame_parent[b]] + 1
+    steps = []
+    jump = frame_parent.copy()
+    span = 1
+    while span < int(frame_depth.max(initial=0)):
+        steps.append(jump.copy())
+        jump = jump[jump]
+        span *= 2
+
+    desc = np.zeros((nbody, nbody))
+    for c in range(nbody):
+        b = c
+        while True:
+            desc[b, c] = 1.0
+            if b == 0:
+                break
+            b = parent[b]
+    desc_noworld = desc.copy()
+    desc_noworld[0] = 0.0
+    desc_noworld[0, 0] = 1.0
+
+    dof_bodyid = np.asarray(model.dof_bodyid)
+    anc_dof = desc[dof_bodyid].T.copy() if nv else np.zeros((nbody, 0))
+
+    dof_parentid = np.asarray(model.dof_parentid)
+    m_mask = np.zeros((nv, nv))
+    for i in range(nv):
+        j = i
+        while j >= 0:
+            m_mask[i, j] = 1.0
+            j = dof_parentid[j]
+
+    # cdof_dot uses the body velocity accumulated before the dof's joint; for the
+    # rotational dofs of a free joint the translational dofs count as "before"
+    dof_jntid = np.asarray(model.dof_jntid)
+    jnt_dofadr = np.asarray(model.jnt_dofadr)
+    pred = np.zeros((nv, nv))
+    free_trans = np.zeros(nv, bool)
+    for j in range(nv):
+        b, jid = dof_bodyid[j], dof_jntid[j]
+        pb = parent[b]
+        pred[j] = anc_dof[pb] if nbody else 0.0
+        for k in range(nv):
+            if dof_bodyid[k] == b and dof_jntid[k] < jid:
+                pred[j, k] = 1.0
+        if jnt_type[jid] == JointType.FREE:
+            off = j - jnt_dofadr[jid]
+            if off < 3:
+                free_trans[j] = True
+            else:
+                pred[j, jnt_dofadr[jid]:jnt_dofadr[jid] + 3] = 1.0
+
+    nslot = int(body_jntnum.max(initial=0))
+    slot_jnt = -np.ones((nslot, nbody), np.int64)
+    jnt_slot = np.zeros(njnt, np.int64)
+    for b in range(nbody):
+        for k in range(body_jntnum[b]):
+            slot_jnt[k, b] = body_jntadr[b] + k
+            jnt_slot[body_jntadr[b] + k] = k
+
+    axis_src = np.zeros(nv, np.int64)
+    is_rot = np.zeros(nv, bool)
+    is_slide = np.zeros(nv, bool)
+    for j in range(nv):
+        jid = dof_jntid[j]
+        t = jnt_type[jid]
+        off = j - jnt_dofadr[jid]
+        if t == JointType.HINGE:
+            axis_src[j], is_rot[j] = jid, True
+        elif t == JointType.SLIDE:
+            axis_src[j], is_slide[j] = jid, True
+        elif t == JointType.BALL:
+            axis_src[j], is_rot[j] = njnt + 3 * dof_bodyid[j] + off, True
+        else:  # free: 3 world translations, then 3 body-frame rotations
+            if off < 3:
+                axis_src[j], is_slide[j] = njnt + 3 * nbody + off, True
+            else:
+                axis_src[j], is_rot[j] = njnt + 3 * dof_bodyid[j] + off - 3, True
+
+    return Tables(depth=depth, jump_steps=tuple(steps), is_free_body=is_free, desc=desc,
+                  desc_noworld=desc_noworld, anc_dof=anc_dof, m_mask=m_mask, pred=pred,
+                  free_trans_dof=free_trans, slot_jnt=slot_jnt, jnt_slot=jnt_slot,
+                  dof_axis_src=axis_src, dof_is_rot=is_rot, dof_is_slide=is_slide)
