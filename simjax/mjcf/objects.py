@@ -436,7 +436,8 @@ def equalities(els, ids):
                 if o2 < 0:
                     raise el.error(f"unknown body2 '{a.get('body2')}'")
                 data[:] = 0
-                data[11] = float(etype == EqType.WELD)  # MuJoCo 4: last weld entry is 1
+                data[10] = 1.0   # MuJoCo 4 keeps the default torquescale entry for connect
+                data[11] = float(etype == EqType.WELD)  # and sets the last weld entry
                 data[0:3] = _get(a, "anchor", np.zeros(3))
                 if etype == EqType.WELD:
                     rp = np.asarray(_get(a, "relpose", [0, 1, 0, 0, 0, 0, 0]), dtype=float)
