@@ -74,6 +74,8 @@ def _load(attrs, name, file, model_dir, meshdir, strippath, assets) -> HFieldDat
             raise MJCFError("elevation data length must match nrow*ncol")
         # the XML lists the top row first; MuJoCo stores the bottom row first
         data = elevation.astype(np.float32).reshape(nrow, ncol)[::-1].ravel()
+    elif nrow > 0 and ncol > 0 and not file:
+        data = np.zeros(nrow * ncol, dtype=np.float32)  # a flat field, as MuJoCo makes
     if np.any(size <= 0):
         raise MJCFError("size parameter is not positive in hfield")
     if file:

@@ -57,7 +57,9 @@ class MeshData:
     [m^2] for ``inertia="shell"``, used for the geom mass. ``inertia_box`` (3,):
     half-sizes of the box with the same inertia (mjCMesh::boxsz_).
     ``unit_inertia`` (3,): principal inertia at density 1. ``aabb`` (6,): centre and
-    half-size of the processed vertices (computed in double, as MuJoCo's aamm_).
+    half-size of the processed vertices; ``aamm`` (6,): their exact min xyz then max xyz
+    (both in double before the float32 rounding, as MuJoCo's aamm_; geom_size of a mesh
+    geom is ``max(|aamm[:3]|, |aamm[3:]|)``).
 
     Convex hull (``None`` unless needed for collision, ``inertia="convex"`` or a mesh
     without faces): ``hull_vert`` (nhv, 3) processed coordinates of the hull vertices,
@@ -87,11 +89,7 @@ class MeshData:
     hull_normal: np.ndarray | None = None
     hull_edge: np.ndarray | None = None
     graph: np.ndarray | None = None
-
-    @property
-    def aamm(self) -> np.ndarray:
-        """(6,) min xyz then max xyz of the processed vertices (mjCMesh::aamm_)."""
-        return np.concatenate([self.aabb[:3] - self.aabb[3:], self.aabb[:3] + self.aabb[3:]])
+    aamm: np.ndarray | None = None
 
 
 # ----------------------------------------------------------------------------------------
@@ -376,9 +374,6 @@ def _decode_msh(data: bytes, file: str, scale):
     off = 16 + 4 * (3 * nv + 3 * nn + 2 * nt)
     face = np.frombuffer(data, dtype="<i4", count=3 * nf, offset=off).reshape(-1, 3)
     face = face.astype(np.int64)
-    # LoadMSH swaps the winding for a left-handed scale here; Process() swaps it again.
-    if nf and scale[0] * scale[1] * scale[2] <= 0:
-        face = face[:, [0, 2, 1]]
     return vert.astype(np.float32), (face if nf else None)
 
 
@@ -465,24 +460,33 @@ def _obj_shape_faces(shape, vert: np.ndarray, file: str) -> np.ndarray:
 
 
 def _ear_clip(poly: list[int], vert: np.ndarray) -> list[list[int]]:
-    """tinyobjloader's triangulation of one polygon (projected ear clipping)."""
-    v = vert.astype(np.float64)
+    """tinyobjloader's triangulation of one polygon, in its float32 arithmetic.
+
+    Quads are split along the shorter diagonal (0-2 if strictly shorter, else 1-3);
+    larger polygons go through its projected ear clipping. This is the behaviour of
+    the tinyobjloader in MuJoCo 4.0 (checked on quads against mujoco 4.0.0).
+    """
+    f32 = np.float32
+    v = vert.astype(f32)
+    if len(poly) == 4:
+        e02, e13 = v[poly[2]] - v[poly[0]], v[poly[3]] - v[poly[1]]
+        sqr02 = e02[0] * e02[0] + e02[1] * e02[1] + e02[2] * e02[2]
+        sqr13 = e13[0] * e13[0] + e13[1] * e13[1] + e13[2] * e13[2]
+        a, b, c, d = poly
+        return [[a, b, c], [a, c, d]] if sqr02 < sqr13 else [[a, b, d], [b, c, d]]
     n = len(poly)
-    eps = float(np.finfo(np.float32).eps)
+    eps = np.finfo(f32).eps
     axes = (1, 2)
     for k in range(n):
         p0, p1, p2 = v[poly[k]], v[poly[(k + 1) % n]], v[poly[(k + 2) % n]]
         e0, e1 = p1 - p0, p2 - p1
-        c = np.abs(np.cross(e0, e1))
+        c = np.abs(np.array([e0[1] * e1[2] - e0[2] * e1[1], e0[2] * e1[0] - e0[0] * e1[2],
+                             e0[0] * e1[1] - e0[1] * e1[0]], dtype=f32))
         if c[0] > eps or c[1] > eps or c[2] > eps:
             if not (c[0] > c[1] and c[0] > c[2]):
                 axes = (0, 1) if (c[2] > c[0] and c[2] > c[1]) else (0, 2)
             break
     a0, a1 = axes
-    area = 0.0
-    for k in range(n):
-        p, q = v[poly[k]], v[poly[(k + 1) % n]]
-        area += (p[a0] * q[a1] - p[a1] * q[a0]) * 0.5
     rem = list(poly)
     out: list[list[int]] = []
     guess, left, prev_n = 0, n, n
@@ -498,6 +502,7 @@ def _ear_clip(poly: list[int], vert: np.ndarray) -> list[list[int]]:
         vx = [v[i][a0] for i in ind]
         vy = [v[i][a1] for i in ind]
         cross = (vx[1] - vx[0]) * (vy[2] - vy[1]) - (vy[1] - vy[0]) * (vx[2] - vx[1])
+        area = (vx[0] * vy[1] - vy[0] * vx[1]) * f32(0.5)  # sic: tinyobjloader's test
         if cross * area < 0:
             guess += 1
             continue
@@ -568,8 +573,12 @@ def _process(name, vert32, face, scale, refpos, refquat, inertia, maxhullvert,
     if not has_faces:
         face = hull.copy()
     face = np.asarray(face, dtype=np.int64)
-    if scale[0] * scale[1] * scale[2] <= 0:  # left-handed: keep the faces outward
+    if scale[0] * scale[1] * scale[2] <= 0:
+        # a left-handed scale mirrors the mesh: swap the winding (of the hull too, as
+        # MuJoCo 4.0 does) so that faces stay outward
         face = face[:, [0, 2, 1]]
+        if hull is not None:
+            hull = hull[:, [0, 2, 1]]
 
     dvert = _apply_transforms(dvert, refpos, refquat, scale)
     area, _, center = _triangles(dvert, face)
@@ -611,7 +620,8 @@ def _process(name, vert32, face, scale, refpos, refquat, inertia, maxhullvert,
             measure * (box[1] * box[1] + box[2] * box[2]) / 3,
             measure * (box[0] * box[0] + box[2] * box[2]) / 3,
             measure * (box[0] * box[0] + box[1] * box[1]) / 3]),
-        aabb=np.concatenate([(lo + hi) / 2, (hi - lo) / 2]), name=name, inertia=inertia)
+        aabb=np.concatenate([(lo + hi) / 2, (hi - lo) / 2]), name=name, inertia=inertia,
+        aamm=np.concatenate([lo, hi]))
     if hull is not None:
         _attach_hull(data, hull)
     return data

@@ -247,3 +247,409 @@ def test_corpus_hfields(rel):
         np.testing.assert_array_equal(data.size, m.hfield_size[i])
         adr = m.hfield_adr[i]
         np.testing.assert_array_equal(data.data, m.hfield_data[adr:adr + data.nrow * data.ncol])
+
+
+# ----------------------------------------------------------------------------------------
+# small meshes compiled by both: inline vertices, transforms, inertia modes
+
+
+def _fmt(arr):
+    return " ".join(repr(float(x)) if isinstance(x, (float, np.floating)) else str(int(x))
+                    for x in np.ravel(arr))
+
+
+def _two_boxes():
+    """Two disjoint axis-aligned boxes with outward faces: a non-convex solid."""
+    import trimesh
+    a = trimesh.creation.box(extents=[0.2, 0.1, 0.05])
+    b = trimesh.creation.box(extents=[0.05, 0.1, 0.3])
+    b.apply_translation([0.3, 0.05, 0.1])
+    v = np.concatenate([a.vertices, b.vertices])
+    f = np.concatenate([a.faces, b.faces + len(a.vertices)])
+    return v.astype(np.float32).astype(np.float64), f
+
+
+def _irregular_points(n=30, seed=3):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, 3)) * [0.1, 0.05, 0.2]).astype(np.float32).astype(np.float64)
+
+
+def _compile_one(mesh_attrs: dict, geom_extra: str = "", tmp_path=None):
+    """MuJoCo model with one mesh in one free body; returns (MjModel, our attrs)."""
+    xml_attrs = " ".join(f'{k}="{v if isinstance(v, str) else _fmt(v)}"'
+                         for k, v in mesh_attrs.items() if v is not None)
+    xml = (f'<mujoco><asset><mesh name="m" {xml_attrs}/></asset><worldbody>'
+           f'<body pos="0.1 0.2 0.3" euler="10 20 30"><freejoint/>'
+           f'<geom type="mesh" mesh="m" {geom_extra}/></body></worldbody></mujoco>')
+    if tmp_path is not None:
+        path = tmp_path / "model.xml"
+        path.write_text(xml)
+        m = mujoco.MjModel.from_xml_path(str(path))
+    else:
+        m = mujoco.MjModel.from_xml_string(xml)
+    attrs = {"name": "m", "scale": [1, 1, 1], "refpos": [0, 0, 0], "refquat": [1, 0, 0, 0],
+             "maxhullvert": -1, "inertia": "legacy"}
+    for k, v in mesh_attrs.items():
+        if v is None:
+            continue
+        if k in ("vertex", "scale", "refpos", "refquat"):
+            attrs[k] = np.asarray(v, dtype=float).ravel()
+        elif k == "face":
+            attrs[k] = np.asarray(v, dtype=int).ravel()
+        elif k == "maxhullvert":
+            attrs[k] = int(v)
+        else:
+            attrs[k] = v
+    return m, attrs
+
+
+def _mulquat(a, b):
+    return np.array([a[0] * b[0] - a[1] * b[1] - a[2] * b[2] - a[3] * b[3],
+                     a[0] * b[1] + a[1] * b[0] + a[2] * b[3] - a[3] * b[2],
+                     a[0] * b[2] - a[1] * b[3] + a[2] * b[0] + a[3] * b[1],
+                     a[0] * b[3] + a[1] * b[2] - a[2] * b[1] + a[3] * b[0]])
+
+
+def _check_body(data, m, geom_pos=np.zeros(3), geom_quat=np.array([1.0, 0, 0, 0]),
+                density=1000.0):
+    """Body 1 holds only the mesh geom: mass, inertia tensor, COM, geom frame."""
+    mass = density * data.volume
+    inertia = ms.geom_mesh_inertia(data, mass)
+    np.testing.assert_allclose(m.body_mass[1], mass, rtol=1e-12)
+    gpos = geom_pos + _quat_mat(geom_quat) @ data.pos
+    gquat = _mulquat(geom_quat, data.quat)
+    np.testing.assert_allclose(m.geom_pos[0], gpos, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(_quat_mat(m.geom_quat[0]), _quat_mat(gquat), atol=1e-12)
+    np.testing.assert_allclose(m.body_ipos[1], gpos, rtol=1e-12, atol=1e-14)
+    full_ref = _quat_mat(m.body_iquat[1]) @ np.diag(m.body_inertia[1]) @ _quat_mat(
+        m.body_iquat[1]).T
+    full = _quat_mat(gquat) @ np.diag(inertia) @ _quat_mat(gquat).T
+    np.testing.assert_allclose(full, full_ref, rtol=1e-10, atol=1e-12 * np.abs(full).max())
+    size = np.maximum(np.abs(data.aamm[:3]), np.abs(data.aamm[3:]))
+    np.testing.assert_allclose(m.geom_size[0], size, rtol=1e-12)
+
+
+def test_inline_vertices_without_faces():
+    v = _irregular_points()
+    m, attrs = _compile_one({"vertex": v})
+    data = ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+    compare_mesh(data, m, 0)
+    assert data.hull_face is not None and len(data.face) == len(data.hull_face)
+    _check_body(data, m)
+
+
+def test_inline_vertices_with_faces():
+    v, f = _two_boxes()
+    m, attrs = _compile_one({"vertex": v, "face": f})
+    data = ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+    compare_mesh(data, m, 0)
+    _check_body(data, m)
+
+
+@pytest.mark.parametrize("scale", [[-1, 1, 1], [0.5, -2, 1.5], [-1, -1, -1], [2, 3, 4]])
+@pytest.mark.parametrize("with_faces", [True, False])
+@pytest.mark.parametrize("inertia", ["legacy", "convex"])
+def test_scale(scale, with_faces, inertia):
+    v, f = _two_boxes()
+    if not with_faces:
+        v, f = _irregular_points(), None
+    m, attrs = _compile_one({"vertex": v, "face": f, "scale": scale, "inertia": inertia})
+    data = ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+    compare_mesh(data, m, 0)
+    _check_body(data, m)
+    g = m.mesh_graph[m.mesh_graphadr[0]:]
+    nv, nf = g[0], g[1]
+    np.testing.assert_array_equal(data.graph[2 + 3 * nv + 3 * nf:2 + 3 * nv + 6 * nf],
+                                  g[2 + 3 * nv + 3 * nf:2 + 3 * nv + 6 * nf])
+
+
+def test_refpos_refquat_and_geom_frame():
+    v, f = _two_boxes()
+    m, attrs = _compile_one({"vertex": v, "face": f, "refpos": [0.1, -0.2, 0.05],
+                             "refquat": [0.9, 0.1, -0.3, 0.2], "scale": [1.5, 1, 0.5]},
+                            geom_extra='pos="0.3 -0.1 0.2" quat="0.5 0.5 -0.5 0.5"')
+    data = ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+    compare_mesh(data, m, 0)
+    _check_body(data, m, geom_pos=np.array([0.3, -0.1, 0.2]),
+                geom_quat=np.array([0.5, 0.5, -0.5, 0.5]))
+
+
+@pytest.mark.parametrize("inertia", ["legacy", "convex", "exact", "shell"])
+def test_inertia_modes(inertia):
+    v, f = _two_boxes()
+    m, attrs = _compile_one({"vertex": v, "face": f, "inertia": inertia},
+                            geom_extra='density="700"')
+    data = ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+    compare_mesh(data, m, 0)
+    _check_body(data, m, density=700.0)
+    if inertia == "shell":
+        assert data.volume == pytest.approx(2 * (0.02 + 0.01 + 0.005) + 2 * (0.005 + 0.03
+                                                                            + 0.015))
+
+
+def test_inertia_modes_differ():
+    v, f = _two_boxes()
+    vols = {}
+    for mode in ("legacy", "convex", "exact", "shell"):
+        _, attrs = _compile_one({"vertex": v, "face": f, "inertia": mode})
+        vols[mode] = ms.load_mesh(attrs, "", None, False, None, needs_hull=False).volume
+    assert vols["exact"] == pytest.approx(0.2 * 0.1 * 0.05 + 0.05 * 0.1 * 0.3)
+    assert vols["convex"] > vols["exact"]
+    assert len(set(vols.values())) == 4
+
+
+def test_maxhullvert():
+    v = _irregular_points(200, seed=9)
+    m, attrs = _compile_one({"vertex": v, "maxhullvert": 12})
+    data = ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+    compare_mesh(data, m, 0)
+    assert len(data.hull_vert) <= 12
+
+
+def test_exact_inconsistent_orientation_is_an_error():
+    v, f = _two_boxes()
+    f = f.copy()
+    f[0] = f[0, [0, 2, 1]]
+    _, attrs = _compile_one({"vertex": v, "face": f, "inertia": "legacy"})
+    attrs["inertia"] = "exact"
+    with pytest.raises(ValueError, match="inconsistent orientation"):
+        _compile_one({"vertex": v, "face": f, "inertia": "exact"})
+    with pytest.raises(MJCFError, match="inconsistent orientation"):
+        ms.load_mesh(attrs, "", None, False, None, needs_hull=False)
+
+
+@pytest.mark.parametrize("points, message", [
+    (np.zeros((5, 3)), "colocated"),
+    (np.outer(np.arange(5.0), [1, 2, 3]), "collinear"),
+    (np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0], [2, 3, 0.0]]), "coplanar"),
+    (np.zeros((3, 3)), "at least 4 vertices"),
+])
+def test_degenerate_meshes_are_errors(points, message):
+    attrs = {"name": "bad", "vertex": points.ravel()}
+    with pytest.raises(ValueError, match=message):
+        _compile_one({"vertex": points})
+    with pytest.raises(MJCFError, match=message):
+        ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+
+
+def test_hull_fields_are_consistent():
+    v = _irregular_points(60)
+    _, attrs = _compile_one({"vertex": v})
+    data = ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+    hv, hf_ = data.hull_vert, data.hull_face
+    # outward normals: every hull vertex lies behind every face plane
+    dist = np.einsum("fk,fvk->fv", data.hull_normal, hv[None] - hv[hf_[:, 0]][:, None])
+    assert dist.max() < 1e-6
+    nv = len(hv)
+    g = data.graph
+    assert g[0] == nv and g[1] == len(hf_)
+    np.testing.assert_array_equal(g[2 + nv:2 + 2 * nv], data.hull_vertid)
+    assert len(data.hull_edge) == 3 * len(hf_) // 2  # closed triangulated surface
+
+
+# ----------------------------------------------------------------------------------------
+# file formats and paths
+
+
+def _stl_bytes(v, f, header=b"binary stl"):
+    tri = v[f].astype("<f4")
+    rec = np.zeros(len(f), dtype=[("n", "<f4", 3), ("v", "<f4", (3, 3)), ("a", "<u2")])
+    rec["v"] = tri
+    return header.ljust(80, b" ") + struct.pack("<i", len(f)) + rec.tobytes()
+
+
+def _file_model(tmp_path, mesh_xml, compiler=""):
+    xml = (f'<mujoco><compiler {compiler}/><asset>{mesh_xml}</asset><worldbody>'
+           f'<body><freejoint/><geom type="mesh" mesh="m"/></body></worldbody></mujoco>')
+    path = tmp_path / "model.xml"
+    path.write_text(xml)
+    return mujoco.MjModel.from_xml_path(str(path))
+
+
+def _attrs(**kw):
+    base = {"name": "m", "scale": np.ones(3), "refpos": np.zeros(3),
+            "refquat": np.array([1.0, 0, 0, 0]), "maxhullvert": -1, "inertia": "legacy"}
+    base.update(kw)
+    return base
+
+
+def test_stl_binary_meshdir_and_assets(tmp_path):
+    v, f = _two_boxes()
+    (tmp_path / "meshes").mkdir()
+    data = _stl_bytes(v, f)
+    (tmp_path / "meshes" / "boxes.stl").write_bytes(data)
+    m = _file_model(tmp_path, '<mesh name="m" file="boxes.stl" scale="1 2 1"/>',
+                    'meshdir="meshes"')
+    attrs = _attrs(file="boxes.stl", scale=np.array([1.0, 2, 1]))
+    ours = ms.load_mesh(attrs, str(tmp_path), "meshes", False, None, needs_hull=True)
+    compare_mesh(ours, m, 0)
+    assert len(ours.vert) == 16  # the STL repeats each corner; MuJoCo merges them
+    # the same bytes from an assets dictionary, and strippath dropping a bogus directory
+    from_assets = ms.load_mesh(_attrs(file="nowhere/boxes.stl", scale=np.array([1.0, 2, 1])),
+                               "/nonexistent", None, True, {"boxes.stl": data},
+                               needs_hull=True)
+    np.testing.assert_array_equal(from_assets.vert, ours.vert)
+
+
+def test_stl_ascii_is_rejected_like_mujoco(tmp_path):
+    (tmp_path / "a.stl").write_text("solid a\nfacet normal 0 0 1\nouter loop\nvertex 0 0 0\n"
+                                    "vertex 1 0 0\nvertex 0 1 0\nendloop\nendfacet\nendsolid a\n")
+    with pytest.raises(ValueError, match="ASCII"):
+        _file_model(tmp_path, '<mesh name="m" file="a.stl"/>')
+    with pytest.raises(MJCFError, match="ASCII"):
+        ms.load_mesh(_attrs(file="a.stl"), str(tmp_path), None, False, None, False)
+
+
+OBJ_TEXT = """# test
+mtllib nothing.mtl
+o first
+v 0 0 0 1 0 0
+v 1 0 0
+v 1 1 0
+v 0 1 0
+v 0 0 1
+v 1 0 1
+v 1 1 1
+v 0 1 1
+usemtl red
+f 4 3 2 1
+f 5 6 7 8
+f 1 2 6 5
+g second
+f 2 3 7
+f -6 -2 -1
+usemtl blue
+f 2 3 7 6
+f 3 4 8 7
+f 4 1 5 8
+"""
+
+
+def test_obj_quads_groups_and_negative_indices(tmp_path):
+    (tmp_path / "cube.obj").write_text(OBJ_TEXT)
+    m = _file_model(tmp_path, '<mesh name="m" file="cube.obj"/>')
+    ours = ms.load_mesh(_attrs(file="cube.obj"), str(tmp_path), None, False, None, True)
+    compare_mesh(ours, m, 0)
+    assert len(ours.face) == 6  # only the first shape ('o first') gives faces
+
+
+def test_obj_polygon_triangulation(tmp_path):
+    # a concave pentagon prism side: tinyobjloader's ear clipping decides the triangles
+    text = ("v 0 0 0\nv 2 0 0\nv 2 2 0\nv 1 0.5 0\nv 0 2 0\nv 1 1 1\n"
+            "f 1 2 3 4 5\nf 1 2 6\nf 2 3 6\nf 3 4 6\nf 4 5 6\nf 5 1 6\n")
+    (tmp_path / "p.obj").write_text(text)
+    m = _file_model(tmp_path, '<mesh name="m" file="p.obj"/>')
+    ours = ms.load_mesh(_attrs(file="p.obj"), str(tmp_path), None, False, None, True)
+    compare_mesh(ours, m, 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_obj_random_quads_and_polygons(tmp_path, seed):
+    """Quads split along the shorter diagonal; larger polygons by ear clipping."""
+    rng = np.random.default_rng(seed)
+    nring = 6
+    ang = np.sort(rng.uniform(0, 2 * np.pi, nring))
+    ring = np.stack([np.cos(ang), np.sin(ang), np.zeros(nring)], 1) * rng.uniform(0.5, 1, (nring, 1))
+    top = ring + [0, 0, 1] + rng.normal(scale=0.05, size=ring.shape)
+    v = np.concatenate([ring, top])
+    lines = [f"v {x:.6f} {y:.6f} {z:.6f}" for x, y, z in v]
+    lines.append("f " + " ".join(str(i + 1) for i in range(nring)[::-1]))
+    lines.append("f " + " ".join(str(nring + i + 1) for i in range(nring)))
+    for i in range(nring):
+        j = (i + 1) % nring
+        lines.append(f"f {i + 1} {j + 1} {nring + j + 1} {nring + i + 1}")
+    (tmp_path / "r.obj").write_text("\n".join(lines) + "\n")
+    m = _file_model(tmp_path, '<mesh name="m" file="r.obj"/>')
+    ours = ms.load_mesh(_attrs(file="r.obj"), str(tmp_path), None, False, None, True)
+    compare_mesh(ours, m, 0)
+
+
+def test_msh_file(tmp_path):
+    v, f = _two_boxes()
+    blob = struct.pack("<4i", len(v), 0, 0, len(f)) + v.astype("<f4").tobytes() + \
+        f.astype("<i4").tobytes()
+    (tmp_path / "b.msh").write_bytes(blob)
+    for scale in ("1 1 1", "-1 1 1"):
+        m = _file_model(tmp_path, f'<mesh name="m" file="b.msh" scale="{scale}"/>')
+        ours = ms.load_mesh(_attrs(file="b.msh", scale=np.array(scale.split(), float)),
+                            str(tmp_path), None, False, None, True)
+        compare_mesh(ours, m, 0)
+
+
+def test_missing_file_names_the_mesh(tmp_path):
+    with pytest.raises(MJCFError, match="gone.stl"):
+        ms.load_mesh(_attrs(name="", file="gone.stl"), str(tmp_path), None, False, None, False)
+
+
+def test_resolve_asset_path():
+    assert ms.resolve_asset_path("a/b.stl", "meshes", False) == "meshes/a/b.stl"
+    assert ms.resolve_asset_path("a/b.stl", "meshes/", True) == "meshes/b.stl"
+    assert ms.resolve_asset_path("/abs/b.stl", "meshes", False) == "/abs/b.stl"
+    assert ms.resolve_asset_path("b.stl", "../x/./y", False) == "../x/y/b.stl"
+    assert ms.resolve_asset_path("b.stl", None, False) == "b.stl"
+
+
+# ----------------------------------------------------------------------------------------
+# height fields
+
+
+def _hfield_model(tmp_path, hfield_xml):
+    xml = (f'<mujoco><asset>{hfield_xml}</asset><worldbody><geom type="hfield" hfield="h"/>'
+           f'</worldbody></mujoco>')
+    path = tmp_path / "model.xml"
+    path.write_text(xml)
+    return mujoco.MjModel.from_xml_path(str(path))
+
+
+def _compare_hfield(ours, m):
+    assert (ours.nrow, ours.ncol) == (m.hfield_nrow[0], m.hfield_ncol[0])
+    np.testing.assert_array_equal(ours.size, m.hfield_size[0])
+    np.testing.assert_array_equal(ours.data, m.hfield_data[:ours.nrow * ours.ncol])
+
+
+def test_hfield_inline_elevation(tmp_path):
+    elev = np.array([[1, 2, 3, 9], [4, 5, 7, 0], [2, 2, 2, 2.5]])
+    m = _hfield_model(tmp_path, f'<hfield name="h" nrow="3" ncol="4" elevation="{_fmt(elev)}" '
+                                'size="1 2 0.5 0.1"/>')
+    ours = hf.load_hfield({"name": "h", "nrow": 3, "ncol": 4, "elevation": elev.ravel(),
+                           "size": np.array([1, 2, 0.5, 0.1])}, str(tmp_path), None, False, None)
+    _compare_hfield(ours, m)
+
+
+def test_hfield_flat_without_elevation(tmp_path):
+    m = _hfield_model(tmp_path, '<hfield name="h" nrow="2" ncol="3" size="1 1 1 1"/>')
+    ours = hf.load_hfield({"name": "h", "nrow": 2, "ncol": 3, "size": np.ones(4)},
+                          str(tmp_path), None, False, None)
+    _compare_hfield(ours, m)
+
+
+def test_hfield_custom_binary(tmp_path):
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(5, 7)).astype("<f4")
+    (tmp_path / "t.bin").write_bytes(struct.pack("<2i", 5, 7) + z.tobytes())
+    m = _hfield_model(tmp_path, '<hfield name="h" file="t.bin" size="1 1 1 1"/>')
+    ours = hf.load_hfield({"name": "h", "file": "t.bin", "size": np.ones(4)}, str(tmp_path),
+                          None, False, None)
+    _compare_hfield(ours, m)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA", "P", "I;16"])
+def test_hfield_png_modes(tmp_path, mode):
+    from PIL import Image
+    rng = np.random.default_rng(1)
+    if mode == "I;16":
+        img = Image.fromarray(rng.integers(0, 65535, size=(6, 9)).astype(np.uint16))
+    elif mode == "P":
+        img = Image.fromarray(rng.integers(0, 255, size=(6, 9, 3)).astype(np.uint8)).convert(
+            "P", palette=Image.Palette.ADAPTIVE, colors=16)
+    else:
+        ch = {"L": 1, "RGB": 3, "RGBA": 4}[mode]
+        arr = rng.integers(0, 255, size=(6, 9, ch)).astype(np.uint8)
+        img = Image.fromarray(arr[..., 0] if ch == 1 else arr, mode)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    (tmp_path / "h.png").write_bytes(buf.getvalue())
+    m = _hfield_model(tmp_path, '<hfield name="h" file="h.png" size="1 1 1 1"/>')
+    ours = hf.load_hfield({"name": "h", "file": "h.png", "size": np.ones(4)}, str(tmp_path),
+                          None, False, None)
+    _compare_hfield(ours, m)
