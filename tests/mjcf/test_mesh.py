@@ -549,7 +549,8 @@ def test_obj_random_quads_and_polygons(tmp_path, seed):
     rng = np.random.default_rng(seed)
     nring = 6
     ang = np.sort(rng.uniform(0, 2 * np.pi, nring))
-    ring = np.stack([np.cos(ang), np.sin(ang), np.zeros(nring)], 1) * rng.uniform(0.5, 1, (nring, 1))
+    radius = rng.uniform(0.5, 1, (nring, 1))
+    ring = np.stack([np.cos(ang), np.sin(ang), np.zeros(nring)], 1) * radius
     top = ring + [0, 0, 1] + rng.normal(scale=0.05, size=ring.shape)
     v = np.concatenate([ring, top])
     lines = [f"v {x:.6f} {y:.6f} {z:.6f}" for x, y, z in v]
@@ -653,3 +654,49 @@ def test_hfield_png_modes(tmp_path, mode):
     ours = hf.load_hfield({"name": "h", "file": "h.png", "size": np.ones(4)}, str(tmp_path),
                           None, False, None)
     _compare_hfield(ours, m)
+
+
+_TETRA_V = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1.0]])
+_TETRA_F = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+_TETRA_CASES = {"good": _TETRA_F, "inverted": _TETRA_F[:, [0, 2, 1]],
+                "oneflip": np.vstack([_TETRA_F[:3], _TETRA_F[3:, [0, 2, 1]]]),
+                "open": _TETRA_F[:3]}
+
+
+@pytest.mark.parametrize("case", sorted(_TETRA_CASES))
+@pytest.mark.parametrize("inertia", ["legacy", "convex", "exact", "shell"])
+def test_tetrahedron_orientations(case, inertia):
+    """Misoriented and open meshes: same result or same error as MuJoCo."""
+    f = _TETRA_CASES[case]
+    attrs = _attrs(vertex=_TETRA_V.ravel(), face=f.ravel(), inertia=inertia)
+    try:
+        m, _ = _compile_one({"vertex": _TETRA_V, "face": f, "inertia": inertia})
+    except ValueError as err:
+        message = str(err).splitlines()[0].removeprefix("Error: ")
+        with pytest.raises(MJCFError) as ours:
+            ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+        assert message in ours.value.message
+        return
+    data = ms.load_mesh(attrs, "", None, False, None, needs_hull=True)
+    compare_mesh(data, m, 0)
+    _check_body(data, m)
+
+
+@pytest.mark.parametrize("gtype", ["sphere", "capsule", "cylinder", "ellipsoid", "box"])
+@pytest.mark.parametrize("fitaabb", [False, True])
+def test_fitted_primitives(gtype, fitaabb):
+    v, f = _two_boxes()
+    xml = (f'<mujoco><compiler fitaabb="{str(fitaabb).lower()}"/><asset>'
+           f'<mesh name="m" vertex="{_fmt(v)}" face="{_fmt(f)}"/></asset><worldbody><body>'
+           f'<freejoint/><geom type="{gtype}" mesh="m" fitscale="1.2" pos="0.1 0 0" '
+           f'quat="0 1 0 0"/></body></worldbody></mujoco>')
+    m = mujoco.MjModel.from_xml_string(xml)
+    data = ms.load_mesh(_attrs(vertex=v.ravel(), face=f.ravel()), "", None, False, None, False)
+    size, center = ms.fit_geom_size(data, gtype, fitaabb, 1.2)
+    nsize = {"sphere": 1, "capsule": 2, "cylinder": 2}.get(gtype, 3)
+    np.testing.assert_allclose(m.geom_size[0][:nsize], size[:nsize], rtol=1e-12)
+    q = np.array([0.0, 1, 0, 0])
+    pos = np.array([0.1, 0, 0]) + _quat_mat(q) @ (_quat_mat(data.quat) @ center + data.pos)
+    np.testing.assert_allclose(m.geom_pos[0], pos, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(_quat_mat(m.geom_quat[0]), _quat_mat(_mulquat(q, data.quat)),
+                               atol=1e-12)
