@@ -125,7 +125,6 @@ MODEL_FIELDS = (
     ("mesh_vertnum", "i", "nmesh", 1, "number of vertices"),
     ("mesh_faceadr", "i", "nmesh", 1, "first face address"),
     ("mesh_facenum", "i", "nmesh", 1, "number of faces"),
-    ("mesh_extrema", "i", "nmesh", 27, "extremum vertices in 3x3x3 directions"),
     ("mesh_vert", "f", "nmeshvert", 3, "vertex positions for all meshes"),
     ("mesh_face", "i", "nmeshface", 3, "vertex face data"),
     ("mesh_scale", "f", "nmesh", 3, "scaling applied to asset vertices"),

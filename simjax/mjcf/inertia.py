@@ -2,18 +2,16 @@
 
 Formulas follow MuJoCo's ``mjCGeom::GetVolume`` / ``mjCGeom::SetInertia`` (solid and
 shell variants) and ``mjCBody::InertiaFromGeom``; the principal axes come from a
-quaternion Jacobi iteration with the same rotation choices and descending eigenvalue
-order as MuJoCo's ``mjuu_eig3``, so that ``body_iquat`` matches MuJoCo's, not just the
-inertia tensor.
+quaternion Jacobi iteration of MuJoCo's ``mjuu_eig3`` (in :mod:`simjax.mjcf.mesh`), so
+that ``body_iquat`` matches MuJoCo's, not just the inertia tensor.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from simjax.mjcf.orientation import quat_mul, quat_normalize, quat_to_mat
+from simjax.mjcf.orientation import quat_to_mat
 from simjax.types import GeomType
 
-_EIG_EPS = 1e-12
 MINVAL = 1e-15
 EPS = 1e-14
 
@@ -141,48 +139,13 @@ def offcenter(mass, d) -> np.ndarray:
 
 
 def eig3(mat):
-    """Principal axes of a symmetric 3x3 matrix as (eigenvalues, quaternion).
+    """Principal axes of a symmetric 3x3 matrix as (eigenvalues desc, quaternion).
 
-    Quaternion Jacobi iteration: each step zeroes the largest off-diagonal entry by a
-    rotation about the remaining axis; eigenvalues are then sorted in decreasing order
-    by 90-degree rotations (the method of MuJoCo's ``mjuu_eig3``).
+    MuJoCo 4.0's quaternion Jacobi iteration (``mjuu_eig3``), shared with mesh inertia.
     """
-    mat = np.asarray(mat, dtype=np.float64)
-    quat = np.array([1.0, 0.0, 0.0, 0.0])
-    for _ in range(500):
-        ev = quat_to_mat(quat)
-        d = ev.T @ mat @ ev
-        eigval = np.array([d[0, 0], d[1, 1], d[2, 2]])
-        if abs(d[0, 1]) > abs(d[0, 2]) and abs(d[0, 1]) > abs(d[1, 2]):
-            rk, ck, rotk = 0, 1, 2
-        elif abs(d[0, 2]) > abs(d[1, 2]):
-            rk, ck, rotk = 0, 2, 1
-        else:
-            rk, ck, rotk = 1, 2, 0
-        if abs(d[rk, ck]) < _EIG_EPS:
-            break
-        tau = (d[ck, ck] - d[rk, rk]) / (2 * d[rk, ck])
-        t = 1 / (tau + np.sqrt(1 + tau * tau)) if tau >= 0 else \
-            -1 / (-tau + np.sqrt(1 + tau * tau))
-        c = 1 / np.sqrt(1 + t * t)
-        if c > 1 - _EIG_EPS:
-            break
-        step = np.zeros(4)
-        s = np.sqrt(0.5 - 0.5 * c)
-        step[rotk + 1] = -s if tau >= 0 else s
-        if rotk == 1:
-            step[rotk + 1] = -step[rotk + 1]
-        step[0] = np.sqrt(1 - step[rotk + 1] ** 2)
-        quat = quat_normalize(quat_mul(quat, quat_normalize(step)))
-    for j in range(3):
-        j1 = j % 2
-        if eigval[j1] + _EIG_EPS < eigval[j1 + 1]:
-            eigval[[j1, j1 + 1]] = eigval[[j1 + 1, j1]]
-            rot = np.zeros(4)
-            rot[0] = np.sqrt(0.5)
-            rot[(j1 + 2) % 3 + 1] = np.sqrt(0.5)
-            quat = quat_normalize(quat_mul(quat, rot))
-    return eigval, quat
+    from simjax.mjcf.mesh import eig3 as _eig3
+    val, quat = _eig3(np.asarray(mat, dtype=np.float64).reshape(-1))
+    return np.asarray(val, dtype=np.float64), np.asarray(quat, dtype=np.float64)
 
 
 def full_inertia(full6):

@@ -14,6 +14,7 @@ import numpy as np
 
 from simjax.errors import UnsupportedFeatureError
 from simjax.mjcf import inertia as inr
+from simjax.mjcf import mesh as mesh_mod
 from simjax.mjcf import orientation as ori
 from simjax.mjcf.fluid import fluid_coefs
 from simjax.types import GeomType, JointType, SameFrame
@@ -396,9 +397,7 @@ class TreeBuilder:
         if mass < 0 or density < 0:
             raise el.error("mass, inertia or density are negative in geom")
         if mesh is not None:
-            bx = np.asarray(mesh.inertia_box, dtype=np.float64)
-            inertia = mass * np.array([bx[1] ** 2 + bx[2] ** 2, bx[0] ** 2 + bx[2] ** 2,
-                                       bx[0] ** 2 + bx[1] ** 2]) / 3
+            inertia = np.asarray(mesh_mod.geom_mesh_inertia(mesh, mass), dtype=np.float64)
         else:
             inertia = inr.geom_inertia(gtype, size, mass, shell)
         return mass, inertia
@@ -483,42 +482,18 @@ def _check_size(el, gtype, size):
 
 
 def _aamm(mesh):
-    c = np.asarray(mesh.aabb[:3], dtype=np.float64)
-    h = np.asarray(mesh.aabb[3:], dtype=np.float64)
-    return c - h, c + h
+    aamm = np.asarray(mesh.aamm, dtype=np.float64)
+    return aamm[:3], aamm[3:]
 
 
 def _fit_geom(el, gtype, mesh, fitaabb, fitscale):
-    center = np.zeros(3)
-    size = np.zeros(3)
-    if not fitaabb:
-        bx = np.asarray(mesh.inertia_box, dtype=np.float64)
-        if gtype == GeomType.SPHERE:
-            size[0] = bx.sum() / 3
-        elif gtype == GeomType.CAPSULE:
-            size[0] = (bx[0] + bx[1]) / 2
-            size[1] = max(0.0, bx[2] - size[0] / 2)
-        elif gtype == GeomType.CYLINDER:
-            size[0] = (bx[0] + bx[1]) / 2
-            size[1] = bx[2]
-        elif gtype in (GeomType.ELLIPSOID, GeomType.BOX):
-            size[:] = bx
-        else:
-            raise el.error("invalid geom type in fitting mesh")
-    else:
-        lo, hi = _aamm(mesh)
-        center = (lo + hi) / 2
-        half = hi - center
-        if gtype == GeomType.SPHERE:
-            size[0] = half.max()
-        elif gtype in (GeomType.CAPSULE, GeomType.CYLINDER):
-            size[0] = max(half[0], half[1])
-            size[1] = half[2] - (size[0] if gtype == GeomType.CAPSULE else 0.0)
-        elif gtype in (GeomType.ELLIPSOID, GeomType.BOX):
-            size[:] = half
-        else:
-            raise el.error("invalid fittype in mesh")
-    return size * fitscale, center
+    names = {GeomType.SPHERE: "sphere", GeomType.CAPSULE: "capsule",
+             GeomType.CYLINDER: "cylinder", GeomType.ELLIPSOID: "ellipsoid",
+             GeomType.BOX: "box"}
+    if gtype not in names:
+        raise el.error("invalid geom type in fitting mesh")
+    size, center = mesh_mod.fit_geom_size(mesh, names[gtype], fitaabb, fitscale)
+    return np.asarray(size, dtype=np.float64), np.asarray(center, dtype=np.float64)
 
 
 def _rbound(gtype, size, mesh, hfield):
