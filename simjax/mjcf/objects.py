@@ -26,7 +26,8 @@ def _get(attrs, key, default):
     return default if v is None else v
 
 
-def _limited(el, flag, rng, autolimits, entity, attr=""):
+def resolve_limited(el, flag, rng, autolimits, entity, attr=""):
+    """Whether a true/false/auto limit is active (MuJoCo's checklimited + islimited)."""
     hasrange = not (rng[0] == 0 and rng[1] == 0)
     if flag == "auto" and not autolimits and hasrange:
         raise el.error(f"{entity} has `{attr}range` but not `{attr}limited`. set the "
@@ -86,11 +87,11 @@ def tendons(els, ids, s):
                     wprm.append(float(ch.attrs["divisor"]))
             _check_spatial(el, wtype[adr:])
         rng = np.asarray(a["range"], dtype=np.float64)
-        limited = _limited(el, a["limited"], rng, s.autolimits, "tendon")
+        limited = resolve_limited(el, a["limited"], rng, s.autolimits, "tendon")
         if limited and rng[0] >= rng[1]:
             raise el.error("invalid limits in tendon")
         afr = np.asarray(a["actuatorfrcrange"], dtype=np.float64)
-        afl = _limited(el, a["actuatorfrclimited"], afr, s.autolimits, "tendon", "actuatorfrc")
+        afl = resolve_limited(el, a["actuatorfrclimited"], afr, s.autolimits, "tendon", "actuatorfrc")
         if afl and afr[0] >= afr[1]:
             raise el.error("invalid actuatorfrcrange in tendon")
         sl = np.atleast_1d(np.asarray(_get(a, "springlength", [-1, -1]), dtype=np.float64))
@@ -177,9 +178,9 @@ def actuators(els, ids, s, joints, tendon_recs):
         _inherit_range(el, a, trn, trnid, dyn, gain, bias, gainprm, biasprm, ctrlrange,
                        actrange, joints, tendon_recs)
         forcerange = np.array(a["forcerange"], dtype=np.float64)
-        fl = _limited(el, a["forcelimited"], forcerange, s.autolimits, "actuator", "force")
-        cl = _limited(el, a["ctrllimited"], ctrlrange, s.autolimits, "actuator", "ctrl")
-        al = _limited(el, a["actlimited"], actrange, s.autolimits, "actuator", "act")
+        fl = resolve_limited(el, a["forcelimited"], forcerange, s.autolimits, "actuator", "force")
+        cl = resolve_limited(el, a["ctrllimited"], ctrlrange, s.autolimits, "actuator", "ctrl")
+        al = resolve_limited(el, a["actlimited"], actrange, s.autolimits, "actuator", "act")
         if fl and forcerange[0] >= forcerange[1]:
             raise el.error("invalid force range for actuator")
         if cl and ctrlrange[0] >= ctrlrange[1]:

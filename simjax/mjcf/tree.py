@@ -291,15 +291,8 @@ class TreeBuilder:
 
     def _limited(self, el, flag, rng, allowed, entity, attr):
         """Resolve a true/false/auto limit flag (checklimited + islimited)."""
-        if not allowed:
-            return False
-        hasrange = not (rng[0] == 0 and rng[1] == 0)
-        if flag == "auto" and not self.s.autolimits and hasrange:
-            raise el.error(f"{entity} has `{attr}range` but not `{attr}limited`. set the "
-                           f"autolimits=\"true\" compiler option, specify `{attr}limited` "
-                           f"explicitly (\"true\" or \"false\"), or remove the `{attr}range` "
-                           "attribute.")
-        return flag == "true" or (flag == "auto" and rng[0] < rng[1])
+        from simjax.mjcf.objects import resolve_limited
+        return allowed and resolve_limited(el, flag, rng, self.s.autolimits, entity, attr)
 
     # ------------------------------------------------------------------ geoms
     def _geom(self, el, fpos, fquat, body, infer):
