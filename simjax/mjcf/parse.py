@@ -9,7 +9,6 @@ whose ``attrs`` hold typed values for every attribute of the element. Compiler s
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import re
@@ -453,6 +452,9 @@ class _Parser:
                 attr = dataclasses.replace(attr, copy_single=True)
             vals[key] = parse_value(attr, text, vals.get(key), err)
             given.add(key)
+        _check_rules(internal, raw.attrib, err)
+        _check_values(internal, raw.attrib, vals, err)
+        _resolve_orientation(raw.attrib, vals, given, err)
 
     @staticmethod
     def _check_attrs(raw, spec, path):
@@ -624,6 +626,80 @@ def expand_shortcut(tag: str, act: dict, given: set, own: dict, seed: dict, err)
     elif tag != "general":
         raise err(f"unsupported actuator type '{tag}'")
 
+
+
+def _check_rules(internal: str, attrib: dict, err) -> None:
+    """MuJoCo's presence rules (schema.RULES) over the attributes written on the element."""
+    for kind, bundles in schema.RULES.get(internal, ()):
+        shown = " / ".join("+".join(b) for b in bundles)
+        if kind == "exclusive":
+            if sum(any(a in attrib for a in b) for b in bundles) > 1:
+                raise err(f"at most one of {shown} may be given")
+        elif kind == "oneof":
+            if not any(all(a in attrib for a in b) for b in bundles):
+                raise err(f"one of {shown} is required")
+        elif kind == "requires":
+            if bundles[0][0] in attrib and bundles[1][0] not in attrib:
+                raise err(f"attribute '{bundles[0][0]}' requires '{bundles[1][0]}'")
+        elif kind == "together":
+            if 0 < sum(b[0] in attrib for b in bundles) < len(bundles):
+                raise err(f"attributes {shown} must be given together")
+
+
+_SERVO_INPUTS = ("pos", "vel", "ff", "voltage")
+_MEMORY = re.compile(r"^\s*\d+\s*[KMGTPE]?\s*$")
+
+
+def _check_values(internal: str, attrib: dict, vals: dict, err) -> None:
+    """Value checks MuJoCo's reader makes beyond the types (only where MuJoCo rejects at
+    XML time; physical validity is the compiler's job)."""
+    if internal == "compiler" and vals.get("coordinate") == "global" and "coordinate" in attrib:
+        raise err("compiler coordinate='global' is no longer supported by MuJoCo")
+    if internal == "size" and "memory" in attrib and not _MEMORY.match(attrib["memory"]):
+        raise err(f"attribute 'memory' must be an unsigned integer with an optional "
+                  f"K/M/G/T/P/E suffix, got '{attrib['memory']}'")
+    if internal == "mesh":
+        if "maxhullvert" in attrib and vals["maxhullvert"] != -1 and vals["maxhullvert"] < 4:
+            raise err("mesh maxhullvert must be -1 or larger than 3")
+        if "builtin" in attrib and "params" not in attrib:
+            raise err("mesh attribute 'builtin' requires 'params'")
+    if internal == "texture" and "gridlayout" in attrib:
+        rows, cols = vals["gridsize"]
+        if len(attrib["gridlayout"]) != rows * cols:
+            raise err("texture gridlayout length must equal the product of gridsize")
+    if internal == "numeric" and vals["size"] <= 0 and "data" not in attrib:
+        raise err("custom numeric needs a positive 'size' or 'data'")
+    if "input" in attrib and internal in ("general", "pid", "dcmotor"):
+        _check_input(attrib["input"], err)
+
+
+def _check_input(text: str, err) -> None:
+    """Actuator ``input``: an so3 chart (expmap, quat), 'none', or servo input tokens in
+    the canonical order pos, vel, ff, voltage."""
+    tokens = text.split()
+    if len(tokens) == 1 and tokens[0] in ("expmap", "quat", "none"):
+        return
+    if not tokens or any(t not in _SERVO_INPUTS for t in tokens):
+        raise err(f"invalid keyword in attribute 'input': '{text}' (expected expmap, quat, "
+                  f"none, or a subset of: {', '.join(_SERVO_INPUTS)})")
+    order = [_SERVO_INPUTS.index(t) for t in tokens]
+    if order != sorted(set(order)):
+        raise err("actuator inputs must be listed in the order pos, vel, ff, voltage")
+
+
+def _resolve_orientation(attrib: dict, vals: dict, given: set, err) -> None:
+    """At most one orientation specifier per element; the element's own one replaces any
+    specifier inherited from its default class (as MuJoCo does)."""
+    if "xyaxes" not in vals:
+        return
+    own = [k for k in schema.ORIENTATION if k in attrib]
+    if len(own) > 1:
+        raise err(f"multiple orientation specifiers are not allowed ({', '.join(own)})")
+    if own:
+        for key in schema.ORIENTATION:
+            if key != own[0]:
+                vals[key] = None
+                given.discard(key)
 
 
 def _check_transmission(attrib, err):

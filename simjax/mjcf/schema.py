@@ -78,6 +78,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "section": ("circle", "box"),
     "flexeq": ("false", "true", "vert", "strain"),
     "scaling": ("similar", "geometry"),
+    "texrole": ("rgb", "occlusion", "roughness", "metallic", "normal", "opacity", "emissive",
+                "rgba", "orm"),
 }
 
 # Groups shared by several elements (spliced with $name).
@@ -169,11 +171,11 @@ default: class
      intvelocity? orientation? pid? damper? cylinder? muscle? adhesion? dcmotor?
 extension:
    > plugin=extension_plugin*
-extension_plugin <plugin>: plugin
+extension_plugin <plugin>: plugin!r
    > instance*
 instance: name!r
    > config*
-config: key!r value
+config: key!r value!r
 plugin: plugin instance
    > config*
 asset:
@@ -187,7 +189,7 @@ hfield: name content_type file nrow:int ncol:int size:real[4]=-!r elevation:real
 skin: name file material rgba:real[4]=0.5,0.5,0.5,1 inflate:real vertex:real[] texcoord:real[]
     face:int[] group:int
    > bone*
-bone: body!r bindpos:real[3] bindquat:real[4] vertid:int[] vertweight:real[]
+bone: body!r bindpos:real[3]=-!r bindquat:real[4]=-!r vertid:int[]!r vertweight:real[]!r
 texture: name class type:kw.texture=cube colorspace:kw.colorspace content_type!n file!n
     gridsize:int[2]=1,1 gridlayout fileright!n fileleft!n fileup!n filedown!n filefront!n
     fileback!n builtin:kw.builtin rgb1:real[3]=0.8,0.8,0.8 rgb2:real[3]=0.5,0.5,0.5
@@ -197,7 +199,7 @@ material: name class texture texrepeat:real[2]=1,1 texuniform:bool emission:real
     specular:real=0.5 shininess:real=0.5 reflectance:real metallic:real=-1 roughness:real=-1
     rgba:real[4]=1,1,1,1
    > layer*
-layer: texture role!r
+layer: texture!r role:kw.texrole=-!r
 model: name file content_type
 worldbody:
    > body* frame* replicate* geom* attach* site* camera* light* plugin* composite* flexcomp*
@@ -402,6 +404,45 @@ default_tendon <tendon>: group:int limited:tfa actuatorfrclimited:tfa range:real
     damping:real[1..3] armature:real rgba:real[4]=0.5,0.5,0.5,1 user:real[]
 """
 
+# Presence rules over the attributes written on one XML element (MuJoCo checks them while
+# reading). "a+b" is a bundle. exclusive: at most one bundle has any attribute present;
+# oneof: at least one bundle is complete; together: all or none of the names;
+# requires: the first name needs the second.
+_RULES = """
+size: exclusive memory nstack | exclusive memory njmax
+mesh: exclusive builtin file | exclusive builtin vertex
+inertial: exclusive fullinertia quat axisangle xyaxes zaxis euler
+attach: exclusive body frame
+camera: exclusive fovy sensorsize
+light: exclusive directional type
+connect: exclusive site1+site2 body1+body2+anchor | oneof site1+site2 body1+anchor
+    | together site1 site2
+weld: exclusive site1+site2 body1+body2+anchor+relpose | oneof site1+site2 body1
+    | together site1 site2
+rangefinder: exclusive site camera | oneof site camera
+distance normal fromto: exclusive geom1 body1 | oneof geom1 body1 | exclusive geom2 body2
+    | oneof geom2 body2
+sensor_contact: exclusive geom1 body1 subtree1 site | exclusive geom2 body2 subtree2
+user: together objtype objname
+sensor_plugin: requires objname objtype | requires refname reftype
+framepos framequat framexaxis frameyaxis framezaxis framelinvel frameangvel:
+    together reftype refname
+"""
+
+
+def _build_rules() -> dict[str, list[tuple[str, list[tuple[str, ...]]]]]:
+    rules: dict[str, list] = {}
+    for head, _ in _logical_lines(_RULES):
+        names, _, body = head.partition(":")
+        parsed = []
+        for rule in body.split("|"):
+            kind, *bundles = rule.split()
+            parsed.append((kind, [tuple(b.split("+")) for b in bundles]))
+        for name in names.split():
+            rules.setdefault(name, []).extend(parsed)
+    return rules
+
+
 # Attributes whose single given value is copied to every slot (MuJoCo reads them by hand).
 COPY_SINGLE = {("spatial", "springlength"), ("fixed", "springlength"),
                ("default_tendon", "springlength"), ("frame", "scale")}
@@ -567,6 +608,8 @@ def _build() -> dict[str, ElementSpec]:
 
 
 ELEMENTS: dict[str, ElementSpec] = _build()
+RULES = _build_rules()
+ORIENTATION = ("quat", "axisangle", "xyaxes", "zaxis", "euler")
 
 
 def default_slot_attrs(slot_or_tag: str) -> dict[str, Attr]:

@@ -100,6 +100,25 @@ CASES = [
      ["refsite can only be used with site transmission"], 5),
     ("shortcut-bad-attr", ACT.format('<motor joint="j" kp="1"/>'),
      ["unknown attribute 'kp'", "motor"], 5),
+    ("two-orientations", BODY.format('<geom size="1" quat="1 0 0 0" euler="0 0 1"/>'),
+     ["multiple orientation specifiers", "quat", "euler"], 4),
+    ("two-orientations-in-default", '<mujoco><default>\n<site zaxis="0 0 1" euler="0 0 1"/>'
+     "</default></mujoco>", ["multiple orientation specifiers"], 2),
+    ("fullinertia-with-quat",
+     BODY.format('<inertial pos="0 0 0" mass="1" fullinertia="1 1 1 0 0 0" quat="1 0 0 0"/>'),
+     ["at most one of", "fullinertia"], 4),
+    ("fovy-and-sensorsize", BODY.format('<camera fovy="40" sensorsize="1 1"/>'),
+     ["at most one of", "fovy", "sensorsize"], 4),
+    ("connect-site-and-body", """<mujoco><equality>
+  <connect site1="a" site2="b" body1="c" anchor="0 0 0"/></equality></mujoco>""",
+     ["at most one of", "site1+site2"], 2),
+    ("connect-missing-target", '<mujoco><equality>\n<connect site1="a"/></equality></mujoco>',
+     ["site1", "site2"], 2),
+    ("reftype-without-refname", """<mujoco><sensor>
+  <framepos objtype="body" objname="world" reftype="body"/></sensor></mujoco>""",
+     ["reftype", "refname", "together"], 2),
+    ("distance-needs-target", '<mujoco><sensor>\n<distance geom1="a"/></sensor></mujoco>',
+     ["one of geom2 / body2 is required"], 2),
     ("default-shortcut-error", '<mujoco><default>\n<position kv="1" dampratio="1"/>'
      "</default></mujoco>", ["kv and dampratio"], 2),
 ]

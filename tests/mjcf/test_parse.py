@@ -7,7 +7,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from simjax.errors import MJCFError, UnsupportedFeatureError
+from simjax.errors import UnsupportedFeatureError
 from simjax.mjcf.parse import Element, parse
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "corpus")
@@ -172,6 +172,18 @@ def test_value_types():
     np.testing.assert_array_equal(one(root, "spatial").attrs["springlength"], [0.4, 0.4])
     np.testing.assert_array_equal(one(root, "key").attrs["qpos"], [0.5])
     assert one(root, "key").attrs["qvel"] is None
+
+
+def test_element_orientation_replaces_class_orientation():
+    xml = """<mujoco><default><geom euler="90 0 0"/></default>
+      <worldbody><geom name="a" size="1" quat="0 1 0 0"/><geom name="b" size="1"/></worldbody>
+      </mujoco>"""
+    a, b = find_all(P(xml), "geom")
+    assert a.attrs["euler"] is None and "euler" not in a.given
+    np.testing.assert_array_equal(a.attrs["quat"], [0, 1, 0, 0])
+    np.testing.assert_array_equal(b.attrs["euler"], [90, 0, 0]) and b.attrs["quat"] is None
+    m = mujoco.MjModel.from_xml_string(xml)
+    np.testing.assert_allclose(m.geom_quat[0], [0, 1, 0, 0])
 
 
 def test_global_sections_repeat_in_order():
