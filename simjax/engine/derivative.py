@@ -50,8 +50,34 @@ def actuator_vel(m, d):
         coef = jnp.where(clamped, 0.0, coef)
     if skip.any():
         coef = jnp.where(skip, 0.0, coef)
+    coef = jnp.where(_saturated_targets(m, d, tab), 0.0, coef)
     mom = d.actuator_moment
     return jnp.einsum("ai,a,aj->ij", mom, coef, mom)
+
+
+def _saturated_targets(m, d, tab):
+    """(nu,) bool: actuators whose joint or tendon total actuator force sits at its
+    actuatorfrcrange limit (MuJoCo 4.0 drops their implicit derivatives)."""
+    dtype = d.qpos.dtype
+    sat = jnp.zeros(m.nu, bool)
+    joint = tab.kind < 3
+    if m.njnt and np.any(np.asarray(m.jnt_actfrclimited, bool)[tab.target[joint]]):
+        jid = np.where(joint, tab.target, 0)
+        lim = joint & np.asarray(m.jnt_actfrclimited, bool)[jid]
+        rng = jnp.asarray(m.jnt_actfrcrange, dtype).reshape(m.njnt, 2)[jid]
+        f = d.qfrc_actuator[np.asarray(m.jnt_dofadr)[jid]]
+        sat = sat | (lim & ((f <= rng[:, 0]) | (f >= rng[:, 1])))
+    ten = tab.kind == 3
+    if m.ntendon and ten.any():
+        tid = np.where(ten, tab.target, 0)
+        lim = ten & np.asarray(m.tendon_actfrclimited, bool)[tid]
+        if lim.any():
+            onehot = np.zeros((m.ntendon, m.nu))
+            onehot[tab.target[ten], np.nonzero(ten)[0]] = 1.0
+            total = (jnp.asarray(onehot, dtype) @ d.actuator_force)[tid]
+            rng = jnp.asarray(m.tendon_actfrcrange, dtype).reshape(m.ntendon, 2)[tid]
+            sat = sat | (lim & ((total <= rng[:, 0]) | (total >= rng[:, 1])))
+    return sat
 
 
 def _local_jacobian(m, d, bodies, points, rots):

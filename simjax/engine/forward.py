@@ -19,10 +19,13 @@ import numpy as np
 from simjax.engine import actuation
 from simjax.engine import derivative
 from simjax.engine import io
+from simjax.engine import math
 from simjax.engine import passive
 from simjax.engine import smooth
 from simjax.engine import support
+from simjax.engine import tables
 from simjax.engine.data import WARN_BADQACC, WARN_BADQPOS, WARN_BADQVEL, Data
+from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, IntegratorType
 
 #: mjMAXVAL: |values| above this count as divergence (mju_isBad).
@@ -170,17 +173,45 @@ _RK4_A = ((0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
 _RK4_B = (1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0)
 
 
+def _rot_dofs(m):
+    """(k, 3) dof indices of the rotational velocities of ball and free joints."""
+    jtype = np.asarray(m.jnt_type)
+    dadr = np.asarray(m.jnt_dofadr)
+    rows = [dadr[j] + (3 if t == 0 else 0) + np.arange(3)
+            for j, t in enumerate(jtype) if t in (0, 1)]
+    return np.asarray(rows, np.int64).reshape(-1, 3)
+
+
+def _dexpinv(theta, w):
+    """Inverse differential of the exponential map on SO(3), for body-frame rates.
+
+    The rotation-vector rate theta' whose exponential moves with body angular velocity
+    w: w + theta x w / 2 + c(|theta|) theta x (theta x w), c(x) = (1 - x/2 cot(x/2))/x^2.
+    """
+    x = math.norm(theta)
+    small = x < 1e-4
+    xs = jnp.where(small, 1.0, x)
+    c = jnp.where(small, 1.0 / 12.0 + x * x / 720.0,
+                  (1.0 - 0.5 * xs / jnp.tan(0.5 * xs)) / (xs * xs))
+    tw = math.cross(theta, w)
+    return w + 0.5 * tw + c[..., None] * math.cross(theta, tw)
+
+
 def rk4(m, d: Data) -> Data:
     """Classic 4th-order Runge-Kutta step (mj_RungeKutta, N=4); ``d`` must be forwarded.
 
+    Orientations of ball and free joints use the Runge-Kutta-Munthe-Kaas correction
+    (MuJoCo 4.0): stage angular velocities are mapped through dexp^-1 of the stage's
+    rotation vector before being combined, making orientations 4th-order accurate.
     Stages re-run forward (without sensors); the returned Data carries the derived
     quantities of the last stage, as MuJoCo's does.
     """
     dtype = d.qpos.dtype
     h = jnp.asarray(m.opt.timestep, dtype)
+    rot = _rot_dofs(m)
     t0, qpos0, qvel0, act0 = d.time, d.qpos, d.qvel, d.act
     keep = dict(energy=d.energy, sensordata=d.sensordata)   # stages skip sensors/energy
-    xv, fa, fact = [qvel0], [d.qacc], [d.act_dot]
+    xv, fa, fact = [qvel0], [d.qacc], [d.act_dot]            # xv: corrected stage rates
     for row in _RK4_A:
         c = sum(row)
         dqvel = sum(a * v for a, v in zip(row, xv))
@@ -189,7 +220,13 @@ def rk4(m, d: Data) -> Data:
         di = d.replace(qpos=support.integrate_pos(m, qpos0, dqvel, h),
                        qvel=qvel0 + h * dqacc, act=act0 + h * dact, time=t0 + c * h)
         d = forward(m, di)
-        xv.append(d.qvel)
+        vel = d.qvel
+        if len(rot):
+            corrected = _dexpinv(h * dqvel[rot], vel[rot])
+            src = np.arange(m.nv)
+            src[rot.ravel()] = m.nv + np.arange(rot.size)
+            vel = jnp.concatenate([vel, corrected.ravel()])[src]
+        xv.append(vel)
         fa.append(d.qacc)
         fact.append(d.act_dot)
     dqvel = sum(b * v for b, v in zip(_RK4_B, xv))
@@ -212,14 +249,15 @@ def implicit(m, d: Data) -> Data:
     qfrc = d.qfrc_smooth + d.qfrc_constraint
     if not m.nv:
         return _advance(m, d, d.act_dot, qfrc)
+    mask = tables.get(m).m_mask          # D is restricted to M's sparsity (tree-local)
     if m.opt.integrator == IntegratorType.IMPLICIT:
         qderiv = derivative.smooth_vel(m, d, flg_bias=True)
+        qderiv = qderiv * jnp.asarray(np.maximum(mask, mask.T), dtype)
         qacc = jnp.linalg.solve(d.qM - h * qderiv, qfrc)
         return _advance(m, d, d.act_dot, qacc)
 
     qderiv = derivative.smooth_vel(m, d, flg_bias=False)
-    from simjax.engine import tables
-    low = jnp.tril(qderiv * jnp.asarray(tables.get(m).m_mask, dtype))
+    low = qderiv * jnp.asarray(mask, dtype)
     sym = low + low.T - jnp.diag(jnp.diag(low))
     qh = d.qM - h * sym
     free = derivative.free_bodies(m)
@@ -245,53 +283,58 @@ def implicit(m, d: Data) -> Data:
 
 
 # --------------------------------------------------------------------------- step
-_RESET_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart", "ctrl", "qfrc_applied",
-                 "xfrc_applied", "mocap_pos", "mocap_quat", "plugin_state", "history",
-                 "userdata", "act_dot", "eq_active")
-
-
 def _is_bad(x):
+    """mju_isBad over an array: any NaN or |x| > mjMAXVAL."""
     if x.size == 0:
         return jnp.zeros((), bool)
     return jnp.any(jnp.isnan(x) | (jnp.abs(x) > MAXVAL))
 
 
-def _reset_where(m, d: Data, bad) -> Data:
-    """Replace the state of ``d`` by the reset state where ``bad`` (mj_resetData)."""
-    fresh = io.make_data(m, dtype=d.qpos.dtype)
-    return d.replace(**{n: jnp.where(bad, getattr(fresh, n), getattr(d, n))
-                        for n in _RESET_FIELDS})
+def _fresh(m, dtype, warn):
+    """The reset state (mj_resetData) with warning counter ``warn`` set to 1; reset
+    clears every other warning, as MuJoCo does."""
+    fresh = io.make_data(m, dtype=dtype)
+    return fresh.replace(warning=fresh.warning.at[warn].set(1))
+
+
+def _integrate(m, d: Data) -> Data:
+    integrator = m.opt.integrator
+    if integrator == IntegratorType.EULER:
+        return euler(m, d)
+    if integrator == IntegratorType.RK4:
+        return rk4(m, d)
+    if integrator in (IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST):
+        return implicit(m, d)
+    raise UnsupportedFeatureError(f"integrator {int(integrator)}")
 
 
 def step(m, d: Data) -> Data:
     """Advance the simulation by one timestep (mj_step).
 
-    Checks qpos/qvel (mj_checkPos/Vel: count mjWARN_BADQPOS/BADQVEL in d.warning and,
-    unless AUTORESET is disabled, reset the state), runs :func:`forward`, checks qacc
-    (mjWARN_BADQACC; with autoreset the world is returned in its reset state instead of
-    being integrated — MuJoCo would also integrate one step from it), then integrates
-    with ``m.opt.integrator``.
+    As MuJoCo: bad qpos or qvel (NaN or beyond 1e10) count mjWARN_BADQPOS/BADQVEL in
+    ``d.warning`` and, unless ``DisableBit.AUTORESET`` is set, reset the world first;
+    :func:`forward` runs; a bad qacc counts mjWARN_BADQACC and (with autoreset) the world
+    is reset, forwarded and integrated from the reset state instead. Then the state is
+    integrated with ``m.opt.integrator``. Resets are per world under vmap.
     """
     autoreset = not (m.opt.disableflags & DisableBit.AUTORESET)
+    dtype = d.qpos.dtype
     badq = _is_bad(d.qpos)
     badv = jnp.logical_and(~badq, _is_bad(d.qvel))
-    warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))
-    warning = warning.at[WARN_BADQVEL].add(badv.astype(jnp.int32))
-    d = d.replace(warning=warning)
     if autoreset:
-        d = _reset_where(m, d, badq | badv)
+        fresh = jax.tree_util.tree_map(
+            lambda a, b: jnp.where(badq, a, b),
+            _fresh(m, dtype, WARN_BADQPOS), _fresh(m, dtype, WARN_BADQVEL))
+        d = jax.tree_util.tree_map(lambda a, b: jnp.where(badq | badv, a, b), fresh, d)
+    else:
+        warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))
+        d = d.replace(warning=warning.at[WARN_BADQVEL].add(badv.astype(jnp.int32)))
     d = forward(m, d)
     bada = _is_bad(d.qacc)
-    d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
-    integrator = m.opt.integrator
-    if integrator == IntegratorType.EULER:
-        new = euler(m, d)
-    elif integrator == IntegratorType.RK4:
-        new = rk4(m, d)
-    elif integrator in (IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST):
-        new = implicit(m, d)
-    else:
-        raise ValueError(f"invalid integrator {integrator}")
-    if autoreset:
-        new = _reset_where(m, new, bada)
-    return new
+    if not autoreset:
+        d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
+        return _integrate(m, d)
+    # the reset branch depends on the model only, so under vmap it is computed once
+    return jax.lax.cond(
+        bada, lambda d: _integrate(m, forward(m, _fresh(m, dtype, WARN_BADQACC))),
+        lambda d: _integrate(m, d), d)
