@@ -7,8 +7,9 @@ differences that make vectorised code simpler:
 - rotation matrices are (n, 3, 3), not (n, 9): ``xmat``, ``ximat``, ``geom_xmat``,
   ``site_xmat``, ``cam_xmat``;
 - the inertia matrix is stored dense: ``qM`` is the full symmetric (nv, nv) matrix and
-  ``qL`` its lower Cholesky factor (``qM = qL @ qL.T``). MuJoCo stores ``M`` and ``qLD``
-  sparse; :func:`simjax.engine.support.pack_m` converts to MuJoCo's packed layout.
+  ``qLD`` its L'DL factorisation in MuJoCo's convention (strictly lower part: unit
+  lower-triangular L, diagonal: D; ``qM = L' diag(D) L``). MuJoCo stores ``M`` and
+  ``qLD`` sparse; :func:`simjax.engine.support.pack_m` converts to the packed layout.
   ``ten_J`` and ``actuator_moment`` are dense (ntendon, nv) and (nout, nv) as well.
 
 There is no batch axis inside Data: batch with ``jax.vmap``.
@@ -68,7 +69,7 @@ DATA_FIELDS = (
     ("actuator_moment", ("nout", "nv"), "f"),
     ("crb", ("nbody", 10), "f"),
     ("qM", ("nv", "nv"), "f"),
-    ("qL", ("nv", "nv"), "f"),
+    ("qLD", ("nv", "nv"), "f"),
     # ----- velocity dependent
     ("ten_velocity", ("ntendon",), "f"),
     ("actuator_velocity", ("nout",), "f"),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg
 import numpy as np
 
 from simjax.engine import actuation
@@ -24,6 +23,7 @@ from simjax.engine import passive
 from simjax.engine import smooth
 from simjax.engine import support
 from simjax.engine import tables
+from simjax.engine import tree_linalg
 from simjax.engine.data import WARN_BADQACC, WARN_BADQPOS, WARN_BADQVEL, Data
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, IntegratorType
@@ -156,8 +156,8 @@ def euler(m, d: Data) -> Data:
         damping, poly = passive.dof_damping(m, dtype)
         diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
         qh = d.qM + jnp.diag(h * diag)
-        return jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(qh), True),
-                                          d.qfrc_smooth + d.qfrc_constraint)
+        low, up, dd = tree_linalg.factor(m, qh)
+        return tree_linalg.solve(m, low, up, dd, d.qfrc_smooth + d.qfrc_constraint)
 
     flag = _euler_damped(m)
     if flag is None:
@@ -252,8 +252,8 @@ def implicit(m, d: Data) -> Data:
     mask = tables.get(m).m_mask          # D is restricted to M's sparsity (tree-local)
     if m.opt.integrator == IntegratorType.IMPLICIT:
         qderiv = derivative.smooth_vel(m, d, flg_bias=True)
-        qderiv = qderiv * jnp.asarray(np.maximum(mask, mask.T), dtype)
-        qacc = jnp.linalg.solve(d.qM - h * qderiv, qfrc)
+        low, up, dd = tree_linalg.factor(m, d.qM - h * qderiv, symmetric=False)
+        qacc = tree_linalg.solve(m, low, up, dd, qfrc)
         return _advance(m, d, d.act_dot, qacc)
 
     qderiv = derivative.smooth_vel(m, d, flg_bias=False)
@@ -269,13 +269,14 @@ def implicit(m, d: Data) -> Data:
             blk[a:a + 6] = True
         both = blk[:, None] & blk[None, :]
         qh = jnp.where(both, d.qM, qh)
-    qacc = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(qh), True), qfrc)
+    low, up, dd = tree_linalg.factor(m, qh)
+    qacc = tree_linalg.solve(m, low, up, dd, qfrc)
     if len(free):
         idx = dadr[:, None] + np.arange(6)                              # (k, 6)
         bias = derivative.free_bias_blocks(m, d, free)                  # (k, 6, 6)
         amat = (d.qM[idx[:, :, None], idx[:, None, :]] -
                 h * qderiv[idx[:, :, None], idx[:, None, :]] + h * bias)
-        xb = jnp.linalg.solve(amat, qfrc[idx][..., None])[..., 0]
+        xb = tree_linalg.solve_dense_small(amat, qfrc[idx])
         src = np.arange(m.nv)
         src[idx.ravel()] = m.nv + np.arange(idx.size)
         qacc = jnp.concatenate([qacc, xb.ravel()])[src]
@@ -313,9 +314,11 @@ def step(m, d: Data) -> Data:
 
     As MuJoCo: bad qpos or qvel (NaN or beyond 1e10) count mjWARN_BADQPOS/BADQVEL in
     ``d.warning`` and, unless ``DisableBit.AUTORESET`` is set, reset the world first;
-    :func:`forward` runs; a bad qacc counts mjWARN_BADQACC and (with autoreset) the world
-    is reset, forwarded and integrated from the reset state instead. Then the state is
-    integrated with ``m.opt.integrator``. Resets are per world under vmap.
+    :func:`forward` runs; a bad qacc counts mjWARN_BADQACC. Then the state is integrated
+    with ``m.opt.integrator``. With autoreset, a world whose qacc was bad is returned in
+    its reset state (MuJoCo would in addition forward and integrate it once; simjax
+    avoids that second evaluation, so such a world lags MuJoCo by one step after the
+    reset). Resets are per world under vmap and use ``jnp.where``, never ``lax.cond``.
     """
     autoreset = not (m.opt.disableflags & DisableBit.AUTORESET)
     dtype = d.qpos.dtype
@@ -334,7 +337,6 @@ def step(m, d: Data) -> Data:
     if not autoreset:
         d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
         return _integrate(m, d)
-    # the reset branch depends on the model only, so under vmap it is computed once
-    return jax.lax.cond(
-        bada, lambda d: _integrate(m, forward(m, _fresh(m, dtype, WARN_BADQACC))),
-        lambda d: _integrate(m, d), d)
+    new = _integrate(m, d)
+    fresh = _fresh(m, dtype, WARN_BADQACC)
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(bada, a, b), fresh, new)

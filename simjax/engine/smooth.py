@@ -13,11 +13,11 @@ in the world frame about the subtree centre of mass of the body's kinematic tree
 from __future__ import annotations
 
 import jax.numpy as jnp
-import jax.scipy.linalg
 import numpy as np
 
 from simjax.engine import math
 from simjax.engine import tables
+from simjax.engine import tree_linalg
 from simjax.engine.io import _mocap_bodies
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import CamLight, DisableBit, JointType, WrapType
@@ -28,72 +28,75 @@ def _f(x, dtype):
 
 
 # --------------------------------------------------------------------------- kinematics
-def _local_frames(m, d):
-    """Body frames relative to their parent frame after applying each body's joints.
+def _node_transforms(m, d):
+    """Local transforms (pos, quat as component tuples) of every frame-tree node.
 
-    Returns (pos, quat, slot_axis, slot_anchor): body pose (nbody, 3/4) relative to the
-    parent (absolute for free-joint bodies), and per joint slot the joint axis and
-    anchor (nslot, nbody, 3) in the parent frame.
+    Body-offset nodes carry body_pos/body_quat (mocap bodies: Data's mocap pose);
+    free bodies their qpos pose (absolute); hinge and ball nodes rotate about the joint
+    anchor; slide nodes translate along the axis. Each is relative to the node before.
     """
     tab = tables.get(m)
     dtype = d.qpos.dtype
-    nbody = m.nbody
-    pos = _f(m.body_pos, dtype)
-    quat = _f(m.body_quat, dtype)
-    if m.nmocap:
-        # mocap bodies take their pose from Data (gather, no scatter)
-        bodies = _mocap_bodies(m)
-        src = np.arange(nbody)
-        src[bodies] = nbody + np.arange(len(bodies))
-        pos = jnp.concatenate([pos, d.mocap_pos.astype(dtype)])[src]
-        quat = jnp.concatenate([quat, math.quat_normalize(d.mocap_quat.astype(dtype))])[src]
-    # the world frame is the identity whatever the model says
-    world = np.arange(nbody) == 0
-    pos = jnp.where(world[:, None], 0.0, pos)
-    quat = jnp.where(world[:, None], jnp.array([1.0, 0, 0, 0], dtype), quat)
+    kind, src = tab.node_kind, tab.node_src
+    pieces = []          # (node indices, pos components, quat components)
 
-    jtype = np.asarray(m.jnt_type)
-    qadr_all = np.asarray(m.jnt_qposadr)
-    jnt_axis = _f(m.jnt_axis, dtype)
-    jnt_pos = _f(m.jnt_pos, dtype)
-    qpos0 = _f(m.qpos0, dtype)
-    slot_axis, slot_anchor = [], []
-    for jid in tab.slot_jnt:
-        has = jid >= 0
-        j = np.where(has, jid, 0)
-        t = np.where(has, jtype[j], -1)
-        qadr = qadr_all[j] if m.njnt else np.zeros(nbody, np.int64)
-        axis_j, jpos_j = jnt_axis[j], jnt_pos[j]
-        ax = math.rot_vec_quat(axis_j, quat)
-        an = math.rot_vec_quat(jpos_j, quat) + pos
-        new_pos, new_quat = pos, quat
-        if np.any(t == JointType.SLIDE):
-            dq = d.qpos[qadr] - qpos0[qadr]
-            sel = (t == JointType.SLIDE)[:, None]
-            new_pos = jnp.where(sel, pos + ax * dq[:, None], new_pos)
-        rot_kind = (t == JointType.HINGE) | (t == JointType.BALL)
-        if np.any(rot_kind):
-            qloc = math.axis_angle_to_quat(axis_j, d.qpos[qadr] - qpos0[qadr])
-            if np.any(t == JointType.BALL):
-                ball_idx = np.minimum(qadr[:, None] + np.arange(4), m.nq - 1)
-                qball = math.quat_normalize(d.qpos[ball_idx])
-                qloc = jnp.where((t == JointType.BALL)[:, None], qball, qloc)
-            qrot = math.quat_mul(quat, qloc)
-            prot = an - math.rot_vec_quat(jpos_j, qrot)
-            new_pos = jnp.where(rot_kind[:, None], prot, new_pos)
-            new_quat = jnp.where(rot_kind[:, None], qrot, new_quat)
-        if np.any(t == JointType.FREE):
-            free_idx = np.minimum(qadr[:, None] + np.arange(7), m.nq - 1)
-            qf = d.qpos[free_idx]
-            sel = (t == JointType.FREE)[:, None]
-            new_pos = jnp.where(sel, qf[:, :3], new_pos)
-            new_quat = jnp.where(sel, math.quat_normalize(qf[:, 3:]), new_quat)
-            an = jnp.where(sel, qf[:, :3], an)
-            ax = jnp.where(sel, axis_j, ax)
-        pos, quat = new_pos, new_quat
-        slot_axis.append(ax)
-        slot_anchor.append(an)
-    return pos, quat, slot_axis, slot_anchor
+    def pose_rows(pos, quat, rows):
+        return math.unstack(pos[rows]), math.unstack(quat[rows])
+
+    body_nodes = np.nonzero(kind == 1)[0]
+    if len(body_nodes):
+        pos = _f(m.body_pos, dtype)
+        quat = _f(m.body_quat, dtype)
+        if m.nmocap:
+            bodies = _mocap_bodies(m)
+            srcb = np.arange(m.nbody)
+            srcb[bodies] = m.nbody + np.arange(len(bodies))
+            pos = jnp.concatenate([pos, d.mocap_pos.astype(dtype)])[srcb]
+            quat = jnp.concatenate([quat, math.quat_normalize(d.mocap_quat.astype(dtype))])[srcb]
+        pieces.append((body_nodes,) + pose_rows(pos, quat, src[body_nodes]))
+
+    free_nodes = np.nonzero(kind == 2)[0]
+    if len(free_nodes):
+        qadr = np.asarray(m.jnt_qposadr)[np.asarray(m.body_jntadr)[src[free_nodes]]]
+        qf = d.qpos[qadr[:, None] + np.arange(7)]
+        pieces.append((free_nodes, math.unstack(qf[:, :3]),
+                       math.unstack(math.quat_normalize(qf[:, 3:]))))
+
+    jnodes = np.nonzero(kind >= 3)[0]
+    if len(jnodes):
+        j = src[jnodes]
+        jk = kind[jnodes]
+        qadr = np.asarray(m.jnt_qposadr)[j]
+        axis = _f(m.jnt_axis, dtype)[j]
+        jpos = math.unstack(_f(m.jnt_pos, dtype)[j])
+        dq = d.qpos[qadr] - _f(m.qpos0, dtype)[qadr]
+        qloc = math.axis_angle_to_quat(axis, dq)                      # hinge
+        if np.any(jk == 4):                                           # ball
+            bidx = np.minimum(qadr[:, None] + np.arange(4), m.nq - 1)
+            qloc = jnp.where((jk == 4)[:, None], math.quat_normalize(d.qpos[bidx]), qloc)
+        slide = jk == 5
+        if slide.any():
+            qloc = jnp.where(slide[:, None], jnp.array([1.0, 0, 0, 0], dtype), qloc)
+        qloc = math.unstack(qloc)
+        r = math.c_rot(qloc, jpos)
+        pos = tuple(p - q for p, q in zip(jpos, r))                   # rotate about anchor
+        if slide.any():
+            ax = math.unstack(axis)
+            pos = math.c_where(slide, tuple(a * dq for a in ax), pos)
+        pieces.append((jnodes, pos, qloc))
+
+    # assemble all nodes (the world node is the identity) with one gather per component
+    nnode = len(kind)
+    order = np.concatenate([p[0] for p in pieces])
+    srcn = np.full(nnode, len(order))
+    srcn[order] = np.arange(len(order))
+    one = jnp.ones(1, dtype)
+    zero = jnp.zeros(1, dtype)
+    pos = tuple(jnp.concatenate([c for p in pieces for c in (p[1][k],)] + [zero])[srcn]
+                for k in range(3))
+    quat = tuple(jnp.concatenate([p[2][k] for p in pieces] + [one if k == 0 else zero])[srcn]
+                 for k in range(4))
+    return pos, quat
 
 
 def _sameframe_codes(arr):
@@ -141,31 +144,32 @@ def kinematics(m, d):
     """
     tab = tables.get(m)
     dtype = d.qpos.dtype
-    pos, quat, slot_axis, slot_anchor = _local_frames(m, d)
-
-    # compose frames up the tree by pointer doubling: after each step a body's
+    pos, quat = _node_transforms(m, d)
+    # compose frames up the tree by pointer doubling: after each step a node's
     # transform spans twice as many ancestors
-    tpos, tquat = pos, quat
-    for jump in tab.jump_steps:
-        pj, qj = tpos[jump], tquat[jump]
-        tpos = pj + math.rot_vec_quat(tpos, qj)
-        tquat = math.quat_mul(qj, tquat)
-    xquat = math.quat_normalize(tquat)
-    xpos = tpos
-    xmat = math.quat_to_mat(xquat)
-
-    out = dict(xpos=xpos, xquat=xquat, xmat=xmat)
+    for jump in tab.node_jumps:
+        pj = tuple(c[jump] for c in pos)
+        qj = tuple(c[jump] for c in quat)
+        pos = math.c_add(pj, math.c_rot(qj, pos))
+        quat = math.c_qmul(qj, quat)
+    bn = tab.body_node
+    xquat = math.quat_normalize(math.stack(tuple(c[bn] for c in quat)))
+    xpos = math.stack(tuple(c[bn] for c in pos))
+    out = dict(xpos=xpos, xquat=xquat, xmat=math.quat_to_mat(xquat))
     if m.njnt:
-        # joint axis/anchor: local values live in the parent frame (world for free bodies)
-        fparent = np.asarray(m.body_parentid).copy()
-        fparent[tab.is_free_body] = 0
-        jb = np.asarray(m.jnt_bodyid)
-        pb = fparent[jb]
-        ax = jnp.stack(slot_axis)[tab.jnt_slot, jb]
-        an = jnp.stack(slot_anchor)[tab.jnt_slot, jb]
-        out["xaxis"] = math.rot_vec_quat(ax, xquat[pb])
-        out["xanchor"] = xpos[pb] + math.rot_vec_quat(an, xquat[pb])
-
+        # joint axis and anchor in the frame of the node before the joint; a free
+        # joint's anchor is the body position and its axis is left unrotated
+        pred = tab.jnt_pred
+        qn = math.quat_normalize(math.stack(tuple(c[pred] for c in quat)))
+        pp = math.stack(tuple(c[pred] for c in pos))
+        xaxis = math.rot_vec_quat(_f(m.jnt_axis, dtype), qn)
+        xanchor = pp + math.rot_vec_quat(_f(m.jnt_pos, dtype), qn)
+        free = np.asarray(m.jnt_type) == JointType.FREE
+        if free.any():
+            jb = np.asarray(m.jnt_bodyid)
+            xaxis = jnp.where(free[:, None], _f(m.jnt_axis, dtype), xaxis)
+            xanchor = jnp.where(free[:, None], xpos[jb], xanchor)
+        out["xaxis"], out["xanchor"] = xaxis, xanchor
     d = d.replace(**out)
     allb = np.arange(m.nbody)
     xipos, ximat = _local_to_global(d, allb, _f(m.body_ipos, dtype), _f(m.body_iquat, dtype),
@@ -356,15 +360,16 @@ def crb(m, d):
 
 
 def factor_m(m, d):
-    """Factorise the inertia matrix (mj_factorM): qL lower Cholesky, qM = qL qL^T."""
+    """Factorise the inertia matrix (mj_factorM): qLD = L' D L (tree-sparse, dense)."""
     if not m.nv:
         return d
-    return d.replace(qL=jnp.linalg.cholesky(d.qM))
+    low, _, diag = tree_linalg.factor(m, d.qM)
+    return d.replace(qLD=tree_linalg.pack_ld(low, diag))
 
 
 def solve_m(m, d, x):
     """Solve qM y = x with the factor in ``d`` (mj_solveM); x: (nv,) or (nv, k)."""
-    return jax.scipy.linalg.cho_solve((d.qL, True), x)
+    return tree_linalg.solve_ld(m, d.qLD, x)
 
 
 # --------------------------------------------------------------------------- velocity

@@ -12,7 +12,6 @@ factor_m) to have run on ``d``. Body ids may be Python ints or traced integers.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import jax.scipy.linalg
 import numpy as np
 
 from simjax.engine import math
@@ -82,8 +81,9 @@ def mul_m(m, d, vec):
 
 
 def solve_m(m, d, vec):
-    """qM^-1 vec via the Cholesky factor qL (mj_solveM); vec (nv,) or (nv, k)."""
-    return jax.scipy.linalg.cho_solve((d.qL, True), vec)
+    """qM^-1 vec via the factor qLD (mj_solveM); vec (nv,) or (nv, k)."""
+    from simjax.engine import tree_linalg
+    return tree_linalg.solve_ld(m, d.qLD, vec)
 
 
 def m_sparsity(m, layout="M"):

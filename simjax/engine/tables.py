@@ -49,6 +49,15 @@ class Tables:
     dof_axis_src: np.ndarray     # (nv,) int
     dof_is_rot: np.ndarray       # (nv,) bool: rotational dof (hinge, ball, free rot)
     dof_is_slide: np.ndarray     # (nv,) bool: slide dof (offset not applied)
+    # kinematic "frame tree": node 0 is the world, then per body one node for its
+    # offset from the parent (or its free-joint pose) followed by one node per
+    # hinge/ball/slide joint, each node's transform being relative to the node before
+    node_kind: np.ndarray        # (nnode,) 0 world, 1 body offset, 2 free body, 3 hinge,
+                                 # 4 ball, 5 slide
+    node_src: np.ndarray         # (nnode,) body id (kinds 0-2) or joint id (3-5)
+    node_jumps: tuple            # pointer-doubling ancestors over nodes
+    body_node: np.ndarray        # (nbody,) last node of each body (its frame)
+    jnt_pred: np.ndarray         # (njnt,) node whose frame a joint's axis/anchor use
 
 
 def _key(model):
@@ -173,7 +182,52 @@ def _build(model) -> Tables:
             else:
                 axis_src[j], is_rot[j] = njnt + 3 * dof_bodyid[j] + off - 3, True
 
-    return Tables(depth=depth, jump_steps=tuple(steps), is_free_body=is_free, desc=desc,
+    node_kind, node_src, node_jumps, body_node, jnt_pred = _frame_tree(model, is_free)
+    return Tables(node_kind=node_kind, node_src=node_src, node_jumps=node_jumps,
+                  body_node=body_node, jnt_pred=jnt_pred,
+                  depth=depth, jump_steps=tuple(steps), is_free_body=is_free, desc=desc,
                   desc_noworld=desc_noworld, anc_dof=anc_dof, m_mask=m_mask, pred=pred,
                   free_trans_dof=free_trans, slot_jnt=slot_jnt, jnt_slot=jnt_slot,
                   dof_axis_src=axis_src, dof_is_rot=is_rot, dof_is_slide=is_slide)
+
+
+def _frame_tree(model, is_free):
+    """Nodes of the kinematic frame tree and their pointer-doubling tables."""
+    nbody, njnt = model.nbody, model.njnt
+    parent = np.asarray(model.body_parentid)
+    jtype = np.asarray(model.jnt_type)
+    jntadr, jntnum = np.asarray(model.body_jntadr), np.asarray(model.body_jntnum)
+    kind, src, node_parent = [0], [0], [0]
+    body_node = np.zeros(nbody, np.int64)
+    jnt_pred = np.zeros(njnt, np.int64)
+    for b in range(1, nbody):
+        if is_free[b]:
+            kind.append(2)
+            src.append(b)
+            node_parent.append(0)
+            body_node[b] = len(kind) - 1
+            jnt_pred[jntadr[b]] = 0
+            continue
+        kind.append(1)
+        src.append(b)
+        node_parent.append(body_node[parent[b]])
+        last = len(kind) - 1
+        for j in range(jntadr[b], jntadr[b] + jntnum[b]):
+            jnt_pred[j] = last
+            kind.append({JointType.HINGE: 3, JointType.BALL: 4, JointType.SLIDE: 5}[int(jtype[j])])
+            src.append(j)
+            node_parent.append(last)
+            last = len(kind) - 1
+        body_node[b] = last
+    node_parent = np.asarray(node_parent, np.int64)
+    nnode = len(kind)
+    depth = np.zeros(nnode, np.int64)
+    for n in range(1, nnode):
+        depth[n] = depth[node_parent[n]] + 1
+    jumps, jump, span = [], node_parent.copy(), 1
+    while span < int(depth.max(initial=0)):
+        jumps.append(jump.copy())
+        jump = jump[jump]
+        span *= 2
+    return (np.asarray(kind, np.int64), np.asarray(src, np.int64), tuple(jumps), body_node,
+            jnt_pred)
