@@ -1,0 +1,65 @@
+"""Shared helpers for engine tests: loading oracle models and random states."""
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+
+from mujoco_oracle import corpus_path, model_from_mujoco
+
+FEATURES = os.path.join(os.path.dirname(__file__), "features.xml")
+
+
+def load(rel, integrator=None, constraints=False, edit=None):
+    """(mujoco.MjModel, simjax Model) for a corpus model (or features.xml).
+
+    Constraints are disabled unless asked for: these tests cover smooth dynamics.
+    """
+    path = FEATURES if rel == "features" else corpus_path(rel)
+    mjm = mujoco.MjModel.from_xml_path(path)
+    if not constraints:
+        mjm.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_CONSTRAINT
+    if integrator is not None:
+        mjm.opt.integrator = integrator
+    if edit is not None:
+        edit(mjm)
+    return mjm, model_from_mujoco(mjm)
+
+
+def random_state(mjm, rng, qscale=0.3, vscale=1.0, uscale=1.0):
+    """Random qpos (normalised quaternions), qvel, ctrl, act, mocap pose."""
+    qpos = mjm.qpos0 + qscale * rng.standard_normal(mjm.nq)
+    for j in range(mjm.njnt):
+        adr = mjm.jnt_qposadr[j]
+        if mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE:
+            qpos[adr + 3:adr + 7] /= np.linalg.norm(qpos[adr + 3:adr + 7])
+        elif mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_BALL:
+            qpos[adr:adr + 4] /= np.linalg.norm(qpos[adr:adr + 4])
+    qvel = vscale * rng.standard_normal(mjm.nv)
+    ctrl = uscale * rng.standard_normal(mjm.nu)
+    act = 0.3 * rng.standard_normal(mjm.na)
+    mpos = rng.standard_normal((mjm.nmocap, 3))
+    mquat = rng.standard_normal((mjm.nmocap, 4))
+    mquat /= np.linalg.norm(mquat, axis=1, keepdims=True) if mjm.nmocap else 1
+    return dict(qpos=qpos, qvel=qvel, ctrl=ctrl, act=act, mocap_pos=mpos, mocap_quat=mquat)
+
+
+def set_state(mjm, mjd, state):
+    """Write a random_state dict into mujoco.MjData."""
+    for k, v in state.items():
+        getattr(mjd, k)[:] = v
+
+
+def to_data(data, state):
+    """Replace the fields of a simjax Data with a random_state dict."""
+    return data.replace(**{k: jnp.asarray(v) for k, v in state.items()})
+
+
+def rel_err(a, b):
+    """Max error relative to max(1, |b|) (absolute for small values)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64).reshape(np.shape(a))
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - b) / np.maximum(1.0, np.abs(b))))
