@@ -156,8 +156,8 @@ def euler(m, d: Data) -> Data:
         damping, poly = passive.dof_damping(m, dtype)
         diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
         qh = d.qM + jnp.diag(h * diag)
-        low, up, dd = tree_linalg.factor(m, qh)
-        return tree_linalg.solve(m, low, up, dd, d.qfrc_smooth + d.qfrc_constraint)
+        low, up, dd = tree_linalg.factor_permuted(m, qh)
+        return tree_linalg.solve_permuted(m, low, up, dd, d.qfrc_smooth + d.qfrc_constraint)
 
     flag = _euler_damped(m)
     if flag is None:
@@ -255,8 +255,8 @@ def implicit(m, d: Data) -> Data:
     mask = tables.get(m).m_mask          # D is restricted to M's sparsity (tree-local)
     if m.opt.integrator == IntegratorType.IMPLICIT:
         qderiv = derivative.smooth_vel(m, d, flg_bias=True)
-        low, up, dd = tree_linalg.factor(m, d.qM - h * qderiv, symmetric=False)
-        qacc = tree_linalg.solve(m, low, up, dd, qfrc)
+        low, up, dd = tree_linalg.factor_permuted(m, d.qM - h * qderiv, symmetric=False)
+        qacc = tree_linalg.solve_permuted(m, low, up, dd, qfrc)
         return _advance(m, d, d.act_dot, qacc)
 
     qderiv = derivative.smooth_vel(m, d, flg_bias=False)
@@ -272,8 +272,8 @@ def implicit(m, d: Data) -> Data:
             blk[a:a + 6] = True
         both = blk[:, None] & blk[None, :]
         qh = jnp.where(both, d.qM, qh)
-    low, up, dd = tree_linalg.factor(m, qh)
-    qacc = tree_linalg.solve(m, low, up, dd, qfrc)
+    low, up, dd = tree_linalg.factor_permuted(m, qh)
+    qacc = tree_linalg.solve_permuted(m, low, up, dd, qfrc)
     if len(free):
         idx = dadr[:, None] + np.arange(6)                              # (k, 6)
         bias = derivative.free_bias_blocks(m, d, free)                  # (k, 6, 6)

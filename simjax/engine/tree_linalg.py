@@ -3,81 +3,131 @@
 MuJoCo factorises M = L' D L with L unit lower-triangular whose non-zeros are a dof's
 ancestors (mj_factorI): eliminating dofs from the leaves up causes no fill-in. Dofs of
 equal *height* (distance to their deepest descendant) are never ancestors of one
-another, so a whole height level is eliminated at once with one rank-k update; the
-solves likewise run one level at a time. The work is a few dense ops per tree level,
-in pure JAX (no LAPACK custom calls), so it batches, differentiates and compiles small.
+another, so a whole height level is eliminated at once. With the dofs permuted by
+decreasing height, every level is a contiguous block whose ancestors all come before
+it, so elimination only ever touches a shrinking leading block: per level one rank-k
+update written as a sum of k outer products (elementwise, fused) and no scatters. The
+solves run one level at a time as well. Everything is pure JAX (no LAPACK custom
+calls), so it batches, differentiates and compiles small.
 
-Matrices are dense (nv, nv) with the tree sparsity pattern of ``tables.m_mask`` (and
-its transpose); entries outside it are ignored.
+Matrices are dense (nv, nv) with the tree sparsity of ``tables.m_mask`` (and its
+transpose); entries outside it are ignored.
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import tables
 
+_CACHE: dict = {}
 
-@functools.lru_cache(maxsize=256)
-def _levels_cached(key, dof_parentid):
-    parent = np.asarray(dof_parentid)
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Plan:
+    perm: np.ndarray        # dofs by decreasing height (ancestors before descendants)
+    inv: np.ndarray         # inverse permutation
+    blocks: tuple           # (start, end) of each height level in permuted order
+    anc: np.ndarray         # strict-ancestor mask in permuted order (row: dof, col: anc)
+
+
+def _plan(m) -> _Plan:
+    parent = np.asarray(m.dof_parentid)
+    key = parent.tobytes()
+    plan = _CACHE.get(key)
+    if plan is not None:
+        return plan
     nv = len(parent)
     height = np.zeros(nv, np.int64)
     for k in range(nv - 1, -1, -1):      # children have larger indices than parents
-        p = parent[k]
-        if p >= 0:
-            height[p] = max(height[p], height[k] + 1)
-    return tuple(np.nonzero(height == h)[0] for h in range(int(height.max(initial=-1)) + 1))
-
-
-def levels(m):
-    """Dof index arrays grouped by height (leaves first)."""
-    parent = np.asarray(m.dof_parentid)
-    return _levels_cached(parent.tobytes(), tuple(parent.tolist()))
+        if parent[k] >= 0:
+            height[parent[k]] = max(height[parent[k]], height[k] + 1)
+    perm = np.argsort(-height, kind="stable")
+    inv = np.argsort(perm)
+    hs = height[perm]
+    blocks = []
+    start = 0
+    for end in range(1, nv + 1):
+        if end == nv or hs[end] != hs[start]:
+            blocks.append((start, end))
+            start = end
+    anc = tables.get(m).m_mask - np.eye(nv)
+    plan = _Plan(perm=perm, inv=inv, blocks=tuple(blocks), anc=anc[perm][:, perm])
+    _CACHE[key] = plan
+    return plan
 
 
 def factor(m, a, symmetric=True):
-    """Tree LDU factorisation of ``a`` (nv, nv): a = U diag(D) L, U = L' if symmetric.
+    """Tree factorisation a = U diag(D) L (U = L' if symmetric), in the original order.
 
-    Returns (L, U, D): L (nv, nv) strictly lower (row k holds k's ancestors), U strictly
-    upper (column k), D (nv,). For symmetric ``a`` this is MuJoCo's L'DL (mj_factorI).
+    Returns (L, U, D): L (nv, nv) strictly lower (row k: k's ancestors), U strictly
+    upper (column k), D (nv,). For symmetric ``a`` this is MuJoCo's L'DL (mj_factorI);
+    otherwise the no-fill-in LU MuJoCo uses for the implicit integrator.
     """
-    anc = jnp.asarray(tables.get(m).m_mask - np.eye(m.nv), a.dtype)   # strict ancestors
-    low = jnp.zeros_like(a)
-    up = jnp.zeros_like(a)
-    diag = jnp.zeros(m.nv, a.dtype)
-    for ks in levels(m):
-        dk = a[ks, ks]                                        # pivots of this level
-        rows = a[ks] * anc[ks]                                # (nl, nv) ancestor columns
+    low_p, up_p, diag_p = factor_permuted(m, a, symmetric)
+    plan = _plan(m)
+    unperm = lambda x: x[plan.inv[:, None], plan.inv[None, :]]   # noqa: E731
+    low = unperm(low_p)
+    return low, (low.T if symmetric else unperm(up_p)), diag_p[plan.inv]
+
+
+def factor_permuted(m, a, symmetric=True):
+    """As :func:`factor`, but (L, U, D) stay in the plan's permuted order."""
+    plan = _plan(m)
+    nv = m.nv
+    dtype = a.dtype
+    anc = jnp.asarray(plan.anc, dtype)
+    a = a[plan.perm[:, None], plan.perm[None, :]]
+    lows, ups, diags = [], [], []
+    for s, e in reversed(plan.blocks):                    # leaves first
+        blk = a[s:e, s:e]
+        dk = jnp.diagonal(blk)
+        rows = a[s:e, :s] * anc[s:e, :s]                  # (nl, s) ancestor entries
         lk = rows / dk[:, None]
-        low = low.at[ks].set(lk)
-        diag = diag.at[ks].set(dk)
         if symmetric:
-            a = a - rows.T @ lk
+            uk = lk
+            cols = rows
         else:
-            cols = a[:, ks] * anc[ks].T                       # (nv, nl) ancestor rows
-            up = up.at[:, ks].set(cols / dk[None, :])
-            a = a - (cols / dk[None, :]) @ rows
-    if symmetric:
-        up = low.T
-    return low, up, diag
+            cols = a[:s, s:e].T * anc[s:e, :s]            # column entries, as rows
+            uk = cols / dk[:, None]
+        lows.append(jnp.pad(lk, ((0, 0), (0, nv - s))))
+        ups.append(jnp.pad(uk, ((0, 0), (0, nv - s))))
+        diags.append(dk)
+        if s:
+            # rank-(e-s) update as a reduction over the level (not unrolled per dof, so
+            # the program does not grow with the number of dofs in a level)
+            a = a[:s, :s] - jnp.sum(cols[:, :, None] * lk[:, None, :], axis=0)
+    low = jnp.concatenate(lows[::-1])
+    up = jnp.concatenate(ups[::-1]).T
+    return low, up, jnp.concatenate(diags[::-1])
+
+
+def solve_permuted(m, low, up, diag, b):
+    """Solve with permuted factors; b, result in the original order."""
+    plan = _plan(m)
+    x = b[plan.perm]
+    vec = x.ndim == 1
+    if vec:
+        x = x[:, None]
+    for s, e in reversed(plan.blocks):                    # U^-1, leaves first
+        if s:
+            x = jnp.concatenate([x[:s] - jnp.sum(up[:s, s:e].T[:, :, None] *
+                                                 x[s:e][:, None, :], axis=0), x[s:]])
+    x = x / diag[:, None]
+    for s, e in plan.blocks:                              # L^-1, root first
+        if s:
+            x = jnp.concatenate([x[:s], x[s:e] - low[s:e, :s] @ x[:s], x[e:]])
+    x = x[plan.inv]
+    return x[:, 0] if vec else x
 
 
 def solve(m, low, up, diag, b):
     """Solve (U diag(D) L) x = b with factors from :func:`factor`; b (nv,) or (nv, k)."""
-    x = b
-    lv = levels(m)
-    vec = x.ndim == 1
-    if vec:
-        x = x[:, None]
-    for ks in lv:                          # U^-1, leaves first
-        x = x - up[:, ks] @ x[ks]
-    x = x / diag[:, None]
-    for ks in reversed(lv):                # L^-1, root first
-        x = x.at[ks].add(-(low[ks] @ x))
-    return x[:, 0] if vec else x
+    plan = _plan(m)
+    perm = lambda x: x[plan.perm][:, plan.perm]           # noqa: E731
+    return solve_permuted(m, perm(low), perm(up), diag[plan.perm], b)
 
 
 def pack_ld(low, diag):
@@ -86,10 +136,26 @@ def pack_ld(low, diag):
 
 
 def solve_ld(m, qld, b):
-    """Solve qM x = b given dense qLD (L strictly lower, D on the diagonal)."""
-    diag = jnp.diagonal(qld)
-    low = qld - jnp.diag(diag)
-    return solve(m, low, low.T, diag, b)
+    """Solve qM x = b given dense qLD (L strictly lower, D on the diagonal), reading
+    only the factor entries each level needs (no full permutation of qLD)."""
+    plan = _plan(m)
+    perm = plan.perm
+    diag = jnp.diagonal(qld)[perm]
+    rows = [qld[perm[s:e, None], perm[None, :s]] if s else None for s, e in plan.blocks]
+    x = b[perm]
+    vec = x.ndim == 1
+    if vec:
+        x = x[:, None]
+    for (s, e), lk in zip(reversed(plan.blocks), reversed(rows)):    # L'^-1
+        if s:
+            x = jnp.concatenate([x[:s] - jnp.sum(lk[:, :, None] * x[s:e][:, None, :],
+                                                 axis=0), x[s:]])
+    x = x / diag[:, None]
+    for (s, e), lk in zip(plan.blocks, rows):                        # L^-1
+        if s:
+            x = jnp.concatenate([x[:s], x[s:e] - lk @ x[:s], x[e:]])
+    x = x[plan.inv]
+    return x[:, 0] if vec else x
 
 
 def solve_dense_small(a, b):
@@ -97,8 +163,6 @@ def solve_dense_small(a, b):
     elimination without pivoting (used for the 6x6 free-body blocks, which are close
     to symmetric positive definite)."""
     n = a.shape[-1]
-    a = a
-    b = b
     for k in range(n):
         piv = a[..., k:k + 1, k:k + 1]
         f = a[..., k + 1:, k:k + 1] / piv
