@@ -101,20 +101,55 @@ DATA_FIELDS = (
 DATA_FIELD_NAMES = tuple(f[0] for f in DATA_FIELDS)
 
 
-def _data_doc():
-    lines = [__doc__.strip().splitlines()[0], "", "Fields (mjData names; shapes):"]
-    for name, shape, kind in DATA_FIELDS:
-        dims = " x ".join(str(s) for s in shape) or "scalar"
-        lines.append(f"    {name}: ({dims}), {dict(f='float', i='int32', b='bool')[kind]}")
-    return "\n".join(lines)
+# --------------------------------------------------------------------------- contacts
+#: Fields of :class:`Contact` (mjContact names). Every field has a leading axis of the
+#: contact capacity ``ncon_max`` decided when Data is made; a slot holds a contact when
+#: ``valid`` is true. Slots are grouped by contact dimension ``dim`` (static per slot,
+#: so the constraint rows of every slot have static shapes); within a group the valid
+#: slots come first.
+CONTACT_FIELDS = (
+    ("dist", (), "f"),               # distance between nearest points; < 0: penetration
+    ("pos", (3,), "f"),              # contact point, midway between the surfaces (global)
+    ("frame", (3, 3), "f"),          # rows: normal (geom[0] -> geom[1]), tangent1, tangent2
+    ("includemargin", (), "f"),      # margin - gap: distance below which force is generated
+    ("friction", (5,), "f"),         # tangent1, tangent2, spin, roll1, roll2
+    ("solref", (2,), "f"),           # solver reference, normal direction
+    ("solreffriction", (2,), "f"),   # solver reference, friction directions
+    ("solimp", (5,), "f"),           # solver impedance
+    ("dim", (), "i"),                # contact space dimension: 1, 3, 4 or 6
+    ("geom", (2,), "i"),             # geom ids (geom1, geom2 in MuJoCo's order)
+    ("exclude", (), "i"),            # 0 include, 1 in gap (MuJoCo 4.0 mjContact.exclude)
+    ("efc_address", (), "i"),        # first efc row of this contact; -1: none
+    ("valid", (), "b"),              # slot holds a contact (simjax: fixed capacity)
+)
+CONTACT_FIELD_NAMES = tuple(f[0] for f in CONTACT_FIELDS)
+
+Contact = dataclasses.make_dataclass(
+    "Contact", [(n, Any) for n in CONTACT_FIELD_NAMES], frozen=True, eq=False,
+    namespace={"__doc__": "Contacts found by collision detection (mjContact), one slot "
+                          "per row of a fixed capacity; see CONTACT_FIELDS.",
+               "__module__": __name__,
+               "replace": lambda self, **kw: dataclasses.replace(self, **kw),
+               "geom1": property(lambda self: self.geom[..., 0]),
+               "geom2": property(lambda self: self.geom[..., 1])})
+
+jax.tree_util.register_dataclass(Contact, data_fields=list(CONTACT_FIELD_NAMES),
+                                 meta_fields=[])
 
 
-Data = dataclasses.make_dataclass(
-    "Data", [(n, Any) for n in DATA_FIELD_NAMES], frozen=True, eq=False,
-    namespace={"__doc__": _data_doc(), "__module__": __name__,
-               "replace": lambda self, **kw: dataclasses.replace(self, **kw)})
-
-jax.tree_util.register_dataclass(Data, data_fields=list(DATA_FIELD_NAMES), meta_fields=[])
+def make_contact(ncon_max, dims, ftype):
+    """An empty Contact buffer with ``ncon_max`` slots; ``dims`` (ncon_max,) the static
+    contact dimension of each slot."""
+    import jax.numpy as jnp
+    import numpy as np
+    kw = {}
+    for name, shape, kind in CONTACT_FIELDS:
+        dt = {"f": ftype, "i": jnp.int32, "b": jnp.bool_}[kind]
+        kw[name] = jnp.zeros((ncon_max,) + shape, dt)
+    kw["dim"] = jnp.asarray(np.asarray(dims, np.int32).reshape(ncon_max))
+    kw["geom"] = jnp.full((ncon_max, 2), -1, jnp.int32)
+    kw["efc_address"] = jnp.full((ncon_max,), -1, jnp.int32)
+    return Contact(**kw)
 
 
 def field_shape(model, shape) -> tuple[int, ...]:
@@ -123,3 +158,25 @@ def field_shape(model, shape) -> tuple[int, ...]:
     for s in shape:
         out.append(s if isinstance(s, int) else int(getattr(model, s, 0) or 0))
     return tuple(out)
+
+#: Data fields that are not arrays: the contact buffer and its count of valid slots.
+EXTRA_FIELD_NAMES = ("contact", "ncon")
+
+
+def _data_doc():
+    lines = [__doc__.strip().splitlines()[0], "", "Fields (mjData names; shapes):"]
+    for name, shape, kind in DATA_FIELDS:
+        dims = " x ".join(str(s) for s in shape) or "scalar"
+        lines.append(f"    {name}: ({dims}), {dict(f='float', i='int32', b='bool')[kind]}")
+    lines.append("    contact: Contact buffer (ncon_max slots), see CONTACT_FIELDS")
+    lines.append("    ncon: (), int32: number of valid contacts")
+    return "\n".join(lines)
+
+
+Data = dataclasses.make_dataclass(
+    "Data", [(n, Any) for n in DATA_FIELD_NAMES + EXTRA_FIELD_NAMES], frozen=True, eq=False,
+    namespace={"__doc__": _data_doc(), "__module__": __name__,
+               "replace": lambda self, **kw: dataclasses.replace(self, **kw)})
+
+jax.tree_util.register_dataclass(Data, data_fields=list(DATA_FIELD_NAMES + EXTRA_FIELD_NAMES),
+                                 meta_fields=[])

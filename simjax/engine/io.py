@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.data import DATA_FIELDS, Data, field_shape
+from simjax.engine.data import DATA_FIELDS, Data, field_shape, make_contact
 
 
 def _float_dtype(model, dtype=None):
@@ -43,6 +43,8 @@ def make_data(model, dtype=None) -> Data:
         kw["mocap_quat"] = jnp.asarray(model.body_quat, ftype)[bodies]
     if model.neq:
         kw["eq_active"] = jnp.asarray(model.eq_active0, jnp.bool_)
+    kw["contact"] = make_contact(0, np.zeros(0, np.int32), ftype)
+    kw["ncon"] = jnp.zeros((), jnp.int32)
     return Data(**kw)
 
 
