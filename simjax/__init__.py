@@ -1,17 +1,25 @@
 """simjax: MuJoCo's physics rebuilt in pure JAX.
 
-Public API: ``load_model``, the ``Model`` / ``Option`` / ``Statistic`` types, the
-enums and the errors. The engine functions (``make_data``, ``forward``, ``step``, ...)
-are re-exported here as they land.
+Public API: ``load_model``; the engine functions ``make_data``, ``reset``,
+``forward``, ``step``, ``rollout`` and the queries (Jacobians, mass matrix, energies);
+the ``Model`` / ``Option`` / ``Statistic`` / ``Data`` types, the enums and the errors.
 """
+from simjax.engine import (Data, apply_ft, differentiate_pos, energy_pos, energy_vel,
+                           forward, full_m, integrate_pos, jac, jac_body, jac_body_com,
+                           jac_geom, jac_site, jac_subtree_com, make_data, mul_m, reset,
+                           reset_keyframe, solve_m, step)
 from simjax.errors import MJCFError, UnsupportedFeatureError
+from simjax.rollout import Trajectory, rollout
 from simjax.types import (BiasType, ConeType, DataType, DisableBit, DynType, EnableBit,
                           EqType, GainType, GeomType, IntegratorType, JointType, Model,
                           ObjType, Option, SensorType, SolverType, Stage, Statistic,
                           TrnType, WrapType)
 
 __all__ = [
-    "load_model", "Model", "Option", "Statistic", "MJCFError", "UnsupportedFeatureError",
+    "load_model", "make_data", "reset", "reset_keyframe", "forward", "step", "rollout",
+    "Trajectory", "Data", "jac", "jac_body", "jac_body_com", "jac_geom", "jac_site",
+    "jac_subtree_com", "full_m", "mul_m", "solve_m", "apply_ft", "integrate_pos",
+    "differentiate_pos", "energy_pos", "energy_vel", "Model", "Option", "Statistic", "MJCFError", "UnsupportedFeatureError",
     "BiasType", "ConeType", "DataType", "DisableBit", "DynType", "EnableBit", "EqType",
     "GainType", "GeomType", "IntegratorType", "JointType", "ObjType", "SensorType",
     "SolverType", "Stage", "TrnType", "WrapType",
