@@ -452,7 +452,9 @@ def _model_fields():
                ("names", dict, dataclasses.field(default_factory=dict)),
                ("plugin_specs", tuple, dataclasses.field(default=())),
                ("sensor_specs", tuple, dataclasses.field(default=())),
-               ("signature", int, dataclasses.field(default=0))]
+               ("signature", int, dataclasses.field(default=0)),
+               # per-instance plugin parameters (pytrees from Plugin.init): leaves
+               ("plugin_params", tuple, dataclasses.field(default=()))]
     return fields
 
 
@@ -491,7 +493,7 @@ Model.id2name = _model_name
 _MODEL_STATIC = tuple(MODEL_COUNTS) + tuple(
     n for n in _MODEL_ARRAY_NAMES if is_static_field(n)) + _MODEL_EXTRA_STATIC
 _MODEL_LEAVES = tuple(n for n in _MODEL_ARRAY_NAMES if not is_static_field(n)) + (
-    "opt", "stat")
+    "opt", "stat", "plugin_params")
 _register(Model, _MODEL_STATIC, _MODEL_LEAVES)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from simjax.engine import math
 from simjax.engine.data import WARN_BADCTRL
+from simjax.plugins import engine as plugins
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, JointType, TrnType
 
@@ -89,15 +90,14 @@ def _build(m) -> ActTables:
             _unsupported(f"gain type {int(gain[i])}")
         if bias[i] not in (_BIAS_NONE, _BIAS_AFFINE):
             _unsupported(f"bias type {int(bias[i])}")
-    if nu and np.any(np.asarray(m.actuator_plugin) >= 0):
-        _unsupported("plugins")
     if nu and np.any(np.asarray(m.actuator_history).reshape(nu, 2)[:, 0] > 0):
         _unsupported("delay / history buffers")
     if nu and (np.any(np.asarray(m.actuator_ctrlnum) != 1) or
                np.any(np.asarray(m.actuator_outnum) != 1)):
         _unsupported("with several controls or outputs")
     actnum = np.asarray(m.actuator_actnum)
-    if nu and np.any(actnum > 1):
+    # plugin actuators keep their own act slots before the dyntype slot
+    if nu and np.any((actnum > 1) & (np.asarray(m.actuator_plugin) < 0)):
         _unsupported("with several activation variables")
 
     trnid = np.asarray(m.actuator_trnid).reshape(nu, 2)[:, 0]
@@ -226,6 +226,8 @@ def actuation(m, d):
         integ = tab.dyntype[own] == _DYN_INTEGRATOR
         act_dot = jnp.where(integ, ctrl[own], (ctrl[own] - d.act) / tau)
         act_dot = jnp.where(tab.dyntype[own] == _DYN_NONE, 0.0, act_dot)
+        if m.nplugin:
+            act_dot = plugins.actuator_act_dot(m, d.replace(ctrl=ctrl), act_dot)
 
     # force = gain * input + bias
     length, velocity = d.actuator_length, d.actuator_velocity
@@ -249,6 +251,8 @@ def actuation(m, d):
     disabled = _disabled_mask(m)
     if disabled.any():
         force = jnp.where(disabled, 0.0, force)
+    if m.nplugin:
+        force = plugins.compute_actuators(m, d.replace(act_dot=act_dot), force)
     force = _clamp_tendon_force(m, force, tab, dtype)
     flim = np.asarray(m.actuator_forcelimited, bool)
     if flim.any():

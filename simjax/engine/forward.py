@@ -26,6 +26,7 @@ from simjax.engine import tables
 from simjax.engine import tree_linalg
 from simjax.engine.data import WARN_BADQACC, WARN_BADQPOS, WARN_BADQVEL, Data
 from simjax.errors import UnsupportedFeatureError
+from simjax.plugins import engine as plugins
 from simjax.types import DisableBit, EnableBit, IntegratorType
 
 #: mjMAXVAL: |values| above this count as divergence (mju_isBad).
@@ -59,6 +60,8 @@ def fwd_velocity(m, d: Data) -> Data:
     d = d.replace(**out)
     d = smooth.com_vel(m, d)
     d = passive.passive(m, d)
+    if m.nplugin:
+        d = plugins.compute_passive(m, d)
     return d.replace(qfrc_bias=smooth.rne(m, d))
 
 
@@ -99,7 +102,10 @@ def forward(m, d: Data) -> Data:
     d = energy(m, d)
     d = fwd_actuation(m, d)
     d = fwd_acceleration(m, d)
-    return fwd_constraint(m, d)
+    d = fwd_constraint(m, d)
+    if m.nplugin:   # plugin sensors of every stage (built-in sensors are not wired yet)
+        d = plugins.compute_sensors(m, d)
+    return d
 
 
 # --------------------------------------------------------------------------- integration
@@ -121,7 +127,10 @@ def _advance(m, d: Data, act_dot, qacc, qvel=None) -> Data:
     out["qpos"] = support.integrate_pos(m, d.qpos, new_qvel if qvel is None else qvel, h)
     out["time"] = d.time + h
     out["qacc_warmstart"] = d.qacc
-    return d.replace(**out)
+    d = d.replace(**out)
+    if m.nplugin:
+        d = plugins.advance(m, d)
+    return d
 
 
 def _concrete(x):

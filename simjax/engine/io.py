@@ -43,6 +43,9 @@ def make_data(model, dtype=None) -> Data:
         kw["mocap_quat"] = jnp.asarray(model.body_quat, ftype)[bodies]
     if model.neq:
         kw["eq_active"] = jnp.asarray(model.eq_active0, jnp.bool_)
+    if getattr(model, "npluginstate", 0):
+        from simjax.plugins.engine import init_state
+        kw["plugin_state"] = init_state(model, ftype)
     kw["contact"] = make_contact(0, np.zeros(0, np.int32), ftype)
     kw["ncon"] = jnp.zeros((), jnp.int32)
     return Data(**kw)

@@ -170,17 +170,15 @@ def _check_unsupported(root):
     for sec in root.children:
         if sec.tag in ("deformable",) and sec.children:
             raise UnsupportedFeatureError("<deformable> (flex/skin)", sec.file, sec.line, sec.path)
-        if sec.tag == "extension" and sec.children:
-            raise UnsupportedFeatureError("engine plugins (<extension>)", sec.file, sec.line,
-                                          sec.path)
 
 
-def _load_assets(root, model_dir, settings, assets, collide_meshes):
-    """Meshes and height fields, in document order; returns lists and name->id maps."""
+def _load_assets(root, model_dir, settings, assets, collide_meshes, plugins):
+    """Meshes and height fields, in document order; returns lists and name->id maps.
+    Meshes backed by an SDF plugin are meshed from its distance field."""
     from simjax.mjcf import hfield as hf
     from simjax.mjcf import mesh as ms
     meshes, hfields, mesh_ids, hfield_ids = [], [], {}, {}
-    mesh_names, hfield_names = [], []
+    mesh_names, hfield_names, mesh_els = [], [], []
     for el in _sections(root, "asset"):
         if el.tag not in ("mesh", "hfield"):
             continue
@@ -190,12 +188,15 @@ def _load_assets(root, model_dir, settings, assets, collide_meshes):
         a["name"] = name
         try:
             if el.tag == "mesh":
-                if any(c.tag == "plugin" for c in el.children):
-                    raise UnsupportedFeatureError("mesh plugin", el.file, el.line, el.path)
                 if name in mesh_ids:
                     raise el.error(f"repeated name '{name}' in mesh")
                 mesh_ids[name] = len(meshes)
                 mesh_names.append(name)
+                mesh_els.append(el)
+                if plugins.plugin_child(el) is not None:
+                    from simjax.mjcf import sdf_mesh
+                    meshes.append(sdf_mesh.load_sdf_mesh(el, a, plugins, len(meshes)))
+                    continue
                 meshes.append(ms.load_mesh(a, model_dir, settings.meshdir, settings.strippath,
                                            assets, needs_hull=name in collide_meshes))
             else:
@@ -209,7 +210,7 @@ def _load_assets(root, model_dir, settings, assets, collide_meshes):
             if e.line is None:
                 raise el.error(e.message) from None
             raise
-    return meshes, hfields, mesh_ids, hfield_ids, mesh_names, hfield_names
+    return meshes, hfields, mesh_ids, hfield_ids, mesh_names, hfield_names, mesh_els
 
 
 def _collision_meshes(root):
@@ -230,11 +231,13 @@ def _collision_meshes(root):
 
 def compile_root(root, model_dir, assets=None):
     """Compile a parsed MJCF tree into a Model without the reference-pose constants."""
+    from simjax.mjcf import plugin as plg
     _check_unsupported(root)
     settings = _settings(root)
     opt = _options(root)
-    meshes, hfields, mesh_ids, hfield_ids, mesh_names, hfield_names = _load_assets(
-        root, model_dir, settings, assets, _collision_meshes(root))
+    plugins = plg.PluginTable(root)
+    meshes, hfields, mesh_ids, hfield_ids, mesh_names, hfield_names, mesh_els = _load_assets(
+        root, model_dir, settings, assets, _collision_meshes(root), plugins)
     tb = TreeBuilder(settings, meshes, hfields, mesh_ids, hfield_ids)
     bodies = tb.build([s for s in root.children if s.tag == "worldbody"])
     ids = layout.name_ids(bodies, mesh_names, hfield_names)
@@ -245,9 +248,14 @@ def compile_root(root, model_dir, assets=None):
     ids["actuator"] = _index([r["name"] for r in act_recs], "actuator")
     sensor_recs = obj.sensors(_sections(root, "sensor"), ids, joints, tendon_recs)
     eq_recs = obj.equalities(_sections(root, "equality"), ids)
-    return layout.assemble(root, settings, opt, bodies, meshes, hfields, mesh_names,
-                           hfield_names, ids, tendon_recs, (wtype, wobj, wprm), act_recs,
-                           sensor_recs, eq_recs)
+    geom_els = [g["el"] for b in bodies for g in b.geoms]
+    fields = plg.compile_plugins(plugins, bodies, geom_els, mesh_els, act_recs, sensor_recs)
+    model = layout.assemble(root, settings, opt, bodies, meshes, hfields, mesh_names,
+                            hfield_names, ids, tendon_recs, (wtype, wobj, wprm), act_recs,
+                            sensor_recs, eq_recs)
+    if plugins.instances:
+        model = plg.finish_model(plugins, model.replace(**fields))
+    return model
 
 
 def _index(names, what):

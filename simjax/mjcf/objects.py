@@ -143,7 +143,7 @@ def actuators(els, ids, s, joints, tendon_recs):
     actadr = 0
     for i, el in enumerate(els):
         a = el.attrs
-        if el.tag in ("pid", "orientation", "dcmotor", "plugin"):
+        if el.tag in ("pid", "orientation", "dcmotor"):
             raise UnsupportedFeatureError(f"<{el.tag}> actuator", el.file, el.line, el.path)
         dyn = DYN.get(a["dyntype"])
         gain = GAIN.get(a["gaintype"])
@@ -190,12 +190,13 @@ def actuators(els, ids, s, joints, tendon_recs):
         if al and dyn == DynType.NONE:
             raise el.error("actrange specified but dyntype is 'none' in actuator")
         actdim = int(_get(a, "actdim", -1))
-        if actdim > 1 and dyn != DynType.USER:
-            raise el.error("actdim > 1 is only allowed for dyntype 'user'")
-        if actdim == 1 and dyn == DynType.NONE:
-            raise el.error("invalid actdim 1 in stateless actuator")
-        if actdim == 0 and dyn != DynType.NONE:
-            raise el.error("invalid actdim 0 in stateful actuator")
+        if el.tag != "plugin":      # plugin actuators skip the built-in actdim rules
+            if actdim > 1 and dyn != DynType.USER:
+                raise el.error("actdim > 1 is only allowed for dyntype 'user'")
+            if actdim == 1 and dyn == DynType.NONE:
+                raise el.error("invalid actdim 1 in stateless actuator")
+            if actdim == 0 and dyn != DynType.NONE:
+                raise el.error("invalid actdim 0 in stateful actuator")
         if actdim < 0:
             actdim = int(dyn != DynType.NONE)
         _check_muscle(el, gain, bias, gainprm, biasprm)
@@ -396,6 +397,9 @@ def _sensor(el, ids, joints, tendon_recs):
                     objid=_lookup(ids, "site", a.get("site"), el, "site"), intprm=[1, 0, 0])
     if tag == "clock":
         return dict(base, type=SensorType.CLOCK, dim=1, objtype=ObjType.UNKNOWN, objid=-1)
+    if tag == "plugin":
+        from simjax.mjcf.plugin import sensor_record
+        return sensor_record(el, ids)
     if tag in ("e_potential", "e_kinetic"):
         t = SensorType.E_POTENTIAL if tag == "e_potential" else SensorType.E_KINETIC
         return dict(base, type=t, dim=1, objtype=ObjType.UNKNOWN, objid=-1)

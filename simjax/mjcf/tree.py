@@ -54,6 +54,10 @@ class Body:
     el_quat_local: np.ndarray = None
 
 
+#: geom types whose shape data is a mesh asset (SDF geoms use their mesh like MuJoCo)
+_MESHLIKE = (GeomType.MESH, GeomType.SDF)
+
+
 class TreeBuilder:
     """Collects bodies and their elements from the MJCF tree."""
 
@@ -130,8 +134,7 @@ class TreeBuilder:
             elif t in ("replicate", "attach", "composite", "flexcomp"):
                 raise UnsupportedFeatureError(f"<{t}>", ch.file, ch.line, ch.path)
             elif t == "plugin":
-                raise UnsupportedFeatureError("body passive-force plugin", ch.file, ch.line,
-                                              ch.path)
+                continue    # passive-force plugin: resolved by simjax.mjcf.plugin
 
     def _orient(self, el):
         return ori.resolve(el.attrs, self.s.to_rad, self.s.eulerseq, el.error)
@@ -299,8 +302,8 @@ class TreeBuilder:
         a = el.attrs
         s = self.s
         gtype = GEOM_TYPES[a["type"]]
-        if gtype == GeomType.SDF:
-            raise UnsupportedFeatureError("sdf geom", el.file, el.line, el.path)
+        if gtype == GeomType.SDF and a.get("mesh") is None:
+            raise el.error("sdf geom must have valid meshid")
         size = np.array(a["size"], dtype=np.float64)
         pos = np.array(a["pos"], dtype=np.float64)
         quat = np.array([1.0, 0, 0, 0])
@@ -318,7 +321,7 @@ class TreeBuilder:
                 raise el.error(f"hfield '{hfname}' not found")
             dataid = self.hfield_ids[hfname]
             hfield = self.hfields[dataid]
-        if gtype == GeomType.MESH and mesh is None:
+        if gtype in _MESHLIKE and mesh is None:
             raise el.error("mesh geom must have valid meshid")
         if (gtype == GeomType.HFIELD) != (hfield is not None):
             raise el.error("hfield geom must have valid hfieldid")
@@ -334,7 +337,7 @@ class TreeBuilder:
             if a.get("fromto") is not None:
                 raise el.error("fromto cannot be used with mesh geom")
             center = np.zeros(3)
-            if gtype != GeomType.MESH:
+            if gtype not in _MESHLIKE:
                 size, center = _fit_geom(el, gtype, mesh, s.fitaabb, float(a["fitscale"]))
                 dataid = -1
             elif shell:
@@ -345,13 +348,13 @@ class TreeBuilder:
         if gtype == GeomType.HFIELD:
             hs = hfield.size
             size = np.array([hs[0], hs[1], 0.25 * hs[2] + 0.5 * hs[3]])
-        elif gtype == GeomType.MESH:
+        elif gtype in _MESHLIKE:
             lo, hi = _aamm(mesh)
             size = np.maximum(np.abs(lo), np.abs(hi))
         mass_, inertia = 0.0, np.zeros(3)
         if infer:
             mass_, inertia = self._geom_mass(el, a, gtype, size, shell,
-                                             mesh if gtype == GeomType.MESH else None)
+                                             mesh if gtype in _MESHLIKE else None)
         fluid = np.zeros(12)
         if _get(a, "fluidshape", "none") == "ellipsoid":
             fluid = fluid_coefs(gtype, size, np.asarray(a["fluidcoef"], dtype=np.float64))
@@ -503,7 +506,7 @@ def _rbound(gtype, size, mesh, hfield):
         return float(size.max())
     if gtype == GeomType.BOX:
         return float(np.linalg.norm(size))
-    if gtype == GeomType.MESH:
+    if gtype in _MESHLIKE:
         lo, hi = _aamm(mesh)
         return float(np.linalg.norm(np.maximum(np.abs(lo), np.abs(hi))))
     return 0.0
@@ -522,7 +525,7 @@ def _aabb(gtype, size, mesh, hfield):
     elif gtype == GeomType.CYLINDER:
         hi = np.array([size[0], size[0], size[1]])
         lo = -hi
-    elif gtype == GeomType.MESH:
+    elif gtype in _MESHLIKE:
         lo, hi = _aamm(mesh)
     elif gtype == GeomType.PLANE:
         big = 1e10  # mjMAXVAL

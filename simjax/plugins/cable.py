@@ -1,0 +1,2 @@
+"""placeholder"""
+PLUGINS = []
