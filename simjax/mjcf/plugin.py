@@ -205,7 +205,7 @@ def sensor_record(el, ids):
     are filled in by :func:`finish` once the instance is known."""
     a = el.attrs
     r = dict(type=SensorType.PLUGIN, dim=0, objtype=ObjType.UNKNOWN, objid=-1,
-             reftype=ObjType.UNKNOWN, refid=-1, intprm=[0, 0, 0])
+             reftype=ObjType.UNKNOWN, refid=-1, intprm=[0, 0, 0], el=el)
     for which in ("obj", "ref"):
         t, n = a.get(f"{which}type"), a.get(f"{which}name")
         if t and not n:
