@@ -180,6 +180,9 @@ def _load_assets(root, model_dir, settings, assets, collide_meshes, plugins):
     meshes, hfields, mesh_ids, hfield_ids = [], [], {}, {}
     mesh_names, hfield_names, mesh_els = [], [], []
     for el in _sections(root, "asset"):
+        if el.tag == "texture":
+            _read_texture_files(el, model_dir, settings, assets)
+            continue
         if el.tag not in ("mesh", "hfield"):
             continue
         a = dict(el.attrs)
@@ -211,6 +214,25 @@ def _load_assets(root, model_dir, settings, assets, collide_meshes, plugins):
                 raise el.error(e.message) from None
             raise
     return meshes, hfields, mesh_ids, hfield_ids, mesh_names, hfield_names, mesh_els
+
+
+_TEXTURE_FILES = ("file", "fileright", "fileleft", "fileup", "filedown", "filefront",
+                  "fileback")
+
+
+def _read_texture_files(el, model_dir, settings, assets):
+    """Texture files are read through the resource providers (texturedir rules) so a
+    missing or unreadable file is an error, as in MuJoCo; their pixels are not part of
+    the Model (simjax does not render)."""
+    from simjax.mjcf.mesh import read_asset
+    for key in _TEXTURE_FILES:
+        name = el.attrs.get(key)
+        if not name:
+            continue
+        try:
+            read_asset(name, model_dir, settings.texturedir, settings.strippath, assets)
+        except MJCFError as e:
+            raise el.error(e.message) from None
 
 
 def _collision_meshes(root):

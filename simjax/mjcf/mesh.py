@@ -279,6 +279,8 @@ def _path_reduce(path: str) -> str:
 
 
 def _content_type(file: str, content_type: str) -> str:
+    if not content_type and file[:5].lower() == "data:":
+        content_type = resources.data_uri_mediatype(file)   # RFC 2397 media type
     if content_type:
         return content_type.split(";")[0].strip().lower()
     return _CONTENT_TYPES.get(os.path.splitext(file)[1].lower(), "")
