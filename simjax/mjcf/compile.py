@@ -198,7 +198,8 @@ def _load_assets(root, model_dir, settings, assets, collide_meshes, plugins):
                 mesh_els.append(el)
                 if plugins.plugin_child(el) is not None:
                     from simjax.mjcf import sdf_mesh
-                    meshes.append(sdf_mesh.load_sdf_mesh(el, a, plugins, len(meshes)))
+                    meshes.append(sdf_mesh.load_sdf_mesh(el, a, plugins, len(meshes),
+                                                         name in collide_meshes))
                     continue
                 meshes.append(ms.load_mesh(a, model_dir, settings.meshdir, settings.strippath,
                                            assets, needs_hull=name in collide_meshes))
