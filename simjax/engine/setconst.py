@@ -79,6 +79,29 @@ def set_const(model):
     return reference.set0(model)
 
 
+def auto_spring_damper(model, springdamper):
+    """Joint stiffness and damping from ``springdamper`` (njnt, 2) = (timeconst,
+    dampratio) where both are positive (mjCModel::AutoSpringDamper): with the joint's
+    mean inverse weight w at qpos0, inertia = ndof / w, stiffness = inertia /
+    (timeconst dampratio)^2, damping = 2 inertia / timeconst."""
+    import jax.numpy as jnp
+    sd = np.asarray(springdamper, np.float64).reshape(-1, 2)
+    on = (sd[:, 0] > 0) & (sd[:, 1] > 0)
+    if not on.any():
+        return model
+    ndof = {0: 6, 1: 3, 2: 1, 3: 1}
+    invw = np.asarray(model.dof_invweight0, np.float64)
+    stiff = np.array(model.jnt_stiffness, np.float64)
+    damp = np.array(model.dof_damping, np.float64)
+    for j in np.nonzero(on)[0]:
+        adr, n = int(model.jnt_dofadr[j]), ndof[int(model.jnt_type[j])]
+        inertia = n / max(1e-15, float(invw[adr:adr + n].sum()))
+        tc, dr = sd[j]
+        stiff[j] = inertia / max(1e-15, tc * tc * dr * dr)
+        damp[adr:adr + n] = 2 * inertia / max(1e-15, tc)
+    return model.replace(jnt_stiffness=jnp.asarray(stiff), dof_damping=jnp.asarray(damp))
+
+
 def _default_stat(model):
     import jax.numpy as jnp
     st = model.stat

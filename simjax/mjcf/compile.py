@@ -252,8 +252,10 @@ def _collision_meshes(root):
     return names
 
 
-def compile_root(root, model_dir, assets=None):
-    """Compile a parsed MJCF tree into a Model without the reference-pose constants."""
+def compile_root(root, model_dir, assets=None, extras=None):
+    """Compile a parsed MJCF tree into a Model without the reference-pose constants.
+    ``extras`` (a dict), when given, receives ``jnt_springdamper`` (njnt, 2): the
+    joints' (timeconst, dampratio), resolved after the reference-pose constants."""
     from simjax.mjcf import plugin as plg
     _check_unsupported(root)
     settings = _settings(root)
@@ -265,6 +267,9 @@ def compile_root(root, model_dir, assets=None):
     bodies = tb.build([s for s in root.children if s.tag == "worldbody"])
     ids = layout.name_ids(bodies, mesh_names, hfield_names)
     joints = [j for b in bodies for j in b.joints]
+    if extras is not None:
+        extras["jnt_springdamper"] = np.array([j["springdamper"] for j in joints],
+                                              np.float64).reshape(-1, 2)
     tendon_recs, wtype, wobj, wprm = obj.tendons(_sections(root, "tendon"), ids, settings)
     ids["tendon"] = _index([t["name"] for t in tendon_recs], "tendon")
     act_recs = obj.actuators(_sections(root, "actuator"), ids, settings, joints, tendon_recs)
@@ -295,6 +300,7 @@ def load_model(source, assets=None):
     """Parse and compile an MJCF model (see :func:`simjax.load_model`)."""
     from simjax.mjcf.parse import parse
     root, model_dir = parse(source, assets)
-    model = compile_root(root, model_dir, assets)
-    from simjax.engine.setconst import set_const
-    return set_const(model)
+    extras = {}
+    model = compile_root(root, model_dir, assets, extras)
+    from simjax.engine.setconst import auto_spring_damper, set_const
+    return auto_spring_damper(set_const(model), extras["jnt_springdamper"])

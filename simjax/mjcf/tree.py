@@ -278,8 +278,6 @@ class TreeBuilder:
         sd = np.asarray(_get(a, "springdamper", [0, 0]), dtype=np.float64)
         if (sd[0] or sd[1]) and (sd[0] <= 0 or sd[1] <= 0):
             raise el.error("when defined, springdamper values must be positive in joint")
-        if sd[0] or sd[1]:
-            raise UnsupportedFeatureError("joint springdamper", el.file, el.line, el.path)
         return dict(el=el, name=a.get("name") or "", type=jtype, pos=pos, axis=axis,
                     limited=limited, range=rng, ref=ref, springref=springref,
                     stiffness=_poly3(a["stiffness"]), damping=_poly3(a["damping"]),
