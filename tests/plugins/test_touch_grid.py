@@ -1,0 +1,142 @@
+"""mujoco.sensor.touch_grid against MuJoCo 4.0.0: the grid computed from MuJoCo's own
+contacts and constraint forces (collision and the solver are tested elsewhere)."""
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+import simjax
+from simjax import MJCFError
+from simjax.engine import make_data
+from simjax.engine.data import make_contact
+from simjax.plugins import touch_grid
+from mujoco_oracle import corpus_path
+
+
+GRID = jax.jit(touch_grid.grid, static_argnums=(2,))
+CONTACT_FORCE = jax.jit(touch_grid.contact_force)
+
+
+def _mujoco_contact_state(mjm, mjd, m):
+    """simjax Data holding MuJoCo's site poses and contacts, and the MuJoCo forces."""
+    n = mjd.ncon
+    con = make_contact(n, np.array([c.dim for c in mjd.contact]), jnp.float64)
+    con = con.replace(
+        dist=jnp.asarray(mjd.contact.dist), pos=jnp.asarray(mjd.contact.pos),
+        frame=jnp.asarray(mjd.contact.frame.reshape(n, 3, 3)),
+        friction=jnp.asarray(mjd.contact.friction),
+        geom=jnp.asarray(mjd.contact.geom, dtype=jnp.int32),
+        efc_address=jnp.asarray(mjd.contact.efc_address, dtype=jnp.int32),
+        valid=jnp.ones(n, bool))
+    d = make_data(m).replace(contact=con, ncon=jnp.asarray(n, jnp.int32),
+                             site_xpos=jnp.asarray(mjd.site_xpos),
+                             site_xmat=jnp.asarray(mjd.site_xmat.reshape(-1, 3, 3)))
+    force = np.zeros((n, 6))
+    for i in range(n):
+        mujoco.mj_contactForce(mjm, mjd, i, force[i])
+    return d, force
+
+
+@pytest.fixture(scope="module")
+def touch():
+    path = corpus_path("mujoco_plugin_touch_grid/touch_grid.xml")
+    return simjax.load_model(path), mujoco.MjModel.from_xml_path(path)
+
+
+@pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
+def test_grid_matches_mujoco(touch, cone):
+    m, mjm = touch
+    if cone == "elliptic":
+        mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+        m = m.replace(opt=m.opt.replace(cone=1))
+    mjd = mujoco.MjData(mjm)
+    rng = np.random.default_rng(3)
+    checked = 0
+    for _ in range(1200):       # fall onto the height field, then roll around
+        mjd.qfrc_applied[:2] = 0.3 * rng.normal(size=2)
+        mujoco.mj_step(mjm, mjd)
+        if mjd.ncon and np.any(mjd.sensordata) and _ % 40 == 0:
+            mujoco.mj_forward(mjm, mjd)
+            d, force = _mujoco_contact_state(mjm, mjd, m)
+            inst = m.plugin_specs[0]
+            f6 = CONTACT_FORCE(m, d, jnp.asarray(mjd.efc_force))
+            np.testing.assert_allclose(f6, force, rtol=0, atol=1e-12)
+            out = GRID(m, d, inst, m.plugin_params[0], f6)
+            np.testing.assert_allclose(out, mjd.sensordata, rtol=1e-12, atol=1e-12)
+            checked += 1
+    assert checked >= 5
+
+
+def test_grid_foveated_channels():
+    """gamma > 0, 6 channels, several contacts (a box on a plane), against MuJoCo."""
+    xml = """<mujoco>
+      <extension><plugin plugin="mujoco.sensor.touch_grid"/></extension>
+      <worldbody><geom type="plane" size="2 2 .1"/>
+        <body pos="0 0 .2" euler="5 3 0"><freejoint/><geom type="box" size=".2 .15 .05"/>
+          <site name="s" pos="0 0 -.05" euler="180 0 0"/></body></worldbody>
+      <sensor><plugin plugin="mujoco.sensor.touch_grid" objtype="site" objname="s">
+        <config key="size" value="9 5"/><config key="fov" value="170 80"/>
+        <config key="gamma" value=".6"/><config key="nchannel" value="6"/></plugin>
+      </sensor></mujoco>"""
+    m, mjm = simjax.load_model(xml), mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    for _ in range(300):
+        mjd.qfrc_applied[:] = [0.5, -0.3, 0, 0.02, 0.01, 0.05]
+        mujoco.mj_step(mjm, mjd)
+    mujoco.mj_forward(mjm, mjd)
+    assert mjd.ncon >= 4 and m.nsensordata == 6 * 45
+    d, force = _mujoco_contact_state(mjm, mjd, m)
+    out = GRID(m, d, m.plugin_specs[0], m.plugin_params[0], jnp.asarray(force))
+    np.testing.assert_allclose(out, mjd.sensordata, rtol=1e-12, atol=1e-12)
+    assert np.count_nonzero(mjd.sensordata) > 6
+
+
+def test_forward_needs_constraint_forces(touch):
+    """Until the constraint solver provides Data.efc_force, forward refuses the sensor
+    instead of reporting zeros."""
+    m, _ = touch
+    from simjax.engine import forward
+    with pytest.raises(simjax.UnsupportedFeatureError, match="touch_grid"):
+        jax.eval_shape(forward, m, make_data(m))
+
+
+@pytest.mark.parametrize("config,match", [
+    ('<config key="nchannel" value="7"/><config key="size" value="2 2"/>'
+     '<config key="fov" value="10 10"/>', "nchannel must be between 1 and 6"),
+    ('<config key="size" value="2"/><config key="fov" value="10 10"/>',
+     "Both horizontal and vertical resolutions"),
+    ('<config key="size" value="2 0"/><config key="fov" value="10 10"/>',
+     "resolutions must be positive"),
+    ('<config key="size" value="2 2"/><config key="fov" value="190 10"/>',
+     r"`fov\[0\]` must be a float between \(0, 180\]"),
+    ('<config key="size" value="2 2"/><config key="fov" value="10 91"/>',
+     r"`fov\[1\]` must be a float between \(0, 90\]"),
+    ('<config key="size" value="2 2"/><config key="fov" value="10 10"/>'
+     '<config key="gamma" value="2"/>', "`gamma` must be a nonnegative float"),
+    ('<config key="size" value="2 2"/><config key="fov" value="10 10"/>'
+     '<config key="gamma" value="x"/>', "Invalid or missing parameters"),
+])
+def test_config_errors(config, match):
+    xml = f"""<mujoco><extension><plugin plugin="mujoco.sensor.touch_grid"/></extension>
+      <worldbody><body><freejoint/><geom size=".1"/><site name="s"/></body></worldbody>
+      <sensor>
+        <plugin plugin="mujoco.sensor.touch_grid" objtype="site" objname="s">{config}
+        </plugin></sensor></mujoco>"""
+    with pytest.raises(MJCFError, match=match) as info:
+        simjax.load_model(xml)
+    assert info.value.line == 4
+    with pytest.raises(ValueError, match=match):
+        mujoco.MjModel.from_xml_string(xml)
+
+
+def test_must_be_attached_to_site():
+    xml = """<mujoco><extension><plugin plugin="mujoco.sensor.touch_grid"/></extension>
+      <worldbody><body name="b"><freejoint/><geom size=".1"/></body></worldbody>
+      <sensor><plugin plugin="mujoco.sensor.touch_grid" objtype="body" objname="b">
+        <config key="size" value="2 2"/><config key="fov" value="10 10"/></plugin>
+      </sensor></mujoco>"""
+    with pytest.raises(MJCFError, match="must be attached to a site"):
+        simjax.load_model(xml)
+    with pytest.raises(ValueError, match="must be attached to a site"):
+        mujoco.MjModel.from_xml_string(xml)
