@@ -1,0 +1,1 @@
+"""Collision detection (narrow-phase pair functions)."""
