@@ -19,6 +19,7 @@ from simjax.engine import (Data, apply_ft, differentiate_pos, energy_pos, energy
                            forward, full_m, integrate_pos, jac, jac_body, jac_body_com,
                            jac_geom, jac_site, jac_subtree_com, make_data, mul_m, reset,
                            reset_keyframe, solve_m, step)
+from simjax import plugins, resources  # noqa: F401,E402  (simjax.plugins.register, ...)
 from simjax.errors import MJCFError, UnsupportedFeatureError
 from simjax.rollout import Trajectory, rollout
 from simjax.types import (BiasType, ConeType, DataType, DisableBit, DynType, EnableBit,
