@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import constraint
 from simjax.engine.data import DATA_FIELDS, Data, field_shape, make_contact
 
 
@@ -45,6 +46,7 @@ def make_data(model, dtype=None) -> Data:
         kw["eq_active"] = jnp.asarray(model.eq_active0, jnp.bool_)
     kw["contact"] = make_contact(0, np.zeros(0, np.int32), ftype)
     kw["ncon"] = jnp.zeros((), jnp.int32)
+    kw.update(constraint.make_efc(model, kw["contact"].slot_dim, ftype))
     return Data(**kw)
 
 
