@@ -34,6 +34,7 @@ import numpy as np
 from simjax.engine import math
 from simjax.engine import support
 from simjax.engine import tables
+from simjax.engine import tree_linalg
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import ConeType, DisableBit, EnableBit, EqType, JointType, ObjType
 
@@ -377,23 +378,26 @@ def _contact_rows(m, d, blk):
 
 # --------------------------------------------------------------------------- impedance
 def _impedance(solimp, pos, margin):
-    """Impedance (getimpedance): imp, with solimp (..., 5) already clamped."""
+    """Impedance and its derivative w.r.t. pos (getimpedance); solimp (..., 5) clamped."""
     d0, dw, width, mid, power = (solimp[..., i] for i in range(5))
     flat = (d0 == dw) | (width <= MINVAL)
-    x = jnp.abs((pos - margin) / jnp.where(flat, 1.0, width))
+    wsafe = jnp.where(flat, 1.0, width)
+    xr = (pos - margin) / wsafe
+    sgn = jnp.where(xr < 0, -1.0, 1.0)
+    x = jnp.abs(xr)
     sat = (x >= 1) | (x <= 0)
     xs = jnp.clip(x, 1e-30, 1.0)
     lin = power == 1
-    p = jnp.where(lin, 1.0, power)
-    midc = jnp.clip(mid, MINIMP, MAXIMP)
-    a = 1.0 / midc ** (p - 1)
-    b = 1.0 / (1 - midc) ** (p - 1)
-    y_lo = a * xs ** p
-    y_hi = 1 - b * jnp.clip(1 - xs, 1e-30, None) ** p
-    y = jnp.where(lin, xs, jnp.where(xs <= mid, y_lo, y_hi))
-    imp = d0 + y * (dw - d0)
-    imp = jnp.where(sat, jnp.where(x >= 1, dw, d0), imp)
-    return jnp.where(flat, 0.5 * (d0 + dw), imp)
+    p = jnp.where(lin, 2.0, power)
+    a = 1.0 / mid ** (p - 1)
+    b = 1.0 / (1 - mid) ** (p - 1)
+    lo = xs <= mid
+    om = jnp.clip(1 - xs, 1e-30, None)
+    y = jnp.where(lin, xs, jnp.where(lo, a * xs ** p, 1 - b * om ** p))
+    yp = jnp.where(lin, 1.0, jnp.where(lo, p * a * xs ** (p - 1), p * b * om ** (p - 1)))
+    imp = jnp.where(sat, jnp.where(x >= 1, dw, d0), d0 + y * (dw - d0))
+    impp = jnp.where(sat, 0.0, yp * sgn * (dw - d0) / wsafe)
+    return (jnp.where(flat, 0.5 * (d0 + dw), imp), jnp.where(flat, 0.0, impp))
 
 
 def _clamp_solimp(solimp):
@@ -445,6 +449,8 @@ def make_constraint(m, d):
     if lay.nefc == 0:
         return d
     _check_unsupported(m, lay)
+    if m.opt.enableflags & EnableBit.SLEEP:
+        raise UnsupportedFeatureError("sleeping islands (EnableBit.SLEEP) in constraints")
     dtype = d.qpos.dtype
     nv = m.nv
     n = lay.nefc
@@ -547,7 +553,11 @@ def make_constraint(m, d):
 
     solref = _safe_solref(m, solref)
     solimp = _clamp_solimp(solimp)
-    imp = _impedance(solimp, imppos, impmargin)
+    imp, impp = _impedance(solimp, imppos, impmargin)
+    if m.opt.enableflags & EnableBit.DIAGEXACT:
+        # mj_makeY with diagexact: diagA = J_i M^-1 J_i' (exact), then impedance again
+        minvjt = jax.vmap(lambda v: tree_linalg.solve_ld(m, d.qLD, v))(J)
+        diag = jnp.where(active, jnp.sum(J * minvjt, 1), diag)
     R = jnp.maximum(MINVAL, (1 - imp) * diag / imp)
     dmax = solimp[:, 1]
     ref = jnp.where((usefric & jnp.any(solreff != 0, axis=1))[:, None], solreff, solref)
@@ -557,7 +567,7 @@ def make_constraint(m, d):
     R = jnp.where(active, R, 1.0)
     D = jnp.where(active, 1 / R, 0.0)
     diagA = R * imp / (1 - imp)
-    kbip = jnp.stack([K, B, imp, jnp.zeros_like(imp)], 1)
+    kbip = jnp.stack([K, B, imp, impp], 1)
     counts = {}
     ctype = lay.efc_type
     for name, lo, hi in (("ne", EQUALITY, EQUALITY), ("nf", FRICTION_DOF, FRICTION_TENDON),
@@ -566,7 +576,14 @@ def make_constraint(m, d):
         counts[name] = jnp.sum(active & sel).astype(jnp.int32)
     counts["nefc"] = jnp.sum(active).astype(jnp.int32)
     z = jnp.zeros(n, dtype)
-    return d.replace(efc_J=J, efc_pos=jnp.where(active, pos, 0.0),
+    # first efc row of each contact (mjContact.efc_address), -1 when it has none
+    adr = d.contact.efc_address
+    for blk in lay.blocks:
+        if blk.kind.startswith("con"):
+            first = blk.start + blk.k * np.arange(blk.n)
+            adr = adr.at[blk.ids].set(jnp.where(active[first], jnp.asarray(first, jnp.int32), -1))
+    contact = d.contact.replace(efc_address=adr)
+    return d.replace(contact=contact, efc_J=J, efc_pos=jnp.where(active, pos, 0.0),
                      efc_margin=jnp.where(active, margin, 0.0),
                      efc_frictionloss=jnp.where(active, floss, 0.0),
                      efc_diagA=jnp.where(active, diagA, 0.0), efc_KBIP=kbip * active[:, None],

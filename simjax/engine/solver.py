@@ -301,76 +301,103 @@ def _eval(spec, p, pre, alpha):
 
 
 def _linesearch(spec, p, pre, gtol, ls_iter):
-    """MuJoCo's PrimalSearch: returns (alpha, improvement). Points are (alpha, cost,
-    deriv, deriv2); ``n`` counts evaluations as LSiter does."""
-    ev = functools.partial(_eval, spec, p, pre)
-    newton = lambda q: ev(q[0] - q[2] / q[3])
-    p0 = ev(jnp.zeros((), pre["jaref"].dtype))
-    p1 = newton(p0)
-    n = 2
-    init_ok = (jnp.abs(p1[2]) < gtol) & ((p1[0] == 0) | (p1[1] < 0))
-    direction = jnp.where(p1[2] < 0, 1.0, -1.0)
+    """MuJoCo's PrimalSearch, returning (alpha, improvement).
 
-    # one-sided search
-    def c1(s):
-        p1, p2, n, done = s
-        return ~done & (p1[2] * direction <= -gtol) & (n < ls_iter)
+    Points are 4-vectors (alpha, cost, deriv, deriv2); ``n`` counts evaluations as
+    LSiter does. Written as one ``while_loop`` state machine that evaluates exactly one
+    point per iteration (so the cost evaluation appears once in the program):
+    phase 0 alpha = 0, 1 first Newton step, 2 one-sided Newton steps, 3 Newton point of
+    p1 before bracketing, 4 bracket midpoint, 5 / 6 Newton points of updated brackets.
+    """
+    dtype = pre["jaref"].dtype
+    zero = jnp.zeros(4, dtype)
+    newton = lambda q: q[0] - q[2] / q[3]
+    i32 = lambda x: jnp.asarray(x, jnp.int32)
 
-    def b1(s):
-        p1, _, n, _ = s
-        p2 = p1
-        p1 = newton(p1)
-        return p1, p2, n + 1, (jnp.abs(p1[2]) < gtol) & (p1[1] < 0)
+    def last_bracket(p1, p2):
+        return jnp.where((p1[1] <= p2[1]) & (p1[1] < 0), p1,
+                         jnp.where((p2[1] <= p1[1]) & (p2[1] < 0), p2, zero))
 
-    p1, p2, n, done1 = jax.lax.while_loop(c1, b1, (p1, p0, jnp.int32(n), init_ok))
-    early = done1 | (n >= ls_iter)
-
-    # bracketed search
-    p2next = p1
-    p1next = newton(p1)
-    n = n + 1
-
-    def upd(pb, cands, pnext):
-        flag = jnp.zeros((), jnp.int32)
+    def upd(pb, cands):
+        flag = jnp.zeros((), bool)
         for cand in cands:
             neg = (pb[2] < 0) & (cand[2] < 0) & (pb[2] < cand[2])
             posd = ~neg & (pb[2] > 0) & (cand[2] > 0) & (pb[2] > cand[2])
             pb = jnp.where(neg | posd, cand, pb)
-            flag = jnp.where(neg, 1, jnp.where(posd, 2, flag))
-        nxt = newton(pb)
-        return pb, jnp.where(flag > 0, nxt, pnext), flag > 0
+            flag = flag | neg | posd
+        return pb, flag
 
-    def c2(s):
-        return ~s["done"] & (s["n"] < ls_iter)
-
-    def b2(s):
-        p1, p2, p1n, p2n = s["p1"], s["p2"], s["p1n"], s["p2n"]
-        pmid = ev(0.5 * (p1[0] + p2[0]))
+    def body(s):
+        ph, p1, p2, p1n, p2n = s["ph"], s["p1"], s["p2"], s["p1n"], s["p2n"]
+        alpha = jnp.select([ph == 0, ph == 1, ph == 4, ph == 6],
+                           [jnp.zeros((), dtype), newton(p2), 0.5 * (p1[0] + p2[0]),
+                            newton(p2)], newton(p1))
+        q = _eval(spec, p, pre, alpha)
         n = s["n"] + 1
-        cands = (p1n, p2n, pmid)
-        best, bestc, found = pmid, jnp.zeros_like(pmid[1]), jnp.zeros((), bool)
+        out = dict(s, n=n)
+
+        def go(cond, **kw):
+            for k, v in kw.items():
+                out[k] = jnp.where(cond, v, out[k])
+
+        def finish(cond, res):
+            go(cond, res=res, done=jnp.ones((), bool))
+
+        # decide after a Newton step of the one-sided search
+        def one_sided(cond, p1new, direction):
+            more = (p1new[2] * direction <= -gtol) & (n < ls_iter)
+            go(cond & more, ph=i32(2))
+            finish(cond & ~more & (n >= ls_iter), p1new)
+            go(cond & ~more & (n < ls_iter), ph=i32(3), p2n=p1new)
+
+        # phase 0: p0 is kept in p2 (MuJoCo starts the bracket with p2 = p0)
+        go(ph == 0, p2=q, ph=i32(1))
+        # phase 1
+        c1 = ph == 1
+        init_ok = (jnp.abs(q[2]) < gtol) & ((q[0] == 0) | (q[1] < 0))
+        direction = jnp.where(q[2] < 0, 1.0, -1.0).astype(dtype)
+        go(c1, p1=q, dir=direction)
+        finish(c1 & init_ok, q)
+        one_sided(c1 & ~init_ok, q, direction)
+        # phase 2
+        c2 = ph == 2
+        ok2 = (jnp.abs(q[2]) < gtol) & (q[1] < 0)
+        go(c2, p1=q, p2=p1)
+        finish(c2 & ok2, q)
+        one_sided(c2 & ~ok2, q, s["dir"])
+        # phase 3: first Newton point of p1, then bracketed search
+        c3 = ph == 3
+        go(c3, p1n=q, ph=i32(4))
+        finish(c3 & (n >= ls_iter), last_bracket(p1, p2))
+        # phase 4: midpoint, convergence check over candidates, bracket update
+        c4 = ph == 4
+        cands = (p1n, p2n, q)
+        best, bestc, found = q, jnp.zeros((), dtype), jnp.zeros((), bool)
         for cand in cands:
             ok = (jnp.abs(cand[2]) < gtol) & (~found | (cand[1] < bestc))
             best = jnp.where(ok, cand, best)
             bestc = jnp.where(ok, cand[1], bestc)
             found = found | ok
-        p1u, p1n2, f1 = upd(p1, cands, p1n)
-        p2u, p2n2, f2 = upd(p2, cands, p2n)
-        n = n + f1.astype(jnp.int32) + f2.astype(jnp.int32)
-        stuck = ~found & ~f1 & ~f2
-        res = jnp.where(found, best, pmid)
-        return dict(p1=jnp.where(found, p1, p1u), p2=jnp.where(found, p2, p2u),
-                    p1n=p1n2, p2n=p2n2, n=n, done=found | stuck, res=res)
+        p1u, f1 = upd(p1, cands)
+        p2u, f2 = upd(p2, cands)
+        finish(c4 & found, best)
+        finish(c4 & ~found & ~f1 & ~f2, q)
+        go(c4 & ~found, p1=p1u, p2=p2u, f2=f2,
+           ph=jnp.where(f1, i32(5), i32(6)))
+        # phases 5 / 6: Newton points of the updated brackets
+        c5 = ph == 5
+        go(c5, p1n=q, ph=jnp.where(s["f2"], i32(6), i32(4)))
+        c6 = ph == 6
+        go(c6, p2n=q, ph=i32(4))
+        back = (c5 & ~s["f2"]) | c6
+        finish(back & (n >= ls_iter), last_bracket(p1, p2))
+        return out
 
-    s = dict(p1=p1, p2=p2, p1n=p1next, p2n=p2next, n=n, done=early, res=p1)
-    s = jax.lax.while_loop(c2, b2, s)
-    res = s["res"]
-    # loop ran out: best bracket with improvement, else no step
-    pa, pb = s["p1"], s["p2"]
-    last = jnp.where((pa[1] <= pb[1]) & (pa[1] < 0), pa,
-                     jnp.where((pb[1] <= pa[1]) & (pb[1] < 0), pb, jnp.zeros_like(pa)))
-    out = jnp.where(early, p1, jnp.where(s["done"], res, last))
-    return out[0], -out[1]
+    s = dict(ph=i32(0), p1=zero, p2=zero, p1n=zero, p2n=zero, n=i32(0),
+             dir=jnp.ones((), dtype), f2=jnp.zeros((), bool), res=zero,
+             done=jnp.zeros((), bool))
+    s = jax.lax.while_loop(lambda s: ~s["done"], body, s)
+    return s["res"][0], -s["res"][1]
 
 
 # --------------------------------------------------------------------------- primal solvers
