@@ -66,6 +66,13 @@ smooth_jit = jax.jit(_smooth)
 solve_jit = jax.jit(solver.fwd_constraint)
 
 
+def canonical(m):
+    """``m`` with solver options reset: the smooth stages do not depend on them, so one
+    compilation of the smooth pipeline serves every solver."""
+    return m.replace(opt=m.opt.replace(solver=2, iterations=1, ls_iterations=1,
+                                       noslip_iterations=0))
+
+
 def oracle_case(rel, edit, seed=0, z=None, qscale=0.3, vscale=1.0):
     """(mjm, m, mjd, slot, d_smooth) at a random state, with MuJoCo's contacts injected."""
     mjm, m = load(rel, constraints=True, edit=edit)
@@ -79,9 +86,7 @@ def oracle_case(rel, edit, seed=0, z=None, qscale=0.3, vscale=1.0):
     slot = np.zeros(0, np.int64)
     if mjd.ncon:
         slot, d = inject_contacts(m, d, mjd)
-    canon = m.replace(opt=m.opt.replace(solver=2, iterations=1, ls_iterations=1,
-                                        noslip_iterations=0))
-    return mjm, m, mjd, slot, smooth_jit(canon, d)
+    return mjm, m, mjd, slot, smooth_jit(canonical(m), d)
 
 
 def match_rows(mjd, d, slot):

@@ -27,15 +27,15 @@ CASES = {
     "ant_cg": ("gym_ant/ant.xml", tight(CG), dict(z=0.2, seed=1)),
     "ant_pgs": ("gym_ant/ant.xml", tight(PGS), dict(z=0.2, seed=1)),
     "ant_elliptic_newton": ("gym_ant/ant.xml", tight(NEWTON, cone=1), dict(z=0.2, seed=1)),
-    "weld_newton": ("warp_jdotv_weld_3d/weld_3d.xml", tight(NEWTON), dict(seed=3)),
-    "connect_newton": ("warp_jdotv_connect_3d/connect_3d.xml", tight(NEWTON), dict(seed=3)),
-    "trossen_newton": ("menagerie_trossen_wx250s/scene.xml", tight(NEWTON),
-                       dict(qscale=1.0, seed=4)),
-    "humanoid_limits_cg": ("mujoco_humanoid/humanoid.xml", tight(CG, contacts=False),
-                           dict(qscale=0.8, seed=2)),
 }
 
 SLOW = {
+    "humanoid_limits_cg": ("mujoco_humanoid/humanoid.xml", tight(CG, contacts=False),
+                           dict(qscale=0.8, seed=2)),
+    "trossen_newton": ("menagerie_trossen_wx250s/scene.xml", tight(NEWTON),
+                       dict(qscale=1.0, seed=4)),
+    "connect_newton": ("warp_jdotv_connect_3d/connect_3d.xml", tight(NEWTON), dict(seed=3)),
+    "weld_newton": ("warp_jdotv_weld_3d/weld_3d.xml", tight(NEWTON), dict(seed=3)),
     "ant_elliptic_cg": ("gym_ant/ant.xml", tight(CG, cone=1), dict(z=0.2, seed=1)),
     "ant_noslip": ("gym_ant/ant.xml", tight(NEWTON, extra=lambda mjm: setattr(
         mjm.opt, "noslip_iterations", 200)), dict(z=0.2, seed=1)),
@@ -83,6 +83,7 @@ def test_solve_slow(name):
     check_solve(name, SLOW)
 
 
+@pytest.mark.slow
 def test_pgs_elliptic_not_worse_than_mujoco():
     """PGS with elliptic cones converges slowly (MuJoCo's own PGS stops far from the
     optimum on this state); ours must be cone-feasible and reach a dual cost at least as
@@ -132,7 +133,8 @@ def _trajectory(rel, edit, nstep, seed=0, qscale=0.5):
 
 
 @pytest.mark.parametrize("rel", ["menagerie_trossen_wx250s/scene.xml",
-                                 "warp_jdotv_weld_3d/weld_3d.xml"])
+                                 pytest.param("warp_jdotv_weld_3d/weld_3d.xml",
+                                              marks=pytest.mark.slow)])
 def test_trajectory_contact_free(rel):
     """10 steps with equality, friction loss and limits (contacts off) track MuJoCo."""
     edit = tight(NEWTON, contacts=False)
@@ -142,13 +144,52 @@ def test_trajectory_contact_free(rel):
 
 
 @pytest.mark.slow
-def test_trajectory_humanoid_100_limits():
+@pytest.mark.parametrize("rel", ["mujoco_humanoid/humanoid.xml", "gym_ant/ant.xml"])
+def test_trajectory_100_limits(rel):
+    """Contact-free humanoid / ant (joint and tendon limits): step 10 tracks MuJoCo to
+    1e-4, 100 steps stay finite and close."""
     edit = tight(NEWTON, contacts=False)
-    mjd, out = _trajectory("mujoco_humanoid/humanoid.xml", edit, 100, qscale=0.8)
+    mjd, out = _trajectory(rel, edit, 10, qscale=0.8)
+    assert np.abs(np.asarray(out.qpos) - mjd.qpos).max() < 1e-4
+    mjd, out = _trajectory(rel, edit, 100, qscale=0.8)
     assert np.all(np.isfinite(np.asarray(out.qpos)))
+    assert np.abs(np.asarray(out.qpos) - mjd.qpos).max() < 1e-2
 
 
 # --------------------------------------------------------------------------- gradients
+def _fd(f, x, eps=1e-6):
+    out = np.zeros(x.shape[0])
+    for i in range(x.shape[0]):
+        e = np.zeros(x.shape[0])
+        e[i] = eps
+        out[i] = (f(x + e) - f(x - e)) / (2 * eps)
+    return out
+
+
+def test_grad_solver_matches_fd():
+    """Implicit differentiation of the solve (contacts, limits; Newton) w.r.t. the smooth
+    force and velocity matches central finite differences."""
+    mjm, m, mjd, slot, d = oracle_case("gym_ant/ant.xml", tight(NEWTON, extra=lambda mjm:
+                                       setattr(mjm.opt, "iterations", 100)), z=0.2, seed=1)
+    from simjax.engine import constraint, solver, tree_linalg
+    w = jnp.asarray(np.random.default_rng(1).standard_normal(m.nv))
+
+    def loss(x):
+        qfrc = d.qfrc_smooth + x
+        dd = d.replace(qfrc_smooth=qfrc, qacc_smooth=tree_linalg.solve_ld(m, d.qLD, qfrc),
+                       qvel=d.qvel + 0.01 * x)
+        dd = constraint.reference_constraint(m, dd)
+        out = solver.fwd_constraint(m, dd)
+        return jnp.dot(out.qacc, w) + 1e-3 * jnp.sum(out.efc_force)
+
+    x0 = jnp.zeros(m.nv)
+    g = np.asarray(jax.jit(jax.grad(loss))(x0))
+    fd = _fd(jax.jit(loss), x0)
+    err = np.abs(g - fd) / np.maximum(1e-3 * np.abs(fd).max(), np.abs(fd))
+    assert err.max() < 1e-3, (g, fd)
+
+
+@pytest.mark.slow
 def test_grad_through_steps_matches_fd():
     """d(final qvel . w)/d(initial qvel) through steps with active limits, friction loss
     and equality rows (opt.iterations=100) matches central finite differences."""
