@@ -294,9 +294,11 @@ def _eq_rows(m, d, blk):
         j1, j2 = d.ten_J[o1], d.ten_J[o2s]
         tinv = _f(m.tendon_invweight0, dtype).reshape(-1)
         w1, w2 = tinv[o1], tinv[o2s]
+    # quartic coupling (polycoef): pos1 = data0 + sum_k data_k pos2^k
     dif = pos2
-    poly = data[:, 1] * dif + data[:, 2] * dif ** 2 + data[:, 3] * dif ** 3 + data[:, 4] * dif ** 4
-    deriv = data[:, 1] + 2 * data[:, 2] * dif + 3 * data[:, 3] * dif ** 2 + 4 * data[:, 4] * dif ** 3
+    c = data[:, 1:5]
+    poly = sum(c[:, k] * dif ** (k + 1) for k in range(4))
+    deriv = sum((k + 1) * c[:, k] * dif ** k for k in range(4))
     cpos = pos1 - data[:, 0] - jnp.where(has2, poly, 0.0)
     jac = j1 - jnp.where(has2[:, None], deriv[:, None] * j2, 0.0)
     diag = w1 + jnp.where(has2, w2, 0.0)
@@ -493,7 +495,8 @@ def make_constraint(m, d):
             else:
                 ref = _f(m.tendon_solref_fri, dtype).reshape(-1, 2)
                 imp = _f(m.tendon_solimp_fri, dtype).reshape(-1, 5)
-            act = fl > 0
+            # MuJoCo: any non-zero dof friction loss, positive tendon friction loss
+            act = (fl != 0) if blk.kind == "frictiondof" else (fl > 0)
             J, floss, diag = put(J, blk, jac), put(floss, blk, fl), put(diag, blk, dg)
             kzero[blk.start:blk.start + blk.n] = True
         elif blk.kind.startswith("limit"):

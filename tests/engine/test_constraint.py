@@ -16,6 +16,12 @@ from simjax.engine import constraint
 DS = mujoco.mjtDisableBit
 
 # (name, corpus model, model edit, state options); states chosen to have active rows
+
+def _pendula_friction(mjm):
+    mjm.tendon_frictionloss[:] = 0.3
+    mjm.dof_frictionloss[:] = 0.05
+
+
 CASES = {
     "ant_pyramidal": ("gym_ant/ant.xml", tight(2), dict(z=0.2, seed=1)),
     "ant_elliptic": ("gym_ant/ant.xml", tight(2, cone=1), dict(z=0.2, seed=1)),
@@ -30,6 +36,9 @@ CASES = {
 }
 
 SLOW = {
+    "pendula_ball_tendon_friction": ("mjx_pendula/pendula.xml",
+                                     tight(2, extra=_pendula_friction),
+                                     dict(qscale=1.5, seed=10)),
     "trossen": ("menagerie_trossen_wx250s/scene.xml", tight(2), dict(qscale=1.0, seed=4)),
     "humanoid_limits": ("mujoco_humanoid/humanoid.xml", tight(2, contacts=False),
                         dict(qscale=0.8, seed=2)),

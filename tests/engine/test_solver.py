@@ -22,6 +22,12 @@ from simjax.engine import io
 fwd = importlib.import_module("simjax.engine.forward")
 NEWTON, CG, PGS = 2, 1, 0
 
+
+def _pendula_friction(mjm):
+    mjm.tendon_frictionloss[:] = 0.3
+    mjm.dof_frictionloss[:] = 0.05
+
+
 CASES = {
     "ant_newton": ("gym_ant/ant.xml", tight(NEWTON), dict(z=0.2, seed=1)),
     "ant_cg": ("gym_ant/ant.xml", tight(CG), dict(z=0.2, seed=1)),
@@ -30,6 +36,9 @@ CASES = {
 }
 
 SLOW = {
+    "pendula_ball_tendon_friction": ("mjx_pendula/pendula.xml",
+                                     tight(NEWTON, extra=_pendula_friction),
+                                     dict(qscale=1.5, seed=10)),
     "humanoid_limits_cg": ("mujoco_humanoid/humanoid.xml", tight(CG, contacts=False),
                            dict(qscale=0.8, seed=2)),
     "trossen_newton": ("menagerie_trossen_wx250s/scene.xml", tight(NEWTON),
@@ -216,3 +225,18 @@ def test_grad_through_steps_matches_fd():
         fd[i] = (f(d0.qvel + e) - f(d0.qvel - e)) / (2 * eps)
     err = np.abs(g - fd) / np.maximum(1e-3 * np.abs(fd).max(), np.abs(fd))
     assert err.max() < 1e-3, (g, fd)
+
+
+def test_vmap_over_worlds():
+    """The solver batches under vmap (while_loops run until every world is done) and
+    each world's solution equals the unbatched one."""
+    from simjax.engine import solver
+    mjm, m, mjd, slot, d = oracle_case("gym_ant/ant.xml", tight(NEWTON), z=0.2, seed=1)
+    one = solve_jit(m, d)
+    batch = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), d)
+    batch = batch.replace(efc_aref=batch.efc_aref.at[1].multiply(0.5))
+    out = jax.jit(jax.vmap(solver.fwd_constraint, in_axes=(None, 0)))(m, batch)
+    scale = max(1.0, np.abs(np.asarray(one.qacc)).max())
+    assert np.abs(np.asarray(out.qacc[0]) - np.asarray(one.qacc)).max() / scale < 1e-12
+    other = solve_jit(m, d.replace(efc_aref=d.efc_aref * 0.5))
+    assert np.abs(np.asarray(out.qacc[1]) - np.asarray(other.qacc)).max() / scale < 1e-12
