@@ -25,7 +25,6 @@ slot index into ``Data.contact``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -613,13 +612,6 @@ def _contact_R(m, d, lay, R):
             new = jnp.repeat((2 * mu2 * r0)[:, None], blk.k, 1)
         R = R.at[blk.start:blk.start + blk.n * blk.k].set(new.reshape(-1))
     return R
-
-
-def contact_mu(m, d, blk):
-    """Regularised cone friction of elliptic contacts (mjContact.mu), (n,)."""
-    impratio = jnp.maximum(MINVAL, _f(m.opt.impratio, d.qpos.dtype))
-    fr = d.contact.friction[blk.ids]
-    return fr[:, 0] * jnp.sqrt(1 / impratio)
 
 
 def _check_unsupported(m, lay):

@@ -114,7 +114,6 @@ def _ell_update(jar, D, mu, fr):
     tt = jnp.where(pos, tt, 0.0)
     top = (nn >= mu * tt) | (~pos & (nn >= 0))
     bottom = ~top & ((mu * nn + tt <= 0) | (~pos & (nn < 0)))
-    mid = ~top & ~bottom
     dm = D[:, 0] / (mu * mu * (1 + mu * mu))
     nmt = nn - mu * tt
     f0 = -dm * nmt * mu
@@ -543,15 +542,9 @@ def _pgs(spec, p, force0, iterations, lay):
     scale = 1.0 / (p["meaninertia"] * max(1, spec.nv))
     tol = p["tolerance"]
     act = p["active"]
-    ell_start = np.zeros(nefc, bool)
     in_ell = np.zeros(nefc, bool)
-    ell_dim = np.zeros(nefc, np.int64)
-    ell_mu, ell_fr = {}, {}
-    for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
-        for i in range(n):
-            ell_start[start + i * dim] = True
-            in_ell[start + i * dim:start + (i + 1) * dim] = True
-            ell_dim[start + i * dim] = dim
+    for start, n, dim in spec.ell:
+        in_ell[start:start + n * dim] = True
     scalar_rows = np.nonzero(~in_ell)[0]
     fric = spec.fric
     ineq = spec.ineq
