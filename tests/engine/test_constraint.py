@@ -22,6 +22,14 @@ def _pendula_friction(mjm):
     mjm.dof_frictionloss[:] = 0.05
 
 
+
+def _condim(n):
+    def edit(mjm):
+        mjm.geom_condim[:] = n
+        mjm.geom_friction[:] = [0.9, 0.02, 0.01]
+    return edit
+
+
 CASES = {
     "ant_pyramidal": ("gym_ant/ant.xml", tight(2), dict(z=0.2, seed=1)),
     "ant_elliptic": ("gym_ant/ant.xml", tight(2, cone=1), dict(z=0.2, seed=1)),
@@ -36,6 +44,10 @@ CASES = {
 }
 
 SLOW = {
+    "ant_condim6_elliptic": ("gym_ant/ant.xml", tight(2, cone=1, extra=_condim(6)),
+                             dict(z=0.2, seed=1)),
+    "ant_condim4_pyramidal": ("gym_ant/ant.xml", tight(2, extra=_condim(4)),
+                              dict(z=0.2, seed=1)),
     "pendula_ball_tendon_friction": ("mjx_pendula/pendula.xml",
                                      tight(2, extra=_pendula_friction),
                                      dict(qscale=1.5, seed=10)),
@@ -53,7 +65,6 @@ SLOW = {
     "humanoid_contacts": ("mujoco_humanoid/humanoid.xml", tight(2), dict(z=0.9, seed=5)),
     "barkour": ("mjx_barkour_v0/assets/barkour_v0_mjx.xml", tight(2), dict(z=0.1, seed=6)),
     "shadow_hand": ("mjx_shadow_hand/scene_right.xml", tight(2), dict(qscale=0.6, seed=7)),
-    "sensor_condim6": ("mjx_sensor/sensor.xml", tight(2, cone=1), dict(seed=8)),
     "hopper": ("gym_hopper/hopper.xml", tight(2), dict(z=0.2, seed=9)),
 }
 

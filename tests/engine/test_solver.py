@@ -28,6 +28,14 @@ def _pendula_friction(mjm):
     mjm.dof_frictionloss[:] = 0.05
 
 
+
+def _condim(n):
+    def edit(mjm):
+        mjm.geom_condim[:] = n
+        mjm.geom_friction[:] = [0.9, 0.02, 0.01]
+    return edit
+
+
 CASES = {
     "ant_newton": ("gym_ant/ant.xml", tight(NEWTON), dict(z=0.2, seed=1)),
     "ant_cg": ("gym_ant/ant.xml", tight(CG), dict(z=0.2, seed=1)),
@@ -36,6 +44,10 @@ CASES = {
 }
 
 SLOW = {
+    "ant_condim6_elliptic": ("gym_ant/ant.xml", tight(NEWTON, cone=1, extra=_condim(6)),
+                             dict(z=0.2, seed=1)),
+    "ant_condim4_pyramidal": ("gym_ant/ant.xml", tight(NEWTON, extra=_condim(4)),
+                              dict(z=0.2, seed=1)),
     "pendula_ball_tendon_friction": ("mjx_pendula/pendula.xml",
                                      tight(NEWTON, extra=_pendula_friction),
                                      dict(qscale=1.5, seed=10)),
@@ -57,7 +69,6 @@ SLOW = {
     "shadow_hand_newton": ("mjx_shadow_hand/scene_right.xml", tight(NEWTON),
                            dict(qscale=0.6, seed=7)),
     "trossen_pgs": ("menagerie_trossen_wx250s/scene.xml", tight(PGS), dict(qscale=1.0, seed=4)),
-    "sensor_condim6_newton": ("mjx_sensor/sensor.xml", tight(NEWTON, cone=1), dict(seed=8)),
 }
 
 
