@@ -125,7 +125,8 @@ CONTACT_FIELDS = (
 CONTACT_FIELD_NAMES = tuple(f[0] for f in CONTACT_FIELDS)
 
 Contact = dataclasses.make_dataclass(
-    "Contact", [(n, Any) for n in CONTACT_FIELD_NAMES], frozen=True, eq=False,
+    "Contact", [(n, Any) for n in CONTACT_FIELD_NAMES] +
+    [("slot_dim", tuple, dataclasses.field(default=()))], frozen=True, eq=False,
     namespace={"__doc__": "Contacts found by collision detection (mjContact), one slot "
                           "per row of a fixed capacity; see CONTACT_FIELDS.",
                "__module__": __name__,
@@ -133,8 +134,10 @@ Contact = dataclasses.make_dataclass(
                "geom1": property(lambda self: self.geom[..., 0]),
                "geom2": property(lambda self: self.geom[..., 1])})
 
+# slot_dim: the static contact dimension of every slot (a tuple, pytree metadata), so
+# constraint rows have shapes known at trace time
 jax.tree_util.register_dataclass(Contact, data_fields=list(CONTACT_FIELD_NAMES),
-                                 meta_fields=[])
+                                 meta_fields=["slot_dim"])
 
 
 def make_contact(ncon_max, dims, ftype):
@@ -149,7 +152,7 @@ def make_contact(ncon_max, dims, ftype):
     kw["dim"] = jnp.asarray(np.asarray(dims, np.int32).reshape(ncon_max))
     kw["geom"] = jnp.full((ncon_max, 2), -1, jnp.int32)
     kw["efc_address"] = jnp.full((ncon_max,), -1, jnp.int32)
-    return Contact(**kw)
+    return Contact(**kw, slot_dim=tuple(int(x) for x in np.asarray(dims).reshape(ncon_max)))
 
 
 def field_shape(model, shape) -> tuple[int, ...]:
@@ -159,8 +162,25 @@ def field_shape(model, shape) -> tuple[int, ...]:
         out.append(s if isinstance(s, int) else int(getattr(model, s, 0) or 0))
     return tuple(out)
 
-#: Data fields that are not arrays: the contact buffer and its count of valid slots.
-EXTRA_FIELD_NAMES = ("contact", "ncon")
+#: Constraint rows (mjData efc_* names), one entry per row of a capacity ``nefc_max``
+#: fixed when Data is made (simjax.engine.constraint.nefc_capacity): (name, trailing
+#: shape, kind). efc_active marks the rows in use (simjax: fixed capacity).
+EFC_FIELDS = (
+    ("efc_type", (), "i"), ("efc_id", (), "i"), ("efc_active", (), "b"),
+    ("efc_J", ("nv",), "f"), ("efc_pos", (), "f"), ("efc_margin", (), "f"),
+    ("efc_frictionloss", (), "f"), ("efc_diagA", (), "f"), ("efc_KBIP", (4,), "f"),
+    ("efc_D", (), "f"), ("efc_R", (), "f"), ("efc_vel", (), "f"), ("efc_aref", (), "f"),
+    ("efc_b", (), "f"), ("efc_state", (), "i"), ("efc_force", (), "f"),
+)
+#: Scalar int32 counts of active rows (mjData ne, nf, nl, nefc) and solver statistics
+#: (solver_niter; improvement and scaled gradient norm of the last iteration).
+EFC_SCALARS = (("ne", "i"), ("nf", "i"), ("nl", "i"), ("nefc", "i"),
+               ("solver_niter", "i"), ("solver_improvement", "f"), ("solver_gradient", "f"))
+
+#: Data fields that are not in DATA_FIELDS: the contact buffer and its count of valid
+#: slots, constraint rows and counts.
+EXTRA_FIELD_NAMES = (("contact", "ncon") + tuple(f[0] for f in EFC_FIELDS) +
+                     tuple(f[0] for f in EFC_SCALARS))
 
 
 def _data_doc():
@@ -170,6 +190,11 @@ def _data_doc():
         lines.append(f"    {name}: ({dims}), {dict(f='float', i='int32', b='bool')[kind]}")
     lines.append("    contact: Contact buffer (ncon_max slots), see CONTACT_FIELDS")
     lines.append("    ncon: (), int32: number of valid contacts")
+    for name, shape, kind in EFC_FIELDS:
+        dims = " x ".join(["nefc_max"] + [str(s) for s in shape])
+        lines.append(f"    {name}: ({dims}), {dict(f='float', i='int32', b='bool')[kind]}")
+    for name, kind in EFC_SCALARS:
+        lines.append(f"    {name}: (), {dict(f='float', i='int32')[kind]}")
     return "\n".join(lines)
 
 

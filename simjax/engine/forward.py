@@ -5,9 +5,9 @@ actuation, acceleration, constraint); ``step`` checks the state, runs ``forward`
 integrates with the model's integrator: semi-implicit Euler with implicit joint damping
 (mj_Euler), RK4 (mj_RungeKutta), implicit and implicitfast (mj_implicit).
 
-Constraints are not part of this module yet: ``fwd_constraint`` sets qacc = qacc_smooth
-and qfrc_constraint = 0 (exact for models without active constraints, e.g. with
-``DisableBit.CONSTRAINT``).
+Constraint rows are made at the end of the position stage and referenced at the end of
+the velocity stage (simjax.engine.constraint); ``fwd_constraint`` solves them
+(simjax.engine.solver).
 """
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import actuation
+from simjax.engine import constraint
 from simjax.engine import derivative
 from simjax.engine import io
 from simjax.engine import math
 from simjax.engine import passive
 from simjax.engine import smooth
+from simjax.engine import solver
 from simjax.engine import support
 from simjax.engine import tables
 from simjax.engine import tree_linalg
@@ -42,6 +44,7 @@ def fwd_position(m, d: Data) -> Data:
     d = smooth.tendon(m, d)
     d = smooth.crb(m, d)
     d = smooth.factor_m(m, d)
+    d = constraint.make_constraint(m, d)
     d = actuation.transmission(m, d)
     return d
 
@@ -62,7 +65,8 @@ def fwd_velocity(m, d: Data) -> Data:
     d = passive.passive(m, d)
     if m.nplugin:
         d = plugins.compute_passive(m, d)
-    return d.replace(qfrc_bias=smooth.rne(m, d))
+    d = d.replace(qfrc_bias=smooth.rne(m, d))
+    return constraint.reference_constraint(m, d)
 
 
 def fwd_actuation(m, d: Data) -> Data:
@@ -80,8 +84,8 @@ def fwd_acceleration(m, d: Data) -> Data:
 
 
 def fwd_constraint(m, d: Data) -> Data:
-    """Constraint stage placeholder: no constraint rows, qacc = qacc_smooth."""
-    return d.replace(qacc=d.qacc_smooth, qfrc_constraint=jnp.zeros_like(d.qacc_smooth))
+    """Constraint solve (mj_fwdConstraint): qacc, efc_force, qfrc_constraint."""
+    return solver.fwd_constraint(m, d)
 
 
 def energy(m, d: Data) -> Data:

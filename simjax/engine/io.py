@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import constraint
 from simjax.engine.data import DATA_FIELDS, Data, field_shape, make_contact
 
 
@@ -48,6 +49,7 @@ def make_data(model, dtype=None) -> Data:
         kw["plugin_state"] = init_state(model, ftype)
     kw["contact"] = make_contact(0, np.zeros(0, np.int32), ftype)
     kw["ncon"] = jnp.zeros((), jnp.int32)
+    kw.update(constraint.make_efc(model, kw["contact"].slot_dim, ftype))
     return Data(**kw)
 
 

@@ -1,0 +1,712 @@
+"""Constraint rows (MuJoCo's engine_core_constraint): mj_makeConstraint, mj_diagApprox,
+mj_makeImpedance and mj_referenceConstraint with static shapes.
+
+Rows keep MuJoCo's order (equality, friction loss, limits, contacts) but every block has
+a capacity fixed at trace time, decided by :func:`layout` from static model structure and
+the static contact dimension of each slot of ``Data.contact``:
+
+- equality: 3 rows per connect, 6 per weld, 1 per joint / tendon coupling, active when
+  ``Data.eq_active`` is set (MuJoCo drops inactive equalities; here they stay as
+  inactive rows);
+- friction loss: one row per dof and per tendon, active where the friction loss is
+  positive (the friction loss is a physical parameter, so it may change under vmap);
+- limits: two rows (lower, upper side) per limited hinge / slide joint and tendon, one
+  per limited ball joint, active when the distance is below the margin;
+- contacts: per slot of dimension ``dim``: 1 row (dim 1), 2 (dim - 1) rows (pyramidal)
+  or ``dim`` rows (elliptic), active for valid, non-excluded contacts.
+
+Inactive rows are exactly neutral: ``efc_active`` is false, ``efc_J`` is zero, and the
+solvers give them zero force. Rows whose Jacobian is identically zero are inactive, as
+MuJoCo skips them. ``ne``, ``nf``, ``nl`` and ``nefc`` count the active rows of each kind.
+
+``efc_id`` holds the element id (equality, dof, tendon, joint) or, for contacts, the
+slot index into ``Data.contact``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import math
+from simjax.engine import support
+from simjax.engine import tables
+from simjax.engine import tree_linalg
+from simjax.errors import UnsupportedFeatureError
+from simjax.types import ConeType, DisableBit, EnableBit, EqType, JointType, ObjType
+
+# mjtConstraint
+EQUALITY, FRICTION_DOF, FRICTION_TENDON, LIMIT_JOINT, LIMIT_TENDON = 0, 1, 2, 3, 4
+CONTACT_FRICTIONLESS, CONTACT_PYRAMIDAL, CONTACT_ELLIPTIC = 5, 6, 7
+# mjtConstraintState
+SATISFIED, QUADRATIC, LINEARNEG, LINEARPOS, CONE = 0, 1, 2, 3, 4
+
+MINVAL = 1e-15
+MINIMP, MAXIMP = 0.0001, 0.9999
+
+from simjax.engine.data import EFC_FIELDS, EFC_SCALARS  # noqa: E402
+
+
+# --------------------------------------------------------------------------- layout
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """A static block of rows: ``n`` elements of ``k`` rows each from row ``start``."""
+    kind: str          # connect, weld, jointeq, tendoneq, frictiondof, frictionten,
+                       # limitjnt, limitball, limitten, con1, conpyr, conell
+    start: int
+    n: int
+    k: int
+    ids: np.ndarray    # (n,) element ids (contacts: slot indices)
+    dim: int = 0       # contact dimension (contact blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    nefc: int
+    blocks: tuple
+    efc_type: np.ndarray
+    efc_id: np.ndarray
+    ne: int
+    nf: int
+    nl: int
+
+
+def _disabled(m, bit):
+    return bool(m.opt.disableflags & bit)
+
+
+def slot_dims(d):
+    """Static contact dimension of every slot of ``d.contact`` (numpy, (ncon_max,))."""
+    dims = getattr(d.contact, "slot_dim", None)
+    n = d.contact.dist.shape[0]
+    if dims is not None and len(dims) == n:
+        return np.asarray(dims, np.int32)
+    try:
+        return np.asarray(d.contact.dim, np.int32).reshape(n)
+    except Exception:  # traced without static slot dims
+        raise UnsupportedFeatureError(
+            "contact buffer without static slot dimensions (build it with make_contact)")
+
+
+def layout(m, contact_dims) -> Layout:
+    """Static row layout for model ``m`` and contact slot dimensions ``contact_dims``."""
+    return _layout(m, tuple(int(x) for x in np.asarray(contact_dims).ravel()))
+
+
+def _layout_key(m):
+    return (m.nv, m.neq, m.njnt, m.ntendon, int(m.opt.disableflags), int(m.opt.cone),
+            np.asarray(m.eq_type).tobytes(), np.asarray(m.eq_objtype).tobytes(),
+            np.asarray(m.eq_obj2id).tobytes(), np.asarray(m.jnt_limited).tobytes(),
+            np.asarray(m.jnt_type).tobytes(), np.asarray(m.tendon_limited).tobytes())
+
+
+_LAYOUTS = {}
+
+
+def _layout(m, dims):
+    key = (_layout_key(m), dims)
+    if key in _LAYOUTS:
+        return _LAYOUTS[key]
+    blocks, types, ids = [], [], []
+    row = 0
+
+    def add(kind, elems, k, ctype, dim=0):
+        nonlocal row
+        elems = np.asarray(elems, np.int64)
+        if not len(elems):
+            return
+        blocks.append(Block(kind, row, len(elems), k, elems, dim))
+        types.append(np.full(len(elems) * k, ctype, np.int32))
+        ids.append(np.repeat(elems, k).astype(np.int32))
+        row += len(elems) * k
+
+    off = _disabled(m, DisableBit.CONSTRAINT)
+    eq_type = np.asarray(m.eq_type).reshape(-1)
+    if m.neq and not off and not _disabled(m, DisableBit.EQUALITY):
+        bad = [t for t in eq_type if t not in (EqType.CONNECT, EqType.WELD, EqType.JOINT,
+                                               EqType.TENDON)]
+        if bad:
+            raise UnsupportedFeatureError(f"equality constraint type {EqType(bad[0]).name}")
+        add("connect", np.nonzero(eq_type == EqType.CONNECT)[0], 3, EQUALITY)
+        add("weld", np.nonzero(eq_type == EqType.WELD)[0], 6, EQUALITY)
+        add("jointeq", np.nonzero(eq_type == EqType.JOINT)[0], 1, EQUALITY)
+        add("tendoneq", np.nonzero(eq_type == EqType.TENDON)[0], 1, EQUALITY)
+    ne = row
+    if not off and not _disabled(m, DisableBit.FRICTIONLOSS):
+        add("frictiondof", np.arange(m.nv), 1, FRICTION_DOF)
+        add("frictionten", np.arange(m.ntendon), 1, FRICTION_TENDON)
+    nf = row - ne
+    if not off and not _disabled(m, DisableBit.LIMIT):
+        lim = np.asarray(m.jnt_limited, bool).reshape(-1)
+        jt = np.asarray(m.jnt_type).reshape(-1)
+        add("limitjnt", np.nonzero(lim & ((jt == JointType.HINGE) | (jt == JointType.SLIDE)))[0],
+            2, LIMIT_JOINT)
+        add("limitball", np.nonzero(lim & (jt == JointType.BALL))[0], 1, LIMIT_JOINT)
+        if m.ntendon:
+            add("limitten", np.nonzero(np.asarray(m.tendon_limited, bool).reshape(-1))[0],
+                2, LIMIT_TENDON)
+    nl = row - ne - nf
+    dims = np.asarray(dims, np.int32)
+    if len(dims) and not off and not _disabled(m, DisableBit.CONTACT) and m.nv:
+        elliptic = m.opt.cone == ConeType.ELLIPTIC
+        for dim in (1, 3, 4, 6):
+            slots = np.nonzero(dims == dim)[0]
+            if dim == 1:
+                add("con1", slots, 1, CONTACT_FRICTIONLESS, 1)
+            elif elliptic:
+                add("conell", slots, dim, CONTACT_ELLIPTIC, dim)
+            else:
+                add("conpyr", slots, 2 * (dim - 1), CONTACT_PYRAMIDAL, dim)
+        other = set(np.unique(dims).tolist()) - {1, 3, 4, 6}
+        if other:
+            raise UnsupportedFeatureError(f"contact dimension {sorted(other)[0]}")
+    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int32))
+    out = Layout(row, tuple(blocks), cat(types), cat(ids), ne, nf, nl)
+    _LAYOUTS[key] = out
+    return out
+
+
+def nefc_capacity(m, contact_dims) -> int:
+    """Number of efc rows (capacity) for ``m`` and the contact slot dimensions."""
+    return layout(m, contact_dims).nefc
+
+
+def make_efc(m, contact_dims, ftype):
+    """Zero-initialised efc fields for Data (used by make_data)."""
+    lay = layout(m, contact_dims)
+    n = lay.nefc
+    out = {}
+    for name, shape, kind in EFC_FIELDS:
+        shp = (n,) + tuple(m.nv if s == "nv" else s for s in shape)
+        dt = {"f": ftype, "i": jnp.int32, "b": jnp.bool_}[kind]
+        out[name] = jnp.zeros(shp, dt)
+    out["efc_type"] = jnp.asarray(lay.efc_type, jnp.int32)
+    out["efc_id"] = jnp.asarray(lay.efc_id, jnp.int32)
+    for name, kind in EFC_SCALARS:
+        out[name] = jnp.zeros((), {"f": ftype, "i": jnp.int32}[kind])
+    return out
+
+
+# --------------------------------------------------------------------------- helpers
+def _jacs(m, d, points, bodies):
+    """Jacobians of world points (n, 3) on bodies (n,): (jacp, jacr), each (n, 3, nv)."""
+    return jax.vmap(lambda p, b: support.jac(m, d, p, b))(points, jnp.asarray(bodies))
+
+
+def _f(x, dtype):
+    return jnp.asarray(x, dtype)
+
+
+def _quat_axis(q, axis):
+    """q * (0, axis) (mju_mulQuatAxis)."""
+    zero = jnp.zeros(axis.shape[:-1] + (1,), axis.dtype)
+    return math.quat_mul(q, jnp.concatenate([zero, axis], -1))
+
+
+def _anchors(m, d, ids, weld):
+    """Global anchor points and bodies of connect/weld equalities (mj_equalityAnchors)."""
+    dtype = d.qpos.dtype
+    data = _f(m.eq_data, dtype).reshape(m.neq, -1)[ids]
+    o1 = np.asarray(m.eq_obj1id)[ids]
+    o2 = np.asarray(m.eq_obj2id)[ids]
+    site = np.asarray(m.eq_objtype)[ids] == ObjType.SITE
+    a1, a2 = (data[:, 3:6], data[:, 0:3]) if weld else (data[:, 0:3], data[:, 3:6])
+    bp1 = math.matvec(d.xmat[o1], a1) + d.xpos[o1]
+    bp2 = math.matvec(d.xmat[o2], a2) + d.xpos[o2]
+    sb = np.asarray(m.site_bodyid)
+    if site.any():
+        s1 = np.where(site, o1, 0)
+        s2 = np.where(site, o2, 0)
+        bp1 = jnp.where(site[:, None], d.site_xpos[s1], bp1)
+        bp2 = jnp.where(site[:, None], d.site_xpos[s2], bp2)
+        b1 = np.where(site, sb[s1] if m.nsite else 0, o1)
+        b2 = np.where(site, sb[s2] if m.nsite else 0, o2)
+    else:
+        b1, b2 = o1, o2
+    return bp1, bp2, b1, b2, site, o1, o2, data
+
+
+def _weld_quats(m, d, site, o1, o2, b1, b2, data):
+    """(q0 * relpose, neg(q1)) of weld equalities, body or site semantic."""
+    q0 = math.quat_mul(d.xquat[b1], data[:, 6:10])
+    q1 = d.xquat[b2]
+    if site.any():
+        sq = _f(m.site_quat, d.qpos.dtype).reshape(-1, 4)
+        s1 = np.where(site, o1, 0)
+        s2 = np.where(site, o2, 0)
+        q0 = jnp.where(site[:, None], math.quat_mul(d.xquat[b1], sq[s1]), q0)
+        q1 = jnp.where(site[:, None], math.quat_mul(d.xquat[b2], sq[s2]), q1)
+    return q0, math.quat_neg(q1)
+
+
+# --------------------------------------------------------------------------- rows
+def _eq_rows(m, d, blk):
+    """(J (n,k,nv), pos (n,k), impedance pos (n,), diagA (n,k), active (n,))."""
+    dtype = d.qpos.dtype
+    ids = blk.ids
+    iw = _f(m.body_invweight0, dtype).reshape(m.nbody, 2)
+    active = d.eq_active[ids]
+    if blk.kind in ("connect", "weld"):
+        weld = blk.kind == "weld"
+        p1, p2, b1, b2, site, o1, o2, data = _anchors(m, d, ids, weld)
+        jp1, jr1 = _jacs(m, d, p1, b1)
+        jp2, jr2 = _jacs(m, d, p2, b2)
+        cpos = p1 - p2
+        jac = jp1 - jp2
+        tran = iw[b1, 0] + iw[b2, 0]
+        if not weld:
+            diag = jnp.repeat(tran[:, None], 3, 1)
+            return jac, cpos, math.norm(cpos), diag, active
+        ts = data[:, 10]
+        q0, nq1 = _weld_quats(m, d, site, o1, o2, b1, b2, data)
+        err = math.quat_mul(nq1, q0)[:, 1:] * ts[:, None]
+        jr = jnp.swapaxes(jr1 - jr2, 1, 2)                             # (n, nv, 3)
+        corr = math.quat_mul(_quat_axis(nq1[:, None], jr), q0[:, None])
+        jrot = 0.5 * jnp.swapaxes(corr[..., 1:], 1, 2) * ts[:, None, None]
+        jac = jnp.concatenate([jac, jrot], 1)
+        cpos = jnp.concatenate([cpos, err], 1)
+        rot = iw[b1, 1] + iw[b2, 1]
+        diag = jnp.concatenate([jnp.repeat(tran[:, None], 3, 1),
+                                jnp.repeat(rot[:, None], 3, 1)], 1)
+        return jac, cpos, math.norm(cpos), diag, active
+    data = _f(m.eq_data, dtype).reshape(m.neq, -1)[ids]
+    o1 = np.asarray(m.eq_obj1id)[ids]
+    o2 = np.asarray(m.eq_obj2id)[ids]
+    has2 = o2 >= 0
+    o2s = np.where(has2, o2, 0)
+    if blk.kind == "jointeq":
+        qadr = np.asarray(m.jnt_qposadr)
+        dadr = np.asarray(m.jnt_dofadr)
+        qpos0 = _f(m.qpos0, dtype).reshape(-1)
+        pos1 = d.qpos[qadr[o1]] - qpos0[qadr[o1]]
+        pos2 = d.qpos[qadr[o2s]] - qpos0[qadr[o2s]]
+        eye = jnp.eye(m.nv, dtype=dtype)
+        j1, j2 = eye[dadr[o1]], eye[dadr[o2s]]
+        dinv = _f(m.dof_invweight0, dtype).reshape(-1)
+        w1, w2 = dinv[dadr[o1]], dinv[dadr[o2s]]
+    else:
+        l0 = _f(m.tendon_length0, dtype).reshape(-1)
+        pos1 = d.ten_length[o1] - l0[o1]
+        pos2 = d.ten_length[o2s] - l0[o2s]
+        j1, j2 = d.ten_J[o1], d.ten_J[o2s]
+        tinv = _f(m.tendon_invweight0, dtype).reshape(-1)
+        w1, w2 = tinv[o1], tinv[o2s]
+    # quartic coupling (polycoef): pos1 = data0 + sum_k data_k pos2^k
+    dif = pos2
+    c = data[:, 1:5]
+    poly = sum(c[:, k] * dif ** (k + 1) for k in range(4))
+    deriv = sum((k + 1) * c[:, k] * dif ** k for k in range(4))
+    cpos = pos1 - data[:, 0] - jnp.where(has2, poly, 0.0)
+    jac = j1 - jnp.where(has2[:, None], deriv[:, None] * j2, 0.0)
+    diag = w1 + jnp.where(has2, w2, 0.0)
+    return jac[:, None], cpos[:, None], cpos, diag[:, None], active
+
+
+def _friction_rows(m, d, blk):
+    dtype = d.qpos.dtype
+    if blk.kind == "frictiondof":
+        jac = jnp.eye(m.nv, dtype=dtype)
+        floss = _f(m.dof_frictionloss, dtype).reshape(-1)
+        diag = _f(m.dof_invweight0, dtype).reshape(-1)
+    else:
+        jac = d.ten_J
+        floss = _f(m.tendon_frictionloss, dtype).reshape(-1)
+        diag = _f(m.tendon_invweight0, dtype).reshape(-1)
+    return jac, floss, diag
+
+
+def _limit_rows(m, d, blk):
+    """(J (n,k,nv), dist (n,k), margin (n,), diagA (n,), active (n,k))."""
+    dtype = d.qpos.dtype
+    ids = blk.ids
+    dinv = _f(m.dof_invweight0, dtype).reshape(-1)
+    if blk.kind == "limitten":
+        rng = _f(m.tendon_range, dtype).reshape(-1, 2)[ids]
+        margin = _f(m.tendon_margin, dtype).reshape(-1)[ids]
+        value = d.ten_length[ids]
+        jrow = d.ten_J[ids]
+        diag = _f(m.tendon_invweight0, dtype).reshape(-1)[ids]
+    else:
+        rng = _f(m.jnt_range, dtype).reshape(-1, 2)[ids]
+        margin = _f(m.jnt_margin, dtype).reshape(-1)[ids]
+        dadr = np.asarray(m.jnt_dofadr)[ids]
+        diag = dinv[dadr]
+        if blk.kind == "limitball":
+            adr = np.asarray(m.jnt_qposadr)[ids]
+            quat = math.quat_normalize(d.qpos[adr[:, None] + np.arange(4)])
+            axis, value = math.normalize(math.quat_to_vel(quat))
+            dist = jnp.maximum(rng[:, 0], rng[:, 1]) - value
+            jac = jnp.zeros((len(ids), m.nv), dtype)
+            jac = jac.at[np.arange(len(ids))[:, None], dadr[:, None] + np.arange(3)].set(-axis)
+            return jac[:, None], dist[:, None], margin, diag, (dist < margin)[:, None]
+        value = d.qpos[np.asarray(m.jnt_qposadr)[ids]]
+        jrow = jnp.eye(m.nv, dtype=dtype)[dadr]
+    # side -1 (lower) then +1 (upper), as MuJoCo emits them
+    dist = jnp.stack([value - rng[:, 0], rng[:, 1] - value], 1)
+    jac = jnp.stack([jrow, -jrow], 1)
+    return jac, dist, margin, diag, dist < margin[:, None]
+
+
+def _contact_rows(m, d, blk):
+    """Contact rows of one block: J (n,k,nv), dist, includemargin, diag tran/rot, ok."""
+    dtype = d.qpos.dtype
+    con = d.contact
+    slots = blk.ids
+    dim = blk.dim
+    geom = con.geom[slots]
+    gb = jnp.asarray(np.asarray(m.geom_bodyid, np.int32))
+    b1 = gb[jnp.clip(geom[:, 0], 0)]
+    b2 = gb[jnp.clip(geom[:, 1], 0)]
+    pos = con.pos[slots]
+    frame = con.frame[slots]
+    jp1, jr1 = _jacs(m, d, pos, b1)
+    jp2, jr2 = _jacs(m, d, pos, b2)
+    jp, jr = jp2 - jp1, jr2 - jr1
+    nt = 3 if dim > 1 else 1
+    jac = jnp.einsum("nij,njv->niv", frame[:, :nt], jp)
+    if dim > 3:
+        jac = jnp.concatenate([jac, jnp.einsum("nij,njv->niv", frame[:, :dim - 3], jr)], 1)
+    iw = _f(m.body_invweight0, dtype).reshape(m.nbody, 2)
+    tran = iw[b1, 0] + iw[b2, 0]
+    rot = iw[b1, 1] + iw[b2, 1]
+    ok = con.valid[slots] & (con.exclude[slots] == 0)
+    # MuJoCo skips contacts that move no dof
+    ok = ok & jnp.any(jac != 0, axis=(1, 2))
+    return jac, tran, rot, ok
+
+
+# --------------------------------------------------------------------------- impedance
+def _impedance(solimp, pos, margin):
+    """Impedance and its derivative w.r.t. pos (getimpedance); solimp (..., 5) clamped."""
+    d0, dw, width, mid, power = (solimp[..., i] for i in range(5))
+    flat = (d0 == dw) | (width <= MINVAL)
+    wsafe = jnp.where(flat, 1.0, width)
+    xr = (pos - margin) / wsafe
+    sgn = jnp.where(xr < 0, -1.0, 1.0)
+    x = jnp.abs(xr)
+    sat = (x >= 1) | (x <= 0)
+    xs = jnp.clip(x, 1e-30, 1.0)
+    lin = power == 1
+    p = jnp.where(lin, 2.0, power)
+    a = 1.0 / mid ** (p - 1)
+    b = 1.0 / (1 - mid) ** (p - 1)
+    lo = xs <= mid
+    om = jnp.clip(1 - xs, 1e-30, None)
+    y = jnp.where(lin, xs, jnp.where(lo, a * xs ** p, 1 - b * om ** p))
+    yp = jnp.where(lin, 1.0, jnp.where(lo, p * a * xs ** (p - 1), p * b * om ** (p - 1)))
+    imp = jnp.where(sat, jnp.where(x >= 1, dw, d0), d0 + y * (dw - d0))
+    impp = jnp.where(sat, 0.0, yp * sgn * (dw - d0) / wsafe)
+    return (jnp.where(flat, 0.5 * (d0 + dw), imp), jnp.where(flat, 0.0, impp))
+
+
+def _clamp_solimp(solimp):
+    s = solimp
+    return jnp.stack([jnp.clip(s[..., 0], MINIMP, MAXIMP), jnp.clip(s[..., 1], MINIMP, MAXIMP),
+                      jnp.maximum(s[..., 2], 0.0), jnp.clip(s[..., 3], MINIMP, MAXIMP),
+                      jnp.maximum(s[..., 4], 1.0)], -1)
+
+
+def _safe_solref(m, ref, friction=False):
+    """Mixed-sign check and REFSAFE clamp of a solref (..., 2) (getsolparam)."""
+    dtype = ref.dtype
+    mixed = (ref[..., 0] > 0) ^ (ref[..., 1] > 0)
+    default = jnp.asarray([0.0, 0.0] if friction else [0.02, 1.0], dtype)
+    ref = jnp.where(mixed[..., None], default, ref)
+    if not _disabled(m, DisableBit.REFSAFE):
+        ts = 2 * _f(m.opt.timestep, dtype)
+        ref = ref.at[..., 0].set(jnp.where(ref[..., 0] > 0, jnp.maximum(ref[..., 0], ts),
+                                           ref[..., 0]))
+    return ref
+
+
+def _kb(ref, dmax):
+    """Stiffness and damping of a reference (standard or direct form)."""
+    k = jnp.where(ref[..., 0] > 0,
+                  1 / jnp.maximum(MINVAL, dmax * dmax * ref[..., 0] ** 2 * ref[..., 1] ** 2),
+                  -ref[..., 0] / jnp.maximum(MINVAL, dmax * dmax))
+    b = jnp.where(ref[..., 1] > 0, 2 / jnp.maximum(MINVAL, dmax * ref[..., 0]),
+                  -ref[..., 1] / jnp.maximum(MINVAL, dmax))
+    return k, b
+
+
+def _override(m):
+    return bool(m.opt.enableflags & EnableBit.OVERRIDE)
+
+
+# --------------------------------------------------------------------------- assembly
+def make_constraint(m, d):
+    """Constraint rows, diagApprox and impedance (mj_makeConstraint).
+
+    Writes efc_J (nefc, nv), efc_pos, efc_margin, efc_frictionloss, efc_diagA (MuJoCo
+    4.0's efc_diagA: the diagonal approximation adjusted so that R = (1-imp)/imp diagA),
+    efc_KBIP (nefc, 4), efc_R, efc_D, efc_active, ne, nf, nl, nefc. Requires the
+    position stage (kinematics, com_pos, tendon) and ``d.contact``.
+    Raises UnsupportedFeatureError (trace time) for flex equalities, contact adhesion and
+    geom surface velocity.
+    """
+    lay = layout(m, slot_dims(d))
+    if lay.nefc == 0:
+        return d
+    _check_unsupported(m, lay)
+    if m.opt.enableflags & EnableBit.SLEEP:
+        raise UnsupportedFeatureError("sleeping islands (EnableBit.SLEEP) in constraints")
+    dtype = d.qpos.dtype
+    nv = m.nv
+    n = lay.nefc
+    J = jnp.zeros((n, nv), dtype)
+    pos = jnp.zeros(n, dtype)
+    margin = jnp.zeros(n, dtype)
+    floss = jnp.zeros(n, dtype)
+    diag = jnp.zeros(n, dtype)
+    active = jnp.zeros(n, bool)
+    imppos = jnp.zeros(n, dtype)     # position and margin used by the impedance
+    impmargin = jnp.zeros(n, dtype)
+    solref = jnp.zeros((n, 2), dtype)
+    solreff = jnp.zeros((n, 2), dtype)
+    solimp = jnp.zeros((n, 5), dtype)
+    kzero = np.zeros(n, bool)        # rows with K = 0 (friction)
+    usefric = np.zeros(n, bool)      # elliptic friction rows (may use solreffriction)
+    con = d.contact
+
+    def put(arr, blk, val):
+        rows = slice(blk.start, blk.start + blk.n * blk.k)
+        return arr.at[rows].set(val.reshape((blk.n * blk.k,) + arr.shape[1:]))
+
+    def rep(x, k):
+        return jnp.repeat(x[:, None], k, 1)
+
+    for blk in lay.blocks:
+        k = blk.k
+        if blk.kind in ("connect", "weld", "jointeq", "tendoneq"):
+            jac, cpos, ipos, dg, act = _eq_rows(m, d, blk)
+            ref = _f(m.eq_solref, dtype).reshape(-1, 2)[blk.ids]
+            imp = _f(m.eq_solimp, dtype).reshape(-1, 5)[blk.ids]
+            act = rep(act, k)
+            J, pos, diag = put(J, blk, jac), put(pos, blk, cpos), put(diag, blk, dg)
+            imppos = put(imppos, blk, rep(ipos, k))
+        elif blk.kind in ("frictiondof", "frictionten"):
+            jac, fl, dg = _friction_rows(m, d, blk)
+            if blk.kind == "frictiondof":
+                ref = _f(m.dof_solref, dtype).reshape(-1, 2)
+                imp = _f(m.dof_solimp, dtype).reshape(-1, 5)
+            else:
+                ref = _f(m.tendon_solref_fri, dtype).reshape(-1, 2)
+                imp = _f(m.tendon_solimp_fri, dtype).reshape(-1, 5)
+            # MuJoCo: any non-zero dof friction loss, positive tendon friction loss
+            act = (fl != 0) if blk.kind == "frictiondof" else (fl > 0)
+            J, floss, diag = put(J, blk, jac), put(floss, blk, fl), put(diag, blk, dg)
+            kzero[blk.start:blk.start + blk.n] = True
+        elif blk.kind.startswith("limit"):
+            jac, dist, mg, dg, act = _limit_rows(m, d, blk)
+            if blk.kind == "limitten":
+                ref = _f(m.tendon_solref_lim, dtype).reshape(-1, 2)[blk.ids]
+                imp = _f(m.tendon_solimp_lim, dtype).reshape(-1, 5)[blk.ids]
+            else:
+                ref = _f(m.jnt_solref, dtype).reshape(-1, 2)[blk.ids]
+                imp = _f(m.jnt_solimp, dtype).reshape(-1, 5)[blk.ids]
+            J, pos = put(J, blk, jac), put(pos, blk, dist)
+            margin = put(margin, blk, rep(mg, k))
+            diag = put(diag, blk, rep(dg, k))
+            imppos = put(imppos, blk, dist)
+            impmargin = put(impmargin, blk, rep(mg, k))
+        else:
+            jac, tran, rot, ok = _contact_rows(m, d, blk)
+            s = blk.ids
+            dist, incl = con.dist[s], con.includemargin[s]
+            fr = con.friction[s]
+            ref, imp = con.solref[s], con.solimp[s]
+            solreff = put(solreff, blk, rep(_safe_solref(m, con.solreffriction[s], True), k))
+            dim = blk.dim
+            if blk.kind == "con1":
+                rows, dg = jac, tran[:, None]
+            elif blk.kind == "conpyr":
+                t = jac[:, 1:dim]                                    # (n, dim-1, nv)
+                fjt = fr[:, :dim - 1, None] * t
+                rows = jnp.stack([jac[:, :1] + fjt, jac[:, :1] - fjt], 2).reshape(
+                    len(s), k, nv)
+                f2 = fr[:, :dim - 1] ** 2
+                w = tran[:, None] + f2 * jnp.where(np.arange(dim - 1) < 2, tran[:, None],
+                                                   rot[:, None])
+                dg = jnp.repeat(w, 2, 1)
+            else:
+                rows = jac
+                dg = jnp.where(np.arange(dim) < 3, tran[:, None], rot[:, None])
+                usefric[blk.start:blk.start + blk.n * k] = np.tile(np.arange(k) > 0, blk.n)
+            J, diag = put(J, blk, rows), put(diag, blk, dg)
+            pos = put(pos, blk, rep(dist, k) if blk.kind != "conell" else
+                      jnp.where(np.arange(k) == 0, dist[:, None], 0.0))
+            margin = put(margin, blk, rep(incl, k) if blk.kind != "conell" else
+                         jnp.where(np.arange(k) == 0, incl[:, None], 0.0))
+            imppos = put(imppos, blk, rep(dist, k))
+            impmargin = put(impmargin, blk, rep(incl, k))
+            act = rep(ok, k)
+        if ref.ndim == 2 and ref.shape[0] == blk.n:
+            ref, imp = rep(ref, k), rep(imp, k)
+        solref = put(solref, blk, ref)
+        solimp = put(solimp, blk, imp)
+        active = put(active, blk, act)
+
+    # rows with an all-zero Jacobian are dropped by MuJoCo (non-contacts)
+    nonzero = jnp.any(J != 0, axis=1)
+    active = active & nonzero
+    J = jnp.where(active[:, None], J, 0.0)
+
+    solref = _safe_solref(m, solref)
+    solimp = _clamp_solimp(solimp)
+    imp, impp = _impedance(solimp, imppos, impmargin)
+    if m.opt.enableflags & EnableBit.DIAGEXACT:
+        # mj_makeY with diagexact: diagA = J_i M^-1 J_i' (exact), then impedance again
+        minvjt = jax.vmap(lambda v: tree_linalg.solve_ld(m, d.qLD, v))(J)
+        diag = jnp.where(active, jnp.sum(J * minvjt, 1), diag)
+    R = jnp.maximum(MINVAL, (1 - imp) * diag / imp)
+    dmax = solimp[:, 1]
+    ref = jnp.where((usefric & jnp.any(solreff != 0, axis=1))[:, None], solreff, solref)
+    K, B = _kb(ref, dmax)
+    K = jnp.where(kzero | usefric, 0.0, K)
+    R = _contact_R(m, d, lay, R)
+    R = jnp.where(active, R, 1.0)
+    D = jnp.where(active, 1 / R, 0.0)
+    diagA = R * imp / (1 - imp)
+    kbip = jnp.stack([K, B, imp, impp], 1)
+    counts = {}
+    ctype = lay.efc_type
+    for name, lo, hi in (("ne", EQUALITY, EQUALITY), ("nf", FRICTION_DOF, FRICTION_TENDON),
+                         ("nl", LIMIT_JOINT, LIMIT_TENDON)):
+        sel = (ctype >= lo) & (ctype <= hi)
+        counts[name] = jnp.sum(active & sel).astype(jnp.int32)
+    counts["nefc"] = jnp.sum(active).astype(jnp.int32)
+    z = jnp.zeros(n, dtype)
+    # first efc row of each contact (mjContact.efc_address), -1 when it has none
+    adr = d.contact.efc_address
+    for blk in lay.blocks:
+        if blk.kind.startswith("con"):
+            first = blk.start + blk.k * np.arange(blk.n)
+            adr = adr.at[blk.ids].set(jnp.where(active[first], jnp.asarray(first, jnp.int32), -1))
+    contact = d.contact.replace(efc_address=adr)
+    return d.replace(contact=contact, efc_J=J, efc_pos=jnp.where(active, pos, 0.0),
+                     efc_margin=jnp.where(active, margin, 0.0),
+                     efc_frictionloss=jnp.where(active, floss, 0.0),
+                     efc_diagA=jnp.where(active, diagA, 0.0), efc_KBIP=kbip * active[:, None],
+                     efc_R=R, efc_D=D, efc_active=active,
+                     efc_type=jnp.asarray(lay.efc_type), efc_id=jnp.asarray(lay.efc_id),
+                     efc_force=z, efc_state=jnp.zeros(n, jnp.int32), **counts)
+
+
+def _contact_R(m, d, lay, R):
+    """Contact regulariser in friction directions (second loop of mj_makeImpedance)."""
+    impratio = jnp.maximum(MINVAL, _f(m.opt.impratio, R.dtype))
+    for blk in lay.blocks:
+        if blk.kind not in ("conpyr", "conell"):
+            continue
+        rows = R[blk.start:blk.start + blk.n * blk.k].reshape(blk.n, blk.k)
+        fr = d.contact.friction[blk.ids]
+        r0 = rows[:, 0]
+        r1 = r0 / impratio
+        if blk.kind == "conell":
+            rest = r1[:, None] * fr[:, :1] ** 2 / fr[:, 1:blk.dim - 1] ** 2
+            new = jnp.concatenate([r0[:, None], r1[:, None], rest], 1)
+        else:
+            mu2 = fr[:, 0] ** 2 * (r1 / r0)
+            new = jnp.repeat((2 * mu2 * r0)[:, None], blk.k, 1)
+        R = R.at[blk.start:blk.start + blk.n * blk.k].set(new.reshape(-1))
+    return R
+
+
+def _check_unsupported(m, lay):
+    if not any(b.kind.startswith("con") for b in lay.blocks):
+        return
+    for name, what in (("geom_adhesion", "contact adhesion"),
+                       ("pair_adhesion", "contact adhesion"),
+                       ("geom_surfacevel", "geom surface velocity")):
+        arr = getattr(m, name, None)
+        if arr is None:
+            continue
+        try:
+            val = np.asarray(arr)
+        except Exception:
+            continue
+        if val.size and np.any(val != 0):
+            raise UnsupportedFeatureError(what)
+
+
+# --------------------------------------------------------------------------- reference
+def _jacdot_v(m, d, points, bodies):
+    """(Jdot_p qvel, Jdot_r qvel) of world points on bodies (mj_jacDot), (n, 3) each."""
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    jt = np.asarray(m.jnt_type)
+    dj = np.asarray(m.dof_jntid)
+    dadr = np.asarray(m.jnt_dofadr)[dj]
+    is_quat = (jt[dj] == JointType.BALL) | ((jt[dj] == JointType.FREE) &
+                                             (np.arange(m.nv) >= dadr + 3))
+    cdd = d.cdof_dot
+    if is_quat.any():
+        alt = math.motion_cross(d.cvel[np.asarray(m.dof_bodyid)], d.cdof)
+        cdd = jnp.where(is_quat[:, None], alt, cdd)
+    anc = jnp.asarray(tab.anc_dof, dtype)[jnp.asarray(bodies)]          # (n, nv)
+    a = anc @ (cdd * d.qvel[:, None])                                   # (n, 6)
+    bvec = anc @ (d.cdof[:, :3] * d.qvel[:, None])                      # (n, 3)
+    com = d.subtree_com[np.asarray(m.body_rootid)[np.asarray(bodies)]]
+    offset = points - com
+    cv = d.cvel[np.asarray(bodies)]
+    pvel = cv[:, 3:] + math.cross(cv[:, :3], offset)
+    lin = a[:, 3:] + math.cross(a[:, :3], offset) + math.cross(bvec, pvel)
+    return lin, a[:, :3]
+
+
+def _deriv_quat(q, w):
+    """0.5 * (0, w) * q (mju_derivQuat)."""
+    zero = jnp.zeros(w.shape[:-1] + (1,), w.dtype)
+    return 0.5 * math.quat_mul(jnp.concatenate([zero, w], -1), q)
+
+
+def _jdotv_eq(m, d, blk):
+    """Jdot*qvel of connect / weld rows, (n, k)."""
+    weld = blk.kind == "weld"
+    p1, p2, b1, b2, site, o1, o2, data = _anchors(m, d, blk.ids, weld)
+    l1, r1 = _jacdot_v(m, d, p1, b1)
+    l2, r2 = _jacdot_v(m, d, p2, b2)
+    lin = l1 - l2
+    if not weld:
+        return lin
+    ts = data[:, 10]
+    q0r, nq1 = _weld_quats(m, d, site, o1, o2, b1, b2, data)
+    w1, w2 = d.cvel[b1, :3], d.cvel[b2, :3]
+    dw = w1 - w2
+    # d/dt of q0 * relpose and of neg(q1)
+    qfull0 = d.xquat[b1]
+    qfull1 = d.xquat[b2]
+    if site.any():
+        sq = _f(m.site_quat, d.qpos.dtype).reshape(-1, 4)
+        s1, s2 = np.where(site, o1, 0), np.where(site, o2, 0)
+        qfull0 = jnp.where(site[:, None], math.quat_mul(d.xquat[b1], sq[s1]), qfull0)
+        qfull1 = jnp.where(site[:, None], math.quat_mul(d.xquat[b2], sq[s2]), qfull1)
+    qdot0 = _deriv_quat(qfull0, w1)
+    qdot0r = jnp.where(site[:, None], qdot0, math.quat_mul(qdot0, data[:, 6:10]))
+    nqdot1 = math.quat_neg(_deriv_quat(qfull1, w2))
+    t1 = math.quat_mul(_quat_axis(nqdot1, dw), q0r)
+    t2 = math.quat_mul(_quat_axis(nq1, r1 - r2), q0r)
+    t3 = math.quat_mul(_quat_axis(nq1, dw), qdot0r)
+    rot = 0.5 * (t1 + t2 + t3)[:, 1:] * ts[:, None]
+    return jnp.concatenate([lin, rot], 1)
+
+
+def reference_constraint(m, d):
+    """efc_vel = J qvel and efc_aref = -B vel - K imp (pos - margin) - Jdot qvel
+    (mj_referenceConstraint; the Jdot*qvel correction applies to connect and weld rows).
+    Requires the velocity stage (cvel, cdof_dot)."""
+    if not d.efc_J.shape[0]:
+        return d
+    lay = layout(m, slot_dims(d))
+    vel = d.efc_J @ d.qvel
+    kbip = d.efc_KBIP
+    aref = -kbip[:, 1] * vel - kbip[:, 0] * kbip[:, 2] * (d.efc_pos - d.efc_margin)
+    for blk in lay.blocks:
+        if blk.kind in ("connect", "weld"):
+            jdv = _jdotv_eq(m, d, blk)
+            rows = slice(blk.start, blk.start + blk.n * blk.k)
+            aref = aref.at[rows].add(-jdv.reshape(-1))
+    aref = jnp.where(d.efc_active, aref, 0.0)
+    return d.replace(efc_vel=vel, efc_aref=aref)

@@ -1,0 +1,862 @@
+"""Constraint solvers (MuJoCo's engine_solver and mj_fwdConstraint): Newton, CG, PGS, the
+noslip post-pass and warmstart.
+
+All solvers find the unique minimiser of MuJoCo's convex constraint problem
+(Todorov 2014, "Convex and analytically-invertible dynamics with contacts and
+constraints"):
+
+    qacc* = argmin_a  0.5 (a - qacc_smooth)' M (a - qacc_smooth) + s(J a - aref)
+
+with s the sum of per-row costs (quadratic for equality rows, Huber for friction loss,
+one-sided quadratic for limits and pyramidal / frictionless contacts, the elliptic cone
+cost for elliptic contacts). Newton and CG are MuJoCo's primal solvers with its exact
+line search (PrimalSearch: Newton steps on the piecewise-quadratic 1-D cost, then a
+bracketed search); PGS is MuJoCo's projected Gauss-Seidel on the dual with Nesterov
+momentum and gradient restarts (rows are visited in their natural order, MuJoCo shuffles
+them with a seeded generator: iterates differ, the converged solution is the same).
+
+Differentiation (reverse and forward): the solution is differentiated implicitly. The
+optimum satisfies g(qacc*, theta) = M qacc* - qfrc_smooth - J' f(J qacc* - aref) = 0, so
+d qacc* = -H^-1 dg/dtheta with H = dg/dqacc the constraint Hessian at the solution
+(M + J' D_active J plus the elliptic cone Hessians: exactly the matrix Newton factors).
+``_implicit`` is a ``jax.custom_jvp`` whose tangent rule solves one linear system with H
+(JAX transposes it for reverse mode), independent of the iteration count; the forward
+iterations (``lax.while_loop`` with MuJoCo's early exits) run on stop-gradient inputs
+and are never differentiated. This is exact wherever the active set is
+locally constant (the generic case) and needs no memory per iteration, unlike a
+differentiated fixed-length scan. The noslip post-pass (a fixed number of sweeps) is
+differentiated directly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import constraint as C
+from simjax.engine import tree_linalg
+from simjax.types import DisableBit, SolverType
+
+MINVAL = 1e-15
+
+
+# --------------------------------------------------------------------------- dense algebra
+def cholesky(a):
+    """Lower Cholesky factor of a symmetric positive definite (n, n) matrix (pure JAX,
+    one column per loop step; no LAPACK custom call)."""
+    n = a.shape[-1]
+    idx = jnp.arange(n)
+
+    def body(j, low):
+        v = a[:, j] - low @ low[j]
+        djj = jnp.sqrt(jnp.maximum(v[j], MINVAL))
+        return low.at[:, j].set(jnp.where(idx >= j, v / djj, 0.0))
+
+    return jax.lax.fori_loop(0, n, body, jnp.zeros_like(a))
+
+
+def cho_solve(low, b):
+    """Solve (L L') x = b for the factor of :func:`cholesky`; b (n,)."""
+    n = low.shape[-1]
+
+    def fwd(i, y):
+        return y.at[i].set((b[i] - low[i] @ y) / low[i, i])
+
+    y = jax.lax.fori_loop(0, n, fwd, jnp.zeros_like(b))
+
+    def bwd(k, x):
+        i = n - 1 - k
+        return x.at[i].set((y[i] - low[:, i] @ x) / low[i, i])
+
+    return jax.lax.fori_loop(0, n, bwd, jnp.zeros_like(b))
+
+
+# --------------------------------------------------------------------------- problem
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Static structure of the rows: masks (numpy) and elliptic blocks (start, n, dim)."""
+    eq: np.ndarray
+    fric: np.ndarray
+    ineq: np.ndarray
+    ell: tuple
+    nefc: int
+    nv: int
+
+    def __hash__(self):
+        return hash((self.eq.tobytes(), self.fric.tobytes(), self.ell, self.nefc, self.nv))
+
+    def __eq__(self, other):
+        return hash(self) == hash(other)
+
+
+def spec_from_layout(lay, nv):
+    t = lay.efc_type
+    ell = tuple((b.start, b.n, b.dim) for b in lay.blocks if b.kind == "conell")
+    return Spec(eq=t == C.EQUALITY, fric=(t == C.FRICTION_DOF) | (t == C.FRICTION_TENDON),
+                ineq=(t >= C.LIMIT_JOINT) & (t != C.CONTACT_ELLIPTIC), ell=ell,
+                nefc=len(t), nv=nv)
+
+
+def _ell_rows(x, start, n, dim):
+    return x[start:start + n * dim].reshape(n, dim)
+
+
+def _ell_update(jar, D, mu, fr):
+    """Elliptic cone zones (mj_constraintUpdate): force (n,dim), cost (n,), state (n,)."""
+    u = jnp.concatenate([jar[:, :1] * mu[:, None], jar[:, 1:] * fr], 1)
+    nn = u[:, 0]
+    tt2 = jnp.sum(u[:, 1:] ** 2, 1)
+    pos = tt2 > 0
+    tt = jnp.sqrt(jnp.where(pos, tt2, 1.0))
+    tt = jnp.where(pos, tt, 0.0)
+    top = (nn >= mu * tt) | (~pos & (nn >= 0))
+    bottom = ~top & ((mu * nn + tt <= 0) | (~pos & (nn < 0)))
+    dm = D[:, 0] / (mu * mu * (1 + mu * mu))
+    nmt = nn - mu * tt
+    f0 = -dm * nmt * mu
+    tsafe = jnp.where(pos, tt, 1.0)
+    fj = -f0[:, None] / tsafe[:, None] * u[:, 1:] * fr
+    fmid = jnp.concatenate([f0[:, None], fj], 1)
+    fq = -D * jar
+    force = jnp.where(top[:, None], 0.0, jnp.where(bottom[:, None], fq, fmid))
+    cost = jnp.where(top, 0.0, jnp.where(bottom, 0.5 * jnp.sum(D * jar * jar, 1),
+                                         0.5 * dm * nmt * nmt))
+    state = jnp.where(top, C.SATISFIED, jnp.where(bottom, C.QUADRATIC, C.CONE))
+    return force, cost, state
+
+
+def _ell_mid_cost(jar, D0, mu, fr):
+    u = jnp.concatenate([jar[:1] * mu, jar[1:] * fr])
+    tt = jnp.sqrt(jnp.sum(u[1:] ** 2))
+    dm = D0 / (mu * mu * (1 + mu * mu))
+    return 0.5 * dm * (u[0] - mu * tt) ** 2
+
+
+def update(spec, p, jar):
+    """Forces, states and constraint cost at jar = J qacc - aref (mj_constraintUpdate)."""
+    D, R, fl = p["D"], p["R"], p["floss"]
+    force = -D * jar
+    cost_row = 0.5 * D * jar * jar
+    state = jnp.full(jar.shape, C.QUADRATIC, jnp.int32)
+    # friction loss (Huber)
+    neg = spec.fric & (jar <= -R * fl)
+    posv = spec.fric & ~neg & (jar >= R * fl)
+    force = jnp.where(neg, fl, jnp.where(posv, -fl, force))
+    cost_row = jnp.where(neg, -0.5 * R * fl * fl - fl * jar,
+                         jnp.where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
+    state = jnp.where(neg, C.LINEARNEG, jnp.where(posv, C.LINEARPOS, state))
+    # one-sided rows
+    sat = spec.ineq & (jar >= 0)
+    force = jnp.where(sat, 0.0, force)
+    cost_row = jnp.where(sat, 0.0, cost_row)
+    state = jnp.where(sat, C.SATISFIED, state)
+    cost = jnp.sum(jnp.where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0))
+    for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+        f, c, s = _ell_update(_ell_rows(jar, start, n, dim), _ell_rows(D, start, n, dim),
+                              mu, fr)
+        sl = slice(start, start + n * dim)
+        force = force.at[sl].set(f.reshape(-1))
+        state = state.at[sl].set(jnp.repeat(s, dim).astype(jnp.int32))
+        cost = cost + jnp.sum(c)
+    if "active" in p:
+        state = jnp.where(p["active"], state, C.SATISFIED)
+    return force, state, cost
+
+
+def _hessian(spec, p, jar, state):
+    """H = M + J' D_q J + sum of elliptic cone Hessians (MakeHessian, HessianCone)."""
+    J = p["J"]
+    dq = jnp.where((state == C.QUADRATIC) & p["active"], p["D"], 0.0)
+    H = p["M"] + J.T @ (dq[:, None] * J)
+    for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+        jr = _ell_rows(jar, start, n, dim)
+        d0 = p["D"][start:start + n * dim:dim]
+        hc = jax.vmap(jax.hessian(_ell_mid_cost))(jr, d0, mu, fr)           # (n, d, d)
+        cone = state[start:start + n * dim:dim] == C.CONE
+        hc = jnp.where(cone[:, None, None], hc, 0.0)
+        jb = J[start:start + n * dim].reshape(n, dim, -1)
+        H = H + jnp.einsum("nik,nij,njl->kl", jb, hc, jb)
+    return H
+
+
+def gradient(spec, p, qacc):
+    """g(qacc) = M qacc - qfrc_smooth - J' f(J qacc - aref): zero at the optimum."""
+    jar = p["J"] @ qacc - p["aref"]
+    force, _, _ = update(spec, p, jar)
+    return p["M"] @ qacc - p["qfrc_smooth"] - p["J"].T @ force
+
+
+# --------------------------------------------------------------------------- line search
+def _prepare(spec, p, qacc, Ma, jaref, search):
+    """Quadratic coefficients of the 1-D cost along ``search`` (PrimalPrepare)."""
+    Mv = p["M"] @ search
+    Jv = p["J"] @ search
+    D = p["D"]
+    qg = jnp.stack([jnp.zeros((), Ma.dtype),
+                    jnp.dot(search, Ma) - jnp.dot(p["qfrc_smooth"], search),
+                    0.5 * jnp.dot(search, Mv)])
+    dj0 = D * jaref
+    quad = jnp.stack([0.5 * jaref * dj0, Jv * dj0, 0.5 * Jv * D * Jv], 1)
+    ells = []
+    for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+        ja = _ell_rows(jaref, start, n, dim)
+        jv = _ell_rows(Jv, start, n, dim)
+        dd = _ell_rows(D, start, n, dim)
+        qb = jnp.stack([0.5 * jnp.sum(ja * dd * ja, 1), jnp.sum(jv * dd * ja, 1),
+                        0.5 * jnp.sum(jv * dd * jv, 1)], 1)
+        u0, v0 = ja[:, 0] * mu, jv[:, 0] * mu
+        u, v = ja[:, 1:] * fr, jv[:, 1:] * fr
+        ells.append(dict(q=qb, u0=u0, v0=v0, uu=jnp.sum(u * u, 1), uv=jnp.sum(u * v, 1),
+                         vv=jnp.sum(v * v, 1), dm=dd[:, 0] / (mu * mu * (1 + mu * mu)),
+                         mu=mu))
+    return dict(Mv=Mv, Jv=Jv, qg=qg, quad=quad, ells=ells, jaref=jaref)
+
+
+def _fric_cost(x, f, rf, D):
+    return jnp.where((-rf < x) & (x < rf), 0.5 * D * x * x,
+                     jnp.where(x <= -rf, f * (-0.5 * rf - x), f * (-0.5 * rf + x)))
+
+
+def _zone(n0, tsq, mu):
+    pos = tsq > 0
+    t = jnp.sqrt(jnp.where(pos, tsq, 1.0)) * pos
+    top = jnp.where(pos, n0 >= mu * t, n0 >= 0)
+    bottom = jnp.where(pos, ~top & (mu * n0 + t <= 0), n0 < 0)
+    return jnp.where(top, 1, jnp.where(bottom, 2, 3)), t
+
+
+def _ell_cost_dif(e, alpha):
+    """cost(alpha) - cost(0) of elliptic cones (ellipticCostDif), and derivatives."""
+    mu, dm, q = e["mu"], e["dm"], e["q"]
+    z0, t0 = _zone(e["u0"], e["uu"], mu)
+    nn = e["u0"] + alpha * e["v0"]
+    tsq = e["uu"] + alpha * (2 * e["uv"] + alpha * e["vv"])
+    za, ta = _zone(nn, tsq, mu)
+    quadv = alpha * alpha * q[:, 2] + alpha * q[:, 1]
+    tdel = alpha * (2 * e["uv"] + alpha * e["vv"]) / jnp.where(ta + t0 > 0, ta + t0, 1.0)
+    rdel = alpha * e["v0"] - mu * tdel
+    r0 = e["u0"] - mu * t0
+    ra = nn - mu * ta
+    b0 = mu * e["u0"] + t0
+    ba = mu * nn + ta
+    c = jnp.zeros_like(nn)
+    c = jnp.where((z0 == 2) & (za == 2), quadv, c)
+    c = jnp.where((z0 == 3) & (za == 3), 0.5 * dm * rdel * (2 * r0 + rdel), c)
+    c = jnp.where((z0 == 3) & (za == 2), quadv + 0.5 * dm * b0 * b0, c)
+    c = jnp.where((z0 == 2) & (za == 3), quadv - 0.5 * dm * ba * ba, c)
+    c = jnp.where((z0 == 1) & (za == 2), quadv + q[:, 0], c)
+    c = jnp.where((z0 == 1) & (za == 3), 0.5 * dm * ra * ra, c)
+    c = jnp.where((z0 == 3) & (za == 1), -0.5 * dm * r0 * r0, c)
+    c = jnp.where((z0 == 2) & (za == 1), -q[:, 0], c)
+    # derivatives
+    tsafe = jnp.where(ta > 0, ta, 1.0)
+    n1 = e["v0"]
+    t1 = (e["uv"] + alpha * e["vv"]) / tsafe
+    t2 = e["vv"] / tsafe - (e["uv"] + alpha * e["vv"]) * t1 / (tsafe * tsafe)
+    d0 = jnp.where(za == 2, 2 * alpha * q[:, 2] + q[:, 1],
+                   jnp.where(za == 3, dm * ra * (n1 - mu * t1), 0.0))
+    d1 = jnp.where(za == 2, 2 * q[:, 2],
+                   jnp.where(za == 3, dm * ((n1 - mu * t1) ** 2 + ra * (-mu * t2)), 0.0))
+    return jnp.sum(c), jnp.sum(d0), jnp.sum(d1)
+
+
+def _eval(spec, p, pre, alpha):
+    """(alpha, cost(alpha) - cost(0), d cost, d2 cost) (PrimalEval)."""
+    quad, Jv, start = pre["quad"], pre["Jv"], pre["jaref"]
+    qt = jnp.stack([0.0 * alpha, pre["qg"][1], pre["qg"][2]])
+    eq = jnp.asarray(spec.eq)
+    qt = qt + jnp.stack([0.0 * alpha, jnp.sum(jnp.where(eq, quad[:, 1], 0.0)),
+                         jnp.sum(jnp.where(eq, quad[:, 2], 0.0))])
+    # friction loss
+    x = start + alpha * Jv
+    f, D = p["floss"], p["D"]
+    rf = p["R"] * f
+    fr = spec.fric
+    cost = jnp.sum(jnp.where(fr, _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D), 0.0))
+    quadz = (-rf < x) & (x < rf)
+    dz0 = jnp.where(quadz, D * x * Jv, jnp.where(x <= -rf, -f * Jv, f * Jv))
+    dz1 = jnp.where(quadz, D * Jv * Jv, 0.0)
+    d0 = jnp.sum(jnp.where(fr, dz0, 0.0))
+    d1 = jnp.sum(jnp.where(fr, dz1, 0.0))
+    # one-sided rows
+    iq = spec.ineq
+    cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
+    act = iq & (x < 0)
+    qt = qt + jnp.stack([jnp.sum(jnp.where(act, quad[:, 0] - cost0, 0.0)),
+                         jnp.sum(jnp.where(act, quad[:, 1], 0.0)),
+                         jnp.sum(jnp.where(act, quad[:, 2], 0.0))])
+    cost = cost - jnp.sum(jnp.where(iq & ~act, cost0, 0.0))
+    for e in pre["ells"]:
+        c, e0, e1 = _ell_cost_dif(e, alpha)
+        cost, d0, d1 = cost + c, d0 + e0, d1 + e1
+    cost = cost + alpha * alpha * qt[2] + alpha * qt[1] + qt[0]
+    d0 = d0 + 2 * alpha * qt[2] + qt[1]
+    d1 = d1 + 2 * qt[2]
+    d1 = jnp.where(d1 <= 0, MINVAL, d1)
+    return jnp.stack([alpha, cost, d0, d1])
+
+
+def _linesearch(spec, p, pre, gtol, ls_iter):
+    """MuJoCo's PrimalSearch, returning (alpha, improvement).
+
+    Points are 4-vectors (alpha, cost, deriv, deriv2); ``n`` counts evaluations as
+    LSiter does. Written as one ``while_loop`` state machine that evaluates exactly one
+    point per iteration (so the cost evaluation appears once in the program):
+    phase 0 alpha = 0, 1 first Newton step, 2 one-sided Newton steps, 3 Newton point of
+    p1 before bracketing, 4 bracket midpoint, 5 / 6 Newton points of updated brackets.
+    """
+    dtype = pre["jaref"].dtype
+    zero = jnp.zeros(4, dtype)
+    newton = lambda q: q[0] - q[2] / q[3]
+    i32 = lambda x: jnp.asarray(x, jnp.int32)
+
+    def last_bracket(p1, p2):
+        return jnp.where((p1[1] <= p2[1]) & (p1[1] < 0), p1,
+                         jnp.where((p2[1] <= p1[1]) & (p2[1] < 0), p2, zero))
+
+    def upd(pb, cands):
+        flag = jnp.zeros((), bool)
+        for cand in cands:
+            neg = (pb[2] < 0) & (cand[2] < 0) & (pb[2] < cand[2])
+            posd = ~neg & (pb[2] > 0) & (cand[2] > 0) & (pb[2] > cand[2])
+            pb = jnp.where(neg | posd, cand, pb)
+            flag = flag | neg | posd
+        return pb, flag
+
+    def body(s):
+        ph, p1, p2, p1n, p2n = s["ph"], s["p1"], s["p2"], s["p1n"], s["p2n"]
+        alpha = jnp.select([ph == 0, ph == 1, ph == 4, ph == 6],
+                           [jnp.zeros((), dtype), newton(p2), 0.5 * (p1[0] + p2[0]),
+                            newton(p2)], newton(p1))
+        q = _eval(spec, p, pre, alpha)
+        n = s["n"] + 1
+        out = dict(s, n=n)
+
+        def go(cond, **kw):
+            for k, v in kw.items():
+                out[k] = jnp.where(cond, v, out[k])
+
+        def finish(cond, res):
+            go(cond, res=res, done=jnp.ones((), bool))
+
+        # decide after a Newton step of the one-sided search
+        def one_sided(cond, p1new, direction):
+            more = (p1new[2] * direction <= -gtol) & (n < ls_iter)
+            go(cond & more, ph=i32(2))
+            finish(cond & ~more & (n >= ls_iter), p1new)
+            go(cond & ~more & (n < ls_iter), ph=i32(3), p2n=p1new)
+
+        # phase 0: p0 is kept in p2 (MuJoCo starts the bracket with p2 = p0)
+        go(ph == 0, p2=q, ph=i32(1))
+        # phase 1
+        c1 = ph == 1
+        init_ok = (jnp.abs(q[2]) < gtol) & ((q[0] == 0) | (q[1] < 0))
+        direction = jnp.where(q[2] < 0, 1.0, -1.0).astype(dtype)
+        go(c1, p1=q, dir=direction)
+        finish(c1 & init_ok, q)
+        one_sided(c1 & ~init_ok, q, direction)
+        # phase 2
+        c2 = ph == 2
+        ok2 = (jnp.abs(q[2]) < gtol) & (q[1] < 0)
+        go(c2, p1=q, p2=p1)
+        finish(c2 & ok2, q)
+        one_sided(c2 & ~ok2, q, s["dir"])
+        # phase 3: first Newton point of p1, then bracketed search
+        c3 = ph == 3
+        go(c3, p1n=q, ph=i32(4))
+        finish(c3 & (n >= ls_iter), last_bracket(p1, p2))
+        # phase 4: midpoint, convergence check over candidates, bracket update
+        c4 = ph == 4
+        cands = (p1n, p2n, q)
+        best, bestc, found = q, jnp.zeros((), dtype), jnp.zeros((), bool)
+        for cand in cands:
+            ok = (jnp.abs(cand[2]) < gtol) & (~found | (cand[1] < bestc))
+            best = jnp.where(ok, cand, best)
+            bestc = jnp.where(ok, cand[1], bestc)
+            found = found | ok
+        p1u, f1 = upd(p1, cands)
+        p2u, f2 = upd(p2, cands)
+        finish(c4 & found, best)
+        finish(c4 & ~found & ~f1 & ~f2, q)
+        go(c4 & ~found, p1=p1u, p2=p2u, f2=f2,
+           ph=jnp.where(f1, i32(5), i32(6)))
+        # phases 5 / 6: Newton points of the updated brackets
+        c5 = ph == 5
+        go(c5, p1n=q, ph=jnp.where(s["f2"], i32(6), i32(4)))
+        c6 = ph == 6
+        go(c6, p2n=q, ph=i32(4))
+        back = (c5 & ~s["f2"]) | c6
+        finish(back & (n >= ls_iter), last_bracket(p1, p2))
+        return out
+
+    s = dict(ph=i32(0), p1=zero, p2=zero, p1n=zero, p2n=zero, n=i32(0),
+             dir=jnp.ones((), dtype), f2=jnp.zeros((), bool), res=zero,
+             done=jnp.zeros((), bool))
+    s = jax.lax.while_loop(lambda s: ~s["done"], body, s)
+    return s["res"][0], -s["res"][1]
+
+
+# --------------------------------------------------------------------------- primal solvers
+def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
+    """Newton / CG (mj_solPrimal). Returns (qacc, niter, improvement, gradient)."""
+    nv = spec.nv
+    tol = p["tolerance"]
+    scale = 1.0 / (p["meaninertia"] * max(1, nv))
+    M = p["M"]
+    solve_m = p["solve_m"]
+
+    def state_at(qacc):
+        Ma = M @ qacc
+        jaref = p["J"] @ qacc - p["aref"]
+        force, state, cost = update(spec, p, jaref)
+        grad = Ma - p["qfrc_smooth"] - p["J"].T @ force
+        return Ma, jaref, state, grad
+
+    def mgrad_of(qacc, jaref, state, grad):
+        if newton:
+            low = cholesky(_hessian(spec, p, jaref, state))
+            return cho_solve(low, grad)
+        return solve_m(grad)
+
+    Ma, jaref, state, grad = state_at(qacc0)
+    mg_m = solve_m(grad)
+    gap = jnp.maximum(0.0, 0.5 * scale * jnp.dot(grad, mg_m)) < tol
+    gnorm_ok = scale * jnp.linalg.norm(grad) < tol
+    done = gap & gnorm_ok if newton else gap
+    if newton:
+        mgrad = mgrad_of(qacc0, jaref, state, grad)
+        done = done | (gnorm_ok & (jnp.maximum(0.0, 0.5 * scale * jnp.dot(grad, mgrad)) < tol))
+    else:
+        mgrad = mg_m
+    search = -mgrad
+    gtol_base = tol * p["ls_tolerance"]
+
+    def cond(s):
+        return ~s["done"] & (s["iter"] < iterations)
+
+    def body(s):
+        qacc, Ma, jaref, search = s["qacc"], s["Ma"], s["jaref"], s["search"]
+        snorm = jnp.linalg.norm(search)
+        small = snorm < MINVAL
+        pre = _prepare(spec, p, qacc, Ma, jaref, search)
+        gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
+        alpha, imp = _linesearch(spec, p, pre, gtol, ls_iterations)
+        alpha = jnp.where(small, 0.0, alpha)
+        stop = alpha == 0
+        qacc = qacc + alpha * search
+        Ma = Ma + alpha * pre["Mv"]
+        jaref = jaref + alpha * pre["Jv"]
+        force, state, _ = update(spec, p, jaref)
+        grad = Ma - p["qfrc_smooth"] - p["J"].T @ force
+        mgrad = mgrad_of(qacc, jaref, state, grad)
+        improvement = scale * imp
+        gnorm = scale * jnp.linalg.norm(grad)
+        it = s["iter"] + jnp.where(stop, 0, 1)
+        conv = ((improvement > 0) & (improvement < tol)) | (gnorm < tol)
+        if newton:
+            conv = conv | (jnp.maximum(0.0, 0.5 * scale * jnp.dot(grad, mgrad)) < tol)
+            new_search = -mgrad
+        else:
+            y = grad - s["grad"]
+            my = mgrad - s["mgrad"]
+            dy = jnp.dot(search, y)
+            ymy = jnp.dot(y, my)
+            beta_hz = (jnp.dot(y, mgrad) - 2 * (ymy / jnp.where(dy < MINVAL, 1.0, dy)) *
+                       jnp.dot(search, grad)) / jnp.where(dy < MINVAL, 1.0, dy)
+            eta_k = -1.0 / jnp.maximum(MINVAL, jnp.linalg.norm(search) *
+                                       jnp.minimum(0.01, jnp.linalg.norm(grad)))
+            beta = jnp.where(dy < MINVAL, 0.0, jnp.maximum(eta_k, beta_hz))
+            new_search = -mgrad + beta * search
+        keep = lambda a, b: jnp.where(stop, a, b)
+        return dict(qacc=keep(s["qacc"], qacc), Ma=keep(s["Ma"], Ma),
+                    jaref=keep(s["jaref"], jaref), search=keep(search, new_search),
+                    grad=keep(s["grad"], grad), mgrad=keep(s["mgrad"], mgrad), iter=it,
+                    done=stop | conv, imp=keep(s["imp"], improvement),
+                    gnorm=keep(s["gnorm"], gnorm))
+
+    zero = jnp.zeros((), qacc0.dtype)
+    s = dict(qacc=qacc0, Ma=Ma, jaref=jaref, search=search, grad=grad, mgrad=mgrad,
+             iter=jnp.int32(0), done=done, imp=zero, gnorm=scale * jnp.linalg.norm(grad))
+    s = jax.lax.while_loop(cond, body, s)
+    return s["qacc"], s["iter"], s["imp"], s["gnorm"]
+
+
+# --------------------------------------------------------------------------- PGS
+def _ar(p):
+    """AR = J M^-1 J' + diag(R) (mj_makeAR, dense)."""
+    minvjt = p["solve_m"](p["J"].T)
+    return p["J"] @ minvjt + jnp.diag(p["R"])
+
+
+def _qcqp(a, b, d, r):
+    """min 0.5 x'Ax + x'b  s.t.  sum (x_i/d_i)^2 <= r^2 (mju_QCQP): (x, constrained)."""
+    n = b.shape[-1]
+    bs = b * d
+    As = a * d[:, None] * d[None, :]
+    eye = jnp.eye(n, dtype=b.dtype)
+
+    def step(la):
+        al = As + la * eye
+        low = cholesky(al)
+        ok = jnp.all(jnp.diag(low) ** 2 > 1e-10) & jnp.all(jnp.isfinite(low))
+        x = -cho_solve(low, bs)
+        val = jnp.dot(x, x) - r * r
+        tmp = cho_solve(low, x)
+        deriv = -2.0 * jnp.dot(x, tmp)
+        return x, ok, val, deriv
+
+    def body(i, s):
+        la, x, done, fail = s
+        xn, ok, val, deriv = step(la)
+        fail_now = ~done & ~ok
+        stop = val < 1e-10
+        delta = -val / jnp.where(deriv == 0, -1.0, deriv)
+        small = delta < 1e-10
+        x = jnp.where(done, x, xn)
+        newla = jnp.where(done | stop | small | fail_now, la, la + delta)
+        return newla, x, done | stop | small | fail_now, fail | fail_now
+
+    la, x, _, fail = jax.lax.fori_loop(0, 20, body, (jnp.zeros((), b.dtype), jnp.zeros_like(b),
+                                                     jnp.zeros((), bool), jnp.zeros((), bool)))
+    x = jnp.where(fail, 0.0, x * d)
+    return x, (la != 0) & ~fail
+
+
+def _project_ellipsoid(fric, normal, mu, feasible):
+    s = jnp.sum(fric * fric / (mu * mu))
+    scl = jnp.sqrt(normal * normal / jnp.maximum(MINVAL, s))
+    do = ~feasible | (s > normal * normal)
+    return jnp.where(do, fric * scl, fric)
+
+
+def _pgs(spec, p, force0, iterations, lay):
+    """Projected Gauss-Seidel on the dual (mj_solPGS). Returns (force, niter, improvement)."""
+    AR = _ar(p)
+    b = p["efc_b"]
+    nefc = spec.nefc
+    diag = jnp.diag(AR)
+    fl = p["floss"]
+    scale = 1.0 / (p["meaninertia"] * max(1, spec.nv))
+    tol = p["tolerance"]
+    act = p["active"]
+    in_ell = np.zeros(nefc, bool)
+    for start, n, dim in spec.ell:
+        in_ell[start:start + n * dim] = True
+    scalar_rows = np.nonzero(~in_ell)[0]
+    fric = spec.fric
+    ineq = spec.ineq
+
+    def scalar_sweep(force, imp):
+        def body(k, s):
+            force, imp = s
+            i = jnp.asarray(scalar_rows)[k]
+            res = b[i] + AR[i] @ force
+            old = force[i]
+            f = old - res / diag[i]
+            f = jnp.where(jnp.asarray(fric)[i], jnp.clip(f, -fl[i], fl[i]), f)
+            f = jnp.where(jnp.asarray(ineq)[i], jnp.maximum(f, 0.0), f)
+            f = jnp.where(act[i], f, 0.0)
+            delta = f - old
+            change = 0.5 * delta * delta * diag[i] + delta * res
+            f = jnp.where(change > 1e-10, old, f)
+            change = jnp.where(change > 1e-10, 0.0, change)
+            return force.at[i].set(f), imp - change
+        return jax.lax.fori_loop(0, len(scalar_rows), body, (force, imp))
+
+    def ell_sweep(force, imp):
+        for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+            def body(c, s, start=start, dim=dim, fr=fr):
+                force, imp = s
+                i = start + c * dim
+                idx = i + jnp.arange(dim)
+                rows = AR[idx]                                      # (dim, nefc)
+                res = b[idx] + rows @ force
+                old = force[idx]
+                Ath = rows[:, idx]
+                f = old
+                # normal update when the normal force is (nearly) zero
+                fn = jnp.maximum(old[0] - res[0] / Ath[0, 0], 0.0)
+                f_norm = jnp.concatenate([fn[None], jnp.zeros(dim - 1, f.dtype)])
+                # ray update otherwise
+                v1 = Ath @ f
+                den = jnp.dot(f, v1)
+                x = -jnp.dot(f, res) / jnp.where(den >= MINVAL, den, 1.0)
+                x = jnp.where(f[0] + x * f[0] < 0, -f[0] / jnp.where(f[0] == 0, 1.0, f[0]), x)
+                f_ray = jnp.where(den >= MINVAL, f + x * f, f)
+                f = jnp.where(old[0] < MINVAL, f_norm, f_ray)
+                # friction update with the normal fixed
+                ac = Ath[1:, 1:]
+                bc = res[1:] - ac @ old[1:] + Ath[1:, 0] * (f[0] - old[0])
+                frc = fr[c]
+                v, activeq = _qcqp(ac, bc, frc, f[0])
+                v = jnp.where(activeq, _project_ellipsoid(v, f[0], frc, False), v)
+                v = jnp.where(f[0] < MINVAL, 0.0, v)
+                f = jnp.concatenate([f[:1], v])
+                f = jnp.where(act[i], f, 0.0)
+                delta = f - old
+                change = 0.5 * delta @ Ath @ delta + jnp.dot(delta, res)
+                f = jnp.where(change > 1e-10, old, f)
+                change = jnp.where(change > 1e-10, 0.0, change)
+                return force.at[idx].set(f), imp - change
+            force, imp = jax.lax.fori_loop(0, n, body, (force, imp))
+        return force, imp
+
+    def project(force):
+        force = jnp.where(jnp.asarray(fric), jnp.clip(force, -fl, fl), force)
+        force = jnp.where(jnp.asarray(ineq), jnp.maximum(force, 0.0), force)
+        for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+            blk = _ell_rows(force, start, n, dim)
+            neg = blk[:, 0] < 0
+            proj = jax.vmap(lambda fz, nn, m_: _project_ellipsoid(fz, nn, m_, True))(
+                blk[:, 1:], blk[:, 0], fr)
+            blk = jnp.where(neg[:, None], 0.0, jnp.concatenate([blk[:, :1], proj], 1))
+            force = force.at[start:start + n * dim].set(blk.reshape(-1))
+        return force
+
+    def cond(s):
+        return ~s["done"] & (s["iter"] < iterations)
+
+    def body(s):
+        force, prev, k = s["force"], s["prev"], s["k"]
+        beta = jnp.where(s["iter"] > 0, (k - 1) / (k + 2.0), 0.0)
+        use = beta > 0
+        extr = project(force + beta * (force - prev))
+        prev = jnp.where(use, force, force)
+        force = jnp.where(use, extr, force)
+        mom = force
+        imp = jnp.zeros((), force.dtype)
+        force, imp = scalar_sweep(force, imp)
+        force, imp = ell_sweep(force, imp)
+        imp = imp * scale
+        corr = jnp.dot(force - mom, mom - prev)
+        restart = (s["iter"] > 0) & (corr < 0)
+        k = jnp.where(restart, 0, k + 1)
+        return dict(force=force, prev=prev, k=k, iter=s["iter"] + 1, done=imp < tol, imp=imp)
+
+    s = dict(force=force0, prev=force0, k=jnp.int32(0), iter=jnp.int32(0),
+             done=jnp.zeros((), bool), imp=jnp.zeros((), force0.dtype))
+    s = jax.lax.while_loop(cond, body, s)
+    return s["force"], s["iter"], s["imp"]
+
+
+def _noslip(spec, p, force, iterations, lay):
+    """Noslip post-pass (mj_solNoSlip): friction-loss and contact-friction rows re-solved
+    with the unregularised A = J M^-1 J', normal forces fixed. A fixed number of sweeps
+    (``lax.scan`` with a convergence mask), so it is differentiated directly."""
+    A = _ar(p) - jnp.diag(p["R"])
+    b = p["efc_b"]
+    fl = p["floss"]
+    act = p["active"]
+    tol = p["noslip_tolerance"]
+    scale = 1.0 / (p["meaninertia"] * max(1, spec.nv))
+    dinv = 1.0 / jnp.maximum(MINVAL, jnp.diag(A))
+    fric_rows = jnp.asarray(np.nonzero(spec.fric)[0])
+    pairs = [np.arange(blk.start, blk.start + blk.n * blk.k, 2)
+             for blk in lay.blocks if blk.kind == "conpyr"]
+    pairs = jnp.asarray(np.concatenate(pairs) if pairs else np.zeros(0, np.int64))
+
+    def fric_body(k, s):
+        force, imp = s
+        i = fric_rows[k]
+        r = b[i] + A[i] @ force
+        old = force[i]
+        f = jnp.clip(old - r * dinv[i], -fl[i], fl[i])
+        f = jnp.where(act[i], f, old)
+        dl = f - old
+        return force.at[i].set(f), imp - (0.5 * dl * dl / dinv[i] + dl * r)
+
+    def pyr_body(k, s):
+        force, imp = s
+        idx = pairs[k] + jnp.arange(2)
+        r = b[idx] + A[idx] @ force
+        old = force[idx]
+        ac = A[idx][:, idx]
+        bc = r - ac @ old
+        mid = 0.5 * (old[0] + old[1])
+        k1 = ac[0, 0] + ac[1, 1] - ac[0, 1] - ac[1, 0]
+        k0 = mid * (ac[0, 0] - ac[1, 1]) + bc[0] - bc[1]
+        y = -k0 / jnp.where(k1 < MINVAL, 1.0, k1)
+        f = jnp.where(y < -mid, jnp.stack([0.0 * mid, 2 * mid]),
+                      jnp.where(y > mid, jnp.stack([2 * mid, 0.0 * mid]),
+                                jnp.stack([mid + y, mid - y])))
+        f = jnp.where(k1 < MINVAL, jnp.stack([mid, mid]), f)
+        f = jnp.where(act[idx[0]], f, old)
+        dl = f - old
+        change = 0.5 * dl @ ac @ dl + dl @ r
+        bad = change > 1e-10
+        return force.at[idx].set(jnp.where(bad, old, f)), imp - jnp.where(bad, 0.0, change)
+
+    def sweep(force):
+        s = (force, jnp.zeros((), force.dtype))
+        s = jax.lax.fori_loop(0, fric_rows.shape[0], fric_body, s)
+        s = jax.lax.fori_loop(0, pairs.shape[0], pyr_body, s)
+        for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+            def ell_body(c, s, start=start, dim=dim, fr=fr):
+                force, imp = s
+                i = start + c * dim
+                idx = i + 1 + jnp.arange(dim - 1)
+                r = b[idx] + A[idx] @ force
+                old = force[idx]
+                ac = A[idx][:, idx]
+                bc = r - ac @ old
+                v, on = _qcqp(ac, bc, fr[c], force[i])
+                v = jnp.where(on, _project_ellipsoid(v, force[i], fr[c], False), v)
+                v = jnp.where(force[i] < MINVAL, 0.0, v)
+                v = jnp.where(act[i], v, old)
+                dl = v - old
+                change = 0.5 * dl @ ac @ dl + dl @ r
+                bad = change > 1e-10
+                return (force.at[idx].set(jnp.where(bad, old, v)),
+                        imp - jnp.where(bad, 0.0, change))
+            s = jax.lax.fori_loop(0, n, ell_body, s)
+        return s
+
+    extra = 0.5 * jnp.sum(force * force * jnp.where(act, p["R"], 0.0))
+
+    def body(s, _):
+        force, done, it, first = s
+        new, imp = sweep(force)
+        imp = (imp + jnp.where(first, extra, 0.0)) * scale
+        force = jnp.where(done, force, new)
+        it = it + jnp.where(done, 0, 1)
+        return (force, done | (imp < tol), it, jnp.zeros((), bool)), None
+
+    init = (force, jnp.zeros((), bool), jnp.int32(0), jnp.ones((), bool))
+    (force, _, it, _), _ = jax.lax.scan(body, init, None, length=iterations)
+    return force, it
+
+
+# --------------------------------------------------------------------------- entry
+def _problem(m, d, lay):
+    dtype = d.qpos.dtype
+    p = dict(M=d.qM, qfrc_smooth=d.qfrc_smooth, qacc_smooth=d.qacc_smooth, J=d.efc_J,
+             aref=d.efc_aref, D=d.efc_D, R=d.efc_R, floss=d.efc_frictionloss,
+             active=d.efc_active,
+             tolerance=jnp.asarray(m.opt.tolerance, dtype),
+             ls_tolerance=jnp.asarray(m.opt.ls_tolerance, dtype),
+             noslip_tolerance=jnp.asarray(m.opt.noslip_tolerance, dtype),
+             meaninertia=jnp.asarray(m.stat.meaninertia, dtype),
+             solve_m=lambda x: tree_linalg.solve_ld(m, d.qLD, x))
+    mus, frs = [], []
+    for blk in lay.blocks:
+        if blk.kind != "conell":
+            continue
+        ok = d.efc_active[blk.start:blk.start + blk.n * blk.k:blk.k]
+        fr = d.contact.friction[blk.ids][:, :blk.dim - 1]
+        fr = jnp.where(ok[:, None], fr, 1.0)
+        mu = fr[:, 0] * jnp.sqrt(1 / jnp.maximum(MINVAL, jnp.asarray(m.opt.impratio, dtype)))
+        mus.append(mu)
+        frs.append(fr)
+    p["mu"], p["fr"] = tuple(mus), tuple(frs)
+    return p
+
+
+_DIFF_KEYS = ("M", "qfrc_smooth", "J", "aref", "D", "R", "floss", "mu", "fr")
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _implicit(spec, diff, qacc_star):
+    """Identity on the (non-differentiated) solution ``qacc_star`` whose derivative is
+    the implicit-function-theorem one: d qacc* = -H^-1 (dg/d diff) d diff, with g the
+    optimality residual (:func:`gradient`) and H = dg/dqacc at the solution."""
+    return qacc_star
+
+
+@_implicit.defjvp
+def _implicit_jvp(spec, primals, tangents):
+    diff, qacc = primals
+    ddiff, _ = tangents
+    H = jax.jacfwd(lambda qa: gradient(spec, diff, qa))(qacc)
+    low = cholesky(0.5 * (H + H.T))
+    _, gdot = jax.jvp(lambda dd: gradient(spec, dd, qacc), (diff,), (ddiff,))
+    return qacc, -cho_solve(low, gdot)
+
+
+def fwd_constraint(m, d):
+    """Constraint solve (mj_fwdConstraint): qacc, efc_force, efc_state, qfrc_constraint,
+    efc_b, solver_niter / solver_improvement / solver_gradient.
+
+    Warmstart as MuJoCo: unless DisableBit.WARMSTART, start from qacc_warmstart if its
+    total cost is lower than that of qacc_smooth (primal solvers), or from the forces it
+    implies when their dual cost is negative (PGS). Requires make_constraint and
+    reference_constraint to have run.
+    """
+    nefc = d.efc_J.shape[0]
+    zero_v = jnp.zeros_like(d.qacc_smooth)
+    if nefc == 0 or m.nv == 0:
+        return d.replace(qacc=d.qacc_smooth, qfrc_constraint=zero_v)
+    lay = C.layout(m, C.slot_dims(d))
+    spec = spec_from_layout(lay, m.nv)
+    p = _problem(m, d, lay)
+    efc_b = jnp.where(d.efc_active, d.efc_J @ d.qacc_smooth - d.efc_aref, 0.0)
+    p["efc_b"] = efc_b
+    # the iterations run on constants: nothing differentiates through the loops
+    sg = jax.lax.stop_gradient
+    ps = {k: jax.tree_util.tree_map(sg, v) for k, v in p.items() if k != "solve_m"}
+    qld = sg(d.qLD)
+    ps["solve_m"] = lambda x: tree_linalg.solve_ld(m, qld, x)
+    solver = m.opt.solver
+    iters = int(m.opt.iterations)
+    warm = not (m.opt.disableflags & DisableBit.WARMSTART)
+    qs = sg(d.qacc_smooth)
+
+    def total_cost(qa):
+        jar = ps["J"] @ qa - ps["aref"]
+        _, _, c = update(spec, ps, jar)
+        return c + 0.5 * jnp.dot(ps["M"] @ qa - ps["qfrc_smooth"], qa - qs)
+
+    if solver in (SolverType.NEWTON, SolverType.CG):
+        qacc0 = qs
+        if warm:
+            qw = sg(d.qacc_warmstart)
+            qacc0 = jnp.where(total_cost(qw) > total_cost(qs), qs, qw)
+        qacc, niter, imp, gnorm = _primal(spec, ps, qacc0, solver == SolverType.NEWTON,
+                                         iters, int(m.opt.ls_iterations))
+        force_solver = None
+    elif solver == SolverType.PGS:
+        f0 = jnp.zeros(nefc, qs.dtype)
+        if warm:
+            qw = sg(d.qacc_warmstart)
+            fw, _, _ = update(spec, ps, ps["J"] @ qw - ps["aref"])
+            AR = _ar(ps)
+            dual = jnp.dot(fw, ps["efc_b"]) + 0.5 * jnp.dot(fw, AR @ fw)
+            f0 = jnp.where(dual > 0, 0.0, fw)
+        force_solver, niter, imp = _pgs(spec, ps, f0, iters, lay)
+        gnorm = jnp.zeros((), qs.dtype)
+        qacc = qs + ps["solve_m"](ps["J"].T @ force_solver)
+    else:
+        raise C.UnsupportedFeatureError(f"solver {int(solver)}")
+
+    # differentiable solution (implicit function theorem), then forces from it
+    diff = {k: p[k] for k in _DIFF_KEYS}
+    qacc = _implicit(spec, diff, sg(qacc))
+    jar = d.efc_J @ qacc - d.efc_aref
+    force, state, _ = update(spec, p, jar)
+    if force_solver is not None:
+        force = force + sg(force_solver - force)
+        state = _dual_state(spec, p, force_solver, state)
+    if m.opt.noslip_iterations > 0:
+        force, nit = _noslip(spec, p, force, int(m.opt.noslip_iterations), lay)
+        niter = niter + nit
+        qacc = d.qacc_smooth + p["solve_m"](d.efc_J.T @ force)
+    force = jnp.where(d.efc_active, force, 0.0)
+    qfrc = d.efc_J.T @ force
+    return d.replace(qacc=qacc, efc_force=force, efc_state=state, qfrc_constraint=qfrc,
+                     efc_b=efc_b, solver_niter=niter.astype(jnp.int32),
+                     solver_improvement=imp, solver_gradient=gnorm)
+
+
+def _dual_state(spec, p, force, primal_state):
+    """Constraint states from dual forces (dualState)."""
+    fl = p["floss"]
+    st = jnp.full(force.shape, C.QUADRATIC, jnp.int32)
+    st = jnp.where(spec.fric & (force <= -fl), C.LINEARPOS, st)
+    st = jnp.where(spec.fric & (force >= fl), C.LINEARNEG, st)
+    st = jnp.where(spec.ineq & (force <= 0), C.SATISFIED, st)
+    for (start, n, dim) in spec.ell:
+        sl = slice(start, start + n * dim)
+        st = st.at[sl].set(primal_state[sl])
+    return jnp.where(p["active"], st, C.SATISFIED)

@@ -1,0 +1,137 @@
+"""Constraint rows (make_constraint, impedance, reference) against MuJoCo 4.0.0.
+
+Contacts are MuJoCo's own (copied into our contact buffer), so these tests cover the
+rows built from them, not collision detection. Rows are matched by (efc_type, efc_id).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+from constraint_helpers import match_rows, oracle_case, tight
+from simjax.engine import constraint
+
+DS = mujoco.mjtDisableBit
+
+# (name, corpus model, model edit, state options); states chosen to have active rows
+
+def _pendula_friction(mjm):
+    mjm.tendon_frictionloss[:] = 0.3
+    mjm.dof_frictionloss[:] = 0.05
+
+
+
+def _condim(n):
+    def edit(mjm):
+        mjm.geom_condim[:] = n
+        mjm.geom_friction[:] = [0.9, 0.02, 0.01]
+    return edit
+
+
+CASES = {
+    "ant_pyramidal": ("gym_ant/ant.xml", tight(2), dict(z=0.2, seed=1)),
+    "ant_elliptic": ("gym_ant/ant.xml", tight(2, cone=1), dict(z=0.2, seed=1)),
+    "weld": ("warp_jdotv_weld_3d/weld_3d.xml", tight(2), dict(seed=3)),
+    "ant_direct_solref": ("gym_ant/ant.xml", tight(2, extra=lambda mjm: (
+        mjm.jnt_solref.__setitem__(slice(None), [-200.0, -5.0]),
+        mjm.geom_solref.__setitem__(slice(None), [-1000.0, -30.0]))), dict(z=0.2, seed=1)),
+    "ant_impratio_solimp": ("gym_ant/ant.xml", tight(2, extra=lambda mjm: (
+        mjm.geom_solimp.__setitem__(slice(None), [0.8, 0.99, 0.05, 0.3, 3.0]),
+        mjm.jnt_solimp.__setitem__(slice(None), [0.7, 0.95, 0.2, 0.6, 1.0]),
+        setattr(mjm.opt, "impratio", 3.0))), dict(z=0.2, seed=1)),
+}
+
+SLOW = {
+    "ant_condim6_elliptic": ("gym_ant/ant.xml", tight(2, cone=1, extra=_condim(6)),
+                             dict(z=0.2, seed=1)),
+    "ant_condim4_pyramidal": ("gym_ant/ant.xml", tight(2, extra=_condim(4)),
+                              dict(z=0.2, seed=1)),
+    "pendula_ball_tendon_friction": ("mjx_pendula/pendula.xml",
+                                     tight(2, extra=_pendula_friction),
+                                     dict(qscale=1.5, seed=10)),
+    "trossen": ("menagerie_trossen_wx250s/scene.xml", tight(2), dict(qscale=1.0, seed=4)),
+    "humanoid_limits": ("mujoco_humanoid/humanoid.xml", tight(2, contacts=False),
+                        dict(qscale=0.8, seed=2)),
+    "ant_refsafe_off": ("gym_ant/ant.xml", tight(2, extra=lambda mjm: (
+        setattr(mjm.opt, "disableflags", mjm.opt.disableflags | DS.mjDSBL_REFSAFE),
+        mjm.geom_solref.__setitem__(slice(None), [0.001, 0.5]),
+        setattr(mjm.opt, "impratio", 3.0))), dict(z=0.2, seed=1)),
+    "ant_elliptic_diagexact": ("gym_ant/ant.xml", tight(2, cone=1, extra=lambda mjm: setattr(
+        mjm.opt, "enableflags", mjm.opt.enableflags | mujoco.mjtEnableBit.mjENBL_DIAGEXACT)),
+        dict(z=0.2, seed=1)),
+    "connect": ("warp_jdotv_connect_3d/connect_3d.xml", tight(2), dict(seed=3)),
+    "humanoid_contacts": ("mujoco_humanoid/humanoid.xml", tight(2), dict(z=0.9, seed=5)),
+    "barkour": ("mjx_barkour_v0/assets/barkour_v0_mjx.xml", tight(2), dict(z=0.1, seed=6)),
+    "shadow_hand": ("mjx_shadow_hand/scene_right.xml", tight(2), dict(qscale=0.6, seed=7)),
+    "hopper": ("gym_hopper/hopper.xml", tight(2), dict(z=0.2, seed=9)),
+}
+
+FIELDS = ("efc_pos", "efc_margin", "efc_frictionloss", "efc_diagA", "efc_R", "efc_D",
+          "efc_vel", "efc_aref")
+
+
+def check_rows(name, cases):
+    rel, edit, opts = cases[name]
+    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
+    assert mjd.nefc > 0
+    rows, extra = match_rows(mjd, d, slot)
+    assert (rows >= 0).all(), f"missing rows {np.nonzero(rows < 0)[0]}"
+    assert not extra.any(), f"extra active rows {np.nonzero(extra)[0]}"
+    for f in ("ne", "nf", "nl", "nefc"):
+        assert int(getattr(d, f)) == getattr(mjd, f), f
+    for f in FIELDS:
+        ours = np.asarray(getattr(d, f))[rows]
+        theirs = np.asarray(getattr(mjd, f))
+        err = np.abs(ours - theirs) / np.maximum(1.0, np.abs(theirs))
+        assert err.max() < 1e-9, (f, err.max())
+    kbip = np.asarray(d.efc_KBIP)[rows]
+    ref = np.asarray(mjd.efc_KBIP).reshape(-1, 4)
+    assert (np.abs(kbip - ref) / np.maximum(1.0, np.abs(ref))).max() < 1e-9
+    jac = np.asarray(mjd.efc_J).reshape(mjd.nefc, -1)
+    if jac.shape[1] == mjm.nv:          # dense Jacobian in MuJoCo
+        assert np.abs(np.asarray(d.efc_J)[rows] - jac).max() < 1e-9
+    else:
+        dense = np.zeros((mjd.nefc, mjm.nv))
+        mujoco.mju_sparse2dense(dense, mjd.efc_J, mjd.efc_J_rownnz, mjd.efc_J_rowadr,
+                                mjd.efc_J_colind)
+        assert np.abs(np.asarray(d.efc_J)[rows] - dense).max() < 1e-9
+    # inactive rows are neutral
+    off = ~np.asarray(d.efc_active)
+    assert np.all(np.asarray(d.efc_J)[off] == 0)
+    assert np.all(np.asarray(d.efc_D)[off] == 0)
+    return mjd
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rows(name):
+    check_rows(name, CASES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SLOW))
+def test_rows_slow(name):
+    check_rows(name, SLOW)
+
+
+def test_eq_active_at_run_time():
+    """Turning an equality off at run time removes its rows (as MuJoCo skips it)."""
+    rel, edit, opts = CASES["weld"]
+    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
+    assert int(d.ne) == 6
+    from constraint_helpers import canonical, smooth_jit
+    d2 = smooth_jit(canonical(m), d.replace(eq_active=jnp.zeros_like(d.eq_active)))
+    assert int(d2.ne) == 0
+    assert np.all(np.asarray(d2.efc_J)[np.asarray(d2.efc_type) == constraint.EQUALITY] == 0)
+
+
+def test_capacity_is_static():
+    """Row capacity depends only on structure and contact slot dims."""
+    _, m = __import__("engine_helpers").load("gym_ant/ant.xml", constraints=True)
+    n0 = constraint.nefc_capacity(m, [])
+    # dof friction rows (nv) + 4 ankles x 2 sides... limits: 8 hinges x 2 rows
+    assert n0 == m.nv + 2 * 8
+    assert constraint.nefc_capacity(m, [3, 3, 1]) == n0 + 4 + 4 + 1
+    m2 = m.replace(opt=m.opt.replace(cone=1))
+    assert constraint.nefc_capacity(m2, [3, 6]) == n0 + 3 + 6
