@@ -210,7 +210,7 @@ def make_es(env, npairs, neval, horizon, sigma, lr):
         # Antithetic pairs share their reset noise (common random numbers).
         keys = keys.at[npairs:2 * npairs].set(keys[:npairs])
         ret = jax.vmap(episode_return)(pop, keys)
-        r_pos, r_neg, r_eval = ret[:npairs], ret[npairs:2 * npairs], ret[2 * npairs:]
+        r_eval = ret[2 * npairs:]
         ranks = jnp.argsort(jnp.argsort(ret[:2 * npairs])).astype(theta.dtype)
         shaped = ranks / (2 * npairs - 1) - 0.5               # centred ranks in [-.5, .5]
         grad = (shaped[:npairs] - shaped[npairs:]) @ eps / (2 * npairs * sigma)
