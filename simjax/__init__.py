@@ -1,7 +1,8 @@
 """simjax: MuJoCo's physics rebuilt in pure JAX.
 
 Public API: ``load_model``; the engine functions ``make_data``, ``reset``,
-``forward``, ``step``, ``rollout`` and the queries (Jacobians, mass matrix, energies);
+``forward``, ``step``, ``rollout``, ``rollout_batch`` and the queries (Jacobians, mass
+matrix, energies);
 the ``Model`` / ``Option`` / ``Statistic`` / ``Data`` types, the enums and the errors.
 """
 import os as _os
@@ -21,7 +22,7 @@ from simjax.engine import (Data, apply_ft, differentiate_pos, energy_pos, energy
                            reset_keyframe, solve_m, step)
 from simjax import plugins, resources  # noqa: F401,E402  (simjax.plugins.register, ...)
 from simjax.errors import MJCFError, UnsupportedFeatureError
-from simjax.rollout import Trajectory, rollout
+from simjax.rollout import Trajectory, rollout, rollout_batch
 from simjax.types import (BiasType, ConeType, DataType, DisableBit, DynType, EnableBit,
                           EqType, GainType, GeomType, IntegratorType, JointType, Model,
                           ObjType, Option, SensorType, SolverType, Stage, Statistic,
@@ -29,7 +30,7 @@ from simjax.types import (BiasType, ConeType, DataType, DisableBit, DynType, Ena
 
 __all__ = [
     "load_model", "make_data", "reset", "reset_keyframe", "forward", "step", "rollout",
-    "Trajectory", "Data", "jac", "jac_body", "jac_body_com", "jac_geom", "jac_site",
+    "rollout_batch", "Trajectory", "Data", "jac", "jac_body", "jac_body_com", "jac_geom", "jac_site",
     "jac_subtree_com", "full_m", "mul_m", "solve_m", "apply_ft", "integrate_pos",
     "differentiate_pos", "energy_pos", "energy_vel", "Model", "Option", "Statistic", "MJCFError", "UnsupportedFeatureError",
     "BiasType", "ConeType", "DataType", "DisableBit", "DynType", "EnableBit", "EqType",

@@ -1,17 +1,23 @@
 """Rollouts: many steps under one ``lax.scan`` (the JAX analogue of mujoco.rollout).
 
-``rollout`` advances one world; batch worlds with ``jax.vmap`` (over ``data`` and/or
-``ctrl``, and over Model leaves for domain randomisation). Gradients flow through the
+``rollout`` advances one world and composes with ``jit``/``vmap``/``grad``; batch worlds
+with ``jax.vmap`` (over ``data`` and/or ``ctrl``, and over Model leaves for domain
+randomisation). ``rollout_batch`` is the top-level batched entry point: it jits the
+vmapped rollout and, given ``devices``, shards the batch axis across them (a separate
+function because sharding commits to a top-level jit with placed inputs, which a
+traceable single-world function cannot do). Gradients flow through the
 whole trajectory; with ``checkpoint`` (default) each step is rematerialised in the
 backward pass, so reverse-mode memory holds one Data per step instead of every
 intermediate of every step.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from simjax.engine.forward import step as _step
 
@@ -49,3 +55,122 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
         body = jax.checkpoint(body)
     final, traj = jax.lax.scan(body, data, ctrl)
     return (traj, final) if return_data else traj
+
+
+# --------------------------------------------------------------------------- batches
+BATCH_AXIS = "batch"
+
+
+def _mesh(devices):
+    """A 1-D Mesh with axis ``"batch"`` from a Mesh (returned as is) or devices."""
+    from jax.sharding import Mesh
+    if isinstance(devices, Mesh):
+        if len(devices.axis_names) != 1:
+            raise ValueError(f"rollout_batch needs a 1-D mesh, got axes {devices.axis_names}")
+        return devices
+    devices = list(devices)
+    if not devices:
+        raise ValueError("rollout_batch: devices is empty")
+    return Mesh(np.asarray(devices, dtype=object), (BATCH_AXIS,))
+
+
+def _axes_key(model_axes):
+    """Hashable form of a Model in_axes pytree (None or int per leaf)."""
+    if model_axes is None:
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten(model_axes, is_leaf=lambda x: x is None)
+    return treedef, tuple(leaves)
+
+
+@functools.lru_cache(maxsize=64)
+def _batched_fn(axes_key, nstep, checkpoint, return_data, mesh):
+    """jit(vmap(rollout)) for one configuration; with a mesh, batch-sharded in and out."""
+    if axes_key is None:
+        model_axes = None
+    else:
+        model_axes = jax.tree_util.tree_unflatten(axes_key[0], axes_key[1])
+
+    def run(model, data, ctrl):
+        one = functools.partial(rollout, nstep=nstep, checkpoint=checkpoint,
+                                return_data=return_data)
+        return jax.vmap(one, in_axes=(model_axes, 0, 0 if ctrl is not None else None))(
+            model, data, ctrl)
+
+    if mesh is None:
+        return jax.jit(run), None
+    from jax.sharding import NamedSharding, PartitionSpec
+    batched = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    if axes_key is None:
+        model_sharding = replicated
+    else:
+        model_sharding = jax.tree_util.tree_unflatten(
+            axes_key[0], [replicated if a is None else batched for a in axes_key[1]])
+    fn = jax.jit(run, in_shardings=(model_sharding, batched, batched),
+                 out_shardings=batched)
+    return fn, (batched, replicated)
+
+
+def _put(tree, sharding):
+    return jax.tree_util.tree_map(lambda x: jax.device_put(x, sharding), tree)
+
+
+def rollout_batch(model, data, ctrl=None, nstep=None, devices=None, model_axes=None,
+                  checkpoint=True, return_data=False):
+    """Roll out a batch of worlds at once: ``jit(vmap(rollout))``, optionally sharded.
+
+    data: Data whose every leaf has a leading batch axis of size B (build it with
+    ``jax.vmap``, e.g. ``jax.vmap(lambda q: data.replace(qpos=q))(qpos_batch)``).
+    ctrl: (B, nstep, nu) controls, or None to hold each world's ``data.ctrl`` for
+    ``nstep`` steps. model_axes: optional ``in_axes`` pytree for the Model (None per
+    shared leaf, 0 per batched leaf, e.g.
+    ``jax.tree_util.tree_map(lambda _: None, m).replace(body_mass=0)``) for domain
+    randomisation; batched Model leaves then carry the same leading axis B.
+
+    devices: None runs on the default device. A list of ``jax.Device`` (e.g.
+    ``jax.devices()``, which under ``jax.distributed.initialize`` spans every host) or a
+    1-D ``jax.sharding.Mesh`` shards the batch axis over them: data, ctrl and batched
+    Model leaves are placed with ``NamedSharding(mesh, PartitionSpec("batch"))``, shared
+    Model leaves are replicated, and the jitted rollout returns outputs sharded the same
+    way (each device steps B / ndevice worlds; no communication between devices). B must
+    be a multiple of the number of devices (ValueError otherwise).
+
+    Returns a :class:`Trajectory` with leaves (B, nstep, ...), or
+    ``(trajectory, final_data)`` if ``return_data``. Compiled functions are cached per
+    (model_axes, nstep, checkpoint, return_data, mesh); the Model's static structure is
+    part of jit's own cache key. This function jits at the top level; inside your own
+    ``jit``/``grad`` use ``jax.vmap(rollout)`` instead.
+    """
+    batch = {x.shape[0] if x.ndim else None for x in jax.tree_util.tree_leaves(data)}
+    if len(batch) != 1 or None in batch:
+        raise ValueError("rollout_batch: every Data leaf needs the same leading batch "
+                         f"axis; found leading sizes {sorted(map(str, batch))}")
+    (nbatch,) = batch
+    if ctrl is not None:
+        ctrl = jnp.asarray(ctrl)
+        if ctrl.ndim != 3 or ctrl.shape[0] != nbatch:
+            raise ValueError(f"rollout_batch: ctrl must be (B={nbatch}, nstep, nu), got "
+                             f"{ctrl.shape}")
+        if nstep is not None and nstep != ctrl.shape[1]:
+            raise ValueError(f"ctrl has {ctrl.shape[1]} steps, nstep is {nstep}")
+        nstep = None
+    elif nstep is None:
+        raise ValueError("rollout_batch needs ctrl or nstep")
+    mesh = None if devices is None else _mesh(devices)
+    fn, shardings = _batched_fn(_axes_key(model_axes), nstep, bool(checkpoint),
+                                bool(return_data), mesh)
+    if mesh is not None:
+        ndev = mesh.devices.size
+        if nbatch % ndev:
+            raise ValueError(f"rollout_batch: batch size {nbatch} is not a multiple of "
+                             f"the {ndev} devices it is sharded over")
+        batched, replicated = shardings
+        data = _put(data, batched)
+        ctrl = None if ctrl is None else jax.device_put(ctrl, batched)
+        if model_axes is None:
+            model = _put(model, replicated)
+        else:
+            model = jax.tree_util.tree_map(
+                lambda ax, x: jax.device_put(x, replicated if ax is None else batched),
+                model_axes, model, is_leaf=lambda x: x is None)
+    return fn(model, data, ctrl)

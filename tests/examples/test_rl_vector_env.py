@@ -1,0 +1,51 @@
+"""examples/rl_vector_env.py in short mode: the vector env and ES learning balance."""
+import numpy as np
+import pytest
+
+from mujoco_oracle import corpus_path
+
+import rl_vector_env
+
+
+@pytest.fixture(scope="module")
+def result():
+    path = corpus_path("gym_inverted_pendulum/inverted_pendulum.xml")
+    return rl_vector_env.main(short=True, model_path=path)
+
+
+def test_random_policy_baseline(result):
+    # A random policy drops the pole within a few 0.04 s steps (Gymnasium: ~5-10).
+    assert 1.0 < result["random_return"] < 20.0
+    assert result["random_episodes"] > 100
+    assert result["env_steps_per_s"] > 0
+
+
+def test_es_learns_balance(result):
+    # Stated margin: after 40 ES iterations the current policy balances at least half
+    # of the 100-step episode on average, and 5x longer than the random policy.
+    assert result["final_return"] >= 50.0, result["es_curve"]
+    assert result["final_return"] >= 5 * result["random_return"], result
+    assert np.isfinite(result["theta"]).all()
+
+
+def test_autoreset_on_termination_and_nan():
+    path = corpus_path("gym_inverted_pendulum/inverted_pendulum.xml")
+    venv = rl_vector_env.VectorEnv(4, rl_vector_env.InvertedPendulum(path),
+                                   max_episode_steps=3)
+    obs, _ = venv.reset(seed=1)
+    assert obs.shape == (4, 4) and np.all(np.abs(obs) <= 0.01 + 1e-12)
+    # World 1 gets a NaN velocity (diverges), world 2 a large pole angle (terminates).
+    d, t, ret, key = venv._state
+    venv._state = (d.replace(qvel=d.qvel.at[1, 1].set(np.nan),
+                             qpos=d.qpos.at[2, 1].set(0.5)), t, ret, key)
+    obs, rew, term, trunc, info = venv.step(np.zeros((4, 1)))
+    np.testing.assert_array_equal(term, [False, True, True, False])
+    np.testing.assert_array_equal(rew, [1, 0, 0, 1])
+    assert np.all(np.abs(obs[1:3]) <= 0.01 + 1e-12)       # reset in the same step
+    assert abs(info["final_obs"][2, 1]) > 0.2
+    for _ in range(2):
+        obs, rew, term, trunc, info = venv.step(np.zeros((4, 1)))
+    # Worlds 0 and 3 reach max_episode_steps = 3: truncated, not terminated.
+    np.testing.assert_array_equal(trunc, [True, False, False, True])
+    np.testing.assert_array_equal(info["episode_length"][[0, 3]], [3, 3])
+    np.testing.assert_array_equal(info["episode_return"][[0, 3]], [3, 3])
