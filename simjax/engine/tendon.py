@@ -446,3 +446,96 @@ def _paths(m, d, tab, p0, w0, w1, wrapped):
     adr = jnp.cumsum(num) - num
     return dict(ten_wrapadr=adr.astype(jnp.int32), ten_wrapnum=num.astype(jnp.int32),
                 wrap_obj=wobj, wrap_xpos=xpos)
+
+
+# --------------------------------------------------------------------------- bias
+def armature(m, dtype):
+    """Tendon armature incl. what actuators pass to their tendon (ntendon,)."""
+    from simjax.engine import smooth
+    arm = jnp.asarray(m.tendon_armature, dtype).reshape(m.ntendon)
+    if m.nu:
+        share = smooth._actuator_share(m, "tendon")
+        if share.any():
+            arm = arm + jnp.asarray(share, dtype) @ (
+                jnp.asarray(m.actuator_armature, dtype) * smooth._gear2(m, dtype))
+    return arm
+
+
+def _point_acc(m, d, bodies, points):
+    """jacDot(point) @ qvel (n, 3) and the point velocities (n, 3) (mj_jacDot,
+    mj_objectVelocity), for world points on static bodies."""
+    dtype = d.qpos.dtype
+    tab = body_tables.get(m)
+    jtype = np.asarray(m.jnt_type)
+    dof_j = np.asarray(m.dof_jntid)
+    off_in_jnt = np.arange(m.nv) - np.asarray(m.jnt_dofadr)[dof_j]
+    is_quat = (jtype[dof_j] == 1) | ((jtype[dof_j] == 0) & (off_in_jnt >= 3))
+    # ball and free rotational dofs: cdof derivative from the body's current velocity
+    cdd = d.cdof_dot
+    if is_quat.any():
+        alt = math.motion_cross(d.cvel[np.asarray(m.dof_bodyid)], d.cdof)
+        cdd = jnp.where(is_quat[:, None], alt, cdd)
+    anc = jnp.asarray(tab.anc_dof, dtype)[bodies]                       # (n, nv)
+    com = d.subtree_com[np.asarray(m.body_rootid)[bodies]]
+    off = points - com
+    cv = d.cvel[bodies]
+    pvel = cv[:, 3:] + math.cross(cv[:, :3], off)                       # (n, 3)
+    qv = d.qvel[:, None]
+    acc = (anc @ (qv * cdd[:, 3:]) + math.cross(anc @ (qv * cdd[:, :3]), off) +
+           math.cross(anc @ (qv * d.cdof[:, :3]), pvel))
+    return acc, pvel
+
+
+def tendon_bias(m, d):
+    """Bias force of tendon armature (mj_tendonBias): ten_J' a (ten_Jdot qvel), (nv,).
+
+    Fixed tendons have Jdot = 0. Spatial tendons: per straight piece between sites on
+    different bodies, the derivative of dir . (jacp1 - jacp0) along qvel (mj_tendonDot).
+    MuJoCo does not define Jdot for tendons wrapping geoms (mj_tendonDot raises a fatal
+    error when such a tendon has armature): simjax raises UnsupportedFeatureError at
+    trace time when that armature is known to be non-zero, and returns NaN forces for it
+    when the armature is traced, rather than a silent approximation.
+    """
+    dtype = d.qpos.dtype
+    if not m.ntendon or not m.nv:
+        return jnp.zeros(m.nv, dtype)
+    tab = tables(m)
+    arm = armature(m, dtype)
+    try:
+        arm_np = np.asarray(arm)
+    except Exception:
+        arm_np = None
+    if arm_np is not None and not np.any(arm_np):
+        return jnp.zeros(m.nv, dtype)
+    if not len(tab.seg_tendon):
+        return jnp.zeros(m.nv, dtype)
+    geom_ten = np.zeros(m.ntendon, bool)
+    geom_ten[tab.seg_tendon[tab.seg_geom >= 0]] = True
+    if arm_np is not None and np.any(geom_ten & (arm_np != 0)):
+        bad = np.nonzero(geom_ten & (arm_np != 0))[0].tolist()
+        raise UnsupportedFeatureError(
+            f"armature on tendons wrapping geoms (tendons {bad}): their Jacobian time "
+            "derivative is undefined in MuJoCo")
+    prm = jnp.asarray(m.wrap_prm, dtype).reshape(m.nwrap)
+    sbody = np.asarray(m.site_bodyid)
+    sites = np.nonzero(tab.seg_geom < 0)[0]
+    b0, b1 = sbody[tab.seg_s0[sites]], sbody[tab.seg_s1[sites]]
+    sites = sites[b0 != b1]
+    dot = jnp.zeros(m.ntendon, dtype)
+    if len(sites):
+        s0, s1 = tab.seg_s0[sites], tab.seg_s1[sites]
+        p0, p1 = d.site_xpos[s0], d.site_xpos[s1]
+        a0, v0 = _point_acc(m, d, sbody[s0], p0)
+        a1, v1 = _point_acc(m, d, sbody[s1], p1)
+        dirn, n = math.normalize(p1 - p0)
+        dvel = v1 - v0
+        perp = (dvel - dirn * math.dot(dirn, dvel)[:, None]) * jnp.where(
+            n > math.MINVAL, 1.0 / jnp.where(n > math.MINVAL, n, 1.0), 0.0)[:, None]
+        div = jnp.where(tab.seg_div[sites] >= 0, prm[np.maximum(tab.seg_div[sites], 0)], 1.0)
+        seg = (math.dot(dirn, a1 - a0) + math.dot(perp, dvel)) / div
+        onehot = np.zeros((m.ntendon, len(sites)))
+        onehot[tab.seg_tendon[sites], np.arange(len(sites))] = 1.0
+        dot = jnp.asarray(onehot, dtype) @ seg
+    if geom_ten.any():
+        dot = jnp.where(jnp.asarray(geom_ten) & (arm != 0), jnp.nan, dot)
+    return (arm * dot) @ d.ten_J
