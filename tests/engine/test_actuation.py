@@ -99,6 +99,7 @@ def test_muscle_variants():
     assert mjm.actuator_actearly.any()
 
 
+@pytest.mark.slow
 def test_muscle_trajectory():
     """Forty Euler steps of the arm with muscles: activations (clamped muscle dynamics)
     and state follow MuJoCo's mj_step."""

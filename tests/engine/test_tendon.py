@@ -25,8 +25,8 @@ MODELS = [
     "mujoco_arm26/arm26.xml",
     "mjx_actuator_arm21_muscle/arm21.xml",
     "mjx_actuator_tendon_force_clamp/tendon_force_clamp.xml",
-    "mjx_sensor/sensor.xml",
     "mujoco_car/car.xml",
+    pytest.param("mjx_sensor/sensor.xml", marks=pytest.mark.slow),
 ]
 NSTATE = 10
 
@@ -135,7 +135,7 @@ def test_wrap_paths_cover_all_cases():
     """The sidesite model exercises sphere and cylinder wraps, inside wraps (side site
     in the geom) and unwrapped segments; the pulley model pulley markers (-2)."""
     seen = set()
-    for rel in MODELS[:2]:
+    for rel in MODELS[:2]:  # pulley and sidesite models
         mjm, m = load(rel)
         rng = np.random.default_rng(0)
         mjd = mujoco.MjData(mjm)
