@@ -65,6 +65,10 @@ DATA_FIELDS = (
     ("cinert", ("nbody", 10), "f"),
     ("ten_length", ("ntendon",), "f"),
     ("ten_J", ("ntendon", "nv"), "f"),
+    ("ten_wrapadr", ("ntendon",), "i"),
+    ("ten_wrapnum", ("ntendon",), "i"),
+    ("wrap_obj", ("2*nwrap",), "i"),
+    ("wrap_xpos", ("2*nwrap", 3), "f"),
     ("actuator_length", ("nout",), "f"),
     ("actuator_moment", ("nout", "nv"), "f"),
     ("crb", ("nbody", 10), "f"),
@@ -159,7 +163,13 @@ def field_shape(model, shape) -> tuple[int, ...]:
     """Concrete shape of a DATA_FIELDS entry for ``model``."""
     out = []
     for s in shape:
-        out.append(s if isinstance(s, int) else int(getattr(model, s, 0) or 0))
+        if isinstance(s, int):
+            out.append(s)
+        elif "*" in s:          # "k*count": a multiple of a model count
+            k, name = s.split("*")
+            out.append(int(k) * int(getattr(model, name, 0) or 0))
+        else:
+            out.append(int(getattr(model, s, 0) or 0))
     return tuple(out)
 
 #: Constraint rows (mjData efc_* names), one entry per row of a capacity ``nefc_max``

@@ -25,6 +25,7 @@ from simjax.engine import smooth
 from simjax.engine import solver
 from simjax.engine import support
 from simjax.engine import tables
+from simjax.engine import tendon
 from simjax.engine import tree_linalg
 from simjax.engine.data import WARN_BADQACC, WARN_BADQPOS, WARN_BADQVEL, Data
 from simjax.errors import UnsupportedFeatureError
@@ -65,7 +66,10 @@ def fwd_velocity(m, d: Data) -> Data:
     d = passive.passive(m, d)
     if m.nplugin:
         d = plugins.compute_passive(m, d)
-    d = d.replace(qfrc_bias=smooth.rne(m, d))
+    bias = smooth.rne(m, d)
+    if m.ntendon:
+        bias = bias + tendon.tendon_bias(m, d)
+    d = d.replace(qfrc_bias=bias)
     return constraint.reference_constraint(m, d)
 
 

@@ -6,9 +6,15 @@ Jacobians, the joint-space inertia M = sum_b (m_b Jp_b^T Jp_b + Jr_b^T I_b Jr_b)
 fixed and straight spatial tendons, and actuator transmissions. From these it derives the
 quantities listed in :mod:`simjax.engine.setconst` exactly as ``engine_setconst.c``.
 
-Not covered yet (left as zeros, visible in the conformance report): lengths and Jacobians of
-spatial tendons that wrap around geoms, and site transmissions with a reference site or a
-slider-crank; the engine's tendon/transmission stage will supply them.
+Tendon lengths and Jacobians (spatial tendons wrapping geoms included) and actuator
+lengths and moments (site transmissions with a reference site, slider-cranks) come from
+the engine's own tendon and transmission stages, evaluated once in float64 at the
+reference pose (:func:`_engine_eval`); when the engine does not support a model's
+actuators the numpy fallbacks below are used (fixed and straight spatial tendons, joint,
+tendon and plain site transmissions).
+
+Not covered: the muscle ``actuator_lengthrange`` MuJoCo finds by simulation
+(mj_setLengthRange), which needs the constraint solver (joint limits stop the motion).
 """
 from __future__ import annotations
 
@@ -189,6 +195,57 @@ def _transmission(m, kin, qpos, ten_len, ten_J):
     return length, moment
 
 
+def _engine_stages(m, qpos, transmission):
+    import jax.numpy as jnp
+    from simjax.engine import actuation, io, smooth
+    d = io.make_data(m, dtype=jnp.float64).replace(qpos=qpos)
+    d = smooth.com_pos(m, smooth.kinematics(m, d))
+    d = smooth.tendon(m, d)
+    if transmission:
+        d = actuation.transmission(m, d)
+        return d.ten_length, d.ten_J, d.actuator_length, d.actuator_moment
+    return d.ten_length, d.ten_J
+
+
+_ENGINE_JIT = []
+
+
+def _needs_engine(m):
+    """(tendons, transmission): whether the numpy paths below cannot compute them."""
+    wt = np.asarray(m.wrap_type)
+    trn = np.asarray(m.actuator_trntype)
+    ref = np.asarray(m.actuator_trnid).reshape(-1, 2)[:, 1] if m.nu else np.zeros(0)
+    tendons = bool(np.any((wt == WrapType.SPHERE) | (wt == WrapType.CYLINDER)))
+    special = (trn == TrnType.SLIDERCRANK) | (trn == TrnType.BODY) | (
+        (trn == TrnType.SITE) & (ref >= 0))
+    return tendons, bool(np.any(special)) or (tendons and bool(np.any(trn == TrnType.TENDON)))
+
+
+def _engine_eval(m, qpos):
+    """Engine tendon and transmission outputs in float64 at each row of ``qpos`` (k, nq):
+    (ten_length (k, ntendon), ten_J (k, ntendon, nv), actuator_length (k, nu) or None,
+    actuator_moment (k, nu, nv) or None). One jitted, vmapped evaluation; actuator
+    outputs are None when the engine does not support the model's actuators."""
+    import jax
+    import jax.numpy as jnp
+    from simjax.errors import UnsupportedFeatureError
+    if not _ENGINE_JIT:
+        _ENGINE_JIT.append(jax.jit(jax.vmap(_engine_stages, in_axes=(None, 0, None)),
+                                   static_argnums=2))
+    fn = _ENGINE_JIT[0]
+    with jax.enable_x64(True):
+        q = jnp.asarray(np.asarray(qpos, np.float64).reshape(-1, m.nq))
+        out = None
+        if m.nu:
+            try:
+                out = fn(m, q, True)
+            except UnsupportedFeatureError:
+                out = None
+        if out is None:
+            out = tuple(fn(m, q, False)) + (None, None)
+    return tuple(None if x is None else np.asarray(x, np.float64) for x in out)
+
+
 def set0(model):
     """Fill every reference-pose constant of ``model`` (see module doc)."""
     import jax.numpy as jnp
@@ -206,10 +263,20 @@ def set0(model):
     out = {"dof_M0": np.diag(M).copy()}
     out["body_invweight0"] = _body_invweight(m, kin, Minv)
     out["dof_invweight0"] = _dof_invweight(m, Minv)
-    ten_len, ten_J, _ = _tendons(m, kin, qpos0)
+    qspring = np.asarray(m.qpos_spring, dtype=np.float64)
+    eng_ten, eng_trn = _needs_engine(m)
+    spring_len = None
+    if eng_ten or eng_trn:
+        ten_l, ten_j, act_l, act_m = _engine_eval(m, np.stack([qpos0, qspring]))
+        ten_len, ten_J, spring_len = ten_l[0], ten_j[0], ten_l[1]
+        act_len, moment = (None, None) if act_l is None else (act_l[0], act_m[0])
+    else:
+        ten_len, ten_J, _ = _tendons(m, kin, qpos0)
+        act_len = moment = None
     out["tendon_length0"] = ten_len
     out["tendon_invweight0"] = np.einsum("ti,ij,tj->t", ten_J, Minv, ten_J)
-    act_len, moment = _transmission(m, kin, qpos0, ten_len, ten_J)
+    if act_len is None:
+        act_len, moment = _transmission(m, kin, qpos0, ten_len, ten_J)
     out["actuator_length0"] = act_len
     out["actuator_acc0"] = np.linalg.norm(moment @ Minv, axis=1) if m.nv else np.zeros(m.nu)
     out["eq_data"] = _eq_data(m, kin)
@@ -217,7 +284,7 @@ def set0(model):
     out.update(_cameras(m, kin))
     stat, dof_length = _stat(m, kin, M)
     out["dof_length"] = dof_length
-    out["tendon_lengthspring"] = _lengthspring(m)
+    out["tendon_lengthspring"] = _lengthspring(m, spring_len)
     arrays = {k: jnp.asarray(v) for k, v in out.items() if k not in _STATIC_OUT}
     arrays.update({k: np.asarray(v) for k, v in out.items() if k in _STATIC_OUT})
     old = model.stat
@@ -399,13 +466,13 @@ def _stat(m, kin, M):
     return stat, dof_length
 
 
-def _lengthspring(m):
+def _lengthspring(m, length=None):
     ls = np.array(m.tendon_lengthspring, dtype=np.float64)
     if not m.ntendon:
         return ls
-    qs = np.asarray(m.qpos_spring, dtype=np.float64)
-    kin = _Kin(m, qs)
-    length, _, _ = _tendons(m, kin, qs)
+    if length is None:
+        qs = np.asarray(m.qpos_spring, dtype=np.float64)
+        length, _, _ = _tendons(m, _Kin(m, qs), qs)
     unset = (ls[:, 0] == -1) & (ls[:, 1] == -1)
     ls[unset] = length[unset, None]
     return ls

@@ -1,7 +1,7 @@
 """Smooth dynamics: kinematics, com-based quantities, inertia, bias forces.
 
 Implements MuJoCo's engine_core_smooth stages for rigid bodies: mj_kinematics,
-mj_comPos, mj_camlight, mj_tendon (fixed tendons), mj_crb / mj_makeM, mj_factorM,
+mj_comPos, mj_camlight, mj_tendon (in :mod:`simjax.engine.tendon`), mj_crb / mj_makeM, mj_factorM,
 mj_solveM, mj_comVel, mj_rne and mj_subtreeVel.
 
 No Python loop runs over bodies or dofs: tree recursions are dense products with the
@@ -19,8 +19,7 @@ from simjax.engine import math
 from simjax.engine import tables
 from simjax.engine import tree_linalg
 from simjax.engine.io import _mocap_bodies
-from simjax.errors import UnsupportedFeatureError
-from simjax.types import CamLight, DisableBit, JointType, WrapType
+from simjax.types import CamLight, DisableBit, JointType
 
 
 def _f(x, dtype):
@@ -264,37 +263,11 @@ def camlight(m, d):
 
 
 # --------------------------------------------------------------------------- tendons
-def _fixed_tendon_tables(m):
-    wtype = np.asarray(m.wrap_type)
-    if np.any(wtype != WrapType.JOINT):
-        raise UnsupportedFeatureError("spatial tendons (only fixed tendons are implemented)")
-    ntendon, nwrap = m.ntendon, m.nwrap
-    member = np.zeros((ntendon, nwrap))
-    adr, num = np.asarray(m.tendon_adr), np.asarray(m.tendon_num)
-    for t in range(ntendon):
-        member[t, adr[t]:adr[t] + num[t]] = 1.0
-    jid = np.asarray(m.wrap_objid)
-    qadr = np.asarray(m.jnt_qposadr)[jid]
-    onehot = np.zeros((nwrap, m.nv))
-    onehot[np.arange(nwrap), np.asarray(m.jnt_dofadr)[jid]] = 1.0
-    return member, qadr, onehot
-
-
 def tendon(m, d):
-    """Tendon lengths and Jacobians (mj_tendon) for fixed tendons.
-
-    ten_length (ntendon,) = sum coef * qpos; ten_J (ntendon, nv) dense. Spatial tendons
-    raise UnsupportedFeatureError.
-    """
-    if not m.ntendon:
-        return d
-    dtype = d.qpos.dtype
-    member, qadr, onehot = _fixed_tendon_tables(m)
-    prm = _f(m.wrap_prm, dtype).reshape(m.nwrap)
-    memb = jnp.asarray(member, dtype)
-    length = memb @ (prm * d.qpos[qadr])
-    ten_j = memb @ (prm[:, None] * jnp.asarray(onehot, dtype))
-    return d.replace(ten_length=length, ten_J=ten_j)
+    """Tendon lengths, Jacobians and wrap paths (mj_tendon): see
+    :func:`simjax.engine.tendon.tendon`."""
+    from simjax.engine import tendon as tendon_mod
+    return tendon_mod.tendon(m, d)
 
 
 # --------------------------------------------------------------------------- inertia

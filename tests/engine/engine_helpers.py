@@ -63,3 +63,16 @@ def rel_err(a, b):
     if a.size == 0:
         return 0.0
     return float(np.max(np.abs(a - b) / np.maximum(1.0, np.abs(b))))
+
+
+_FORWARD_JIT = []
+
+
+def forward_jit():
+    """One jitted simjax forward shared by all tests, so a model structure compiles once
+    per session whichever test file uses it."""
+    if not _FORWARD_JIT:
+        import jax
+        from simjax.engine import forward
+        _FORWARD_JIT.append(jax.jit(forward))
+    return _FORWARD_JIT[0]

@@ -107,12 +107,17 @@ def test_autoreset_on_divergence():
     np.testing.assert_array_equal(np.asarray(out.warning), [w.number for w in mjd.warning])
 
 
-@pytest.mark.parametrize("rel,what", [
-    ("mjx_tendon_wrap_sidesite/wrap_sidesite.xml", "spatial tendons"),
-    ("mjx_actuator_arm21_muscle/arm21.xml", "spatial tendons"),
-    ("mujoco_slider_crank/slider_crank.xml", "transmission"),
+def _set(field, value):
+    def edit(mjm):
+        getattr(mjm, field)[0] = value
+    return edit
+
+
+@pytest.mark.parametrize("rel,edit,what", [
+    ("mjx_actuator_arm21_muscle/arm21.xml", _set("actuator_dyntype", 5), "dcmotor"),
+    ("mujoco_slider_crank/slider_crank.xml", _set("actuator_trntype", 6), "so3"),
 ])
-def test_unsupported_features_raise(rel, what):
-    _, m = load(rel)
+def test_unsupported_features_raise(rel, edit, what):
+    _, m = load(rel, edit=edit)
     with pytest.raises(UnsupportedFeatureError, match=what):
         jax.jit(forward)(m, make_data(m))
