@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import actuation
+from simjax.engine import collision
 from simjax.engine import constraint
 from simjax.engine import derivative
 from simjax.engine import io
@@ -38,13 +39,14 @@ MAXVAL = 1e10
 
 # --------------------------------------------------------------------------- stages
 def fwd_position(m, d: Data) -> Data:
-    """Position-dependent stage (mj_fwdPosition, without collision and constraints)."""
+    """Position-dependent stage (mj_fwdPosition, without constraints)."""
     d = smooth.kinematics(m, d)
     d = smooth.com_pos(m, d)
     d = smooth.camlight(m, d)
     d = smooth.tendon(m, d)
     d = smooth.crb(m, d)
     d = smooth.factor_m(m, d)
+    d = collision.collision(m, d)
     d = constraint.make_constraint(m, d)
     d = actuation.transmission(m, d)
     return d
@@ -311,10 +313,10 @@ def _is_bad(x):
     return jnp.any(jnp.isnan(x) | (jnp.abs(x) > MAXVAL))
 
 
-def _fresh(m, dtype, warn):
+def _fresh(m, dtype, warn, ncon_max=None):
     """The reset state (mj_resetData) with warning counter ``warn`` set to 1; reset
     clears every other warning, as MuJoCo does."""
-    fresh = io.make_data(m, dtype=dtype)
+    fresh = io.make_data(m, dtype=dtype, ncon_max=ncon_max)
     return fresh.replace(warning=fresh.warning.at[warn].set(1))
 
 
@@ -342,12 +344,13 @@ def step(m, d: Data) -> Data:
     """
     autoreset = not (m.opt.disableflags & DisableBit.AUTORESET)
     dtype = d.qpos.dtype
+    ncon_max = d.contact.dist.shape[0]
     badq = _is_bad(d.qpos)
     badv = jnp.logical_and(~badq, _is_bad(d.qvel))
     if autoreset:
         fresh = jax.tree_util.tree_map(
             lambda a, b: jnp.where(badq, a, b),
-            _fresh(m, dtype, WARN_BADQPOS), _fresh(m, dtype, WARN_BADQVEL))
+            _fresh(m, dtype, WARN_BADQPOS, ncon_max), _fresh(m, dtype, WARN_BADQVEL, ncon_max))
         d = jax.tree_util.tree_map(lambda a, b: jnp.where(badq | badv, a, b), fresh, d)
     else:
         warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))
@@ -358,5 +361,5 @@ def step(m, d: Data) -> Data:
         d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
         return _integrate(m, d)
     new = _integrate(m, d)
-    fresh = _fresh(m, dtype, WARN_BADQACC)
+    fresh = _fresh(m, dtype, WARN_BADQACC, ncon_max)
     return jax.tree_util.tree_map(lambda a, b: jnp.where(bada, a, b), fresh, new)

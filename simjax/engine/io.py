@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint
-from simjax.engine.data import DATA_FIELDS, Data, field_shape, make_contact
+from simjax.engine.data import DATA_FIELDS, Data, field_shape
 
 
 def _float_dtype(model, dtype=None):
@@ -24,13 +24,14 @@ def _mocap_bodies(model):
     return bodies[np.argsort(mocapid[bodies])]
 
 
-def make_data(model, dtype=None) -> Data:
+def make_data(model, dtype=None, ncon_max=None) -> Data:
     """A Data at the model's reference state (mj_makeData followed by mj_resetData).
 
     qpos = qpos0, zero velocities, activations and controls, mocap bodies at their model
     pose, equality constraints at ``eq_active0``. Derived quantities are zero until
     :func:`simjax.engine.forward.forward` runs. ``dtype`` defaults to the model's float
-    dtype (float64 under ``jax_enable_x64``).
+    dtype (float64 under ``jax_enable_x64``). ``ncon_max``: contact capacity (slots of
+    ``Data.contact``); default :func:`simjax.engine.collision.contact_capacity`.
     """
     ftype = _float_dtype(model, dtype)
     kw = {}
@@ -47,7 +48,8 @@ def make_data(model, dtype=None) -> Data:
     if getattr(model, "npluginstate", 0):
         from simjax.plugins.engine import init_state
         kw["plugin_state"] = init_state(model, ftype)
-    kw["contact"] = make_contact(0, np.zeros(0, np.int32), ftype)
+    from simjax.engine.collision import make_contacts
+    kw["contact"] = make_contacts(model, ncon_max, ftype)
     kw["ncon"] = jnp.zeros((), jnp.int32)
     kw.update(constraint.make_efc(model, kw["contact"].slot_dim, ftype))
     return Data(**kw)
@@ -66,7 +68,7 @@ def reset_keyframe(model, data: Data, key_id) -> Data:
         if idx < 0:
             raise KeyError(f"no keyframe named '{key_id}'")
         key_id = idx
-    new = make_data(model, dtype=data.qpos.dtype)
+    new = make_data(model, dtype=data.qpos.dtype, ncon_max=data.contact.dist.shape[0])
     ftype = new.qpos.dtype
 
     def row(arr, n):

@@ -1,0 +1,79 @@
+"""Small vector helpers shared by the colliders.
+
+Every collider works on one geom pair (vmapped by the driver) and returns a
+:class:`Pre` of ``nslot`` candidate contacts (mjPreContact: dist, pos, normal, tangent)
+with a ``valid`` mask. Helpers here are safe to differentiate: square roots and
+normalisations never see an exact zero on the branch that is not taken.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+#: mjMINVAL
+MINVAL = 1e-15
+
+
+class Pre(NamedTuple):
+    """Candidate contacts of one geom pair (leading axis: slot)."""
+    dist: jnp.ndarray      # (k,)
+    pos: jnp.ndarray       # (k, 3)
+    normal: jnp.ndarray    # (k, 3) from geom1 to geom2
+    tangent: jnp.ndarray   # (k, 3) first tangent, or zeros (mju_makeFrame picks one)
+    valid: jnp.ndarray     # (k,) bool
+
+
+def stack(pres):
+    """Concatenate Pre tuples along the slot axis."""
+    return Pre(*(jnp.concatenate([getattr(p, f) for p in pres], axis=0)
+                 for f in Pre._fields))
+
+
+def one(dist, pos, normal, valid, tangent=None):
+    """A single-slot Pre."""
+    tangent = jnp.zeros_like(pos) if tangent is None else tangent
+    return Pre(dist[None], pos[None], normal[None], tangent[None], jnp.asarray(valid)[None])
+
+
+def dot(a, b):
+    return jnp.sum(a * b, axis=-1)
+
+
+def cross(a, b):
+    return jnp.cross(a, b)
+
+
+def safe_norm(v):
+    """|v| with a finite gradient at v = 0."""
+    sq = dot(v, v)
+    ok = sq > MINVAL * MINVAL
+    return jnp.where(ok, jnp.sqrt(jnp.where(ok, sq, 1.0)), 0.0)
+
+
+def normalize(v):
+    """(v / |v|, |v|) as mju_normalize3: (1, 0, 0) when |v| < mjMINVAL."""
+    n = safe_norm(v)
+    ok = n >= MINVAL
+    ex = jnp.zeros_like(v).at[..., 0].set(1.0)
+    out = jnp.where(ok[..., None], v / jnp.where(ok, n, 1.0)[..., None], ex)
+    return out, n
+
+
+def make_frame(normal, tangent):
+    """Contact frame rows (normal, t1, t2) as mju_makeFrame: t1 is ``tangent`` made
+    orthogonal to the normal, or (0, 1, 0) / (0, 0, 1) when ``tangent`` is ~zero."""
+    n, _ = normalize(normal)
+    small = dot(tangent, tangent) < 0.25
+    ey = jnp.zeros_like(n).at[..., 1].set(1.0)
+    ez = jnp.zeros_like(n).at[..., 2].set(1.0)
+    alt = jnp.where((jnp.abs(n[..., 1]) < 0.5)[..., None], ey, ez)
+    t = jnp.where(small[..., None], alt, tangent)
+    t = t - n * dot(n, t)[..., None]
+    t, _ = normalize(t)
+    return jnp.stack([n, t, cross(n, t)], axis=-2)
+
+
+def axis_z(mat):
+    """z axis (third column) of a rotation matrix."""
+    return mat[..., :, 2]

@@ -1,0 +1,459 @@
+"""Collision detection driver (MuJoCo's mj_collision, engine_collision_driver.c).
+
+Three steps:
+
+1. **Candidate pairs, at trace time** (numpy, cached per model structure): every geom
+   pair MuJoCo could ever test, with mj_collision's filters applied statically: body
+   pairs welded together, both dof-less, or parent/child (unless
+   ``DisableBit.FILTERPARENT``), contype/conaffinity at body and geom level,
+   ``<exclude>`` signatures; explicit ``<pair>`` entries always, replacing the
+   automatic pair of the same geoms; type pairs without a collider are dropped. Geom
+   order is MuJoCo's (``geom_type[g1] <= geom_type[g2]``). Candidates are grouped by
+   collider.
+2. **Broadphase, at run time**: per candidate pair the bounding-sphere / plane test of
+   mj_filterSphere with margin + gap; when a group has more candidates than its pair
+   capacity, the overlapping pairs are compacted first, so the narrow phase costs
+   what the capacity allows, not every candidate.
+3. **Narrow phase**: each group's collider is vmapped over its pairs; valid contacts
+   get their parameters (mj_contactParam / pair parameters, ``EnableBit.OVERRIDE``,
+   mj_setContact) and are compacted into ``Data.contact``: slots grouped by static
+   contact dimension, valid slots first in each group, ``Data.ncon`` valid in all.
+   Contacts that do not fit raise ``Data.warning[WARN_CONTACTFULL]``.
+
+Capacity: ``contact_capacity(model)`` gives the default (the sum over candidate pairs of
+their maximum contact counts, bounded for large scenes); ``make_data(model,
+ncon_max=...)`` overrides it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine.collision import convex, hfield, primitive
+from simjax.engine.collision.common import make_frame
+from simjax.engine.collision.primitive import Geom
+from simjax.engine.data import WARN_CONTACTFULL, make_contact
+from simjax.errors import UnsupportedFeatureError
+from simjax.types import DisableBit, EnableBit, GeomType as GT
+
+#: mjMINMU: lower bound of contact friction coefficients
+MINMU = 1e-5
+#: default capacity bound for large scenes: contacts per collidable geom
+CONTACTS_PER_GEOM = 8
+
+P = primitive
+#: collider per (type1, type2), type1 <= type2 (mjCOLLISIONFUNC); absent: no collision
+COLLIDERS = {
+    (GT.PLANE, GT.SPHERE): P.plane_sphere,
+    (GT.PLANE, GT.CAPSULE): P.plane_capsule,
+    (GT.PLANE, GT.ELLIPSOID): convex.plane_convex,
+    (GT.PLANE, GT.CYLINDER): P.plane_cylinder,
+    (GT.PLANE, GT.BOX): P.plane_box,
+    (GT.PLANE, GT.MESH): convex.plane_convex,
+    (GT.SPHERE, GT.SPHERE): P.sphere_sphere,
+    (GT.SPHERE, GT.CAPSULE): P.sphere_capsule,
+    (GT.SPHERE, GT.CYLINDER): P.sphere_cylinder,
+    (GT.SPHERE, GT.BOX): P.sphere_box,
+    (GT.CAPSULE, GT.CAPSULE): P.capsule_capsule,
+    (GT.BOX, GT.BOX): P.box_box,
+}
+for _t in (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH):
+    COLLIDERS[(GT.HFIELD, _t)] = hfield.hfield_convex
+_CONVEX = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
+for _a in _CONVEX:
+    for _b in _CONVEX:
+        if _a <= _b and (_a, _b) not in COLLIDERS:
+            COLLIDERS[(_a, _b)] = convex.convex_convex
+if hasattr(P, "capsule_box"):
+    COLLIDERS[(GT.CAPSULE, GT.BOX)] = P.capsule_box
+#: type pairs MuJoCo collides that need an extension (SDF plugins) not available here
+_NEEDS_PLUGIN = {GT.SDF}
+
+
+def register_collider(type1, type2, fn, maxcon):
+    """Install ``fn(g1, g2, margin) -> Pre`` for geom types (type1 <= type2); used by
+    SDF plugins. ``maxcon``: maximum number of valid contacts it returns."""
+    COLLIDERS[(min(type1, type2), max(type1, type2))] = fn
+    MAXCON_EXTRA[fn] = int(maxcon)
+
+
+MAXCON_EXTRA: dict = {}
+
+
+def _maxcon(fn):
+    for table in (primitive.MAXCON, convex.MAXCON, hfield.MAXCON, MAXCON_EXTRA):
+        if fn in table:
+            return table[fn]
+    raise KeyError(fn)
+
+
+# --------------------------------------------------------------------------- static plan
+@dataclasses.dataclass(frozen=True, eq=False)
+class Group:
+    fn: object              # collider
+    cand: np.ndarray        # (n,) candidate indices
+    maxcon: int             # max valid contacts per pair
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    g1: np.ndarray          # (ncand,) geom ids (MuJoCo order)
+    g2: np.ndarray
+    ipair: np.ndarray       # (ncand,) explicit pair id or -1
+    dim: np.ndarray         # (ncand,) contact dimension (static)
+    groups: tuple           # Group per collider
+    dims: tuple             # contact dims present, ascending
+    full: dict              # dim -> sum of per-pair maxima
+
+
+_CACHE: dict = {}
+
+
+def _key(m):
+    h = hashlib.sha1()
+    for name in ("body_parentid", "body_weldid", "body_dofnum", "body_geomadr",
+                 "body_geomnum", "geom_type", "geom_contype", "geom_conaffinity",
+                 "geom_bodyid", "geom_condim", "geom_priority", "geom_dataid",
+                 "exclude_signature", "pair_geom1", "pair_geom2", "pair_dim"):
+        a = getattr(m, name, None)
+        a = np.zeros(0) if a is None else np.asarray(a)
+        h.update(name.encode())
+        h.update(a.tobytes())
+    h.update(str((m.nbody, m.ngeom, int(m.opt.disableflags), int(m.opt.enableflags))).encode())
+    return h.hexdigest()
+
+
+def _mixed_condim(m, g1, g2):
+    pr = np.asarray(m.geom_priority)
+    cd = np.asarray(m.geom_condim)
+    return np.where(pr[g1] > pr[g2], cd[g1], np.where(pr[g1] < pr[g2], cd[g2],
+                                                       np.maximum(cd[g1], cd[g2])))
+
+
+def candidate_pairs(m):
+    """(g1, g2, ipair) numpy arrays of every geom pair mj_collision may test."""
+    nbody, ngeom = m.nbody, m.ngeom
+    off = DisableBit.CONSTRAINT | DisableBit.CONTACT
+    if ngeom < 2 or nbody < 2 or (m.opt.disableflags & off):
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    gtype = np.asarray(m.geom_type)
+    gbody = np.asarray(m.geom_bodyid)
+    ct, ca = np.asarray(m.geom_contype), np.asarray(m.geom_conaffinity)
+    weld = np.asarray(m.body_weldid)
+    parent = np.asarray(m.body_parentid)
+    dofnum = np.asarray(m.body_dofnum)
+    bct = np.zeros(nbody, np.int64)
+    bca = np.zeros(nbody, np.int64)
+    np.bitwise_or.at(bct, gbody, ct)
+    np.bitwise_or.at(bca, gbody, ca)
+    excl = set(int(s) for s in np.asarray(m.exclude_signature).ravel()) if m.nexclude else set()
+    filterparent = not (m.opt.disableflags & DisableBit.FILTERPARENT)
+
+    pairs = {}
+    if m.npair:
+        for k, (a, b) in enumerate(zip(np.asarray(m.pair_geom1), np.asarray(m.pair_geom2))):
+            a, b = int(a), int(b)
+            pairs[(min(a, b), max(a, b))] = (a, b, k)
+    out = []
+    # automatic pairs, by body pair (b1 < b2) then geoms in order
+    gi, gj = np.triu_indices(ngeom, 1)
+    b1, b2 = gbody[gi], gbody[gj]
+    keep = b1 != b2
+    gi, gj, b1, b2 = gi[keep], gj[keep], b1[keep], b2[keep]
+    swap = b1 > b2
+    gi, gj = np.where(swap, gj, gi), np.where(swap, gi, gj)
+    b1, b2 = np.minimum(b1, b2), np.maximum(b1, b2)
+    w1, w2 = weld[b1], weld[b2]
+    pw1, pw2 = weld[parent[w1]], weld[parent[w2]]
+    ok = w1 != w2
+    ok &= ~((dofnum[w1] == 0) & (dofnum[w2] == 0))
+    if filterparent:
+        ok &= ~((w1 != 0) & (w2 != 0) & ((w1 == pw2) | (w2 == pw1)))
+    ok &= ((bct[b1] & bca[b2]) != 0) | ((bct[b2] & bca[b1]) != 0)
+    ok &= ((ct[gi] & ca[gj]) != 0) | ((ct[gj] & ca[gi]) != 0)
+    if excl:
+        sig = (b1 << 16) + b2
+        ok &= ~np.isin(sig, np.asarray(sorted(excl)))
+    order = np.lexsort((gj, gi, b2, b1))
+    for k in order:
+        if not ok[k]:
+            continue
+        a, b = int(gi[k]), int(gj[k])
+        if (min(a, b), max(a, b)) in pairs:
+            continue
+        out.append((a, b, -1))
+    out += list(pairs.values())
+    res = []
+    for a, b, k in out:
+        if gtype[a] > gtype[b]:
+            a, b = b, a
+        key = (int(gtype[a]), int(gtype[b]))
+        if key[0] in _NEEDS_PLUGIN or key[1] in _NEEDS_PLUGIN:
+            if key not in COLLIDERS:
+                raise UnsupportedFeatureError(
+                    f"collision with SDF geoms (geom {a} type {key[0]}, geom {b} type "
+                    f"{key[1]}) needs an SDF plugin collider")
+        if key not in COLLIDERS:
+            if key in ((GT.PLANE, GT.PLANE), (GT.PLANE, GT.HFIELD), (GT.HFIELD, GT.HFIELD)):
+                continue
+            raise UnsupportedFeatureError(f"collision between geom types {key}")
+        res.append((a, b, k))
+    arr = np.asarray(res, np.int64).reshape(-1, 3)
+    return arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+def plan(m) -> Plan:
+    """Static collision plan of ``m`` (cached per model structure)."""
+    key = _key(m)
+    p = _CACHE.get(key)
+    if p is not None:
+        return p
+    g1, g2, ipair = candidate_pairs(m)
+    gtype = np.asarray(m.geom_type)
+    dim = _mixed_condim(m, g1, g2) if len(g1) else np.zeros(0, np.int64)
+    if m.npair and len(g1):
+        pd = np.asarray(m.pair_dim)
+        dim = np.where(ipair >= 0, pd[np.maximum(ipair, 0)], dim)
+    groups = {}
+    for k in range(len(g1)):
+        fn = COLLIDERS[(int(gtype[g1[k]]), int(gtype[g2[k]]))]
+        groups.setdefault(fn, []).append(k)
+    glist = tuple(Group(fn, np.asarray(ks, np.int64), _maxcon(fn)) for fn, ks in groups.items())
+    full = {}
+    for grp in glist:
+        for k in grp.cand:
+            full[int(dim[k])] = full.get(int(dim[k]), 0) + grp.maxcon
+    p = Plan(g1, g2, ipair, np.asarray(dim, np.int64), glist, tuple(sorted(full)), full)
+    _CACHE[key] = p
+    return p
+
+
+def contact_capacity(m) -> int:
+    """Default contact capacity: the sum of per-pair maxima, bounded by
+    ``CONTACTS_PER_GEOM`` contacts per geom in a candidate pair (at least 64)."""
+    p = plan(m)
+    full = sum(p.full.values())
+    ngeom = len(np.unique(np.concatenate([p.g1, p.g2]))) if len(p.g1) else 0
+    return int(min(full, max(64, CONTACTS_PER_GEOM * ngeom)))
+
+
+def dim_split(m, ncon_max) -> dict:
+    """Slots per contact dim for a capacity of ``ncon_max`` (proportional to the per-dim
+    sums of per-pair maxima, never above them)."""
+    p = plan(m)
+    total = sum(p.full.values())
+    if not total or ncon_max <= 0:
+        return {}
+    if ncon_max >= total:
+        return dict(p.full)
+    out, left = {}, ncon_max
+    for dim in p.dims:
+        out[dim] = min(p.full[dim], int(np.floor(ncon_max * p.full[dim] / total)))
+        left -= out[dim]
+    for dim in p.dims:             # hand out the rounding remainder
+        add = min(left, p.full[dim] - out[dim])
+        out[dim] += add
+        left -= add
+    return out
+
+
+def make_contacts(m, ncon_max, ftype):
+    """Empty contact buffer for ``m`` with ``ncon_max`` slots (default capacity if None)."""
+    if ncon_max is None:
+        ncon_max = contact_capacity(m)
+    split = dim_split(m, int(ncon_max))
+    dims = np.concatenate([np.full(n, d, np.int32) for d, n in sorted(split.items())] +
+                          [np.zeros(0, np.int32)])
+    return make_contact(len(dims), dims, ftype)
+
+
+# --------------------------------------------------------------------------- parameters
+def _override(m):
+    return bool(m.opt.enableflags & EnableBit.OVERRIDE)
+
+
+def pair_params(m, p: Plan, dtype):
+    """Per candidate pair: margin, gap, friction (5), solref, solreffriction, solimp
+    (mj_contactParam, explicit pair parameters, mj_assign* with override)."""
+    g1, g2, ip = p.g1, p.g2, p.ipair
+    f = lambda x: jnp.asarray(x, dtype)
+    margin = f(m.geom_margin)[g1] + f(m.geom_margin)[g2]
+    gap = f(m.geom_gap)[g1] + f(m.geom_gap)[g2]
+    pr = np.asarray(m.geom_priority)
+    hi1 = (pr[g1] > pr[g2])[:, None]
+    hi2 = (pr[g1] < pr[g2])[:, None]
+    sm = f(m.geom_solmix)
+    s1, s2 = sm[g1], sm[g2]
+    both = (s1 >= 1e-15) & (s2 >= 1e-15)
+    mix = jnp.where(both, s1 / jnp.where(both, s1 + s2, 1.0),
+                    jnp.where((s1 < 1e-15) & (s2 < 1e-15), 0.5,
+                              jnp.where(s1 < 1e-15, 0.0, 1.0)))[:, None]
+    sr = f(m.geom_solref)
+    r1, r2 = sr[g1], sr[g2]
+    solref = jnp.where(((r1[:, :1] > 0) & (r2[:, :1] > 0)), mix * r1 + (1 - mix) * r2,
+                       jnp.minimum(r1, r2))
+    si = f(m.geom_solimp)
+    i1, i2 = si[g1], si[g2]
+    solimp = mix * i1 + (1 - mix) * i2
+    fr = f(m.geom_friction)
+    fr1, fr2 = fr[g1], fr[g2]
+    fri = jnp.maximum(fr1, fr2)
+    solref = jnp.where(hi1, r1, jnp.where(hi2, r2, solref))
+    solimp = jnp.where(hi1, i1, jnp.where(hi2, i2, solimp))
+    fri = jnp.where(hi1, fr1, jnp.where(hi2, fr2, fri))
+    friction = fri[:, jnp.asarray([0, 0, 1, 2, 2])]
+    solreffriction = jnp.zeros_like(solref)
+    if m.npair and np.any(ip >= 0):
+        isp = ip >= 0
+        k = np.maximum(ip, 0)
+        sel = lambda a, b: jnp.where(isp.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+        margin = sel(f(m.pair_margin)[k], margin)
+        gap = sel(f(m.pair_gap)[k], gap)
+        friction = sel(f(m.pair_friction)[k], friction)
+        solref = sel(f(m.pair_solref)[k], solref)
+        solimp = sel(f(m.pair_solimp)[k], solimp)
+        srf = f(m.pair_solreffriction)[k]
+        srf = jnp.where(jnp.any(srf != 0, axis=1, keepdims=True), srf, 0.0)
+        solreffriction = sel(srf, solreffriction)
+    n = len(g1)
+    if _override(m):
+        margin = jnp.broadcast_to(f(m.opt.o_margin), (n,))
+        friction = jnp.broadcast_to(f(m.opt.o_friction), (n, 5))
+        solref = jnp.broadcast_to(f(m.opt.o_solref), (n, 2))
+        solreffriction = jnp.broadcast_to(f(m.opt.o_solref), (n, 2))
+        solimp = jnp.broadcast_to(f(m.opt.o_solimp), (n, 5))
+    friction = jnp.maximum(MINMU, friction)
+    return dict(margin=margin, gap=gap, friction=friction, solref=solref,
+                solreffriction=solreffriction, solimp=solimp)
+
+
+def _check_adhesion(m):
+    ad = getattr(m, "geom_adhesion", None)
+    for arr in (ad, getattr(m, "pair_adhesion", None)):
+        if arr is None:
+            continue
+        try:
+            a = np.asarray(arr)
+        except Exception:          # traced: cannot check, MuJoCo default is 0
+            continue
+        if a.size and np.any(a != 0):
+            raise UnsupportedFeatureError("contact adhesion (geom/pair adhesion != 0)")
+
+
+# --------------------------------------------------------------------------- run time
+def _broadphase(m, d, g1, g2, margin):
+    """mj_filterSphere: bounding spheres, or plane vs bounding sphere."""
+    rb = jnp.asarray(m.geom_rbound, d.geom_xpos.dtype)
+    gtype = np.asarray(m.geom_type)
+    p1, p2 = d.geom_xpos[g1], d.geom_xpos[g2]
+    r1, r2 = rb[g1], rb[g2]
+    dif = p1 - p2
+    sphere = jnp.sum(dif * dif, -1) <= (r1 + r2 + margin) ** 2
+    n1 = d.geom_xmat[g1][:, :, 2]
+    plane1 = jnp.sum((p2 - p1) * n1, -1) <= margin + r2
+    out = jnp.where((r1 > 0) & (r2 > 0), sphere, jnp.where(
+        jnp.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
+    return out
+
+
+def _mesh_table(m):
+    """Static per-geom convex vertex arrays for mesh geoms (padded), or None."""
+    return convex.mesh_table(m)
+
+
+def _geoms(m, d, g, sel, ftype):
+    """Geom tuples of the geoms ``g[sel]`` (sel dynamic)."""
+    gg = jnp.asarray(g)[sel]
+    size = jnp.asarray(m.geom_size, ftype)[gg]
+    return gg, Geom(d.geom_xpos[gg], d.geom_xmat[gg], size)
+
+
+def collision(m, d):
+    """Collision detection (mj_collision): fills ``d.contact`` and ``d.ncon``.
+
+    Shapes: ``d.contact`` keeps its capacity (``ncon_max`` slots, grouped by contact
+    dim as made by ``make_data``). Frames: contact pos and frame are global; the frame's
+    first row is the normal from geom[0] to geom[1]. Raises UnsupportedFeatureError at
+    trace time for geom pairs without a collider here (e.g. SDF without its plugin) or
+    contact adhesion.
+    """
+    ftype = d.geom_xpos.dtype
+    cap = d.contact.dist.shape[0]
+    p = plan(m)
+    if not len(p.g1) or cap == 0:
+        return d.replace(ncon=jnp.zeros((), jnp.int32))
+    _check_adhesion(m)
+    split = dim_split(m, cap)
+    prm = pair_params(m, p, ftype)
+    det_margin = prm["margin"] + prm["gap"]
+    overflow = jnp.zeros((), bool)
+    slots = {dim: [] for dim in split}
+    for grp in p.groups:
+        n = len(grp.cand)
+        idx = grp.cand
+        g1, g2 = p.g1[idx], p.g2[idx]
+        dm = det_margin[idx]
+        ok = _broadphase(m, d, g1, g2, dm)
+        npair_cap = min(n, cap)
+        if npair_cap < n:
+            count = jnp.sum(ok)
+            sel = jnp.nonzero(ok, size=npair_cap, fill_value=0)[0]
+            selok = jnp.arange(npair_cap) < count
+            overflow = overflow | (count > npair_cap)
+        else:
+            sel = jnp.arange(n)
+            selok = ok
+        i1, geo1 = _geoms(m, d, g1, sel, ftype)
+        i2, geo2 = _geoms(m, d, g2, sel, ftype)
+        geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype)
+        pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
+        valid = pre.valid & selok[:, None]
+        k = valid.shape[1]
+        cand = jnp.broadcast_to(jnp.asarray(idx)[sel][:, None], valid.shape)
+        gdim = jnp.asarray(p.dim)[jnp.asarray(idx)[sel]]
+        for dim in split:
+            vd = valid & (gdim == dim)[:, None]
+            slots[dim].append((pre, vd.reshape(-1), cand.reshape(-1), k))
+    out = {f: [] for f in ("dist", "pos", "frame", "cand", "valid")}
+    for dim in sorted(split):
+        nslot = split[dim]
+        dist = jnp.concatenate([s[0].dist.reshape(-1) for s in slots[dim]])
+        pos = jnp.concatenate([s[0].pos.reshape(-1, 3) for s in slots[dim]])
+        nrm = jnp.concatenate([s[0].normal.reshape(-1, 3) for s in slots[dim]])
+        tan = jnp.concatenate([s[0].tangent.reshape(-1, 3) for s in slots[dim]])
+        valid = jnp.concatenate([s[1] for s in slots[dim]])
+        cand = jnp.concatenate([s[2] for s in slots[dim]])
+        count = jnp.sum(valid)
+        overflow = overflow | (count > nslot)
+        if valid.shape[0] > nslot or True:
+            take = jnp.nonzero(valid, size=nslot, fill_value=0)[0]
+            vtake = jnp.arange(nslot) < jnp.minimum(count, nslot)
+        out["dist"].append(dist[take])
+        out["pos"].append(pos[take])
+        out["frame"].append(make_frame(nrm[take], tan[take]))
+        out["cand"].append(cand[take])
+        out["valid"].append(vtake)
+    dist = jnp.concatenate(out["dist"])
+    cand = jnp.concatenate(out["cand"])
+    valid = jnp.concatenate(out["valid"])
+    pos = jnp.concatenate(out["pos"])
+    frame = jnp.concatenate(out["frame"])
+    includemargin = prm["margin"][cand]
+    zero = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
+    con = d.contact.replace(
+        dist=zero(dist), pos=zero(pos), frame=zero(frame),
+        includemargin=zero(includemargin), friction=zero(prm["friction"][cand]),
+        solref=zero(prm["solref"][cand]), solreffriction=zero(prm["solreffriction"][cand]),
+        solimp=zero(prm["solimp"][cand]),
+        geom=jnp.where(valid[:, None], jnp.stack([jnp.asarray(p.g1)[cand],
+                                                  jnp.asarray(p.g2)[cand]], -1), -1),
+        exclude=(valid & (dist >= includemargin)).astype(jnp.int32),
+        efc_address=jnp.full(valid.shape, -1, jnp.int32),
+        valid=valid)
+    warning = d.warning.at[WARN_CONTACTFULL].add(overflow.astype(jnp.int32))
+    return d.replace(contact=con, ncon=jnp.sum(valid).astype(jnp.int32), warning=warning)

@@ -1,0 +1,450 @@
+"""Analytic colliders for primitive geom pairs (MuJoCo's engine_collision_primitive.c
+and engine_collision_box.c, mjc_* functions), one geom pair per call (vmapped by the
+driver).
+
+Each collider ``f(g1, g2, margin) -> Pre`` takes two :class:`Geom` (world position,
+rotation matrix, size) in MuJoCo's geom order (``geom_type[g1] <= geom_type[g2]``) and
+the detection margin (margin + gap), and returns a fixed number of candidate contact
+slots with a validity mask, at most ``MAXCON[f]`` valid (mj_maxContact). Contact
+counts, positions, normals and first tangents follow MuJoCo 4.0 case by case; where
+MuJoCo stops early (e.g. plane-box keeps the first four corners below the plane), the
+same slots are selected by masks.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, one,
+                                            safe_norm, stack)
+
+
+class Geom(NamedTuple):
+    pos: Any      # (3,) world position
+    mat: Any      # (3, 3) world rotation (columns: geom axes)
+    size: Any     # (3,) geom_size
+    vert: Any = None   # (V, 3) convex hull vertices in the geom frame (meshes)
+    extra: Any = None  # collider-specific static data (e.g. hull neighbours)
+
+
+def _zeros3(x):
+    return jnp.zeros(3, x.dtype)
+
+
+# --------------------------------------------------------------------------- plane
+def _plane_sphere_raw(ppos, pmat, center, radius, margin):
+    normal = pmat[:, 2]
+    cdist = dot(center - ppos, normal)
+    dist = cdist - radius
+    pos = center - normal * (dist / 2 + radius)
+    return dist, pos, normal, cdist <= margin + radius
+
+
+def plane_sphere(g1, g2, margin):
+    d, p, n, v = _plane_sphere_raw(g1.pos, g1.mat, g2.pos, g2.size[0], margin)
+    return one(d, p, n, v)
+
+
+def plane_capsule(g1, g2, margin):
+    """Two contacts, one per capsule end; frames aligned with the capsule axis."""
+    axis = g2.mat[:, 2]
+    seg = axis * g2.size[1]
+    out = []
+    for end in (g2.pos + seg, g2.pos - seg):
+        d, p, n, v = _plane_sphere_raw(g1.pos, g1.mat, end, g2.size[0], margin)
+        out.append(one(d, p, n, v, tangent=axis))
+    return stack(out)
+
+
+def plane_cylinder(g1, g2, margin):
+    """Up to 4 contacts: nearest rim point, opposite-cap rim point, and two points of
+    an inscribed triangle on the nearer cap (mjc_PlaneCylinder)."""
+    normal = g1.mat[:, 2]
+    axis = g2.mat[:, 2]
+    prjaxis = dot(normal, axis)
+    flip = prjaxis > 0
+    axis = jnp.where(flip, -axis, axis)
+    prjaxis = jnp.where(flip, -prjaxis, prjaxis)
+    dist0 = dot(g2.pos - g1.pos, normal)
+    vec = axis * prjaxis - normal
+    lsq = dot(vec, vec)
+    general = lsq >= MINVAL * MINVAL
+    rad = g2.size[0]
+    vec = jnp.where(general, vec * (rad / jnp.sqrt(jnp.where(general, lsq, 1.0))),
+                    g2.mat[:, 0] * rad)
+    prjvec = dot(vec, normal)
+    axis = axis * g2.size[1]
+    prjaxis = prjaxis * g2.size[1]
+
+    d1 = dist0 + prjaxis + prjvec
+    v1 = d1 <= margin
+    p1 = g2.pos + vec + axis - normal * (d1 * 0.5)
+    d2 = dist0 - prjaxis + prjvec
+    v2 = v1 & (d2 <= margin)
+    p2 = g2.pos + vec - axis - normal * (d2 * 0.5)
+    prjvec1 = -prjvec * 0.5
+    d3 = dist0 + prjaxis + prjvec1
+    v3 = v1 & (d3 <= margin)
+    vec1, _ = normalize(cross(vec, axis))
+    vec1 = vec1 * (rad * np.sqrt(3.0) / 2)
+    base = g2.pos + axis - vec * 0.5 - normal * (d3 * 0.5)
+    pa, pb = base + vec1, base - vec1
+    return Pre(jnp.stack([d1, d2, d3, d3]), jnp.stack([p1, p2, pa, pb]),
+               jnp.broadcast_to(normal, (4, 3)), jnp.zeros((4, 3), normal.dtype),
+               jnp.stack([v1, v2, v3, v3]))
+
+
+_BOX_CORNERS = np.array([[(1 if i & 1 else -1), (1 if i & 2 else -1), (1 if i & 4 else -1)]
+                         for i in range(8)], np.float64)
+
+
+def _first_k(valid, k):
+    """Keep the first ``k`` true entries of ``valid`` (in slot order)."""
+    return valid & (jnp.cumsum(valid.astype(jnp.int32)) <= k)
+
+
+def plane_box(g1, g2, margin):
+    """Box corners below the plane (pointing down), first four in corner order."""
+    normal = g1.mat[:, 2]
+    dist = dot(g2.pos - g1.pos, normal)
+    corners = (_BOX_CORNERS * g2.size) @ g2.mat.T            # (8, 3) relative to center
+    ldist = corners @ normal
+    d = dist + ldist
+    valid = ~((d > margin) | (ldist > 0))
+    valid = _first_k(valid, 4)
+    pos = corners + g2.pos - normal * (d / 2)[:, None]
+    return Pre(d, pos, jnp.broadcast_to(normal, (8, 3)), jnp.zeros((8, 3), d.dtype), valid)
+
+
+# --------------------------------------------------------------------------- spheres
+def _sphere_sphere_raw(p1, m1, r1, p2, m2, r2, margin):
+    dif = p1 - p2
+    sq = dot(dif, dif)
+    valid = sq <= (margin + r1 + r2) ** 2
+    dist = safe_norm(dif) - r1 - r2
+    n, ln = normalize(p2 - p1)
+    # coincident centres: normal = z1 x z2 (or x when parallel), as MuJoCo
+    alt, _ = normalize(cross(m1[:, 2], m2[:, 2]))
+    n = jnp.where(ln < MINVAL, alt, n)
+    pos = p1 + n * (r1 + dist / 2)
+    return dist, pos, n, valid
+
+
+def sphere_sphere(g1, g2, margin):
+    return one(*_sphere_sphere_raw(g1.pos, g1.mat, g1.size[0], g2.pos, g2.mat,
+                                   g2.size[0], margin))
+
+
+def sphere_capsule(g1, g2, margin):
+    axis = g2.mat[:, 2]
+    x = jnp.clip(dot(axis, g1.pos - g2.pos), -g2.size[1], g2.size[1])
+    near = g2.pos + axis * x
+    return one(*_sphere_sphere_raw(g1.pos, g1.mat, g1.size[0], near, g2.mat,
+                                   g2.size[0], margin))
+
+
+def sphere_cylinder(g1, g2, margin):
+    """Side (sphere-sphere), cap (plane-sphere) or rim-corner contact."""
+    radius, height = g2.size[0], g2.size[1]
+    axis = g2.mat[:, 2]
+    vec = g1.pos - g2.pos
+    x = dot(axis, vec)
+    a_proj = axis * x
+    p_proj = vec - a_proj
+    psq = dot(p_proj, p_proj)
+    side = jnp.abs(x) < height
+    cap = psq < radius * radius
+    deep = side & cap
+    pn = safe_norm(p_proj)
+    cap_first = (height - jnp.abs(x)) < (radius - pn)
+    side = jnp.where(deep, ~cap_first, side)
+    cap = jnp.where(deep, cap_first, cap)
+
+    r1 = g1.size[0]
+    ds, ps, ns, vs = _sphere_sphere_raw(g1.pos, g1.mat, r1, a_proj + g2.pos, g2.mat, radius,
+                                        margin)
+    flipmat = g2.mat * jnp.asarray([-1.0, 1.0, -1.0], g2.mat.dtype)
+    top = x > 0
+    pos_cap = g2.pos + axis * jnp.where(top, height, -height)
+    mat_cap = jnp.where(top, g2.mat, flipmat)
+    dc, pc, nc, vc = _plane_sphere_raw(pos_cap, mat_cap, g1.pos, r1, margin)
+    nc = -nc
+    scale = radius / jnp.where(pn > 0, pn, 1.0)
+    corner = p_proj * scale + axis * jnp.where(top, height, -height) + g2.pos
+    dk, pk, nk, vk = _sphere_sphere_raw(g1.pos, g1.mat, r1, corner, g2.mat, 0.0, margin)
+
+    def sel(a, b, c):
+        cs = jnp.broadcast_to(side, jnp.shape(a)) if jnp.ndim(a) else side
+        cc = jnp.broadcast_to(cap, jnp.shape(a)) if jnp.ndim(a) else cap
+        return jnp.where(cs, a, jnp.where(cc, b, c))
+
+    return one(sel(ds, dc, dk), sel(ps, pc, pk), sel(ns, nc, nk), sel(vs, vc, vk))
+
+
+def sphere_box(g1, g2, margin):
+    """Sphere-box (mjraw_SphereBox): nearest box point, or nearest face when the centre
+    is inside."""
+    size = g2.size
+    center = g2.mat.T @ (g1.pos - g2.pos)
+    clamped = jnp.clip(center, -size, size)
+    tmp, dist = normalize(clamped - center)
+    r = g1.size[0]
+    valid = dist - r <= margin
+    inside = dist <= MINVAL
+    # inside: nearest face (first minimum in the order -x, +x, -y, +y, -z, +z)
+    sgn = jnp.asarray([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0], center.dtype)
+    face = jnp.abs(sgn * jnp.repeat(size, 2) - jnp.repeat(center, 2))
+    k = jnp.argmin(face)
+    closest = face[k]
+    nearest = jnp.zeros(3, center.dtype).at[k // 2].set(jnp.where(k % 2 == 1, -1.0, 1.0))
+    pos_in = center + nearest * ((r - closest) / 2)
+    pos_out = 0.5 * clamped + 0.5 * (center + tmp * r)
+    pos = jnp.where(inside, pos_in, pos_out)
+    normal = g2.mat @ jnp.where(inside, nearest, tmp)
+    d = jnp.where(inside, -closest, dist) - r
+    return one(d, g2.mat @ pos + g2.pos, normal, valid)
+
+
+# --------------------------------------------------------------------------- capsules
+def capsule_capsule(g1, g2, margin):
+    """Nearest points of the two segments (general), or up to two end-point contacts
+    for parallel axes (mjraw_CapsuleCapsule)."""
+    axis1 = g1.mat[:, 2] * g1.size[1]
+    axis2 = g2.mat[:, 2] * g2.size[1]
+    dif = g1.pos - g2.pos
+    ma, mb, mc = dot(axis1, axis1), -dot(axis1, axis2), dot(axis2, axis2)
+    u, v = -dot(axis1, dif), dot(axis2, dif)
+    det = ma * mc - mb * mb
+    general = jnp.abs(det) >= MINVAL
+    sdet = jnp.where(general, det, 1.0)
+    x1 = (mc * u - mb * v) / sdet
+    x2 = (ma * v - mb * u) / sdet
+    x2 = jnp.where(x1 > 1, (v - mb) / mc, jnp.where(x1 < -1, (v + mb) / mc, x2))
+    x1 = jnp.clip(x1, -1, 1)
+    x1 = jnp.where(x2 > 1, jnp.clip((u - mb) / ma, -1, 1),
+                   jnp.where(x2 < -1, jnp.clip((u + mb) / ma, -1, 1), x1))
+    x2 = jnp.clip(x2, -1, 1)
+    r1, r2 = g1.size[0], g2.size[0]
+
+    def ss(c1, c2):
+        return _sphere_sphere_raw(c1, g1.mat, r1, c2, g2.mat, r2, margin)
+
+    dg, pg, ng, vg = ss(g1.pos + axis1 * x1, g2.pos + axis2 * x2)
+    # parallel axes: ends of 1 against 2, then ends of 2 against 1, up to two contacts
+    e = []
+    e.append(ss(g1.pos + axis1, g2.pos + axis2 * jnp.clip((v - mb) / mc, -1, 1)))
+    e.append(ss(g1.pos - axis1, g2.pos + axis2 * jnp.clip((v + mb) / mc, -1, 1)))
+    e.append(ss(g1.pos + axis1 * jnp.clip((u - mb) / ma, -1, 1), g2.pos + axis2))
+    e.append(ss(g1.pos + axis1 * jnp.clip((u + mb) / ma, -1, 1), g2.pos - axis2))
+    v1, v2, v3, v4 = (c[3] for c in e)
+    c12 = v1.astype(jnp.int32) + v2
+    v3 = v3 & (c12 < 2)
+    v4 = v4 & (c12 + v3 < 2)
+    vpar = jnp.stack([v1, v2, v3, v4])
+    # slot 0 holds the general contact or the first parallel one
+    dist = jnp.stack([jnp.where(general, dg, e[0][0])] + [c[0] for c in e[1:]])
+    pos = jnp.stack([jnp.where(general, pg, e[0][1])] + [c[1] for c in e[1:]])
+    nrm = jnp.stack([jnp.where(general, ng, e[0][2])] + [c[2] for c in e[1:]])
+    vgen = jnp.zeros(4, bool).at[0].set(vg)
+    valid = jnp.where(general, vgen, vpar)
+    return Pre(dist, pos, nrm, jnp.zeros_like(pos), valid)
+
+
+# --------------------------------------------------------------------------- boxes
+_SEPEPS, _PAREPS, _SGNEPS, _DUPEPS, _EDGEBIAS = 1e-13, 1e-16, 1e-9, 1e-14, 1e-6
+
+
+def _onehot(i, dtype):
+    return (jnp.arange(3) == i).astype(dtype)
+
+
+def _box_edge(g1, g2, rot, pos21, i, j):
+    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal)."""
+    s1, s2 = g1.size, g2.size
+    i1, i2, j1, j2 = (i + 1) % 3, (i + 2) % 3, (j + 1) % 3, (j + 2) % 3
+    dt = rot.dtype
+    axis = (_onehot(i1, dt) * -rot[i2, j] + _onehot(i2, dt) * rot[i1, j])
+    axis, _ = normalize(axis)
+    axis = jnp.where(dot(axis, pos21) < 0, -axis, axis)
+    a2 = axis @ rot
+    amb1 = jnp.where(jnp.abs(axis[i1]) < _SGNEPS, i1,
+                     jnp.where(jnp.abs(axis[i2]) < _SGNEPS, i2, -1))
+    amb2 = jnp.where(jnp.abs(a2[j1]) < _SGNEPS, j1,
+                     jnp.where(jnp.abs(a2[j2]) < _SGNEPS, j2, -1))
+    d2 = rot[:, j]
+    b = d2[i]
+    denom = 1 - b * b
+    c1 = jnp.where(axis >= 0, s1, -s1) * (1 - _onehot(i, dt))
+    cc = jnp.where(a2 >= 0, -s2, s2) * (1 - _onehot(j, dt))
+    best = None
+    for v1 in (0, 1):
+        for v2 in (0, 1):
+            ok = ((amb1 >= 0) | (v1 == 0)) & ((amb2 >= 0) | (v2 == 0))
+            c1v = jnp.where(v1 & (jnp.arange(3) == amb1), -c1, c1)
+            ccv = jnp.where(v2 & (jnp.arange(3) == amb2), -cc, cc)
+            c2 = rot @ ccv + pos21
+            e = c2 - c1v
+            d1e, d2e = e[i], dot(d2, e)
+            s = jnp.where(denom < MINVAL, 0.0, (d1e - b * d2e) / jnp.where(
+                denom < MINVAL, 1.0, denom))
+            s = jnp.clip(s, -s1[i], s1[i])
+            t = jnp.clip(b * s - d2e, -s2[j], s2[j])
+            s = jnp.clip(d1e + b * t, -s1[i], s1[i])
+            p1 = c1v + _onehot(i, dt) * s
+            p2 = c2 + d2 * t
+            gap2 = jnp.where(ok, dot(p2 - p1, p2 - p1), jnp.inf)
+            if best is None:
+                best = (gap2, p1, p2)
+            else:
+                better = gap2 < best[0]
+                best = tuple(jnp.where(better, x, y) for x, y in zip((gap2, p1, p2), best))
+    _, w1, w2 = best
+    dist = dot(w2 - w1, axis)
+    mid = 0.5 * (w1 + w2)
+    return dist, g1.mat @ mid + g1.pos, g1.mat @ axis
+
+
+def box_box(g1, g2, margin):
+    """Box-box (mjc_BoxBox, MuJoCo 4.0): separating-axis test over 15 axes with face
+    preference; a face axis clips the incident face against the reference face (up to
+    8 contacts), an edge axis gives one contact between the supporting edges.
+
+    The clipped polygon is built as the set of its possible vertices (incident corners
+    inside the reference face, reference corners inside the incident face, edge-side
+    crossings) instead of Sutherland-Hodgman passes; the vertex set is the same,
+    near-duplicates are merged as MuJoCo does."""
+    s1, s2 = g1.size, g2.size
+    dt = s1.dtype
+    rot = g1.mat.T @ g2.mat
+    rabs = jnp.abs(rot)
+    pos21 = g1.mat.T @ (g2.pos - g1.pos)
+    pos12 = g2.mat.T @ (g1.pos - g2.pos)
+    septol = margin + _SEPEPS * (jnp.sum(s1) + jnp.sum(s2))
+    sep1 = jnp.abs(pos21) - s1 - rabs @ s2
+    sep2 = jnp.abs(pos12) - s2 - rabs.T @ s1
+    seps = jnp.concatenate([sep1, sep2])
+    separated = jnp.any(seps > septol)
+    code = jnp.argmax(seps)
+    sep_face = seps[code]
+    code_face = code
+    sep_best = sep_face
+    for i in range(3):
+        for j in range(3):
+            i1, i2, j1, j2 = (i + 1) % 3, (i + 2) % 3, (j + 1) % 3, (j + 2) % 3
+            ax1, ax2 = -rot[i2, j], rot[i1, j]
+            n2 = ax1 * ax1 + ax2 * ax2
+            use = n2 >= _PAREPS
+            inv = 1 / jnp.sqrt(jnp.where(use, n2, 1.0))
+            ax1, ax2 = ax1 * inv, ax2 * inv
+            r1 = s1[i1] * jnp.abs(ax1) + s1[i2] * jnp.abs(ax2)
+            b1 = ax1 * rot[i1, j1] + ax2 * rot[i2, j1]
+            b2 = ax1 * rot[i1, j2] + ax2 * rot[i2, j2]
+            r2 = s2[j1] * jnp.abs(b1) + s2[j2] * jnp.abs(b2)
+            sep = jnp.abs(ax1 * pos21[i1] + ax2 * pos21[i2]) - r1 - r2
+            separated = separated | (use & (sep > septol))
+            win = use & (sep - _EDGEBIAS * jnp.abs(sep) > sep_best) & (sep > sep_face)
+            sep_best = jnp.where(win, sep, sep_best)
+            code = jnp.where(win, 6 + 3 * i + j, code)
+
+    # edge axis nearly parallel to the best face axis: prefer the face
+    is_edge = code >= 6
+    ei, ej = jnp.where(is_edge, (code - 6) // 3, 0), jnp.where(is_edge, (code - 6) % 3, 0)
+    rot_e = rot[(ei + 2) % 3, ej], rot[(ei + 1) % 3, ej]
+    eaxis = _onehot((ei + 1) % 3, dt) * -rot_e[0] + _onehot((ei + 2) % 3, dt) * rot_e[1]
+    eaxis, _ = normalize(eaxis)
+    cf = jnp.where(code_face < 3, code_face, code_face - 3)
+    face_dot = jnp.where(code_face < 3, jnp.abs(eaxis[cf]), jnp.abs(eaxis @ rot[:, cf]))
+    subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
+                                          + MINVAL)
+    code = jnp.where(subst, code_face, code)
+    is_edge = code >= 6
+
+    # edge-edge contact: evaluate the winning (i, j) via a switch over the 9 pairs
+    edge_results = [_box_edge(g1, g2, rot, pos21, i, j) for i in range(3) for j in range(3)]
+    eidx = jnp.clip(code - 6, 0, 8)
+    e_dist = jnp.stack([r[0] for r in edge_results])[eidx]
+    e_pos = jnp.stack([r[1] for r in edge_results])[eidx]
+    e_nrm = jnp.stack([r[2] for r in edge_results])[eidx]
+    e_valid = is_edge & ~separated & (e_dist <= septol)
+
+    # face contact
+    ref1 = code < 3
+    a = jnp.where(ref1, code, code - 3) % 3
+    sizeref = jnp.where(ref1, s1, s2)
+    sizeinc = jnp.where(ref1, s2, s1)
+    posref = jnp.where(ref1, g1.pos, g2.pos)
+    matref = jnp.where(ref1, g1.mat, g2.mat)
+    posoi = jnp.where(ref1, pos21, pos12)
+    rinc = jnp.where(ref1, rot, rot.T)
+    sgn = jnp.where(posoi[a] >= 0, 1.0, -1.0)
+    binc = jnp.argmax(jnp.abs(rinc[a]))
+    tinc = jnp.where(sgn * rinc[a, binc] > 0, -1.0, 1.0)
+    ax, ay = (a + 1) % 3, (a + 2) % 3
+    bu, bv = (binc + 1) % 3, (binc + 2) % 3
+    cidx = jnp.stack([ax, ay, a])
+    cx = posoi[cidx] + tinc * sizeinc[binc] * rinc[cidx, binc]
+    du = sizeinc[bu] * rinc[cidx, bu]
+    dv = sizeinc[bv] * rinc[cidx, bv]
+    zs = jnp.asarray([1.0, 1.0, 0.0], dt) + jnp.asarray([0.0, 0.0, 1.0], dt) * sgn
+    cx = cx * zs - jnp.asarray([0.0, 0.0, 1.0], dt) * sizeref[a]
+    du, dv = du * zs, dv * zs
+    sx, sy = sizeref[ax], sizeref[ay]
+    lim = jnp.stack([sx, sy])
+    signs = jnp.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], dt)
+    quad = cx + signs[:, :1] * du + signs[:, 1:] * dv                       # (4, 3)
+    # (a) incident corners inside the reference face
+    ca = quad
+    va = jnp.all(jnp.abs(quad[:, :2]) <= lim, axis=1)
+    # (b) incident edges crossing the side lines x = +-sx, y = +-sy inside the face
+    p, q = quad, jnp.roll(quad, -1, axis=0)
+    cb, vb = [], []
+    for coord in (0, 1):
+        for sign in (1.0, -1.0):
+            dp = sign * p[:, coord] - lim[coord]
+            dq = sign * q[:, coord] - lim[coord]
+            cross_ = ((dp < 0) & (dq > 0)) | ((dp > 0) & (dq < 0))
+            t = dp / jnp.where(cross_, dp - dq, 1.0)
+            pt = p + t[:, None] * (q - p)
+            other = 1 - coord
+            cb.append(pt)
+            vb.append(cross_ & (jnp.abs(pt[:, other]) <= lim[other]))
+    cb, vb = jnp.concatenate(cb), jnp.concatenate(vb)
+    # (c) reference corners inside the incident face (z from the incident plane)
+    mat2d = jnp.stack([du[:2], dv[:2]], axis=1)
+    det = mat2d[0, 0] * mat2d[1, 1] - mat2d[0, 1] * mat2d[1, 0]
+    okdet = jnp.abs(det) > MINVAL
+    sdet = jnp.where(okdet, det, 1.0)
+    rc = signs * lim                                                       # (4, 2)
+    rel = rc - cx[:2]
+    su = (rel[:, 0] * mat2d[1, 1] - rel[:, 1] * mat2d[0, 1]) / sdet
+    sv = (mat2d[0, 0] * rel[:, 1] - mat2d[1, 0] * rel[:, 0]) / sdet
+    cc = jnp.concatenate([rc, (cx[2] + su * du[2] + sv * dv[2])[:, None]], axis=1)
+    vc = okdet & (jnp.abs(su) <= 1) & (jnp.abs(sv) <= 1)
+    cand = jnp.concatenate([ca, cb, cc])                                    # (24, 3)
+    valid = jnp.concatenate([va, vb, vc]) & (cand[:, 2] <= margin)
+    # merge near-duplicates (keep the first)
+    dupe2 = _DUPEPS * (sx * sx + sy * sy)
+    dxy = cand[:, None, :2] - cand[None, :, :2]
+    close = jnp.sum(dxy * dxy, -1) < dupe2
+    earlier = jnp.tril(jnp.ones((24, 24), bool), -1)
+    dup = jnp.any(close & earlier & valid[None, :], axis=1)
+    valid = valid & ~dup & ~separated & ~is_edge
+    nsign = jnp.where(ref1, sgn, -sgn)
+    normal = nsign * matref[:, a]
+    ea, eax, eay = _onehot(a, dt), _onehot(ax, dt), _onehot(ay, dt)
+    posc = (cand[:, :1] * eax + cand[:, 1:2] * eay +
+            (sgn * (sizeref[a] + 0.5 * cand[:, 2]))[:, None] * ea)
+    fpos = posc @ matref.T + posref
+    dist = jnp.concatenate([e_dist[None], cand[:, 2]])
+    pos = jnp.concatenate([e_pos[None], fpos])
+    nrm = jnp.concatenate([e_nrm[None], jnp.broadcast_to(normal, (24, 3))])
+    return Pre(dist, pos, nrm, jnp.zeros_like(pos), jnp.concatenate([e_valid[None], valid]))
+
+
+#: collider -> maximum number of valid contacts (mj_maxContact)
+MAXCON = {plane_sphere: 1, plane_capsule: 2, plane_cylinder: 4, plane_box: 4,
+          sphere_sphere: 1, sphere_capsule: 1, sphere_cylinder: 1, sphere_box: 1,
+          capsule_capsule: 2, box_box: 8}
