@@ -50,10 +50,10 @@ P = primitive
 COLLIDERS = {
     (GT.PLANE, GT.SPHERE): P.plane_sphere,
     (GT.PLANE, GT.CAPSULE): P.plane_capsule,
-    (GT.PLANE, GT.ELLIPSOID): convex.plane_convex,
+    (GT.PLANE, GT.ELLIPSOID): convex.PLANE[GT.ELLIPSOID],
     (GT.PLANE, GT.CYLINDER): P.plane_cylinder,
     (GT.PLANE, GT.BOX): P.plane_box,
-    (GT.PLANE, GT.MESH): convex.plane_convex,
+    (GT.PLANE, GT.MESH): convex.PLANE[GT.MESH],
     (GT.SPHERE, GT.SPHERE): P.sphere_sphere,
     (GT.SPHERE, GT.CAPSULE): P.sphere_capsule,
     (GT.SPHERE, GT.CYLINDER): P.sphere_cylinder,
@@ -67,7 +67,7 @@ _CONVEX = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
 for _a in _CONVEX:
     for _b in _CONVEX:
         if _a <= _b and (_a, _b) not in COLLIDERS:
-            COLLIDERS[(_a, _b)] = convex.convex_convex
+            COLLIDERS[(_a, _b)] = convex.CONVEX[(_a, _b)]
 if hasattr(P, "capsule_box"):
     COLLIDERS[(GT.CAPSULE, GT.BOX)] = P.capsule_box
 #: type pairs MuJoCo collides that need an extension (SDF plugins) not available here
@@ -234,32 +234,29 @@ def plan(m) -> Plan:
 
 
 def contact_capacity(m) -> int:
-    """Default contact capacity: the sum of per-pair maxima, bounded by
-    ``CONTACTS_PER_GEOM`` contacts per geom in a candidate pair (at least 64)."""
+    """Default contact capacity: per contact dim, the sum of per-pair maxima, bounded
+    by ``CONTACTS_PER_GEOM`` contacts per geom appearing in that dim's pairs (at
+    least 64)."""
     p = plan(m)
-    full = sum(p.full.values())
-    ngeom = len(np.unique(np.concatenate([p.g1, p.g2]))) if len(p.g1) else 0
-    return int(min(full, max(64, CONTACTS_PER_GEOM * ngeom)))
+    total = 0
+    for dim in p.dims:
+        sel = p.dim == dim
+        ngeom = len(np.unique(np.concatenate([p.g1[sel], p.g2[sel]])))
+        total += min(p.full[dim], max(64, CONTACTS_PER_GEOM * ngeom))
+    return int(total)
 
 
 def dim_split(m, ncon_max) -> dict:
-    """Slots per contact dim for a capacity of ``ncon_max`` (proportional to the per-dim
-    sums of per-pair maxima, never above them)."""
+    """Slots per contact dim for a capacity of ``ncon_max``: water-filling, so every
+    dim gets min(its sum of per-pair maxima, an equal share of what is left)."""
     p = plan(m)
-    total = sum(p.full.values())
-    if not total or ncon_max <= 0:
-        return {}
-    if ncon_max >= total:
-        return dict(p.full)
-    out, left = {}, ncon_max
-    for dim in p.dims:
-        out[dim] = min(p.full[dim], int(np.floor(ncon_max * p.full[dim] / total)))
-        left -= out[dim]
-    for dim in p.dims:             # hand out the rounding remainder
-        add = min(left, p.full[dim] - out[dim])
-        out[dim] += add
-        left -= add
-    return out
+    out, left = {}, int(ncon_max)
+    dims = sorted(p.dims, key=lambda dim: p.full[dim])
+    for i, dim in enumerate(dims):
+        take = min(p.full[dim], left // (len(dims) - i))
+        out[dim] = take
+        left -= take
+    return {dim: n for dim, n in sorted(out.items()) if n > 0}
 
 
 def make_contacts(m, ncon_max, ftype):
