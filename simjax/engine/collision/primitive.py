@@ -257,6 +257,10 @@ def capsule_capsule(g1, g2, margin):
 _SEPEPS, _PAREPS, _SGNEPS, _DUPEPS, _EDGEBIAS = 1e-13, 1e-16, 1e-9, 1e-14, 1e-6
 
 
+_EI = np.repeat(np.arange(3), 3)
+_EJ = np.tile(np.arange(3), 3)
+
+
 def _onehot(i, dtype):
     return (jnp.arange(3) == i).astype(dtype)
 
@@ -279,28 +283,24 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     denom = 1 - b * b
     c1 = jnp.where(axis >= 0, s1, -s1) * (1 - _onehot(i, dt))
     cc = jnp.where(a2 >= 0, -s2, s2) * (1 - _onehot(j, dt))
-    best = None
-    for v1 in (0, 1):
-        for v2 in (0, 1):
-            ok = ((amb1 >= 0) | (v1 == 0)) & ((amb2 >= 0) | (v2 == 0))
-            c1v = jnp.where(v1 & (jnp.arange(3) == amb1), -c1, c1)
-            ccv = jnp.where(v2 & (jnp.arange(3) == amb2), -cc, cc)
-            c2 = rot @ ccv + pos21
-            e = c2 - c1v
-            d1e, d2e = e[i], dot(d2, e)
-            s = jnp.where(denom < MINVAL, 0.0, (d1e - b * d2e) / jnp.where(
-                denom < MINVAL, 1.0, denom))
-            s = jnp.clip(s, -s1[i], s1[i])
-            t = jnp.clip(b * s - d2e, -s2[j], s2[j])
-            s = jnp.clip(d1e + b * t, -s1[i], s1[i])
-            p1 = c1v + _onehot(i, dt) * s
-            p2 = c2 + d2 * t
-            gap2 = jnp.where(ok, dot(p2 - p1, p2 - p1), jnp.inf)
-            if best is None:
-                best = (gap2, p1, p2)
-            else:
-                better = gap2 < best[0]
-                best = tuple(jnp.where(better, x, y) for x, y in zip((gap2, p1, p2), best))
+    V1 = jnp.asarray([0, 0, 1, 1])[:, None]
+    V2 = jnp.asarray([0, 1, 0, 1])[:, None]
+    ok = ((amb1 >= 0) | (V1[:, 0] == 0)) & ((amb2 >= 0) | (V2[:, 0] == 0))
+    c1v = jnp.where((V1 == 1) & (jnp.arange(3) == amb1), -c1, c1)          # (4, 3)
+    ccv = jnp.where((V2 == 1) & (jnp.arange(3) == amb2), -cc, cc)
+    c2 = ccv @ rot.T + pos21
+    e = c2 - c1v
+    d1e, d2e = e[:, i], e @ d2
+    small = denom < MINVAL
+    sp = jnp.where(small, 0.0, (d1e - b * d2e) / jnp.where(small, 1.0, denom))
+    sp = jnp.clip(sp, -s1[i], s1[i])
+    t = jnp.clip(b * sp - d2e, -s2[j], s2[j])
+    sp = jnp.clip(d1e + b * t, -s1[i], s1[i])
+    p1 = c1v + _onehot(i, dt) * sp[:, None]
+    p2 = c2 + d2 * t[:, None]
+    gap2 = jnp.where(ok, jnp.sum((p2 - p1) ** 2, -1), jnp.inf)
+    kbest = jnp.argmin(gap2)                 # first minimum, as the sequential scan
+    best = (gap2[kbest], p1[kbest], p2[kbest])
     _, w1, w2 = best
     dist = dot(w2 - w1, axis)
     mid = 0.5 * (w1 + w2)
@@ -331,23 +331,25 @@ def box_box(g1, g2, margin):
     sep_face = seps[code]
     code_face = code
     sep_best = sep_face
-    for i in range(3):
-        for j in range(3):
-            i1, i2, j1, j2 = (i + 1) % 3, (i + 2) % 3, (j + 1) % 3, (j + 2) % 3
-            ax1, ax2 = -rot[i2, j], rot[i1, j]
-            n2 = ax1 * ax1 + ax2 * ax2
-            use = n2 >= _PAREPS
-            inv = 1 / jnp.sqrt(jnp.where(use, n2, 1.0))
-            ax1, ax2 = ax1 * inv, ax2 * inv
-            r1 = s1[i1] * jnp.abs(ax1) + s1[i2] * jnp.abs(ax2)
-            b1 = ax1 * rot[i1, j1] + ax2 * rot[i2, j1]
-            b2 = ax1 * rot[i1, j2] + ax2 * rot[i2, j2]
-            r2 = s2[j1] * jnp.abs(b1) + s2[j2] * jnp.abs(b2)
-            sep = jnp.abs(ax1 * pos21[i1] + ax2 * pos21[i2]) - r1 - r2
-            separated = separated | (use & (sep > septol))
-            win = use & (sep - _EDGEBIAS * jnp.abs(sep) > sep_best) & (sep > sep_face)
-            sep_best = jnp.where(win, sep, sep_best)
-            code = jnp.where(win, 6 + 3 * i + j, code)
+    # edge-cross axes e_i x rot[:, j], all nine at once (box1 frame, component i zero)
+    I, J = _EI, _EJ
+    I1, I2, J1, J2 = (I + 1) % 3, (I + 2) % 3, (J + 1) % 3, (J + 2) % 3
+    ax1, ax2 = -rot[I2, J], rot[I1, J]
+    n2 = ax1 * ax1 + ax2 * ax2
+    use = n2 >= _PAREPS
+    inv = 1 / jnp.sqrt(jnp.where(use, n2, 1.0))
+    ax1, ax2 = ax1 * inv, ax2 * inv
+    r1 = s1[I1] * jnp.abs(ax1) + s1[I2] * jnp.abs(ax2)
+    b1 = ax1 * rot[I1, J1] + ax2 * rot[I2, J1]
+    b2 = ax1 * rot[I1, J2] + ax2 * rot[I2, J2]
+    r2 = s2[J1] * jnp.abs(b1) + s2[J2] * jnp.abs(b2)
+    sep = jnp.abs(ax1 * pos21[I1] + ax2 * pos21[I2]) - r1 - r2
+    separated = separated | jnp.any(use & (sep > septol))
+    adj = sep - _EDGEBIAS * jnp.abs(sep)
+    for k in range(9):          # sequential: each winner raises the bar for the next
+        win = use[k] & (adj[k] > sep_best) & (sep[k] > sep_face)
+        sep_best = jnp.where(win, sep[k], sep_best)
+        code = jnp.where(win, 6 + k, code)
 
     # edge axis nearly parallel to the best face axis: prefer the face
     is_edge = code >= 6
@@ -362,12 +364,9 @@ def box_box(g1, g2, margin):
     code = jnp.where(subst, code_face, code)
     is_edge = code >= 6
 
-    # edge-edge contact: evaluate the winning (i, j) via a switch over the 9 pairs
-    edge_results = [_box_edge(g1, g2, rot, pos21, i, j) for i in range(3) for j in range(3)]
+    # edge-edge contact for the winning (i, j) (dynamic indices)
     eidx = jnp.clip(code - 6, 0, 8)
-    e_dist = jnp.stack([r[0] for r in edge_results])[eidx]
-    e_pos = jnp.stack([r[1] for r in edge_results])[eidx]
-    e_nrm = jnp.stack([r[2] for r in edge_results])[eidx]
+    e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, eidx // 3, eidx % 3)
     e_valid = is_edge & ~separated & (e_dist <= septol)
 
     # face contact
@@ -444,7 +443,160 @@ def box_box(g1, g2, margin):
     return Pre(dist, pos, nrm, jnp.zeros_like(pos), jnp.concatenate([e_valid[None], valid]))
 
 
+def _sdiv(a, b):
+    """a / b with MuJoCo's IEEE semantics for b = 0 (+-inf, or nan for 0/0), safe to
+    differentiate (the b = 0 branch is constant)."""
+    ok = b != 0
+    q = a / jnp.where(ok, b, 1.0)
+    inf = jnp.where(a > 0, jnp.inf, jnp.where(a < 0, -jnp.inf, jnp.nan))
+    return jnp.where(ok, q, inf)
+
+
+_CB_EDGES = [(j, i) for j in range(3) for i in range(8) if not i & (1 << j)]
+_CB_EDGE_AXIS = np.array([j for j, _ in _CB_EDGES])
+_CB_EDGE_I = np.array([i for _, i in _CB_EDGES])
+_CB_EDGE_CORNER = np.array([[(1 if i & 1 else -1) * (k != j), (1 if i & 2 else -1) * (1 != j),
+                             (1 if i & 4 else -1) * (2 != j)] for j, i in _CB_EDGES
+                            for k in (0,)], np.float64)
+
+
+def capsule_box(g1, g2, margin):
+    """Capsule-box (mjraw_CapsuleBox): the capsule segment point closest to the box
+    (face test at both ends, then the 12 box edges), a sphere-box contact there, and a
+    second sphere-box contact further along the segment chosen from the relative
+    orientation of capsule and closest box feature; at most 2 contacts."""
+    dt = g1.pos.dtype
+    size = g2.size
+    hl = g1.size[1]
+    pos = g2.mat.T @ (g1.pos - g2.pos)
+    axis = g2.mat.T @ g1.mat[:, 2]
+    ha = axis * hl
+    axisdir = ((ha[0] > 0).astype(jnp.int32) + 2 * (ha[1] > 0).astype(jnp.int32) +
+               4 * (ha[2] > 0).astype(jnp.int32))
+    bestdist = margin + 2 * (g1.size[0] + hl + jnp.sum(size))
+    bsp = jnp.zeros((), dt)
+    bbp = jnp.zeros((), dt)
+    cltype = jnp.asarray(-4, jnp.int32)
+    clface = jnp.asarray(-1, jnp.int32)
+    clcorner = jnp.asarray(0, jnp.int32)
+    cledge = jnp.asarray(0, jnp.int32)
+    # ends against faces
+    for i in (-1, 1):
+        t = pos + i * ha
+        lo, hi = t < -size, t > size
+        clamped = jnp.clip(t, -size, size)
+        nclamp = jnp.sum(lo | hi)
+        idx = jnp.arange(3)
+        c2 = jnp.max(jnp.where(lo | hi, idx, -1))
+        dist = dot(clamped - t, clamped - t)
+        win = (nclamp <= 1) & (dist < bestdist)
+        bestdist = jnp.where(win, dist, bestdist)
+        bsp = jnp.where(win, float(i), bsp)
+        cltype = jnp.where(win, -2 + i, cltype)
+        clface = jnp.where(win, c2, clface)
+    # segment against the 12 edges (vectorised; the first strict minimum wins, the face
+    # test wins ties as in MuJoCo's sequential scan)
+    J = _CB_EDGE_AXIS
+    t3 = jnp.asarray(_CB_EDGE_CORNER, dt) * size                  # (12, 3)
+    sj = size[J]
+    dif = t3 - pos
+    ma = sj * sj
+    mb = -sj * ha[J]
+    mc = hl * hl
+    u = -sj * dif[np.arange(12), J]
+    v = dif @ ha
+    det = ma * mc - mb * mb
+    okd = jnp.abs(det) >= MINVAL
+    idet = 1 / jnp.where(okd, det, 1.0)
+    x1 = (mc * u - mb * v) * idet
+    x2 = (ma * v - mb * u) * idet
+    s1 = jnp.where(x1 > 1, 2, jnp.where(x1 < -1, 0, 1))
+    x2 = jnp.where(x1 > 1, (v - mb) / mc, jnp.where(x1 < -1, (v + mb) / mc, x2))
+    x1 = jnp.clip(x1, -1, 1)
+    s2 = jnp.where(x2 > 1, 2, jnp.where(x2 < -1, 0, 1))
+    reclamp = (x2 > 1) | (x2 < -1)
+    x1n = jnp.where(x2 > 1, (u - mb) / ma, (u + mb) / ma)
+    s1 = jnp.where(reclamp, jnp.where(x1n > 1, 2, jnp.where(x1n < -1, 0, s1)), s1)
+    x1 = jnp.where(reclamp, jnp.clip(x1n, -1, 1), x1)
+    x2 = jnp.clip(x2, -1, 1)
+    d = dif - ha * x2[:, None] + jnp.asarray(np.eye(3)[J], dt) * (sj * x1)[:, None]
+    d2 = jnp.where(okd, jnp.sum(d * d, -1), jnp.inf)
+    k = jnp.argmin(d2)
+    win = d2[k] < bestdist - MINVAL
+    c1 = s1[k] * 3 + s2[k]
+    bestdist = jnp.where(win, d2[k], bestdist)
+    bsp = jnp.where(win, x2[k], bsp)
+    bbp = jnp.where(win, x1[k], bbp)
+    jk = jnp.asarray(J)[k]
+    clcorner = jnp.where(win, jnp.asarray(_CB_EDGE_I)[k] + (1 << jk) * (c1 // 6), clcorner)
+    cledge = jnp.where(win, jk, cledge)
+    cltype = jnp.where(win, c1, cltype)
+
+    absha = jnp.abs(ha)
+    sdiv = _sdiv
+
+    # case A: a box corner is closest
+    cA = axisdir ^ clcorner
+    flip = (cA == 3) | (cA == 5) | (cA == 6)
+    mulA = jnp.where(flip, -1.0, 1.0)
+    cA2 = jnp.where(flip, 7 - cA, cA)
+    deA = jnp.where(flip, 1 + bsp, 1 - bsp)
+    dpA = jnp.where(flip, 1 - bsp, 1 + bsp)
+    axA = jnp.where(cA2 == 1, 0, jnp.where(cA2 == 2, 1, 2))
+    ax1A, ax2A = (axA + 1) % 3, (axA + 2) % 3
+    along = axis[axA] * axis[axA] > 0.5
+    spA_edge = jnp.minimum(deA, sdiv(2 * size[axA], absha[axA])) * mulA
+    spA_face = jnp.minimum(jnp.minimum(dpA, sdiv(2 * size[ax1A], absha[ax1A])),
+                           sdiv(2 * size[ax2A], absha[ax2A])) * -mulA
+    spA = jnp.where(along, spA_edge, spA_face)
+    skipA = (cA == 0) | (cA == 7)
+
+    # case B: the middle of a box edge is closest
+    cB = (axisdir ^ clcorner) & (7 - (1 << cledge))
+    skipB = ~((cB == 1) | (cB == 2) | (cB == 4))
+    axB = cledge
+    ax1B, ax2B = (axB + 1) % 3, (axB + 2) % 3
+    ax1B = jnp.where(jnp.abs(axis[ax1B]) > jnp.abs(axis[ax2B]), ax2B, ax1B)
+    ax2B = 3 - axB - ax1B
+    bit = (cB & (1 << ax2B)) != 0
+    mulB = jnp.where(bit, 1.0, -1.0)
+    spB = jnp.where(bit, 1 - bsp, 1 + bsp)
+    spB = jnp.minimum(spB, sdiv(2 * size[ax2B], absha[ax2B]))
+    e2 = jnp.where(((axisdir & (1 << axB)) != 0) == bit, 1 - bbp, 1 + bbp)
+    spB = jnp.minimum(spB, sdiv(size[axB] * e2, absha[axB])) * mulB
+
+    # case C: a capsule end is closest to a box face
+    mulC = jnp.where(cltype == -3, 1.0, -1.0)
+    t1 = pos - mulC * ha
+    spC = jnp.asarray(2.0, dt)
+    for i in range(3):
+        for sgn in (1.0, -1.0):
+            e1 = sdiv(sgn * size[i] - t1[i], ha[i]) * mulC
+            use = (i != clface) & (e1 > 0) & (e1 < spC)
+            spC = jnp.where(use, e1, spC)
+    spC = spC * mulC
+    skipC = clface == -1
+
+    caseA = (cltype >= 0) & (cltype // 3 != 1)
+    caseB = (cltype >= 0) & (cltype // 3 == 1)
+    second = jnp.where(caseA, jnp.where(skipA, -4.0, spA),
+                       jnp.where(caseB, jnp.where(skipB, -4.0, spB),
+                                 jnp.where(skipC, -4.0, spC)))
+    second = jnp.where(cltype == -4, -4.0, second)
+    none = cltype == -4
+
+    def sph(segpos):
+        c = g2.mat @ (pos + ha * segpos) + g2.pos
+        return sphere_box(Geom(c, g1.mat, g1.size), g2, margin)
+
+    p1 = sph(bsp)
+    p2 = sph(jnp.where(second > -3, second + bsp, bsp))
+    out = stack([p1, p2])
+    valid = out.valid & ~none & jnp.stack([True, second > -3])
+    return out._replace(valid=valid)
+
+
 #: collider -> maximum number of valid contacts (mj_maxContact)
 MAXCON = {plane_sphere: 1, plane_capsule: 2, plane_cylinder: 4, plane_box: 4,
           sphere_sphere: 1, sphere_capsule: 1, sphere_cylinder: 1, sphere_box: 1,
-          capsule_capsule: 2, box_box: 8}
+          capsule_capsule: 2, box_box: 8, capsule_box: 2}
