@@ -43,6 +43,7 @@ def main():
     args = ap.parse_args()
     import mujoco
     import simjax
+    from simjax import engine
     from simjax.engine import io, smooth
     from simjax.engine.collision import driver
 
@@ -73,7 +74,7 @@ def main():
 
     def roll(dd):
         def body(x, _):
-            return simjax.step(m, x), None
+            return engine.step(m, x), None
         return jax.lax.scan(body, dd, None, length=args.steps)[0]
     step = jax.jit(jax.vmap(roll))
     t = _time(step, batch)

@@ -44,6 +44,9 @@ from simjax.types import DisableBit, EnableBit, GeomType as GT
 MINMU = 1e-5
 #: default capacity bound for large scenes: contacts per collidable geom
 CONTACTS_PER_GEOM = 8
+#: narrow-phase pairs per contact slot: broadphase-overlapping pairs beyond
+#: PAIRS_PER_SLOT * ncon_max + 16 in one collider group are dropped (WARN_CONTACTFULL)
+PAIRS_PER_SLOT = 2
 
 P = primitive
 #: collider per (type1, type2), type1 <= type2 (mjCOLLISIONFUNC); absent: no collision
@@ -396,7 +399,7 @@ def collision(m, d):
         g1, g2 = p.g1[idx], p.g2[idx]
         dm = det_margin[idx]
         ok = _broadphase(m, d, g1, g2, dm)
-        npair_cap = min(n, cap)
+        npair_cap = min(n, PAIRS_PER_SLOT * cap + 16)
         if npair_cap < n:
             count = jnp.sum(ok)
             sel = jnp.nonzero(ok, size=npair_cap, fill_value=0)[0]
@@ -427,9 +430,8 @@ def collision(m, d):
         cand = jnp.concatenate([s[2] for s in slots[dim]])
         count = jnp.sum(valid)
         overflow = overflow | (count > nslot)
-        if valid.shape[0] > nslot or True:
-            take = jnp.nonzero(valid, size=nslot, fill_value=0)[0]
-            vtake = jnp.arange(nslot) < jnp.minimum(count, nslot)
+        take = jnp.nonzero(valid, size=nslot, fill_value=0)[0]
+        vtake = jnp.arange(nslot) < jnp.minimum(count, nslot)
         out["dist"].append(dist[take])
         out["pos"].append(pos[take])
         out["frame"].append(make_frame(nrm[take], tan[take]))
