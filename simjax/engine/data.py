@@ -115,14 +115,14 @@ CONTACT_FIELDS = (
     ("dist", (), "f"),               # distance between nearest points; < 0: penetration
     ("pos", (3,), "f"),              # contact point, midway between the surfaces (global)
     ("frame", (3, 3), "f"),          # rows: normal (geom[0] -> geom[1]), tangent1, tangent2
-    ("includemargin", (), "f"),      # margin - gap: distance below which force is generated
+    ("includemargin", (), "f"),      # margin (MuJoCo 4.0): dist >= includemargin is in the gap
     ("friction", (5,), "f"),         # tangent1, tangent2, spin, roll1, roll2
     ("solref", (2,), "f"),           # solver reference, normal direction
     ("solreffriction", (2,), "f"),   # solver reference, friction directions
     ("solimp", (5,), "f"),           # solver impedance
     ("dim", (), "i"),                # contact space dimension: 1, 3, 4 or 6
     ("geom", (2,), "i"),             # geom ids (geom1, geom2 in MuJoCo's order)
-    ("exclude", (), "i"),            # 0 include, 1 in gap (MuJoCo 4.0 mjContact.exclude)
+    ("exclude", (), "i"),            # 0 include, 1 in gap: dist >= includemargin (mjContact)
     ("efc_address", (), "i"),        # first efc row of this contact; -1: none
     ("valid", (), "b"),              # slot holds a contact (simjax: fixed capacity)
 )

@@ -201,9 +201,13 @@ def candidate_pairs(m):
                 raise UnsupportedFeatureError(
                     f"collision with SDF geoms (geom {a} type {key[0]}, geom {b} type "
                     f"{key[1]}) needs an SDF plugin collider")
+        if key in ((GT.PLANE, GT.PLANE), (GT.PLANE, GT.HFIELD), (GT.HFIELD, GT.HFIELD)):
+            continue                     # MuJoCo has no collider for these either
+        if GT.HFIELD in key and COLLIDERS.get(key) is hfield.hfield_convex:
+            raise UnsupportedFeatureError(
+                f"height-field collisions (geom {a} type {key[0]} with geom {b} type "
+                f"{key[1]}): mjc_ConvexHField is not implemented")
         if key not in COLLIDERS:
-            if key in ((GT.PLANE, GT.PLANE), (GT.PLANE, GT.HFIELD), (GT.HFIELD, GT.HFIELD)):
-                continue
             raise UnsupportedFeatureError(f"collision between geom types {key}")
         res.append((a, b, k))
     arr = np.asarray(res, np.int64).reshape(-1, 3)
