@@ -63,7 +63,7 @@ def main():
           f"{d.contact.dist.shape[0]}  (per dim {driver.dim_split(m, d.contact.dist.shape[0])})")
     rng = np.random.default_rng(0)
     q = np.tile(mjd.qpos, (args.batch, 1))
-    q[:, 0::7] += 1e-3 * rng.standard_normal(q[:, 0::7].shape)   # jitter x of every body
+    q[:, 0::7] += 1e-6 * rng.standard_normal(q[:, 0::7].shape)   # jitter x of every body
     batch = jax.vmap(lambda qq: d.replace(qpos=qq))(jnp.asarray(q, d.qpos.dtype))
 
     coll = jax.jit(jax.vmap(lambda dd: driver.collision(m, smooth.kinematics(m, dd))))

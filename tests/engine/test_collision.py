@@ -275,3 +275,29 @@ def test_grad_vs_finite_differences(a, sa, b, sb):
         np.testing.assert_allclose(jac[:, k], fd, atol=1e-5)
         checked += 1
     assert checked >= 10
+
+
+@pytest.mark.slow
+def test_stress_scene_settled():
+    """models/contact_stress.xml settled by MuJoCo (a resting pile of boxes, capsules and
+    spheres in a bin): every contact (box-box faces, capsule-box, ...) as MuJoCo."""
+    import os
+    from mujoco_oracle import model_from_mujoco
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "models", "contact_stress.xml")
+    mjm = mujoco.MjModel.from_xml_path(path)
+    mjd = mujoco.MjData(mjm)
+    for _ in range(1500):
+        mujoco.mj_step(mjm, mjd)
+    mujoco.mj_forward(mjm, mjd)
+    m = model_from_mujoco(mjm)
+    d = collide_fn(m)(poses(io.make_data(m), mjd))
+    c = jax.tree_util.tree_map(np.asarray, d.contact)
+    assert int(d.ncon) == mjd.ncon > 100
+    assert int(d.warning[WARN_CONTACTFULL]) == 0
+    for k in range(mjd.ncon):
+        mc = mjd.contact[k]
+        same = np.nonzero(c.valid & (c.geom[:, 0] == mc.geom[0]) & (c.geom[:, 1] == mc.geom[1]))[0]
+        i, dpos = _nearest(c, list(same), mc.pos)
+        assert dpos < 1e-6 and abs(c.dist[i] - mc.dist) < 1e-6
+        np.testing.assert_allclose(c.frame[i], mc.frame.reshape(3, 3), atol=1e-6)
+        _check_params(c, i, mc)

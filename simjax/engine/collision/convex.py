@@ -351,7 +351,7 @@ def _face_points(t, geo, n, k):
     scale = jnp.max(jnp.abs(v)) + 1e-300
     on = pr >= top - 1e-6 * scale
     k = min(k, w.shape[0])
-    order = jnp.argsort(-jnp.where(on, 1.0, 0.0) * 1e0 - 0 * pr, stable=True)[:k]
+    order = jnp.argsort(~on, stable=True)[:k]          # on-face vertices first
     return w[order], on[order]
 
 

@@ -77,14 +77,18 @@ if hasattr(P, "capsule_box"):
 _NEEDS_PLUGIN = {GT.SDF}
 
 
+#: maximum valid contacts of colliders installed with register_collider
+MAXCON_EXTRA: dict = {}
+
+
 def register_collider(type1, type2, fn, maxcon):
-    """Install ``fn(g1, g2, margin) -> Pre`` for geom types (type1 <= type2); used by
-    SDF plugins. ``maxcon``: maximum number of valid contacts it returns."""
+    """Install ``fn(g1, g2, margin) -> Pre`` for geom types (type1 <= type2), e.g. an
+    SDF plugin's collider (the GeomType.SDF slots are empty until one is registered;
+    the plan cache is keyed by model structure, so register before tracing).
+    ``maxcon``: maximum number of valid contacts it returns (capacity)."""
     COLLIDERS[(min(type1, type2), max(type1, type2))] = fn
     MAXCON_EXTRA[fn] = int(maxcon)
-
-
-MAXCON_EXTRA: dict = {}
+    _CACHE.clear()
 
 
 def _maxcon(fn):
@@ -363,11 +367,6 @@ def _broadphase(m, d, g1, g2, margin):
     out = jnp.where((r1 > 0) & (r2 > 0), sphere, jnp.where(
         jnp.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
     return out
-
-
-def _mesh_table(m):
-    """Static per-geom convex vertex arrays for mesh geoms (padded), or None."""
-    return convex.mesh_table(m)
 
 
 def _geoms(m, d, g, sel, ftype):
