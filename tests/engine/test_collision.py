@@ -15,10 +15,10 @@ from simjax.engine.data import WARN_CONTACTFULL
 from simjax.types import DisableBit, EnableBit
 
 #: models whose contacts all come from analytic colliders: geometry must match to 1e-6
-PRIMITIVE = ["gym_hopper/hopper.xml", "gym_ant/ant.xml", "mujoco_humanoid/humanoid.xml",
-             "gym_pusher/pusher.xml", "mjx_humanoid/humanoid.xml",
-             "warp_jdotv_weld_3d/weld_3d.xml", "mujoco_car/car.xml"]
-SLOW_PRIMITIVE = ["gym_humanoidstandup/humanoidstandup.xml", "mjx_sensor/sensor.xml",
+PRIMITIVE = ["gym_hopper/hopper.xml", "mujoco_humanoid/humanoid.xml",
+             "mjx_humanoid/humanoid.xml", "warp_jdotv_weld_3d/weld_3d.xml",
+             "mujoco_car/car.xml"]
+SLOW_PRIMITIVE = ["gym_ant/ant.xml", "gym_pusher/pusher.xml", "gym_humanoidstandup/humanoidstandup.xml", "mjx_sensor/sensor.xml",
                   "gym_humanoid/humanoid.xml", "warp_jdotv_connect_3d/connect_3d.xml",
                   "gym_walker2d/walker2d.xml", "gym_half_cheetah/half_cheetah.xml",
                   "mujoco_plugin_pid/pid.xml", "mjx_shadow_hand/scene_right.xml"]
@@ -159,9 +159,14 @@ def test_override_and_margin():
         mjm.opt.o_solref[:] = [0.05, 0.9]
         mjm.opt.o_friction[:] = [0.7, 0.6, 0.01, 0.002, 0.003]
     check_primitive("gym_hopper/hopper.xml", edit=edit)
+
+
+@pytest.mark.slow
+def test_margin_gap():
     check_primitive("gym_ant/ant.xml", edit=_edit_flags(margin=0.01))
 
 
+@pytest.mark.slow
 def test_filterparent_disabled():
     check_primitive("mujoco_humanoid/humanoid.xml",
                     edit=_edit_flags(dis=mujoco.mjtDisableBit.mjDSBL_FILTERPARENT))
