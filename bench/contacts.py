@@ -72,7 +72,7 @@ def main():
     print(f"simjax active contacts: mean {ncon.mean():.1f}  max {ncon.max()}  "
           f"overflow worlds {int(np.sum(np.asarray(out.warning)[:, 1] > 0))}")
     t = _time(coll, batch)
-    print(f"simjax collision (kinematics + collision): {args.batch / t:12.0f} worlds/s")
+    print(f"simjax collision (kinematics + collision): {args.batch / t:12.1f} worlds/s")
 
     def roll(dd):
         def body(x, _):
@@ -80,7 +80,7 @@ def main():
         return jax.lax.scan(body, dd, None, length=args.steps)[0]
     step = jax.jit(jax.vmap(roll))
     t = _time(step, batch)
-    print(f"simjax step (no constraint solver yet): {args.batch * args.steps / t:12.0f} steps/s")
+    print(f"simjax step (no constraint solver yet): {args.batch * args.steps / t:12.1f} steps/s")
 
     try:
         from mujoco import mjx
@@ -94,10 +94,11 @@ def main():
             return jax.lax.scan(body, dd, None, length=args.steps)[0]
         mstep = jax.jit(jax.vmap(mroll))
         t = _time(mstep, bx)
-        print(f"mjx step (full, with solver):           {args.batch * args.steps / t:12.0f} steps/s")
+        print(f"mjx step (full, with solver):           "
+              f"{args.batch * args.steps / t:12.1f} steps/s")
         mcol = jax.jit(jax.vmap(lambda dd: mjx.collision(mx, mjx.kinematics(mx, dd))))
         t = _time(mcol, bx)
-        print(f"mjx collision (kinematics + collision): {args.batch / t:12.0f} worlds/s")
+        print(f"mjx collision (kinematics + collision): {args.batch / t:12.1f} worlds/s")
     except Exception as e:  # MJX may not support every pair of the scene
         print(f"mjx: not run ({type(e).__name__}: {str(e)[:200]})")
 

@@ -18,7 +18,8 @@ from simjax.types import DisableBit, EnableBit
 PRIMITIVE = ["gym_hopper/hopper.xml", "mujoco_humanoid/humanoid.xml",
              "mjx_humanoid/humanoid.xml", "warp_jdotv_weld_3d/weld_3d.xml",
              "mujoco_car/car.xml"]
-SLOW_PRIMITIVE = ["gym_ant/ant.xml", "gym_pusher/pusher.xml", "gym_humanoidstandup/humanoidstandup.xml", "mjx_sensor/sensor.xml",
+SLOW_PRIMITIVE = ["gym_ant/ant.xml", "gym_pusher/pusher.xml",
+                  "gym_humanoidstandup/humanoidstandup.xml", "mjx_sensor/sensor.xml",
                   "gym_humanoid/humanoid.xml", "warp_jdotv_connect_3d/connect_3d.xml",
                   "gym_walker2d/walker2d.xml", "gym_half_cheetah/half_cheetah.xml",
                   "mujoco_plugin_pid/pid.xml", "mjx_shadow_hand/scene_right.xml"]
