@@ -24,8 +24,9 @@ single contacts on flat features may sit elsewhere on the contact patch; multi-c
 point sets of box/mesh pairs are the face-overlap corners, not MuJoCo's clipped polygon
 reduced by its quad heuristic; cylinders/capsules against meshes give one contact
 (MuJoCo's MULTICCD perturbation search adds up to 4 more); separation inside a margin
-between polytopes is measured along the best SAT axis. Plane-mesh extra contacts use the
-hull's vertex adjacency (in vertex order) as MuJoCo uses its mesh graph.
+between polytopes is measured along the best SAT axis. Plane-mesh contacts use hull
+polygons from scipy's qhull (coplanar facets merged), so on exact ties (a face resting
+flat) the anchor vertex, and with it the chosen quad, may differ from MuJoCo's.
 """
 from __future__ import annotations
 
@@ -193,16 +194,16 @@ def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype):
         return geo1, geo2
     tab = mesh_table(m)
     dataid = jnp.asarray(np.asarray(m.geom_dataid))
+    plane = types[0] == GT.PLANE
+    names = ("pnorm", "pquad") if plane else ("normal", "edge")
     out = []
     for t, geo, ig in zip(types, (geo1, geo2), (i1, i2)):
         if t == GT.MESH:
+            # only the tables this collider reads; gathered by mesh id at run time
             mid = dataid[ig]
-            geo = geo._replace(vert=jnp.asarray(tab["vert"], ftype)[mid],
-                               extra=dict(normal=jnp.asarray(tab["normal"], ftype)[mid],
-                                          edge=jnp.asarray(tab["edge"], ftype)[mid],
-                                          adj=jnp.asarray(tab["adj"])[mid],
-                                          pnorm=jnp.asarray(tab["pnorm"], ftype)[mid],
-                                          pquad=jnp.asarray(tab["pquad"])[mid]))
+            extra = {k: (jnp.asarray(tab[k], ftype) if tab[k].dtype.kind == "f"
+                         else jnp.asarray(tab[k]))[mid] for k in names}
+            geo = geo._replace(vert=jnp.asarray(tab["vert"], ftype)[mid], extra=extra)
         out.append(geo)
     return tuple(out)
 
