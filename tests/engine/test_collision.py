@@ -307,3 +307,28 @@ def test_stress_scene_settled():
         assert dpos < 1e-6 and abs(c.dist[i] - mc.dist) < 1e-6
         np.testing.assert_allclose(c.frame[i], mc.frame.reshape(3, 3), atol=1e-6)
         _check_params(c, i, mc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel", ["mujoco_plugin_sdf_torus/torus.xml",
+                                 "mujoco_plugin_sdf_nutbolt/nutbolt.xml"])
+def test_sdf_pairs_through_driver(rel):
+    """SDF pairs dispatched by the driver (sdf.collide per pair) after 300 MuJoCo steps:
+    same contacts as MuJoCo (positions to 1e-7)."""
+    import simjax
+    from mujoco_oracle import corpus_path
+    path = corpus_path(rel)
+    mjm = mujoco.MjModel.from_xml_path(path)
+    mjd = mujoco.MjData(mjm)
+    for _ in range(300):
+        mujoco.mj_step(mjm, mjd)
+    mujoco.mj_forward(mjm, mjd)
+    m = simjax.load_model(path)
+    d = collide_fn(m)(poses(io.make_data(m), mjd))
+    c = jax.tree_util.tree_map(np.asarray, d.contact)
+    assert int(d.ncon) == mjd.ncon > 0
+    for k in range(mjd.ncon):
+        mc = mjd.contact[k]
+        same = np.nonzero(c.valid & (c.geom[:, 0] == mc.geom[0]) & (c.geom[:, 1] == mc.geom[1]))[0]
+        _, dpos = _nearest(c, list(same), mc.pos)
+        assert dpos < 1e-7

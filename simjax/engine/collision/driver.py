@@ -77,6 +77,18 @@ if hasattr(P, "capsule_box"):
 _NEEDS_PLUGIN = {GT.SDF}
 
 
+def sdf_pair(*args):
+    """Marker collider for pairs with an SDF geom: the driver calls
+    :func:`simjax.engine.collision.sdf.collide` per pair (mjc_SDF; opt.sdf_initpoints
+    slots)."""
+    raise NotImplementedError
+
+
+for _t in (GT.PLANE, GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH,
+           GT.SDF):
+    COLLIDERS[(_t, GT.SDF)] = sdf_pair
+
+
 #: maximum valid contacts of colliders installed with register_collider
 MAXCON_EXTRA: dict = {}
 
@@ -130,7 +142,8 @@ def _key(m):
         a = np.zeros(0) if a is None else np.asarray(a)
         h.update(name.encode())
         h.update(a.tobytes())
-    h.update(str((m.nbody, m.ngeom, int(m.opt.disableflags), int(m.opt.enableflags))).encode())
+    h.update(str((m.nbody, m.ngeom, int(m.opt.disableflags), int(m.opt.enableflags),
+                  int(m.opt.sdf_initpoints))).encode())
     return h.hexdigest()
 
 
@@ -200,6 +213,8 @@ def candidate_pairs(m):
         if gtype[a] > gtype[b]:
             a, b = b, a
         key = (int(gtype[a]), int(gtype[b]))
+        if key == (GT.HFIELD, GT.SDF):
+            raise UnsupportedFeatureError("height-field vs SDF collisions (mjc_HFieldSDF)")
         if key[0] in _NEEDS_PLUGIN or key[1] in _NEEDS_PLUGIN:
             if key not in COLLIDERS:
                 raise UnsupportedFeatureError(
@@ -234,7 +249,9 @@ def plan(m) -> Plan:
     for k in range(len(g1)):
         fn = COLLIDERS[(int(gtype[g1[k]]), int(gtype[g2[k]]))]
         groups.setdefault(fn, []).append(k)
-    glist = tuple(Group(fn, np.asarray(ks, np.int64), _maxcon(fn)) for fn, ks in groups.items())
+    glist = tuple(Group(fn, np.asarray(ks, np.int64),
+                        int(m.opt.sdf_initpoints) if fn is sdf_pair else _maxcon(fn))
+                  for fn, ks in groups.items())
     full = {}
     for grp in glist:
         for k in grp.cand:
@@ -376,6 +393,19 @@ def _geoms(m, d, g, sel, ftype):
     return gg, Geom(d.geom_xpos[gg], d.geom_xmat[gg], size)
 
 
+def _sdf_group(m, d, g1, g2, sel):
+    """SDF pairs: one sdf.collide call per pair (static ids; SDF pairs are few)."""
+    from simjax.engine.collision import sdf
+    from simjax.engine.collision.common import Pre
+    res = [sdf.collide(m, d, int(a), int(b)) for a, b in zip(g1, g2)]
+    dist = jnp.stack([r[0] for r in res])
+    pos = jnp.stack([r[1] for r in res])
+    frame = jnp.stack([r[2] for r in res])
+    valid = jnp.stack([r[3] for r in res])
+    pre = Pre(dist, pos, frame[..., 0, :], frame[..., 1, :], valid)
+    return jax.tree_util.tree_map(lambda x: x[sel], pre)
+
+
 def collision(m, d):
     """Collision detection (mj_collision): fills ``d.contact`` and ``d.ncon``.
 
@@ -411,10 +441,13 @@ def collision(m, d):
         else:
             sel = jnp.arange(n)
             selok = ok
-        i1, geo1 = _geoms(m, d, g1, sel, ftype)
-        i2, geo2 = _geoms(m, d, g2, sel, ftype)
-        geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype)
-        pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
+        if grp.fn is sdf_pair:
+            pre = _sdf_group(m, d, g1, g2, sel)
+        else:
+            i1, geo1 = _geoms(m, d, g1, sel, ftype)
+            i2, geo2 = _geoms(m, d, g2, sel, ftype)
+            geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype)
+            pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
         valid = pre.valid & selok[:, None]
         k = valid.shape[1]
         cand = jnp.broadcast_to(jnp.asarray(idx)[sel][:, None], valid.shape)
