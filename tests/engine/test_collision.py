@@ -332,3 +332,26 @@ def test_sdf_pairs_through_driver(rel):
         same = np.nonzero(c.valid & (c.geom[:, 0] == mc.geom[0]) & (c.geom[:, 1] == mc.geom[1]))[0]
         _, dpos = _nearest(c, list(same), mc.pos)
         assert dpos < 1e-7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel", ["gym_hopper/hopper.xml", "gym_ant/ant.xml"])
+def test_forward_with_contacts_end_to_end(rel):
+    """forward (collision in fwd_position, then constraint rows and solver) gives
+    MuJoCo's qacc at states dropped onto the floor."""
+    import importlib
+    fwd = importlib.import_module("simjax.engine.forward")
+    mjm, m = load(rel, constraints=True)
+    mjd = mujoco.MjData(mjm)
+    f = jax.jit(lambda d: fwd.forward(m, d))
+    d0 = io.make_data(m)
+    ncon = 0
+    for q in drop_states(mjm, 5):
+        mjd.qpos[:] = q
+        mjd.qvel[:] = 0
+        mujoco.mj_forward(mjm, mjd)
+        d = f(d0.replace(qpos=jnp.asarray(q)))
+        assert int(d.ncon) == mjd.ncon
+        ncon += mjd.ncon
+        np.testing.assert_allclose(np.asarray(d.qacc), mjd.qacc, rtol=1e-9, atol=1e-9)
+    assert ncon > 0
