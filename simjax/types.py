@@ -274,7 +274,7 @@ class SensorType(enum.IntEnum):
 #: Scalar sizes of a Model (mjModel's names). All are static Python ints.
 MODEL_COUNTS = (
     "nq", "nv", "nu", "na", "nbody", "njnt", "ngeom", "nsite", "ncam", "nlight",
-    "nmesh", "nmeshvert", "nmeshface", "nhfield", "nhfielddata", "ntendon", "nwrap",
+    "nmesh", "nmat", "nmeshvert", "nmeshface", "nhfield", "nhfielddata", "ntendon", "nwrap",
     "nsensor", "nsensordata", "nkey", "nmocap", "neq", "npair", "nexclude", "nplugin",
     "npluginstate", "nnumeric", "nnumericdata", "ntuple", "ntupledata", "ntree",
     "nactuator", "nout", "nhistory", "ngravcomp", "nuserdata",
@@ -285,7 +285,8 @@ MODEL_COUNTS = (
 #: Float arrays that are structure, not parameters: kept static (numpy).
 STATIC_FLOAT_FIELDS = frozenset({"mesh_vert", "hfield_data", "cam_intrinsic",
                                  "cam_sensorsize", "cam_mat0", "cam_pos0",
-                                 "cam_poscom0", "numeric_data", "tuple_objprm"})
+                                 "cam_poscom0", "numeric_data", "tuple_objprm",
+                                 "geom_rgba", "mat_rgba"})
 
 FIELD_SPEC = {name: (kind, rows, cols) for name, kind, rows, cols, _ in MODEL_FIELDS}
 

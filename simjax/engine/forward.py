@@ -22,6 +22,7 @@ from simjax.engine import derivative
 from simjax.engine import io
 from simjax.engine import math
 from simjax.engine import passive
+from simjax.engine import sensor
 from simjax.engine import smooth
 from simjax.engine import solver
 from simjax.engine import support
@@ -104,18 +105,25 @@ def energy(m, d: Data) -> Data:
 def forward(m, d: Data) -> Data:
     """Forward dynamics (mj_forward): everything in Data from the state and inputs.
 
-    Computes kinematics, inertia, forces and qacc without integrating; time and state
-    are unchanged.
+    Computes kinematics, inertia, forces, qacc and sensordata without integrating;
+    time and state are unchanged.
     """
+    return _forward(m, d, sensors=True)
+
+
+def _forward(m, d: Data, sensors: bool) -> Data:
+    """mj_forwardSkip without skipped stages; ``sensors=False`` skips the sensors."""
     d = fwd_position(m, d)
+    if sensors:
+        d = sensor.sensor_pos(m, d)
     d = fwd_velocity(m, d)
+    if sensors:
+        d = sensor.sensor_vel(m, d)
     d = energy(m, d)
     d = fwd_actuation(m, d)
     d = fwd_acceleration(m, d)
     d = fwd_constraint(m, d)
-    if m.nplugin:   # plugin sensors of every stage (built-in sensors are not wired yet)
-        d = plugins.compute_sensors(m, d)
-    return d
+    return sensor.sensor_acc(m, d) if sensors else d
 
 
 # --------------------------------------------------------------------------- integration
@@ -240,7 +248,7 @@ def rk4(m, d: Data) -> Data:
         dqvel, dqacc, dact = a * vel, a * acc, a * actdot
         di = d.replace(qpos=support.integrate_pos(m, qpos0, dqvel, h),
                        qvel=qvel0 + h * dqacc, act=act0 + h * dact, time=t0 + a * h)
-        d = forward(m, di)
+        d = _forward(m, di, sensors=False)
         vel = d.qvel
         if len(rot):
             corrected = _dexpinv(h * dqvel[rot], vel[rot])

@@ -1,0 +1,800 @@
+"""Sensors (MuJoCo's engine_sensor: mj_sensorPos, mj_sensorVel, mj_sensorAcc) and the
+post-constraint RNE pass they need (mj_rnePostConstraint).
+
+Each stage computes the sensors whose ``sensor_needstage`` is that stage and writes
+them into ``d.sensordata`` at ``sensor_adr``; other entries are left as they are, as in
+MuJoCo. Sensors are grouped by (static) type and each group is computed vectorised
+over its sensors, then scattered into sensordata with one static gather. Values follow
+MuJoCo's definitions (frames, units and signs of mjtSensor's documentation);
+``sensor_cutoff`` clamps REAL (both sides) and POSITIVE (above) data as MuJoCo does;
+``sensor_noise`` is not applied (MuJoCo does not apply it either).
+
+Quantities that live in the constraint solver (contact forces ``efc_force``, limit
+rows ``efc_type``/``efc_id``/``efc_pos``/``efc_margin``/``efc_vel``) are read from Data
+when it has them. Without them these sensors are exactly zero when the model's
+constraints of that kind are disabled (MuJoCo then has no rows either) and otherwise
+raise UnsupportedFeatureError. Contacts are read from ``d.contact`` (slot order stands
+for MuJoCo's contact order).
+
+Not supported (UnsupportedFeatureError at trace time): user sensors (MuJoCo fills them
+from the mjcb_sensor callback), tactile sensors, sensor history / delay / interval
+(``sensor_history`` nsample > 0), rays against height fields and SDFs, geom distance
+sensors between geom types other than plane, sphere and capsule. Plugin sensors are
+computed stage by stage by :mod:`simjax.plugins.engine` after the built-in ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import math
+from simjax.engine import ray as ray_mod
+from simjax.engine import smooth
+from simjax.engine import support
+from simjax.engine import tables
+from simjax.errors import UnsupportedFeatureError
+from simjax.types import (ConeType, DataType, DisableBit, EqType, GeomType, ObjType,
+                          SensorType, Stage, TrnType)
+
+S = SensorType
+
+#: mjtConstraint values used to find limit rows
+CNSTR_EQUALITY, CNSTR_LIMIT_JOINT, CNSTR_LIMIT_TENDON = 0, 3, 4
+#: mjtConDataField sizes (found, force, torque, dist, pos, normal, tangent, linvel, angvel)
+CONDATA_SIZE = (1, 3, 3, 1, 3, 3, 3, 3, 3)
+#: mjtRayDataField sizes (dist, dir, origin, point, normal, depth)
+RAYDATA_SIZE = (1, 3, 3, 3, 3, 1)
+
+_PLUGIN_HOOK = None
+
+
+def set_plugin_hook(fn):
+    """Replace the sensor-plugin computation (default:
+    ``simjax.plugins.engine.compute_sensors``): ``fn(m, d, stage) -> d`` writes the
+    sensordata of the plugin sensors whose needstage is ``stage`` (POS also runs plugins
+    with needstage NONE), cutoff included. ``None`` restores the default."""
+    global _PLUGIN_HOOK
+    _PLUGIN_HOOK = fn
+
+
+# --------------------------------------------------------------------------- plan
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Plan:
+    """Static per-stage grouping of sensors: stage -> tuple of (type, sensor ids)."""
+
+    groups: dict
+    plugin: dict          # stage -> sensor ids of plugin sensors
+
+
+_CACHE: dict = {}
+_UNSUPPORTED = {S.USER: "user sensors (computed by the mjcb_sensor callback in MuJoCo)",
+                S.TACTILE: "tactile sensors"}
+
+
+def _key(m):
+    names = ("sensor_type", "sensor_needstage", "sensor_objtype", "sensor_objid",
+             "sensor_reftype", "sensor_refid", "sensor_intprm", "sensor_dim",
+             "sensor_adr", "sensor_datatype", "sensor_history", "sensor_plugin")
+    return (m.nsensor, m.nsensordata) + tuple(
+        hashlib.sha1(np.ascontiguousarray(np.asarray(getattr(m, n))).tobytes()).hexdigest()
+        for n in names)
+
+
+def plan(m) -> _Plan:
+    """Checked, cached grouping of the model's sensors by stage and type."""
+    key = _key(m)
+    p = _CACHE.get(key)
+    if p is not None:
+        return p
+    stype = np.asarray(m.sensor_type).reshape(-1)
+    stage = np.asarray(m.sensor_needstage).reshape(-1)
+    hist = np.asarray(m.sensor_history).reshape(-1, 2) if m.nsensor else np.zeros((0, 2))
+    if np.any(hist[:, 0] > 0):
+        i = int(np.nonzero(hist[:, 0] > 0)[0][0])
+        raise UnsupportedFeatureError(
+            f"sensor history buffers (sensor {i}: nsample/delay/interval, Data.history)")
+    groups, plugin = {}, {}
+    for st in (Stage.POS, Stage.VEL, Stage.ACC):
+        ids_st = np.nonzero((stage == st) | ((stage == Stage.NONE) & (st == Stage.POS)))[0]
+        g = []
+        for t in sorted(set(stype[ids_st].tolist())):
+            ids = ids_st[stype[ids_st] == t]
+            if t in _UNSUPPORTED:
+                raise UnsupportedFeatureError(_UNSUPPORTED[t])
+            if t == S.PLUGIN:
+                plugin[st] = ids
+                continue
+            g.append((SensorType(t), ids))
+        groups[st] = tuple(g)
+    p = _CACHE[key] = _Plan(groups=groups, plugin=plugin)
+    return p
+
+
+# --------------------------------------------------------------------------- helpers
+def _f(x, dtype):
+    return jnp.asarray(x, dtype)
+
+
+def _by_kind(kinds, fns):
+    """Evaluate ``fns[kind](positions)`` per static kind and return rows in the
+    original order (kinds: static (n,) array)."""
+    kinds = np.asarray(kinds)
+    parts, order = [], []
+    for k in sorted(set(kinds.tolist())):
+        pos = np.nonzero(kinds == k)[0]
+        parts.append(fns(k, pos))
+        order.append(pos)
+    order = np.concatenate(order)
+    inv = np.empty_like(order)
+    inv[order] = np.arange(len(order))
+    return jnp.concatenate(parts)[inv]
+
+
+def obj_body(m, objtype, objid):
+    """Static body id of frame objects (XBODY, BODY, GEOM, SITE, CAMERA)."""
+    objtype, objid = np.asarray(objtype), np.asarray(objid)
+    out = objid.copy()
+    for t, name in ((ObjType.GEOM, "geom_bodyid"), (ObjType.SITE, "site_bodyid"),
+                    (ObjType.CAMERA, "cam_bodyid")):
+        sel = objtype == t
+        if sel.any():
+            out[sel] = np.asarray(getattr(m, name))[objid[sel]]
+    bad = ~np.isin(objtype, [ObjType.XBODY, ObjType.BODY, ObjType.GEOM, ObjType.SITE,
+                             ObjType.CAMERA])
+    if bad.any():
+        raise UnsupportedFeatureError(f"sensor frame of object type {int(objtype[bad][0])}")
+    return out
+
+
+def _frame_arrays(d, t):
+    return {ObjType.XBODY: (d.xpos, d.xmat), ObjType.BODY: (d.xipos, d.ximat),
+            ObjType.GEOM: (d.geom_xpos, d.geom_xmat), ObjType.SITE: (d.site_xpos, d.site_xmat),
+            ObjType.CAMERA: (d.cam_xpos, d.cam_xmat)}[t]
+
+
+def obj_frame(m, d, objtype, objid):
+    """World position (n, 3) and orientation (n, 3, 3) of frame objects
+    (get_xpos_xmat of engine_sensor)."""
+    objtype, objid = np.asarray(objtype), np.asarray(objid)
+    obj_body(m, objtype, objid)                          # validates the types
+    pos = _by_kind(objtype, lambda t, p: _frame_arrays(d, t)[0][objid[p]])
+    mat = _by_kind(objtype, lambda t, p: _frame_arrays(d, t)[1][objid[p]])
+    return pos, mat
+
+
+def obj_quat(m, d, objtype, objid):
+    """World orientation quaternions (n, 4) of frame objects (get_xquat)."""
+    objtype, objid = np.asarray(objtype), np.asarray(objid)
+    body = obj_body(m, objtype, objid)
+    dtype = d.qpos.dtype
+    local = {ObjType.BODY: "body_iquat", ObjType.GEOM: "geom_quat", ObjType.SITE: "site_quat",
+             ObjType.CAMERA: "cam_quat"}
+
+    def fn(t, p):
+        q = d.xquat[body[p]]
+        if t == ObjType.XBODY:
+            return q
+        return math.quat_mul(q, _f(getattr(m, local[t]), dtype)[objid[p]])
+    return _by_kind(objtype, fn)
+
+
+def _ref(objtype, objid, reftype, refid):
+    """Reference frames with refid -1 replaced by the world body frame (identity pose,
+    zero velocity): every formula below then reduces exactly to the global one."""
+    refid = np.asarray(refid)
+    none = refid < 0
+    return (np.where(none, ObjType.XBODY, reftype), np.where(none, 0, refid))
+
+
+def _static_body(m, bodies):
+    return np.asarray(m.body_dofnum)[np.asarray(m.body_weldid)[bodies]] == 0
+
+
+def obj_velocity(m, d, objtype, objid, local):
+    """6D velocity (n, 6, rot:lin) at frame objects (mj_objectVelocity), in the object
+    frame if ``local`` else world axes."""
+    body = obj_body(m, objtype, objid)
+    pos, mat = obj_frame(m, d, objtype, objid)
+    return support.object_velocity(m, d, body, pos, mat if local else None)
+
+
+def obj_acceleration(m, d, objtype, objid, local):
+    """6D acceleration (n, 6, rot:lin) at frame objects (mj_objectAcceleration) from
+    ``d.cacc``, with the Coriolis correction of the moving frame."""
+    body = obj_body(m, objtype, objid)
+    pos, mat = obj_frame(m, d, objtype, objid)
+    rot = mat if local else None
+    root = np.asarray(m.body_rootid)[body]
+    acc = math.transform_motion(d.cacc[body], pos, d.subtree_com[root], rot)
+    vel = math.transform_motion(d.cvel[body], pos, d.subtree_com[root], rot)
+    acc = acc.at[:, 3:].add(math.cross(vel[:, :3], vel[:, 3:]))
+    static = _static_body(m, body)
+    return jnp.where(static[:, None], 0.0, acc) if static.any() else acc
+
+
+def transform_force(vec, newpos, oldpos, rot=None):
+    """Re-express a 6D force (torque:force) about a new point, optionally rotated into a
+    frame (mju_transformSpatial with flg_force=1)."""
+    torque = vec[..., :3] - math.cross(newpos - oldpos, vec[..., 3:])
+    force = vec[..., 3:]
+    if rot is not None:
+        torque, force = math.matTvec(rot, torque), math.matTvec(rot, force)
+    return jnp.concatenate([torque, force], -1)
+
+
+def inside_geom(pos, mat, size, gtype, point):
+    """Whether points are strictly inside primitive geoms of static type ``gtype``
+    (mju_insideGeom); returns a bool array."""
+    vec = point - pos
+    if gtype == GeomType.SPHERE:
+        return math.dot(vec, vec) < size[..., 0] ** 2
+    p = math.matTvec(mat, vec)
+    x, y, z = p[..., 0], p[..., 1], p[..., 2]
+    if gtype == GeomType.CAPSULE:
+        zc = jnp.clip(z, -size[..., 1], size[..., 1])
+        return x * x + y * y + (z - zc) ** 2 < size[..., 0] ** 2
+    if gtype == GeomType.ELLIPSOID:
+        return jnp.sum((p / size) ** 2, -1) < 1
+    if gtype == GeomType.CYLINDER:
+        return (jnp.abs(z) < size[..., 1]) & (x * x + y * y < size[..., 0] ** 2)
+    if gtype == GeomType.BOX:
+        return jnp.all(jnp.abs(p) < size, -1)
+    if gtype == GeomType.PLANE:
+        return z < 0
+    return jnp.zeros(z.shape, bool)
+
+
+# --------------------------------------------------------------------------- constraints
+def _efc(d):
+    """The constraint rows of Data, or None when Data carries no solver output."""
+    if getattr(d, "efc_force", None) is None or getattr(d, "efc_type", None) is None:
+        return None
+    return d
+
+
+def _efc_row(d, ctype, ids):
+    """(row index (k,), found (k,)) of the first efc row of type ``ctype`` and id
+    ``ids`` (static), as MuJoCo's scan of rows ne+nf..nefc."""
+    etype, eid = d.efc_type, d.efc_id
+    mask = (etype[None, :] == ctype) & (eid[None, :] == jnp.asarray(ids)[:, None])
+    nefc = getattr(d, "nefc", None)
+    if nefc is not None:
+        mask = mask & (jnp.arange(etype.shape[0]) < nefc)[None, :]
+    return jnp.argmax(mask, -1), jnp.any(mask, -1)
+
+
+def _limit(m, d, ids, tendon, field):
+    """Joint/tendon limit sensor values: efc ``field`` of the limit row (0 if none)."""
+    dtype = d.qpos.dtype
+    limited = np.asarray(m.tendon_limited if tendon else m.jnt_limited).reshape(-1)[ids]
+    off = m.opt.disableflags & (DisableBit.CONSTRAINT | DisableBit.LIMIT)
+    if off or not limited.any():
+        return jnp.zeros(len(ids), dtype)
+    if _efc(d) is None:
+        raise UnsupportedFeatureError(
+            f"{'tendon' if tendon else 'joint'} limit sensors with limit constraints "
+            "(Data has no efc rows)")
+    row, found = _efc_row(d, CNSTR_LIMIT_TENDON if tendon else CNSTR_LIMIT_JOINT, ids)
+    if field == "pos":
+        val = d.efc_pos[row] - d.efc_margin[row]
+    else:
+        val = getattr(d, "efc_" + field)[row]
+    return jnp.where(found, val, 0.0)
+
+
+def _contacts_possible(m):
+    return not (m.opt.disableflags & (DisableBit.CONSTRAINT | DisableBit.CONTACT))
+
+
+def contact_force(m, d):
+    """Contact force:torque in the contact frame for every contact slot (mj_contactForce):
+    (ncon_max, 6); zero for empty slots and contacts without efc rows."""
+    con = d.contact
+    dtype = d.qpos.dtype
+    n = con.dist.shape[0]
+    out = jnp.zeros((n, 6), dtype)
+    if n == 0:
+        return out
+    if _efc(d) is None:
+        raise UnsupportedFeatureError("contact forces (Data has no efc_force)")
+    adhesion = getattr(con, "adhesion", None)
+    if adhesion is None:
+        has = [np.any(np.asarray(getattr(m, f)) != 0) for f in ("geom_adhesion", "pair_adhesion")
+               if getattr(m, f, None) is not None and np.asarray(getattr(m, f)).size]
+        if any(has):
+            raise UnsupportedFeatureError("contact adhesion in contact forces "
+                                          "(Contact has no adhesion field)")
+        adhesion = jnp.zeros(n, dtype)
+    dims = np.asarray(con.dim).reshape(n)
+    pyramid = m.opt.cone == ConeType.PYRAMIDAL
+    parts, order = [], []
+    for k in sorted(set(dims.tolist())):
+        slots = np.nonzero(dims == k)[0]
+        nrow = (1 if k == 1 else 2 * (k - 1)) if pyramid else k
+        adr = con.efc_address[slots]
+        ok = con.valid[slots] & (adr >= 0)
+        rows = jnp.clip(adr[:, None] + np.arange(nrow), 0, d.efc_force.shape[0] - 1)
+        f = d.efc_force[rows]                                      # (s, nrow)
+        if pyramid and k > 1:
+            mu = con.friction[slots, :k - 1]
+            normal = jnp.sum(f, -1, keepdims=True)
+            tang = (f[:, 0::2] - f[:, 1::2]) * mu
+            f = jnp.concatenate([normal, tang], -1)
+        f = jnp.concatenate([f, jnp.zeros((len(slots), 6 - k), dtype)], -1)
+        f = f.at[:, 0].add(-adhesion[slots])
+        parts.append(jnp.where(ok[:, None], f, 0.0))
+        order.append(slots)
+    order = np.concatenate(order)
+    inv = np.empty_like(order)
+    inv[order] = np.arange(n)
+    return jnp.concatenate(parts)[inv]
+
+
+def _contact_bodies(m, con):
+    gb = jnp.asarray(np.asarray(m.geom_bodyid), jnp.int32)
+    g = jnp.maximum(con.geom, 0)
+    return gb[g[:, 0]], gb[g[:, 1]]
+
+
+# --------------------------------------------------------------------------- rne post
+def rne_post_constraint(m, d):
+    """Body accelerations and interaction forces after the constraint solve
+    (mj_rnePostConstraint).
+
+    cacc (nbody, 6): com-based acceleration (world at -gravity); cfrc_ext (nbody, 6):
+    external forces (xfrc_applied, contacts, connect and weld constraints) as com-based
+    torque:force; cfrc_int (nbody, 6): force each body receives from its parent
+    (cinert cacc + cvel x* cinert cvel - cfrc_ext, summed over the subtree).
+    """
+    tab = tables.get(m)
+    dtype = d.qpos.dtype
+    nbody = m.nbody
+    root = np.asarray(m.body_rootid)
+    world = jnp.concatenate([jnp.zeros(3, dtype), -smooth.gravity(m, dtype)])
+    if m.nv:
+        acc_dof = d.cdof_dot * d.qvel[:, None] + d.cdof * d.qacc[:, None]
+        cacc = jnp.asarray(tab.anc_dof, dtype) @ acc_dof + world
+    else:
+        cacc = jnp.broadcast_to(world, (nbody, 6))
+    # external forces: perturbations applied at the body com
+    xfrc = d.xfrc_applied
+    wrench = jnp.concatenate([xfrc[:, 3:], xfrc[:, :3]], -1)
+    ext = transform_force(wrench, d.subtree_com[root], d.xipos)
+    ext = ext.at[0].set(0.0)
+    ext = ext + _contact_ext(m, d) + _equality_ext(m, d)
+    body = math.inert_mul(d.cinert, cacc) + math.force_cross(
+        d.cvel, math.inert_mul(d.cinert, d.cvel))
+    own = (body - ext).at[0].set(0.0)
+    cfrc_int = jnp.asarray(tab.desc, dtype) @ own
+    return d.replace(cacc=cacc, cfrc_ext=ext, cfrc_int=cfrc_int)
+
+
+def _contact_ext(m, d):
+    dtype = d.qpos.dtype
+    con = d.contact
+    n = con.dist.shape[0]
+    if n == 0 or not _contacts_possible(m):
+        return jnp.zeros((m.nbody, 6), dtype)
+    lfrc = contact_force(m, d)
+    frame = con.frame
+    cfrc = jnp.concatenate([math.matTvec(frame, lfrc[:, 3:]), math.matTvec(frame, lfrc[:, :3])], -1)
+    ok = con.valid & (con.efc_address >= 0) & (con.geom[:, 0] >= 0) & (con.geom[:, 1] >= 0)
+    b1, b2 = _contact_bodies(m, con)
+    root = jnp.asarray(np.asarray(m.body_rootid), jnp.int32)
+    ids = jnp.arange(m.nbody)
+    out = jnp.zeros((m.nbody, 6), dtype)
+    for b, sign in ((b1, -1.0), (b2, 1.0)):
+        w = transform_force(cfrc, d.subtree_com[root[b]], con.pos)
+        onehot = ((b[:, None] == ids[None, :]) & ok[:, None] & (b[:, None] > 0)).astype(dtype)
+        out = out + sign * (onehot.T @ w)
+    return out
+
+
+def _equality_ext(m, d):
+    dtype = d.qpos.dtype
+    out = jnp.zeros((m.nbody, 6), dtype)
+    if not m.neq or m.opt.disableflags & (DisableBit.CONSTRAINT | DisableBit.EQUALITY):
+        return out
+    etype = np.asarray(m.eq_type)
+    ids = np.nonzero((etype == EqType.CONNECT) | (etype == EqType.WELD))[0]
+    if not len(ids):
+        return out
+    if _efc(d) is None:
+        raise UnsupportedFeatureError("cfrc_ext of connect/weld constraints "
+                                      "(Data has no efc rows)")
+    row, found = _efc_row(d, CNSTR_EQUALITY, ids)
+    weld = etype[ids] == EqType.WELD
+    nrow = d.efc_force.shape[0]
+    f = d.efc_force[jnp.clip(row[:, None] + np.arange(6), 0, nrow - 1)]
+    force = f[:, :3]
+    torque = jnp.where(jnp.asarray(weld)[:, None], f[:, 3:6], 0.0)
+    cfrc = jnp.where(found[:, None], jnp.concatenate([torque, force], -1), 0.0)
+    body_sem = np.asarray(m.eq_objtype)[ids] == ObjType.BODY
+    data = _f(m.eq_data, dtype).reshape(-1, 12)[ids]
+    site_pos = _f(m.site_pos, dtype) if m.nsite else jnp.zeros((1, 3), dtype)
+    sbody = np.asarray(m.site_bodyid) if m.nsite else np.zeros(1, np.int64)
+    root = np.asarray(m.body_rootid)
+    for obj, sign, first in ((np.asarray(m.eq_obj1id)[ids], 1.0, True),
+                             (np.asarray(m.eq_obj2id)[ids], -1.0, False)):
+        k = np.where(body_sem, obj, sbody[np.where(body_sem, 0, obj)])
+        # anchor on body 1: connect eq_data[0:3], weld eq_data[3:6]; on body 2 the other
+        use_hi = weld if first else ~weld
+        anchor = jnp.where(jnp.asarray(use_hi)[:, None], data[:, 3:6], data[:, 0:3])
+        offset = jnp.where(jnp.asarray(body_sem)[:, None], anchor,
+                           site_pos[np.where(body_sem, 0, obj)])
+        pos = d.xpos[k] + math.matvec(d.xmat[k], offset)
+        w = transform_force(cfrc, d.subtree_com[root[k]], pos)
+        w = jnp.where(jnp.asarray(k > 0)[:, None], w, 0.0)
+        onehot = np.zeros((len(ids), m.nbody))
+        onehot[np.arange(len(ids)), k] = 1.0
+        out = out + sign * (jnp.asarray(onehot, dtype).T @ w)
+    return out
+
+
+# --------------------------------------------------------------------------- pos stage
+def _cols(m, ids):
+    g = lambda n: np.asarray(getattr(m, n)).reshape(-1)[ids]
+    return (g("sensor_objtype"), g("sensor_objid"), g("sensor_reftype"), g("sensor_refid"))
+
+
+def _frame_sensor(m, d, t, ids):
+    ot, oi, rt, ri = _cols(m, ids)
+    rt, ri = _ref(ot, oi, rt, ri)
+    if t == S.FRAMEQUAT:
+        q = obj_quat(m, d, ot, oi)
+        qr = obj_quat(m, d, rt, ri)
+        return math.quat_mul(math.quat_neg(qr), q)
+    pos, mat = obj_frame(m, d, ot, oi)
+    rpos, rmat = obj_frame(m, d, rt, ri)
+    if t == S.FRAMEPOS:
+        return math.matTvec(rmat, pos - rpos)
+    axis = mat[:, :, int(t) - int(S.FRAMEXAXIS)]
+    return math.matTvec(rmat, axis)
+
+
+def _camprojection(m, d, ids):
+    _, site, _, cam = _cols(m, ids)
+    dtype = d.qpos.dtype
+    res = np.asarray(m.cam_resolution).reshape(-1, 2)[cam].astype(np.float64)
+    intr = np.asarray(m.cam_intrinsic, np.float64).reshape(-1, 4)[cam]
+    ssize = np.asarray(m.cam_sensorsize, np.float64).reshape(-1, 2)[cam]
+    fovy = _f(m.cam_fovy, dtype).reshape(-1)[cam]
+    has = (ssize[:, 0] != 0) & (ssize[:, 1] != 0)
+    fpix = 0.5 / jnp.tan(fovy * np.pi / 360.0) * res[:, 1]
+    fx = jnp.where(has, intr[:, 0] / np.where(has, ssize[:, 0], 1) * res[:, 0], fpix)
+    fy = jnp.where(has, intr[:, 1] / np.where(has, ssize[:, 1], 1) * res[:, 1], fpix)
+    p = math.matTvec(d.cam_xmat[cam], d.site_xpos[site] - d.cam_xpos[cam])
+    z = p[:, 2]
+    small = jnp.abs(z) < math.MINVAL
+    z = jnp.where(small, jnp.where(z < 0, -math.MINVAL, math.MINVAL), z)
+    return jnp.stack([-fx * p[:, 0] / z + 0.5 * res[:, 0], fy * p[:, 1] / z + 0.5 * res[:, 1]], -1)
+
+
+def _raydata(spec, dist, origin, direction, normal, cam_pos=None, cam_z=None):
+    """Rangefinder outputs per ray in mjtRayDataField order (fill_raydata)."""
+    hit = dist >= 0
+    out = []
+    if spec & 1:
+        out.append(dist[:, None])
+    if spec & 2:
+        out.append(jnp.where(hit[:, None], direction, 0.0))
+    if spec & 4:
+        out.append(jnp.broadcast_to(origin, direction.shape))
+    point = jnp.where(hit[:, None], origin + dist[:, None] * direction, 0.0)
+    if spec & 8:
+        out.append(point)
+    if spec & 16:
+        out.append(jnp.where(hit[:, None], normal, 0.0))
+    if spec & 32:
+        depth = dist if cam_z is None else -math.dot(point - cam_pos, cam_z)
+        out.append(jnp.where(hit, depth, -1.0)[:, None])
+    return jnp.concatenate(out, -1).ravel()
+
+
+def _cam_rays(m, d, cam):
+    """Pixel ray origins and directions (npixel, 3) of a camera (mju_camPixelRay)."""
+    dtype = d.qpos.dtype
+    w, h = (int(v) for v in np.asarray(m.cam_resolution).reshape(-1, 2)[cam])
+    proj = int(np.asarray(m.cam_projection).reshape(-1)[cam])
+    ssize = np.asarray(m.cam_sensorsize, np.float64).reshape(-1, 2)[cam]
+    intr = np.asarray(m.cam_intrinsic, np.float64).reshape(-1, 4)[cam]
+    fovy = _f(m.cam_fovy, dtype).reshape(-1)[cam]
+    if proj == 0 and ssize[0] and ssize[1]:
+        fx, fy = intr[0] / ssize[0] * w, intr[1] / ssize[1] * h
+        cx, cy = intr[2] / ssize[0] * w, intr[3] / ssize[1] * h
+    elif proj == 0:
+        fx = fy = 0.5 / jnp.tan(fovy * np.pi / 360.0) * h
+        cx, cy = w / 2.0, h / 2.0
+    else:
+        fx, fy = w / 2.0, h / 2.0
+        cx, cy = fx, fy
+    row, col = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    px = col.ravel() + 0.5 - cx
+    py = row.ravel() + 0.5 - cy
+    pos, mat = d.cam_xpos[cam], d.cam_xmat[cam]
+    if proj == 0:
+        dcam = jnp.stack([px / fx, -py / fy, -jnp.ones(px.shape, dtype)], -1)
+        vec, _ = math.normalize(dcam @ mat.T)
+        return jnp.broadcast_to(pos, vec.shape), vec
+    half = fovy / 2
+    off = jnp.stack([px / fx * half, -py / fy * half, jnp.zeros(px.shape, dtype)], -1)
+    origin = pos + off @ mat.T
+    return origin, jnp.broadcast_to(-mat[:, 2], origin.shape)
+
+
+def _rangefinder(m, d, ids):
+    ot, oi, _, _ = _cols(m, ids)
+    spec = np.asarray(m.sensor_intprm).reshape(-1, 3)[ids, 0]
+    out = []
+    site = ot == ObjType.SITE
+    if site.any():
+        # one batched mj_ray for all site rangefinders (ray along the site z axis)
+        s = oi[site]
+        origin, vec = d.site_xpos[s], d.site_xmat[s][:, :, 2]
+        dist, _, normal = ray_mod.ray(m, d, origin, vec, np.asarray(m.site_bodyid)[s])
+    k = 0
+    for i, sid in enumerate(ids):
+        if ot[i] == ObjType.SITE:
+            out.append(_raydata(int(spec[i]), dist[k:k + 1], origin[k:k + 1],
+                                vec[k:k + 1], normal[k:k + 1]))
+            k += 1
+        elif ot[i] == ObjType.CAMERA:
+            cam = int(oi[i])
+            origin_c, vec_c = _cam_rays(m, d, cam)
+            excl = np.full(origin_c.shape[0], np.asarray(m.cam_bodyid)[cam])
+            dist_c, _, nrm_c = ray_mod.ray(m, d, origin_c, vec_c, excl)
+            out.append(_raydata(int(spec[i]), dist_c, origin_c, vec_c, nrm_c,
+                                d.cam_xpos[cam], d.cam_xmat[cam][:, 2]))
+        else:
+            raise UnsupportedFeatureError(f"rangefinder on object type {int(ot[i])}")
+    return jnp.concatenate(out)
+
+
+def _insidesite(m, d, ids):
+    ot, oi, _, site = _cols(m, ids)
+    dtype = d.qpos.dtype
+    pos, _ = obj_frame(m, d, ot, oi)
+    body = (ot == ObjType.BODY) & (oi > 0)
+    if body.any():
+        # massless bodies carrying mass below them use their subtree com
+        mass = _f(m.body_mass, dtype)[oi]
+        smass = smooth.subtree_mass(m, dtype)[oi]
+        use = jnp.asarray(body) & (mass < math.MINVAL) & (smass >= math.MINVAL)
+        pos = jnp.where(use[:, None], d.subtree_com[oi], pos)
+    stype = np.asarray(m.site_type)[site]
+    size = _f(m.site_size, dtype)[site]
+
+    def fn(t, p):
+        return inside_geom(d.site_xpos[site[p]], d.site_xmat[site[p]], size[p], t, pos[p])
+    return _by_kind(stype, fn).astype(dtype)
+
+
+def _pos_values(m, d, t, ids):
+    dtype = d.qpos.dtype
+    ot, oi, _, _ = _cols(m, ids)
+    if t == S.MAGNETOMETER:
+        return math.matTvec(d.site_xmat[oi], _f(m.opt.magnetic, dtype).reshape(3))
+    if t == S.CAMPROJECTION:
+        return _camprojection(m, d, ids)
+    if t == S.RANGEFINDER:
+        return _rangefinder(m, d, ids)
+    if t == S.JOINTPOS:
+        return d.qpos[np.asarray(m.jnt_qposadr)[oi]]
+    if t == S.TENDONPOS:
+        return d.ten_length[oi]
+    if t == S.ACTUATORPOS:
+        return d.actuator_length[_out_index(m, ids)]
+    if t == S.BALLQUAT:
+        adr = np.asarray(m.jnt_qposadr)[oi]
+        return math.quat_normalize(d.qpos[adr[:, None] + np.arange(4)])
+    if t == S.JOINTLIMITPOS:
+        return _limit(m, d, oi, False, "pos")
+    if t == S.TENDONLIMITPOS:
+        return _limit(m, d, oi, True, "pos")
+    if t in (S.FRAMEPOS, S.FRAMEQUAT, S.FRAMEXAXIS, S.FRAMEYAXIS, S.FRAMEZAXIS):
+        return _frame_sensor(m, d, t, ids)
+    if t == S.SUBTREECOM:
+        return d.subtree_com[oi]
+    if t == S.INSIDESITE:
+        return _insidesite(m, d, ids)
+    if t in (S.GEOMDIST, S.GEOMNORMAL, S.GEOMFROMTO):
+        from simjax.engine import sensor_geom
+        return sensor_geom.geom_distance_sensor(m, d, t, ids)
+    if t == S.E_POTENTIAL:
+        return jnp.broadcast_to(support.energy_pos(m, d), (len(ids),))
+    if t == S.E_KINETIC:
+        return jnp.broadcast_to(support.energy_vel(m, d), (len(ids),))
+    if t == S.CLOCK:
+        return jnp.broadcast_to(d.time.astype(dtype), (len(ids),))
+    raise UnsupportedFeatureError(f"sensor type {t.name.lower()} at the position stage")
+
+
+def _out_index(m, ids):
+    """Flat actuator-output indices of actuator sensors (one per output)."""
+    oi = np.asarray(m.sensor_objid).reshape(-1)[ids]
+    dim = np.asarray(m.sensor_dim).reshape(-1)[ids]
+    adr = np.asarray(m.actuator_outadr).reshape(-1)[oi]
+    return np.concatenate([a + np.arange(n) for a, n in zip(adr, dim)])
+
+
+# --------------------------------------------------------------------------- vel stage
+def _frame_vel(m, d, t, ids):
+    ot, oi, rt, ri = _cols(m, ids)
+    rt, ri = _ref(ot, oi, rt, ri)
+    vel = obj_velocity(m, d, ot, oi, False)
+    pos, _ = obj_frame(m, d, ot, oi)
+    rpos, rmat = obj_frame(m, d, rt, ri)
+    rvel = obj_velocity(m, d, rt, ri, False)
+    rel = vel - rvel
+    lin = rel[:, 3:] + math.cross(pos - rpos, rvel[:, :3])
+    if t == S.FRAMELINVEL:
+        return math.matTvec(rmat, lin)
+    return math.matTvec(rmat, rel[:, :3])
+
+
+def _vel_values(m, d, t, ids):
+    ot, oi, _, _ = _cols(m, ids)
+    if t in (S.VELOCIMETER, S.GYRO):
+        vel = obj_velocity(m, d, ot, oi, True)
+        return vel[:, 3:] if t == S.VELOCIMETER else vel[:, :3]
+    if t == S.JOINTVEL:
+        return d.qvel[np.asarray(m.jnt_dofadr)[oi]]
+    if t == S.TENDONVEL:
+        return d.ten_velocity[oi]
+    if t == S.ACTUATORVEL:
+        return d.actuator_velocity[_out_index(m, ids)]
+    if t == S.BALLANGVEL:
+        return d.qvel[np.asarray(m.jnt_dofadr)[oi][:, None] + np.arange(3)]
+    if t == S.JOINTLIMITVEL:
+        return _limit(m, d, oi, False, "vel")
+    if t == S.TENDONLIMITVEL:
+        return _limit(m, d, oi, True, "vel")
+    if t in (S.FRAMELINVEL, S.FRAMEANGVEL):
+        return _frame_vel(m, d, t, ids)
+    if t == S.SUBTREELINVEL:
+        return d.subtree_linvel[oi]
+    if t == S.SUBTREEANGMOM:
+        return d.subtree_angmom[oi]
+    raise UnsupportedFeatureError(f"sensor type {t.name.lower()} at the velocity stage")
+
+
+# --------------------------------------------------------------------------- acc stage
+def _site_force(m, d, oi):
+    body = np.asarray(m.site_bodyid)[oi]
+    root = np.asarray(m.body_rootid)[body]
+    return transform_force(d.cfrc_int[body], d.site_xpos[oi], d.subtree_com[root],
+                           d.site_xmat[oi])
+
+
+def _acc_values(m, d, t, ids):
+    ot, oi, _, _ = _cols(m, ids)
+    dtype = d.qpos.dtype
+    if t == S.TOUCH:
+        from simjax.engine import sensor_contact
+        return sensor_contact.touch(m, d, ids)
+    if t == S.CONTACT:
+        from simjax.engine import sensor_contact
+        return sensor_contact.contact_sensor(m, d, ids)
+    if t == S.ACCELEROMETER:
+        return obj_acceleration(m, d, ot, oi, True)[:, 3:]
+    if t in (S.FORCE, S.TORQUE):
+        w = _site_force(m, d, oi)
+        return w[:, 3:] if t == S.FORCE else w[:, :3]
+    if t == S.ACTUATORFRC:
+        return d.actuator_force[_out_index(m, ids)]
+    if t == S.JOINTACTFRC:
+        return d.qfrc_actuator[np.asarray(m.jnt_dofadr)[oi]]
+    if t == S.TENDONACTFRC:
+        sel = np.zeros((len(ids), m.nout))
+        if m.nu:
+            trn = np.asarray(m.actuator_trntype).reshape(-1)
+            tid = np.asarray(m.actuator_trnid).reshape(-1, 2)[:, 0]
+            outadr = np.asarray(m.actuator_outadr).reshape(-1)
+            for r, ten in enumerate(oi):
+                for a in np.nonzero((trn == TrnType.TENDON) & (tid == ten))[0]:
+                    sel[r, outadr[a]] += 1.0
+            return jnp.asarray(sel, dtype) @ d.actuator_force
+        return jnp.zeros(len(ids), dtype)
+    if t == S.JOINTLIMITFRC:
+        return _limit(m, d, oi, False, "force")
+    if t == S.TENDONLIMITFRC:
+        return _limit(m, d, oi, True, "force")
+    if t in (S.FRAMELINACC, S.FRAMEANGACC):
+        acc = obj_acceleration(m, d, ot, oi, False)
+        return acc[:, 3:] if t == S.FRAMELINACC else acc[:, :3]
+    raise UnsupportedFeatureError(f"sensor type {t.name.lower()} at the acceleration stage")
+
+
+_NEEDS_RNEPOST = (S.ACCELEROMETER, S.FORCE, S.TORQUE, S.FRAMELINACC, S.FRAMEANGACC)
+_NEEDS_SUBTREEVEL = (S.SUBTREELINVEL, S.SUBTREEANGMOM)
+
+
+# --------------------------------------------------------------------------- assembly
+def _cutoff(m, ids, vals, dtype):
+    """Apply sensor_cutoff to the flat values of sensors ``ids`` (apply_cutoff)."""
+    stype = np.asarray(m.sensor_type).reshape(-1)[ids]
+    dim = np.asarray(m.sensor_dim).reshape(-1)[ids]
+    dtp = np.asarray(m.sensor_datatype).reshape(-1)[ids]
+    skip = np.isin(stype, [S.CONTACT, S.GEOMFROMTO])
+    real = np.repeat((dtp == DataType.REAL) & ~skip, dim)
+    positive = np.repeat((dtp == DataType.POSITIVE) & ~skip, dim)
+    if not (real.any() or positive.any()):
+        return vals
+    cut = jnp.repeat(_f(m.sensor_cutoff, dtype).reshape(-1)[ids], dim)
+    on = cut > 0
+    clipped = jnp.where(real, jnp.clip(vals, -cut, cut),
+                        jnp.where(positive, jnp.minimum(cut, vals), vals))
+    return jnp.where(on, clipped, vals)
+
+
+def _write(m, d, ids, vals):
+    """sensordata with the flat values of sensors ``ids`` written at their addresses."""
+    adr = np.asarray(m.sensor_adr).reshape(-1)[ids]
+    dim = np.asarray(m.sensor_dim).reshape(-1)[ids]
+    idx = np.concatenate([a + np.arange(n) for a, n in zip(adr, dim)])
+    n = m.nsensordata
+    src = np.arange(len(idx), len(idx) + n)
+    src[idx] = np.arange(len(idx))
+    return jnp.concatenate([vals.astype(d.sensordata.dtype), d.sensordata])[src]
+
+
+def _stage(m, d, stage, values_fn):
+    if m.opt.disableflags & DisableBit.SENSOR or not m.nsensor:
+        return d
+    p = plan(m)
+    dtype = d.qpos.dtype
+    ids_all, vals_all = [], []
+    for t, ids in p.groups[stage]:
+        vals = values_fn(m, d, t, ids).reshape(-1).astype(dtype)
+        ids_all.append(ids)
+        vals_all.append(_cutoff(m, ids, vals, dtype))
+    if ids_all:
+        d = d.replace(sensordata=_write(m, d, np.concatenate(ids_all),
+                                        jnp.concatenate(vals_all)))
+    plug = p.plugin.get(stage)
+    if plug is not None and len(plug):
+        # plugin sensors of this stage run after the built-in ones, as in MuJoCo; the
+        # plugin engine applies their cutoff
+        if _PLUGIN_HOOK is not None:
+            d = _PLUGIN_HOOK(m, d, stage)
+        else:
+            from simjax.plugins import engine as plugin_engine
+            d = plugin_engine.compute_sensors(m, d, stage)
+    return d
+
+
+def _stage_types(m, stage):
+    if m.opt.disableflags & DisableBit.SENSOR or not m.nsensor:
+        return set()
+    p = plan(m)
+    out = {t for t, _ in p.groups[stage]}
+    if p.plugin.get(stage) is not None:
+        out.add(S.PLUGIN)
+    return out
+
+
+def sensor_pos(m, d):
+    """Position-dependent sensors (mj_sensorPos): needs the position stage."""
+    return _stage(m, d, Stage.POS, _pos_values)
+
+
+def sensor_vel(m, d):
+    """Velocity-dependent sensors (mj_sensorVel): needs the velocity stage. Computes
+    subtree_linvel / subtree_angmom (mj_subtreeVel) when a sensor needs them."""
+    types = _stage_types(m, Stage.VEL)
+    if types & {*_NEEDS_SUBTREEVEL, S.PLUGIN}:
+        d = smooth.subtree_vel(m, d)
+    return _stage(m, d, Stage.VEL, _vel_values)
+
+
+def sensor_acc(m, d):
+    """Acceleration/force-dependent sensors (mj_sensorAcc): needs qacc and the
+    constraint forces. Runs :func:`rne_post_constraint` (cacc, cfrc_int, cfrc_ext) when
+    a sensor needs it."""
+    types = _stage_types(m, Stage.ACC)
+    if types & {*_NEEDS_RNEPOST, S.PLUGIN}:
+        d = rne_post_constraint(m, d)
+    return _stage(m, d, Stage.ACC, _acc_values)
