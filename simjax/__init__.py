@@ -1,8 +1,8 @@
 """simjax: MuJoCo's physics rebuilt in pure JAX.
 
 Public API: ``load_model``; the engine functions ``make_data``, ``reset``,
-``forward``, ``step``, ``rollout``, ``rollout_batch`` and the queries (Jacobians, mass
-matrix, energies);
+``forward``, ``step``, ``inverse``, ``rollout``, ``rollout_batch`` and the queries
+(Jacobians, mass matrix, energies);
 the ``Model`` / ``Option`` / ``Statistic`` / ``Data`` types, the enums and the errors.
 """
 import os as _os
@@ -20,6 +20,7 @@ from simjax.engine import (Data, apply_ft, differentiate_pos, energy_pos, energy
                            forward, full_m, integrate_pos, jac, jac_body, jac_body_com,
                            jac_geom, jac_site, jac_subtree_com, make_data, mul_m, reset,
                            reset_keyframe, solve_m, step)
+from simjax.engine.inverse import inverse
 from simjax import plugins, resources  # noqa: F401,E402  (simjax.plugins.register, ...)
 from simjax.errors import MJCFError, UnsupportedFeatureError
 from simjax.rollout import Trajectory, rollout, rollout_batch
@@ -29,8 +30,9 @@ from simjax.types import (BiasType, ConeType, DataType, DisableBit, DynType, Ena
                           TrnType, WrapType)
 
 __all__ = [
-    "load_model", "make_data", "reset", "reset_keyframe", "forward", "step", "rollout",
-    "rollout_batch", "Trajectory", "Data", "jac", "jac_body", "jac_body_com", "jac_geom", "jac_site",
+    "load_model", "make_data", "reset", "reset_keyframe", "forward", "step", "inverse",
+    "rollout", "rollout_batch", "Trajectory", "Data", "jac", "jac_body", "jac_body_com",
+    "jac_geom", "jac_site",
     "jac_subtree_com", "full_m", "mul_m", "solve_m", "apply_ft", "integrate_pos",
     "differentiate_pos", "energy_pos", "energy_vel", "Model", "Option", "Statistic", "MJCFError", "UnsupportedFeatureError",
     "BiasType", "ConeType", "DataType", "DisableBit", "DynType", "EnableBit", "EqType",

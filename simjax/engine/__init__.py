@@ -1,14 +1,17 @@
 """The simulation pipeline, pure JAX (one module per MuJoCo stage).
 
 Re-exports the functions a user calls: :func:`make_data`, :func:`reset`,
-:func:`reset_keyframe`, :func:`forward`, :func:`step`, the Jacobian and inertia queries
-of :mod:`simjax.engine.support`, and the :class:`Data` type.
+:func:`reset_keyframe`, :func:`forward`, :func:`step`, :func:`inverse`, the sensor
+stages, the Jacobian and inertia queries of :mod:`simjax.engine.support`, and the
+:class:`Data` type.
 """
 from simjax.engine.data import Data
 from simjax.engine.forward import (euler, forward, fwd_acceleration, fwd_actuation,
                                    fwd_constraint, fwd_position, fwd_velocity, implicit,
                                    rk4, step)
+from simjax.engine.inverse import inverse
 from simjax.engine.io import make_data, reset, reset_keyframe
+from simjax.engine.sensor import rne_post_constraint, sensor_acc, sensor_pos, sensor_vel
 from simjax.engine.support import (apply_ft, differentiate_pos, energy_pos, energy_vel,
                                    full_m, integrate_pos, jac, jac_body, jac_body_com,
                                    jac_geom, jac_site, jac_subtree_com, mul_m, pack_m,
@@ -20,4 +23,5 @@ __all__ = [
     "fwd_constraint", "jac", "jac_body", "jac_body_com", "jac_geom", "jac_site",
     "jac_subtree_com", "full_m", "mul_m", "solve_m", "pack_m", "apply_ft",
     "integrate_pos", "differentiate_pos", "energy_pos", "energy_vel",
+    "inverse", "sensor_pos", "sensor_vel", "sensor_acc", "rne_post_constraint",
 ]
