@@ -142,7 +142,8 @@ def ray_cylinder(pos, mat, size, pnt, vec):
     x = jnp.where(upd, sol, x)
     kind = jnp.where(upd, 0.0, kind)
     loc = lp + x[..., None] * lv
-    zero = jnp.zeros_like(r)
+    zero = jnp.zeros_like(x)
+    kind = kind + zero
     round_n = _normalize(jnp.stack([loc[..., 0], loc[..., 1], zero], -1))
     flat_n = jnp.stack([zero, zero, kind], -1)
     normal = math.matvec(mat, jnp.where((kind == 0)[..., None], round_n, flat_n))

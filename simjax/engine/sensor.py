@@ -36,8 +36,8 @@ from simjax.engine import smooth
 from simjax.engine import support
 from simjax.engine import tables
 from simjax.errors import UnsupportedFeatureError
-from simjax.types import (ConeType, DataType, DisableBit, EqType, GeomType, ObjType,
-                          SensorType, Stage, TrnType)
+from simjax.types import (ConeType, DataType, DisableBit, EnableBit, EqType, GeomType,
+                          ObjType, SensorType, Stage, TrnType)
 
 S = SensorType
 
@@ -210,9 +210,9 @@ def obj_acceleration(m, d, objtype, objid, local):
     root = np.asarray(m.body_rootid)[body]
     acc = math.transform_motion(d.cacc[body], pos, d.subtree_com[root], rot)
     vel = math.transform_motion(d.cvel[body], pos, d.subtree_com[root], rot)
-    acc = acc.at[:, 3:].add(math.cross(vel[:, :3], vel[:, 3:]))
-    static = _static_body(m, body)
-    return jnp.where(static[:, None], 0.0, acc) if static.any() else acc
+    # MuJoCo 4.0 reports the acceleration of dof-less (static, mocap) bodies too: the
+    # world's -gravity, seen by an accelerometer on the world as +g up
+    return acc.at[:, 3:].add(math.cross(vel[:, :3], vel[:, 3:]))
 
 
 def transform_force(vec, newpos, oldpos, rot=None):
@@ -455,17 +455,33 @@ def _frame_sensor(m, d, t, ids):
     return math.matTvec(rmat, axis)
 
 
+def _focal_from_sensor(m, cam):
+    """(n, 4) focal lengths and principal point in pixels (fx, fy, cx, cy) of cameras
+    with a sensor size, NaN for fovy cameras. MuJoCo computes them from its float32
+    intrinsics in float32 arithmetic; so does this (exact agreement)."""
+    cam = np.atleast_1d(cam)
+    f32 = np.float32
+    res = np.asarray(m.cam_resolution).reshape(-1, 2)[cam].astype(f32)
+    intr = np.asarray(m.cam_intrinsic).reshape(-1, 4)[cam].astype(f32)
+    ssize = np.asarray(m.cam_sensorsize).reshape(-1, 2)[cam].astype(f32)
+    has = (ssize[:, 0] != 0) & (ssize[:, 1] != 0)
+    safe = np.where(has[:, None], ssize, f32(1))
+    out = np.stack([intr[:, 0] / safe[:, 0] * res[:, 0], intr[:, 1] / safe[:, 1] * res[:, 1],
+                    intr[:, 2] / safe[:, 0] * res[:, 0], intr[:, 3] / safe[:, 1] * res[:, 1]],
+                   -1).astype(np.float64)
+    return np.where(has[:, None], out, np.nan)
+
+
 def _camprojection(m, d, ids):
     _, site, _, cam = _cols(m, ids)
     dtype = d.qpos.dtype
     res = np.asarray(m.cam_resolution).reshape(-1, 2)[cam].astype(np.float64)
-    intr = np.asarray(m.cam_intrinsic, np.float64).reshape(-1, 4)[cam]
-    ssize = np.asarray(m.cam_sensorsize, np.float64).reshape(-1, 2)[cam]
+    fxy = _focal_from_sensor(m, cam)
     fovy = _f(m.cam_fovy, dtype).reshape(-1)[cam]
-    has = (ssize[:, 0] != 0) & (ssize[:, 1] != 0)
+    has = ~np.isnan(fxy[:, 0])
     fpix = 0.5 / jnp.tan(fovy * np.pi / 360.0) * res[:, 1]
-    fx = jnp.where(has, intr[:, 0] / np.where(has, ssize[:, 0], 1) * res[:, 0], fpix)
-    fy = jnp.where(has, intr[:, 1] / np.where(has, ssize[:, 1], 1) * res[:, 1], fpix)
+    fx = jnp.where(has, np.nan_to_num(fxy[:, 0]), fpix)
+    fy = jnp.where(has, np.nan_to_num(fxy[:, 1]), fpix)
     p = math.matTvec(d.cam_xmat[cam], d.site_xpos[site] - d.cam_xpos[cam])
     z = p[:, 2]
     small = jnp.abs(z) < math.MINVAL
@@ -499,12 +515,10 @@ def _cam_rays(m, d, cam):
     dtype = d.qpos.dtype
     w, h = (int(v) for v in np.asarray(m.cam_resolution).reshape(-1, 2)[cam])
     proj = int(np.asarray(m.cam_projection).reshape(-1)[cam])
-    ssize = np.asarray(m.cam_sensorsize, np.float64).reshape(-1, 2)[cam]
-    intr = np.asarray(m.cam_intrinsic, np.float64).reshape(-1, 4)[cam]
+    fxy = _focal_from_sensor(m, cam)[0]
     fovy = _f(m.cam_fovy, dtype).reshape(-1)[cam]
-    if proj == 0 and ssize[0] and ssize[1]:
-        fx, fy = intr[0] / ssize[0] * w, intr[1] / ssize[1] * h
-        cx, cy = intr[2] / ssize[0] * w, intr[3] / ssize[1] * h
+    if proj == 0 and not np.isnan(fxy[0]):
+        fx, fy, cx, cy = fxy
     elif proj == 0:
         fx = fy = 0.5 / jnp.tan(fovy * np.pi / 360.0) * h
         cx, cy = w / 2.0, h / 2.0
@@ -606,6 +620,11 @@ def _pos_values(m, d, t, ids):
     if t == S.E_POTENTIAL:
         return jnp.broadcast_to(support.energy_pos(m, d), (len(ids),))
     if t == S.E_KINETIC:
+        if m.opt.enableflags & EnableBit.ENERGY:
+            # MuJoCo evaluates this lazily: with energy enabled its flag is still set from
+            # the previous forward (cleared only by the velocity stage), so the sensor
+            # reports the kinetic energy already in Data, i.e. of the previous call
+            return jnp.broadcast_to(d.energy[1].astype(dtype), (len(ids),))
         return jnp.broadcast_to(support.energy_vel(m, d), (len(ids),))
     if t == S.CLOCK:
         return jnp.broadcast_to(d.time.astype(dtype), (len(ids),))
