@@ -120,6 +120,7 @@ CONTACT_FIELDS = (
     ("solref", (2,), "f"),           # solver reference, normal direction
     ("solreffriction", (2,), "f"),   # solver reference, friction directions
     ("solimp", (5,), "f"),           # solver impedance
+    ("adhesion", (), "f"),           # adhesive force, subtracted from the normal force
     ("dim", (), "i"),                # contact space dimension: 1, 3, 4 or 6
     ("geom", (2,), "i"),             # geom ids (geom1, geom2 in MuJoCo's order)
     ("exclude", (), "i"),            # 0 include, 1 in gap: dist >= includemargin (mjContact)

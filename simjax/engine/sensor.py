@@ -300,37 +300,25 @@ def contact_force(m, d):
         return out
     if _efc(d) is None:
         raise UnsupportedFeatureError("contact forces (Data has no efc_force)")
-    adhesion = getattr(con, "adhesion", None)
-    if adhesion is None:
-        has = [np.any(np.asarray(getattr(m, f)) != 0) for f in ("geom_adhesion", "pair_adhesion")
-               if getattr(m, f, None) is not None and np.asarray(getattr(m, f)).size]
-        if any(has):
-            raise UnsupportedFeatureError("contact adhesion in contact forces "
-                                          "(Contact has no adhesion field)")
-        adhesion = jnp.zeros(n, dtype)
-    dims = np.asarray(con.dim).reshape(n)
-    pyramid = m.opt.cone == ConeType.PYRAMIDAL
-    parts, order = [], []
-    for k in sorted(set(dims.tolist())):
-        slots = np.nonzero(dims == k)[0]
-        nrow = (1 if k == 1 else 2 * (k - 1)) if pyramid else k
-        adr = con.efc_address[slots]
-        ok = con.valid[slots] & (adr >= 0)
-        rows = jnp.clip(adr[:, None] + np.arange(nrow), 0, d.efc_force.shape[0] - 1)
-        f = d.efc_force[rows]                                      # (s, nrow)
-        if pyramid and k > 1:
-            mu = con.friction[slots, :k - 1]
-            normal = jnp.sum(f, -1, keepdims=True)
-            tang = (f[:, 0::2] - f[:, 1::2]) * mu
-            f = jnp.concatenate([normal, tang], -1)
-        f = jnp.concatenate([f, jnp.zeros((len(slots), 6 - k), dtype)], -1)
-        f = f.at[:, 0].add(-adhesion[slots])
-        parts.append(jnp.where(ok[:, None], f, 0.0))
-        order.append(slots)
-    order = np.concatenate(order)
-    inv = np.empty_like(order)
-    inv[order] = np.arange(n)
-    return jnp.concatenate(parts)[inv]
+    dim = con.dim[:, None]
+    r = np.arange(10)
+    nefc = d.efc_force.shape[0]
+    if nefc == 0:
+        return out
+    ok = con.valid & (con.efc_address >= 0)
+    f = d.efc_force[jnp.clip(con.efc_address[:, None] + r, 0, nefc - 1)]        # (n, 10)
+    if m.opt.cone == ConeType.PYRAMIDAL:
+        # pyramid edges come in pairs per friction direction (mju_decodePyramid)
+        nrow = jnp.where(dim == 1, 1, 2 * (dim - 1))
+        normal = jnp.sum(jnp.where(r < nrow, f, 0.0), -1, keepdims=True)
+        mu = con.friction
+        tang = (f[:, 0:10:2] - f[:, 1:10:2]) * mu
+        tang = jnp.where(np.arange(5) < dim - 1, tang, 0.0)
+        out = jnp.concatenate([normal, tang], -1)[:, :6]
+    else:
+        out = jnp.where(r[:6] < dim, f[:, :6], 0.0)
+    out = out.at[:, 0].add(-con.adhesion)
+    return jnp.where(ok[:, None], out, 0.0)
 
 
 def _contact_bodies(m, con):
@@ -393,6 +381,29 @@ def _contact_ext(m, d):
     return out
 
 
+def _weld_torque(m, d, ids, data, lam):
+    """World torque of weld constraints' rotational rows: their Jacobian is
+    0.5 torquescale vec(neg(q1) (0, w) q0 relpose), so the torque is that map's
+    transpose applied to the row forces (MuJoCo 4.0)."""
+    dtype = d.qpos.dtype
+    body_sem = np.asarray(m.eq_objtype)[ids] == ObjType.BODY
+    o1, o2 = np.asarray(m.eq_obj1id)[ids], np.asarray(m.eq_obj2id)[ids]
+    sbody = np.asarray(m.site_bodyid) if m.nsite else np.zeros(1, np.int64)
+    squat = _f(m.site_quat, dtype) if m.nsite else jnp.zeros((1, 4), dtype)
+    b1 = np.where(body_sem, o1, sbody[np.where(body_sem, 0, o1)])
+    b2 = np.where(body_sem, o2, sbody[np.where(body_sem, 0, o2)])
+    local1 = jnp.where(jnp.asarray(body_sem)[:, None], data[:, 6:10],
+                       squat[np.where(body_sem, 0, o1)])
+    local2 = jnp.where(jnp.asarray(body_sem)[:, None], jnp.array([1.0, 0, 0, 0], dtype),
+                       squat[np.where(body_sem, 0, o2)])
+    q0 = math.quat_mul(d.xquat[b1], local1)
+    q1 = math.quat_neg(math.quat_mul(d.xquat[b2], local2))
+    basis = jnp.asarray(np.eye(4)[1:], dtype)                              # (3, 4)
+    cols = math.quat_mul(math.quat_mul(q1[:, None], basis[None]), q0[:, None])[..., 1:]
+    scale = 0.5 * data[:, 10]
+    return scale[:, None] * jnp.einsum("kjc,kc->kj", cols, lam)       # G^T lam
+
+
 def _equality_ext(m, d):
     dtype = d.qpos.dtype
     out = jnp.zeros((m.nbody, 6), dtype)
@@ -410,10 +421,11 @@ def _equality_ext(m, d):
     nrow = d.efc_force.shape[0]
     f = d.efc_force[jnp.clip(row[:, None] + np.arange(6), 0, nrow - 1)]
     force = f[:, :3]
-    torque = jnp.where(jnp.asarray(weld)[:, None], f[:, 3:6], 0.0)
-    cfrc = jnp.where(found[:, None], jnp.concatenate([torque, force], -1), 0.0)
     body_sem = np.asarray(m.eq_objtype)[ids] == ObjType.BODY
     data = _f(m.eq_data, dtype).reshape(-1, 12)[ids]
+    torque = jnp.where(jnp.asarray(weld)[:, None], _weld_torque(m, d, ids, data, f[:, 3:6]),
+                       0.0)
+    cfrc = jnp.where(found[:, None], jnp.concatenate([torque, force], -1), 0.0)
     site_pos = _f(m.site_pos, dtype) if m.nsite else jnp.zeros((1, 3), dtype)
     sbody = np.asarray(m.site_bodyid) if m.nsite else np.zeros(1, np.int64)
     root = np.asarray(m.body_rootid)
@@ -540,30 +552,37 @@ def _cam_rays(m, d, cam):
 
 
 def _rangefinder(m, d, ids):
+    """Rangefinders: all rays of all sensors (site rays, camera pixels) are cast in one
+    batched mj_ray, then each sensor formats its data fields."""
     ot, oi, _, _ = _cols(m, ids)
     spec = np.asarray(m.sensor_intprm).reshape(-1, 3)[ids, 0]
-    out = []
-    site = ot == ObjType.SITE
-    if site.any():
-        # one batched mj_ray for all site rangefinders (ray along the site z axis)
-        s = oi[site]
-        origin, vec = d.site_xpos[s], d.site_xmat[s][:, :, 2]
-        dist, _, normal = ray_mod.ray(m, d, origin, vec, np.asarray(m.site_bodyid)[s])
-    k = 0
-    for i, sid in enumerate(ids):
+    origins, vecs, excl, cams, counts = [], [], [], [], []
+    for i in range(len(ids)):
         if ot[i] == ObjType.SITE:
-            out.append(_raydata(int(spec[i]), dist[k:k + 1], origin[k:k + 1],
-                                vec[k:k + 1], normal[k:k + 1]))
-            k += 1
+            s = int(oi[i])
+            origins.append(d.site_xpos[s][None])
+            vecs.append(d.site_xmat[s][None, :, 2])
+            excl.append([np.asarray(m.site_bodyid)[s]])
+            cams.append(None)
         elif ot[i] == ObjType.CAMERA:
             cam = int(oi[i])
-            origin_c, vec_c = _cam_rays(m, d, cam)
-            excl = np.full(origin_c.shape[0], np.asarray(m.cam_bodyid)[cam])
-            dist_c, _, nrm_c = ray_mod.ray(m, d, origin_c, vec_c, excl)
-            out.append(_raydata(int(spec[i]), dist_c, origin_c, vec_c, nrm_c,
-                                d.cam_xpos[cam], d.cam_xmat[cam][:, 2]))
+            o, v = _cam_rays(m, d, cam)
+            origins.append(o)
+            vecs.append(v)
+            excl.append(np.full(o.shape[0], np.asarray(m.cam_bodyid)[cam]))
+            cams.append(cam)
         else:
             raise UnsupportedFeatureError(f"rangefinder on object type {int(ot[i])}")
+        counts.append(origins[-1].shape[0])
+    origin, vec = jnp.concatenate(origins), jnp.concatenate(vecs)
+    dist, _, normal = ray_mod.ray(m, d, origin, vec, np.concatenate(excl))
+    out, k = [], 0
+    for i, n in enumerate(counts):
+        sl = slice(k, k + n)
+        cam = cams[i]
+        extra = () if cam is None else (d.cam_xpos[cam], d.cam_xmat[cam][:, 2])
+        out.append(_raydata(int(spec[i]), dist[sl], origin[sl], vec[sl], normal[sl], *extra))
+        k += n
     return jnp.concatenate(out)
 
 
@@ -628,6 +647,10 @@ def _pos_values(m, d, t, ids):
         return jnp.broadcast_to(support.energy_vel(m, d), (len(ids),))
     if t == S.CLOCK:
         return jnp.broadcast_to(d.time.astype(dtype), (len(ids),))
+    if t == S.CONTACT:
+        # MuJoCo 4.0 computes contact sensors that need no forces at the position stage
+        from simjax.engine import sensor_contact
+        return sensor_contact.contact_sensor(m, d, ids)
     raise UnsupportedFeatureError(f"sensor type {t.name.lower()} at the position stage")
 
 

@@ -1,0 +1,119 @@
+"""Contact- and constraint-dependent sensors with MuJoCo's contacts and constraint rows
+injected: touch, contact (every matching rule and reduction), force/torque and
+accelerations through rne_post_constraint (contacts, connect and weld equalities),
+joint and tendon limit sensors. simjax's own collision and solver are not involved:
+Data gets mujoco's d.contact and efc_* arrays, qacc and actuator forces; the sensor
+stages must then reproduce mujoco's sensordata, cacc, cfrc_int and cfrc_ext (float64,
+1e-9 relative to max(1, |value|))."""
+import os
+import types
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+from engine_helpers import rel_err
+from mujoco_oracle import model_from_mujoco
+from sensor_helpers import SENSOR_MODELS, type_name
+from simjax.engine import fwd_position, fwd_velocity, make_data, sensor
+from simjax.engine.data import CONTACT_FIELD_NAMES, DATA_FIELD_NAMES, Contact
+
+TOL = 1e-9
+
+
+class Injected(types.SimpleNamespace):
+    """Data with the solver's efc rows attached (a stand-in until Data carries them)."""
+
+    def replace(self, **kw):
+        return Injected(**{**vars(self), **kw})
+
+
+jax.tree_util.register_pytree_node(
+    Injected, lambda x: (tuple(vars(x).values()), tuple(vars(x))),
+    lambda keys, vals: Injected(**dict(zip(keys, vals))))
+
+
+@jax.jit
+def _stages(m, d):
+    return sensor.sensor_acc(m, sensor.sensor_vel(m, sensor.sensor_pos(m, d)))
+
+
+def _contact(mjd, dtype=jnp.float64):
+    n = mjd.ncon
+    c = mjd.contact
+    kw = dict(dist=c.dist, pos=c.pos, frame=c.frame.reshape(n, 3, 3),
+              includemargin=c.includemargin, friction=c.friction, solref=c.solref,
+              solreffriction=c.solreffriction, solimp=c.solimp, adhesion=c.adhesion, dim=c.dim,
+              geom=c.geom, exclude=c.exclude, efc_address=c.efc_address,
+              valid=np.ones(n, bool))
+    return Contact(**{k: jnp.asarray(np.asarray(kw[k])) for k in CONTACT_FIELD_NAMES})
+
+
+def _states(mjm, rng, n):
+    for k in range(n):
+        mjd = mujoco.MjData(mjm)
+        mjd.qpos[:] = mjm.qpos0 + 0.01 * k * rng.standard_normal(mjm.nq)
+        mjd.qpos[mjm.jnt_qposadr[mjm.joint("hinge").id]] = 0.15 + 0.02 * k
+        mjd.qpos[mjm.jnt_qposadr[mjm.joint("s1").id]] = 0.25
+        mjd.qpos[mjm.jnt_qposadr[mjm.joint("s2").id]] = -0.1 * k
+        for j in range(mjm.njnt):
+            if mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE:
+                a = mjm.jnt_qposadr[j] + 3
+                mjd.qpos[a:a + 4] /= np.linalg.norm(mjd.qpos[a:a + 4])
+        mjd.qvel[:] = 0.3 * rng.standard_normal(mjm.nv)
+        mjd.xfrc_applied[1:] = rng.standard_normal((mjm.nbody - 1, 6))
+        mujoco.mj_forward(mjm, mjd)
+        mujoco.mj_rnePostConstraint(mjm, mjd)
+        yield mjd
+
+
+def _inject(m, mjd):
+    d = make_data(m).replace(qpos=jnp.asarray(mjd.qpos), qvel=jnp.asarray(mjd.qvel),
+                             xfrc_applied=jnp.asarray(mjd.xfrc_applied))
+    d = fwd_velocity(m, fwd_position(m, d))
+    fields = {f: getattr(d, f) for f in DATA_FIELD_NAMES}
+    for f in ("qacc", "actuator_force", "qfrc_actuator"):
+        fields[f] = jnp.asarray(getattr(mjd, f))
+    efc = {f: jnp.asarray(np.asarray(getattr(mjd, f))) for f in
+           ("efc_force", "efc_type", "efc_id", "efc_pos", "efc_margin", "efc_vel")}
+    return Injected(**fields, **efc, nefc=jnp.asarray(mjd.nefc), contact=_contact(mjd),
+                    ncon=jnp.asarray(mjd.ncon))
+
+
+@pytest.mark.parametrize("cone", ["pyramidal", pytest.param("elliptic", marks=pytest.mark.slow)])
+def test_contact_sensors_with_injected_contacts(cone):
+    mjm = mujoco.MjModel.from_xml_path(os.path.join(SENSOR_MODELS, "contacts.xml"))
+    if cone == "elliptic":
+        mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+    m = model_from_mujoco(mjm)
+    rng = np.random.default_rng(3)
+    seen = set()
+    for mjd in _states(mjm, rng, 3):
+        assert mjd.ncon >= 6 and mjd.ne and mjd.nl
+        d = _inject(m, mjd)
+        d = _stages(m, d)
+        for f in ("cacc", "cfrc_int", "cfrc_ext"):
+            assert rel_err(getattr(d, f), getattr(mjd, f)) < TOL, f
+        sd = np.asarray(d.sensordata)
+        for i in range(mjm.nsensor):
+            a, n = mjm.sensor_adr[i], mjm.sensor_dim[i]
+            err = rel_err(sd[a:a + n], mjd.sensordata[a:a + n])
+            assert err < TOL, (i, type_name(mjm.sensor_type[i]), sd[a:a + n],
+                               mjd.sensordata[a:a + n])
+            if np.any(mjd.sensordata[a:a + n] != 0):
+                seen.add(type_name(mjm.sensor_type[i]))
+    # every sensor type of the model was exercised with non-zero values
+    assert seen >= {"touch", "contact", "force", "torque", "jointlimitpos", "jointlimitvel",
+                    "jointlimitfrc", "tendonlimitpos", "accelerometer",
+                    "framelinacc"}
+
+
+def test_contact_sensors_without_constraint_rows_raise():
+    from simjax.errors import UnsupportedFeatureError
+    mjm = mujoco.MjModel.from_xml_path(os.path.join(SENSOR_MODELS, "contacts.xml"))
+    m = model_from_mujoco(mjm)
+    d = fwd_velocity(m, fwd_position(m, make_data(m)))
+    with pytest.raises(UnsupportedFeatureError):
+        sensor.sensor_acc(m, d)
