@@ -136,13 +136,16 @@ def inverse(m, d: Data) -> Data:
     energies), the inverse constraint stage and the acceleration sensors; qacc is
     returned unchanged. Units: generalised forces (N or N m per dof).
     """
+    discrete = bool(m.opt.enableflags & EnableBit.INVDISCRETE) and m.nv > 0
+    if discrete and m.opt.integrator == IntegratorType.RK4:
+        raise UnsupportedFeatureError("discrete inverse dynamics with the RK4 integrator")
     d = inv_position(m, d)
     d = sensor.sensor_pos(m, d)
     d = inv_velocity(m, d)
     d = sensor.sensor_vel(m, d)
     d = energy(m, d)
     qacc = d.qacc
-    if m.opt.enableflags & EnableBit.INVDISCRETE and m.nv:
+    if discrete:
         d = d.replace(qacc=discrete_acc(m, d))
     d = inv_constraint(m, d)
     d = sensor.sensor_acc(m, d)
