@@ -274,6 +274,7 @@ def compile_root(root, model_dir, assets=None, extras=None):
     ids["tendon"] = _index([t["name"] for t in tendon_recs], "tendon")
     act_recs = obj.actuators(_sections(root, "actuator"), ids, settings, joints, tendon_recs)
     ids["actuator"] = _index([r["name"] for r in act_recs], "actuator")
+    ids["cam_resolution"] = [c["resolution"] for b in bodies for c in b.cams]
     sensor_recs = obj.sensors(_sections(root, "sensor"), ids, joints, tendon_recs)
     eq_recs = obj.equalities(_sections(root, "equality"), ids)
     geom_els = [g["el"] for b in bodies for g in b.geoms]

@@ -195,6 +195,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
     _body_fields(f, bodies)
     _joint_fields(f, jnt, dof, madr, dof_parent, dof_tree, nuser)
     _geom_fields(f, geoms, bodies, nuser)
+    kw["nmat"] = _material_fields(f, root, geoms)
     _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser)
     _mesh_fields(f, meshes, hfields)
     _tendon_fields(f, tendon_recs, wraps, nuser)
@@ -305,6 +306,27 @@ def _geom_fields(f, geoms, bodies, nuser):
     f["geom_plugin"] = np.full(len(geoms), -1)
     f["geom_sameframe"] = [int(same_frame(g["pos"], g["quat"], bodies[g["bodyid"]].ipos,
                                           bodies[g["bodyid"]].iquat)) for g in geoms]
+
+
+def _material_fields(f, root, geoms):
+    """mat_rgba and geom_rgba / geom_matid (used by ray casting: invisible geoms)."""
+    mats = [el for sec in root.children if sec.tag == "asset" for el in sec.children
+            if el.tag == "material"]
+    ids = {}
+    for i, el in enumerate(mats):
+        name = el.attrs.get("name") or ""
+        if name:
+            ids[name] = i
+    f["mat_rgba"] = _stack([np.asarray(el.attrs.get("rgba", (1.0, 1.0, 1.0, 1.0)),
+                                       dtype=np.float64) for el in mats], 4)
+    f["geom_rgba"] = _stack([g["rgba"] for g in geoms], 4)
+    matid = []
+    for g in geoms:
+        if g["material"] and g["material"] not in ids:
+            raise g["el"].error(f"unknown material '{g['material']}'")
+        matid.append(ids.get(g["material"], -1))
+    f["geom_matid"] = matid
+    return len(mats)
 
 
 def _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser):

@@ -299,8 +299,8 @@ _STAGE_ACC = {SensorType.TOUCH, SensorType.ACCELEROMETER, SensorType.FORCE, Sens
 _STAGE_VEL = {SensorType.VELOCIMETER, SensorType.GYRO, SensorType.JOINTVEL,
               SensorType.TENDONVEL, SensorType.ACTUATORVEL, SensorType.BALLANGVEL,
               SensorType.JOINTLIMITVEL, SensorType.TENDONLIMITVEL, SensorType.FRAMELINVEL,
-              SensorType.FRAMEANGVEL, SensorType.SUBTREELINVEL, SensorType.SUBTREEANGMOM,
-              SensorType.E_KINETIC}
+              SensorType.FRAMEANGVEL, SensorType.SUBTREELINVEL, SensorType.SUBTREEANGMOM}
+# (e_kinetic is a position-stage sensor in MuJoCo 4.0: 0.5 qvel' M qvel needs only M)
 _DT_POSITIVE = {SensorType.TOUCH, SensorType.INSIDESITE}
 _DT_AXIS = {SensorType.FRAMEXAXIS, SensorType.FRAMEYAXIS, SensorType.FRAMEZAXIS,
             SensorType.GEOMNORMAL}
@@ -390,11 +390,24 @@ def _sensor(el, ids, joints, tendon_recs):
                     objid=_lookup(ids, "site", a.get("site"), el, "site"),
                     reftype=ObjType.CAMERA, refid=cam)
     if tag == "rangefinder":
-        if a.get("camera") or (a.get("data") not in (None, "dist")):
-            raise UnsupportedFeatureError("rangefinder camera / data fields", el.file, el.line,
-                                          el.path)
-        return dict(base, type=SensorType.RANGEFINDER, dim=1, objtype=ObjType.SITE,
-                    objid=_lookup(ids, "site", a.get("site"), el, "site"), intprm=[1, 0, 0])
+        return _rangefinder(el, a, ids, base)
+    if tag == "insidesite":
+        r = dict(base, type=SensorType.INSIDESITE, dim=1, **_frame_obj(
+            el, ids, a.get("objtype"), a.get("objname"), "obj"))
+        r.update(reftype=ObjType.SITE, refid=_lookup(ids, "site", a.get("site"), el, "site"))
+        return r
+    if tag in ("distance", "normal", "fromto"):
+        t, dim = {"distance": (SensorType.GEOMDIST, 1), "normal": (SensorType.GEOMNORMAL, 3),
+                  "fromto": (SensorType.GEOMFROMTO, 6)}[tag]
+        sides = []
+        for k in ("1", "2"):
+            g, b = a.get("geom" + k), a.get("body" + k)
+            if (g is None) == (b is None):
+                raise el.error(f"exactly one of (geom{k}, body{k}) must be specified")
+            sides.append((ObjType.GEOM, _lookup(ids, "geom", g, el, "geom" + k)) if g else
+                         (ObjType.BODY, _lookup(ids, "body", b, el, "body" + k)))
+        return dict(base, type=t, dim=dim, objtype=sides[0][0], objid=sides[0][1],
+                    reftype=sides[1][0], refid=sides[1][1])
     if tag == "clock":
         return dict(base, type=SensorType.CLOCK, dim=1, objtype=ObjType.UNKNOWN, objid=-1)
     if tag == "plugin":
@@ -404,6 +417,36 @@ def _sensor(el, ids, joints, tendon_recs):
         t = SensorType.E_POTENTIAL if tag == "e_potential" else SensorType.E_KINETIC
         return dict(base, type=t, dim=1, objtype=ObjType.UNKNOWN, objid=-1)
     raise UnsupportedFeatureError(f"<{tag}> sensor", el.file, el.line, el.path)
+
+
+_RAYDATA = ("dist", "dir", "origin", "point", "normal", "depth")
+_RAYDATA_SIZE = (1, 3, 3, 3, 3, 1)
+
+
+def _rangefinder(el, a, ids, base):
+    """Rangefinder on a site (one ray) or a camera (one ray per pixel); ``data`` selects
+    fields in mjtRayDataField order (sensor_intprm[0] is their bit set)."""
+    words = str(a.get("data") or "dist").split()
+    spec, last = 0, -1
+    for w in words:
+        if w not in _RAYDATA:
+            raise el.error(f"unknown rangefinder data type '{w}'")
+        k = _RAYDATA.index(w)
+        if k <= last:
+            raise el.error("rangefinder data types must be given in order "
+                           "dist, dir, origin, point, normal, depth")
+        spec, last = spec | (1 << k), k
+    size = sum(n for k, n in enumerate(_RAYDATA_SIZE) if spec & (1 << k))
+    if (a.get("site") is None) == (a.get("camera") is None):
+        raise el.error("exactly one of (site, camera) must be specified in rangefinder")
+    if a.get("site") is not None:
+        return dict(base, type=SensorType.RANGEFINDER, dim=size, objtype=ObjType.SITE,
+                    objid=_lookup(ids, "site", a.get("site"), el, "site"),
+                    intprm=[spec, 0, 0])
+    cam = _lookup(ids, "camera", a.get("camera"), el, "camera")
+    w, h = (int(v) for v in ids["cam_resolution"][cam])
+    return dict(base, type=SensorType.RANGEFINDER, dim=size * w * h, objtype=ObjType.CAMERA,
+                objid=cam, intprm=[spec, 0, 0])
 
 
 def _frame_obj(el, ids, objtype, objname, what):

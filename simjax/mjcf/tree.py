@@ -366,6 +366,8 @@ class TreeBuilder:
                     margin=float(a["margin"]), gap=float(a["gap"]), group=int(a["group"]),
                     surfacevel=np.asarray(_get(a, "surfacevel", np.zeros(6)), dtype=np.float64),
                     adhesion=float(_get(a, "adhesion", 0.0)), fluid=fluid,
+                    rgba=np.asarray(_get(a, "rgba", (0.5, 0.5, 0.5, 1.0)), dtype=np.float64),
+                    material=a.get("material") or "",
                     user=_arr(a.get("user")), mass_=mass_, inertia=inertia,
                     infer=infer and s.group_in_range(int(a["group"])),
                     rbound=_rbound(gtype, size, mesh, hfield), aabb=_aabb(gtype, size, mesh,

@@ -208,3 +208,22 @@ def test_disabled_sensors_leave_sensordata():
     d = make_data(m)
     d = d.replace(qpos=d.qpos + 0.3, sensordata=d.sensordata + 7.0)
     np.testing.assert_array_equal(np.asarray(forward(m, d).sensordata), [7.0])
+
+
+def test_compiler_sensor_and_material_fields():
+    """simjax's compiler produces MuJoCo's sensor layout (rangefinder data/cameras,
+    inside-site, geom distances, e_kinetic at the position stage) and the rgba/material
+    fields ray casting uses."""
+    import simjax
+    for path in (os.path.join(SENSOR_MODELS, "rays.xml"), corpus_path("mjx_sensor/sensor.xml")):
+        m = simjax.load_model(path)
+        ref = mujoco.MjModel.from_xml_path(path)
+        assert m.nmat == ref.nmat and m.nsensordata == ref.nsensordata
+        for f in ("sensor_type", "sensor_datatype", "sensor_needstage", "sensor_objtype",
+                  "sensor_objid", "sensor_reftype", "sensor_refid", "sensor_intprm",
+                  "sensor_dim", "sensor_adr", "geom_matid"):
+            ours = np.asarray(getattr(m, f)).reshape(np.shape(getattr(ref, f)))
+            np.testing.assert_array_equal(ours, getattr(ref, f), err_msg=f)
+        for f in ("geom_rgba", "mat_rgba", "sensor_cutoff"):
+            ours = np.asarray(getattr(m, f)).reshape(np.shape(getattr(ref, f)))
+            np.testing.assert_allclose(ours, getattr(ref, f), rtol=1e-7, err_msg=f)
