@@ -164,8 +164,8 @@ def test_rangefinder_hits_every_geom_type():
     mjm, m = oracle(mujoco.MjModel.from_xml_path(os.path.join(SENSOR_MODELS, "rays.xml")))
     mjd = mujoco.MjData(mjm)
     mujoco.mj_forward(mjm, mjd)
-    from simjax.engine import forward
-    d = jax.jit(forward)(m, make_data(m))
+    from simjax.engine import fwd_position
+    d = jax.jit(fwd_position)(m, make_data(m))
     # a fan of rays from above the targets, towards each geom centre
     targets = [mjm.geom(n).id for n in ("t_sphere", "t_capsule", "t_ellipsoid", "t_cylinder",
                                        "t_box", "t_mesh", "floor")]
