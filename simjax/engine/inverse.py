@@ -115,10 +115,12 @@ def _constraint_free(m) -> bool:
     return True
 
 
-def inv_constraint(m, d: Data) -> Data:
-    """Constraint forces for the given qacc (mj_invConstraint): qfrc_constraint (nv,)."""
+def _constraint_stage(m):
+    """The constraint module's inv_constraint, or None when the model has no constraint
+    rows; raises UnsupportedFeatureError when rows are possible but no module provides
+    the inverse constraint stage (decided statically, before any computation)."""
     if m.opt.disableflags & DisableBit.CONSTRAINT or _constraint_free(m):
-        return d.replace(qfrc_constraint=jnp.zeros(m.nv, d.qpos.dtype))
+        return None
     try:
         from simjax.engine import constraint
     except ImportError:
@@ -126,6 +128,14 @@ def inv_constraint(m, d: Data) -> Data:
     fn = getattr(constraint, "inv_constraint", None)
     if fn is None:
         raise UnsupportedFeatureError("inverse dynamics with constraints (mj_invConstraint)")
+    return fn
+
+
+def inv_constraint(m, d: Data) -> Data:
+    """Constraint forces for the given qacc (mj_invConstraint): qfrc_constraint (nv,)."""
+    fn = _constraint_stage(m)
+    if fn is None:
+        return d.replace(qfrc_constraint=jnp.zeros(m.nv, d.qpos.dtype))
     return fn(m, d)
 
 
@@ -139,6 +149,8 @@ def inverse(m, d: Data) -> Data:
     discrete = bool(m.opt.enableflags & EnableBit.INVDISCRETE) and m.nv > 0
     if discrete and m.opt.integrator == IntegratorType.RK4:
         raise UnsupportedFeatureError("discrete inverse dynamics with the RK4 integrator")
+    _constraint_stage(m)
+    sensor.plan(m)                      # unsupported sensors raise before any work
     d = inv_position(m, d)
     d = sensor.sensor_pos(m, d)
     d = inv_velocity(m, d)
