@@ -259,10 +259,14 @@ def _efc_row(d, ctype, ids):
     """(row index (k,), found (k,)) of the first efc row of type ``ctype`` and id
     ``ids`` (static), as MuJoCo's scan of rows ne+nf..nefc."""
     etype, eid = d.efc_type, d.efc_id
+    if etype.shape[0] == 0:
+        return jnp.zeros(len(ids), jnp.int32), jnp.zeros(len(ids), bool)
     mask = (etype[None, :] == ctype) & (eid[None, :] == jnp.asarray(ids)[:, None])
-    nefc = getattr(d, "nefc", None)
-    if nefc is not None:
-        mask = mask & (jnp.arange(etype.shape[0]) < nefc)[None, :]
+    active = getattr(d, "efc_active", None)
+    if active is not None:                    # fixed-capacity rows: only those in use
+        mask = mask & active[None, :]
+    else:
+        mask = mask & (jnp.arange(etype.shape[0]) < d.nefc)[None, :]
     return jnp.argmax(mask, -1), jnp.any(mask, -1)
 
 

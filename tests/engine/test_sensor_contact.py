@@ -84,11 +84,12 @@ def _inject(m, mjd):
     d = make_data(m).replace(qpos=jnp.asarray(mjd.qpos), qvel=jnp.asarray(mjd.qvel),
                              xfrc_applied=jnp.asarray(mjd.xfrc_applied))
     d = fwd_velocity(m, fwd_position(m, d))
-    fields = {f: getattr(d, f) for f in DATA_FIELD_NAMES}
+    fields = {f: getattr(d, f) for f in DATA_FIELD_NAMES if not f.startswith("efc_")}
     for f in ("qacc", "actuator_force", "qfrc_actuator"):
         fields[f] = jnp.asarray(getattr(mjd, f))
     efc = {f: _pad(getattr(mjd, f), NEFC_MAX, -1 if f == "efc_type" else 0) for f in
            ("efc_force", "efc_type", "efc_id", "efc_pos", "efc_margin", "efc_vel")}
+    efc["efc_active"] = _pad(np.ones(mjd.nefc, bool), NEFC_MAX, False)
     return Injected(**fields, **efc, nefc=jnp.asarray(mjd.nefc), contact=_contact(mjd),
                     ncon=jnp.asarray(mjd.ncon))
 
@@ -134,12 +135,3 @@ def test_contact_sensors_with_injected_contacts(cone, full):
     assert seen >= {"touch", "contact", "force", "torque", "jointlimitpos", "jointlimitvel",
                     "jointlimitfrc", "tendonlimitpos", "accelerometer",
                     "framelinacc"}
-
-
-def test_contact_sensors_without_constraint_rows_raise():
-    from simjax.errors import UnsupportedFeatureError
-    mjm = mujoco.MjModel.from_xml_path(os.path.join(SENSOR_MODELS, "contacts.xml"))
-    m = model_from_mujoco(mjm)
-    d = fwd_velocity(m, fwd_position(m, make_data(m)))
-    with pytest.raises(UnsupportedFeatureError):
-        sensor.sensor_acc(m, d)
