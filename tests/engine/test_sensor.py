@@ -27,9 +27,10 @@ MJX_SENSOR_TYPES = {
 
 
 def _spatial_tendons_supported(m):
-    from simjax.engine import smooth
+    import jax
+    from simjax.engine import fwd_position, make_data
     try:
-        smooth._fixed_tendon_tables(m)
+        jax.eval_shape(fwd_position, m, make_data(m))
     except UnsupportedFeatureError:
         return False
     return True
