@@ -29,7 +29,11 @@ def _mujoco_contact_state(mjm, mjd, m):
         geom=jnp.asarray(mjd.contact.geom, dtype=jnp.int32),
         efc_address=jnp.asarray(mjd.contact.efc_address, dtype=jnp.int32),
         valid=jnp.ones(n, bool))
-    d = make_data(m).replace(contact=con, ncon=jnp.asarray(n, jnp.int32),
+    # the buffer is MuJoCo's, so simjax's collision (no height-field collider yet) is
+    # switched off for making Data
+    no_contact = m.replace(opt=m.opt.replace(
+        disableflags=m.opt.disableflags | simjax.DisableBit.CONTACT))
+    d = make_data(no_contact).replace(contact=con, ncon=jnp.asarray(n, jnp.int32),
                              site_xpos=jnp.asarray(mjd.site_xpos),
                              site_xmat=jnp.asarray(mjd.site_xmat.reshape(-1, 3, 3)))
     force = np.zeros((n, 6))

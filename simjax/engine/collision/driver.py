@@ -486,7 +486,8 @@ def collision(m, d):
         solref=zero(prm["solref"][cand]), solreffriction=zero(prm["solreffriction"][cand]),
         solimp=zero(prm["solimp"][cand]),
         geom=jnp.where(valid[:, None], jnp.stack([jnp.asarray(p.g1)[cand],
-                                                  jnp.asarray(p.g2)[cand]], -1), -1),
+                                                  jnp.asarray(p.g2)[cand]], -1),
+                       -1).astype(jnp.int32),
         exclude=(valid & (dist >= includemargin)).astype(jnp.int32),
         efc_address=jnp.full(valid.shape, -1, jnp.int32),
         valid=valid)
