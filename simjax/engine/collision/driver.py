@@ -78,10 +78,11 @@ _NEEDS_PLUGIN = {GT.SDF}
 
 
 def sdf_pair(*args):
-    """Marker collider for pairs with an SDF geom: the driver calls
-    :func:`simjax.engine.collision.sdf.collide` per pair (mjc_SDF; opt.sdf_initpoints
-    slots)."""
-    raise NotImplementedError
+    """Marker collider for pairs with an SDF geom: the driver recognises it and calls
+    :func:`simjax.engine.collision.sdf.collide` per pair instead (mjc_SDF;
+    opt.sdf_initpoints slots), so it is never called itself."""
+    raise RuntimeError("sdf_pair is a dispatch marker; the collision driver calls "
+                       "simjax.engine.collision.sdf.collide for SDF pairs")
 
 
 for _t in (GT.PLANE, GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH,
