@@ -105,3 +105,17 @@ def match_rows(mjd, d, slot):
             out[i] = cand[0]
             used[cand[0]] = True
     return out, act & ~used
+
+
+def pendula_friction(mjm):
+    """Model edit: friction loss on every tendon and dof (rows of both kinds)."""
+    mjm.tendon_frictionloss[:] = 0.3
+    mjm.dof_frictionloss[:] = 0.05
+
+
+def condim(n):
+    """Model edit: contact dimension ``n`` on every geom, with rolling friction."""
+    def edit(mjm):
+        mjm.geom_condim[:] = n
+        mjm.geom_friction[:] = [0.9, 0.02, 0.01]
+    return edit

@@ -10,25 +10,12 @@ import mujoco
 import numpy as np
 import pytest
 
-from constraint_helpers import match_rows, oracle_case, tight
+from constraint_helpers import condim, match_rows, oracle_case, pendula_friction, tight
 from simjax.engine import constraint
 
 DS = mujoco.mjtDisableBit
 
 # (name, corpus model, model edit, state options); states chosen to have active rows
-
-def _pendula_friction(mjm):
-    mjm.tendon_frictionloss[:] = 0.3
-    mjm.dof_frictionloss[:] = 0.05
-
-
-
-def _condim(n):
-    def edit(mjm):
-        mjm.geom_condim[:] = n
-        mjm.geom_friction[:] = [0.9, 0.02, 0.01]
-    return edit
-
 
 CASES = {
     "ant_pyramidal": ("gym_ant/ant.xml", tight(2), dict(z=0.2, seed=1)),
@@ -44,12 +31,12 @@ CASES = {
 }
 
 SLOW = {
-    "ant_condim6_elliptic": ("gym_ant/ant.xml", tight(2, cone=1, extra=_condim(6)),
+    "ant_condim6_elliptic": ("gym_ant/ant.xml", tight(2, cone=1, extra=condim(6)),
                              dict(z=0.2, seed=1)),
-    "ant_condim4_pyramidal": ("gym_ant/ant.xml", tight(2, extra=_condim(4)),
+    "ant_condim4_pyramidal": ("gym_ant/ant.xml", tight(2, extra=condim(4)),
                               dict(z=0.2, seed=1)),
     "pendula_ball_tendon_friction": ("mjx_pendula/pendula.xml",
-                                     tight(2, extra=_pendula_friction),
+                                     tight(2, extra=pendula_friction),
                                      dict(qscale=1.5, seed=10)),
     "trossen": ("menagerie_trossen_wx250s/scene.xml", tight(2), dict(qscale=1.0, seed=4)),
     "humanoid_limits": ("mujoco_humanoid/humanoid.xml", tight(2, contacts=False),

@@ -15,25 +15,13 @@ import mujoco
 import numpy as np
 import pytest
 
-from constraint_helpers import match_rows, oracle_case, solve_jit, tight
+from constraint_helpers import (condim, match_rows, oracle_case, pendula_friction, solve_jit,
+                                tight)
 from engine_helpers import load, random_state, set_state, to_data
 from simjax.engine import io
 
 fwd = importlib.import_module("simjax.engine.forward")
 NEWTON, CG, PGS = 2, 1, 0
-
-
-def _pendula_friction(mjm):
-    mjm.tendon_frictionloss[:] = 0.3
-    mjm.dof_frictionloss[:] = 0.05
-
-
-
-def _condim(n):
-    def edit(mjm):
-        mjm.geom_condim[:] = n
-        mjm.geom_friction[:] = [0.9, 0.02, 0.01]
-    return edit
 
 
 CASES = {
@@ -44,12 +32,12 @@ CASES = {
 }
 
 SLOW = {
-    "ant_condim6_elliptic": ("gym_ant/ant.xml", tight(NEWTON, cone=1, extra=_condim(6)),
+    "ant_condim6_elliptic": ("gym_ant/ant.xml", tight(NEWTON, cone=1, extra=condim(6)),
                              dict(z=0.2, seed=1)),
-    "ant_condim4_pyramidal": ("gym_ant/ant.xml", tight(NEWTON, extra=_condim(4)),
+    "ant_condim4_pyramidal": ("gym_ant/ant.xml", tight(NEWTON, extra=condim(4)),
                               dict(z=0.2, seed=1)),
     "pendula_ball_tendon_friction": ("mjx_pendula/pendula.xml",
-                                     tight(NEWTON, extra=_pendula_friction),
+                                     tight(NEWTON, extra=pendula_friction),
                                      dict(qscale=1.5, seed=10)),
     "humanoid_limits_cg": ("mujoco_humanoid/humanoid.xml", tight(CG, contacts=False),
                            dict(qscale=0.8, seed=2)),
