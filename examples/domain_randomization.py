@@ -8,10 +8,8 @@ Model ``in_axes`` (``body_mass=0, body_inertia=0, dof_damping=0``; everything el
 shared). All worlds start from the same state (pole upright, at rest) and receive the same
 control sequence, so every difference in outcome comes from the physics parameters.
 
-Constraints: the slider's joint range (+-2 m) is switched off here
-(``DisableBit.CONSTRAINT``) because the engine does not enforce joint limits yet; the
-carts stay inside the range for this horizon, so nothing changes. Contacts are disabled in
-the model, and nothing here depends on friction.
+Constraints: the slider's joint range (+-2 m) is enforced as in MuJoCo. Contacts are
+disabled in the model.
 
 Run ``python examples/domain_randomization.py [--short]``.
 """
@@ -34,9 +32,7 @@ CARTPOLE = os.path.join(ROOT, "models", "cartpole.xml")
 
 
 def load_cartpole():
-    model = simjax.load_model(CARTPOLE)
-    return model.replace(opt=model.opt.replace(
-        disableflags=model.opt.disableflags | simjax.DisableBit.CONSTRAINT))
+    return simjax.load_model(CARTPOLE)
 
 
 def randomize(model, key, nworld, mass_range=(0.5, 2.0), damping_range=(0.0, 0.5)):

@@ -19,11 +19,8 @@ mode): the returned observation is the first of the new episode and the last obs
 of the finished one is in ``info["final_obs"]``. Everything runs as one jitted, vmapped
 function over all worlds.
 
-Constraints: joint limits (slider +-1 m, hinge +-90 deg) are switched off here
-(``DisableBit.CONSTRAINT``), because the engine does not enforce constraints yet. The
-hinge limit is never reached (episodes end at 0.2 rad); the slider limit can be, so a
-cart that runs off the rail is not stopped as in MuJoCo. Remove the flag once the
-engine implements joint limits.
+Constraints: the joint limits (slider +-1 m, hinge +-90 deg) are enforced as in MuJoCo
+(soft constraints, the model's Newton solver).
 
 Training: OpenAI-style evolution strategies (Salimans et al. 2017) with antithetic
 sampling and centred-rank fitness shaping over a linear policy ``a = W obs + b``; one
@@ -67,10 +64,7 @@ class InvertedPendulum:
                  angle_limit=0.2):
         if not os.path.exists(model_path):
             raise FileNotFoundError(f"model not found: {model_path}")
-        model = simjax.load_model(model_path)
-        # No constraints in the engine yet: make that explicit (see the module docstring).
-        self.model = model.replace(opt=model.opt.replace(
-            disableflags=model.opt.disableflags | simjax.DisableBit.CONSTRAINT))
+        self.model = simjax.load_model(model_path)
         self.frame_skip = frame_skip
         self.reset_noise = reset_noise
         self.angle_limit = angle_limit

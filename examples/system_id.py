@@ -20,10 +20,8 @@ the masses, so the loss is badly conditioned, and after 150 Adam steps parameter
 still several percent off. Parameters are fitted in log space so they stay positive and
 relative errors weigh the same.
 
-Constraints: the slider's joint range (+-2 m) is switched off here
-(``DisableBit.CONSTRAINT``) because the engine does not enforce joint limits yet; the
-cart stays well inside the range, so nothing changes. Contacts are disabled in the model.
-
+Constraints: the slider's joint range (+-2 m) is enforced as in MuJoCo. Contacts are
+disabled in the model.
 Run ``python examples/system_id.py [--short]``.
 """
 from __future__ import annotations
@@ -47,9 +45,7 @@ NAMES = ("cart mass [kg]", "pole mass [kg]", "slider damping [N s/m]",
 
 
 def load_cartpole():
-    model = simjax.load_model(CARTPOLE)
-    return model.replace(opt=model.opt.replace(
-        disableflags=model.opt.disableflags | simjax.DisableBit.CONSTRAINT))
+    return simjax.load_model(CARTPOLE)
 
 
 def with_params(model, p):
