@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
-import simjax
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import simjax  # noqa: E402  (this checkout's simjax)
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                       "corpus")

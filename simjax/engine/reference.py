@@ -13,8 +13,8 @@ reference pose (:func:`_engine_eval`); when the engine does not support a model'
 actuators the numpy fallbacks below are used (fixed and straight spatial tendons, joint,
 tendon and plain site transmissions).
 
-Not covered: the muscle ``actuator_lengthrange`` MuJoCo finds by simulation
-(mj_setLengthRange), which needs the constraint solver (joint limits stop the motion).
+The muscle ``actuator_lengthrange`` MuJoCo finds by simulation (mj_setLengthRange) is
+computed afterwards by :mod:`simjax.engine.lengthrange`.
 """
 from __future__ import annotations
 
@@ -280,7 +280,7 @@ def set0(model):
     out["actuator_length0"] = act_len
     out["actuator_acc0"] = np.linalg.norm(moment @ Minv, axis=1) if m.nv else np.zeros(m.nu)
     out["eq_data"] = _eq_data(m, kin)
-    out["actuator_biasprm"] = _dampratio(m, moment, out["dof_M0"])
+    out["actuator_biasprm"] = _dampratio(m, moment, Minv)
     out.update(_cameras(m, kin))
     stat, dof_length = _stat(m, kin, M)
     out["dof_length"] = dof_length
@@ -380,15 +380,19 @@ def _eq_data(m, kin):
     return data
 
 
-def _dampratio(m, moment, dof_M0):
-    """biasprm[2] > 0 on position-like actuators is a damping ratio: turn it into -kv."""
+def _dampratio(m, moment, Minv):
+    """biasprm[2] > 0 on position-like actuators is a damping ratio: turn it into -kv.
+
+    The mass is the inertia reflected through the transmission at qpos0,
+    1 / (moment M^-1 moment^T) (MuJoCo 4.0; armature included in M), and
+    kv = dampratio * 2 sqrt(kp * mass). A zero moment gives zero damping."""
     bias = np.array(m.actuator_biasprm, dtype=np.float64)
     gain = np.asarray(m.actuator_gainprm)
     for i in range(m.nu):
         if gain[i, 0] != -bias[i, 1] or bias[i, 2] <= 0:
             continue
-        trn2 = moment[i] ** 2
-        mass = np.sum(np.where(trn2 > _MINVAL, dof_M0 / np.maximum(trn2, _MINVAL), 0.0))
+        inv = float(moment[i] @ Minv @ moment[i]) if m.nv else 0.0
+        mass = 1.0 / inv if inv > _MINVAL else 0.0
         bias[i, 2] = -bias[i, 2] * 2 * np.sqrt(gain[i, 0] * mass)
     return bias
 

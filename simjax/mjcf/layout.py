@@ -196,7 +196,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
     _joint_fields(f, jnt, dof, madr, dof_parent, dof_tree, nuser)
     _geom_fields(f, geoms, bodies, nuser)
     kw["nmat"] = _material_fields(f, root, geoms)
-    _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser)
+    _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser, _znear(root))
     _mesh_fields(f, meshes, hfields)
     _tendon_fields(f, tendon_recs, wraps, nuser)
     _actuator_fields(f, act_recs, nuser)
@@ -329,7 +329,7 @@ def _material_fields(f, root, geoms):
     return len(mats)
 
 
-def _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser):
+def _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser, znear):
     f["site_type"] = [x["type"] for x in sites]
     f["site_bodyid"] = site_body
     f["site_size"] = _stack([x["size"] for x in sites], 3)
@@ -347,11 +347,24 @@ def _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser):
     f["cam_fovy"] = [c["fovy"] for c in cams]
     f["cam_resolution"] = _stack([c["resolution"] for c in cams], 2, np.int32)
     f["cam_projection"] = [c["projection"] for c in cams]
-    f["cam_sensorsize"], f["cam_intrinsic"] = _cam_intrinsics(cams)
+    f["cam_sensorsize"], f["cam_intrinsic"] = _cam_intrinsics(cams, znear)
 
 
-def _cam_intrinsics(cams):
-    """Sensor size and [fx, fy, cx, cy] (mjCCamera::Compile's focal/principal rules)."""
+def _znear(root):
+    """visual/map znear (last given wins; MuJoCo's default 0.01)."""
+    z = 0.01
+    for vis in root.children:
+        if vis.tag == "visual":
+            for el in vis.children:
+                if el.tag == "map" and "znear" in el.given:
+                    z = float(el.attrs["znear"])
+    return z
+
+
+def _cam_intrinsics(cams, znear=0.01):
+    """Sensor size and [fx, fy, cx, cy] (mjCCamera::Compile's focal/principal rules):
+    without a sensor size or focal length the focal length defaults to the near clipping
+    plane visual/map znear."""
     ss, intr = [], []
     for c in cams:
         a = c["attrs"]
@@ -370,7 +383,7 @@ def _cam_intrinsics(cams):
             if ppix is not None and np.any(np.asarray(ppix)):
                 principal = np.asarray(ppix, dtype=np.float64) / res * size
         else:
-            focal = np.array([0.01, 0.01]) if not np.any(focal) else focal
+            focal = np.array([znear, znear]) if not np.any(focal) else focal
         ss.append(size)
         intr.append(np.concatenate([focal, principal]))
     return _stack(ss, 2), _stack(intr, 4)
