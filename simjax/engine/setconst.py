@@ -9,7 +9,9 @@ reference-pose quantities of MuJoCo's ``set0`` / ``setStat`` / ``setSpring``:
 ``tendon_length0``, ``actuator_length0``, ``actuator_acc0``, the connect/weld anchors in
 ``eq_data``, the dampratio -> kv resolution of position-like actuators, ``cam_*0``,
 ``dof_length``, ``stat`` (meaninertia, meanmass, meansize, extent, center) and
-``tendon_lengthspring``; then joint ``springdamper`` (MuJoCo's ``AutoSpringDamper``).
+``tendon_lengthspring``; then joint ``springdamper`` (MuJoCo's ``AutoSpringDamper``)
+and the actuator length ranges found by simulation (``length_range``, MuJoCo's
+``mj_setLengthRange``).
 """
 from __future__ import annotations
 
@@ -100,6 +102,24 @@ def auto_spring_damper(model, springdamper):
         stiff[j] = inertia / max(1e-15, tc * tc * dr * dr)
         damp[adr:adr + n] = 2 * inertia / max(1e-15, tc)
     return model.replace(jnt_stiffness=jnp.asarray(stiff), dof_damping=jnp.asarray(damp))
+
+
+def length_range(model, given):
+    """Muscle (or, by ``mode``, other) actuator length ranges found by simulation
+    (mjCModel::LengthRange, :mod:`simjax.engine.lengthrange`); ``given``: the
+    ``<compiler><lengthrange>`` attributes set in the model, by name."""
+    from simjax.engine import lengthrange as lrm
+    opt = dict(given)
+    if "mode" in opt:
+        opt["mode"] = lrm.MODES[opt["mode"]] if isinstance(opt["mode"], str) else opt["mode"]
+    for k in ("useexisting", "uselimit"):
+        if k in opt:
+            opt[k] = bool(opt[k])
+    for k in ("accel", "maxforce", "timeconst", "timestep", "inttotal", "interval",
+              "tolrange"):
+        if k in opt:
+            opt[k] = float(opt[k])
+    return lrm.set_length_range(model, lrm.LROpt(**opt))
 
 
 def _default_stat(model):

@@ -48,6 +48,8 @@ class Settings:
         default_factory=lambda: np.array([0.02, 1.0]))
     default_solimp: np.ndarray = dataclasses.field(
         default_factory=lambda: np.array([0.9, 0.95, 0.001, 0.5, 2.0]))
+    #: <compiler><lengthrange> attributes given (last value of each wins)
+    lengthrange: dict = dataclasses.field(default_factory=dict)
 
     def group_in_range(self, group: int) -> bool:
         return self.inertiagrouprange[0] <= group <= self.inertiagrouprange[1]
@@ -79,6 +81,9 @@ def _settings(root) -> Settings:
             s.meshdir = a["meshdir"]
         if "texturedir" in g:
             s.texturedir = a["texturedir"]
+        for lr in el.children:
+            if lr.tag == "lengthrange":
+                s.lengthrange.update({k: lr.attrs[k] for k in lr.given})
         if "coordinate" in g and a["coordinate"] == "global":
             raise el.error("global coordinates no longer supported; use local")
         for key in ("fusestatic", "discardvisual"):
@@ -255,7 +260,8 @@ def _collision_meshes(root):
 def compile_root(root, model_dir, assets=None, extras=None):
     """Compile a parsed MJCF tree into a Model without the reference-pose constants.
     ``extras`` (a dict), when given, receives ``jnt_springdamper`` (njnt, 2): the
-    joints' (timeconst, dampratio), resolved after the reference-pose constants."""
+    joints' (timeconst, dampratio), resolved after the reference-pose constants, and
+    ``lengthrange``: the ``<compiler><lengthrange>`` options given."""
     from simjax.mjcf import plugin as plg
     _check_unsupported(root)
     settings = _settings(root)
@@ -268,6 +274,7 @@ def compile_root(root, model_dir, assets=None, extras=None):
     ids = layout.name_ids(bodies, mesh_names, hfield_names)
     joints = [j for b in bodies for j in b.joints]
     if extras is not None:
+        extras["lengthrange"] = dict(settings.lengthrange)
         extras["jnt_springdamper"] = np.array([j["springdamper"] for j in joints],
                                               np.float64).reshape(-1, 2)
     tendon_recs, wtype, wobj, wprm = obj.tendons(_sections(root, "tendon"), ids, settings)
@@ -303,5 +310,6 @@ def load_model(source, assets=None):
     root, model_dir = parse(source, assets)
     extras = {}
     model = compile_root(root, model_dir, assets, extras)
-    from simjax.engine.setconst import auto_spring_damper, set_const
-    return auto_spring_damper(set_const(model), extras["jnt_springdamper"])
+    from simjax.engine.setconst import auto_spring_damper, length_range, set_const
+    model = auto_spring_damper(set_const(model), extras["jnt_springdamper"])
+    return length_range(model, extras["lengthrange"])
