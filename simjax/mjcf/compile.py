@@ -177,6 +177,49 @@ def _check_unsupported(root):
             raise UnsupportedFeatureError("<deformable> (flex/skin)", sec.file, sec.line, sec.path)
 
 
+#: name namespaces of elements outside the body tree: section -> {tag or "*": namespace}
+_SECTION_NAMES = {"asset": {"texture": "texture", "material": "material", "mesh": "mesh",
+                            "hfield": "hfield", "skin": "skin"},
+                  "tendon": {"*": "tendon"}, "actuator": {"*": "actuator"},
+                  "sensor": {"*": "sensor"}, "equality": {"*": "equality"},
+                  "contact": {"pair": "pair", "exclude": "exclude"}, "keyframe": {"key": "key"},
+                  "custom": {"numeric": "numeric", "text": "text", "tuple": "tuple"}}
+_TREE_NAMES = {"body": "body", "joint": "joint", "freejoint": "joint", "geom": "geom",
+               "site": "site", "camera": "camera", "light": "light"}
+
+
+def _check_names(root):
+    """Names are unique within each object type, as in MuJoCo: the second element with a
+    name already taken is an error located at that element."""
+    seen = {}
+
+    def claim(el, space):
+        name = el.attrs.get("name") if "name" in el.given else None
+        if not name:
+            return
+        taken = seen.setdefault(space, set())
+        if name in taken:
+            raise el.error(f"repeated name '{name}' in {space}")
+        taken.add(name)
+
+    def walk_tree(el):
+        for ch in el.children:
+            if ch.tag in _TREE_NAMES:
+                claim(ch, _TREE_NAMES[ch.tag])
+            walk_tree(ch)
+
+    for sec in root.children:
+        if sec.tag == "worldbody":
+            walk_tree(sec)
+        table = _SECTION_NAMES.get(sec.tag)
+        if table is None:
+            continue
+        for el in sec.children:
+            space = table.get(el.tag, table.get("*"))
+            if space is not None:
+                claim(el, space)
+
+
 def _load_assets(root, model_dir, settings, assets, collide_meshes, plugins):
     """Meshes and height fields, in document order; returns lists and name->id maps.
     Meshes backed by an SDF plugin are meshed from its distance field."""
@@ -264,6 +307,7 @@ def compile_root(root, model_dir, assets=None, extras=None):
     ``lengthrange``: the ``<compiler><lengthrange>`` options given."""
     from simjax.mjcf import plugin as plg
     _check_unsupported(root)
+    _check_names(root)
     settings = _settings(root)
     opt = _options(root)
     plugins = plg.PluginTable(root)
@@ -278,9 +322,9 @@ def compile_root(root, model_dir, assets=None, extras=None):
         extras["jnt_springdamper"] = np.array([j["springdamper"] for j in joints],
                                               np.float64).reshape(-1, 2)
     tendon_recs, wtype, wobj, wprm = obj.tendons(_sections(root, "tendon"), ids, settings)
-    ids["tendon"] = _index([t["name"] for t in tendon_recs], "tendon")
+    ids["tendon"] = _index(tendon_recs, "tendon")
     act_recs = obj.actuators(_sections(root, "actuator"), ids, settings, joints, tendon_recs)
-    ids["actuator"] = _index([r["name"] for r in act_recs], "actuator")
+    ids["actuator"] = _index(act_recs, "actuator")
     ids["cam_resolution"] = [c["resolution"] for b in bodies for c in b.cams]
     sensor_recs = obj.sensors(_sections(root, "sensor"), ids, joints, tendon_recs)
     eq_recs = obj.equalities(_sections(root, "equality"), ids)
@@ -294,12 +338,16 @@ def compile_root(root, model_dir, assets=None, extras=None):
     return model
 
 
-def _index(names, what):
+def _index(recs, what):
+    """Name -> index of records (dicts with "name" and the element "el" when known);
+    a repeated name is an error located at its second element."""
     out = {}
-    for i, n in enumerate(names):
+    for i, r in enumerate(recs):
+        n = r["name"]
         if n:
             if n in out:
-                raise MJCFError(f"repeated name '{n}' in {what}")
+                msg = f"repeated name '{n}' in {what}"
+                raise r["el"].error(msg) if r.get("el") is not None else MJCFError(msg)
             out[n] = i
     return out
 

@@ -23,20 +23,24 @@ def _get(attrs, key, default):
 
 
 def name_ids(bodies, mesh_names, hfield_names):
-    """Name -> id maps for tree objects and assets (MJCFError on repeated names)."""
-    lists = {"body": [b.name for b in bodies],
-             "joint": [j["name"] for b in bodies for j in b.joints],
-             "geom": [g["name"] for b in bodies for g in b.geoms],
-             "site": [s["name"] for b in bodies for s in b.sites],
-             "camera": [c["name"] for b in bodies for c in b.cams],
-             "mesh": mesh_names, "hfield": hfield_names}
+    """Name -> id maps for tree objects and assets (MJCFError on repeated names, located
+    at the second element carrying the name)."""
+    objs = {"body": bodies, "joint": [j for b in bodies for j in b.joints],
+            "geom": [g for b in bodies for g in b.geoms],
+            "site": [s for b in bodies for s in b.sites],
+            "camera": [c for b in bodies for c in b.cams]}
+    lists = {k: [o.name if k == "body" else o["name"] for o in v] for k, v in objs.items()}
+    lists.update(mesh=mesh_names, hfield=hfield_names)
     ids = {}
     for kind, names in lists.items():
         m = {}
         for i, n in enumerate(names):
             if n:
                 if n in m:
-                    raise MJCFError(f"repeated name '{n}' in {kind}")
+                    msg = f"repeated name '{n}' in {kind}"
+                    o = objs.get(kind, [None] * (i + 1))[i]
+                    el = None if o is None else (o.el if kind == "body" else o.get("el"))
+                    raise el.error(msg) if el is not None else MJCFError(msg)
                 m[n] = i
         ids[kind] = m
     ids["geom_type"] = [g["type"] for b in bodies for g in b.geoms]

@@ -105,7 +105,7 @@ def tendons(els, ids, s):
                          margin=float(a["margin"]), stiffness=stiff, damping=damp,
                          armature=float(_get(a, "armature", 0.0)),
                          frictionloss=float(a["frictionloss"]), lengthspring=sl,
-                         group=int(_get(a, "group", 0)), user=a.get("user")))
+                         group=int(_get(a, "group", 0)), user=a.get("user"), el=el))
     return recs, np.array(wtype, np.int32), np.array(wobj, np.int32), np.array(wprm)
 
 

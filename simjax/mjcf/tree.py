@@ -26,6 +26,7 @@ JOINT_NV = {0: 6, 1: 3, 2: 1, 3: 1}
 # number of size entries that must be positive, by geom type (mjGEOMINFO)
 _GEOM_NSIZE = {0: 0, 1: 0, 2: 1, 3: 2, 4: 3, 5: 2, 6: 3, 7: 0, 8: 0}
 _FRAME_EPS = 1e-6
+_MINVAL = 1e-15  # mjMINVAL
 _CAM_MODES = {"fixed": 0, "track": 1, "trackcom": 2, "targetbody": 3, "targetbodycom": 4}
 
 
@@ -80,6 +81,7 @@ class TreeBuilder:
         self._walk_children(pending)
         for b in self.bodies:
             self._compile_body(b)
+        _check_moving_mass(self.bodies)
         return self.bodies
 
     def _walk_children(self, pending):
@@ -431,6 +433,24 @@ class TreeBuilder:
 
 
 # ---------------------------------------------------------------------- helpers
+def _check_moving_mass(bodies):
+    """A body with joints needs mass and principal inertias >= mjMINVAL, its own or
+    those of a descendant welded to it through joint-free bodies (MuJoCo's
+    CheckBodyMassInertia); otherwise its mass matrix would be singular."""
+    children = [[] for _ in bodies]
+    for b in bodies[1:]:
+        children[b.parent].append(b)
+
+    def ok(b):
+        if b.mass >= _MINVAL and np.all(np.asarray(b.inertia) >= _MINVAL):
+            return True
+        return any(ok(c) for c in children[b.id] if not c.joints)
+
+    for b in bodies[1:]:
+        if b.joints and not ok(b):
+            raise b.el.error("mass and inertia of moving bodies must be larger than mjMINVAL")
+
+
 def _arr(v):
     return np.zeros(0) if v is None else np.atleast_1d(np.asarray(v, dtype=np.float64))
 

@@ -238,3 +238,117 @@ def test_unsupported_feature_is_named(xml, feature):
         parse(xml)
     assert feature in info.value.feature
     assert info.value.line is not None
+
+
+# Errors found while compiling (references, names, values): load_model must locate them
+# as well. Messages follow MuJoCo's wording where it has one.
+MODEL = """<mujoco>
+  <worldbody>
+    <body name="b">
+      <joint name="j" range="-1 1"/><geom name="g" size="0.1"/>
+      {}
+    </body>
+    <body name="c"><geom size="0.1"/></body>
+  </worldbody>
+  {}
+</mujoco>"""
+
+# (id, xml, substrings of the message, line, tag of the element path's last step)
+COMPILE_CASES = [
+    ("undefined-joint-in-actuator", MODEL.format("", '<actuator>\n<motor joint="nope"/></actuator>'),
+     ["unknown joint 'nope'"], 10, "motor"),
+    ("undefined-joint-in-tendon",
+     MODEL.format("", '<tendon><fixed>\n<joint joint="zz" coef="1"/></fixed></tendon>'),
+     ["unknown joint 'zz'"], 10, "joint"),
+    ("undefined-site-in-tendon",
+     MODEL.format("", '<tendon><spatial>\n<site site="a"/><site site="b"/></spatial></tendon>'),
+     ["unknown site 'a'"], 10, "site"),
+    ("undefined-site-in-sensor",
+     MODEL.format("", '<sensor>\n<accelerometer site="nos"/></sensor>'),
+     ["unknown site 'nos'"], 10, "accelerometer"),
+    ("undefined-body-in-equality", MODEL.format("", '<equality>\n<weld body1="zz"/></equality>'),
+     ["'zz'"], 10, "weld"),
+    ("undefined-body-in-exclude",
+     MODEL.format("", '<contact>\n<exclude body1="b" body2="qq"/></contact>'),
+     ["body 'qq' not found"], 10, "exclude"),
+    ("undefined-geom-in-pair",
+     MODEL.format("", '<contact>\n<pair geom1="g" geom2="zz"/></contact>'),
+     ["geom 'zz' not found"], 10, "pair"),
+    ("undefined-mesh", MODEL.format('<geom type="mesh" mesh="m"/>', ""),
+     ["mesh 'm' not found"], 5, "geom"),
+    ("undefined-hfield", MODEL.format('<geom type="hfield" hfield="h"/>', ""),
+     ["hfield 'h' not found"], 5, "geom"),
+    ("missing-mesh-file", MODEL.format("", '<asset>\n<mesh file="nothere.stl"/></asset>'),
+     ["could not read", "nothere.stl"], 10, "mesh"),
+    ("joint-range-reversed",
+     MODEL.format('<body><joint range="1 -1" limited="true"/><geom size="1"/></body>', ""),
+     ["range[0] should be smaller than range[1]"], 5, "joint"),
+    ("zero-box-size", MODEL.format('<geom type="box" size="0 1 1"/>', ""),
+     ["size 0 must be positive"], 5, "geom"),
+    ("massless-moving-body", MODEL.format("<body><joint/></body>", ""),
+     ["mass and inertia of moving bodies"], 5, "body"),
+    ("keyframe-qpos-size", MODEL.format("", '<keyframe>\n<key qpos="1 2 3"/></keyframe>'),
+     ["invalid qpos size"], 10, "key"),
+    ("ctrlrange-reversed",
+     MODEL.format("", '<actuator>\n<motor joint="j" ctrllimited="true" ctrlrange="1 -1"/>'
+                      "</actuator>"), ["invalid control range"], 10, "motor"),
+    ("freejoint-not-top", MODEL.format('<body><freejoint/><geom size="1"/></body>', ""),
+     ["free joint can only be used on top level"], 5, "body"),
+    ("repeated-body", MODEL.format('<body name="c"/>', ""), ["repeated name 'c' in body"], 7,
+     "body"),
+    ("repeated-geom", MODEL.format('<geom name="g" size="1"/>', ""),
+     ["repeated name 'g' in geom"], 5, "geom"),
+    ("repeated-joint-freejoint", MODEL.format("", "").replace(
+        '<body name="c">', '<body name="c"><freejoint name="j"/>'),
+     ["repeated name 'j' in joint"], 7, "freejoint"),
+    ("repeated-site", MODEL.format('<site name="s"/>\n<site name="s"/>', ""),
+     ["repeated name 's' in site"], 6, "site"),
+    ("repeated-camera", MODEL.format('<camera name="q"/>\n<camera name="q"/>', ""),
+     ["repeated name 'q' in camera"], 6, "camera"),
+    ("repeated-light", MODEL.format('<light name="l"/>\n<light name="l"/>', ""),
+     ["repeated name 'l' in light"], 6, "light"),
+    ("repeated-tendon", MODEL.format("", '<tendon><fixed name="t"><joint joint="j" coef="1"/>'
+                                         '</fixed>\n<fixed name="t"><joint joint="j" coef="1"/>'
+                                         "</fixed></tendon>"),
+     ["repeated name 't' in tendon"], 10, "fixed"),
+    ("repeated-actuator", MODEL.format("", '<actuator><motor name="a" joint="j"/>\n'
+                                           '<position name="a" joint="j"/></actuator>'),
+     ["repeated name 'a' in actuator"], 10, "position"),
+    ("repeated-sensor", MODEL.format("", '<sensor><jointpos name="a" joint="j"/>\n'
+                                         '<jointvel name="a" joint="j"/></sensor>'),
+     ["repeated name 'a' in sensor"], 10, "jointvel"),
+    ("repeated-equality", MODEL.format("", '<equality><weld name="e" body1="b"/>\n'
+                                           '<connect name="e" body1="b" anchor="0 0 0"/>'
+                                           "</equality>"),
+     ["repeated name 'e' in equality"], 10, "connect"),
+    ("repeated-key", MODEL.format("", '<keyframe><key name="k"/>\n<key name="k"/></keyframe>'),
+     ["repeated name 'k' in key"], 10, "key"),
+    ("repeated-material", MODEL.format("", '<asset><material name="m"/>\n'
+                                           '<material name="m"/></asset>'),
+     ["repeated name 'm' in material"], 10, "material"),
+    ("repeated-pair", MODEL.format("", '<contact><pair name="p" geom1="g" geom2="g"/>\n'
+                                       '<pair name="p" geom1="g" geom2="g"/></contact>'),
+     ["repeated name 'p' in pair"], 10, "pair"),
+    ("repeated-numeric", MODEL.format("", '<custom><numeric name="n" data="1"/>\n'
+                                          '<numeric name="n" data="1"/></custom>'),
+     ["repeated name 'n' in numeric"], 10, "numeric"),
+]
+
+
+@pytest.mark.parametrize("xml,needles,line,tag", [c[1:] for c in COMPILE_CASES],
+                         ids=[c[0] for c in COMPILE_CASES])
+def test_compile_error_located(xml, needles, line, tag):
+    import mujoco
+
+    import simjax
+    with pytest.raises(ValueError):          # MuJoCo rejects the same input
+        mujoco.MjModel.from_xml_string(xml)
+    with pytest.raises(MJCFError) as info:
+        simjax.load_model(xml)
+    err = info.value
+    text = str(err)
+    for needle in needles:
+        assert needle in text, (needle, text)
+    assert err.file == "<string>" and err.line == line, text
+    assert f"line {line}" in text
+    assert err.element.split("/")[-1].split("[")[0] == tag, err.element
