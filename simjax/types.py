@@ -500,3 +500,12 @@ _register(Model, _MODEL_STATIC, _MODEL_LEAVES)
 
 def model_counts(model) -> dict[str, int]:
     return {n: getattr(model, n) for n in MODEL_COUNTS}
+
+
+def leaf(value):
+    """A Model leaf (jax array) from a numpy array or Python number: same dtype and weak
+    type as ``jnp.asarray``, but a plain host-to-device copy, whereas ``jnp.asarray``
+    compiles one conversion program per shape (dozens at load time)."""
+    if isinstance(value, np.ndarray):
+        value = value.copy()
+    return jax.device_put(value)

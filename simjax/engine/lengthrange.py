@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 
 from simjax.errors import MJCFError
-from simjax.types import BiasType, DisableBit, GainType, IntegratorType, TrnType
+from simjax.types import BiasType, DisableBit, GainType, IntegratorType, TrnType, leaf
 
 MINVAL = 1e-15
 
@@ -72,17 +72,16 @@ def _times(h, inttotal):
     return np.asarray(out)
 
 
-def _simulate(m, index, sign, nstep, opt):
+def _simulate(m, index, sign, nstep, opt, decay):
     """Actuator lengths (nstep,) before each step, and whether the state ever turned
     bad (mju_isBad of qpos, qvel or qacc: MuJoCo would reset, which it reports as
-    an unstable simulation)."""
+    an unstable simulation). ``decay``: the factor on qvel before each step."""
     import jax
     import jax.numpy as jnp
     import importlib
     from simjax.engine import io, smooth
     fw = importlib.import_module("simjax.engine.forward")
     d0 = io.make_data(m, dtype=jnp.float64)
-    decay = np.exp(-float(m.opt.timestep) / max(0.01, opt.timeconst))
     implicit = m.opt.integrator in (IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST)
 
     def one(d, _):
@@ -107,12 +106,16 @@ def _simulate(m, index, sign, nstep, opt):
     return length, jnp.any(bad)
 
 
-def _run(m, outs, signs, nstep, opt):
+def _run(m, outs, signs, nstep, opt, h):
     import jax
-    import jax.numpy as jnp
-    fn = jax.jit(jax.vmap(lambda i, s: _simulate(m, i, s, nstep, opt)))
+    from simjax.engine.reference import run_once
+    decay = float(np.exp(-h / max(0.01, opt.timeconst)))
+    fn = jax.jit(jax.vmap(lambda m, i, s: _simulate(m, i, s, nstep, opt, decay),
+                          in_axes=(None, 0, 0)))
     with jax.enable_x64(True):
-        length, bad = fn(jnp.asarray(outs, jnp.int32), jnp.asarray(signs, jnp.float64))
+        length, bad = run_once(("lengthrange", nstep, opt, decay), fn, m,
+                               leaf(np.asarray(outs, np.int32)),
+                               leaf(np.asarray(signs, np.float64)))
     return np.asarray(length, np.float64), np.asarray(bad)
 
 
@@ -126,7 +129,6 @@ def set_length_range(model, opt: LROpt | None = None):
     ("Unstable lengthrange simulation"), the range is empty ("Invalid lengthrange") or
     it did not settle ("Lengthrange computation did not converge").
     """
-    import jax.numpy as jnp
     opt = opt or LROpt()
     m = model
     if not m.nu or opt.mode == MODE_NONE:
@@ -149,7 +151,7 @@ def set_length_range(model, opt: LROpt | None = None):
         sim.append(i)
     if sim:
         lr = _simulated(m, sim, outadr, lr, opt)
-    return model.replace(actuator_lengthrange=jnp.asarray(lr))
+    return model.replace(actuator_lengthrange=leaf(lr))
 
 
 def _simulated(m, sim, outadr, lr, opt):
@@ -164,7 +166,7 @@ def _simulated(m, sim, outadr, lr, opt):
     window = times > opt.inttotal - opt.interval
     outs = np.repeat(outadr[sim], 2)
     signs = np.tile([-1.0, 1.0], len(sim))
-    length, bad = _run(msim, outs, signs, len(times), opt)
+    length, bad = _run(msim, outs, signs, len(times), opt, h)
     for k, i in enumerate(sim):
         if bad[2 * k] or bad[2 * k + 1]:
             raise MJCFError(f"Unstable lengthrange simulation in actuator {i}")

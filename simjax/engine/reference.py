@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.mjcf.orientation import quat_mul, quat_normalize, quat_to_mat, rotate
-from simjax.types import EqType, JointType, ObjType, TrnType, WrapType
+from simjax.types import EqType, JointType, ObjType, TrnType, WrapType, leaf
 
 _MINVAL = 1e-15
 
@@ -208,6 +208,26 @@ def _engine_stages(m, qpos, transmission):
 
 
 _ENGINE_JIT = []
+#: XLA options for programs that run once at load time: compiling without backend
+#: optimisation costs 2-3x less than the default and they run only a few times
+ONE_SHOT_OPTIONS = {"xla_backend_optimization_level": 0}
+_ONE_SHOT = {}
+
+
+def run_once(key, jitted, *args):
+    """``jitted(*args)`` compiled with :data:`ONE_SHOT_OPTIONS`; executables are kept
+    per (key, argument structure, shapes), so loading the same model again reuses them."""
+    import jax
+    flat, tree = jax.tree_util.tree_flatten(args)
+    sig = (key, tree, tuple((np.shape(x), str(getattr(x, "dtype", type(x))),
+                             getattr(x, "weak_type", None)) for x in flat))
+    exe = _ONE_SHOT.get(sig)
+    if exe is None:
+        exe = jitted.lower(*args).compile(compiler_options=ONE_SHOT_OPTIONS)
+        if len(_ONE_SHOT) > 64:
+            _ONE_SHOT.clear()
+        _ONE_SHOT[sig] = exe
+    return exe(*args)
 
 
 def _needs_engine(m):
@@ -227,14 +247,15 @@ def _engine_eval(m, qpos):
     actuator_moment (k, nu, nv) or None). One jitted, vmapped evaluation; actuator
     outputs are None when the engine does not support the model's actuators."""
     import jax
-    import jax.numpy as jnp
     from simjax.errors import UnsupportedFeatureError
     if not _ENGINE_JIT:
-        _ENGINE_JIT.append(jax.jit(jax.vmap(_engine_stages, in_axes=(None, 0, None)),
-                                   static_argnums=2))
-    fn = _ENGINE_JIT[0]
+        _ENGINE_JIT.extend(jax.jit(jax.vmap(lambda m, q, t=t: _engine_stages(m, q, t),
+                                            in_axes=(None, 0))) for t in (False, True))
+
+    def fn(m, q, transmission):
+        return run_once(("engine", transmission), _ENGINE_JIT[transmission], m, q)
     with jax.enable_x64(True):
-        q = jnp.asarray(np.asarray(qpos, np.float64).reshape(-1, m.nq))
+        q = leaf(np.asarray(qpos, np.float64).reshape(-1, m.nq))
         out = None
         if m.nu:
             try:
@@ -248,7 +269,6 @@ def _engine_eval(m, qpos):
 
 def set0(model):
     """Fill every reference-pose constant of ``model`` (see module doc)."""
-    import jax.numpy as jnp
     m = model
     qpos0 = np.asarray(m.qpos0, dtype=np.float64)
     kin = _Kin(m, qpos0)
@@ -285,13 +305,13 @@ def set0(model):
     stat, dof_length = _stat(m, kin, M)
     out["dof_length"] = dof_length
     out["tendon_lengthspring"] = _lengthspring(m, spring_len)
-    arrays = {k: jnp.asarray(v) for k, v in out.items() if k not in _STATIC_OUT}
+    arrays = {k: leaf(v) for k, v in out.items() if k not in _STATIC_OUT}
     arrays.update({k: np.asarray(v) for k, v in out.items() if k in _STATIC_OUT})
     old = model.stat
     new_stat = {}
     for k, v in stat.items():
         given = np.asarray(getattr(old, k))
-        new_stat[k] = getattr(old, k) if not np.any(np.isnan(given)) else jnp.asarray(v)
+        new_stat[k] = getattr(old, k) if not np.any(np.isnan(given)) else leaf(v)
     return model.replace(stat=old.replace(**new_stat), **arrays)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simjax.types import TrnType, WrapType
+from simjax.types import TrnType, WrapType, leaf
 
 
 def _wrap_tree(m, body_treeid, j):
@@ -69,10 +69,9 @@ def fixed_fields(m) -> dict:
 
 def set_const(model):
     """Return ``model`` with every mj_setConst quantity filled in (see module doc)."""
-    import jax.numpy as jnp
     changes = {}
     for k, v in fixed_fields(model).items():
-        changes[k] = v if v.dtype != np.float64 else jnp.asarray(v)
+        changes[k] = v if v.dtype != np.float64 else leaf(v)
     model = model.replace(**changes)
     try:
         from simjax.engine import reference
@@ -86,7 +85,6 @@ def auto_spring_damper(model, springdamper):
     dampratio) where both are positive (mjCModel::AutoSpringDamper): with the joint's
     mean inverse weight w at qpos0, inertia = ndof / w, stiffness = inertia /
     (timeconst dampratio)^2, damping = 2 inertia / timeconst."""
-    import jax.numpy as jnp
     sd = np.asarray(springdamper, np.float64).reshape(-1, 2)
     on = (sd[:, 0] > 0) & (sd[:, 1] > 0)
     if not on.any():
@@ -101,7 +99,7 @@ def auto_spring_damper(model, springdamper):
         tc, dr = sd[j]
         stiff[j] = inertia / max(1e-15, tc * tc * dr * dr)
         damp[adr:adr + n] = 2 * inertia / max(1e-15, tc)
-    return model.replace(jnt_stiffness=jnp.asarray(stiff), dof_damping=jnp.asarray(damp))
+    return model.replace(jnt_stiffness=leaf(stiff), dof_damping=leaf(damp))
 
 
 def length_range(model, given):
@@ -123,10 +121,9 @@ def length_range(model, given):
 
 
 def _default_stat(model):
-    import jax.numpy as jnp
     st = model.stat
     defaults = dict(meaninertia=1.0, meanmass=1.0, meansize=0.2, extent=2.0,
                     center=np.zeros(3))
-    new = {k: (jnp.asarray(defaults[k]) if np.any(np.isnan(np.asarray(getattr(st, k))))
+    new = {k: (leaf(defaults[k]) if np.any(np.isnan(np.asarray(getattr(st, k))))
                else getattr(st, k)) for k in defaults}
     return model.replace(stat=st.replace(**new))

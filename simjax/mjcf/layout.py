@@ -144,7 +144,6 @@ def _tree_arrays(bodies):
 def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, ids,
              tendon_recs, wraps, act_recs, sensor_recs, eq_recs):
     """Build the Model (set0 fields left at zero for ``setconst``)."""
-    import jax.numpy as jnp  # only to hand the finished arrays to the Model type
     size_attrs = _size_attrs(root)
     kw, jnt, dof, qpos0, qspring = _tree_arrays(bodies)
     nmocap = kw.pop("nmocap")
@@ -223,8 +222,8 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
             arr = np.zeros(shape)
         arr = arr.reshape(shape)
         arr = arr.astype(np.int32 if kind == "i" else bool if kind == "b" else np.float64)
-        kw[name] = arr if types.is_static_field(name) else jnp.asarray(arr)
-    kw["opt"] = types.Option(**{k: (v if isinstance(v, int) else jnp.asarray(v))
+        kw[name] = arr if types.is_static_field(name) else types.leaf(arr)
+    kw["opt"] = types.Option(**{k: (v if isinstance(v, int) else types.leaf(v))
                                 for k, v in opt.items()})
     kw["stat"] = _statistic(root)
     names = {k: list(v) for k, v in ids["lists"].items()}
@@ -237,17 +236,16 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
 
 def _statistic(root):
     """Statistic overrides given in XML; the rest is computed by setconst."""
-    import jax.numpy as jnp
     given = {}
     for el in root.children:
         if el.tag == "statistic":
             for k in el.given:
                 given[k] = el.attrs[k]
-    st = types.Statistic(meaninertia=jnp.asarray(given.get("meaninertia", np.nan)),
-                         meanmass=jnp.asarray(given.get("meanmass", np.nan)),
-                         meansize=jnp.asarray(given.get("meansize", np.nan)),
-                         extent=jnp.asarray(given.get("extent", np.nan)),
-                         center=jnp.asarray(np.asarray(given.get("center", [np.nan] * 3),
+    st = types.Statistic(meaninertia=types.leaf(given.get("meaninertia", np.nan)),
+                         meanmass=types.leaf(given.get("meanmass", np.nan)),
+                         meansize=types.leaf(given.get("meansize", np.nan)),
+                         extent=types.leaf(given.get("extent", np.nan)),
+                         center=types.leaf(np.asarray(given.get("center", [np.nan] * 3),
                                                        dtype=np.float64)))
     return st
 

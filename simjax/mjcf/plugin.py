@@ -277,7 +277,6 @@ def finish_model(table, model):
     """Instance specs, state addresses, plugin actdim checks, params and the Model
     fields nplugin / plugin / plugin_stateadr / plugin_statenum / npluginstate."""
     import jax
-    import jax.numpy as jnp
     n = len(table.instances)
     if not n:
         return model
@@ -319,8 +318,8 @@ def _as_leaf(x):
     """Float numpy values become jax arrays (differentiable, vmappable leaves)."""
     if isinstance(x, (np.ndarray, np.floating, float)) and \
             np.issubdtype(np.asarray(x).dtype, np.floating):
-        import jax.numpy as jnp
-        return jnp.asarray(x)
+        from simjax.types import leaf
+        return leaf(x)
     return x
 
 
