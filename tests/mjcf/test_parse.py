@@ -462,3 +462,14 @@ def test_schema_attributes_match_mujoco_documentation():
         else:
             ours = set(schema.ELEMENTS[internal].attrs)
         assert ours == set(names), (path, ours ^ set(names))
+
+
+def test_camera_focal_defaults_to_znear():
+    """Without focal length or sensor size, cam_intrinsic's focal length is the near
+    clipping plane visual/map znear, as MuJoCo compiles it (float32 there)."""
+    import simjax
+    for vis in ("", '<visual><map znear="0.02"/></visual>'):
+        xml = f'<mujoco>{vis}<worldbody><camera pos="0 -3 0"/></worldbody></mujoco>'
+        got = np.asarray(simjax.load_model(xml).cam_intrinsic)
+        np.testing.assert_allclose(got, mujoco.MjModel.from_xml_string(xml).cam_intrinsic,
+                                   rtol=1e-6, atol=1e-7)
