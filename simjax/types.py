@@ -283,7 +283,8 @@ MODEL_COUNTS = (
 )
 
 #: Float arrays that are structure, not parameters: kept static (numpy).
-STATIC_FLOAT_FIELDS = frozenset({"mesh_vert", "hfield_data", "cam_intrinsic",
+STATIC_FLOAT_FIELDS = frozenset({"mesh_vert", "hfield_data", "hfield_size", "geom_rbound",
+                                 "cam_intrinsic",
                                  "cam_sensorsize", "cam_mat0", "cam_pos0",
                                  "cam_poscom0", "numeric_data", "tuple_objprm",
                                  "geom_rgba", "mat_rgba"})

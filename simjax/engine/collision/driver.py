@@ -105,6 +105,8 @@ def register_collider(type1, type2, fn, maxcon):
 
 
 def _maxcon(fn):
+    if hasattr(fn, "maxcon"):
+        return fn.maxcon
     for table in (primitive.MAXCON, convex.MAXCON, hfield.MAXCON, MAXCON_EXTRA):
         if fn in table:
             return table[fn]
@@ -138,13 +140,17 @@ def _key(m):
     for name in ("body_parentid", "body_weldid", "body_dofnum", "body_geomadr",
                  "body_geomnum", "geom_type", "geom_contype", "geom_conaffinity",
                  "geom_bodyid", "geom_condim", "geom_priority", "geom_dataid",
-                 "exclude_signature", "pair_geom1", "pair_geom2", "pair_dim"):
+                 "exclude_signature", "pair_geom1", "pair_geom2", "pair_dim",
+                 "geom_rbound", "hfield_size", "hfield_nrow", "hfield_ncol", "hfield_adr",
+                 "hfield_data"):
         a = getattr(m, name, None)
         a = np.zeros(0) if a is None else np.asarray(a)
         h.update(name.encode())
         h.update(a.tobytes())
     h.update(str((m.nbody, m.ngeom, int(m.opt.disableflags), int(m.opt.enableflags),
                   int(m.opt.sdf_initpoints))).encode())
+    if m.nhfield:                  # height-field windows depend on concrete margins
+        h.update(hfield.margin_key(m))
     return h.hexdigest()
 
 
@@ -223,10 +229,6 @@ def candidate_pairs(m):
                     f"{key[1]}) needs an SDF plugin collider")
         if key in ((GT.PLANE, GT.PLANE), (GT.PLANE, GT.HFIELD), (GT.HFIELD, GT.HFIELD)):
             continue                     # MuJoCo has no collider for these either
-        if GT.HFIELD in key and COLLIDERS.get(key) is hfield.hfield_convex:
-            raise UnsupportedFeatureError(
-                f"height-field collisions (geom {a} type {key[0]} with geom {b} type "
-                f"{key[1]}): mjc_ConvexHField is not implemented")
         if key not in COLLIDERS:
             raise UnsupportedFeatureError(f"collision between geom types {key}")
         res.append((a, b, k))
@@ -249,6 +251,8 @@ def plan(m) -> Plan:
     groups = {}
     for k in range(len(g1)):
         fn = COLLIDERS[(int(gtype[g1[k]]), int(gtype[g2[k]]))]
+        if fn is hfield.hfield_convex:      # per pair: static grid data and window
+            fn = hfield.collider_for(m, int(g1[k]), int(g2[k]), int(ipair[k]))
         groups.setdefault(fn, []).append(k)
     glist = tuple(Group(fn, np.asarray(ks, np.int64),
                         int(m.opt.sdf_initpoints) if fn is sdf_pair else _maxcon(fn))
