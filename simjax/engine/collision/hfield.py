@@ -396,9 +396,83 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
                     jnp.where(better, eta * 1.5, eta * 0.3)), None
 
         (n, sb, _), _ = jax.lax.scan(body, (n, sb, 1.0 / scale), None, length=REFINE_ITERS)
+        if t == GT.ELLIPSOID:
+            starts = jnp.concatenate([n[None], nrm])
+            cands = jax.vmap(lambda n0: _ellipsoid_polish(size, mat, pos, v, n0, sep))(starts)
+            n = cands[jnp.argmax(sep(cands))]
     b = _support(t, size, vert, mat, pos, -n)
     dist = sep(n)
     return dist, b - n * (0.5 * dist), n
+
+
+def _ellipsoid_polish(size, mat, pos, v, n0, sep):
+    """Newton polish of the ellipsoid-prism separation for every active set of prism
+    features: each vertex k (maximise s_k(n) = (c - v_k).n - sqrt(n'Qn) over unit n,
+    Q = R S^2 R') and each edge (the same on the great circle orthogonal to the edge),
+    started from n0. The true separation (all vertices) picks the best of n0 and the
+    polished directions, so the optimum is found to Newton accuracy whenever its active
+    set's local maximum is the one reached from n0."""
+    dt = v.dtype
+    q = (mat * (size * size)[None, :]) @ mat.T
+
+    def parts(w, n):
+        qn = q @ n
+        sig = jnp.sqrt(jnp.maximum(dot(n, qn), MINVAL))
+        grad = w - qn / sig
+        hess = -q / sig + jnp.outer(qn, qn) / sig ** 3
+        return grad, hess
+
+    def basis(n):
+        a = jnp.where(jnp.abs(n[0]) < 0.6, jnp.asarray([1.0, 0, 0], dt),
+                      jnp.asarray([0, 1.0, 0], dt))
+        t1, _ = normalize(cross(n, a))
+        return jnp.stack([t1, cross(n, t1)], -1)           # (3, 2)
+
+    def vertex(vk):
+        w = pos - vk
+
+        def step(n, _):
+            grad, hess = parts(w, n)
+            tb = basis(n)
+            gt = tb.T @ grad
+            ht = tb.T @ hess @ tb - dot(n, grad) * jnp.eye(2, dtype=dt)
+            det = ht[0, 0] * ht[1, 1] - ht[0, 1] * ht[1, 0]
+            nd = (ht[0, 0] < 0) & (det > MINVAL)
+            inv = jnp.stack([jnp.stack([ht[1, 1], -ht[0, 1]]),
+                             jnp.stack([-ht[1, 0], ht[0, 0]])]) / jnp.where(nd, det, 1.0)
+            dlt = jnp.where(nd, -inv @ gt, gt * 0.1)
+            ln = safe_norm(dlt)
+            dlt = dlt * jnp.minimum(1.0, 0.5 / jnp.maximum(ln, MINVAL))
+            out, _ = normalize(n + tb @ dlt)
+            return out, None
+
+        n, _ = jax.lax.scan(step, n0, None, length=12)
+        return n
+
+    def edge(va, vb):
+        w = pos - va
+        u, _ = normalize(vb - va)
+        p0, ok = normalize(n0 - u * dot(n0, u))
+        p0 = jnp.where(ok > 1e-9, p0, basis(u)[:, 0])
+        q0 = cross(u, p0)
+
+        def step(th, _):
+            n = jnp.cos(th) * p0 + jnp.sin(th) * q0
+            dn = -jnp.sin(th) * p0 + jnp.cos(th) * q0
+            grad, hess = parts(w, n)
+            g1 = dot(grad, dn)
+            g2 = dn @ hess @ dn - dot(grad, n)
+            dth = jnp.where(g2 < -MINVAL, -g1 / jnp.where(g2 < -MINVAL, g2, -1.0), 0.1 * g1)
+            return th + jnp.clip(dth, -0.5, 0.5), None
+
+        th, _ = jax.lax.scan(step, jnp.zeros((), dt), None, length=12)
+        return jnp.cos(th) * p0 + jnp.sin(th) * q0
+
+    ends = _prism_edges(v)
+    cands = jnp.concatenate([n0[None], jax.vmap(vertex)(v),
+                             jax.vmap(edge)(ends[:, 0], ends[:, 1])])
+    s = sep(cands)
+    return cands[jnp.argmax(s)]
 
 
 # --------------------------------------------------------------------------- collider
