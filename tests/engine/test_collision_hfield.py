@@ -228,3 +228,46 @@ def test_touch_grid_contacts(touch):
     assert hf >= NSTATE
     assert e[:, 0].max() < 2e-6
     assert e[:, 1].max() < 1e-3 and e[:, 2].max() < 5e-3
+
+
+# --------------------------------------------------------------------------- trajectories
+def _trajectory(rel, q0, nstep=10):
+    """(simjax, MuJoCo) qpos/qvel after each of nstep steps from q0 at rest."""
+    from simjax import engine
+    mjm, m = load(rel, constraints=True)
+    mjd = mujoco.MjData(mjm)
+    mjd.qpos[:] = q0
+    d = io.make_data(m).replace(qpos=jnp.asarray(q0))
+    step = jax.jit(lambda d: engine.step(m, d))
+    ours, theirs = [], []
+    for _ in range(nstep):
+        d = step(d)
+        mujoco.mj_step(mjm, mjd)
+        print("ncon", mjd.ncon, "|qvel|", np.abs(mjd.qvel).max())
+        ours.append(np.concatenate([np.asarray(d.qpos), np.asarray(d.qvel)]))
+        theirs.append(np.concatenate([mjd.qpos, mjd.qvel]))
+        assert int(d.ncon) == mjd.ncon
+    return np.asarray(ours), np.asarray(theirs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel", [BARKOUR, TOUCH])
+def test_trajectory_10_steps(rel):
+    """10 steps from a state resting on the height field: same contact count every
+    step, qpos and qvel as MuJoCo's at step 10."""
+    mjm, _ = load(rel, constraints=True)
+    states = barkour_states if rel == BARKOUR else touch_states
+    mjd = mujoco.MjData(mjm)
+    for q0 in states(mjm, 10, seed=3):        # a start with height-field contacts
+        mjd.qpos[:] = q0
+        mujoco.mj_forward(mjm, mjd)
+        if np.sum(mjd.contact.geom[:mjd.ncon, 0] == _HFIELD[rel]) >= 2:
+            break
+    ours, theirs = _trajectory(rel, q0)
+    err = np.abs(ours - theirs).max(1)
+    print(rel, "hfield contacts at start", mjd.ncon, "max |qpos, qvel| error per step", err)
+    assert err[-1] < 1e-4
+
+
+#: height-field geom id per model
+_HFIELD = {BARKOUR: 0, TOUCH: 1}
