@@ -9,7 +9,8 @@ Three steps:
    ``<exclude>`` signatures; explicit ``<pair>`` entries always, replacing the
    automatic pair of the same geoms; type pairs without a collider are dropped. Geom
    order is MuJoCo's (``geom_type[g1] <= geom_type[g2]``). Candidates are grouped by
-   collider.
+   collider (height-field pairs by their per-pair collider from
+   ``hfield.collider_for``: grid data and sub-grid window are static).
 2. **Broadphase, at run time**: per candidate pair the bounding-sphere / plane test of
    mj_filterSphere with margin + gap; when a group has more candidates than its pair
    capacity, the overlapping pairs are compacted first, so the narrow phase costs

@@ -33,9 +33,16 @@ negative in penetration, position midway between the two surfaces):
   directions (fixed iteration count); tolerance vs MuJoCo's GJK/EPA documented in
   the tests.
 
-Contact positions: the geom's support point along the normal shifted half the distance
-towards the height field (MuJoCo: midpoint of the GJK/EPA witness points; identical when
-the geom's support point is unique).
+Contact positions: midway between the two surfaces at the geom's support point along
+the normal (boxes, meshes, cylinders: at the prism's vertex when only that is unique).
+MuJoCo takes the midpoint of its GJK/EPA witness points: identical when a support point
+is unique; on face-face or edge-edge contacts its witness is one point of the touching
+patch and simjax's may be another.
+
+Static data: ``hfield_data``, ``hfield_size`` and ``geom_rbound`` are static Model fields;
+the pair margin sizes the window when concrete (a traced margin gets one extra cell of
+allowance). Not implemented: height field against SDF geoms (the driver raises
+UnsupportedFeatureError).
 """
 from __future__ import annotations
 
@@ -402,7 +409,25 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
             n = cands[jnp.argmax(sep(cands))]
     b = _support(t, size, vert, mat, pos, -n)
     dist = sep(n)
-    return dist, b - n * (0.5 * dist), n
+    pos_b = b - n * (0.5 * dist)
+    if t not in (GT.BOX, GT.MESH, GT.CYLINDER):
+        return dist, pos_b, n
+    # witness: the geom's support point when unique, else the prism's when unique
+    tol = 1e-9 * (jnp.max(jnp.abs(v)) + jnp.max(size) + jnp.max(jnp.abs(pos)))
+    pv = jnp.sort(v @ n)
+    prism_unique = pv[-1] - pv[-2] > tol
+    ld = mat.T @ n
+    if t == GT.BOX:
+        geom_unique = jnp.all(jnp.abs(ld) * size > tol)
+    elif t == GT.MESH:
+        gv = jnp.sort(-(jnp.asarray(vert, dt) @ ld))
+        geom_unique = gv[-1] - gv[-2] > tol
+    else:
+        geom_unique = (jnp.abs(ld[2]) * size[1] > tol) & \
+            (safe_norm(ld[:2]) * size[0] > tol)
+    a = v[jnp.argmax(v @ n)]
+    use_a = prism_unique & ~geom_unique
+    return dist, jnp.where(use_a, a + n * (0.5 * dist), pos_b), n
 
 
 def _ellipsoid_polish(size, mat, pos, v, n0, sep):
