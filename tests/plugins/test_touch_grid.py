@@ -29,8 +29,8 @@ def _mujoco_contact_state(mjm, mjd, m):
         geom=jnp.asarray(mjd.contact.geom, dtype=jnp.int32),
         efc_address=jnp.asarray(mjd.contact.efc_address, dtype=jnp.int32),
         valid=jnp.ones(n, bool))
-    # the buffer is MuJoCo's, so simjax's collision (no height-field collider yet) is
-    # switched off for making Data
+    # the contact buffer is MuJoCo's (sized to its contacts), so simjax's collision
+    # capacity is switched off for making Data
     no_contact = m.replace(opt=m.opt.replace(
         disableflags=m.opt.disableflags | simjax.DisableBit.CONTACT))
     d = make_data(no_contact).replace(contact=con, ncon=jnp.asarray(n, jnp.int32),
@@ -96,13 +96,13 @@ def test_grid_foveated_channels():
     assert np.count_nonzero(mjd.sensordata) > 6
 
 
-def test_forward_on_hfield_model_names_missing_collider(touch):
-    """touch_grid.xml rolls a ball on a height field: simjax has no height-field
-    collider yet, so forward refuses the model by name instead of reporting zeros."""
+def test_forward_on_hfield_model_traces(touch):
+    """touch_grid.xml rolls a ball on a height field: forward traces with the
+    height-field collider (its contacts are tested in test_collision_hfield.py)."""
     m, _ = touch
     from simjax.engine import forward
-    with pytest.raises(simjax.UnsupportedFeatureError, match="(?i)hfield|height"):
-        jax.eval_shape(forward, m, make_data(m))
+    out = jax.eval_shape(forward, m, make_data(m))
+    assert out.sensordata.shape == (m.nsensordata,)
 
 
 @pytest.mark.parametrize("config,match", [
