@@ -407,6 +407,10 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
             starts = jnp.concatenate([n[None], nrm])
             cands = jax.vmap(lambda n0: _ellipsoid_polish(size, mat, pos, v, n0, sep))(starts)
             n = cands[jnp.argmax(sep(cands))]
+        else:       # cylinder: exact optimum of each prism vertex alone
+            cands = jnp.concatenate([n[None], jax.vmap(
+                lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
+            n = cands[jnp.argmax(sep(cands))]
     b = _support(t, size, vert, mat, pos, -n)
     dist = sep(n)
     pos_b = b - n * (0.5 * dist)
@@ -428,6 +432,22 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     a = v[jnp.argmax(v @ n)]
     use_a = prism_unique & ~geom_unique
     return dist, jnp.where(use_a, a + n * (0.5 * dist), pos_b), n
+
+
+def _point_cylinder_dir(p, c, a, r, h):
+    """Direction n maximising the separation of point p from a cylinder (centre c,
+    unit axis a, radius r, half length h): towards the closest point when p is
+    outside, away from the nearest side / cap when inside."""
+    x = p - c
+    z = dot(a, x)
+    rv = x - z * a
+    rdir, rho = normalize(rv)
+    outside = (rho > r) | (jnp.abs(z) > h)
+    q = c + jnp.clip(z, -h, h) * a + jnp.minimum(rho, r) * rdir
+    n_out, _ = normalize(q - p)
+    cap = jnp.abs(z) - h > rho - r
+    n_in = jnp.where(cap, -jnp.sign(z) * a, -rdir)
+    return jnp.where(outside, n_out, n_in)
 
 
 def _ellipsoid_polish(size, mat, pos, v, n0, sep):
