@@ -403,8 +403,8 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
                     jnp.where(better, eta * 1.5, eta * 0.3)), None
 
         (n, sb, _), _ = jax.lax.scan(body, (n, sb, 1.0 / scale), None, length=REFINE_ITERS)
-        if t == GT.ELLIPSOID:
-            starts = jnp.concatenate([n[None], nrm])
+        if t == GT.ELLIPSOID:      # polish from the refined and the top-face normals
+            starts = jnp.concatenate([n[None], nrm[:1]])
             cands = jax.vmap(lambda n0: _ellipsoid_polish(size, mat, pos, v, n0, sep))(starts)
             n = cands[jnp.argmax(sep(cands))]
         else:       # cylinder: exact optimum of each prism vertex alone
