@@ -118,8 +118,10 @@ def barkour_states(mjm, n, seed=0):
 
 @pytest.fixture(scope="module")
 def barkour():
+    """(MjModel, Model, collision jitted with the Model traced, as forward_jit does)."""
     mjm, m = load(BARKOUR, constraints=True)
-    return mjm, m, jax.jit(lambda d: driver.collision(m, d))
+    g = jax.jit(driver.collision)
+    return mjm, m, lambda d: g(m, d)
 
 
 def test_hfield_model_fields(barkour):
@@ -424,3 +426,23 @@ def test_grad_contact_distance(geom):
         ((fp, np_), _), ((fm, nm), _) = f(jnp.asarray(q0 + dq)), f(jnp.asarray(q0 - dq))
         assert int(np_) == int(nm) == int(n0)
         assert abs((float(fp) - float(fm)) / (2 * eps) - g[k]) < 1e-5
+
+
+@pytest.mark.slow
+def test_barkour_traced_model(barkour):
+    """With the Model traced (jit argument), margins are not known at trace time: the
+    window grows by one cell, the capacity and its split stay, contacts are the same as
+    with the Model closed over (margins concrete)."""
+    mjm, m, g = barkour
+    d0 = io.make_data(m)
+    f = jax.jit(lambda d: driver.collision(m, d))
+    mjd = mujoco.MjData(mjm)
+    for q in barkour_states(mjm, 3, seed=7):
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        a = jax.tree_util.tree_map(np.asarray, f(poses(d0, mjd)).contact)
+        b = jax.tree_util.tree_map(np.asarray, g(poses(d0, mjd)).contact)
+        np.testing.assert_array_equal(a.valid, b.valid)
+        np.testing.assert_array_equal(a.dim, b.dim)
+        np.testing.assert_allclose(a.dist, b.dist, atol=1e-12)
+        np.testing.assert_allclose(a.pos, b.pos, atol=1e-12)

@@ -100,17 +100,18 @@ def _static_margin(m, g1, g2, ipair):
     return float(gm[g1] + gm[g2] + gg[g1] + gg[g2])
 
 
-def window(m, g1, g2, ipair=-1):
+def window(m, g1, g2, ipair=-1, margin=True):
     """Static sub-grid window (cells along x, cells along y) for height-field geom g1
     and geom g2: enough cells for the bounding box of g2 (half extent at most
     geom_rbound) grown by the pair's margin, anywhere on the grid. With a traced margin
-    the window allows one extra cell of margin."""
+    the window allows one extra cell of margin; ``margin=False``: the window of the
+    bounding box alone."""
     hid = int(np.asarray(m.geom_dataid)[g1])
     nrow, ncol = int(np.asarray(m.hfield_nrow)[hid]), int(np.asarray(m.hfield_ncol)[hid])
     size = np.asarray(m.hfield_size, np.float64).reshape(-1, 4)[hid]
     dx, dy = 2 * size[0] / (ncol - 1), 2 * size[1] / (nrow - 1)
     rb = float(np.asarray(m.geom_rbound)[g2])
-    mg = _static_margin(m, g1, g2, ipair)
+    mg = _static_margin(m, g1, g2, ipair) if margin else 0.0
     ext_x = 2 * rb + (2 * mg if mg is not None else 2 * dx)
     ext_y = 2 * rb + (2 * mg if mg is not None else 2 * dy)
     nc = min(ncol - 1, int(np.ceil(ext_x / dx * (1 + 1e-9))) + 1)
@@ -125,7 +126,10 @@ def collider_for(m, g1, g2, ipair=-1):
     """Collider ``fn(geo1, geo2, margin) -> Pre`` for height-field geom g1 against geom
     g2 (static hfield data, geom type, mesh hull and sub-grid window closed over;
     cached, so pairs with equal static data share one collider and one vmap).
-    ``fn.maxcon`` is its contact capacity: min(50, prisms in the window)."""
+    ``fn.maxcon``, the pair's share of the default contact capacity, is min(50, prisms
+    in the margin-free window): static data only, so capacities and their split by
+    contact dimension do not depend on whether the margins are traced. More contacts
+    than the capacity raise WARN_CONTACTFULL."""
     hid = int(np.asarray(m.geom_dataid)[g1])
     t2 = int(np.asarray(m.geom_type)[g2])
     nrow, ncol = int(np.asarray(m.hfield_nrow)[hid]), int(np.asarray(m.hfield_ncol)[hid])
@@ -133,19 +137,20 @@ def collider_for(m, g1, g2, ipair=-1):
     data = np.asarray(m.hfield_data, np.float64)[adr:adr + nrow * ncol]
     size = np.asarray(m.hfield_size, np.float64).reshape(-1, 4)[hid]
     nc, nr = window(m, g1, g2, ipair)
+    nc0, nr0 = window(m, g1, g2, ipair, margin=False)
     mesh = None
     if t2 == GT.MESH:
         from simjax.engine.collision import convex
         tab = convex.mesh_table(m)
         mid = int(np.asarray(m.geom_dataid)[g2])
         mesh = (tab["vert"][mid], tab["normal"][mid], tab["edge"][mid])
-    key = (t2, nrow, ncol, tuple(size), nc, nr, hash(data.tobytes()),
+    key = (t2, nrow, ncol, tuple(size), nc, nr, nc0, nr0, hash(data.tobytes()),
            None if mesh is None else tuple(hash(a.tobytes()) for a in mesh))
     fn = _COLLIDERS.get(key)
     if fn is None:
         fn = functools.partial(_collide, t2=t2, data=data, nrow=nrow, ncol=ncol,
                                size=size, nc=nc, nr=nr, mesh=mesh)
-        fn.maxcon = min(MAXCONPAIR, 2 * nc * nr)
+        fn.maxcon = min(MAXCONPAIR, 2 * nc0 * nr0)
         fn.hfield = True
         _COLLIDERS[key] = fn
     return fn
