@@ -446,3 +446,32 @@ def test_barkour_traced_model(barkour):
         np.testing.assert_array_equal(a.dim, b.dim)
         np.testing.assert_allclose(a.dist, b.dist, atol=1e-12)
         np.testing.assert_allclose(a.pos, b.pos, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_contact_limit_and_order():
+    """A 15 cm sphere pressed into a fine 24 x 24 random height field touches more than
+    50 prisms: MuJoCo keeps the first mjMAXCONPAIR = 50 in row / column / triangle
+    order, and so does simjax (all shallow: exact)."""
+    from mujoco_oracle import model_from_mujoco
+    elev = np.random.default_rng(2).uniform(0, 1, 24 * 24)
+    mjm = mujoco.MjModel.from_xml_string(f"""
+    <mujoco><asset><hfield name="h" nrow="24" ncol="24" size="0.3 0.3 0.03 0.05"
+            elevation="{' '.join(map(str, elev))}"/></asset>
+     <worldbody><geom type="hfield" hfield="h"/>
+      <body><freejoint/><geom type="sphere" size="0.15"/></body></worldbody></mujoco>""")
+    m = model_from_mujoco(mjm)
+    fn = [g.fn for g in driver.plan(m).groups if getattr(g.fn, "hfield", False)][0]
+    assert fn.maxcon == hfield.MAXCONPAIR
+    f = jax.jit(lambda d: driver.collision(m, d))
+    d0 = io.make_data(m)
+    mjd = mujoco.MjData(mjm)
+    full = 0
+    for x, y, z in [(0.0, 0.0, 0.12), (0.1, -0.05, 0.125), (-0.2, 0.15, 0.17)]:
+        mjd.qpos[:3] = [x, y, z]
+        mujoco.mj_forward(mjm, mjd)
+        c = jax.tree_util.tree_map(np.asarray, f(poses(d0, mjd)).contact)
+        compare(c, mjd, lambda key: 0.15)
+        full += mjd.ncon == hfield.MAXCONPAIR
+        print("ncon", mjd.ncon)
+    assert full >= 1
