@@ -194,11 +194,11 @@ def touch():
 @pytest.mark.slow
 def test_touch_grid_contacts(touch):
     """Ellipsoid on the height field at 20 states: same pairs, same contact counts (up
-    to mjMAXCONPAIR per pair), in MuJoCo's prism order; dist to 1e-5 (MuJoCo's EPA
-    stops at ccd_tolerance 1e-6; simjax polishes the separation per prism feature) to
-    2e-6 (measured 9.5e-7), normals to 5e-3 (1.6e-3) and positions to 1e-3 (2.5e-4) (near the optimum the separation is flat in
-    the normal, so EPA's normal and witness errors are the square root of its depth
-    error). Plane contacts exact."""
+    to mjMAXCONPAIR per pair), in MuJoCo's prism order. MuJoCo's EPA stops at
+    ccd_tolerance 1e-6; simjax polishes the separation per prism feature. Distances to
+    2e-6 (measured 9.5e-7), normals to 5e-3 (1.6e-3), positions to 1e-3 (2.5e-4): near
+    the optimum the separation is flat in the normal, so EPA's normal and witness
+    errors are about the square root of its depth error. Plane contacts exact."""
     mjm, m, f = touch
     mjd = mujoco.MjData(mjm)
     d0 = io.make_data(m)
