@@ -50,7 +50,8 @@ SLOW = {
         dict(z=0.2, seed=1)),
     "connect": ("warp_jdotv_connect_3d/connect_3d.xml", tight(2), dict(seed=3)),
     "humanoid_contacts": ("mujoco_humanoid/humanoid.xml", tight(2), dict(z=0.9, seed=5)),
-    "barkour": ("mjx_barkour_v0/assets/barkour_v0_mjx.xml", tight(2), dict(z=0.1, seed=6)),
+    # foot 8 mm into the terrain: deeper than its radius, MuJoCo's EPA witness is inexact
+    "barkour": ("mjx_barkour_v0/assets/barkour_v0_mjx.xml", tight(2), dict(z=0.215, seed=6)),
     "shadow_hand": ("mjx_shadow_hand/scene_right.xml", tight(2), dict(qscale=0.6, seed=7)),
     "hopper": ("gym_hopper/hopper.xml", tight(2), dict(z=0.2, seed=9)),
 }
