@@ -124,14 +124,22 @@ def barkour():
     return mjm, m, lambda d: g(m, d)
 
 
-def test_hfield_model_fields(barkour):
-    """Compiled height-field arrays as MuJoCo's (the engine reads them statically)."""
-    mjm, m, _ = barkour
+@pytest.mark.parametrize("rel", [pytest.param(BARKOUR, marks=pytest.mark.slow), TOUCH])
+def test_hfield_model_fields(rel):
+    """Height-field arrays compiled by simjax.load_model as MuJoCo's (the collider
+    reads them statically), and the geoms' bounding radii."""
+    import simjax
+    from mujoco_oracle import corpus_path
+    path = corpus_path(rel)
+    mjm = mujoco.MjModel.from_xml_path(path)
+    m = simjax.load_model(path)
     np.testing.assert_array_equal(np.asarray(m.hfield_size), mjm.hfield_size)
     np.testing.assert_array_equal(np.asarray(m.hfield_nrow), mjm.hfield_nrow)
     np.testing.assert_array_equal(np.asarray(m.hfield_ncol), mjm.hfield_ncol)
     np.testing.assert_array_equal(np.asarray(m.hfield_adr), mjm.hfield_adr)
-    np.testing.assert_array_equal(np.asarray(m.hfield_data, np.float32), mjm.hfield_data)
+    np.testing.assert_allclose(np.asarray(m.hfield_data), mjm.hfield_data, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(m.geom_rbound), mjm.geom_rbound, rtol=1e-6)
+    assert isinstance(m.hfield_size, np.ndarray) and isinstance(m.geom_rbound, np.ndarray)
 
 
 def test_barkour_contacts(barkour):
