@@ -254,7 +254,6 @@ def _trajectory(rel, q0, nstep=10):
     for _ in range(nstep):
         d = step(d)
         mujoco.mj_step(mjm, mjd)
-        print("ncon", mjd.ncon, "|qvel|", np.abs(mjd.qvel).max())
         ours.append(np.concatenate([np.asarray(d.qpos), np.asarray(d.qvel)]))
         theirs.append(np.concatenate([mjd.qpos, mjd.qvel]))
         assert int(d.ncon) == mjd.ncon
@@ -481,5 +480,4 @@ def test_contact_limit_and_order():
         c = jax.tree_util.tree_map(np.asarray, f(poses(d0, mjd)).contact)
         compare(c, mjd, lambda key: 0.15)
         full += mjd.ncon == hfield.MAXCONPAIR
-        print("ncon", mjd.ncon)
     assert full >= 1
