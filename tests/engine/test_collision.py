@@ -45,6 +45,30 @@ def drop_states(mjm, n, seed=0):
     return out
 
 
+def contact_states(mjm, n, seed=0, tries=50):
+    """``n`` states at which MuJoCo finds contacts: drop states, then joints spread over
+    their ranges (or +-1 rad) with growing probability, until n states touch."""
+    rng = np.random.default_rng(seed)
+    mjd = mujoco.MjData(mjm)
+    out = []
+    for k in range(tries * n):
+        q = drop_states(mjm, 1, seed=seed * 100003 + k)[0]
+        wide = (k % 4) / 4
+        for j in range(mjm.njnt):
+            a = mjm.jnt_qposadr[j]
+            if mjm.jnt_type[j] in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE) \
+                    and rng.uniform() < wide:
+                lo, hi = mjm.jnt_range[j] if mjm.jnt_limited[j] else (-1.0, 1.0)
+                q[a] = rng.uniform(lo, hi)
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        if mjd.ncon:
+            out.append(q)
+            if len(out) == n:
+                break
+    return out
+
+
 def collide_fn(m):
     """Jitted collision alone: geom poses come from MuJoCo's kinematics (``poses``), so
     each test compiles the collision stage only."""
@@ -62,7 +86,7 @@ def run(rel, n=NSTATE, edit=None):
     mjd = mujoco.MjData(mjm)
     d0 = io.make_data(m)
     f = collide_fn(m)
-    for q in drop_states(mjm, n):
+    for q in contact_states(mjm, n):
         mjd.qpos[:] = q
         mujoco.mj_forward(mjm, mjd)
         d = f(poses(d0, mjd))

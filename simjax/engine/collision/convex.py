@@ -253,10 +253,10 @@ def mesh_table(m):
     F = max(max(len(h[1]) for h in hulls), 1)
     E = max(max(len(h[2]) for h in hulls), 1)
     D = max(max((len(a) for a in h[3]), default=1) for h in hulls)
-    polys = [_polygons(h[0]) if len(h[1]) else [] for h in hulls]
+    polys = [_mj_polygons(h[0]) if len(h[1]) else [] for h in hulls]
     PV = max([1] + [sum(v in ids for _, ids in pl) for pl, h in zip(polys, hulls)
                     for v in range(len(h[0]))])
-    pnorm = np.full((m.nmesh, V, PV, 3), 2.0)          # padding: never the most opposed
+    pnorm = np.zeros((m.nmesh, V, PV, 3))              # padding: masked by pquad < 0
     pquad = -np.ones((m.nmesh, V, PV, 3), np.int64)
     for i, pl in enumerate(polys):
         cnt = np.zeros(V, np.int64)
@@ -384,7 +384,7 @@ def plane_convex(g1, g2, margin, t2=None):
     loc = normal @ g2.mat
     k = jnp.argmax(g2.vert @ -loc)
     pn = g2.extra["pnorm"][k]                                    # (PV, 3)
-    best = jnp.argmin(pn @ loc)
+    best = jnp.argmin(jnp.where(g2.extra["pquad"][k, :, 0] >= 0, pn @ loc, jnp.inf))
     quad = g2.extra["pquad"][k, best]                            # (3,)
     world = g2.vert[jnp.maximum(quad, 0)] @ g2.mat.T + g2.pos
     d2 = (world - g1.pos) @ normal
