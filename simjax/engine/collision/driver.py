@@ -270,13 +270,16 @@ def plan(m) -> Plan:
 def contact_capacity(m) -> int:
     """Default contact capacity: per contact dim, the sum of per-pair maxima, bounded
     by ``CONTACTS_PER_GEOM`` contacts per geom appearing in that dim's pairs (at
-    least 64)."""
+    least 64); SDF pairs always get their full ``opt.sdf_initpoints`` each (a resting
+    SDF contact patch fills many of them: MuJoCo reports ~200 for the torus scene)."""
     p = plan(m)
     total = 0
     for dim in p.dims:
         sel = p.dim == dim
         ngeom = len(np.unique(np.concatenate([p.g1[sel], p.g2[sel]])))
-        total += min(p.full[dim], max(64, CONTACTS_PER_GEOM * ngeom))
+        sdf = sum(grp.maxcon * int(np.sum(p.dim[grp.cand] == dim))
+                  for grp in p.groups if grp.fn is sdf_pair)
+        total += min(p.full[dim] - sdf, max(64, CONTACTS_PER_GEOM * ngeom)) + sdf
     return int(total)
 
 
