@@ -14,8 +14,9 @@ from simjax.engine.collision import driver
 from simjax.engine.data import WARN_CONTACTFULL
 from simjax.types import DisableBit, EnableBit
 
-#: every corpus model with collision candidates (barkour and touch_grid need height
-#: fields and are tested with them), and the position tolerance of its box/mesh
+#: every corpus model with collision candidates that MuJoCo finds in contact (barkour
+#: and touch_grid need height fields and are tested with them; the only candidate pairs
+#: of warp site.xml and tendon_force_clamp.xml never touch), and the position tolerance of its box/mesh
 #: contacts (mesh-mesh, box-mesh; everything else, plane-mesh included, is held to
 #: 1e-6). trossen: its finger meshes have merged polygons that are not planar, whose
 #: vertex order (hence polygonQuad's pick) may differ from MuJoCo's: 3e-3.
@@ -27,8 +28,6 @@ MODELS = {
     "mujoco_humanoid/humanoid.xml": 1e-6, "mjx_humanoid/humanoid.xml": 1e-6,
     "mjx_sensor/sensor.xml": 1e-6, "mujoco_plugin_pid/pid.xml": 1e-6,
     "warp_jdotv_weld_3d/weld_3d.xml": 1e-6, "warp_jdotv_connect_3d/connect_3d.xml": 1e-6,
-    "warp_actuation_site/site.xml": 1e-6,
-    "mjx_actuator_tendon_force_clamp/tendon_force_clamp.xml": 1e-6,
     "mujoco_car/car.xml": 1e-6, "mjx_convex/convex.xml": 1e-6,
     "menagerie_trossen_wx250s/scene.xml": 3e-3, "mjx_shadow_hand/scene_right.xml": 1e-6,
 }
@@ -145,14 +144,19 @@ def _check_params(c, i, mc):
 def check_model(rel, n=NSTATE, edit=None):
     """Contacting geom pairs, contact counts per pair, dist, pos, frame and parameters
     as MuJoCo at ``n`` states with contacts (tolerances: see MODELS)."""
-    ncon = 0
+    ncon = npoly = nepa = 0
     tol = MODELS.get(rel, 1e-6)
     for theirs, ours, c, mjm in run(rel, n=n, edit=edit, with_model=True):
         assert set(ours) == set(theirs)
         for key, mcs in theirs.items():
-            assert len(ours[key]) == len(mcs), key
             types = {int(mjm.geom_type[g]) for g in key}
             poly = types <= {6, 7} and 7 in types                # box/mesh pairs
+            if poly:
+                npoly += 1
+                if _epa_not_optimal(c, ours[key], mcs):
+                    nepa += 1
+                    continue
+            assert len(ours[key]) == len(mcs), key
             for mc in mcs:
                 i, dpos = _nearest(c, ours[key], mc.pos)
                 assert dpos < (tol if poly else 1e-6), (key, dpos)
@@ -165,6 +169,22 @@ def check_model(rel, n=NSTATE, edit=None):
                 _check_params(c, i, mc)
                 ncon += 1
     assert ncon > 0, "no contacts produced"
+    # EPA stopping short of the optimum in deep random overlaps: a small minority
+    assert nepa <= max(1, npoly // 10), (nepa, npoly)
+
+
+def _epa_not_optimal(c, idx, mcs):
+    """Whether MuJoCo's EPA stopped on a face that is not the minimum-penetration one
+    (its tolerance; seen in deep random overlaps of polytopes): its normal differs from
+    simjax's exact optimum and its penetration is deeper. Asserts it is so by < 1e-3 m
+    (then the patch, found from a different face, is not compared)."""
+    i = idx[int(np.argmin(c.dist[idx]))]
+    j = int(np.argmin([mc.dist for mc in mcs]))
+    cosang = np.clip(np.dot(c.frame[i][0], mcs[j].frame[:3]), -1, 1)
+    if np.arccos(cosang) < NORMAL_TOL or c.dist[i] <= mcs[j].dist + 1e-9:
+        return False
+    assert c.dist[i] - mcs[j].dist < 1e-3
+    return True
 
 
 def check_primitive(rel, edit=None):

@@ -1,32 +1,63 @@
 """General convex colliders: plane-convex and convex-convex for ellipsoids, cylinders,
 capsules, spheres, boxes and meshes (their convex hulls).
 
-MuJoCo 4.0 uses its native GJK/EPA (engine_collision_gjk.c) with polygon-clipping
-multi-contact for box/mesh pairs. simjax uses a different, fixed-shape formulation
-that jit/vmap/grad handle well:
+MuJoCo 4.0 finds the penetration of a convex pair with GJK + EPA (mjc_ccd,
+engine_collision_gjk.c) and, for box/mesh pairs, recovers a contact patch from the
+final EPA face (multicontact / polygonClip). simjax computes the same quantities with
+a fixed-shape formulation that jit/vmap/grad handle well:
 
-- The signed distance of two convex sets along a unit direction ``n`` (from geom1 to
-  geom2) is ``sep(n) = -h2(-n) - h1(n)`` with ``h`` the support functions. Its maximum
-  over unit directions is the distance when the sets are apart and minus the
-  penetration depth when they overlap (minimum translation distance) - the quantity
-  GJK and EPA compute. The maximiser is the contact normal.
-- Polytopes (boxes, meshes): the maximum is attained at a face normal of either hull
-  or at a cross product of hull edges (separating axis theorem), all of which are
-  evaluated exactly. Curved shapes: the best of a set of candidate directions (geom
-  axes, centre difference, face normals of a polytope partner, 26 fixed directions)
-  is refined by projected gradient ascent with step adaptation (fixed iteration count).
-- Contact position: midway between the two support points. Box/mesh pairs add the
-  vertices of each support face that lie inside the other's support face (projected
-  along the normal), reduced to at most 4 spread-out points, each with its own depth.
+- **Normal and depth.** The signed distance of two convex sets along a unit direction
+  ``n`` (geom1 to geom2) is ``sep(n) = -h2(-n) - h1(n)`` (``h``: support functions);
+  its maximum over directions is the distance (apart) or minus the penetration depth
+  (overlapping): the optimum EPA converges to. Polytopes (boxes, meshes): the maximum
+  is attained at a hull face normal or a cross product of hull edges (separating axis
+  theorem), all evaluated exactly. Curved shapes: the best of a set of candidate
+  directions is refined by projected gradient ascent (fixed iteration count).
+- **Witness point (single contact).** The support features along ``n`` play the role
+  of the final EPA face: a vertex of either side gives the unique witness (the
+  vertex, moved half the distance along the normal); two edges give their closest
+  points. For curved shapes the curved geom's support point is the witness (what
+  MuJoCo's inflated point/segment GJK gives for spheres).
+- **Box/mesh multi-contact (MuJoCo's multicontact).** Support features (vertex, edge
+  or face: vertices within FEATURE_TOL of the support plane) give candidate polygons
+  (those containing the feature) and edges (the feature's edge, or every edge at the
+  vertex). Two polygons facing each other (cosine < -FACE_TOL) give a face-face
+  patch: geom2's polygon clipped by geom1's side planes (Sutherland-Hodgman as
+  polygonClip), points below geom1's face kept, more than 4 reduced by MuJoCo's greedy
+  polygonQuad; depth of each point below the reference face, normal minus geom2's
+  face normal. Otherwise an edge in a face (|cosine| < EDGE_TOL) clips the edge by the
+  face (at most its two farthest points). Hull polygons are formed as MuJoCo's
+  compiler does (hull triangles grouped by normal angles rounded to 0.01 rad, boundary
+  traced per island).
+- **Plane-mesh** (MuJoCo 4.0's mjc_PlaneConvex): the deepest vertex, then the other
+  corners of the largest-area quadrilateral of the hull polygon at that vertex most
+  opposed to the plane normal (greedy, precomputed per polygon and anchor), each kept
+  when below the margin and below the mesh centre.
 
-Differences from MuJoCo (documented, tested with tolerances): the witness point of
-single contacts on flat features may sit elsewhere on the contact patch; multi-contact
-point sets of box/mesh pairs are the face-overlap corners, not MuJoCo's clipped polygon
-reduced by its quad heuristic; cylinders/capsules against meshes give one contact
-(MuJoCo's MULTICCD perturbation search adds up to 4 more); separation inside a margin
-between polytopes is measured along the best SAT axis. Plane-mesh contacts use hull
-polygons from scipy's qhull (coplanar facets merged), so on exact ties (a face resting
-flat) the anchor vertex, and with it the chosen quad, may differ from MuJoCo's.
+Measured against MuJoCo 4.0.0 on the corpus (tests/engine/test_collision.py, 20 states
+with contacts per model): same contacting pairs and contact counts everywhere;
+plane-mesh, box-mesh and mesh-mesh (mjx convex scene) positions and depths to ~1e-8;
+trossen wx250s finger meshes (merged, slightly non-planar polygons) within 3e-3 in
+position, depths to 1e-6.
+
+Differences from MuJoCo (deliberate or not yet implemented):
+
+- Where several polygon pairs (or edge/face pairs) qualify, MuJoCo takes the first in
+  its polygon order, simjax the best aligned; polygon vertex order (start vertex) may
+  differ from MuJoCo's, which can change polygonQuad's pick on polygons of more than
+  4 clipped points (the trossen tolerance above).
+- Cylinder patches: a cylinder against a box, mesh or cylinder gives one contact
+  here. MuJoCo 4.0.0 returns up to 4 for a cylinder cap on a face (observed: cap rim
+  points at multiples of 22.5 degrees about the cylinder axis, i.e. the cap as a
+  16-gon, clipped and reduced to 4, each with its own depth, also at 20 degree tilts);
+  that variant is not in the MuJoCo C sources available here (whose mjc_Convex
+  perturbs by +-1e-3 rad instead), so it is not reproduced. No corpus model has such
+  a pair in contact. A capsule lying on a mesh face gives one contact in both.
+  Box/mesh pairs with a positive margin give one contact (MuJoCo then also uses its
+  MULTICCD search). Deep penetrations where EPA stops on a non-optimal face (its
+  tolerance) report simjax's exact optimum.
+- Meshes whose hull MuJoCo does not build (no mesh_graph) get polygons here; MuJoCo
+  skips multi-contact for them.
 """
 from __future__ import annotations
 
@@ -43,8 +74,6 @@ from simjax.types import GeomType as GT
 REFINE_ITERS = 40
 #: maximum number of hull edge pairs evaluated as SAT axes
 MAX_EDGE_PAIRS = 4096
-#: support-face vertices kept per polytope for multi-contact
-FACE_VERTS = 8
 
 _FIXED_DIRS = np.array([(x, y, z) for x in (-1, 0, 1) for y in (-1, 0, 1) for z in (-1, 0, 1)
                         if (x, y, z) != (0, 0, 0)], np.float64)
@@ -87,32 +116,6 @@ def _hull(verts):
             dirs.append(e)
     return hv, np.asarray(normals).reshape(-1, 3), np.asarray(dirs).reshape(-1, 3), \
         [sorted(a) for a in adj], idx
-
-
-def _polygons(hv):
-    """Hull polygons of hull vertices ``hv``: coplanar facets merged, vertices in
-    counter-clockwise order about the outward normal. Returns [(normal, [vertex ids])]."""
-    from scipy.spatial import ConvexHull
-    hull = ConvexHull(hv)
-    groups = []
-    for simplex, eq in zip(hull.simplices, hull.equations):
-        for g in groups:
-            if np.dot(g[0][:3], eq[:3]) > 1 - 1e-9 and abs(g[0][3] - eq[3]) < 1e-9:
-                g[1].update(int(i) for i in simplex)
-                break
-        else:
-            groups.append((eq, set(int(i) for i in simplex)))
-    out = []
-    for eq, ids in groups:
-        n = eq[:3]
-        ids = np.asarray(sorted(ids))
-        c = hv[ids].mean(0)
-        u = hv[ids[0]] - c
-        u = u / max(np.linalg.norm(u), 1e-300)
-        w = np.cross(n, u)
-        ang = np.arctan2((hv[ids] - c) @ w, (hv[ids] - c) @ u)
-        out.append((n, [int(i) for i in ids[np.argsort(ang)]]))
-    return out
 
 
 def _quad(hv, ids, a):
@@ -302,7 +305,8 @@ def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype):
             mid = dataid[ig]
             extra = {k: (jnp.asarray(tab[k], ftype) if tab[k].dtype.kind == "f"
                          else jnp.asarray(tab[k]))[mid] for k in names}
-            geo = geo._replace(vert=jnp.asarray(tab["vert"], ftype)[mid], extra=extra)
+            geo = geo._replace(vert=jnp.asarray(tab["vert"], ftype)[mid],
+                               extra={**(geo.extra or {}), **extra})
         out.append(geo)
     return tuple(out)
 
@@ -439,60 +443,6 @@ def _refine(t1, g1, t2, g2, n, s, scale):
     return n, s
 
 
-def _face_points(t, geo, n, k):
-    """World vertices (k, 3) of the support face of a polytope along n, with a mask."""
-    if t == GT.BOX:
-        v = _box_verts(geo.size)
-    else:
-        v = geo.vert
-    w = v @ geo.mat.T + geo.pos
-    pr = w @ n
-    top = jnp.max(pr)
-    scale = jnp.max(jnp.abs(v)) + 1e-300
-    on = pr >= top - 1e-6 * scale
-    k = min(k, w.shape[0])
-    order = jnp.argsort(~on, stable=True)[:k]          # on-face vertices first
-    return w[order], on[order]
-
-
-def _inside(points, poly, pmask, n):
-    """Whether each point (P, 3) projects inside the convex polygon of ``poly`` (K, 3)
-    (masked) along n; the polygon is given by unordered vertices."""
-    u, _ = normalize(cross(n, jnp.where(jnp.abs(n[0]) < 0.9, jnp.asarray([1.0, 0, 0]),
-                                        jnp.asarray([0, 1.0, 0])).astype(n.dtype)))
-    v = cross(n, u)
-    q = jnp.stack([poly @ u, poly @ v], -1)                      # (K, 2)
-    p = jnp.stack([points @ u, points @ v], -1)                  # (P, 2)
-    K = q.shape[0]
-    qi, qj = q[:, None, :], q[None, :, :]
-    e = qj - qi                                                  # (K, K, 2)
-    nrm = jnp.stack([-e[..., 1], e[..., 0]], -1)
-    scale = jnp.max(jnp.abs(q)) + 1e-300
-    tol = 1e-9 * scale * scale
-    side = jnp.einsum("ijc,kc->ijk", nrm, q) - jnp.sum(nrm * qi, -1)[..., None]  # (K,K,K)
-    valid_pair = pmask[:, None] & pmask[None, :] & (jnp.sum(e * e, -1) > tol)
-    hull_edge = valid_pair & jnp.all((side >= -tol) | ~pmask[None, None, :], axis=-1)
-    ps = jnp.einsum("ijc,pc->ijp", nrm, p) - jnp.sum(nrm * qi, -1)[..., None]  # (K,K,P)
-    ok = jnp.all((ps >= -tol) | ~hull_edge[..., None], axis=(0, 1))
-    return ok & jnp.any(hull_edge)
-
-
-def _spread4(pos, valid, depth):
-    """Keep at most 4 spread-out valid points: deepest, farthest from it, farthest from
-    their line, farthest on the other side."""
-    big = jnp.asarray(1e30, pos.dtype)
-    i0 = jnp.argmin(jnp.where(valid, depth, big))
-    d0 = jnp.sum((pos - pos[i0]) ** 2, -1)
-    i1 = jnp.argmax(jnp.where(valid, d0, -1.0))
-    ab = pos[i1] - pos[i0]
-    c = cross(ab, pos - pos[i0])
-    area = jnp.sum(c * c, -1)
-    i2 = jnp.argmax(jnp.where(valid, area, -1.0))
-    nrm = cross(ab, pos[i2] - pos[i0])
-    sgn = -(c @ nrm)
-    i3 = jnp.argmax(jnp.where(valid, sgn, -big))
-    keep = jnp.zeros(pos.shape[0], bool).at[jnp.stack([i0, i1, i2, i3])].set(True)
-    return keep & valid
 
 
 # --------------------------------------------------------------------------- multi-contact
@@ -776,7 +726,12 @@ def convex_convex(g1, g2, margin, t1=None, t2=None):
     dist, a, b = _sep(t1, g1, t2, g2, n)
     if poly:
         return poly_contacts(t1, g1, t2, g2, n, dist, margin)
-    # witness: the unique support point of the curved geom, moved half the distance
+    return _witness(t1, t2, n, dist, a, b, margin)
+
+
+def _witness(t1, t2, n, dist, a, b, margin):
+    """Single contact of a curved pair: the curved geom's (unique) support point moved
+    half the distance along the normal."""
     pos = a + 0.5 * dist * n if t1 not in _POLY else b - 0.5 * dist * n
     return one(dist, pos, n, dist <= margin)
 
