@@ -28,8 +28,9 @@ MODELS = {
     "mujoco_humanoid/humanoid.xml": 1e-6, "mjx_humanoid/humanoid.xml": 1e-6,
     "mjx_sensor/sensor.xml": 1e-6, "mujoco_plugin_pid/pid.xml": 1e-6,
     "warp_jdotv_weld_3d/weld_3d.xml": 1e-6, "warp_jdotv_connect_3d/connect_3d.xml": 1e-6,
-    "mujoco_car/car.xml": 1e-6, "mjx_convex/convex.xml": 1e-6,
-    "menagerie_trossen_wx250s/scene.xml": 3e-3, "mjx_shadow_hand/scene_right.xml": 1e-6,
+    "mujoco_car/car.xml": 1e-6, "mjx_convex/convex.xml": (1e-2, 1e-3),
+    "menagerie_trossen_wx250s/scene.xml": (3e-3, 1e-6),
+    "mjx_shadow_hand/scene_right.xml": 1e-6,
 }
 #: a few states of these run by default; every model at NSTATE states is marked slow
 FAST = ["gym_hopper/hopper.xml", "mujoco_car/car.xml"]
@@ -146,6 +147,7 @@ def check_model(rel, n=NSTATE, edit=None):
     as MuJoCo at ``n`` states with contacts (tolerances: see MODELS)."""
     ncon = npoly = nepa = 0
     tol = MODELS.get(rel, 1e-6)
+    tol, dtol = tol if isinstance(tol, tuple) else (tol, 1e-6)
     for theirs, ours, c, mjm in run(rel, n=n, edit=edit, with_model=True):
         assert set(ours) == set(theirs)
         for key, mcs in theirs.items():
@@ -160,7 +162,7 @@ def check_model(rel, n=NSTATE, edit=None):
             for mc in mcs:
                 i, dpos = _nearest(c, ours[key], mc.pos)
                 assert dpos < (tol if poly else 1e-6), (key, dpos)
-                assert abs(c.dist[i] - mc.dist) < 1e-6, key
+                assert abs(c.dist[i] - mc.dist) < (dtol if poly else 1e-6), key
                 if poly:
                     cosang = np.clip(np.dot(c.frame[i][0], mc.frame[:3]), -1, 1)
                     assert np.arccos(cosang) < NORMAL_TOL, key
