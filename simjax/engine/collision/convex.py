@@ -47,11 +47,13 @@ Differences from MuJoCo (deliberate or not yet implemented):
   differ from MuJoCo's, which can change polygonQuad's pick on polygons of more than
   4 clipped points (the trossen tolerance above).
 - Cylinder patches: a cylinder against a box, mesh or cylinder gives one contact
-  here. MuJoCo 4.0.0 returns up to 4 for a cylinder cap on a face (observed: cap rim
-  points at multiples of 22.5 degrees about the cylinder axis, i.e. the cap as a
-  16-gon, clipped and reduced to 4, each with its own depth, also at 20 degree tilts);
-  that variant is not in the MuJoCo C sources available here (whose mjc_Convex
-  perturbs by +-1e-3 rad instead), so it is not reproduced. No corpus model has such
+  here. MuJoCo 4.0.0's native CCD returns more (observed with the oracle): a cap
+  resting on a face (tilt under ~5 degrees) gives 4 rim points at multiples of 22.5
+  degrees about the cylinder axis, each with its own depth, whose choice did not fit
+  a regular 16-gon reduced by polygonQuad; a cylinder lying on its side gives 2, at the
+  ends of the contact line. This variant is not in the MuJoCo C sources available
+  here (their mjc_Convex perturbs by +-1e-3 rad, what MuJoCo 4.0.0 still does with
+  DisableBit.NATIVECCD: 5 contacts), so it is not reproduced. No corpus model has such
   a pair in contact. A capsule lying on a mesh face gives one contact in both.
   Box/mesh pairs with a positive margin give one contact (MuJoCo then also uses its
   MULTICCD search). Deep penetrations where EPA stops on a non-optimal face (its
