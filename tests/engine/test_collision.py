@@ -294,6 +294,18 @@ def test_capacity_override_and_overflow():
     pytest.fail("no state with more than 2 contacts")
 
 
+def test_sdf_capacity():
+    """Every SDF pair gets its opt.sdf_initpoints slots (MuJoCo reports ~200 contacts on
+    the torus scene, beyond the per-geom bound of other pairs)."""
+    import simjax
+    from mujoco_oracle import corpus_path
+    m = simjax.load_model(corpus_path("mujoco_plugin_sdf_torus/torus.xml"))
+    p = driver.plan(m)
+    nsdf = sum(len(g.cand) for g in p.groups if g.fn is driver.sdf_pair)
+    assert nsdf > 0
+    assert driver.contact_capacity(m) >= nsdf * int(m.opt.sdf_initpoints) >= 197
+
+
 @pytest.mark.slow
 def test_step_with_contacts():
     """step runs with contacts in the pipeline (jit, vmap) and keeps capacity."""
