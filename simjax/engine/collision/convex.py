@@ -50,8 +50,9 @@ Differences from MuJoCo (deliberate or not yet implemented):
   here. MuJoCo 4.0.0's native CCD returns more (observed with the oracle): a cap
   resting on a face (tilt under ~5 degrees) gives 4 rim points at multiples of 22.5
   degrees about the cylinder axis, each with its own depth, whose choice did not fit
-  a regular 16-gon reduced by polygonQuad; a cylinder lying on its side gives 2, at the
-  ends of the contact line. This variant is not in the MuJoCo C sources available
+  a regular 16-gon reduced by polygonQuad; a cylinder lying on its side (axis parallel
+  to the face within 3e-4 degrees; at 3 degrees it gives one, as simjax) gives 2, at
+  the ends of the contact line. This variant is not in the MuJoCo C sources available
   here (their mjc_Convex perturbs by +-1e-3 rad, what MuJoCo 4.0.0 still does with
   DisableBit.NATIVECCD: 5 contacts), so it is not reproduced. No corpus model has such
   a pair in contact. A capsule lying on a mesh face gives one contact in both.
