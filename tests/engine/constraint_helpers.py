@@ -55,7 +55,12 @@ def tight(solver_type, cone=None, contacts=True, extra=None):
 
 
 def _smooth(m, d):
+    # keep the injected contacts: fwd_position runs our own collision, whose contacts
+    # (and their count, bounded by the injected buffer's capacity) may differ from
+    # MuJoCo's on mesh pairs; the constraint rows are rebuilt from the injected ones
+    con, ncon = d.contact, d.ncon
     d = fwd.fwd_position(m, d)
+    d = constraint.make_constraint(m, d.replace(contact=con, ncon=ncon))
     d = fwd.fwd_velocity(m, d)
     d = fwd.fwd_actuation(m, d)
     return fwd.fwd_acceleration(m, d)
