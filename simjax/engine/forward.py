@@ -19,6 +19,7 @@ from simjax.engine import actuation
 from simjax.engine import collision
 from simjax.engine import constraint
 from simjax.engine import derivative
+from simjax.engine import history
 from simjax.engine import io
 from simjax.engine import math
 from simjax.engine import passive
@@ -135,6 +136,8 @@ def _advance(m, d: Data, act_dot, qacc, qvel=None) -> Data:
     """
     h = jnp.asarray(m.opt.timestep, d.qpos.dtype)
     out = {}
+    if m.nhistory:
+        out["history"] = history.advance(m, d, lambda ids: sensor.compute(m, d, ids))
     if m.na and not (m.opt.disableflags & DisableBit.ACTUATION):
         tab = actuation.tables(m)
         off = actuation._disabled_mask(m)[tab.act_owner]
