@@ -17,7 +17,7 @@ import pytest
 
 from engine_helpers import rel_err
 from mujoco_oracle import model_from_mujoco
-from simjax.engine import forward, history, make_data, reset_keyframe, step
+from simjax.engine import forward, make_data, reset_keyframe, step
 
 TOL = 1e-10
 NSTEP = 25
@@ -91,7 +91,9 @@ def test_reset_buffers():
     assert float(d.time) == mjd.time
 
 
-@pytest.mark.parametrize("integrator", ["Euler", "implicitfast", "RK4"])
+@pytest.mark.parametrize("integrator", [
+    "Euler", pytest.param("implicitfast", marks=pytest.mark.slow),
+    pytest.param("RK4", marks=pytest.mark.slow)])
 def test_trajectory(integrator, jstep):
     mjm, m = _models(integrator)
     mjd = mujoco.MjData(mjm)
