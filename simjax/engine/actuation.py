@@ -83,7 +83,20 @@ def tables(m) -> ActTables:
     tab = _CACHE.get(key)
     if tab is None:
         tab = _CACHE[key] = _build(m)
+    _check_delays(m)
     return tab
+
+
+def _check_delays(m):
+    """A delay needs a history buffer (MuJoCo's compiler refuses it otherwise). Delays
+    are parameters: checked when concrete (traced ones come from a checked model)."""
+    try:
+        delay = np.asarray(m.actuator_delay).reshape(-1)
+    except Exception:
+        return
+    if m.nu and np.any((delay != 0) &
+                       (np.asarray(m.actuator_history).reshape(m.nu, 2)[:, 0] <= 0)):
+        _unsupported("delay without a history buffer (nsample 0)")
 
 
 def _unsupported(what):
@@ -112,14 +125,6 @@ def _build(m) -> ActTables:
                 key = {"transmission": "trn", "dynamics": "dyn"}.get(what, what)
                 label = names[key].get(int(val), str(int(val)))
                 _unsupported(f"{what} type '{label}' (actuator {i})")
-    try:
-        delay = np.asarray(m.actuator_delay).reshape(-1)
-    except Exception:            # traced delays: buffers decide, checked at compile time
-        delay = None
-    if nu and delay is not None:
-        nsample = np.asarray(m.actuator_history).reshape(nu, 2)[:, 0]
-        if np.any((delay > 0) & (nsample <= 0)):
-            _unsupported("delay without a history buffer (nsample 0)")
     if nu and (np.any(np.asarray(m.actuator_ctrlnum) != 1) or
                np.any(np.asarray(m.actuator_outnum) != 1)):
         _unsupported("with several controls or outputs")
