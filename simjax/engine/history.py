@@ -24,6 +24,13 @@ compute-or-read rule of the sensor stages (engine_sensor.c):
 - sensors with a buffer but neither delay nor interval report fresh values; the step
   copies them into the buffer.
 
+With RK4 the insertions use the forwarded state at the start of the step, not the last
+Runge-Kutta stage (MuJoCo 4.0's behaviour, measured on delayed velocimeters and
+accelerometers). Delays and intervals are parameters (vmappable, may be traced): the
+compute-or-read choice is a ``jnp.where``. Actuator delays without a buffer raise
+UnsupportedFeatureError (MuJoCo's compiler refuses them); plugin sensors with buffers
+raise too.
+
 Everything is vectorised over the buffers of one static (nsample, dim, interp) group,
 differentiable in the stored values and vmappable.
 """
