@@ -12,11 +12,12 @@ single-output actuators:
 - control clamping, bad-control reset, actuator group disabling, activation clamping,
   actearly, tendon and actuator force clamping, joint-level actuator force limits,
   actuator gravity compensation, and the setpoint wrapping MuJoCo 4.0 applies to
-  position servos on ball joints and on purely rotational site+refsite transmissions.
+  position servos on ball joints and on purely rotational site+refsite transmissions;
+- delayed controls (``actuator_delay`` with a history buffer, :mod:`history`).
 
 Other actuator features raise UnsupportedFeatureError naming them when the model is
 traced: DC-motor, PID and SO(3) actuators (dyntype/gaintype/biastype dcmotor, pid, so3,
-transmission so3), user callbacks, delays (history buffers) and actuators with several
+transmission so3), user callbacks and actuators with several
 controls or outputs, or several activations (except plugin actuators, which
 :mod:`simjax.plugins.engine` drives).
 """
@@ -28,6 +29,7 @@ import hashlib
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import history
 from simjax.engine import math
 from simjax.engine import tables as tables_mod
 from simjax.engine.data import WARN_BADCTRL
@@ -81,7 +83,20 @@ def tables(m) -> ActTables:
     tab = _CACHE.get(key)
     if tab is None:
         tab = _CACHE[key] = _build(m)
+    _check_delays(m)
     return tab
+
+
+def _check_delays(m):
+    """A delay needs a history buffer (MuJoCo's compiler refuses it otherwise). Delays
+    are parameters: checked when concrete (traced ones come from a checked model)."""
+    try:
+        delay = np.asarray(m.actuator_delay).reshape(-1)
+    except Exception:
+        return
+    if m.nu and np.any((delay != 0) &
+                       (np.asarray(m.actuator_history).reshape(m.nu, 2)[:, 0] <= 0)):
+        _unsupported("delay without a history buffer (nsample 0)")
 
 
 def _unsupported(what):
@@ -110,13 +125,6 @@ def _build(m) -> ActTables:
                 key = {"transmission": "trn", "dynamics": "dyn"}.get(what, what)
                 label = names[key].get(int(val), str(int(val)))
                 _unsupported(f"{what} type '{label}' (actuator {i})")
-    try:
-        delay = np.any(np.asarray(m.actuator_delay) != 0)
-    except Exception:            # traced: history sizes below still reveal delays
-        delay = False
-    if nu and (np.any(np.asarray(m.actuator_history).reshape(nu, 2)[:, 0] > 0) or
-               delay or int(getattr(m, "nhistory", 0) or 0)):
-        _unsupported("delay (nsample / delay / interval history buffers)")
     if nu and (np.any(np.asarray(m.actuator_ctrlnum) != 1) or
                np.any(np.asarray(m.actuator_outnum) != 1)):
         _unsupported("with several controls or outputs")
@@ -373,7 +381,7 @@ def actuation(m, d):
                          qfrc_actuator=jnp.zeros(m.nv, dtype),
                          act_dot=jnp.zeros(m.na, dtype))
     tab = tables(m)
-    ctrl = d.ctrl
+    ctrl = history.delayed_ctrl(m, d, d.ctrl) if m.nhistory else d.ctrl
     if not (m.opt.disableflags & DisableBit.CLAMPCTRL):
         limited = np.asarray(m.actuator_ctrllimited, bool)
         if limited.any():

@@ -1,7 +1,7 @@
 """Velocity derivatives of the smooth forces, for the implicit integrators.
 
 qDeriv = d(qfrc_actuator + qfrc_passive - qfrc_bias) / d qvel (mjd_smooth_vel), dense
-(nv, nv). Actuator and damping terms follow MuJoCo's analytical rules (including what
+(nv, nv), zero outside M's sparsity as MuJoCo's sparse qDeriv. Actuator and damping terms follow MuJoCo's analytical rules (including what
 MuJoCo leaves out, e.g. clamped actuators contribute nothing); fluid and RNE terms are
 exact derivatives obtained with forward-mode autodiff of the same functions that compute
 the forces, which is what MuJoCo's hand-written derivatives evaluate.
@@ -157,7 +157,10 @@ def smooth_vel(m, d, flg_bias):
     qderiv = actuator_vel(m, d) + passive_vel(m, d, symmetrize)
     if flg_bias:
         qderiv = qderiv - rne_vel(m, d)
-    return qderiv
+    # MuJoCo stores qDeriv with the sparsity of M (dof pairs on one ancestor chain):
+    # couplings across trees or branches (tendon damping, actuators) are dropped
+    mask = tables.get(m).m_mask
+    return qderiv * jnp.asarray((mask + mask.T) > 0, qderiv.dtype)
 
 
 def free_bodies(m):

@@ -19,6 +19,7 @@ from simjax.engine import actuation
 from simjax.engine import collision
 from simjax.engine import constraint
 from simjax.engine import derivative
+from simjax.engine import history
 from simjax.engine import io
 from simjax.engine import math
 from simjax.engine import passive
@@ -127,14 +128,22 @@ def _forward(m, d: Data, sensors: bool) -> Data:
 
 
 # --------------------------------------------------------------------------- integration
-def _advance(m, d: Data, act_dot, qacc, qvel=None) -> Data:
-    """Advance activations, velocities, positions and time by one step (mj_advance).
+def _history(m, d: Data):
+    """The history buffers after this step's insertions (see :func:`history.advance`)."""
+    return history.advance(m, d, lambda ids: sensor.compute(m, d, ids))
+
+
+def _advance(m, d: Data, act_dot, qacc, qvel=None, hist=None) -> Data:
+    """Advance history buffers, activations, velocities, positions and time by one step
+    (mj_advance).
 
     Positions integrate with ``qvel`` if given (RK4), else with the new velocity
-    (semi-implicit Euler).
+    (semi-implicit Euler). ``hist``: the advanced history buffers, if already computed.
     """
     h = jnp.asarray(m.opt.timestep, d.qpos.dtype)
     out = {}
+    if m.nhistory:
+        out["history"] = _history(m, d) if hist is None else hist
     if m.na and not (m.opt.disableflags & DisableBit.ACTUATION):
         tab = actuation.tables(m)
         off = actuation._disabled_mask(m)[tab.act_owner]
@@ -240,6 +249,9 @@ def rk4(m, d: Data) -> Data:
     rot = _rot_dofs(m)
     t0, qpos0, qvel0, act0 = d.time, d.qpos, d.qvel, d.act
     keep = dict(energy=d.energy, sensordata=d.sensordata)
+    # MuJoCo 4.0 fills the buffers with the values of the forwarded state, not those of
+    # the last stage (measured: delayed velocimeters and accelerometers)
+    hist = _history(m, d) if m.nhistory else None
     b0 = _RK4_B[0]
 
     def stage(carry, coef):
@@ -263,7 +275,7 @@ def rk4(m, d: Data) -> Data:
     init = (d, qvel0, d.qacc, d.act_dot, b0 * qvel0, b0 * d.qacc, b0 * d.act_dot)
     (d, _, _, _, dqvel, dqacc, dact), _ = jax.lax.scan(stage, init, coefs)
     d = d.replace(time=t0, qpos=qpos0, qvel=qvel0, act=act0, **keep)
-    return _advance(m, d, dact, dqacc, dqvel)
+    return _advance(m, d, dact, dqacc, dqvel, hist)
 
 
 def implicit(m, d: Data) -> Data:

@@ -50,6 +50,9 @@ def make_data(model, dtype=None, ncon_max=None) -> Data:
         kw["plugin_state"] = init_state(model, ftype)
     from simjax.engine.collision import make_contacts
     kw["contact"] = make_contacts(model, ncon_max, ftype)
+    if getattr(model, "nhistory", 0):
+        from simjax.engine import history
+        kw["history"] = history.init(model, ftype)
     kw["ncon"] = jnp.zeros((), jnp.int32)
     kw.update(constraint.make_efc(model, kw["contact"].slot_dim, ftype))
     return Data(**kw)

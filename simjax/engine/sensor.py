@@ -17,8 +17,7 @@ raise UnsupportedFeatureError. Contacts are read from ``d.contact`` (slot order 
 for MuJoCo's contact order).
 
 Not supported (UnsupportedFeatureError at trace time): user sensors (MuJoCo fills them
-from the mjcb_sensor callback), tactile sensors, sensor history / delay / interval
-(``sensor_history`` nsample > 0), rays against height fields and SDFs, geom distance
+from the mjcb_sensor callback), tactile sensors, history buffers of plugin sensors, rays against height fields and SDFs, geom distance
 sensors between geom types other than plane, sphere and capsule. Plugin sensors are
 computed stage by stage by :mod:`simjax.plugins.engine` after the built-in ones.
 """
@@ -30,6 +29,7 @@ import hashlib
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import history
 from simjax.engine import math
 from simjax.engine import ray as ray_mod
 from simjax.engine import smooth
@@ -92,10 +92,11 @@ def plan(m) -> _Plan:
     stype = np.asarray(m.sensor_type).reshape(-1)
     stage = np.asarray(m.sensor_needstage).reshape(-1)
     hist = np.asarray(m.sensor_history).reshape(-1, 2) if m.nsensor else np.zeros((0, 2))
-    if np.any(hist[:, 0] > 0):
-        i = int(np.nonzero(hist[:, 0] > 0)[0][0])
+    bad = (hist[:, 0] > 0) & (stype == S.PLUGIN)
+    if np.any(bad):
         raise UnsupportedFeatureError(
-            f"sensor history buffers (sensor {i}: nsample/delay/interval, Data.history)")
+            f"history buffers (nsample/delay/interval) of plugin sensor "
+            f"{int(np.nonzero(bad)[0][0])}")
     groups, plugin = {}, {}
     for st in (Stage.POS, Stage.VEL, Stage.ACC):
         ids_st = np.nonzero((stage == st) | ((stage == Stage.NONE) & (st == Stage.POS)))[0]
@@ -798,8 +799,10 @@ def _stage(m, d, stage, values_fn):
         ids_all.append(ids)
         vals_all.append(_cutoff(m, ids, vals, dtype))
     if ids_all:
-        d = d.replace(sensordata=_write(m, d, np.concatenate(ids_all),
-                                        jnp.concatenate(vals_all)))
+        ids_cat, vals_cat = np.concatenate(ids_all), jnp.concatenate(vals_all)
+        # delayed and not-due interval sensors report their history buffers
+        vals_cat = history.sensor_read(m, d, ids_cat, vals_cat)
+        d = d.replace(sensordata=_write(m, d, ids_cat, vals_cat))
     plug = p.plugin.get(stage)
     if plug is not None and len(plug):
         # plugin sensors of this stage run after the built-in ones, as in MuJoCo; the
@@ -844,3 +847,36 @@ def sensor_acc(m, d):
     if types & {*_NEEDS_RNEPOST, S.PLUGIN}:
         d = rne_post_constraint(m, d)
     return _stage(m, d, Stage.ACC, _acc_values)
+
+
+def compute(m, d, ids):
+    """Freshly computed flat values (cutoff applied) of the sensors ``ids`` (static,
+    built-in types), in that order, ignoring their history buffers (mj_computeSensor).
+    Subtree velocities and the post-constraint RNE are recomputed when these sensors
+    need them, from the kinematics, velocities and accelerations in ``d``."""
+    ids = np.asarray(ids)
+    stype = np.asarray(m.sensor_type).reshape(-1)
+    stage = np.asarray(m.sensor_needstage).reshape(-1)
+    dtype = d.qpos.dtype
+    parts, order = [], []
+    for st, fn in ((Stage.POS, _pos_values), (Stage.VEL, _vel_values),
+                   (Stage.ACC, _acc_values)):
+        sel = ids[(stage[ids] == st) | ((stage[ids] == Stage.NONE) & (st == Stage.POS))]
+        types = set(stype[sel].tolist())
+        if st == Stage.VEL and types & set(_NEEDS_SUBTREEVEL):
+            d = smooth.subtree_vel(m, d)
+        if st == Stage.ACC and types & set(_NEEDS_RNEPOST):
+            d = rne_post_constraint(m, d)
+        for t in sorted(types):
+            tids = sel[stype[sel] == t]
+            vals = fn(m, d, SensorType(t), tids).reshape(-1).astype(dtype)
+            parts.append(_cutoff(m, tids, vals, dtype))
+            order.append(tids)
+    if not parts:
+        return jnp.zeros(0, dtype)
+    order = np.concatenate(order)
+    dims = np.asarray(m.sensor_dim).reshape(-1)
+    flat = jnp.concatenate(parts)
+    start = dict(zip(order.tolist(), np.concatenate([[0], np.cumsum(dims[order])[:-1]])))
+    idx = np.concatenate([start[int(s)] + np.arange(dims[s]) for s in ids])
+    return flat[idx]

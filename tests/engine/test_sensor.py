@@ -191,8 +191,6 @@ def _xml(sensor, extra=""):
 
 @pytest.mark.parametrize("sensor,msg", [
     ('<user dim="2" needstage="vel"/>', "user sensors"),
-    ('<jointpos joint="j" nsample="3" delay="0.01"/>', "history"),
-    ('<jointpos joint="j" nsample="2" interval="0.01"/>', "history"),
 ])
 def test_unsupported_sensors_raise(sensor, msg):
     from simjax.engine import forward, make_data

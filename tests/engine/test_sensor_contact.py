@@ -135,3 +135,53 @@ def test_contact_sensors_with_injected_contacts(cone, full):
     assert seen >= {"touch", "contact", "force", "torque", "jointlimitpos", "jointlimitvel",
                     "jointlimitfrc", "tendonlimitpos", "accelerometer",
                     "framelinacc"}
+
+
+# --------------------------------------------------------------------------- end to end
+E2E_TOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def jforward():
+    from simjax.engine import forward
+    return jax.jit(forward)
+
+
+@pytest.mark.slow                      # ~80 s each: compiles the whole forward pass
+@pytest.mark.parametrize("full", [False, True])
+def test_contact_sensors_end_to_end(full, jforward):
+    """simjax's own collision, constraint rows and solver (simjax.forward) against
+    mj_forward: touch, contact (matching and reduction modes), force/torque,
+    accelerometer and limit sensors agree to 1e-6 relative to max(1, |value|) (the
+    solver tolerance; measured: qacc ~1e-14), except contact sensors without matching
+    criteria and reduction, which report the first contacts of all pairs: simjax's
+    collision driver orders contacts across geom pairs differently from MuJoCo's
+    broadphase (the set of contacts agrees, checked here)."""
+    mjm = _model(full)
+    m = model_from_mujoco(mjm)
+    rng = np.random.default_rng(3)
+    order_dep = {i for i in range(mjm.nsensor)
+                 if mjm.sensor_type[i] == mujoco.mjtSensor.mjSENS_CONTACT and
+                 mjm.sensor_objtype[i] == mujoco.mjtObj.mjOBJ_UNKNOWN and
+                 mjm.sensor_reftype[i] == mujoco.mjtObj.mjOBJ_UNKNOWN and
+                 mjm.sensor_intprm[i, 1] == 0}
+    seen = set()
+    for mjd in _states(mjm, rng, 3):
+        d = make_data(m).replace(qpos=jnp.asarray(mjd.qpos), qvel=jnp.asarray(mjd.qvel),
+                                 xfrc_applied=jnp.asarray(mjd.xfrc_applied))
+        d = jforward(m, d)
+        assert int(d.ncon) == mjd.ncon and mjd.ncon >= 6
+        assert rel_err(d.qacc, mjd.qacc) < E2E_TOL
+        pairs = sorted(map(tuple, np.asarray(d.contact.geom)[np.asarray(d.contact.valid)]))
+        assert pairs == sorted(map(tuple, mjd.contact.geom))
+        sd = np.asarray(d.sensordata)
+        for i in range(mjm.nsensor):
+            if i in order_dep:
+                continue
+            a, n = mjm.sensor_adr[i], mjm.sensor_dim[i]
+            err = rel_err(sd[a:a + n], mjd.sensordata[a:a + n])
+            assert err < E2E_TOL, (i, type_name(mjm.sensor_type[i]), sd[a:a + n],
+                                   mjd.sensordata[a:a + n])
+            if np.any(mjd.sensordata[a:a + n] != 0):
+                seen.add(type_name(mjm.sensor_type[i]))
+    assert seen >= {"touch", "contact", "force", "torque", "jointlimitfrc", "accelerometer"}
