@@ -182,6 +182,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
                                                                    for b in bodies)))
     kw.update({n: 0 for n in types.MODEL_COUNTS if n not in kw})
     kw.update(counts)
+    hist_act, hist_sens, kw["nhistory"] = _history_layout(act_recs, sensor_recs)
     kw["body_treeid"] = body_tree
     nuser = {f"nuser_{k}": 0 for k in ("body", "jnt", "geom", "site", "cam", "tendon",
                                        "actuator", "sensor")}
@@ -204,6 +205,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
     _tendon_fields(f, tendon_recs, wraps, nuser)
     _actuator_fields(f, act_recs, nuser)
     _sensor_fields(f, sensor_recs, nuser)
+    f["actuator_historyadr"], f["sensor_historyadr"] = hist_act, hist_sens
     _eq_fields(f, eq_recs)
     npair, nexclude = _contact_fields(f, root, ids, geoms)
     kw.update(npair=npair, nexclude=nexclude)
@@ -435,6 +437,22 @@ def _tendon_fields(f, recs, wraps, nuser):
     f["wrap_type"], f["wrap_objid"], f["wrap_prm"] = wraps
 
 
+def _history_layout(act_recs, sensor_recs):
+    """History buffer addresses (MuJoCo 4's layout: actuators first, then sensors; each
+    buffer is 2 + nsample * (1 + dim) numbers: cursor, user slot, sample times, values)."""
+    adr, out = 0, []
+    for recs, dims in ((act_recs, [1] * len(act_recs)), (sensor_recs,
+                                                        [r["dim"] for r in sensor_recs])):
+        a = np.full(len(recs), -1, np.int32)
+        for i, (r, dim) in enumerate(zip(recs, dims)):
+            nsample = r.get("history", [0, 0])[0]
+            if nsample > 0:
+                a[i] = adr
+                adr += 2 + nsample * (1 + dim)
+        out.append(a)
+    return out[0], out[1], adr
+
+
 def _actuator_fields(f, recs, nuser):
     for k in ("trntype", "dyntype", "gaintype", "biastype", "actadr", "actnum", "cranklength",
               "actearly", "ctrllimited", "forcelimited", "actlimited", "armature", "ctrlspec"):
@@ -453,7 +471,8 @@ def _actuator_fields(f, recs, nuser):
     f["actuator_outadr"] = np.arange(n)
     f["actuator_ctrlnum"] = np.ones(n)
     f["actuator_outnum"] = np.ones(n)
-    f["actuator_historyadr"] = np.full(n, -1)
+    f["actuator_history"] = _stack([r.get("history", [0, 0]) for r in recs], 2, np.int32)
+    f["actuator_delay"] = [r.get("delay", 0.0) for r in recs]
     f["actuator_plugin"] = np.full(n, -1)
     f["actuator_user"] = _user(recs, nuser["nuser_actuator"])
 
@@ -463,7 +482,9 @@ def _sensor_fields(f, recs, nuser):
               "adr", "cutoff", "noise"):
         f[f"sensor_{k}"] = [r[k] for r in recs]
     f["sensor_intprm"] = _stack([r["intprm"] for r in recs], 3, np.int32)
-    f["sensor_historyadr"] = np.full(len(recs), -1)
+    f["sensor_history"] = _stack([r.get("history", [0, 0]) for r in recs], 2, np.int32)
+    f["sensor_delay"] = [r.get("delay", 0.0) for r in recs]
+    f["sensor_interval"] = _stack([r.get("interval", [0.0, 0.0]) for r in recs], 2)
     f["sensor_plugin"] = np.full(len(recs), -1)
     f["sensor_user"] = _user(recs, nuser["nuser_sensor"])
 

@@ -152,9 +152,7 @@ def actuators(els, ids, s, joints, tendon_recs):
             raise UnsupportedFeatureError(
                 f"actuator dyn/gain/bias type {a['dyntype']}/{a['gaintype']}/{a['biastype']}",
                 el.file, el.line, el.path)
-        if int(_get(a, "nsample", 0) or 0) > 0 or float(_get(a, "delay", 0) or 0) > 0:
-            raise UnsupportedFeatureError("actuator delay / history buffer (nsample, delay)",
-                                          el.file, el.line, el.path)
+        history, delay = _history(el, a)
         given = [(k, t, o) for k, t, o in _TARGETS if a.get(k)]
         if not given:
             raise el.error("missing transmission target for actuator")
@@ -208,7 +206,7 @@ def actuators(els, ids, s, joints, tendon_recs):
         # MuJoCo 4 records the input signature of the servo shortcuts
         ctrlspec = {"position": 1, "velocity": 2, "intvelocity": 2}.get(el.tag, 0)
         recs.append(dict(name=a.get("name") or "", trntype=trn, trnid=trnid, dyntype=dyn,
-                         ctrlspec=ctrlspec,
+                         ctrlspec=ctrlspec, history=history, delay=delay,
                          gaintype=gain, biastype=bias, dynprm=dynprm, gainprm=gainprm,
                          biasprm=biasprm, actearly=bool(a["actearly"]), ctrllimited=cl,
                          forcelimited=fl, actlimited=al, ctrlrange=ctrlrange,
@@ -318,10 +316,8 @@ def sensors(els, ids, joints, tendon_recs):
     for el in els:
         r = _sensor(el, ids, joints, tendon_recs)
         a = el.attrs
-        if int(_get(a, "nsample", 0) or 0) > 0 or float(_get(a, "delay", 0) or 0) > 0 or \
-                np.any(np.asarray(_get(a, "interval", [0, 0]), dtype=float) != 0):
-            raise UnsupportedFeatureError("sensor delay / history buffer / interval",
-                                          el.file, el.line, el.path)
+        history, delay = _history(el, a)
+        interval = _interval(el, a)
         cutoff, noise = float(_get(a, "cutoff", 0.0)), float(_get(a, "noise", 0.0))
         if noise < 0:
             raise el.error("negative noise in sensor")
@@ -335,10 +331,39 @@ def sensors(els, ids, joints, tendon_recs):
             raise el.error("cutoff applied to axis or quaternion datatype in sensor")
         stage = _ACC if t in _STAGE_ACC else _VEL if t in _STAGE_VEL else _POS
         r.update(name=a.get("name") or "", datatype=dtype, needstage=stage, cutoff=cutoff,
-                 noise=noise, adr=adr, user=a.get("user"))
+                 noise=noise, adr=adr, user=a.get("user"), history=history, delay=delay,
+                 interval=interval)
         adr += r["dim"]
         recs.append(r)
     return recs
+
+
+_INTERP = {"zoh": 0, "linear": 1, "cubic": 2}
+
+
+def _history(el, a):
+    """([nsample, interp], delay) of an actuator or sensor's history buffer (MuJoCo 4
+    ``nsample`` / ``interp`` / ``delay``); a delay needs a buffer to read from."""
+    nsample = int(_get(a, "nsample", 0) or 0)
+    interp = _INTERP[a.get("interp") or "zoh"]
+    delay = float(_get(a, "delay", 0.0) or 0.0)
+    if delay > 0 and nsample <= 0:
+        raise el.error("setting delay > 0 without a history buffer")
+    return [nsample, interp if nsample > 0 else 0], delay
+
+
+def _interval(el, a):
+    """[period, phase] of a sensor's ``interval`` (phase 0 when omitted)."""
+    raw = _get(a, "interval", None)
+    iv = [] if raw is None else [float(x) for x in np.atleast_1d(raw)]
+    period, phase = (iv + [0.0, 0.0])[:2]
+    if period < 0:
+        raise el.error("negative interval in sensor")
+    if phase > 0:
+        raise el.error("positive phase in sensor")
+    if period > 0 and phase <= -period:
+        raise el.error("phase must be greater than -period in sensor")
+    return [period, phase]
 
 
 def _sensor(el, ids, joints, tendon_recs):

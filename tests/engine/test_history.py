@@ -17,6 +17,7 @@ import pytest
 
 from engine_helpers import rel_err
 from mujoco_oracle import model_from_mujoco
+import simjax
 from simjax.engine import forward, make_data, reset_keyframe, step
 
 TOL = 1e-10
@@ -91,6 +92,49 @@ def test_reset_buffers():
     assert float(d.time) == mjd.time
 
 
+HISTORY_FIELDS = ("actuator_history", "actuator_historyadr", "actuator_delay",
+                  "sensor_history", "sensor_historyadr", "sensor_delay", "sensor_interval")
+
+
+def test_compiled_by_simjax(jstep):
+    """simjax.load_model lays out the buffers as MuJoCo's compiler does, and the model
+    it compiles steps like MuJoCo's."""
+    mjm = mujoco.MjModel.from_xml_string(XML.format(integrator="Euler"))
+    m = simjax.load_model(XML.format(integrator="Euler"))
+    assert m.nhistory == mjm.nhistory
+    for f in HISTORY_FIELDS:
+        ref = np.asarray(getattr(mjm, f))
+        np.testing.assert_allclose(np.asarray(getattr(m, f)).reshape(ref.shape), ref,
+                                   rtol=0, atol=1e-15, err_msg=f)
+    mjd, d = mujoco.MjData(mjm), make_data(m)
+    for k in range(6):
+        ctrl = np.cos(np.arange(mjm.nu) + k)
+        mjd.ctrl[:] = ctrl
+        # a fresh array: jnp.asarray may alias mjd.ctrl's memory, which the next
+        # iteration overwrites while the asynchronously dispatched step still reads it
+        d = jstep(m, d.replace(ctrl=jnp.array(ctrl)))
+        mujoco.mj_step(mjm, mjd)
+    _check(d, mjd)
+
+
+@pytest.mark.parametrize("act, sens, message", [
+    ('<motor joint="j" delay="0.01"/>', "", "delay > 0 without a history buffer"),
+    ("", '<jointpos joint="j" delay=".01"/>', "delay > 0 without a history buffer"),
+    ("", '<jointpos joint="j" interval="-.01"/>', "negative interval"),
+    ("", '<jointpos joint="j" interval=".01 .005"/>', "positive phase"),
+    ("", '<jointpos joint="j" interval=".01 -.01"/>', "phase must be greater than -period"),
+])
+def test_compile_errors(act, sens, message):
+    """Invalid buffer settings are rejected with MuJoCo's messages, at the element."""
+    xml = ('<mujoco><worldbody><body><joint name="j"/><geom size=".1"/></body>'
+           f'</worldbody><actuator>{act}</actuator><sensor>{sens}</sensor></mujoco>')
+    with pytest.raises(ValueError):
+        mujoco.MjModel.from_xml_string(xml)
+    with pytest.raises(simjax.MJCFError, match=message) as err:
+        simjax.load_model(xml)
+    assert "line 1" in str(err.value)
+
+
 @pytest.mark.parametrize("integrator", [
     "Euler", pytest.param("implicitfast", marks=pytest.mark.slow),
     pytest.param("RK4", marks=pytest.mark.slow)])
@@ -120,7 +164,7 @@ def test_keyframe_start_off_grid(jstep):
     d = reset_keyframe(m, make_data(m), 0)
     for k in range(8):
         mjd.ctrl[:] = np.sin(np.arange(mjm.nu) + k)
-        d = jstep(m, d.replace(ctrl=jnp.asarray(mjd.ctrl)))
+        d = jstep(m, d.replace(ctrl=jnp.array(mjd.ctrl)))
         mujoco.mj_step(mjm, mjd)
         _check(d, mjd)
 
