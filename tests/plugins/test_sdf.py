@@ -5,6 +5,8 @@ them (every mesh field of torus.xml / nutbolt.xml matches, test_compile.py); her
 JAX distances are checked against the numpy ones, gradients against differences, and
 the contacts of sdf-sdf and primitive-sdf pairs against MuJoCo's contacts.
 """
+import types
+
 import jax
 import jax.numpy as jnp
 import mujoco
@@ -12,7 +14,9 @@ import numpy as np
 import pytest
 
 import simjax
-from simjax.engine.collision import sdf
+from simjax.engine import make_data
+from simjax.engine.collision import driver, sdf
+from simjax.engine.data import WARN_CONTACTFULL
 from simjax.plugins import sdf as sdf_plugins
 from mujoco_oracle import corpus_path
 
@@ -62,53 +66,120 @@ def test_invalid_attribute():
         mujoco.MjModel.from_xml_string(xml)
 
 
-def _contacts(rel, steps, every):
-    """(simjax model, [(MuJoCo data snapshot contacts, geom poses)]) along a MuJoCo run."""
+def _sdf_pairs(m):
+    """Every SDF candidate pair of the collision plan (plane, primitive and SDF with SDF)."""
+    p = driver.plan(m)
+    ks = np.concatenate([g.cand for g in p.groups if g.fn is driver.sdf_pair])
+    return p.g1[ks], p.g2[ks]
+
+
+@pytest.mark.parametrize("rel,tol", [
+    # torus: analytic gradients as MuJoCo: same arithmetic up to rounding (measured
+    # 1e-14 on positions, 5e-14 on normals)
+    ("mujoco_plugin_sdf_torus/torus.xml", 1e-12),
+    # nut / bolt: MuJoCo differentiates with forward differences (step 1e-8), simjax
+    # exactly, so descents end within ~1e-8 of each other (measured 2.4e-8 on
+    # positions, 1.2e-8 on depths, 4.4e-8 on normals)
+    ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", 1e-7)])
+def test_contacts_match_mujoco(rel, tol):
+    """All SDF pairs (with contacts or not) at 10 states of a 1000-step MuJoCo run: same
+    number of contacts per pair, and the same positions, depths and normals."""
     path = corpus_path(rel)
     m = simjax.load_model(path)
     mjm = mujoco.MjModel.from_xml_path(path)
     mjd = mujoco.MjData(mjm)
-    out = []
-    for i in range(steps):
-        mujoco.mj_step(mjm, mjd)
-        if i % every == every - 1:
-            mujoco.mj_forward(mjm, mjd)
-            cons = [(int(c.geom1), int(c.geom2), c.pos.copy(), float(c.dist),
-                     c.frame.reshape(3, 3).copy()) for c in mjd.contact
-                    if mjm.geom_type[c.geom2] == mujoco.mjtGeom.mjGEOM_SDF
-                    and mjm.geom_type[c.geom1] != mujoco.mjtGeom.mjGEOM_PLANE]
-            out.append((cons, mjd.geom_xpos.copy(), mjd.geom_xmat.reshape(-1, 3, 3).copy()))
-    return m, out
-
-
-@pytest.mark.parametrize("rel,steps,every,tol", [
-    # torus: analytic gradients as MuJoCo: same arithmetic up to rounding
-    ("mujoco_plugin_sdf_torus/torus.xml", 1000, 500, 1e-12),
-    # nut / bolt: MuJoCo differentiates with forward differences (step 1e-8), simjax
-    # exactly, so descents end within ~1e-8 of each other
-    ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", 300, 100, 1e-7)])
-def test_contacts_match_mujoco(rel, steps, every, tol):
-    m, snaps = _contacts(rel, steps, every)
-    pair = jax.jit(sdf.collide_pair, static_argnums=(0, 1, 12, 13))   # one per shape kind
-    aabb = np.asarray(m.geom_aabb).reshape(-1, 6)
-    size = np.asarray(m.geom_size).reshape(-1, 3)
+    g1, g2 = _sdf_pairs(m)
+    pairs = jax.jit(lambda xpos, xmat: sdf.collide_pairs(
+        m, types.SimpleNamespace(geom_xpos=xpos, geom_xmat=xmat), g1, g2))
     total = 0
-    for cons, xpos, xmat in snaps:
-        for g1, g2 in sorted({(c[0], c[1]) for c in cons}):
-            prm = [m.plugin_params[i] if i >= 0 else () for i in m.geom_plugin[[g1, g2]]]
-            out = pair(sdf.shape_of(m, g1), sdf.shape_of(m, g2), xpos[g1], xmat[g1],
-                       xpos[g2], xmat[g2], aabb[g1], aabb[g2], size[g1], size[g2], prm[0],
-                       prm[1], int(m.opt.sdf_initpoints), int(m.opt.sdf_iterations))
-            dist, pos, frame, valid = (np.asarray(x) for x in out)
-            mine = [c for c in cons if (c[0], c[1]) == (g1, g2)]
-            assert valid.sum() == len(mine), (g1, g2)
-            for _, _, cpos, cdist, cframe in mine:
-                k = np.argmin(np.where(valid, np.linalg.norm(pos - cpos, axis=1), np.inf))
-                np.testing.assert_allclose(pos[k], cpos, rtol=0, atol=tol)
-                np.testing.assert_allclose(dist[k], cdist, rtol=0, atol=tol)
-                np.testing.assert_allclose(frame[k][0], cframe[0], rtol=0, atol=10 * tol)
+    for i in range(1000):
+        mujoco.mj_step(mjm, mjd)
+        if i % 100 != 99:
+            continue
+        mujoco.mj_forward(mjm, mjd)
+        out = pairs(jnp.asarray(mjd.geom_xpos), jnp.asarray(mjd.geom_xmat.reshape(-1, 3, 3)))
+        dist, pos, frame, valid = (np.asarray(x) for x in out)
+        for k, (a, b) in enumerate(zip(g1, g2)):
+            mine = [c for c in mjd.contact if (c.geom1, c.geom2) == (a, b)]
+            assert valid[k].sum() == len(mine), (i, a, b)
+            for c in mine:
+                j = np.argmin(np.where(valid[k], np.linalg.norm(pos[k] - c.pos, axis=1),
+                                       np.inf))
+                np.testing.assert_allclose(pos[k, j], c.pos, rtol=0, atol=tol)
+                np.testing.assert_allclose(dist[k, j], c.dist, rtol=0, atol=tol)
+                np.testing.assert_allclose(frame[k, j, 0], c.frame[:3], rtol=0,
+                                           atol=10 * tol)
                 total += 1
-    assert total >= 20
+    assert total >= 40
+
+
+def test_contact_capacity_and_overflow():
+    """SDF pairs get sdf_initpoints slots each (bounded by two pairs per SDF geom); more
+    contacts than slots are dropped and flagged in Data.warning[WARN_CONTACTFULL]."""
+    xml = """<mujoco><option sdf_initpoints="12" sdf_iterations="6"/>
+      <extension><plugin plugin="mujoco.sdf.torus"><instance name="t">
+        <config key="radius1" value=".3"/><config key="radius2" value=".1"/>
+      </instance></plugin></extension>
+      <asset><mesh name="t"><plugin instance="t"/></mesh></asset>
+      <worldbody><geom type="sdf" mesh="t"><plugin instance="t"/></geom>
+        <body pos="0 0 .17"><freejoint/><geom type="sdf" mesh="t">
+          <plugin instance="t"/></geom></body></worldbody></mujoco>"""
+    m = simjax.load_model(xml)
+    assert driver.contact_capacity(m) == 12          # one pair: 12 starting points
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    assert mjd.ncon > 4
+    col = jax.jit(lambda d: driver.collision(m, d))
+
+    def at_mujoco_poses(d):
+        return d.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
+                         geom_xmat=jnp.asarray(mjd.geom_xmat.reshape(-1, 3, 3)))
+    full = col(at_mujoco_poses(make_data(m)))
+    assert int(full.ncon) == mjd.ncon and int(full.warning[WARN_CONTACTFULL]) == 0
+    np.testing.assert_allclose(np.sort(np.asarray(full.contact.dist)[:mjd.ncon]),
+                               np.sort(mjd.contact.dist), rtol=0, atol=1e-12)
+    small = col(at_mujoco_poses(make_data(m, ncon_max=4)))
+    assert int(small.ncon) == 4 and int(small.warning[WARN_CONTACTFULL]) == 1
+    kept = np.asarray(small.contact.dist)
+    assert all(np.min(np.abs(mjd.contact.dist - x)) < 1e-12 for x in kept)
+    # the corpus scenes: torus (3 tori, a rod and a stand: 12 SDF pairs), nut and bolt
+    assert driver.contact_capacity(simjax.load_model(
+        corpus_path("mujoco_plugin_sdf_torus/torus.xml"))) == 40 * 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel,tol10,tol100", [
+    # same contacts up to rounding: measured |dqpos| 6e-15 at step 10, 5e-14 at step
+    # 100; |dqvel| 6e-13 throughout
+    ("mujoco_plugin_sdf_torus/torus.xml", (1e-12, 1e-10), (1e-11, 1e-10)),
+    # contacts within ~1e-8 (forward-difference gradients in MuJoCo), amplified by the
+    # threaded contact: measured |dqpos|, |dqvel| 4.5e-10, 6.8e-8 at step 10;
+    # 4.9e-8, 2.5e-5 at step 50; 1.8e-4, 1.4e-2 at step 100 (ncon 5 vs 6 there)
+    ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", (1e-8, 1e-6), (1e-2, 1e-1))])
+def test_trajectory_matches_mujoco(rel, tol10, tol100):
+    """100 steps of the full pipeline (SDF collision, constraints, Newton) from the
+    model's initial state against mj_step."""
+    path = corpus_path(rel)
+    m = simjax.load_model(path)
+    mjm = mujoco.MjModel.from_xml_path(path)
+    mjd = mujoco.MjData(mjm)
+
+    def body(d, _):
+        d = simjax.step(m, d)
+        return d, (d.qpos, d.qvel, d.ncon, d.warning[WARN_CONTACTFULL])
+    run = jax.jit(lambda d: jax.lax.scan(body, d, None, length=100)[1])
+    qpos, qvel, ncon, full = (np.asarray(x) for x in run(make_data(m)))
+    assert not full.any()
+    err = []
+    for i in range(100):
+        mujoco.mj_step(mjm, mjd)
+        err.append((np.abs(qpos[i] - mjd.qpos).max(), np.abs(qvel[i] - mjd.qvel).max()))
+        if i < 50:
+            assert ncon[i] == mjd.ncon, i
+    assert max(ncon) > 0
+    assert err[9][0] < tol10[0] and err[9][1] < tol10[1], err[9]
+    assert err[99][0] < tol100[0] and err[99][1] < tol100[1], err[99]
 
 
 def _depth_fn():

@@ -29,6 +29,13 @@ Entry points:
   ``valid = False`` and dist = 1e10.
 - :func:`collide_pair`: the same from explicit poses and parameters with static shape
   descriptors, for vmapping over pairs of the same kind.
+- :func:`collide_pairs` (m, d, g1s, g2s): many pairs, vmapped per kind (what the
+  collision driver calls); :func:`capacity`: contact slots for a set of SDF pairs.
+
+Against MuJoCo 4.0.0 (float64): the torus scene's contacts agree to ~1e-14 and its
+100-step trajectory to ~1e-13; the nut/bolt contacts to ~5e-8 (MuJoCo's nut and bolt
+gradients are forward differences, simjax's exact), which the threaded contact
+amplifies to ~1e-4 in qpos after 100 steps.
 """
 from __future__ import annotations
 
