@@ -113,6 +113,83 @@ def test_contacts_match_mujoco(rel, tol):
     assert total >= 40
 
 
+PRIMITIVES = """<mujoco><option sdf_initpoints="24" sdf_iterations="8"/>
+  <extension><plugin plugin="mujoco.sdf.torus"><instance name="big">
+    <config key="radius1" value=".6"/><config key="radius2" value=".2"/></instance>
+    <instance name="small"><config key="radius1" value=".2"/>
+      <config key="radius2" value=".08"/></instance></plugin></extension>
+  <asset><mesh name="big"><plugin instance="big"/></mesh>
+    <mesh name="small"><plugin instance="small"/></mesh></asset>
+  <worldbody><geom type="plane" size="5 5 .1"/>
+    <body pos="0 0 .2"><geom type="sdf" mesh="big"><plugin instance="big"/></geom></body>
+    <body pos=".6 0 .55" euler="10 20 30"><freejoint/><geom type="box" size=".1 .07 .05"/>
+    </body>
+    <body pos="-.6 0 .55"><freejoint/><geom type="sphere" size=".08"/></body>
+    <body pos="0 .6 .55" euler="80 10 0"><freejoint/><geom type="capsule" size=".05 .1"/>
+    </body>
+    <body pos="0 -.6 .55" euler="0 30 0"><freejoint/>
+      <geom type="ellipsoid" size=".1 .06 .04"/></body>
+    <body pos=".42 .42 .55" euler="20 0 40"><freejoint/>
+      <geom type="cylinder" size=".07 .05"/></body>
+    <body pos="2 0 .3" euler="30 0 0"><freejoint/><geom type="sdf" mesh="small">
+      <plugin instance="small"/></geom></body>
+  </worldbody></mujoco>"""
+
+
+def _run_pairs(xml, g_filter, nstep, every):
+    """(MuJoCo contacts, our (dist, pos, frame, valid)) of the SDF pairs selected by
+    ``g_filter(g1, g2)`` at every ``every``-th state of an ``nstep`` MuJoCo run."""
+    m = simjax.load_model(xml)
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    g1, g2 = _sdf_pairs(m)
+    keep = np.array([g_filter(a, b) for a, b in zip(g1, g2)])
+    g1, g2 = g1[keep], g2[keep]
+    pairs = jax.jit(lambda xpos, xmat: sdf.collide_pairs(
+        m, types.SimpleNamespace(geom_xpos=xpos, geom_xmat=xmat), g1, g2))
+    for i in range(nstep):
+        mujoco.mj_step(mjm, mjd)
+        if i % every == every - 1:
+            mujoco.mj_forward(mjm, mjd)
+            out = pairs(jnp.asarray(mjd.geom_xpos),
+                        jnp.asarray(mjd.geom_xmat.reshape(-1, 3, 3)))
+            yield g1, g2, list(mjd.contact), [np.asarray(x) for x in out]
+
+
+def test_primitive_sdf_contacts_match_mujoco():
+    """Box, sphere, capsule, ellipsoid and cylinder resting on a torus (mjc_SDF with
+    MuJoCo's primitive distance fields), at 10 states: same contact count per pair;
+    depths to 1e-12. Contacts with depth < 1e-9 lie on the box's edges, where the box
+    field's gradient jumps: there the descent ends within 1e-4 of MuJoCo's point and
+    the normal is the rounding's choice (measured); all others match to 1e-9."""
+    strict = 0
+    for g1, g2, cons, (dist, pos, frame, valid) in _run_pairs(
+            PRIMITIVES, lambda a, b: a != 0, 400, 40):
+        for k, (a, b) in enumerate(zip(g1, g2)):
+            mine = [c for c in cons if (c.geom1, c.geom2) == (a, b)]
+            assert valid[k].sum() == len(mine), (a, b)
+            for c in mine:
+                j = np.argmin(np.where(valid[k], np.linalg.norm(pos[k] - c.pos, axis=1),
+                                       np.inf))
+                np.testing.assert_allclose(dist[k, j], c.dist, rtol=0, atol=1e-12)
+                if abs(c.dist) < 1e-9:
+                    np.testing.assert_allclose(pos[k, j], c.pos, rtol=0, atol=1e-4)
+                    continue
+                np.testing.assert_allclose(pos[k, j], c.pos, rtol=0, atol=1e-9)
+                np.testing.assert_allclose(frame[k, j, 0], c.frame[:3], rtol=0, atol=1e-9)
+                strict += 1
+    assert strict >= 200
+
+
+@pytest.mark.xfail(strict=True, reason="MuJoCo collides planes with SDF geoms by "
+                   "mjc_PlaneConvex on the SDF's mesh; simjax runs mjc_SDF's descent")
+def test_plane_sdf_contacts_match_mujoco():
+    for g1, g2, cons, (dist, pos, frame, valid) in _run_pairs(
+            PRIMITIVES, lambda a, b: a == 0, 200, 100):
+        for k, (a, b) in enumerate(zip(g1, g2)):
+            assert valid[k].sum() == len([c for c in cons if (c.geom1, c.geom2) == (a, b)])
+
+
 def test_contact_capacity_and_overflow():
     """SDF pairs get sdf_initpoints slots each (bounded by two pairs per SDF geom); more
     contacts than slots are dropped and flagged in Data.warning[WARN_CONTACTFULL]."""

@@ -32,6 +32,11 @@ Entry points:
 - :func:`collide_pairs` (m, d, g1s, g2s): many pairs, vmapped per kind (what the
   collision driver calls); :func:`capacity`: contact slots for a set of SDF pairs.
 
+Known difference: MuJoCo collides a plane with an SDF geom by mjc_PlaneConvex on the
+SDF's mesh (mjCOLLISIONFUNC), not by this descent; simjax runs the descent for plane
+pairs too, so plane-SDF contacts differ from MuJoCo's (count and points). Mesh-SDF
+pairs (mjc_MeshSDF) raise UnsupportedFeatureError.
+
 Against MuJoCo 4.0.0 (float64): the torus scene's contacts agree to ~1e-14 and its
 100-step trajectory to ~1e-13; the nut/bolt contacts to ~5e-8 (MuJoCo's nut and bolt
 gradients are forward differences, simjax's exact), which the threaded contact
@@ -314,6 +319,8 @@ def collide_pair(s1: Shape, s2: Shape, pos1, mat1, pos2, mat2, aabb1, aabb2, siz
 def shape_of(m, g: int) -> Shape:
     """Static Shape of geom ``g`` (its plugin's name for SDF geoms)."""
     t = int(np.asarray(m.geom_type)[g])
+    if t == GeomType.MESH:
+        raise UnsupportedFeatureError(f"mesh vs SDF collisions (geom {g}: mjc_MeshSDF)")
     if t != GeomType.SDF:
         return Shape(t)
     inst = int(np.asarray(m.geom_plugin)[g])
