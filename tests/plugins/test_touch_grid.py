@@ -51,7 +51,9 @@ def touch():
 @pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
 def test_grid_matches_mujoco(touch, cone):
     m, mjm = touch
-    if cone == "elliptic":
+    if cone == "elliptic":          # a fresh MuJoCo model: the fixture's is shared
+        mjm = mujoco.MjModel.from_xml_path(corpus_path(
+            "mujoco_plugin_touch_grid/touch_grid.xml"))
         mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
         m = m.replace(opt=m.opt.replace(cone=1))
     mjd = mujoco.MjData(mjm)
