@@ -191,8 +191,8 @@ def test_plane_sdf_contacts_match_mujoco():
 
 
 def test_contact_capacity_and_overflow():
-    """SDF pairs get sdf_initpoints slots each (bounded by two pairs per SDF geom); more
-    contacts than slots are dropped and flagged in Data.warning[WARN_CONTACTFULL]."""
+    """SDF pairs get sdf_initpoints slots each; more contacts than slots are dropped and
+    flagged in Data.warning[WARN_CONTACTFULL]."""
     xml = """<mujoco><option sdf_initpoints="12" sdf_iterations="6"/>
       <extension><plugin plugin="mujoco.sdf.torus"><instance name="t">
         <config key="radius1" value=".3"/><config key="radius2" value=".1"/>
@@ -220,9 +220,9 @@ def test_contact_capacity_and_overflow():
     assert int(small.ncon) == 4 and int(small.warning[WARN_CONTACTFULL]) == 1
     kept = np.asarray(small.contact.dist)
     assert all(np.min(np.abs(mjd.contact.dist - x)) < 1e-12 for x in kept)
-    # the corpus scenes: torus (3 tori, a rod and a stand: 12 SDF pairs), nut and bolt
+    # the torus scene: 3 tori, a rod, a stand and the floor: 12 SDF pairs
     assert driver.contact_capacity(simjax.load_model(
-        corpus_path("mujoco_plugin_sdf_torus/torus.xml"))) == 40 * 6
+        corpus_path("mujoco_plugin_sdf_torus/torus.xml"))) == 40 * 12
 
 
 @pytest.mark.slow
