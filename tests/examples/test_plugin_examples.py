@@ -64,6 +64,35 @@ def test_nn_grad_through_weights(nn):
     np.testing.assert_allclose(g["w2"][2, 0], fd, rtol=1e-6)
 
 
+@pytest.mark.slow
+def test_nn_batched_grad_through_steps(nn):
+    """jax.grad through 3 steps of 1024 worlds at once (vmap of grad), with respect to
+    the shared MLP weights and each world's initial state; one world's gradients
+    against central differences."""
+    rng = np.random.default_rng(1)
+    d0 = make_data(nn).replace(ctrl=jnp.array([0.3, -0.2, 0.5]))
+    qvel = jnp.asarray(rng.normal(size=(1024, nn.nv)))
+
+    def loss(params, v):
+        m = nn.replace(plugin_params=(params,))
+        d, _ = jax.lax.scan(lambda d, _: (step(m, d), None), d0.replace(qvel=v), None,
+                            length=3)
+        return jnp.sum(d.qpos ** 2) + jnp.sum(d.qvel ** 2)
+    p = nn.plugin_params[0]
+    gp, gv = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(None, 0)))(p, qvel)
+    assert gp["w2"].shape == (1024,) + p["w2"].shape and gv.shape == qvel.shape
+    assert np.all(np.isfinite(np.asarray(gp["w1"]))) and np.all(np.isfinite(np.asarray(gv)))
+    f = jax.jit(loss)
+    eps, k = 1e-6, 7
+    e = jnp.zeros_like(p["w1"]).at[1, 3].set(eps)
+    fd = (f(dict(p, w1=p["w1"] + e), qvel[k]) - f(dict(p, w1=p["w1"] - e), qvel[k])) / (2 * eps)
+    np.testing.assert_allclose(gp["w1"][k, 1, 3], fd, rtol=1e-6)
+    ev = jnp.zeros(nn.nv).at[2].set(eps)
+    fd = (f(p, qvel[k] + ev) - f(p, qvel[k] - ev)) / (2 * eps)
+    np.testing.assert_allclose(gv[k, 2], fd, rtol=1e-6)
+    assert abs(float(gp["w1"][k, 1, 3])) > 1e-6
+
+
 def test_motor_state_sensor_and_batch(motor):
     """Temperature lives in plugin_state: reset to ambient, heated by the current,
     read by the thermometer, batched over 1024 worlds with different voltages."""

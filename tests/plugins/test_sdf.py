@@ -5,6 +5,8 @@ them (every mesh field of torus.xml / nutbolt.xml matches, test_compile.py); her
 JAX distances are checked against the numpy ones, gradients against differences, and
 the contacts of sdf-sdf and primitive-sdf pairs against MuJoCo's contacts.
 """
+import types
+
 import jax
 import jax.numpy as jnp
 import mujoco
@@ -12,7 +14,9 @@ import numpy as np
 import pytest
 
 import simjax
-from simjax.engine.collision import sdf
+from simjax.engine import make_data
+from simjax.engine.collision import driver, sdf
+from simjax.engine.data import WARN_CONTACTFULL
 from simjax.plugins import sdf as sdf_plugins
 from mujoco_oracle import corpus_path
 
@@ -62,53 +66,197 @@ def test_invalid_attribute():
         mujoco.MjModel.from_xml_string(xml)
 
 
-def _contacts(rel, steps, every):
-    """(simjax model, [(MuJoCo data snapshot contacts, geom poses)]) along a MuJoCo run."""
+def _sdf_pairs(m):
+    """Every SDF candidate pair of the collision plan (plane, primitive and SDF with SDF)."""
+    p = driver.plan(m)
+    ks = np.concatenate([g.cand for g in p.groups if g.fn is driver.sdf_pair])
+    return p.g1[ks], p.g2[ks]
+
+
+@pytest.mark.parametrize("rel,tol", [
+    # torus: analytic gradients as MuJoCo: same arithmetic up to rounding (measured
+    # 1e-14 on positions, 5e-14 on normals)
+    ("mujoco_plugin_sdf_torus/torus.xml", 1e-12),
+    # nut / bolt: MuJoCo differentiates with forward differences (step 1e-8), simjax
+    # exactly, so descents end within ~1e-8 of each other (measured 2.4e-8 on
+    # positions, 1.2e-8 on depths, 4.4e-8 on normals)
+    ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", 1e-7)])
+def test_contacts_match_mujoco(rel, tol):
+    """All SDF pairs (with contacts or not) at 10 states of a 1000-step MuJoCo run: same
+    number of contacts per pair, and the same positions, depths and normals."""
     path = corpus_path(rel)
     m = simjax.load_model(path)
     mjm = mujoco.MjModel.from_xml_path(path)
     mjd = mujoco.MjData(mjm)
-    out = []
-    for i in range(steps):
+    g1, g2 = _sdf_pairs(m)
+    pairs = jax.jit(lambda xpos, xmat: sdf.collide_pairs(
+        m, types.SimpleNamespace(geom_xpos=xpos, geom_xmat=xmat), g1, g2))
+    total = 0
+    for i in range(1000):
+        mujoco.mj_step(mjm, mjd)
+        if i % 100 != 99:
+            continue
+        mujoco.mj_forward(mjm, mjd)
+        out = pairs(jnp.asarray(mjd.geom_xpos), jnp.asarray(mjd.geom_xmat.reshape(-1, 3, 3)))
+        dist, pos, frame, valid = (np.asarray(x) for x in out)
+        for k, (a, b) in enumerate(zip(g1, g2)):
+            mine = [c for c in mjd.contact if (c.geom1, c.geom2) == (a, b)]
+            assert valid[k].sum() == len(mine), (i, a, b)
+            for c in mine:
+                j = np.argmin(np.where(valid[k], np.linalg.norm(pos[k] - c.pos, axis=1),
+                                       np.inf))
+                np.testing.assert_allclose(pos[k, j], c.pos, rtol=0, atol=tol)
+                np.testing.assert_allclose(dist[k, j], c.dist, rtol=0, atol=tol)
+                np.testing.assert_allclose(frame[k, j, 0], c.frame[:3], rtol=0,
+                                           atol=10 * tol)
+                total += 1
+    assert total >= 40
+
+
+PRIMITIVES = """<mujoco><option sdf_initpoints="24" sdf_iterations="8"/>
+  <extension><plugin plugin="mujoco.sdf.torus"><instance name="big">
+    <config key="radius1" value=".6"/><config key="radius2" value=".2"/></instance>
+    <instance name="small"><config key="radius1" value=".2"/>
+      <config key="radius2" value=".08"/></instance></plugin></extension>
+  <asset><mesh name="big"><plugin instance="big"/></mesh>
+    <mesh name="small"><plugin instance="small"/></mesh></asset>
+  <worldbody><geom type="plane" size="5 5 .1"/>
+    <body pos="0 0 .2"><geom type="sdf" mesh="big"><plugin instance="big"/></geom></body>
+    <body pos=".6 0 .55" euler="10 20 30"><freejoint/><geom type="box" size=".1 .07 .05"/>
+    </body>
+    <body pos="-.6 0 .55"><freejoint/><geom type="sphere" size=".08"/></body>
+    <body pos="0 .6 .55" euler="80 10 0"><freejoint/><geom type="capsule" size=".05 .1"/>
+    </body>
+    <body pos="0 -.6 .55" euler="0 30 0"><freejoint/>
+      <geom type="ellipsoid" size=".1 .06 .04"/></body>
+    <body pos=".42 .42 .55" euler="20 0 40"><freejoint/>
+      <geom type="cylinder" size=".07 .05"/></body>
+    <body pos="2 0 .3" euler="30 0 0"><freejoint/><geom type="sdf" mesh="small">
+      <plugin instance="small"/></geom></body>
+  </worldbody></mujoco>"""
+
+
+def _run_pairs(xml, g_filter, nstep, every):
+    """(MuJoCo contacts, our (dist, pos, frame, valid)) of the SDF pairs selected by
+    ``g_filter(g1, g2)`` at every ``every``-th state of an ``nstep`` MuJoCo run."""
+    m = simjax.load_model(xml)
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    g1, g2 = _sdf_pairs(m)
+    keep = np.array([g_filter(a, b) for a, b in zip(g1, g2)])
+    g1, g2 = g1[keep], g2[keep]
+    pairs = jax.jit(lambda xpos, xmat: sdf.collide_pairs(
+        m, types.SimpleNamespace(geom_xpos=xpos, geom_xmat=xmat), g1, g2))
+    for i in range(nstep):
         mujoco.mj_step(mjm, mjd)
         if i % every == every - 1:
             mujoco.mj_forward(mjm, mjd)
-            cons = [(int(c.geom1), int(c.geom2), c.pos.copy(), float(c.dist),
-                     c.frame.reshape(3, 3).copy()) for c in mjd.contact
-                    if mjm.geom_type[c.geom2] == mujoco.mjtGeom.mjGEOM_SDF
-                    and mjm.geom_type[c.geom1] != mujoco.mjtGeom.mjGEOM_PLANE]
-            out.append((cons, mjd.geom_xpos.copy(), mjd.geom_xmat.reshape(-1, 3, 3).copy()))
-    return m, out
+            out = pairs(jnp.asarray(mjd.geom_xpos),
+                        jnp.asarray(mjd.geom_xmat.reshape(-1, 3, 3)))
+            yield g1, g2, list(mjd.contact), [np.asarray(x) for x in out]
 
 
-@pytest.mark.parametrize("rel,steps,every,tol", [
-    # torus: analytic gradients as MuJoCo: same arithmetic up to rounding
-    ("mujoco_plugin_sdf_torus/torus.xml", 1000, 500, 1e-12),
-    # nut / bolt: MuJoCo differentiates with forward differences (step 1e-8), simjax
-    # exactly, so descents end within ~1e-8 of each other
-    ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", 300, 100, 1e-7)])
-def test_contacts_match_mujoco(rel, steps, every, tol):
-    m, snaps = _contacts(rel, steps, every)
-    pair = jax.jit(sdf.collide_pair, static_argnums=(0, 1, 12, 13))   # one per shape kind
-    aabb = np.asarray(m.geom_aabb).reshape(-1, 6)
-    size = np.asarray(m.geom_size).reshape(-1, 3)
-    total = 0
-    for cons, xpos, xmat in snaps:
-        for g1, g2 in sorted({(c[0], c[1]) for c in cons}):
-            prm = [m.plugin_params[i] if i >= 0 else () for i in m.geom_plugin[[g1, g2]]]
-            out = pair(sdf.shape_of(m, g1), sdf.shape_of(m, g2), xpos[g1], xmat[g1],
-                       xpos[g2], xmat[g2], aabb[g1], aabb[g2], size[g1], size[g2], prm[0],
-                       prm[1], int(m.opt.sdf_initpoints), int(m.opt.sdf_iterations))
-            dist, pos, frame, valid = (np.asarray(x) for x in out)
-            mine = [c for c in cons if (c[0], c[1]) == (g1, g2)]
-            assert valid.sum() == len(mine), (g1, g2)
-            for _, _, cpos, cdist, cframe in mine:
-                k = np.argmin(np.where(valid, np.linalg.norm(pos - cpos, axis=1), np.inf))
-                np.testing.assert_allclose(pos[k], cpos, rtol=0, atol=tol)
-                np.testing.assert_allclose(dist[k], cdist, rtol=0, atol=tol)
-                np.testing.assert_allclose(frame[k][0], cframe[0], rtol=0, atol=10 * tol)
-                total += 1
-    assert total >= 20
+def test_primitive_sdf_contacts_match_mujoco():
+    """Box, sphere, capsule, ellipsoid and cylinder resting on a torus (mjc_SDF with
+    MuJoCo's primitive distance fields), at 10 states: same contact count per pair;
+    depths to 1e-12. Contacts with depth < 1e-9 lie on the box's edges, where the box
+    field's gradient jumps: there the descent ends within 1e-4 of MuJoCo's point and
+    the normal is the rounding's choice (measured); all others match to 1e-9."""
+    strict = 0
+    for g1, g2, cons, (dist, pos, frame, valid) in _run_pairs(
+            PRIMITIVES, lambda a, b: a != 0, 400, 40):
+        for k, (a, b) in enumerate(zip(g1, g2)):
+            mine = [c for c in cons if (c.geom1, c.geom2) == (a, b)]
+            assert valid[k].sum() == len(mine), (a, b)
+            for c in mine:
+                j = np.argmin(np.where(valid[k], np.linalg.norm(pos[k] - c.pos, axis=1),
+                                       np.inf))
+                np.testing.assert_allclose(dist[k, j], c.dist, rtol=0, atol=1e-12)
+                if abs(c.dist) < 1e-9:
+                    np.testing.assert_allclose(pos[k, j], c.pos, rtol=0, atol=1e-4)
+                    continue
+                np.testing.assert_allclose(pos[k, j], c.pos, rtol=0, atol=1e-9)
+                np.testing.assert_allclose(frame[k, j, 0], c.frame[:3], rtol=0, atol=1e-9)
+                strict += 1
+    assert strict >= 200
+
+
+@pytest.mark.xfail(strict=True, reason="MuJoCo collides planes with SDF geoms by "
+                   "mjc_PlaneConvex on the SDF's mesh; simjax runs mjc_SDF's descent")
+def test_plane_sdf_contacts_match_mujoco():
+    for g1, g2, cons, (dist, pos, frame, valid) in _run_pairs(
+            PRIMITIVES, lambda a, b: a == 0, 200, 100):
+        for k, (a, b) in enumerate(zip(g1, g2)):
+            assert valid[k].sum() == len([c for c in cons if (c.geom1, c.geom2) == (a, b)])
+
+
+def test_contact_capacity_and_overflow():
+    """SDF pairs get sdf_initpoints slots each; more contacts than slots are dropped and
+    flagged in Data.warning[WARN_CONTACTFULL]."""
+    xml = """<mujoco><option sdf_initpoints="12" sdf_iterations="6"/>
+      <extension><plugin plugin="mujoco.sdf.torus"><instance name="t">
+        <config key="radius1" value=".3"/><config key="radius2" value=".1"/>
+      </instance></plugin></extension>
+      <asset><mesh name="t"><plugin instance="t"/></mesh></asset>
+      <worldbody><geom type="sdf" mesh="t"><plugin instance="t"/></geom>
+        <body pos="0 0 .17"><freejoint/><geom type="sdf" mesh="t">
+          <plugin instance="t"/></geom></body></worldbody></mujoco>"""
+    m = simjax.load_model(xml)
+    assert driver.contact_capacity(m) == 12          # one pair: 12 starting points
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    assert mjd.ncon > 4
+    col = jax.jit(lambda d: driver.collision(m, d))
+
+    def at_mujoco_poses(d):
+        return d.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
+                         geom_xmat=jnp.asarray(mjd.geom_xmat.reshape(-1, 3, 3)))
+    full = col(at_mujoco_poses(make_data(m)))
+    assert int(full.ncon) == mjd.ncon and int(full.warning[WARN_CONTACTFULL]) == 0
+    np.testing.assert_allclose(np.sort(np.asarray(full.contact.dist)[:mjd.ncon]),
+                               np.sort(mjd.contact.dist), rtol=0, atol=1e-12)
+    small = col(at_mujoco_poses(make_data(m, ncon_max=4)))
+    assert int(small.ncon) == 4 and int(small.warning[WARN_CONTACTFULL]) == 1
+    kept = np.asarray(small.contact.dist)
+    assert all(np.min(np.abs(mjd.contact.dist - x)) < 1e-12 for x in kept)
+    # the torus scene: 3 tori, a rod, a stand and the floor: 12 SDF pairs
+    assert driver.contact_capacity(simjax.load_model(
+        corpus_path("mujoco_plugin_sdf_torus/torus.xml"))) == 40 * 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel,tol10,tol100", [
+    # same contacts up to rounding: measured |dqpos| 6e-15 at step 10, 5e-14 at step
+    # 100; |dqvel| 6e-13 throughout
+    ("mujoco_plugin_sdf_torus/torus.xml", (1e-12, 1e-10), (1e-11, 1e-10)),
+    # contacts within ~1e-8 (forward-difference gradients in MuJoCo), amplified by the
+    # threaded contact: measured |dqpos|, |dqvel| 4.5e-10, 6.8e-8 at step 10;
+    # 4.9e-8, 2.5e-5 at step 50; 1.8e-4, 1.4e-2 at step 100 (ncon 5 vs 6 there)
+    ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", (1e-8, 1e-6), (1e-2, 1e-1))])
+def test_trajectory_matches_mujoco(rel, tol10, tol100):
+    """100 steps of the full pipeline (SDF collision, constraints, Newton) from the
+    model's initial state against mj_step."""
+    path = corpus_path(rel)
+    m = simjax.load_model(path)
+    mjm = mujoco.MjModel.from_xml_path(path)
+    mjd = mujoco.MjData(mjm)
+
+    def body(d, _):
+        d = simjax.step(m, d)
+        return d, (d.qpos, d.qvel, d.ncon, d.warning[WARN_CONTACTFULL])
+    run = jax.jit(lambda d: jax.lax.scan(body, d, None, length=100)[1])
+    qpos, qvel, ncon, full = (np.asarray(x) for x in run(make_data(m)))
+    assert not full.any()
+    err = []
+    for i in range(100):
+        mujoco.mj_step(mjm, mjd)
+        err.append((np.abs(qpos[i] - mjd.qpos).max(), np.abs(qvel[i] - mjd.qvel).max()))
+        if i < 50:
+            assert ncon[i] == mjd.ncon, i
+    assert max(ncon) > 0
+    assert err[9][0] < tol10[0] and err[9][1] < tol10[1], err[9]
+    assert err[99][0] < tol100[0] and err[99][1] < tol100[1], err[99]
 
 
 def _depth_fn():

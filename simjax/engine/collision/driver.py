@@ -403,14 +403,10 @@ def _geoms(m, d, g, sel, ftype):
 
 
 def _sdf_group(m, d, g1, g2, sel):
-    """SDF pairs: one sdf.collide call per pair (static ids; SDF pairs are few)."""
+    """SDF pairs: sdf.collide_pairs (one vmapped descent per kind of pair)."""
     from simjax.engine.collision import sdf
     from simjax.engine.collision.common import Pre
-    res = [sdf.collide(m, d, int(a), int(b)) for a, b in zip(g1, g2)]
-    dist = jnp.stack([r[0] for r in res])
-    pos = jnp.stack([r[1] for r in res])
-    frame = jnp.stack([r[2] for r in res])
-    valid = jnp.stack([r[3] for r in res])
+    dist, pos, frame, valid = sdf.collide_pairs(m, d, g1, g2)
     pre = Pre(dist, pos, frame[..., 0, :], frame[..., 1, :], valid)
     return jax.tree_util.tree_map(lambda x: x[sel], pre)
 

@@ -29,6 +29,18 @@ Entry points:
   ``valid = False`` and dist = 1e10.
 - :func:`collide_pair`: the same from explicit poses and parameters with static shape
   descriptors, for vmapping over pairs of the same kind.
+- :func:`collide_pairs` (m, d, g1s, g2s): many pairs, vmapped per kind (what the
+  collision driver calls); :func:`capacity`: contact slots for a set of SDF pairs.
+
+Known difference: MuJoCo collides a plane with an SDF geom by mjc_PlaneConvex on the
+SDF's mesh (mjCOLLISIONFUNC), not by this descent; simjax runs the descent for plane
+pairs too, so plane-SDF contacts differ from MuJoCo's (count and points). Mesh-SDF
+pairs (mjc_MeshSDF) raise UnsupportedFeatureError.
+
+Against MuJoCo 4.0.0 (float64): the torus scene's contacts agree to ~1e-14 and its
+100-step trajectory to ~1e-13; the nut/bolt contacts to ~5e-8 (MuJoCo's nut and bolt
+gradients are forward differences, simjax's exact), which the threaded contact
+amplifies to ~1e-4 in qpos after 100 steps.
 """
 from __future__ import annotations
 
@@ -307,6 +319,8 @@ def collide_pair(s1: Shape, s2: Shape, pos1, mat1, pos2, mat2, aabb1, aabb2, siz
 def shape_of(m, g: int) -> Shape:
     """Static Shape of geom ``g`` (its plugin's name for SDF geoms)."""
     t = int(np.asarray(m.geom_type)[g])
+    if t == GeomType.MESH:
+        raise UnsupportedFeatureError(f"mesh vs SDF collisions (geom {g}: mjc_MeshSDF)")
     if t != GeomType.SDF:
         return Shape(t)
     inst = int(np.asarray(m.geom_plugin)[g])
@@ -329,3 +343,33 @@ def collide(m, d, g1: int, g2: int):
                         d.geom_xpos[g2], d.geom_xmat[g2], aabb[g1], aabb[g2], size[g1],
                         size[g2], _params(m, g1), _params(m, g2), int(m.opt.sdf_initpoints),
                         int(m.opt.sdf_iterations))
+
+
+def _stack_params(trees):
+    return jax.tree_util.tree_map(lambda *x: jnp.stack([jnp.asarray(v) for v in x]), *trees)
+
+
+def collide_pairs(m, d, g1, g2):
+    """SDF contacts of many pairs (static id arrays ``g1``, ``g2`` (n,)): pairs of the
+    same kind (both Shapes) are vmapped through one :func:`collide_pair`, so the
+    program grows with the number of kinds, not of pairs. Returns ``(dist (n, k),
+    pos (n, k, 3), frame (n, k, 3, 3), valid (n, k))`` with k = opt.sdf_initpoints,
+    rows in the order of the pairs."""
+    g1, g2 = np.asarray(g1, np.int64), np.asarray(g2, np.int64)
+    aabb = jnp.asarray(m.geom_aabb).reshape(-1, 6)
+    size = jnp.asarray(m.geom_size).reshape(-1, 3)
+    ninit, niter = int(m.opt.sdf_initpoints), int(m.opt.sdf_iterations)
+    kinds: dict = {}
+    for k, (a, b) in enumerate(zip(g1, g2)):
+        kinds.setdefault((shape_of(m, int(a)), shape_of(m, int(b))), []).append(k)
+    outs, order = [], []
+    for (s1, s2), ks in kinds.items():
+        a, b = g1[ks], g2[ks]
+        p1 = _stack_params([_params(m, int(x)) for x in a])
+        p2 = _stack_params([_params(m, int(x)) for x in b])
+        fn = lambda *args: collide_pair(s1, s2, *args, ninit, niter)
+        outs.append(jax.vmap(fn)(d.geom_xpos[a], d.geom_xmat[a], d.geom_xpos[b],
+                                 d.geom_xmat[b], aabb[a], aabb[b], size[a], size[b], p1, p2))
+        order += ks
+    inv = np.argsort(np.asarray(order))
+    return tuple(jnp.concatenate([o[i] for o in outs])[inv] for i in range(4))
