@@ -191,8 +191,7 @@ def euler(m, d: Data) -> Data:
     def damped(d):
         damping, poly = passive.dof_damping(m, dtype)
         diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
-        qh = d.qM + jnp.diag(h * diag)
-        low, up, dd = tree_linalg.factor_permuted(m, qh)
+        low, up, dd = tree_linalg.factor_permuted(m, d.qM, add_diag=h * diag)
         return tree_linalg.solve_permuted(m, low, up, dd, d.qfrc_smooth + d.qfrc_constraint)
 
     flag = _euler_damped(m)
