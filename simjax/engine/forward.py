@@ -367,9 +367,12 @@ def step(m, d: Data) -> Data:
     badq = _is_bad(d.qpos)
     badv = jnp.logical_and(~badq, _is_bad(d.qvel))
     if autoreset:
-        fresh = jax.tree_util.tree_map(
-            lambda a, b: jnp.where(badq, a, b),
-            _fresh(m, dtype, WARN_BADQPOS, ncon_max), _fresh(m, dtype, WARN_BADQVEL, ncon_max))
+        # the two reset states differ only in the warning counter that is set
+        fresh = io.make_data(m, dtype=dtype, ncon_max=ncon_max)
+        warn = jnp.arange(fresh.warning.shape[0])
+        fresh = fresh.replace(warning=((badq & (warn == WARN_BADQPOS)) |
+                                       (badv & (warn == WARN_BADQVEL))).astype(
+                                           fresh.warning.dtype))
         d = jax.tree_util.tree_map(lambda a, b: jnp.where(badq | badv, a, b), fresh, d)
     else:
         warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -100,9 +99,6 @@ def factor_permuted(m, a, symmetric=True, add_diag=None):
     nv = m.nv
     dtype = a.dtype
     anc = jnp.asarray(plan.anc, dtype)
-    # the permutation reads ``a`` as it is stored: left to fuse with the code that
-    # produced it, XLA recomputes that code per gathered element (several times slower)
-    a = jax.lax.optimization_barrier(a)
     a = a[plan.perm[:, None], plan.perm[None, :]]
     if add_diag is not None:
         a = a + jnp.diag(add_diag[plan.perm])
