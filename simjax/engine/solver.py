@@ -33,6 +33,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.scipy.linalg
 import jax.numpy as jnp
 import numpy as np
 
@@ -417,8 +418,11 @@ def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
 
     def mgrad_of(qacc, jaref, state, grad):
         if newton:
-            low = cholesky(_hessian(spec, p, jaref, state))
-            return cho_solve(low, grad)
+            # LAPACK's batched factor and triangular solves: about twice as fast on CPU
+            # as the column loops of :func:`cholesky` (the Hessian is M plus a positive
+            # semi-definite sum, so it is positive definite)
+            low = jnp.linalg.cholesky(_hessian(spec, p, jaref, state))
+            return jax.scipy.linalg.cho_solve((low, True), grad)
         return solve_m(grad)
 
     Ma, jaref, state, grad = state_at(qacc0)
