@@ -33,7 +33,6 @@ import dataclasses
 import functools
 
 import jax
-import jax.scipy.linalg
 import jax.numpy as jnp
 import numpy as np
 
@@ -418,11 +417,8 @@ def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
 
     def mgrad_of(qacc, jaref, state, grad):
         if newton:
-            # LAPACK's batched factor and triangular solves: about twice as fast on CPU
-            # as the column loops of :func:`cholesky` (the Hessian is M plus a positive
-            # semi-definite sum, so it is positive definite)
-            low = jnp.linalg.cholesky(_hessian(spec, p, jaref, state))
-            return jax.scipy.linalg.cho_solve((low, True), grad)
+            low = cholesky(_hessian(spec, p, jaref, state))
+            return cho_solve(low, grad)
         return solve_m(grad)
 
     Ma, jaref, state, grad = state_at(qacc0)
