@@ -191,8 +191,7 @@ def euler(m, d: Data) -> Data:
     def damped(d):
         damping, poly = passive.dof_damping(m, dtype)
         diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
-        qh = d.qM + jnp.diag(h * diag)
-        low, up, dd = tree_linalg.factor_permuted(m, qh)
+        low, up, dd = tree_linalg.factor_permuted(m, d.qM, add_diag=h * diag)
         return tree_linalg.solve_permuted(m, low, up, dd, d.qfrc_smooth + d.qfrc_constraint)
 
     flag = _euler_damped(m)
@@ -368,9 +367,12 @@ def step(m, d: Data) -> Data:
     badq = _is_bad(d.qpos)
     badv = jnp.logical_and(~badq, _is_bad(d.qvel))
     if autoreset:
-        fresh = jax.tree_util.tree_map(
-            lambda a, b: jnp.where(badq, a, b),
-            _fresh(m, dtype, WARN_BADQPOS, ncon_max), _fresh(m, dtype, WARN_BADQVEL, ncon_max))
+        # the two reset states differ only in the warning counter that is set
+        fresh = io.make_data(m, dtype=dtype, ncon_max=ncon_max)
+        warn = jnp.arange(fresh.warning.shape[0])
+        fresh = fresh.replace(warning=((badq & (warn == WARN_BADQPOS)) |
+                                       (badv & (warn == WARN_BADQVEL))).astype(
+                                           fresh.warning.dtype))
         d = jax.tree_util.tree_map(lambda a, b: jnp.where(badq | badv, a, b), fresh, d)
     else:
         warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))

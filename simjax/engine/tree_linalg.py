@@ -73,13 +73,35 @@ def factor(m, a, symmetric=True):
     return low, (low.T if symmetric else unperm(up_p)), diag_p[plan.inv]
 
 
-def factor_permuted(m, a, symmetric=True):
-    """As :func:`factor`, but (L, U, D) stay in the plan's permuted order."""
+def _sum0(x):
+    """Sum over axis 0 by halving: O(log n) elementwise adds that XLA fuses into one
+    loop (a reduce over a short leading axis, or a dot with a short inner dimension,
+    is several times slower on CPU for the small matrices of the tree)."""
+    rest = []
+    while x.shape[0] > 1:
+        n = x.shape[0]
+        if n % 2:
+            rest.append(x[n - 1])
+            n -= 1
+        x = x[:n // 2] + x[n // 2:n]
+    out = x[0]
+    for r in rest:
+        out = out + r
+    return out
+
+
+def factor_permuted(m, a, symmetric=True, add_diag=None):
+    """As :func:`factor`, but (L, U, D) stay in the plan's permuted order.
+
+    ``add_diag`` (nv,), if given, is added to the diagonal of ``a`` first.
+    """
     plan = _plan(m)
     nv = m.nv
     dtype = a.dtype
     anc = jnp.asarray(plan.anc, dtype)
     a = a[plan.perm[:, None], plan.perm[None, :]]
+    if add_diag is not None:
+        a = a + jnp.diag(add_diag[plan.perm])
     lows, ups, diags = [], [], []
     for s, e in reversed(plan.blocks):                    # leaves first
         blk = a[s:e, s:e]
@@ -97,11 +119,28 @@ def factor_permuted(m, a, symmetric=True):
         diags.append(dk)
         if s:
             # rank-(e-s) update as a reduction over the level (not unrolled per dof, so
-            # the program does not grow with the number of dofs in a level)
+            # the program does not grow with the number of dofs in a level; the reduce
+            # also keeps XLA from fusing, and so recomputing, levels into each other)
             a = a[:s, :s] - jnp.sum(cols[:, :, None] * lk[:, None, :], axis=0)
     low = jnp.concatenate(lows[::-1])
     up = jnp.concatenate(ups[::-1]).T
     return low, up, jnp.concatenate(diags[::-1])
+
+
+def _solve_blocks(plan, low, up_rows, diag, x):
+    """Solve U diag(D) L x = b in permuted order; x (nv, k) permuted right-hand side.
+
+    Only the off-diagonal level blocks ``low[s:e, :s]`` and ``up_rows[s:e, :s]``
+    (U's columns of the level, as rows) are read.
+    """
+    for s, e in reversed(plan.blocks):                    # U^-1, leaves first
+        if s:
+            x = jnp.concatenate([x[:s] - up_rows[s:e, :s].T @ x[s:e], x[s:]])
+    x = x / diag[:, None]
+    for s, e in plan.blocks:                              # L^-1, root first
+        if s:
+            x = jnp.concatenate([x[:s], x[s:e] - low[s:e, :s] @ x[:s], x[e:]])
+    return x
 
 
 def solve_permuted(m, low, up, diag, b):
@@ -111,14 +150,7 @@ def solve_permuted(m, low, up, diag, b):
     vec = x.ndim == 1
     if vec:
         x = x[:, None]
-    for s, e in reversed(plan.blocks):                    # U^-1, leaves first
-        if s:
-            x = jnp.concatenate([x[:s] - jnp.sum(up[:s, s:e].T[:, :, None] *
-                                                 x[s:e][:, None, :], axis=0), x[s:]])
-    x = x / diag[:, None]
-    for s, e in plan.blocks:                              # L^-1, root first
-        if s:
-            x = jnp.concatenate([x[:s], x[s:e] - low[s:e, :s] @ x[:s], x[e:]])
+    x = _solve_blocks(plan, low, up.T, diag, x)
     x = x[plan.inv]
     return x[:, 0] if vec else x
 
@@ -136,24 +168,14 @@ def pack_ld(low, diag):
 
 
 def solve_ld(m, qld, b):
-    """Solve qM x = b given dense qLD (L strictly lower, D on the diagonal), reading
-    only the factor entries each level needs (no full permutation of qLD)."""
+    """Solve qM x = b given dense qLD (L strictly lower, D on the diagonal)."""
     plan = _plan(m)
-    perm = plan.perm
-    diag = jnp.diagonal(qld)[perm]
-    rows = [qld[perm[s:e, None], perm[None, :s]] if s else None for s, e in plan.blocks]
-    x = b[perm]
+    qp = qld[plan.perm[:, None], plan.perm[None, :]]      # still strictly lower + D
+    x = b[plan.perm]
     vec = x.ndim == 1
     if vec:
         x = x[:, None]
-    for (s, e), lk in zip(reversed(plan.blocks), reversed(rows)):    # L'^-1
-        if s:
-            x = jnp.concatenate([x[:s] - jnp.sum(lk[:, :, None] * x[s:e][:, None, :],
-                                                 axis=0), x[s:]])
-    x = x / diag[:, None]
-    for (s, e), lk in zip(plan.blocks, rows):                        # L^-1
-        if s:
-            x = jnp.concatenate([x[:s], x[s:e] - lk @ x[:s], x[e:]])
+    x = _solve_blocks(plan, qp, qp, jnp.diagonal(qp), x)
     x = x[plan.inv]
     return x[:, 0] if vec else x
 
