@@ -631,6 +631,14 @@ def _check_unsupported(m, lay):
             raise UnsupportedFeatureError(what)
 
 
+def inv_constraint(m, d):
+    """Inverse constraint stage (mj_invConstraint): efc_force, efc_state and
+    qfrc_constraint (nv,) of ``d.qacc``; see :func:`simjax.engine.solver.inv_constraint`
+    (the row cost lives with the solvers)."""
+    from simjax.engine import solver
+    return solver.inv_constraint(m, d)
+
+
 # --------------------------------------------------------------------------- reference
 def _jacdot_v(m, d, points, bodies):
     """(Jdot_p qvel, Jdot_r qvel) of world points on bodies (mj_jacDot), (n, 3) each."""
