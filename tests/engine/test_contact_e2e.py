@@ -124,3 +124,126 @@ def test_e2e(name):
 @pytest.mark.parametrize("name", sorted(SLOW))
 def test_e2e_slow(name):
     check_case(name, SLOW)
+
+
+# --------------------------------------------------------------------------- inverse
+INVERSE = ["gym_hopper/hopper.xml"]
+INVERSE_SLOW = [("gym_ant/ant.xml", None), ("mujoco_humanoid/humanoid.xml", None),
+                ("gym_ant/ant.xml", ELLIPTIC), ("mjx_pendula/pendula.xml", None),
+                ("menagerie_trossen_wx250s/scene.xml", None),
+                ("warp_jdotv_weld_3d/weld_3d.xml", None)]
+
+
+def check_inverse(rel, cone=None, nstate=4):
+    """qfrc_inverse (and efc_force, qfrc_constraint) of simjax.inverse at MuJoCo states
+    with active constraints and a perturbed forward qacc, against mj_inverse."""
+    mjm, m = _load(rel, NEWTON, cone, pendula_friction if "pendula" in rel else None)
+    mjd = mujoco.MjData(mjm)
+    inv = jax.jit(simjax.inverse)
+    d0 = io.make_data(m)
+    rng = np.random.default_rng(3)
+    worst = 0.0
+    nrow = 0
+    for st in trajectory_states(mjm, nstate, seed=2):
+        for k, v in st.items():
+            getattr(mjd, k)[:] = v
+        mujoco.mj_forward(mjm, mjd)
+        qacc = mjd.qacc + 0.1 * np.abs(mjd.qacc).max() * rng.standard_normal(mjm.nv)
+        mjd.qacc[:] = qacc
+        mujoco.mj_inverse(mjm, mjd)
+        d = inv(m, to_data(d0, dict(st, qacc=qacc)))
+        scale = max(1.0, np.abs(mjd.qfrc_inverse).max())
+        err = np.abs(np.asarray(d.qfrc_inverse) - mjd.qfrc_inverse).max() / scale
+        slot = match_contacts(mjd, jax.tree_util.tree_map(np.asarray, d.contact))
+        assert (slot >= 0).all()
+        from constraint_helpers import match_rows
+        rows, extra = match_rows(mjd, d, slot)
+        assert (rows >= 0).all() and not extra.any()
+        if mjd.nefc:
+            fmax = max(1.0, np.abs(mjd.efc_force).max())
+            err = max(err, np.abs(np.asarray(d.efc_force)[rows] - mjd.efc_force).max() / fmax)
+        sc = max(1.0, np.abs(mjd.qfrc_constraint).max())
+        err = max(err, np.abs(np.asarray(d.qfrc_constraint) - mjd.qfrc_constraint).max() / sc)
+        worst = max(worst, err)
+        nrow += mjd.nefc
+        np.testing.assert_array_equal(np.asarray(d.qacc), qacc)
+    print(f"inverse {rel} cone {cone}: max rel err {worst:.2e} over {nrow} efc rows")
+    assert nrow > 0
+    assert worst < TOL
+    return worst
+
+
+@pytest.mark.parametrize("rel", INVERSE)
+def test_inverse_with_contacts(rel):
+    check_inverse(rel)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel,cone", INVERSE_SLOW)
+def test_inverse_with_contacts_slow(rel, cone):
+    check_inverse(rel, cone)
+
+
+# --------------------------------------------------------------------------- trajectories
+#: name -> (corpus model, model edit); solver Newton at tight tolerance (the model's
+#: integrator), contacts from simjax's collision at every step
+TRAJ = {"hopper": "gym_hopper/hopper.xml"}
+TRAJ_SLOW = {"humanoid": "mujoco_humanoid/humanoid.xml", "ant": "gym_ant/ant.xml",
+             "walker2d": "gym_walker2d/walker2d.xml",
+             "shadow_hand": "mjx_shadow_hand/scene_right.xml",
+             "trossen": "menagerie_trossen_wx250s/scene.xml",
+             "half_cheetah": "gym_half_cheetah/half_cheetah.xml",
+             "barkour": HFIELD[0]}
+CHUNK = 10
+
+
+def trajectory_errors(rel, nstep, seed=3):
+    """Per-step errors of a simjax trajectory against mj_step from a MuJoCo state in
+    contact: (qpos max abs error (nstep,), qvel error relative to max(1, |qvel|))."""
+    mjm, m = _load(rel, NEWTON, None, None)
+    st = trajectory_states(mjm, 1, seed=seed)[0]
+    mjd = mujoco.MjData(mjm)
+    for k, v in st.items():
+        getattr(mjd, k)[:] = v
+    d = to_data(io.make_data(m), st)
+
+    @jax.jit
+    def chunk(d):
+        def body(d, _):
+            d = fwd.step(m, d)
+            return d, (d.qpos, d.qvel, d.ncon)
+        return jax.lax.scan(body, d, None, length=CHUNK)
+
+    eq, ev, ncon = [], [], []
+    for _ in range(nstep // CHUNK):
+        d, (qp, qv, nc) = chunk(d)
+        for i in range(CHUNK):
+            mujoco.mj_step(mjm, mjd)
+            eq.append(np.abs(np.asarray(qp[i]) - mjd.qpos).max())
+            ev.append(np.abs(np.asarray(qv[i]) - mjd.qvel).max() /
+                      max(1.0, np.abs(mjd.qvel).max()))
+            ncon.append((int(nc[i]), mjd.ncon))
+    return np.array(eq), np.array(ev), ncon
+
+
+def check_trajectory(rel, nstep):
+    eq, ev, ncon = trajectory_errors(rel, nstep)
+    marks = [t for t in (1, 10, 20, 50, 100) if t <= nstep]
+    growth = ", ".join(f"step {t}: qpos {eq[t - 1]:.1e} qvel {ev[t - 1]:.1e}" for t in marks)
+    print(f"trajectory {rel}: {growth}; contacts (ours, MuJoCo) at step 10 {ncon[9]}, "
+          f"last {ncon[-1]}")
+    assert sum(c[1] for c in ncon[:10]) > 0, "no contacts in the first 10 steps"
+    assert np.all(np.isfinite(eq))
+    assert eq[9] < 1e-4 and ev[9] < 1e-4, (eq[9], ev[9])
+    return eq, ev
+
+
+@pytest.mark.parametrize("name", sorted(TRAJ))
+def test_trajectory_10(name):
+    check_trajectory(TRAJ[name], 10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TRAJ_SLOW) + sorted(TRAJ))
+def test_trajectory_100(name):
+    check_trajectory({**TRAJ, **TRAJ_SLOW}[name], 100)
