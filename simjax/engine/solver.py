@@ -844,6 +844,8 @@ def fwd_constraint(m, d):
         qacc = d.qacc_smooth + p["solve_m"](d.efc_J.T @ force)
     force = jnp.where(d.efc_active, force, 0.0)
     qfrc = d.efc_J.T @ force
+    # MuJoCo returns before the solver when no row is active: no iterations
+    niter = jnp.where(jnp.any(d.efc_active), niter, 0)
     return d.replace(qacc=qacc, efc_force=force, efc_state=state, qfrc_constraint=qfrc,
                      efc_b=efc_b, solver_niter=niter.astype(jnp.int32),
                      solver_improvement=imp, solver_gradient=gnorm)

@@ -67,6 +67,11 @@ SLOW["pendula_frictionloss_newton"] = ("mjx_pendula/pendula.xml", NEWTON, None, 
                                        pendula_friction)
 SLOW["pendula_frictionloss_pgs"] = ("mjx_pendula/pendula.xml", PGS, None, 10,
                                     pendula_friction)
+for _rel, _short in (("gym_pusher/pusher.xml", "pusher"), ("mujoco_car/car.xml", "car"),
+                     ("mjx_sensor/sensor.xml", "sensor"),
+                     ("gym_humanoidstandup/humanoidstandup.xml", "humanoidstandup")):
+    SLOW[f"{_short}_newton"] = (_rel, NEWTON, None, 10, None)
+SLOW["sensor_elliptic_newton"] = ("mjx_sensor/sensor.xml", NEWTON, ELLIPTIC, 10, None)
 SLOW["trossen_pyramidal_newton"] = ("menagerie_trossen_wx250s/scene.xml", NEWTON, PYRAMIDAL,
                                     10, None)
 
