@@ -373,8 +373,10 @@ def _contact_rows(m, d, blk):
     tran = iw[b1, 0] + iw[b2, 0]
     rot = iw[b1, 1] + iw[b2, 1]
     ok = con.valid[slots] & (con.exclude[slots] == 0)
-    # MuJoCo skips contacts that move no dof
-    ok = ok & jnp.any(jac != 0, axis=(1, 2))
+    # MuJoCo skips a contact only when its bodies' kinematic chains hold no dof (a
+    # structural count, never the Jacobian's values; such pairs are not collision
+    # candidates): a contact whose rows are numerically zero (an object on slide x/y
+    # joints touching the table) keeps its rows
     return jac, tran, rot, ok
 
 
