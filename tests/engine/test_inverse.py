@@ -84,7 +84,8 @@ def test_inverse_rk4_discrete_raises():
 def test_inverse_with_constraints_uses_constraint_stage():
     """With constraints enabled, inverse runs the constraint module's inv_constraint
     (mj_invConstraint; compared with MuJoCo in test_contact_e2e.py)."""
-    from simjax.engine import inverse as inv_mod
+    import importlib
+    inv_mod = importlib.import_module("simjax.engine.inverse")
     mjm, m = load("mjx_pendula/pendula.xml", constraints=True)
     from simjax.engine import constraint
     assert inv_mod._constraint_stage(m) is constraint.inv_constraint
