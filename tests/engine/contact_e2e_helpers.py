@@ -4,10 +4,27 @@ contacts, limits and friction loss are active), contacts matched between MuJoCo 
 simjax by geom pair and position, efc rows matched by (type, id)."""
 from __future__ import annotations
 
+import importlib
+
+import jax
 import mujoco
 import numpy as np
 
 from constraint_helpers import match_rows
+
+fwd = importlib.import_module("simjax.engine.forward")
+
+
+def _smooth_own(m, d):
+    """Smooth stages with simjax's own collision (contacts, rows, reference, qacc_smooth)."""
+    d = fwd.fwd_position(m, d)
+    d = fwd.fwd_velocity(m, d)
+    d = fwd.fwd_actuation(m, d)
+    return fwd.fwd_acceleration(m, d)
+
+
+#: one compiled smooth pipeline per model structure (shared by every solver)
+smooth_own_jit = jax.jit(_smooth_own)
 
 
 def trajectory_states(mjm, n, seed=0, warm=60, every=15, ctrl_scale=0.5, vscale=0.5):
@@ -57,7 +74,6 @@ def compare(mjd, d, tol_pos=1e-6):
     dict with qacc and qfrc_constraint errors relative to max(1, max |value|), efc_force
     errors (rows matched by type and id) relative to max(1e-9, max |force|), and the
     contact / row matching. Raises AssertionError when contacts or rows do not match."""
-    import jax
     con = jax.tree_util.tree_map(np.asarray, d.contact)
     slot = match_contacts(mjd, con, tol_pos)
     assert int(d.ncon) == mjd.ncon, (int(d.ncon), mjd.ncon)

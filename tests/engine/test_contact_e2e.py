@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 
 import simjax
-from constraint_helpers import canonical, pendula_friction, smooth_jit, solve_jit, tight
-from contact_e2e_helpers import compare, match_contacts, trajectory_states
+from constraint_helpers import canonical, pendula_friction, solve_jit, tight
+from contact_e2e_helpers import compare, match_contacts, smooth_own_jit, trajectory_states
 from engine_helpers import load, to_data
 from simjax.engine import io
 from simjax.errors import UnsupportedFeatureError
@@ -99,7 +99,7 @@ def _load(rel, solver, cone, extra):
 def _solve(m, d):
     """simjax's pipeline: smooth stages with collision and constraint rows (one
     compilation per model structure, shared by every solver), then the solver."""
-    return solve_jit(m, smooth_jit(canonical(m), d))
+    return solve_jit(m, smooth_own_jit(canonical(m), d))
 
 
 def _tol_pos(mjm):
