@@ -82,6 +82,13 @@ def _rollout(args) -> int:
 
     @jax.jit
     def advance(data, ctrl):               # ctrl: (batch, chunk, nu)
+        if not args.out:
+            # nothing is recorded: keep no per-step fields, only the final state
+            def one(d, u):
+                def body(d, ut):
+                    return simjax.step(model, d.replace(ctrl=ut.astype(d.ctrl.dtype))), None
+                return jax.lax.scan(body, d, u)[0]
+            return jax.vmap(one)(data, ctrl), None
         traj, final = jax.vmap(lambda d, u: simjax.rollout(
             model, d, u, checkpoint=False, return_data=True))(data, ctrl)
         return final, traj

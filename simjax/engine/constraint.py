@@ -16,8 +16,9 @@ the static contact dimension of each slot of ``Data.contact``:
   or ``dim`` rows (elliptic), active for valid, non-excluded contacts.
 
 Inactive rows are exactly neutral: ``efc_active`` is false, ``efc_J`` is zero, and the
-solvers give them zero force. Rows whose Jacobian is identically zero are inactive, as
-MuJoCo skips them. ``ne``, ``nf``, ``nl`` and ``nefc`` count the active rows of each kind.
+solvers give them zero force. A non-contact constraint whose rows all have an
+identically zero Jacobian is inactive, as MuJoCo skips it; contact rows are kept even
+with a zero Jacobian (as MuJoCo). ``ne``, ``nf``, ``nl`` and ``nefc`` count the active rows of each kind.
 
 ``efc_id`` holds the element id (equality, dof, tendon, joint) or, for contacts, the
 slot index into ``Data.contact``.
@@ -372,8 +373,10 @@ def _contact_rows(m, d, blk):
     tran = iw[b1, 0] + iw[b2, 0]
     rot = iw[b1, 1] + iw[b2, 1]
     ok = con.valid[slots] & (con.exclude[slots] == 0)
-    # MuJoCo skips contacts that move no dof
-    ok = ok & jnp.any(jac != 0, axis=(1, 2))
+    # MuJoCo skips a contact only when its bodies' kinematic chains hold no dof (a
+    # structural count, never the Jacobian's values; such pairs are not collision
+    # candidates): a contact whose rows are numerically zero (an object on slide x/y
+    # joints touching the table) keeps its rows
     return jac, tran, rot, ok
 
 
@@ -548,8 +551,18 @@ def make_constraint(m, d):
         solimp = put(solimp, blk, imp)
         active = put(active, blk, act)
 
-    # rows with an all-zero Jacobian are dropped by MuJoCo (non-contacts)
+    # MuJoCo (mj_addConstraint) drops a non-contact constraint whose rows are all zero
+    # (all 3 / 6 rows of a connect / weld together; limit sides and friction loss are
+    # one-row constraints) and never drops contact rows: a planar model keeps the
+    # out-of-plane friction row of an elliptic contact, with a zero Jacobian
     nonzero = jnp.any(J != 0, axis=1)
+    for blk in lay.blocks:
+        rows = slice(blk.start, blk.start + blk.n * blk.k)
+        if blk.kind.startswith("con"):
+            nonzero = nonzero.at[rows].set(True)
+        elif blk.kind in ("connect", "weld"):
+            elem = jnp.any(nonzero[rows].reshape(blk.n, blk.k), axis=1)
+            nonzero = nonzero.at[rows].set(jnp.repeat(elem, blk.k))
     active = active & nonzero
     J = jnp.where(active[:, None], J, 0.0)
 
@@ -629,6 +642,14 @@ def _check_unsupported(m, lay):
             continue
         if val.size and np.any(val != 0):
             raise UnsupportedFeatureError(what)
+
+
+def inv_constraint(m, d):
+    """Inverse constraint stage (mj_invConstraint): efc_force, efc_state and
+    qfrc_constraint (nv,) of ``d.qacc``; see :func:`simjax.engine.solver.inv_constraint`
+    (the row cost lives with the solvers)."""
+    from simjax.engine import solver
+    return solver.inv_constraint(m, d)
 
 
 # --------------------------------------------------------------------------- reference

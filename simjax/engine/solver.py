@@ -844,9 +844,30 @@ def fwd_constraint(m, d):
         qacc = d.qacc_smooth + p["solve_m"](d.efc_J.T @ force)
     force = jnp.where(d.efc_active, force, 0.0)
     qfrc = d.efc_J.T @ force
+    # MuJoCo returns before the solver when no row is active: no iterations
+    niter = jnp.where(jnp.any(d.efc_active), niter, 0)
     return d.replace(qacc=qacc, efc_force=force, efc_state=state, qfrc_constraint=qfrc,
                      efc_b=efc_b, solver_niter=niter.astype(jnp.int32),
                      solver_improvement=imp, solver_gradient=gnorm)
+
+
+def inv_constraint(m, d):
+    """Constraint forces of a given acceleration (mj_invConstraint): with
+    jar = J qacc - aref, efc_force and efc_state are the per-row optimality forces of
+    the constraint cost at jar (mj_constraintUpdate: -D jar for active quadratic rows,
+    Huber-clamped friction loss, zero for satisfied one-sided rows, elliptic cone zones),
+    and qfrc_constraint = J' efc_force (nv,). Requires make_constraint and
+    reference_constraint (the position and velocity stages) to have run on ``d``.
+    Differentiable (no iterations)."""
+    zero_v = jnp.zeros(m.nv, d.qpos.dtype)
+    if d.efc_J.shape[0] == 0 or m.nv == 0:
+        return d.replace(qfrc_constraint=zero_v)
+    lay = C.layout(m, C.slot_dims(d))
+    spec = spec_from_layout(lay, m.nv)
+    p = _problem(m, d, lay)
+    force, state, _ = update(spec, p, d.efc_J @ d.qacc - d.efc_aref)
+    force = jnp.where(d.efc_active, force, 0.0)
+    return d.replace(efc_force=force, efc_state=state, qfrc_constraint=d.efc_J.T @ force)
 
 
 def _dual_state(spec, p, force, primal_state):

@@ -81,7 +81,11 @@ def test_inverse_rk4_discrete_raises():
         simjax.inverse(m, make_data(m))
 
 
-def test_inverse_with_constraints_needs_constraint_stage():
+def test_inverse_with_constraints_uses_constraint_stage():
+    """With constraints enabled, inverse runs the constraint module's inv_constraint
+    (mj_invConstraint; compared with MuJoCo in test_contact_e2e.py)."""
+    import importlib
+    inv_mod = importlib.import_module("simjax.engine.inverse")
     mjm, m = load("mjx_pendula/pendula.xml", constraints=True)
-    with pytest.raises(UnsupportedFeatureError, match="mj_invConstraint"):
-        simjax.inverse(m, make_data(m))
+    from simjax.engine import constraint
+    assert inv_mod._constraint_stage(m) is constraint.inv_constraint
