@@ -105,6 +105,7 @@ def grad_vs_fd(name, nstep):
     return err.max()
 
 
+@pytest.mark.slow                      # ~40 s: compiles grad through a contact rollout
 def test_grad_box_short():
     grad_vs_fd("box", 20)
 

@@ -96,9 +96,8 @@ HISTORY_FIELDS = ("actuator_history", "actuator_historyadr", "actuator_delay",
                   "sensor_history", "sensor_historyadr", "sensor_delay", "sensor_interval")
 
 
-def test_compiled_by_simjax(jstep):
-    """simjax.load_model lays out the buffers as MuJoCo's compiler does, and the model
-    it compiles steps like MuJoCo's."""
+def test_compiled_by_simjax():
+    """simjax.load_model lays out the buffers as MuJoCo's compiler does."""
     mjm = mujoco.MjModel.from_xml_string(XML.format(integrator="Euler"))
     m = simjax.load_model(XML.format(integrator="Euler"))
     assert m.nhistory == mjm.nhistory
@@ -106,6 +105,13 @@ def test_compiled_by_simjax(jstep):
         ref = np.asarray(getattr(mjm, f))
         np.testing.assert_allclose(np.asarray(getattr(m, f)).reshape(ref.shape), ref,
                                    rtol=0, atol=1e-15, err_msg=f)
+
+
+@pytest.mark.slow                      # a second compile of step (~20 s)
+def test_compiled_by_simjax_steps(jstep):
+    """The model simjax compiles steps like MuJoCo's."""
+    mjm = mujoco.MjModel.from_xml_string(XML.format(integrator="Euler"))
+    m = simjax.load_model(XML.format(integrator="Euler"))
     mjd, d = mujoco.MjData(mjm), make_data(m)
     for k in range(6):
         ctrl = np.cos(np.arange(mjm.nu) + k)
