@@ -257,6 +257,7 @@ def check_trajectory(rel, nstep):
     return eq, ev
 
 
+@pytest.mark.slow                      # ~25 s; test_trajectory_100 covers the same cases
 @pytest.mark.parametrize("name", sorted(TRAJ))
 def test_trajectory_10(name):
     check_trajectory(TRAJ[name], 10)
