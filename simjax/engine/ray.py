@@ -82,17 +82,23 @@ def _better(x, sol, ok):
     return ok & ((x < 0) | (sol < x))
 
 
+def _side_wall(lp, lv, r, h, x):
+    """Nearer hit of the local-frame ray with the side wall of a z-aligned cylinder of
+    radius r and half-height h (capsule and cylinder share it): (distance, is-better)."""
+    a = lv[..., 0] ** 2 + lv[..., 1] ** 2
+    b = lv[..., 0] * lp[..., 0] + lv[..., 1] * lp[..., 1]
+    c = lp[..., 0] ** 2 + lp[..., 1] ** 2 - r * r
+    sol = _quad(a, b, c)[0]
+    return sol, _better(x, sol, (sol >= 0) & (jnp.abs(lp[..., 2] + sol * lv[..., 2]) <= h))
+
+
 def ray_capsule(pos, mat, size, pnt, vec):
     r, h = size[..., 0], size[..., 1]
     bound = sphere_dist(pos, (r + h) ** 2, pnt, vec) >= 0
     lp, lv = _map(pos, mat, pnt, vec)
     x = -jnp.ones_like(r)
     kind = jnp.zeros_like(r)
-    a = lv[..., 0] ** 2 + lv[..., 1] ** 2
-    b = lv[..., 0] * lp[..., 0] + lv[..., 1] * lp[..., 1]
-    c = lp[..., 0] ** 2 + lp[..., 1] ** 2 - r * r
-    sol = _quad(a, b, c)[0]
-    upd = _better(x, sol, (sol >= 0) & (jnp.abs(lp[..., 2] + sol * lv[..., 2]) <= h))
+    sol, upd = _side_wall(lp, lv, r, h, x)
     x = jnp.where(upd, sol, x)
     aa = math.dot(lv, lv)
     for side in (1.0, -1.0):                      # top cap, then bottom cap
@@ -134,11 +140,7 @@ def ray_cylinder(pos, mat, size, pnt, vec):
         upd = _better(x, sol, axial & (sol >= 0) & (p0 * p0 + p1 * p1 <= r * r))
         x = jnp.where(upd, sol, x)
         kind = jnp.where(upd, side, kind)
-    a = lv[..., 0] ** 2 + lv[..., 1] ** 2
-    b = lv[..., 0] * lp[..., 0] + lv[..., 1] * lp[..., 1]
-    c = lp[..., 0] ** 2 + lp[..., 1] ** 2 - r * r
-    sol = _quad(a, b, c)[0]
-    upd = _better(x, sol, (sol >= 0) & (jnp.abs(lp[..., 2] + sol * lv[..., 2]) <= h))
+    sol, upd = _side_wall(lp, lv, r, h, x)
     x = jnp.where(upd, sol, x)
     kind = jnp.where(upd, 0.0, kind)
     loc = lp + x[..., None] * lv
