@@ -107,6 +107,22 @@ def _model(full):
     return spec.compile()
 
 
+def _check_sensors(mjm, mjd, d, tol, skip=()):
+    """Assert every sensor (but ``skip``) matches MuJoCo to ``tol``; return the names of
+    the types seen with non-zero values."""
+    sd, seen = np.asarray(d.sensordata), set()
+    for i in range(mjm.nsensor):
+        if i in skip:
+            continue
+        a, n = mjm.sensor_adr[i], mjm.sensor_dim[i]
+        err = rel_err(sd[a:a + n], mjd.sensordata[a:a + n])
+        assert err < tol, (i, type_name(mjm.sensor_type[i]), sd[a:a + n],
+                           mjd.sensordata[a:a + n])
+        if np.any(mjd.sensordata[a:a + n] != 0):
+            seen.add(type_name(mjm.sensor_type[i]))
+    return seen
+
+
 @pytest.mark.parametrize("cone,full", [
     # ~100 s each on 2 cores (the whole forward pass of the contact scene compiles)
     pytest.param("pyramidal", False, marks=pytest.mark.slow),
@@ -125,14 +141,7 @@ def test_contact_sensors_with_injected_contacts(cone, full):
         d = _stages(m, d)
         for f in ("cacc", "cfrc_int", "cfrc_ext"):
             assert rel_err(getattr(d, f), getattr(mjd, f)) < TOL, f
-        sd = np.asarray(d.sensordata)
-        for i in range(mjm.nsensor):
-            a, n = mjm.sensor_adr[i], mjm.sensor_dim[i]
-            err = rel_err(sd[a:a + n], mjd.sensordata[a:a + n])
-            assert err < TOL, (i, type_name(mjm.sensor_type[i]), sd[a:a + n],
-                               mjd.sensordata[a:a + n])
-            if np.any(mjd.sensordata[a:a + n] != 0):
-                seen.add(type_name(mjm.sensor_type[i]))
+        seen |= _check_sensors(mjm, mjd, d, TOL)
     # every sensor type of the model was exercised with non-zero values
     assert seen >= {"touch", "contact", "force", "torque", "jointlimitpos", "jointlimitvel",
                     "jointlimitfrc", "tendonlimitpos", "accelerometer",
@@ -176,14 +185,5 @@ def test_contact_sensors_end_to_end(full, jforward):
         assert rel_err(d.qacc, mjd.qacc) < E2E_TOL
         pairs = sorted(map(tuple, np.asarray(d.contact.geom)[np.asarray(d.contact.valid)]))
         assert pairs == sorted(map(tuple, mjd.contact.geom))
-        sd = np.asarray(d.sensordata)
-        for i in range(mjm.nsensor):
-            if i in order_dep:
-                continue
-            a, n = mjm.sensor_adr[i], mjm.sensor_dim[i]
-            err = rel_err(sd[a:a + n], mjd.sensordata[a:a + n])
-            assert err < E2E_TOL, (i, type_name(mjm.sensor_type[i]), sd[a:a + n],
-                                   mjd.sensordata[a:a + n])
-            if np.any(mjd.sensordata[a:a + n] != 0):
-                seen.add(type_name(mjm.sensor_type[i]))
+        seen |= _check_sensors(mjm, mjd, d, E2E_TOL, skip=order_dep)
     assert seen >= {"touch", "contact", "force", "torque", "jointlimitfrc", "accelerometer"}
