@@ -532,10 +532,10 @@ def _first(mask, score=None):
     return jnp.unravel_index(k, mask.shape), flat[k]
 
 
-def _clip(ref, kref, nref, inc, kinc, size):
+def _clip(ref, kref, nref, inc, kinc, size, margin=0.0):
     """Sutherland-Hodgman clipping of polygon ``inc`` (kinc vertices) by the side planes
-    of polygon ``ref`` (kref vertices, normal nref), then only points on or below ref's
-    plane kept (polygonClip). Returns points (size, 3) and their count."""
+    of polygon ``ref`` (kref vertices, normal nref), then only points at most ``margin``
+    above ref's plane kept (polygonClip). Returns points (size, 3) and their count."""
     K = ref.shape[0]
     i = jnp.arange(K)
     nxt = jnp.where(i + 1 >= kref, 0, i + 1)
@@ -565,7 +565,7 @@ def _clip(ref, kref, nref, inc, kinc, size):
                 jnp.where(use, jnp.minimum(jnp.sum(val), size), cnt)), None
 
     (poly, cnt), _ = jax.lax.scan(edge, (poly, kinc), jnp.arange(K))
-    below = (slot < cnt) & (dot(poly - ref[0], nref) <= 0)
+    below = (slot < cnt) & (dot(poly - ref[0], nref) <= jnp.maximum(margin, 0.0))
     pos = jnp.where(below, jnp.cumsum(below) - 1, 2 * size)
     poly = jnp.zeros_like(poly).at[pos].set(poly, mode="drop")
     return poly, jnp.sum(below)
@@ -665,7 +665,9 @@ def poly_contacts(t1, g1, t2, g2, n, dist, margin):
     (ja, ieb), fe = _first((cosb < EDGE_TOL) & oka[:, None] & okeb[None], cosb)
     ef = ~ff & (da < 3) & (da <= db) & ef
     fe = ~ff & ~((da < 3) & (da <= db)) & (db < 3) & fe
-    multi = (ff | ef | fe) & A[5] & B[5] & (margin <= 0) & (dist < 0)
+    # MuJoCo 4.0 builds the patch whenever the pair is within the margin (points up to
+    # the margin above the reference face kept)
+    multi = (ff | ef | fe) & A[5] & B[5] & (dist < margin)
 
     def face(P, f):
         vw, fvert, fnum = P[0], P[1], P[2]
@@ -690,7 +692,7 @@ def poly_contacts(t1, g1, t2, g2, n, dist, margin):
     kinc = jnp.where(ff, kb_face, 2)
     # witness direction: B's face normal (face-face), minus the reference normal
     wit = jnp.where(ff, nb[j], -nref)
-    pts, cnt = _clip(ref, kref, nref, inc, kinc, K + L)
+    pts, cnt = _clip(ref, kref, nref, inc, kinc, K + L, margin)
     sel = jnp.where(cnt > 4, _polygon_quad(pts, cnt),
                     jnp.where((kinc == 2) & (cnt > 2),
                               jnp.concatenate([_farthest2(pts, cnt), jnp.zeros(2, jnp.int32)]),
@@ -698,12 +700,18 @@ def poly_contacts(t1, g1, t2, g2, n, dist, margin):
     nsel = jnp.where(cnt > 4, 4, jnp.where((kinc == 2) & (cnt > 2), 2, cnt))
     v = pts[sel]
     dd = dot(v - ref[0], nref)
-    w1 = v - jnp.abs(dd)[:, None] * wit
-    x1, x2 = jnp.where(ef, v, w1), jnp.where(ef, w1, v)
-    mnrm, _ = normalize(x1 - x2)
-    mpos = 0.5 * (x1 + x2)
+    # witnesses (MuJoCo 4.0): the clipped point and its projection onto the reference
+    # plane along the reference normal; the normal is minus the incident face's normal
+    # (face-face) or the reference normal pointing from geom1 to geom2; the depth is
+    # the witnesses' separation along the normal, the position geom1's witness moved
+    # half of it along the normal
+    proj = v - dd[:, None] * nref
+    x1, x2 = jnp.where(ef, v, proj), jnp.where(ef, proj, v)
+    mnrm = jnp.broadcast_to(jnp.where(ff, -wit, jnp.where(ef, -nref, nref)), v.shape)
+    dd = dot(x2 - x1, mnrm)
+    mpos = x1 + 0.5 * dd[:, None] * mnrm
     mvalid = multi & (cnt >= 1) & (jnp.arange(4) < nsel) & (jnp.min(
-        jnp.where(jnp.arange(4) < nsel, dd, 1.0)) < 0)
+        jnp.where(jnp.arange(4) < nsel, dd, jnp.inf)) < margin)
     # single witness (EPA): vertex against anything, or the closest points of two edges
     a0, b0 = A[0][ia[0]], B[0][ib[0]]
     ca, cb = _segments(a0, A[0][ia[1]], b0, B[0][ib[1]])
