@@ -65,6 +65,7 @@ Differences from MuJoCo (deliberate or not yet implemented):
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +122,14 @@ def _hull(verts):
         [sorted(a) for a in adj], idx
 
 
+def _cross3(u, w):
+    """Cross product of two 3-vectors in plain floats (np.cross costs microseconds per
+    call, too slow for the hulls of large meshes)."""
+    u0, u1, u2 = (float(x) for x in u)
+    w0, w1, w2 = (float(x) for x in w)
+    return (u1 * w2 - u2 * w1, u2 * w0 - u0 * w2, u0 * w1 - u1 * w0)
+
+
 def _quad(hv, ids, a):
     """Greedy largest-area quadrilateral of polygon ``ids`` anchored at position ``a``
     (the anchor's three partners; a polygon of at most four vertices is kept whole)."""
@@ -128,8 +137,12 @@ def _quad(hv, ids, a):
     if n <= 4:
         return [ids[(a + k) % n] for k in range(1, n)]
 
+    pts = [tuple(float(x) for x in hv[v]) for v in ids]
+
     def area(i, j, k, l):
-        return 0.5 * np.linalg.norm(np.cross(hv[ids[i]] - hv[ids[k]], hv[ids[j]] - hv[ids[l]]))
+        u = [x - y for x, y in zip(pts[i], pts[k])]
+        w = [x - y for x, y in zip(pts[j], pts[l])]
+        return 0.5 * math.sqrt(sum(c * c for c in _cross3(u, w)))
 
     b, c, d = (a + 1) % n, (a + 2) % n, (a + 3) % n
     best = area(a, b, c, d)
@@ -162,25 +175,29 @@ def _mj_polygons(hv):
         hull = ConvexHull(hv)
     except Exception:
         return []
+    # every hull triangle at once (vectorised: meshes of SDF geoms have ~1e5)
+    tri = np.asarray(hull.simplices, np.int64).copy()
+    n = np.cross(hv[tri[:, 1]] - hv[tri[:, 0]], hv[tri[:, 2]] - hv[tri[:, 0]])
+    flip = np.sum(n * hull.equations[:, :3], axis=1) < 0
+    tri[flip] = tri[flip][:, [0, 2, 1]]
+    n[flip] = -n[flip]
+    norm = np.linalg.norm(n, axis=1)
+    keep = norm >= 1e-15
+    tri, n = tri[keep], n[keep] / norm[keep, None] + 0.0
+    polar = np.abs(n[:, 2]) > 1 - 1e-7
+    k0 = np.where(polar, 0.0, np.round(np.arctan2(n[:, 1], n[:, 0]) / POLY_ANGLE_TOL))
+    k1 = np.where(polar, np.where(n[:, 2] < 0, np.round(np.pi / POLY_ANGLE_TOL), 0.0),
+                  np.round(np.arccos(np.clip(n[:, 2], -1, 1)) / POLY_ANGLE_TOL))
     groups = {}
-    for simplex, eq in zip(hull.simplices, hull.equations):
-        a, b, c = (int(i) for i in simplex)
-        n = np.cross(hv[b] - hv[a], hv[c] - hv[a])
-        if np.dot(n, eq[:3]) < 0:
-            b, c = c, b
-            n = -n
-        norm = np.linalg.norm(n)
-        if norm < 1e-15:
-            continue
-        n = n / norm + 0.0
-        if abs(n[2]) > 1 - 1e-7:
-            key = (0.0, float(np.round(np.pi / POLY_ANGLE_TOL)) if n[2] < 0 else 0.0)
-        else:
-            key = (float(np.round(np.arctan2(n[1], n[0]) / POLY_ANGLE_TOL)),
-                   float(np.round(np.arccos(n[2]) / POLY_ANGLE_TOL)))
-        groups.setdefault(key, []).append((a, b, c))
-    out = []
+    for key, t in zip(zip(k0.tolist(), k1.tolist()), tri.tolist()):
+        groups.setdefault(key, []).append(tuple(t))
+    paths = []
     for tris in groups.values():
+        if len(tris) == 1:                   # most groups: one triangle, from its min
+            t = tris[0]
+            k = t.index(min(t))
+            paths.append([t[k], t[(k + 1) % 3], t[(k + 2) % 3]])
+            continue
         edges = set()
         for a, b, c in tris:
             edges.update(((a, b), (b, c), (c, a)))
@@ -204,11 +221,14 @@ def _mj_polygons(hv):
                 path.append(u)
                 seen.add(u)
             if len(path) >= 3:
-                p0, p1, p2 = hv[path[0]], hv[path[1]], hv[path[2]]
-                nrm = np.cross(p1 - p0, p2 - p0)
-                nrm = nrm / max(np.linalg.norm(nrm), 1e-300)
-                out.append((nrm, path))
-    return out
+                paths.append(path)
+    if not paths:
+        return []
+    first = np.asarray([p[:3] for p in paths])
+    p0, p1, p2 = hv[first[:, 0]], hv[first[:, 1]], hv[first[:, 2]]
+    nrm = np.cross(p1 - p0, p2 - p0)
+    nrm = nrm / np.maximum(np.sqrt(np.sum(nrm * nrm, axis=1)), 1e-300)[:, None]
+    return list(zip(nrm, paths))
 
 
 def _clip_tables(hulls, V):
@@ -291,14 +311,64 @@ def mesh_table(m):
     return tab
 
 
+_PLANE_CACHE: dict = {}
+
+
+def _hull_vertices(verts):
+    from scipy.spatial import ConvexHull
+    try:
+        return verts[np.asarray(ConvexHull(verts).vertices)]
+    except Exception:  # degenerate (flat) mesh: keep every vertex
+        return verts
+
+
+def plane_table(m):
+    """Static padded hull data for plane-mesh contacts only (what plane_convex reads):
+    vert (nmesh, V, 3) hull vertices, and per vertex and hull polygon at it the
+    polygon's normal pnorm (nmesh, V, PV, 3) and the three partners of its greedy
+    quadrilateral pquad (nmesh, V, PV, 3) (-1 padded). Lighter than mesh_table (no
+    edge or face-normal deduplication), so it serves large meshes such as the meshes
+    of SDF geoms (tens of thousands of vertices)."""
+    key = (m.nmesh, hash(np.asarray(m.mesh_vert).tobytes()),
+           hash(np.asarray(m.mesh_vertadr).tobytes()))
+    tab = _PLANE_CACHE.get(key)
+    if tab is not None:
+        return tab
+    verts = np.asarray(m.mesh_vert, np.float64).reshape(-1, 3)
+    vadr, vnum = np.asarray(m.mesh_vertadr), np.asarray(m.mesh_vertnum)
+    hulls = [_hull_vertices(verts[vadr[i]:vadr[i] + vnum[i]]) for i in range(m.nmesh)]
+    polys = [_mj_polygons(hv) for hv in hulls]
+    V = max(len(hv) for hv in hulls)
+    cnt = [np.zeros(len(hv), np.int64) for hv in hulls]
+    for c, pl in zip(cnt, polys):
+        for _, ids in pl:
+            np.add.at(c, np.asarray(ids), 1)
+    PV = max([1] + [int(c.max(initial=0)) for c in cnt])
+    pnorm = np.zeros((m.nmesh, V, PV, 3))              # padding: masked by pquad < 0
+    pquad = -np.ones((m.nmesh, V, PV, 3), np.int64)
+    vert = np.zeros((m.nmesh, V, 3))
+    for i, (hv, pl) in enumerate(zip(hulls, polys)):
+        vert[i] = hv[np.minimum(np.arange(V), len(hv) - 1)]        # pad: repeat
+        c = np.zeros(V, np.int64)
+        for n, ids in pl:
+            for pos, v in enumerate(ids):
+                q = _quad(hv, ids, pos)
+                pnorm[i, v, c[v]] = n
+                pquad[i, v, c[v], :len(q)] = q
+                c[v] += 1
+    tab = dict(vert=vert, pnorm=pnorm, pquad=pquad)
+    _PLANE_CACHE[key] = tab
+    return tab
+
+
 def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype):
     """Give mesh geoms of a convex collider group their hull data (vert, extra)."""
     types = getattr(fn, "types", None)
     if not types or GT.MESH not in types:
         return geo1, geo2
-    tab = mesh_table(m)
-    dataid = jnp.asarray(np.asarray(m.geom_dataid))
     plane = types[0] == GT.PLANE
+    tab = plane_table(m) if plane else mesh_table(m)
+    dataid = jnp.asarray(np.asarray(m.geom_dataid))
     names = ("pnorm", "pquad") if plane else ("normal", "edge", "fvert", "fnum", "fnormal",
                                               "vface", "npoly", "nvert")
     out = []
@@ -757,5 +827,8 @@ def _make(fn, t1, t2):
 _TYPES = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
 CONVEX = {(a, b): _make(convex_convex, a, b) for a in _TYPES for b in _TYPES if a <= b}
 PLANE = {t: _make(plane_convex, GT.PLANE, t) for t in (GT.ELLIPSOID, GT.MESH)}
+#: plane against an SDF geom: MuJoCo 4.0 collides the plane with the SDF geom's mesh
+#: (mjc_PlaneConvex on its convex hull), so the geom gets its mesh's hull data
+PLANE_SDF = _make(plane_convex, GT.PLANE, GT.MESH)
 MAXCON = {f: (4 if (k[0] in _POLY and k[1] in _POLY) else 1) for k, f in CONVEX.items()}
-MAXCON.update({PLANE[GT.ELLIPSOID]: 1, PLANE[GT.MESH]: 4})
+MAXCON.update({PLANE[GT.ELLIPSOID]: 1, PLANE[GT.MESH]: 4, PLANE_SDF: 4})

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -86,9 +87,9 @@ def sdf_pair(*args):
                        "simjax.engine.collision.sdf.collide for SDF pairs")
 
 
-for _t in (GT.PLANE, GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH,
-           GT.SDF):
+for _t in (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH, GT.SDF):
     COLLIDERS[(_t, GT.SDF)] = sdf_pair
+COLLIDERS[(GT.PLANE, GT.SDF)] = convex.PLANE_SDF     # plane vs the SDF geom's mesh
 
 
 #: maximum valid contacts of colliders installed with register_collider
@@ -222,7 +223,11 @@ def candidate_pairs(m):
             a, b = b, a
         key = (int(gtype[a]), int(gtype[b]))
         if key == (GT.HFIELD, GT.SDF):
-            raise UnsupportedFeatureError("height-field vs SDF collisions (mjc_HFieldSDF)")
+            # MuJoCo 4.0 has no height-field vs SDF collider either: it warns and
+            # returns no contacts (mjc_HFieldSDF); so does simjax
+            warnings.warn(f"height-field vs SDF collision (geoms {a}, {b}) is not "
+                          "supported (as in MuJoCo 4.0): no contacts")
+            continue
         if key[0] in _NEEDS_PLUGIN or key[1] in _NEEDS_PLUGIN:
             if key not in COLLIDERS:
                 raise UnsupportedFeatureError(

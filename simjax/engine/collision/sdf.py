@@ -32,10 +32,9 @@ Entry points:
 - :func:`collide_pairs` (m, d, g1s, g2s): many pairs, vmapped per kind (what the
   collision driver calls); :func:`capacity`: contact slots for a set of SDF pairs.
 
-Known difference: MuJoCo collides a plane with an SDF geom by mjc_PlaneConvex on the
-SDF's mesh (mjCOLLISIONFUNC), not by this descent; simjax runs the descent for plane
-pairs too, so plane-SDF contacts differ from MuJoCo's (count and points). Mesh-SDF
-pairs (mjc_MeshSDF) raise UnsupportedFeatureError.
+A plane against an SDF geom is not collided here: as in MuJoCo 4.0 the plane meets
+the SDF geom's mesh (mjc_PlaneConvex on its convex hull,
+``convex.PLANE_SDF``).
 
 Against MuJoCo 4.0.0 (float64): the torus scene's contacts agree to ~1e-14 and its
 100-step trajectory to ~1e-13; the nut/bolt contacts to ~5e-8 (MuJoCo's nut and bolt
