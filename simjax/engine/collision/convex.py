@@ -24,15 +24,22 @@ a fixed-shape formulation that jit/vmap/grad handle well:
   vertex). Two polygons facing each other (cosine < -FACE_TOL) give a face-face
   patch: geom2's polygon clipped by geom1's side planes (Sutherland-Hodgman as
   polygonClip), points below geom1's face kept, more than 4 reduced by MuJoCo's greedy
-  polygonQuad; depth of each point below the reference face, normal minus geom2's
-  face normal. Otherwise an edge in a face (|cosine| < EDGE_TOL) clips the edge by the
-  face (at most its two farthest points). Hull polygons are formed as MuJoCo's
+  polygonQuad. Each kept point and its projection onto the reference plane (along the
+  reference normal) are the witnesses; the normal is minus geom2's face normal
+  (face-face) or the reference normal, the depth the witnesses' separation along it,
+  the position geom1's witness moved half the depth along the normal (MuJoCo 4.0.0,
+  matched to 1e-12). Otherwise an edge in a face (|cosine| < EDGE_TOL) clips the edge
+  by the face (at most its two farthest points). With a positive margin the patch is
+  built whenever the pair is within the margin, points up to the margin above the
+  reference face kept (as MuJoCo 4.0.0). Hull polygons are formed as MuJoCo's
   compiler does (hull triangles grouped by normal angles rounded to 0.01 rad, boundary
   traced per island).
 - **Plane-mesh** (MuJoCo 4.0's mjc_PlaneConvex): the deepest vertex, then the other
   corners of the largest-area quadrilateral of the hull polygon at that vertex most
   opposed to the plane normal (greedy, precomputed per polygon and anchor), each kept
-  when below the margin and below the mesh centre.
+  when below the margin and below the mesh centre. A plane against an SDF geom uses
+  the same collider on the SDF geom's mesh (as MuJoCo 4.0; hull tables built by
+  ``plane_table``, light enough for meshes of ~5e4 vertices).
 
 Measured against MuJoCo 4.0.0 on the corpus (tests/engine/test_collision.py, 20 states
 with contacts per model): same contacting pairs and contact counts everywhere;
@@ -47,18 +54,24 @@ Differences from MuJoCo (deliberate or not yet implemented):
   differ from MuJoCo's, which can change polygonQuad's pick on polygons of more than
   4 clipped points (the trossen tolerance above).
 - Cylinder patches: a cylinder against a box, mesh or cylinder gives one contact
-  here. MuJoCo 4.0.0's native CCD returns more (observed with the oracle): a cap
-  resting on a face (tilt under ~5 degrees) gives 4 rim points at multiples of 22.5
-  degrees about the cylinder axis, each with its own depth, whose choice did not fit
-  a regular 16-gon reduced by polygonQuad; a cylinder lying on its side (axis parallel
-  to the face within 3e-4 degrees; at 3 degrees it gives one, as simjax) gives 2, at
-  the ends of the contact line. This variant is not in the MuJoCo C sources available
-  here (their mjc_Convex perturbs by +-1e-3 rad, what MuJoCo 4.0.0 still does with
-  DisableBit.NATIVECCD: 5 contacts), so it is not reproduced. No corpus model has such
-  a pair in contact. A capsule lying on a mesh face gives one contact in both.
-  Box/mesh pairs with a positive margin give one contact (MuJoCo then also uses its
-  MULTICCD search). Deep penetrations where EPA stops on a non-optimal face (its
-  tolerance) report simjax's exact optimum.
+  here. MuJoCo 4.0.0 returns more (observed with the oracle): a cap resting on a
+  face (tilt under ~5 degrees) gives up to 4 rim points, each with its own depth, and
+  a cylinder lying on a face (axis parallel within ~3e-4 degrees) gives 2, at the
+  ends of the contact line. The cap points fit the cap approximated by a 16-gon
+  (vertices at multiples of 22.5 degrees about the axis, counter-clockwise) clipped by
+  the face and reduced by polygonQuad, but only for a start vertex that changes with
+  the pose (7 at a 2-degree tilt about x, 15 upright) by a rule not found in the
+  MuJoCo C sources available here (their mjc_Convex perturbs by +-1e-3 rad instead,
+  what MuJoCo 4.0.0 still does with DisableBit.NATIVECCD), so this is not
+  reproduced. No corpus model has such a pair in contact. A capsule lying on a mesh
+  face gives one contact in both. Deep penetrations where EPA stops on a
+  non-optimal face (its tolerance) report simjax's exact optimum.
+- Polygons of more than 4 clipped points: polygonQuad's pick depends on the polygon's
+  start vertex, which MuJoCo takes from its compiler's hull triangle order (qhull's
+  face order, mjCMesh::MakePolygons); simjax starts at the smallest hull vertex id, so
+  e.g. a hexagonal prism face resting on a box may give 4 other corners than MuJoCo.
+  Some edge-face cases of mesh pairs give 2 contacts in MuJoCo and 1 here (seen with a
+  cube mesh on a hexagonal prism mesh at large tilts), not yet understood.
 - Meshes whose hull MuJoCo does not build (no mesh_graph) get polygons here; MuJoCo
   skips multi-contact for them.
 """
