@@ -71,7 +71,8 @@ Differences from MuJoCo (deliberate or not yet implemented):
   face order, mjCMesh::MakePolygons); simjax starts at the smallest hull vertex id, so
   e.g. a hexagonal prism face resting on a box may give 4 other corners than MuJoCo.
   Some edge-face cases of mesh pairs give 2 contacts in MuJoCo and 1 here (seen with a
-  cube mesh on a hexagonal prism mesh at large tilts), not yet understood.
+  cube mesh vertex on a hexagonal prism mesh near its rim): MuJoCo reports the same
+  point twice (equal position and depth), simjax once.
 - Meshes whose hull MuJoCo does not build (no mesh_graph) get polygons here; MuJoCo
   skips multi-contact for them.
 """
