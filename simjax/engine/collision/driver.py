@@ -13,17 +13,20 @@ Three steps:
    ``hfield.collider_for``: grid data and sub-grid window are static).
 2. **Broadphase, at run time**: per candidate pair the bounding-sphere / plane test of
    mj_filterSphere with margin + gap; when a group has more candidates than its pair
-   capacity, the overlapping pairs are compacted first, so the narrow phase costs
-   what the capacity allows, not every candidate.
+   capacity (``PAIRS_PER_SLOT`` per contact slot of its dims), the overlapping pairs
+   are compacted first, so the narrow phase costs what the capacity allows, not every
+   candidate.
 3. **Narrow phase**: each group's collider is vmapped over its pairs; valid contacts
    get their parameters (mj_contactParam / pair parameters, ``EnableBit.OVERRIDE``,
    mj_setContact) and are compacted into ``Data.contact``: slots grouped by static
-   contact dimension, valid slots first in each group, ``Data.ncon`` valid in all.
-   Contacts that do not fit raise ``Data.warning[WARN_CONTACTFULL]``.
+   contact dimension, valid slots first in each group, in MuJoCo's contact order
+   (mj_collision's order of pairs, :func:`mujoco_rank`; :func:`contact_order` merges
+   the dims), ``Data.ncon`` valid in all. Contacts that do not fit raise
+   ``Data.warning[WARN_CONTACTFULL]``.
 
-Capacity: ``contact_capacity(model)`` gives the default (the sum over candidate pairs of
-their maximum contact counts, bounded for large scenes); ``make_data(model,
-ncon_max=...)`` overrides it.
+Capacity: ``contact_capacity(model)`` gives the default (sized for moving geoms resting
+on partners, far below the sum of per-pair maxima); ``make_data(model, ncon_max=...)``
+overrides it.
 """
 from __future__ import annotations
 
@@ -43,10 +46,11 @@ from simjax.types import DisableBit, EnableBit, GeomType as GT
 
 #: mjMINMU: lower bound of contact friction coefficients
 MINMU = 1e-5
-#: default capacity bound for large scenes: contacts per collidable geom
-CONTACTS_PER_GEOM = 8
+#: smallest default contact capacity of a contact dim (when its pairs allow as many)
+MIN_CAPACITY = 8
 #: narrow-phase pairs per contact slot: broadphase-overlapping pairs beyond
-#: PAIRS_PER_SLOT * ncon_max + 16 in one collider group are dropped (WARN_CONTACTFULL)
+#: PAIRS_PER_SLOT * (slots of its contact dims) + 16 in one collider group are dropped
+#: (WARN_CONTACTFULL)
 PAIRS_PER_SLOT = 2
 
 P = primitive
@@ -301,31 +305,64 @@ def plan(m) -> Plan:
 
 
 def contact_capacity(m) -> int:
-    """Default contact capacity: per contact dim, the sum of per-pair maxima, bounded
-    by ``CONTACTS_PER_GEOM`` contacts per geom appearing in that dim's pairs (at
-    least 64); SDF pairs always get their full ``opt.sdf_initpoints`` each (a resting
-    SDF contact patch fills many of them: MuJoCo reports ~200 for the torus scene)."""
+    """Default contact capacity, per contact dim: every moving geom lying on the static
+    geoms (floor, terrain) at its largest per-pair contact count there, plus half of
+    the moving geoms resting on another moving geom (the sum over moving geoms of their
+    largest per-pair count against moving partners, halved); at least ``MIN_CAPACITY``,
+    at most the sum of per-pair maxima. SDF pairs always get their full
+    ``opt.sdf_initpoints`` each (a resting SDF contact patch fills many of them: MuJoCo
+    reports ~200 for the torus scene). Contacts beyond the capacity raise
+    ``Data.warning[WARN_CONTACTFULL]`` (the last ones in MuJoCo's order are dropped);
+    ``make_data(model, ncon_max=...)`` sets any capacity."""
+    return int(sum(_default_split(m).values()))
+
+
+def _default_split(m) -> dict:
+    """Default slots per contact dim (see :func:`contact_capacity`)."""
     p = plan(m)
-    total = 0
+    moving = np.asarray(m.body_weldid)[np.asarray(m.geom_bodyid)] != 0
+    out = {}
     for dim in p.dims:
-        sel = p.dim == dim
-        ngeom = len(np.unique(np.concatenate([p.g1[sel], p.g2[sel]])))
-        sdf = sum(grp.maxcon * int(np.sum(p.dim[grp.cand] == dim))
-                  for grp in p.groups if grp.fn is sdf_pair)
-        total += min(p.full[dim] - sdf, max(64, CONTACTS_PER_GEOM * ngeom)) + sdf
-    return int(total)
+        on_static = np.zeros(m.ngeom, np.int64)
+        on_moving = np.zeros(m.ngeom, np.int64)
+        sdf = 0
+        for grp in p.groups:
+            k = grp.cand[p.dim[grp.cand] == dim]
+            if grp.fn is sdf_pair:
+                sdf += grp.maxcon * len(k)
+                continue
+            a, b = p.g1[k], p.g2[k]
+            both = moving[a] & moving[b]
+            np.maximum.at(on_moving, a[both], grp.maxcon)
+            np.maximum.at(on_moving, b[both], grp.maxcon)
+            np.maximum.at(on_static, np.where(moving[a], a, b)[~both], grp.maxcon)
+        need = int(np.sum(on_static)) + int(np.sum(on_moving)) // 2
+        out[dim] = min(p.full[dim] - sdf, max(MIN_CAPACITY, need)) + sdf
+    return out
 
 
 def dim_split(m, ncon_max) -> dict:
-    """Slots per contact dim for a capacity of ``ncon_max``: water-filling, so every
-    dim gets min(its sum of per-pair maxima, an equal share of what is left)."""
+    """Slots per contact dim for a capacity of ``ncon_max``: the default split
+    (:func:`contact_capacity`) scaled down in proportion, or, for a larger capacity,
+    the default split plus the rest water-filled (every dim gets min(its sum of per-pair
+    maxima, an equal share of what is left))."""
     p = plan(m)
-    out, left = {}, int(ncon_max)
-    dims = sorted(p.dims, key=lambda dim: p.full[dim])
-    for i, dim in enumerate(dims):
-        take = min(p.full[dim], left // (len(dims) - i))
-        out[dim] = take
-        left -= take
+    need = _default_split(m)
+    total, ncon_max = sum(need.values()), int(ncon_max)
+    if ncon_max <= total:
+        out = {dim: n * ncon_max // max(total, 1) for dim, n in need.items()}
+        left = ncon_max - sum(out.values())
+        for dim in sorted(need, key=lambda dim: -need[dim]):
+            take = min(left, need[dim] - out[dim])
+            out[dim] += take
+            left -= take
+    else:
+        out, left = dict(need), ncon_max - total
+        dims = sorted(p.dims, key=lambda dim: p.full[dim] - need[dim])
+        for i, dim in enumerate(dims):
+            take = min(p.full[dim] - need[dim], left // (len(dims) - i))
+            out[dim] += take
+            left -= take
     return {dim: n for dim, n in sorted(out.items()) if n > 0}
 
 
