@@ -71,7 +71,7 @@ def timed(fn, arg, repeat):
     return best
 
 
-def profile(name, path, batch, ncon_max, repeat):
+def profile(name, path, batch, ncon_max, repeat, step=True):
     import simjax
     from simjax.engine import io
     from simjax.engine.forward import step as mj_step
@@ -102,20 +102,24 @@ def profile(name, path, batch, ncon_max, repeat):
     ncon = np.asarray(out.ncon)
     cap = d.contact.dist.shape[0]
     t_coll = timed(coll_c, pre_b, repeat)
+    print(f"{name}: ngeom {m.ngeom} candidates {len(driver.plan(m).g1)} capacity {cap} "
+          f"(per dim {driver.dim_split(m, cap)})")
+    print(f"  active contacts simjax mean {ncon.mean():.1f} max {ncon.max()} | MuJoCo "
+          f"mean {mj_ncon.mean():.1f} max {mj_ncon.max()} | overflow worlds "
+          f"{int(np.sum(np.asarray(out.warning)[:, 1] > 0))}")
+    print(f"  collision: {1e6 * t_coll / batch:8.1f} us/world-step  jaxpr eqns {neq}  "
+          f"trace {t_trace:.2f}s compile {t_comp:.2f}s")
+    sys.stdout.flush()
+    if not step:
+        return
     step = jax.jit(jax.vmap(lambda dd: mj_step(m, dd)))
     t0 = time.perf_counter()
     step_c = step.lower(states).compile()
     t_scomp = time.perf_counter() - t0
     t_step = timed(step_c, states, repeat)
     nefc = int(step_c(states).efc_J.shape[1])
-    print(f"{name}: ngeom {m.ngeom} candidates {len(driver.plan(m).g1)} capacity {cap} "
-          f"(per dim {driver.dim_split(m, cap)}) nefc_max {nefc}")
-    print(f"  active contacts simjax mean {ncon.mean():.1f} max {ncon.max()} | MuJoCo "
-          f"mean {mj_ncon.mean():.1f} max {mj_ncon.max()} | overflow worlds "
-          f"{int(np.sum(np.asarray(out.warning)[:, 1] > 0))}")
-    print(f"  collision: {1e6 * t_coll / batch:8.1f} us/world-step  jaxpr eqns {neq}  "
-          f"trace {t_trace:.2f}s compile {t_comp:.2f}s")
-    print(f"  step:      {1e6 * t_step / batch:8.1f} us/world-step  compile {t_scomp:.2f}s")
+    print(f"  step: {1e6 * t_step / batch:8.1f} us/world-step  compile {t_scomp:.2f}s  "
+          f"(nefc_max {nefc})")
     sys.stdout.flush()
 
 
@@ -125,11 +129,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--ncon-max", type=int, default=None)
     ap.add_argument("--model", nargs="*", default=list(MODELS))
+    ap.add_argument("--no-step", action="store_true", help="time the collision stage only")
     args = ap.parse_args()
     print(f"device: {jax.devices()[0]}  batch {args.batch}  float32")
     for name in args.model:
         path = MODELS.get(name, name)
-        profile(name, os.path.join(CORPUS, path), args.batch, args.ncon_max, args.repeat)
+        profile(name, os.path.join(CORPUS, path), args.batch, args.ncon_max, args.repeat,
+                step=not args.no_step)
 
 
 if __name__ == "__main__":
