@@ -164,8 +164,10 @@ def _one_contact_sensor(m, d, i):
     else:
         crit = jnp.zeros(n, dtype)
     crit = jnp.where(ok, crit, jnp.inf)
-    # stable sort: ties keep slot order (MuJoCo breaks ties by contact index)
-    order = jnp.argsort(crit, stable=True)[:num]
+    # stable sort in MuJoCo's contact order: ties go to the lower contact index
+    from simjax.engine.collision import contact_order
+    mj = contact_order(m, d)
+    order = mj[jnp.argsort(crit[mj], stable=True)[:num]]
     if order.shape[0] < num:
         order = jnp.concatenate([order, jnp.zeros(num - order.shape[0], order.dtype)])
     used = jnp.arange(num) < jnp.minimum(nmatch, num)

@@ -164,18 +164,11 @@ def test_contact_sensors_end_to_end(full, jforward):
     """simjax's own collision, constraint rows and solver (simjax.forward) against
     mj_forward: touch, contact (matching and reduction modes), force/torque,
     accelerometer and limit sensors agree to 1e-6 relative to max(1, |value|) (the
-    solver tolerance; measured: qacc ~1e-14), except contact sensors without matching
-    criteria and reduction, which report the first contacts of all pairs: simjax's
-    collision driver orders contacts across geom pairs differently from MuJoCo's
-    broadphase (the set of contacts agrees, checked here)."""
+    solver tolerance; measured: qacc ~1e-14); contact sensors without matching criteria
+    and reduction report the first contacts of all pairs, in MuJoCo's contact order."""
     mjm = _model(full)
     m = model_from_mujoco(mjm)
     rng = np.random.default_rng(3)
-    order_dep = {i for i in range(mjm.nsensor)
-                 if mjm.sensor_type[i] == mujoco.mjtSensor.mjSENS_CONTACT and
-                 mjm.sensor_objtype[i] == mujoco.mjtObj.mjOBJ_UNKNOWN and
-                 mjm.sensor_reftype[i] == mujoco.mjtObj.mjOBJ_UNKNOWN and
-                 mjm.sensor_intprm[i, 1] == 0}
     seen = set()
     for mjd in _states(mjm, rng, 3):
         d = make_data(m).replace(qpos=jnp.asarray(mjd.qpos), qvel=jnp.asarray(mjd.qvel),
@@ -185,5 +178,5 @@ def test_contact_sensors_end_to_end(full, jforward):
         assert rel_err(d.qacc, mjd.qacc) < E2E_TOL
         pairs = sorted(map(tuple, np.asarray(d.contact.geom)[np.asarray(d.contact.valid)]))
         assert pairs == sorted(map(tuple, mjd.contact.geom))
-        seen |= _check_sensors(mjm, mjd, d, E2E_TOL, skip=order_dep)
+        seen |= _check_sensors(mjm, mjd, d, E2E_TOL)
     assert seen >= {"touch", "contact", "force", "torque", "jointlimitfrc", "accelerometer"}

@@ -13,17 +13,20 @@ Three steps:
    ``hfield.collider_for``: grid data and sub-grid window are static).
 2. **Broadphase, at run time**: per candidate pair the bounding-sphere / plane test of
    mj_filterSphere with margin + gap; when a group has more candidates than its pair
-   capacity, the overlapping pairs are compacted first, so the narrow phase costs
-   what the capacity allows, not every candidate.
+   capacity (``PAIRS_PER_SLOT`` per contact slot of its dims), the overlapping pairs
+   are compacted first, so the narrow phase costs what the capacity allows, not every
+   candidate.
 3. **Narrow phase**: each group's collider is vmapped over its pairs; valid contacts
    get their parameters (mj_contactParam / pair parameters, ``EnableBit.OVERRIDE``,
    mj_setContact) and are compacted into ``Data.contact``: slots grouped by static
-   contact dimension, valid slots first in each group, ``Data.ncon`` valid in all.
-   Contacts that do not fit raise ``Data.warning[WARN_CONTACTFULL]``.
+   contact dimension, valid slots first in each group, in MuJoCo's contact order
+   (mj_collision's order of pairs, :func:`mujoco_rank`; :func:`contact_order` merges
+   the dims), ``Data.ncon`` valid in all. Contacts that do not fit raise
+   ``Data.warning[WARN_CONTACTFULL]``.
 
-Capacity: ``contact_capacity(model)`` gives the default (the sum over candidate pairs of
-their maximum contact counts, bounded for large scenes); ``make_data(model,
-ncon_max=...)`` overrides it.
+Capacity: ``contact_capacity(model)`` gives the default (sized for moving geoms resting
+on partners, far below the sum of per-pair maxima); ``make_data(model, ncon_max=...)``
+overrides it.
 """
 from __future__ import annotations
 
@@ -44,10 +47,11 @@ from simjax.types import DisableBit, EnableBit, GeomType as GT
 
 #: mjMINMU: lower bound of contact friction coefficients
 MINMU = 1e-5
-#: default capacity bound for large scenes: contacts per collidable geom
-CONTACTS_PER_GEOM = 8
+#: smallest default contact capacity of a contact dim (when its pairs allow as many)
+MIN_CAPACITY = 8
 #: narrow-phase pairs per contact slot: broadphase-overlapping pairs beyond
-#: PAIRS_PER_SLOT * ncon_max + 16 in one collider group are dropped (WARN_CONTACTFULL)
+#: PAIRS_PER_SLOT * (slots of its contact dims) + 16 in one collider group are dropped
+#: (WARN_CONTACTFULL)
 PAIRS_PER_SLOT = 2
 
 P = primitive
@@ -129,6 +133,7 @@ class Plan:
     g2: np.ndarray
     ipair: np.ndarray       # (ncand,) explicit pair id or -1
     dim: np.ndarray         # (ncand,) contact dimension (static)
+    rank: np.ndarray        # (ncand,) position in mj_collision's pair order
     groups: tuple           # Group per collider
     dims: tuple             # contact dims present, ascending
     full: dict              # dim -> sum of per-pair maxima
@@ -242,6 +247,36 @@ def candidate_pairs(m):
     return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
+def mujoco_rank(m, g1, g2, ipair):
+    """Position of every candidate pair in mj_collision's order of narrow-phase calls,
+    which is the order of its contacts in ``d.contact``: body pairs by signature
+    ``(b1 << 16) + b2`` (b1 < b2), explicit ``<pair>``s of a signature (in pair order)
+    before the automatic pairs of that body pair; automatic pairs of two single-geom
+    bodies, or with ``DisableBit.MIDPHASE``, in the geom loop order (geoms of b1, then
+    of b2); otherwise the midphase sorts them by (geom1, geom2) as stored in the
+    contact (lower geom type first)."""
+    n = len(g1)
+    if not n:
+        return np.zeros(0, np.int64)
+    gbody = np.asarray(m.geom_bodyid)
+    b1, b2 = gbody[g1], gbody[g2]
+    lo, hi = np.minimum(b1, b2), np.maximum(b1, b2)
+    sig = (lo << 16) + hi
+    auto = ipair < 0
+    nb = np.asarray(m.body_geomnum)
+    loop = bool(m.opt.disableflags & DisableBit.MIDPHASE) | ((nb[lo] == 1) & (nb[hi] == 1))
+    loop = np.broadcast_to(loop, (n,))
+    # geom loop order: the geom of the lower body first
+    la = np.where(b1 <= b2, g1, g2)
+    lb = np.where(b1 <= b2, g2, g1)
+    k1 = np.where(auto, np.where(loop, la, g1), ipair)
+    k2 = np.where(auto, np.where(loop, lb, g2), 0)
+    order = np.lexsort((k2, k1, auto, sig))
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    return rank
+
+
 def plan(m) -> Plan:
     """Static collision plan of ``m`` (cached per model structure)."""
     key = _key(m)
@@ -254,8 +289,9 @@ def plan(m) -> Plan:
     if m.npair and len(g1):
         pd = np.asarray(m.pair_dim)
         dim = np.where(ipair >= 0, pd[np.maximum(ipair, 0)], dim)
+    rank = mujoco_rank(m, g1, g2, ipair)
     groups = {}
-    for k in range(len(g1)):
+    for k in np.argsort(rank, kind="stable"):        # groups list pairs in MuJoCo order
         fn = COLLIDERS[(int(gtype[g1[k]]), int(gtype[g2[k]]))]
         if fn is hfield.hfield_convex:      # per pair: static grid data and window
             fn = hfield.collider_for(m, int(g1[k]), int(g2[k]), int(ipair[k]))
@@ -267,37 +303,71 @@ def plan(m) -> Plan:
     for grp in glist:
         for k in grp.cand:
             full[int(dim[k])] = full.get(int(dim[k]), 0) + grp.maxcon
-    p = Plan(g1, g2, ipair, np.asarray(dim, np.int64), glist, tuple(sorted(full)), full)
+    p = Plan(g1, g2, ipair, np.asarray(dim, np.int64), rank, glist, tuple(sorted(full)),
+             full)
     _CACHE[key] = p
     return p
 
 
 def contact_capacity(m) -> int:
-    """Default contact capacity: per contact dim, the sum of per-pair maxima, bounded
-    by ``CONTACTS_PER_GEOM`` contacts per geom appearing in that dim's pairs (at
-    least 64); SDF pairs always get their full ``opt.sdf_initpoints`` each (a resting
-    SDF contact patch fills many of them: MuJoCo reports ~200 for the torus scene)."""
+    """Default contact capacity, per contact dim: every moving geom lying on the static
+    geoms (floor, terrain) at its largest per-pair contact count there, plus half of
+    the moving geoms resting on another moving geom (the sum over moving geoms of their
+    largest per-pair count against moving partners, halved); at least ``MIN_CAPACITY``,
+    at most the sum of per-pair maxima. SDF pairs always get their full
+    ``opt.sdf_initpoints`` each (a resting SDF contact patch fills many of them: MuJoCo
+    reports ~200 for the torus scene). Contacts beyond the capacity raise
+    ``Data.warning[WARN_CONTACTFULL]`` (the last ones in MuJoCo's order are dropped);
+    ``make_data(model, ncon_max=...)`` sets any capacity."""
+    return int(sum(_default_split(m).values()))
+
+
+def _default_split(m) -> dict:
+    """Default slots per contact dim (see :func:`contact_capacity`)."""
     p = plan(m)
-    total = 0
+    moving = np.asarray(m.body_weldid)[np.asarray(m.geom_bodyid)] != 0
+    out = {}
     for dim in p.dims:
-        sel = p.dim == dim
-        ngeom = len(np.unique(np.concatenate([p.g1[sel], p.g2[sel]])))
-        sdf = sum(grp.maxcon * int(np.sum(p.dim[grp.cand] == dim))
-                  for grp in p.groups if grp.fn is sdf_pair)
-        total += min(p.full[dim] - sdf, max(64, CONTACTS_PER_GEOM * ngeom)) + sdf
-    return int(total)
+        on_static = np.zeros(m.ngeom, np.int64)
+        on_moving = np.zeros(m.ngeom, np.int64)
+        sdf = 0
+        for grp in p.groups:
+            k = grp.cand[p.dim[grp.cand] == dim]
+            if grp.fn is sdf_pair:
+                sdf += grp.maxcon * len(k)
+                continue
+            a, b = p.g1[k], p.g2[k]
+            both = moving[a] & moving[b]
+            np.maximum.at(on_moving, a[both], grp.maxcon)
+            np.maximum.at(on_moving, b[both], grp.maxcon)
+            np.maximum.at(on_static, np.where(moving[a], a, b)[~both], grp.maxcon)
+        need = int(np.sum(on_static)) + int(np.sum(on_moving)) // 2
+        out[dim] = min(p.full[dim] - sdf, max(MIN_CAPACITY, need)) + sdf
+    return out
 
 
 def dim_split(m, ncon_max) -> dict:
-    """Slots per contact dim for a capacity of ``ncon_max``: water-filling, so every
-    dim gets min(its sum of per-pair maxima, an equal share of what is left)."""
+    """Slots per contact dim for a capacity of ``ncon_max``: the default split
+    (:func:`contact_capacity`) scaled down in proportion, or, for a larger capacity,
+    the default split plus the rest water-filled (every dim gets min(its sum of per-pair
+    maxima, an equal share of what is left))."""
     p = plan(m)
-    out, left = {}, int(ncon_max)
-    dims = sorted(p.dims, key=lambda dim: p.full[dim])
-    for i, dim in enumerate(dims):
-        take = min(p.full[dim], left // (len(dims) - i))
-        out[dim] = take
-        left -= take
+    need = _default_split(m)
+    total, ncon_max = sum(need.values()), int(ncon_max)
+    if ncon_max <= total:
+        out = {dim: n * ncon_max // max(total, 1) for dim, n in need.items()}
+        left = ncon_max - sum(out.values())
+        for dim in sorted(need, key=lambda dim: -need[dim]):
+            take = min(left, need[dim] - out[dim])
+            out[dim] += take
+            left -= take
+    else:
+        out, left = dict(need), ncon_max - total
+        dims = sorted(p.dims, key=lambda dim: p.full[dim] - need[dim])
+        for i, dim in enumerate(dims):
+            take = min(p.full[dim] - need[dim], left // (len(dims) - i))
+            out[dim] += take
+            left -= take
     return {dim: n for dim, n in sorted(out.items()) if n > 0}
 
 
@@ -416,6 +486,62 @@ def _sdf_group(m, d, g1, g2, sel):
     return jax.tree_util.tree_map(lambda x: x[sel], pre)
 
 
+def _pair_cap(m, p, grp, split):
+    """Narrow-phase pairs of a collider group: PAIRS_PER_SLOT per contact slot of the
+    group's contact dims (plus 16); broadphase-overlapping pairs beyond it are dropped
+    and raise WARN_CONTACTFULL."""
+    nslot = sum(split.get(int(dim), 0) for dim in np.unique(p.dim[grp.cand]))
+    return PAIRS_PER_SLOT * nslot + 16
+
+
+def _mujoco_order(p, dim, parts):
+    """Order the candidate contacts of one contact dim as mj_collision does.
+
+    ``parts``: per collider group with pairs of this dim (Pre, valid (npair, k), cand
+    (npair,), the group's candidates of this dim), concatenated
+    in this order (entry ``e`` of the concatenation). Every candidate pair of the dim
+    owns a static run of entries in a table laid out in MuJoCo's pair order (run length:
+    its collider's slot count); a valid entry goes to its pair's run, at its slot.
+    Returns (src (T,), tab_valid (T,), count): table entry -> concatenation entry, the
+    table's valid mask, and the number of valid contacts. Compaction of the table keeps
+    the order (cumulative sums, no sort)."""
+    width = np.zeros(len(p.g1), np.int64)
+    for pre, vd, cand, members in parts:
+        width[members] = vd.shape[1]
+    mine = np.nonzero(p.dim == dim)[0]
+    order = mine[np.argsort(p.rank[mine], kind="stable")]
+    start = np.zeros(len(p.g1), np.int64)
+    start[order] = np.concatenate([[0], np.cumsum(width[order])[:-1]])
+    total = int(np.sum(width[order]))
+    entries, valids, static = [], [], True
+    for pre, vd, cand, members in parts:
+        k = vd.shape[1]
+        if isinstance(cand, np.ndarray):        # pairs of other dims: past the table
+            e = np.where((p.dim[cand] == dim)[:, None], start[cand][:, None] + np.arange(k),
+                         total)
+            entries.append(e.reshape(-1))
+        else:
+            static = False
+            entries.append((jnp.asarray(start)[cand][:, None] + jnp.arange(k)).reshape(-1))
+        valids.append(vd.reshape(-1))
+    valid = jnp.concatenate(valids)
+    nent = valid.shape[0]
+    if static:
+        # every entry's table position is known at trace time: a static permutation
+        ent = np.concatenate(entries)
+        src = np.zeros(total + 1, np.int64)
+        src[ent] = np.arange(nent)
+        src = src[:total]
+        tab_valid = valid[src]
+        return jnp.asarray(src), tab_valid, jnp.sum(tab_valid)
+    ent = jnp.concatenate([jnp.asarray(e) for e in entries])
+    ent = jnp.where(valid, ent, total)             # invalid entries are dropped
+    src = jnp.zeros(total, jnp.int32).at[ent].set(jnp.arange(nent, dtype=jnp.int32),
+                                                   mode="drop")
+    tab_valid = jnp.zeros(total, bool).at[ent].set(True, mode="drop")
+    return src, tab_valid, jnp.sum(valid)
+
+
 def collision(m, d):
     """Collision detection (mj_collision): fills ``d.contact`` and ``d.ncon``.
 
@@ -442,15 +568,18 @@ def collision(m, d):
         g1, g2 = p.g1[idx], p.g2[idx]
         dm = det_margin[idx]
         ok = _broadphase(m, d, g1, g2, dm)
-        npair_cap = min(n, PAIRS_PER_SLOT * cap + 16)
+        npair_cap = min(n, _pair_cap(m, p, grp, split))
         if npair_cap < n:
+            # overlapping pairs first (in MuJoCo order): the narrow phase runs on these
             count = jnp.sum(ok)
             sel = jnp.nonzero(ok, size=npair_cap, fill_value=0)[0]
             selok = jnp.arange(npair_cap) < count
             overflow = overflow | (count > npair_cap)
+            cand = jnp.asarray(idx)[sel]
         else:
-            sel = jnp.arange(n)
+            sel = slice(None)
             selok = ok
+            cand = idx
         if grp.fn is sdf_pair:
             pre = _sdf_group(m, d, g1, g2, sel)
         else:
@@ -459,29 +588,32 @@ def collision(m, d):
             geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype)
             pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
         valid = pre.valid & selok[:, None]
-        k = valid.shape[1]
-        cand = jnp.broadcast_to(jnp.asarray(idx)[sel][:, None], valid.shape)
-        gdim = jnp.asarray(p.dim)[jnp.asarray(idx)[sel]]
         for dim in split:
-            vd = valid & (gdim == dim)[:, None]
-            slots[dim].append((pre, vd.reshape(-1), cand.reshape(-1), k))
+            mine = p.dim[idx] == dim
+            if not np.any(mine):
+                continue
+            vd = valid & jnp.asarray(mine)[sel][:, None] if npair_cap < n else \
+                valid & mine[:, None]
+            slots[dim].append((pre, vd, cand, idx[mine]))
     out = {f: [] for f in ("dist", "pos", "frame", "cand", "valid")}
     for dim in sorted(split):
         nslot = split[dim]
-        dist = jnp.concatenate([s[0].dist.reshape(-1) for s in slots[dim]])
-        pos = jnp.concatenate([s[0].pos.reshape(-1, 3) for s in slots[dim]])
-        nrm = jnp.concatenate([s[0].normal.reshape(-1, 3) for s in slots[dim]])
-        tan = jnp.concatenate([s[0].tangent.reshape(-1, 3) for s in slots[dim]])
-        valid = jnp.concatenate([s[1] for s in slots[dim]])
-        cand = jnp.concatenate([s[2] for s in slots[dim]])
-        count = jnp.sum(valid)
+        parts = slots[dim]
+        dist = jnp.concatenate([s[0].dist.reshape(-1) for s in parts])
+        pos = jnp.concatenate([s[0].pos.reshape(-1, 3) for s in parts])
+        nrm = jnp.concatenate([s[0].normal.reshape(-1, 3) for s in parts])
+        tan = jnp.concatenate([s[0].tangent.reshape(-1, 3) for s in parts])
+        src, tab_valid, count = _mujoco_order(p, dim, parts)
         overflow = overflow | (count > nslot)
-        take = jnp.nonzero(valid, size=nslot, fill_value=0)[0]
+        take = jnp.nonzero(tab_valid, size=nslot, fill_value=0)[0]
+        src = src[take]
         vtake = jnp.arange(nslot) < jnp.minimum(count, nslot)
-        out["dist"].append(dist[take])
-        out["pos"].append(pos[take])
-        out["frame"].append(make_frame(nrm[take], tan[take]))
-        out["cand"].append(cand[take])
+        cand = jnp.concatenate([jnp.broadcast_to(jnp.asarray(s[2])[:, None], s[1].shape)
+                                .reshape(-1) for s in parts])
+        out["dist"].append(dist[src])
+        out["pos"].append(pos[src])
+        out["frame"].append(make_frame(nrm[src], tan[src]))
+        out["cand"].append(cand[src])
         out["valid"].append(vtake)
     dist = jnp.concatenate(out["dist"])
     cand = jnp.concatenate(out["cand"])
@@ -503,3 +635,23 @@ def collision(m, d):
         valid=valid)
     warning = d.warning.at[WARN_CONTACTFULL].add(overflow.astype(jnp.int32))
     return d.replace(contact=con, ncon=jnp.sum(valid).astype(jnp.int32), warning=warning)
+
+
+def contact_order(m, d):
+    """(ncon_max,) int32 slot indices of ``d.contact`` in MuJoCo's contact order: slot
+    ``contact_order(m, d)[i]`` holds MuJoCo's ``d.contact[i]`` for i < ``d.ncon``, the
+    empty slots follow. Within a contact dim the slots already are in this order; with
+    several dims (slots grouped by dim) the groups interleave by geom pair
+    (:func:`mujoco_rank` of the contact's geom pair)."""
+    n = d.contact.dist.shape[0]
+    slots = jnp.arange(n, dtype=jnp.int32)
+    p = plan(m)
+    if len(set(d.contact.slot_dim)) <= 1:
+        return slots
+    table = np.full((m.ngeom, m.ngeom), len(p.g1), np.int32)
+    table[p.g1, p.g2] = p.rank
+    valid = d.contact.valid
+    g = jnp.where(valid[:, None], d.contact.geom, 0)
+    rank = jnp.where(valid, jnp.asarray(table)[g[:, 0], g[:, 1]], len(p.g1))
+    return jnp.lexsort((slots, rank)).astype(jnp.int32)
+
