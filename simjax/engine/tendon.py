@@ -148,11 +148,24 @@ def _asin(x):
     return jnp.arcsin(jnp.clip(x, -1.0, 1.0))
 
 
+def _cross2(ax, ay, bx, by):
+    return ax * by - ay * bx
+
+
 def _wrap_circle(end, side, has_side, radius):
     """Shortest (or side-selected) wrap of a 2D segment around a circle at the origin.
 
-    end: 4-tuple (x0, y0, x1, y1) of (n,) arrays; side: (sx, sy) scaled side point;
+    end: 4-tuple (x0, y0, x1, y1) of (n,) arrays; side: (sx, sy) side direction;
     has_side: (n,) bool. Returns (length or -1, (ax, ay, bx, by) tangent points).
+
+    Without a side site the straight segment wraps only when it crosses the circle,
+    around the side giving the shorter path. With a side site (MuJoCo 4.0 semantics,
+    established against the 4.0 library): seen from the centre, the end points split
+    the directions into the sector of angle < pi between them and its complement; the
+    path sweeps the complement (wrapping even when the straight segment misses the
+    circle) exactly when the direction opposite the side site lies in the small
+    sector, and otherwise the small sector (straight when the segment misses). The
+    path thus never passes the side of the geom opposite the side site.
     """
     x0, y0, x1, y1 = end
     sq0, sq1, sqr = x0 * x0 + y0 * y0, x1 * x1 + y1 * y1, radius * radius
@@ -162,33 +175,36 @@ def _wrap_circle(end, side, has_side, radius):
     fail = fail | (dd < math.MINVAL)
     a = jnp.clip(-(dx * x0 + dy * y0) / jnp.where(dd < math.MINVAL, 1.0, dd), 0.0, 1.0)
     tx, ty = a * dx + x0, a * dy + y0
-    side_ok = ~has_side | (side[0] * tx + side[1] * ty >= 0)
-    fail = fail | ((tx * tx + ty * ty > sqr) & side_ok)
+    miss = tx * tx + ty * ty > sqr
     r0 = math.safe_sqrt(sq0 - sqr)
     r1 = math.safe_sqrt(sq1 - sqr)
     s0 = jnp.where(fail, 1.0, sq0)
     s1 = jnp.where(fail, 1.0, sq1)
+    # sgn +1: clockwise path (tangent point clockwise of end 0), -1: counter-clockwise
     sols, goods = [], []
     for sgn in (1.0, -1.0):
         sol = ((x0 * sqr + sgn * radius * y0 * r0) / s0, (y0 * sqr - sgn * radius * x0 * r0) / s0,
                (x1 * sqr - sgn * radius * y1 * r1) / s1, (y1 * sqr + sgn * radius * x1 * r1) / s1)
-        mx, my = _normalize2(sol[0] + sol[2], sol[1] + sol[3])
+        # no side: prefer the closer tangent points, never tangents that cross
         ex, ey = sol[0] - sol[2], sol[1] - sol[3]
-        good = jnp.where(has_side, mx * side[0] + my * side[1], -(ex * ex + ey * ey))
         cut = _intersect((x0, y0), (sol[0], sol[1]), (x1, y1), (sol[2], sol[3]))
         sols.append(sol)
-        goods.append(jnp.where(cut, -10000.0, good))
-    first = goods[0] > goods[1]
-    pnt = tuple(jnp.where(first, u, v) for u, v in zip(*sols))
-    fail = fail | _intersect((x0, y0), (pnt[0], pnt[1]), (x1, y1), (pnt[2], pnt[3]))
-    # arc length: angle between the tangent points, the long way round when the chosen
-    # solution's orientation says so
+        goods.append(jnp.where(cut, -10000.0, -(ex * ex + ey * ey)))
+    ccw_plain = goods[1] > goods[0]
+    # side: orientation of the small sector, and whether -side lies in it
+    small_ccw = _cross2(x0, y0, x1, y1) > 0
+    nx, ny = -side[0], -side[1]
+    c0n, cn1 = _cross2(x0, y0, nx, ny), _cross2(nx, ny, x1, y1)
+    in_small = jnp.where(small_ccw, (c0n >= 0) & (cn1 >= 0), (c0n <= 0) & (cn1 <= 0))
+    ccw = jnp.where(has_side, small_ccw ^ in_small, ccw_plain)
+    fail = fail | jnp.where(has_side, miss & ~in_small, miss)
+    pnt = tuple(jnp.where(ccw, v, u) for u, v in zip(*sols))
     ax, ay = _normalize2(pnt[0], pnt[1])
     bx, by = _normalize2(pnt[2], pnt[3])
     angle = _acos(ax * bx + ay * by)
-    cross = pnt[1] * pnt[2] - pnt[0] * pnt[3]
-    flip = ((cross > 0) & ~first) | ((cross < 0) & first)
-    angle = jnp.where(flip, 2 * jnp.pi - angle, angle)
+    turn = _cross2(pnt[0], pnt[1], pnt[2], pnt[3])
+    long_way = jnp.where(ccw, turn < 0, turn > 0)
+    angle = jnp.where(long_way, 2 * jnp.pi - angle, angle)
     return jnp.where(fail, -1.0, radius * angle), pnt
 
 
