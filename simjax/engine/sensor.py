@@ -16,8 +16,10 @@ constraints of that kind are disabled (MuJoCo then has no rows either) and other
 raise UnsupportedFeatureError. Contacts are read from ``d.contact`` (slot order stands
 for MuJoCo's contact order).
 
-Not supported (UnsupportedFeatureError at trace time): user sensors (MuJoCo fills them
-from the mjcb_sensor callback), tactile sensors, history buffers of plugin sensors, rays against height fields and SDFs, geom distance
+User sensors read zero at their stage: MuJoCo clears them and leaves them to the
+mjcb_sensor callback, which simjax does not have (none is installed by default).
+
+Not supported (UnsupportedFeatureError at trace time): tactile sensors, history buffers of plugin sensors, rays against height fields and SDFs, geom distance
 sensors between geom types other than plane, sphere and capsule. Plugin sensors are
 computed stage by stage by :mod:`simjax.plugins.engine` after the built-in ones.
 """
@@ -70,8 +72,7 @@ class _Plan:
 
 
 _CACHE: dict = {}
-_UNSUPPORTED = {S.USER: "user sensors (computed by the mjcb_sensor callback in MuJoCo)",
-                S.TACTILE: "tactile sensors"}
+_UNSUPPORTED = {S.TACTILE: "tactile sensors"}
 
 
 def _key(m):
@@ -100,6 +101,8 @@ def plan(m) -> _Plan:
     groups, plugin = {}, {}
     for st in (Stage.POS, Stage.VEL, Stage.ACC):
         ids_st = np.nonzero((stage == st) | ((stage == Stage.NONE) & (st == Stage.POS)))[0]
+        # user sensors of stage none are never written (MuJoCo leaves them to the user)
+        ids_st = ids_st[~((stype[ids_st] == S.USER) & (stage[ids_st] == Stage.NONE))]
         g = []
         for t in sorted(set(stype[ids_st].tolist())):
             ids = ids_st[stype[ids_st] == t]
@@ -610,7 +613,15 @@ def _insidesite(m, d, ids):
     return _by_kind(stype, fn).astype(dtype)
 
 
+def _user(m, ids, dtype):
+    """User sensors: zeros (MuJoCo zeroes them at their stage before mjcb_sensor)."""
+    n = int(np.asarray(m.sensor_dim).reshape(-1)[ids].sum())
+    return jnp.zeros(n, dtype)
+
+
 def _pos_values(m, d, t, ids):
+    if t == S.USER:
+        return _user(m, ids, d.qpos.dtype)
     dtype = d.qpos.dtype
     ot, oi, _, _ = _cols(m, ids)
     if t == S.MAGNETOMETER:
@@ -683,6 +694,8 @@ def _frame_vel(m, d, t, ids):
 
 
 def _vel_values(m, d, t, ids):
+    if t == S.USER:
+        return _user(m, ids, d.qpos.dtype)
     ot, oi, _, _ = _cols(m, ids)
     if t in (S.VELOCIMETER, S.GYRO):
         vel = obj_velocity(m, d, ot, oi, True)
@@ -717,6 +730,8 @@ def _site_force(m, d, oi):
 
 
 def _acc_values(m, d, t, ids):
+    if t == S.USER:
+        return _user(m, ids, d.qpos.dtype)
     ot, oi, _, _ = _cols(m, ids)
     dtype = d.qpos.dtype
     if t == S.TOUCH:

@@ -262,6 +262,7 @@ def _check_muscle(el, gain, bias, gainprm, biasprm):
 # ----------------------------------------------------------------------------- sensors
 # tag -> (type, dim, attribute naming the object, object type)
 _ACC, _VEL, _POS = Stage.ACC, Stage.VEL, Stage.POS
+_NONE_STAGE = Stage.NONE
 _SITE_SENSORS = {"touch": (SensorType.TOUCH, 1), "accelerometer": (SensorType.ACCELEROMETER, 3),
                  "velocimeter": (SensorType.VELOCIMETER, 3), "gyro": (SensorType.GYRO, 3),
                  "force": (SensorType.FORCE, 3), "torque": (SensorType.TORQUE, 3),
@@ -330,6 +331,8 @@ def sensors(els, ids, joints, tendon_recs):
                            (dtype == DataType.AXIS and t != SensorType.GEOMNORMAL)):
             raise el.error("cutoff applied to axis or quaternion datatype in sensor")
         stage = _ACC if t in _STAGE_ACC else _VEL if t in _STAGE_VEL else _POS
+        if t == SensorType.USER:
+            stage, dtype = r.pop("needstage_user"), r.pop("datatype_user")
         r.update(name=a.get("name") or "", datatype=dtype, needstage=stage, cutoff=cutoff,
                  noise=noise, adr=adr, user=a.get("user"), history=history, delay=delay,
                  interval=interval)
@@ -438,10 +441,37 @@ def _sensor(el, ids, joints, tendon_recs):
     if tag == "plugin":
         from simjax.mjcf.plugin import sensor_record
         return sensor_record(el, ids)
+    if tag == "user":
+        return _user_sensor(el, a, ids, base)
     if tag in ("e_potential", "e_kinetic"):
         t = SensorType.E_POTENTIAL if tag == "e_potential" else SensorType.E_KINETIC
         return dict(base, type=t, dim=1, objtype=ObjType.UNKNOWN, objid=-1)
     raise UnsupportedFeatureError(f"<{tag}> sensor", el.file, el.line, el.path)
+
+
+_USER_STAGE = {"none": _NONE_STAGE, "pos": _POS, "vel": _VEL, "acc": _ACC}
+_USER_DATATYPE = {"real": DataType.REAL, "positive": DataType.POSITIVE,
+                  "axis": DataType.AXIS, "quaternion": DataType.QUATERNION}
+
+
+def _user_sensor(el, a, ids, base):
+    """<user> sensor: any object (by mjtObj name), declared dim, datatype and stage;
+    its values come from MuJoCo's mjcb_sensor callback (zero in simjax)."""
+    dim = int(_get(a, "dim", -1))
+    if dim < 0:
+        raise el.error("sensor dim must be positive in sensor")
+    r = dict(base, type=SensorType.USER, dim=dim, objtype=ObjType.UNKNOWN, objid=-1,
+             needstage_user=_USER_STAGE[a.get("needstage") or "acc"],
+             datatype_user=_USER_DATATYPE[a.get("datatype") or "real"])
+    if a.get("objtype") is not None:
+        name = a.get("objtype")
+        try:
+            ot = ObjType[name.upper()]
+        except KeyError:
+            raise el.error(f"unknown object type '{name}' in sensor") from None
+        kind = "body" if ot == ObjType.XBODY else name
+        r.update(objtype=ot, objid=_lookup(ids, kind, a.get("objname"), el, "objname"))
+    return r
 
 
 _RAYDATA = ("dist", "dir", "origin", "point", "normal", "depth")

@@ -189,14 +189,43 @@ def _xml(sensor, extra=""):
       <site name="s"/></body>{extra}</worldbody><sensor>{sensor}</sensor></mujoco>"""
 
 
-@pytest.mark.parametrize("sensor,msg", [
-    ('<user dim="2" needstage="vel"/>', "user sensors"),
-])
-def test_unsupported_sensors_raise(sensor, msg):
+def test_tactile_sensors_raise():
     from simjax.engine import forward, make_data
-    mjm, m = oracle(mujoco.MjModel.from_xml_string(_xml(sensor)))
-    with pytest.raises(UnsupportedFeatureError, match=msg):
+    mjm, m = oracle(mujoco.MjModel.from_xml_string(_xml('<jointpos joint="j"/>')))
+    m = m.replace(sensor_type=np.full(1, int(mujoco.mjtSensor.mjSENS_TACTILE)))
+    with pytest.raises(UnsupportedFeatureError, match="tactile sensors"):
         forward(m, make_data(m))
+
+
+USER_SENSORS = ('<user name="u1" dim="3" needstage="vel" datatype="positive" objtype="joint" '
+                'objname="j" cutoff="1"/><jointpos joint="j"/><user dim="2"/>'
+                '<user dim="1" objtype="site" objname="s" needstage="pos"/>'
+                '<user dim="1" needstage="none"/>')
+
+
+def test_user_sensors():
+    """Without an mjcb_sensor callback MuJoCo zeroes user sensors at their stage (pos,
+    vel, acc) and never writes those of stage none; simjax's compiler reproduces their
+    layout. Checked after mj_forward and mj_step from sensordata filled with 7."""
+    import simjax
+    from simjax.engine import forward, make_data, step
+    xml = _xml(USER_SENSORS)
+    mjm, m = oracle(mujoco.MjModel.from_xml_string(xml))
+    ours = simjax.load_model(xml)
+    for f in ("sensor_type", "sensor_objtype", "sensor_objid", "sensor_needstage",
+              "sensor_datatype", "sensor_dim", "sensor_adr", "sensor_cutoff"):
+        np.testing.assert_array_equal(np.asarray(getattr(ours, f)).reshape(-1),
+                                      getattr(mjm, f).reshape(-1), err_msg=f)
+    mjd = mujoco.MjData(mjm)
+    for fn, mjfn in ((forward, mujoco.mj_forward), (step, mujoco.mj_step)):
+        mjd.qpos[:] = 0.3
+        mjd.sensordata[:] = 7.0
+        mjfn(mjm, mjd)
+        d = make_data(m)
+        d = d.replace(qpos=d.qpos + 0.3, sensordata=d.sensordata + 7.0)
+        np.testing.assert_allclose(np.asarray(fn(m, d).sensordata), mjd.sensordata,
+                                   rtol=0, atol=1e-12)
+    assert mjd.sensordata[-1] == 7.0 and not np.any(mjd.sensordata[:3])
 
 
 def test_disabled_sensors_leave_sensordata():
