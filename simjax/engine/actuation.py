@@ -1,24 +1,30 @@
 """Actuation: transmissions, activation dynamics and actuator forces.
 
-Implements MuJoCo 4.0's mj_transmission and mj_fwdActuation for single-input,
-single-output actuators:
+Implements MuJoCo 4.0's mj_transmission and mj_fwdActuation:
 
 - transmissions: joint and joint-in-parent (hinge, slide, ball, free), tendon (fixed and
-  spatial), site (with and without a reference site), slider-crank, and body (adhesion:
-  the average contact-normal Jacobian of the body's contacts in ``Data.contact``);
-- dynamics: none, integrator, filter, filterexact, muscle (one activation per actuator);
-- gain: fixed, affine, muscle; bias: none, affine, muscle (mju_muscleGain,
-  mju_muscleBias, mju_muscleDynamics);
+  spatial), site (with and without a reference site), slider-crank, body (adhesion:
+  the average contact-normal Jacobian of the body's contacts in ``Data.contact``), and
+  SO(3) (ball joint, or site + refsite: three outputs, the exponential-map orientation
+  and the rotational Jacobian rows in the child frame);
+- dynamics: none, integrator (one state per control), filter, filterexact, muscle, pid
+  (states [slew, integral]: rate-limited setpoint and anti-windup integral);
+- gain: fixed, affine, muscle, pid, so3; bias: none, affine, muscle, so3
+  (mju_muscleGain, mju_muscleBias, mju_muscleDynamics; the pid force
+  kp (pos - l) + kv (vel - v) + ff + ki z; the geodesic orientation servo
+  kp log(q^-1 q_target) - kv w with expmap or quaternion commands);
+- several controls per actuator (``actuator_ctrladr/ctrlnum/ctrlspec``) and several
+  outputs (``actuator_outadr/outnum``: per-output lengths, moments, forces, gear);
 - control clamping, bad-control reset, actuator group disabling, activation clamping,
-  actearly, tendon and actuator force clamping, joint-level actuator force limits,
-  actuator gravity compensation, and the setpoint wrapping MuJoCo 4.0 applies to
-  position servos on ball joints and on purely rotational site+refsite transmissions;
+  actearly, tendon and actuator force clamping (norm clamping for so3), joint-level
+  actuator force limits, actuator gravity compensation, the setpoint wrapping MuJoCo 4.0
+  applies to servos and pid on ball joints and purely rotational site+refsite
+  transmissions, and the post-step re-anchoring of rotational integrator setpoints;
 - delayed controls (``actuator_delay`` with a history buffer, :mod:`history`).
 
 Other actuator features raise UnsupportedFeatureError naming them when the model is
-traced: DC-motor, PID and SO(3) actuators (dyntype/gaintype/biastype dcmotor, pid, so3,
-transmission so3), user callbacks and actuators with several
-controls or outputs, or several activations (except plugin actuators, which
+traced: DC-motor actuators (dyntype/gaintype/biastype dcmotor), user callbacks, and
+several activations outside pid, so3 integrators and plugin actuators (which
 :mod:`simjax.plugins.engine` drives).
 """
 from __future__ import annotations
@@ -39,13 +45,17 @@ from simjax.types import BiasType, DisableBit, DynType, GainType, JointType, Trn
 
 # MuJoCo enum values of the supported types
 _DYN_NONE, _DYN_INTEGRATOR, _DYN_FILTER, _DYN_FILTEREXACT, _DYN_MUSCLE = 0, 1, 2, 3, 4
-_GAIN_FIXED, _GAIN_AFFINE, _GAIN_MUSCLE = 0, 1, 2
-_BIAS_NONE, _BIAS_AFFINE, _BIAS_MUSCLE = 0, 1, 2
-_DYNS = (_DYN_NONE, _DYN_INTEGRATOR, _DYN_FILTER, _DYN_FILTEREXACT, _DYN_MUSCLE)
-_GAINS = (_GAIN_FIXED, _GAIN_AFFINE, _GAIN_MUSCLE)
-_BIASES = (_BIAS_NONE, _BIAS_AFFINE, _BIAS_MUSCLE)
+_DYN_PID = 6
+_GAIN_FIXED, _GAIN_AFFINE, _GAIN_MUSCLE, _GAIN_SO3, _GAIN_PID = 0, 1, 2, 4, 5
+_BIAS_NONE, _BIAS_AFFINE, _BIAS_MUSCLE, _BIAS_SO3 = 0, 1, 2, 4
+_DYNS = (_DYN_NONE, _DYN_INTEGRATOR, _DYN_FILTER, _DYN_FILTEREXACT, _DYN_MUSCLE, _DYN_PID)
+_GAINS = (_GAIN_FIXED, _GAIN_AFFINE, _GAIN_MUSCLE, _GAIN_SO3, _GAIN_PID)
+_BIASES = (_BIAS_NONE, _BIAS_AFFINE, _BIAS_MUSCLE, _BIAS_SO3)
+# actuator_ctrlspec bits (servo inputs) and the so3 quaternion chart
+_IN_POS, _IN_VEL, _IN_FF = 1, 2, 4
+_CHART_QUAT = 2
 # transmission kinds (ActTables.kind)
-_K_SCALAR, _K_BALL, _K_FREE, _K_TENDON, _K_SITE, _K_CRANK, _K_BODY = range(7)
+_K_SCALAR, _K_BALL, _K_FREE, _K_TENDON, _K_SITE, _K_CRANK, _K_BODY, _K_SO3 = range(8)
 
 _CACHE: dict = {}
 
@@ -68,6 +78,15 @@ class ActTables:
     biastype: np.ndarray
     actearly: np.ndarray
     group: np.ndarray
+    ctrladr: np.ndarray     # (nact,) first control
+    ctrlnum: np.ndarray     # (nact,)
+    ctrlspec: np.ndarray    # (nact,)
+    outadr: np.ndarray      # (nact,) first output
+    outnum: np.ndarray      # (nact,)
+    out_owner: np.ndarray   # (nout,) actuator of each output
+    act_k: np.ndarray       # (na,) index of each activation within its actuator
+    act_ctrl: np.ndarray    # (na,) control integrated by an integrator activation
+    so3: np.ndarray         # (nact,) bool: so3 gain (three outputs)
 
 
 def tables(m) -> ActTables:
@@ -75,6 +94,7 @@ def tables(m) -> ActTables:
     names = ("actuator_trntype", "actuator_dyntype", "actuator_gaintype",
              "actuator_biastype", "actuator_trnid", "actuator_actadr", "actuator_actnum",
              "actuator_ctrlnum", "actuator_outnum", "actuator_plugin", "actuator_history",
+             "actuator_ctrladr", "actuator_outadr", "actuator_ctrlspec",
              "jnt_type", "jnt_qposadr", "jnt_dofadr", "site_bodyid",
              "body_weldid", "body_dofadr", "body_dofnum", "dof_parentid")
     key = (m.nu, m.nv, m.na, m.nout, m.nactuator) + tuple(
@@ -94,8 +114,8 @@ def _check_delays(m):
         delay = np.asarray(m.actuator_delay).reshape(-1)
     except Exception:
         return
-    if m.nu and np.any((delay != 0) &
-                       (np.asarray(m.actuator_history).reshape(m.nu, 2)[:, 0] <= 0)):
+    if m.nactuator and np.any((delay != 0) &
+                              (np.asarray(m.actuator_history).reshape(-1, 2)[:, 0] <= 0)):
         _unsupported("delay without a history buffer (nsample 0)")
 
 
@@ -104,19 +124,17 @@ def _unsupported(what):
 
 
 def _build(m) -> ActTables:
-    nu = m.nu
-    if nu != m.nactuator or nu != m.nout:
-        _unsupported("with several controls or outputs")
-    trntype = np.asarray(m.actuator_trntype)
-    dyn = np.asarray(m.actuator_dyntype)
-    gain = np.asarray(m.actuator_gaintype)
-    bias = np.asarray(m.actuator_biastype)
+    nu = m.nactuator
+    trntype = np.asarray(m.actuator_trntype).reshape(-1)
+    dyn = np.asarray(m.actuator_dyntype).reshape(-1)
+    gain = np.asarray(m.actuator_gaintype).reshape(-1)
+    bias = np.asarray(m.actuator_biastype).reshape(-1)
     names = {"trn": {int(t): t.name.lower() for t in TrnType},
              "dyn": {int(t): t.name.lower() for t in DynType},
              "gain": {int(t): t.name.lower() for t in GainType},
              "bias": {int(t): t.name.lower() for t in BiasType}}
     ok_trn = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE,
-              TrnType.SLIDERCRANK, TrnType.BODY)
+              TrnType.SLIDERCRANK, TrnType.BODY, TrnType.SO3)
     for i in range(nu):
         for what, val, ok in (("transmission", trntype[i], ok_trn),
                               ("dynamics", dyn[i], _DYNS), ("gain", gain[i], _GAINS),
@@ -125,12 +143,19 @@ def _build(m) -> ActTables:
                 key = {"transmission": "trn", "dynamics": "dyn"}.get(what, what)
                 label = names[key].get(int(val), str(int(val)))
                 _unsupported(f"{what} type '{label}' (actuator {i})")
-    if nu and (np.any(np.asarray(m.actuator_ctrlnum) != 1) or
-               np.any(np.asarray(m.actuator_outnum) != 1)):
-        _unsupported("with several controls or outputs")
-    actnum = np.asarray(m.actuator_actnum)
+    ctrlnum = np.asarray(m.actuator_ctrlnum).reshape(-1)
+    outnum = np.asarray(m.actuator_outnum).reshape(-1)
+    so3 = gain == _GAIN_SO3
+    multi = ~so3 & (gain != _GAIN_PID)
+    if nu and (np.any(multi & (ctrlnum != 1)) or np.any(~so3 & (outnum != 1)) or
+               np.any(so3 & ((outnum != 3) | (trntype != TrnType.SO3))) or
+               np.any(~so3 & (trntype == TrnType.SO3))):
+        _unsupported("with several controls or outputs outside pid and so3")
+    actnum = np.asarray(m.actuator_actnum).reshape(-1)
     # plugin actuators keep their own act slots before the dyntype slot
-    if nu and np.any((actnum > 1) & (np.asarray(m.actuator_plugin) < 0)):
+    several = (actnum > 1) & (np.asarray(m.actuator_plugin).reshape(-1) < 0)
+    several &= ~(dyn == _DYN_PID) & ~(so3 & (dyn == _DYN_INTEGRATOR))
+    if nu and np.any(several):
         _unsupported("with several activation variables")
 
     trnid2 = np.asarray(m.actuator_trnid).reshape(nu, 2)
@@ -141,11 +166,13 @@ def _build(m) -> ActTables:
     place = np.zeros((nu, 6, m.nv))
     common = np.ones((nu, m.nv))
     other = {TrnType.TENDON: _K_TENDON, TrnType.SITE: _K_SITE,
-             TrnType.SLIDERCRANK: _K_CRANK, TrnType.BODY: _K_BODY}
+             TrnType.SLIDERCRANK: _K_CRANK, TrnType.BODY: _K_BODY, TrnType.SO3: _K_SO3}
     for i in range(nu):
         if trntype[i] in other:
             kind[i] = other[int(trntype[i])]
-            if trntype[i] == TrnType.SITE and trnid2[i, 1] >= 0:
+            if trntype[i] == TrnType.SO3 and trnid2[i, 1] < 0:
+                qadr[i] = m.jnt_qposadr[trnid[i]]
+            if trntype[i] in (TrnType.SITE, TrnType.SO3) and trnid2[i, 1] >= 0:
                 common[i, _common_dofs(m, trnid[i], trnid2[i, 1])] = 0.0
             continue
         j = trnid[i]
@@ -156,17 +183,33 @@ def _build(m) -> ActTables:
                    JointType.FREE: 2}[int(t)]
         for k in range({0: 1, 1: 3, 2: 6}[kind[i]]):
             place[i, k, dadr + k] = 1.0
-    actadr = np.asarray(m.actuator_actadr) if nu else np.zeros(0, np.int64)
+    actadr = np.asarray(m.actuator_actadr).reshape(-1) if nu else np.zeros(0, np.int64)
+    ctrladr = np.asarray(m.actuator_ctrladr).reshape(-1) if nu else np.zeros(0, np.int64)
+    outadr = np.asarray(m.actuator_outadr).reshape(-1) if nu else np.zeros(0, np.int64)
     owner = np.zeros(m.na, np.int64)
+    act_k = np.zeros(m.na, np.int64)
+    act_ctrl = np.zeros(m.na, np.int64)
     for i in range(nu):
         if actadr[i] >= 0:
             owner[actadr[i]:actadr[i] + actnum[i]] = i
+            act_k[actadr[i]:actadr[i] + actnum[i]] = np.arange(actnum[i])
+            # integrators: one state per control, the last ctrlnum states
+            first = actnum[i] - ctrlnum[i]
+            act_ctrl[actadr[i]:actadr[i] + actnum[i]] = ctrladr[i] + np.clip(
+                np.arange(actnum[i]) - first, 0, None)
+    out_owner = np.zeros(m.nout, np.int64)
+    for i in range(nu):
+        out_owner[outadr[i]:outadr[i] + outnum[i]] = i
     return ActTables(kind=kind, inparent=trntype == TrnType.JOINTINPARENT, target=trnid,
                      target2=trnid2[:, 1], common=common,
                      qadr=qadr, place=place, actadr=actadr, act_owner=owner, dyntype=dyn,
                      gaintype=gain, biastype=bias,
-                     actearly=np.asarray(m.actuator_actearly, bool),
-                     group=np.asarray(m.actuator_group))
+                     actearly=np.asarray(m.actuator_actearly, bool).reshape(-1),
+                     group=np.asarray(m.actuator_group).reshape(-1),
+                     ctrladr=ctrladr, ctrlnum=ctrlnum,
+                     ctrlspec=np.asarray(m.actuator_ctrlspec).reshape(-1),
+                     outadr=outadr, outnum=outnum, out_owner=out_owner, act_k=act_k,
+                     act_ctrl=act_ctrl, so3=so3)
 
 
 def _common_dofs(m, site, refsite):
@@ -197,7 +240,58 @@ def _common_dofs(m, site, refsite):
 
 
 def _gear(m, dtype):
-    return jnp.asarray(m.actuator_gear, dtype).reshape(-1, 6)
+    """(nact, 6) gear of each actuator's first output."""
+    return jnp.asarray(m.actuator_gear, dtype).reshape(-1, 6)[tables(m).outadr]
+
+
+def _to_outputs(m, tab, siso, so3_rows):
+    """Per-output array (nout, ...) from per-actuator values ``siso`` (nact, ...) and
+    the rows of so3 actuators ``so3_rows`` (nso3, 3, ...), or ``siso`` itself when every
+    actuator has one output."""
+    if so3_rows is None:
+        return siso
+    idx = np.nonzero(tab.so3)[0]
+    flat = so3_rows.reshape((3 * len(idx),) + so3_rows.shape[2:])
+    src = np.zeros(m.nout, np.int64)
+    one = ~tab.so3
+    src[tab.outadr[one]] = np.nonzero(one)[0]
+    for r, i in enumerate(idx):
+        src[tab.outadr[i] + np.arange(3)] = m.nactuator + 3 * r + np.arange(3)
+    return jnp.concatenate([siso, flat])[src]
+
+
+def _so3_trn(m, d, tab, idx):
+    """Lengths (n, 3) and moment rows (n, 3, nv) of so3 transmissions: the joint
+    quaternion's expmap and identity rows on a ball joint; with a refsite the relative
+    orientation's expmap and the relative rotational Jacobian (common dofs cleared)
+    projected on the site axes (mj_transmission, mjTRN_SO3)."""
+    dtype = d.qpos.dtype
+    ball = tab.target2[idx] < 0
+    n = len(idx)
+    length = jnp.zeros((n, 3), dtype)
+    moment = jnp.zeros((n, 3, m.nv), dtype)
+    if ball.any():
+        qadr = tab.qadr[idx]
+        quat = math.quat_normalize(d.qpos[qadr[:, None] + np.arange(4)])
+        place = np.zeros((n, 3, m.nv))
+        for r in np.nonzero(ball)[0]:
+            dadr = m.jnt_dofadr[tab.target[idx[r]]]
+            place[r, np.arange(3), dadr + np.arange(3)] = 1.0
+        length = jnp.where(ball[:, None], math.quat_to_vel(quat), length)
+        moment = jnp.where(ball[:, None, None], jnp.asarray(place, dtype), moment)
+    if (~ball).any():
+        sid = tab.target[idx]
+        rid = np.where(ball, sid, tab.target2[idx])
+        sbody = np.asarray(m.site_bodyid)
+        _, jr = point_jacs(m, d, sbody[sid], d.site_xpos[sid])
+        _, jrr = point_jacs(m, d, sbody[rid], d.site_xpos[rid])
+        rel = (jr - jrr) * jnp.asarray(tab.common[idx], dtype)[:, None, :]
+        rows = jnp.einsum("nik,niv->nkv", d.site_xmat[sid], rel)
+        qs, qr = _site_quat(m, d, sid, dtype), _site_quat(m, d, rid, dtype)
+        vec = math.sub_quat(qs, qr)
+        length = jnp.where(ball[:, None], length, vec)
+        moment = jnp.where(ball[:, None, None], moment, rows)
+    return length, moment
 
 
 def point_jacs(m, d, bodies, points):
@@ -214,9 +308,10 @@ def point_jacs(m, d, bodies, points):
 
 
 def _site_quat(m, d, sites, dtype):
-    """Site orientation as MuJoCo's site transmission forms it: site_quat * xquat."""
+    """World orientation of sites, xquat * site_quat, as MuJoCo 4.0's site and so3
+    transmissions compose it."""
     body = np.asarray(m.site_bodyid)[sites]
-    return math.quat_mul(jnp.asarray(m.site_quat, dtype).reshape(-1, 4)[sites], d.xquat[body])
+    return math.quat_mul(d.xquat[body], jnp.asarray(m.site_quat, dtype).reshape(-1, 4)[sites])
 
 
 def _site_trn(m, d, tab, idx, gear):
@@ -297,15 +392,16 @@ def _body_trn(m, d, tab, idx):
 
 
 def transmission(m, d):
-    """Actuator lengths (nu,) and dense moment arms (nu, nv) (mj_transmission)."""
-    if not m.nu:
+    """Actuator lengths (nout,) and dense moment arms (nout, nv) (mj_transmission)."""
+    if not m.nactuator:
         return d
     tab = tables(m)
     dtype = d.qpos.dtype
     gear = _gear(m, dtype)
     kind = tab.kind
-    local = jnp.zeros((m.nu, 6), dtype).at[:, 0].set(gear[:, 0])
-    length = jnp.zeros(m.nu, dtype)
+    nact = m.nactuator
+    local = jnp.zeros((nact, 6), dtype).at[:, 0].set(gear[:, 0])
+    length = jnp.zeros(nact, dtype)
     if np.any(kind == _K_SCALAR):
         length = jnp.where(kind == _K_SCALAR, d.qpos[tab.qadr] * gear[:, 0], length)
     if np.any((kind == _K_BALL) | (kind == _K_FREE)):
@@ -333,18 +429,35 @@ def transmission(m, d):
         if not len(idx):
             continue
         ln, mo = fn(m, d, tab, idx, gear) if k != _K_BODY else fn(m, d, tab, idx)
-        src = np.full(m.nu, len(idx))
+        src = np.full(nact, len(idx))
         src[idx] = np.arange(len(idx))
         sel = kind == k
         length = jnp.where(sel, jnp.concatenate([ln, jnp.zeros(1, dtype)])[src], length)
         moment = jnp.where(sel[:, None],
                            jnp.concatenate([mo, jnp.zeros((1, m.nv), dtype)])[src], moment)
+    so3_len = so3_mom = None
+    if tab.so3.any():
+        so3_len, so3_mom = _so3_trn(m, d, tab, np.nonzero(tab.so3)[0])
+    length = _to_outputs(m, tab, length, so3_len)
+    moment = _to_outputs(m, tab, moment, so3_mom)
     return d.replace(actuator_length=length, actuator_moment=moment)
+
+
+def initial_ctrl(m, dtype):
+    """(nu,) controls of a reset Data: zero, except the identity quaternion in the control
+    block of so3 actuators using the quaternion chart (mj_resetData)."""
+    ctrl = np.zeros(m.nu)
+    if m.nactuator:
+        gain = np.asarray(m.actuator_gaintype).reshape(-1)
+        spec = np.asarray(m.actuator_ctrlspec).reshape(-1)
+        adr = np.asarray(m.actuator_ctrladr).reshape(-1)
+        ctrl[adr[(gain == _GAIN_SO3) & (spec == _CHART_QUAT)]] = 1.0
+    return jnp.asarray(ctrl, dtype)
 
 
 def _disabled_mask(m):
     """(nu,) bool: actuator disabled through opt.disableactuator groups."""
-    group = np.asarray(m.actuator_group)
+    group = np.asarray(m.actuator_group).reshape(-1)
     bits = int(m.opt.disableactuator)
     ok = (group >= 0) & (group <= 30)
     return ok & ((bits >> np.clip(group, 0, 30)) & 1).astype(bool)
@@ -359,31 +472,196 @@ def next_activation(m, act, act_dot):
     dtype = act.dtype
     own = tab.act_owner
     h = jnp.asarray(m.opt.timestep, dtype)
-    dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(m.nu, -1)
+    dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(m.nactuator, -1)
     tau = jnp.maximum(math.MINVAL, dynprm[own, 0])
     exact = tab.dyntype[own] == _DYN_FILTEREXACT
     new = jnp.where(exact, act + act_dot * tau * (1 - jnp.exp(-h / tau)), act + act_dot * h)
-    limited = np.asarray(m.actuator_actlimited, bool)[own]
+    limited = np.asarray(m.actuator_actlimited, bool).reshape(-1)[own]
     if limited.any():
-        rng = jnp.asarray(m.actuator_actrange, dtype).reshape(m.nu, 2)[own]
+        rng = jnp.asarray(m.actuator_actrange, dtype).reshape(m.nactuator, 2)[own]
         new = jnp.where(limited, jnp.clip(new, rng[:, 0], rng[:, 1]), new)
     return new
+
+
+def advance_activation(m, d, act_dot):
+    """Activations after one step as mj_advance leaves them: :func:`next_activation`,
+    then rotational setpoints held by integrators re-anchored (per-axis servos: the
+    representative nearest the length; so3: the expmap of angle at most pi)."""
+    act = next_activation(m, d.act, act_dot)
+    tab = tables(m)
+    integ = tab.dyntype == _DYN_INTEGRATOR
+    if not integ.any():
+        return act
+    dtype = act.dtype
+    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(m.nactuator, -1)
+    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(m.nactuator, -1)
+    period = _wrap_period(m, tab, gainprm, biasprm, dtype)
+    servo = integ & ~tab.so3 & _wrap_candidates(m, tab)
+    if servo.any():
+        sel = np.nonzero(servo)[0]
+        last = tab.actadr[sel] + np.asarray(m.actuator_actnum).reshape(-1)[sel] - 1
+        length = d.actuator_length[tab.outadr[sel]]
+        act = act.at[last].set(_wrap(act[last], length, period[sel]))
+    so3i = integ & tab.so3
+    for i in np.nonzero(so3i)[0]:
+        adr = tab.actadr[i] + np.arange(3)
+        v = act[adr]
+        angle = math.norm(v)
+        two_pi = 2 * jnp.pi
+        scale = (angle - two_pi * jnp.round(angle / two_pi)) / jnp.where(angle > 0, angle, 1.0)
+        act = act.at[adr].set(jnp.where(angle > jnp.pi, v * scale, v))
+    return act
+
+
+def _wrap(u, length, period):
+    """Representative of u nearest ``length`` modulo ``period`` (wrapSetpoint), or u
+    where period is 0."""
+    safe = jnp.where(period > 0, period, 1.0)
+    return jnp.where(period > 0, u - safe * jnp.round((u - length) / safe), u)
+
+
+def _wrap_candidates(m, tab):
+    """(nact,) bool: rotational transmissions a setpoint may wrap on (ball joints, site
+    + refsite); the gear and servo shape decide at run time (:func:`_wrap_period`)."""
+    trn = np.asarray(m.actuator_trntype).reshape(-1)
+    jtype = np.asarray(m.jnt_type)
+    joint = (trn == TrnType.JOINT) | (trn == TrnType.JOINTINPARENT)
+    ball = joint & (jtype[np.where(joint, tab.target, 0)] == JointType.BALL) if m.njnt \
+        else np.zeros(m.nactuator, bool)
+    refsite = (trn == TrnType.SITE) & (tab.target2 >= 0)
+    return ball | refsite
+
+
+def _wrap_period(m, tab, gainprm, biasprm, dtype):
+    """(nact,) period of rotational setpoints (MuJoCo 4.0's wrapPeriod): position servos
+    (fixed gain kp = -biasprm[1], affine bias, no or integrator dynamics) and pid
+    actuators on ball joints (2 pi |gear[:3]|) or on site + refsite transmissions with a
+    purely rotational gear (2 pi |gear[3:]|); 0 elsewhere."""
+    cand = _wrap_candidates(m, tab)
+    if not cand.any():
+        return jnp.zeros(m.nactuator, dtype)
+    trn = np.asarray(m.actuator_trntype).reshape(-1)
+    ball = cand & (trn != TrnType.SITE)
+    shape = ((tab.gaintype == _GAIN_FIXED) & (tab.biastype == _BIAS_AFFINE) &
+             ((tab.dyntype == _DYN_NONE) | (tab.dyntype == _DYN_INTEGRATOR)))
+    gear = _gear(m, dtype)
+    servo = (shape & (gainprm[:, 0] == -biasprm[:, 1])) | (tab.gaintype == _GAIN_PID)
+    rot_only = jnp.all(gear[:, :3] == 0, -1)
+    period = jnp.where(ball, 2 * jnp.pi * math.norm(gear[:, :3]),
+                       jnp.where(rot_only, 2 * jnp.pi * math.norm(gear[:, 3:]), 0.0))
+    return jnp.where(jnp.asarray(cand) & servo, period, 0.0)
+
+
+def _servo_inputs(tab, ctrl):
+    """(pos, vel, ff) inputs (nact,) of servo-family actuators from their control
+    blocks (present inputs in canonical order, absent ones 0; unpackServoInputs)."""
+    spec = tab.ctrlspec
+    has = [(spec & b) != 0 for b in (_IN_POS, _IN_VEL, _IN_FF)]
+    off = np.zeros_like(spec)
+    out = []
+    for h in has:
+        idx = np.clip(tab.ctrladr + off, 0, max(ctrl.shape[0] - 1, 0))
+        out.append(jnp.where(h, ctrl[idx], 0.0) if ctrl.shape[0] else
+                   jnp.zeros(len(spec), ctrl.dtype))
+        off = off + h
+    return out
+
+
+def _expmap_quat(v):
+    """Unit quaternion of an exponential-map vector (n, 3) (identity below MINVAL)."""
+    angle = math.norm(v)
+    small = angle < math.MINVAL
+    axis = v / jnp.where(small, 1.0, angle)[..., None]
+    q = math.axis_angle_to_quat(axis, angle)
+    ident = jnp.zeros_like(q).at[..., 0].set(1.0)
+    return jnp.where(small[..., None], ident, q)
+
+
+def _so3_force(m, d, tab, ctrl, act_dot, gainprm, biasprm):
+    """(nso3, 3) forces of geodesic orientation servos: kp log(q_cur^-1 q_target) +
+    biasprm[0] + biasprm[2] w, in the child frame (mj_fwdActuation, mjGAIN_SO3)."""
+    idx = np.nonzero(tab.so3)[0]
+    dtype = d.qpos.dtype
+    rows = tab.outadr[idx][:, None] + np.arange(3)
+    quat_chart = tab.ctrlspec[idx] == _CHART_QUAT
+    cidx = np.minimum(tab.ctrladr[idx][:, None] + np.arange(4), max(m.nu - 1, 0))
+    q_quat = math.quat_normalize(ctrl[cidx])
+    u = ctrl[cidx[:, :3]]
+    integ = tab.dyntype[idx] == _DYN_INTEGRATOR
+    if integ.any():
+        aadr = np.where(integ, tab.actadr[idx], 0)[:, None] + np.arange(3)
+        a = d.act[aadr]
+        if np.any(tab.actearly[idx] & integ):
+            nxt = next_activation(m, d.act, act_dot)[aadr]
+            a = jnp.where(tab.actearly[idx][:, None], nxt, a)
+        u = jnp.where(integ[:, None], a, u)
+    q_tgt = jnp.where(quat_chart[:, None], q_quat, _expmap_quat(u))
+    q_cur = _expmap_quat(d.actuator_length[rows])
+    err = math.sub_quat(q_tgt, q_cur)
+    kp = gainprm[idx, 0][:, None]
+    return kp * err + biasprm[idx, 0][:, None] + biasprm[idx, 2][:, None] * \
+        d.actuator_velocity[rows]
+
+
+def _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm, act_dot):
+    """PID states (mjDYN_PID, slots [slew, integral]): the slew state's rate (the
+    rate-limited first input minus the previous effective setpoint, over dt) and the
+    integral's rate (the position error, on the circle for rotational transmissions,
+    frozen beyond +-imax). Returns (ctrl with rate-limited first inputs, act_dot)."""
+    dtype = d.qpos.dtype
+    pid = tab.dyntype == _DYN_PID
+    if not pid.any():
+        return ctrl, act_dot
+    h = jnp.asarray(m.opt.timestep, dtype)
+    actnum = np.asarray(m.actuator_actnum).reshape(-1)
+    first = np.where(pid, tab.actadr, 0)
+    last = np.where(pid, tab.actadr + actnum - 1, 0)
+    slew_s = dynprm[:, 1]
+    has_slew = jnp.asarray(pid) & (slew_s > 0)
+    prev = d.act[first]
+    u = ctrl[tab.ctrladr]
+    uw = jnp.where(period > 0, _wrap(u, prev, period), u)
+    step = slew_s * h
+    u_eff = jnp.clip(uw, prev - step, prev + step)
+    slew_dot = (u_eff - prev) / h
+    u_new = jnp.where(has_slew, u_eff, u)
+    pid_idx = np.nonzero(pid)[0]
+    ctrl = ctrl.at[tab.ctrladr[pid_idx]].set(u_new[pid_idx])
+    # integral slot: the last slot unless it is the slew slot
+    err = u_new - length
+    safe = jnp.where(period > 0, period, 1.0)
+    err = jnp.where(period > 0, err - safe * jnp.round(err / safe), err)
+    imax = dynprm[:, 0]
+    z = d.act[last]
+    err = jnp.where(imax > 0, jnp.where(z >= imax, jnp.minimum(err, 0.0),
+                                        jnp.where(z <= -imax, jnp.maximum(err, 0.0), err)),
+                    err)
+    has_int = jnp.asarray(pid) & (gainprm[:, 0] > 0)
+    own, k = tab.act_owner, tab.act_k
+    is_pid = pid[own]
+    slot_slew = is_pid & (k == 0) & has_slew[own]
+    slot_int = is_pid & (k == actnum[own] - 1) & ~slot_slew & has_int[own]
+    act_dot = jnp.where(jnp.asarray(is_pid), 0.0, act_dot)
+    act_dot = jnp.where(slot_slew, slew_dot[own], act_dot)
+    act_dot = jnp.where(slot_int, err[own], act_dot)
+    return ctrl, act_dot
 
 
 def actuation(m, d):
     """Actuator forces and activation derivatives (mj_fwdActuation).
 
-    Sets act_dot (na,), actuator_force (nu,) in actuator space and qfrc_actuator (nv,).
+    Sets act_dot (na,), actuator_force (nout,) in actuator space and qfrc_actuator (nv,).
     """
     dtype = d.qpos.dtype
-    if not m.nu or (m.opt.disableflags & DisableBit.ACTUATION):
+    if not m.nactuator or (m.opt.disableflags & DisableBit.ACTUATION):
         return d.replace(actuator_force=jnp.zeros(m.nout, dtype),
                          qfrc_actuator=jnp.zeros(m.nv, dtype),
                          act_dot=jnp.zeros(m.na, dtype))
     tab = tables(m)
+    nact = m.nactuator
     ctrl = history.delayed_ctrl(m, d, d.ctrl) if m.nhistory else d.ctrl
-    if not (m.opt.disableflags & DisableBit.CLAMPCTRL):
-        limited = np.asarray(m.actuator_ctrllimited, bool)
+    if not (m.opt.disableflags & DisableBit.CLAMPCTRL) and m.nu:
+        limited = np.asarray(m.actuator_ctrllimited, bool).reshape(-1)
         if limited.any():
             rng = jnp.asarray(m.actuator_ctrlrange, dtype).reshape(m.nu, 2)
             ctrl = jnp.where(limited, jnp.clip(ctrl, rng[:, 0], rng[:, 1]), ctrl)
@@ -391,61 +669,95 @@ def actuation(m, d):
     ctrl = jnp.where(bad, 0.0, ctrl)
     warning = d.warning.at[WARN_BADCTRL].add(bad.astype(d.warning.dtype))
 
+    length = d.actuator_length[tab.outadr]
+    velocity = d.actuator_velocity[tab.outadr]
+    dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(nact, -1)
+    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(nact, -1)
+    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(nact, -1)
+    period = _wrap_period(m, tab, gainprm, biasprm, dtype)
+    has_ctrl = tab.ctrlnum > 0
+    cfirst = jnp.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0) if m.nu \
+        else jnp.zeros(nact, dtype)
+
     # activation dynamics
     act_dot = jnp.zeros(m.na, dtype)
     if m.na:
         own = tab.act_owner
-        dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(m.nu, -1)
         tau = jnp.maximum(math.MINVAL, dynprm[own, 0])
         integ = tab.dyntype[own] == _DYN_INTEGRATOR
-        act_dot = jnp.where(integ, ctrl[own], (ctrl[own] - d.act) / tau)
+        c_own = cfirst[own]
+        act_dot = jnp.where(integ, ctrl[tab.act_ctrl] if m.nu else 0.0,
+                            (c_own - d.act) / tau)
         muscle = tab.dyntype[own] == _DYN_MUSCLE
         if muscle.any():
-            act_dot = jnp.where(muscle, muscle_dynamics(ctrl[own], d.act, dynprm[own]),
-                                act_dot)
+            act_dot = jnp.where(muscle, muscle_dynamics(c_own, d.act, dynprm[own]), act_dot)
         act_dot = jnp.where(tab.dyntype[own] == _DYN_NONE, 0.0, act_dot)
+        ctrl, act_dot = _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm,
+                                      act_dot)
+        cfirst = jnp.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0)
         if m.nplugin:
             act_dot = plugins.actuator_act_dot(m, d.replace(ctrl=ctrl), act_dot)
 
     # force = gain * input + bias
-    length, velocity = d.actuator_length, d.actuator_velocity
-    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(m.nu, -1)
-    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(m.nu, -1)
     gain = jnp.where(tab.gaintype == _GAIN_AFFINE,
                      gainprm[:, 0] + gainprm[:, 1] * length + gainprm[:, 2] * velocity,
                      gainprm[:, 0])
     is_muscle = (tab.gaintype == _GAIN_MUSCLE) | (tab.biastype == _BIAS_MUSCLE)
     if is_muscle.any():
-        lrange = jnp.asarray(m.actuator_lengthrange, dtype).reshape(m.nu, 2)
-        acc0 = jnp.asarray(m.actuator_acc0, dtype).reshape(m.nu)
+        lrange = jnp.asarray(m.actuator_lengthrange, dtype).reshape(m.nout, 2)[tab.outadr]
+        acc0 = jnp.asarray(m.actuator_acc0, dtype).reshape(m.nout)[tab.outadr]
         gain = jnp.where(tab.gaintype == _GAIN_MUSCLE,
                          muscle_gain(length, velocity, lrange, acc0, gainprm), gain)
-    inp = ctrl
+    inp = cfirst
+    actnum = np.asarray(m.actuator_actnum).reshape(-1)
     stateful = tab.actadr >= 0
     if stateful.any():
-        adr = np.where(stateful, tab.actadr, 0)
+        adr = np.where(stateful, tab.actadr + actnum - 1, 0)
         act = d.act[adr]
         if tab.actearly.any():
             nxt = next_activation(m, d.act, act_dot)[adr]
             act = jnp.where(tab.actearly, nxt, act)
-        inp = jnp.where(stateful, act, ctrl)
-    inp = _wrap_setpoint(m, tab, inp, length, gainprm, biasprm)
+        inp = jnp.where(stateful, act, inp)
+    inp = _wrap(inp, length, jnp.where(jnp.asarray(tab.gaintype == _GAIN_PID), 0.0, period))
     bias = jnp.where(tab.biastype == _BIAS_AFFINE,
                      biasprm[:, 0] + biasprm[:, 1] * length + biasprm[:, 2] * velocity, 0.0)
     if is_muscle.any():
         bias = jnp.where(tab.biastype == _BIAS_MUSCLE,
                          muscle_bias(length, lrange, acc0, biasprm), bias)
-    force = gain * inp + bias
+    force = gain * inp
+    pid = tab.gaintype == _GAIN_PID
+    if pid.any():
+        # kp (qref - l) + kv (vref - v) + ff [+ ki z]: the input side here, the state
+        # side through the affine bias
+        qref, vref, ff = _servo_inputs(tab, ctrl)
+        qref = _wrap(qref, length, period)
+        fpid = -biasprm[:, 1] * qref - biasprm[:, 2] * vref + ff
+        if stateful.any():
+            fpid = fpid + jnp.where(stateful & (gainprm[:, 0] > 0), gainprm[:, 0] * inp, 0.0)
+        force = jnp.where(pid, fpid, force)
+    force = force + bias
+    so3_rows = None
+    if tab.so3.any():
+        so3_rows = _so3_force(m, d, tab, ctrl, act_dot, gainprm, biasprm)
     disabled = _disabled_mask(m)
     if disabled.any():
         force = jnp.where(disabled, 0.0, force)
+        if so3_rows is not None:
+            so3_rows = jnp.where(disabled[tab.so3][:, None], 0.0, so3_rows)
     if m.nplugin:
         force = plugins.compute_actuators(m, d.replace(act_dot=act_dot), force)
     force = _clamp_tendon_force(m, force, tab, dtype)
-    flim = np.asarray(m.actuator_forcelimited, bool)
+    flim = np.asarray(m.actuator_forcelimited, bool).reshape(-1)
     if flim.any():
-        rng = jnp.asarray(m.actuator_forcerange, dtype).reshape(m.nu, 2)
+        rng = jnp.asarray(m.actuator_forcerange, dtype).reshape(nact, 2)
         force = jnp.where(flim, jnp.clip(force, rng[:, 0], rng[:, 1]), force)
+        if so3_rows is not None and flim[tab.so3].any():
+            # so3: the torque's norm, direction kept
+            hi = rng[tab.so3, 1][:, None]
+            nrm = math.norm(so3_rows)[:, None]
+            scaled = so3_rows * hi / jnp.where(nrm > 0, nrm, 1.0)
+            so3_rows = jnp.where(flim[tab.so3][:, None] & (nrm > hi), scaled, so3_rows)
+    force = _to_outputs(m, tab, force, so3_rows)
 
     qfrc = force @ d.actuator_moment
     qfrc = _actuator_gravcomp(m, d, qfrc)
@@ -460,33 +772,6 @@ def actuation(m, d):
         qfrc = jnp.where(limited, jnp.clip(qfrc, lo, hi), qfrc)
     return d.replace(act_dot=act_dot, actuator_force=force, qfrc_actuator=qfrc,
                      warning=warning)
-
-
-def _wrap_setpoint(m, tab, inp, length, gainprm, biasprm):
-    """Position servos on rotational transmissions (ball joints; site + refsite with a
-    purely rotational gear) use the setpoint representative nearest the current length,
-    modulo the period 2 pi |gear| (MuJoCo 4.0's wrapPeriod / wrapSetpoint)."""
-    trn = np.asarray(m.actuator_trntype)
-    jtype = np.asarray(m.jnt_type)
-    joint = (trn == TrnType.JOINT) | (trn == TrnType.JOINTINPARENT)
-    ball = joint & (jtype[np.where(joint, tab.target, 0)] == JointType.BALL) if m.njnt \
-        else np.zeros(m.nu, bool)
-    refsite = (trn == TrnType.SITE) & (tab.target2 >= 0)
-    shape = ((tab.gaintype == _GAIN_FIXED) & (tab.biastype == _BIAS_AFFINE) &
-             ((tab.dyntype == _DYN_NONE) | (tab.dyntype == _DYN_INTEGRATOR)))
-    cand = shape & (ball | refsite)
-    if not cand.any():
-        return inp
-    gear = _gear(m, inp.dtype)
-    servo = gainprm[:, 0] == -biasprm[:, 1]
-    rot_only = jnp.all(gear[:, :3] == 0, -1)
-    period = jnp.where(ball, 2 * jnp.pi * math.norm(gear[:, :3]),
-                       jnp.where(rot_only, 2 * jnp.pi * math.norm(gear[:, 3:]), 0.0))
-    period = jnp.where(cand & servo, period, 0.0)
-    wrap = period > 0
-    safe = jnp.where(wrap, period, 1.0)
-    wrapped = inp - safe * jnp.round((inp - length) / safe)
-    return jnp.where(wrap, wrapped, inp)
 
 
 # --------------------------------------------------------------------------- muscles
@@ -569,7 +854,7 @@ def _clamp_tendon_force(m, force, tab, dtype):
     ten = (tab.kind == _K_TENDON) & limited[np.where(tab.kind == _K_TENDON, tab.target, 0)]
     if not ten.any():
         return force
-    onehot = np.zeros((m.ntendon, m.nu))
+    onehot = np.zeros((m.ntendon, m.nactuator))
     onehot[tab.target[ten], np.nonzero(ten)[0]] = 1.0
     total = jnp.asarray(onehot, dtype) @ force            # per-tendon total force
     rng = jnp.asarray(m.tendon_actfrcrange, dtype).reshape(m.ntendon, 2)

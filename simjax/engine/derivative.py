@@ -23,34 +23,43 @@ from simjax.types import DisableBit, IntegratorType, JointType
 def actuator_vel(m, d):
     """d qfrc_actuator / d qvel (nv, nv) (mjd_actuator_vel): affine gain/bias terms."""
     dtype = d.qpos.dtype
-    if not m.nu or (m.opt.disableflags & DisableBit.ACTUATION):
+    if not m.nactuator or (m.opt.disableflags & DisableBit.ACTUATION):
         return jnp.zeros((m.nv, m.nv), dtype)
     tab = act_mod.tables(m)
-    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(m.nu, -1)
-    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(m.nu, -1)
-    bias_vel = jnp.where(tab.biastype == act_mod._BIAS_AFFINE, biasprm[:, 2], 0.0)
+    nact = m.nactuator
+    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(nact, -1)
+    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(nact, -1)
+    kv_bias = (tab.biastype == act_mod._BIAS_AFFINE) | (tab.biastype == act_mod._BIAS_SO3)
+    bias_vel = jnp.where(kv_bias, biasprm[:, 2], 0.0)
     gain_vel = jnp.where(tab.gaintype == act_mod._GAIN_AFFINE, gainprm[:, 2], 0.0)
     # MuJoCo multiplies the gain derivative by the raw (unclamped) control
-    inp = d.ctrl
+    inp = d.ctrl[tab.ctrladr] if m.nu else jnp.zeros(nact, dtype)
     stateful = tab.actadr >= 0
     if stateful.any():
-        adr = np.where(stateful, tab.actadr, 0)
+        last = tab.actadr + np.asarray(m.actuator_actnum).reshape(-1) - 1
+        adr = np.where(stateful, last, 0)
         a = d.act[adr]
         if tab.actearly.any():
             nxt = act_mod.next_activation(m, d.act, d.act_dot)[adr]
             a = jnp.where(tab.actearly, nxt, a)
-        inp = jnp.where(tab.dyntype == act_mod._DYN_NONE, d.ctrl, a)
+        inp = jnp.where(tab.dyntype == act_mod._DYN_NONE, inp, a)
     coef = bias_vel + gain_vel * inp
     skip = act_mod._disabled_mask(m)
-    flim = np.asarray(m.actuator_forcelimited, bool)
+    flim = np.asarray(m.actuator_forcelimited, bool).reshape(-1)
     if flim.any():
-        rng = jnp.asarray(m.actuator_forcerange, dtype).reshape(m.nu, 2)
-        f = d.actuator_force
+        rng = jnp.asarray(m.actuator_forcerange, dtype).reshape(nact, 2)
+        f = d.actuator_force[tab.outadr]
         clamped = flim & ((f <= rng[:, 0]) | (f >= rng[:, 1]))
+        if tab.so3.any():
+            # so3: the torque norm is clamped
+            rows = tab.outadr[:, None] + np.arange(3)
+            nrm = math.norm(d.actuator_force[np.minimum(rows, m.nout - 1)])
+            clamped = jnp.where(tab.so3, flim & (nrm >= rng[:, 1]), clamped)
         coef = jnp.where(clamped, 0.0, coef)
     if skip.any():
         coef = jnp.where(skip, 0.0, coef)
     coef = jnp.where(_saturated_targets(m, d, tab), 0.0, coef)
+    coef = coef[tab.out_owner]
     mom = d.actuator_moment
     return jnp.einsum("ai,a,aj->ij", mom, coef, mom)
 
@@ -59,7 +68,7 @@ def _saturated_targets(m, d, tab):
     """(nu,) bool: actuators whose joint or tendon total actuator force sits at its
     actuatorfrcrange limit (MuJoCo 4.0 drops their implicit derivatives)."""
     dtype = d.qpos.dtype
-    sat = jnp.zeros(m.nu, bool)
+    sat = jnp.zeros(m.nactuator, bool)
     joint = tab.kind < 3
     if m.njnt and np.any(np.asarray(m.jnt_actfrclimited, bool)[tab.target[joint]]):
         jid = np.where(joint, tab.target, 0)
@@ -72,9 +81,9 @@ def _saturated_targets(m, d, tab):
         tid = np.where(ten, tab.target, 0)
         lim = ten & np.asarray(m.tendon_actfrclimited, bool)[tid]
         if lim.any():
-            onehot = np.zeros((m.ntendon, m.nu))
+            onehot = np.zeros((m.ntendon, m.nactuator))
             onehot[tab.target[ten], np.nonzero(ten)[0]] = 1.0
-            total = (jnp.asarray(onehot, dtype) @ d.actuator_force)[tid]
+            total = (jnp.asarray(onehot, dtype) @ d.actuator_force[tab.outadr])[tid]
             rng = jnp.asarray(m.tendon_actfrcrange, dtype).reshape(m.ntendon, 2)[tid]
             sat = sat | (lim & ((total <= rng[:, 0]) | (total >= rng[:, 1])))
     return sat

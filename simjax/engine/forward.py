@@ -148,7 +148,7 @@ def _advance(m, d: Data, act_dot, qacc, qvel=None, hist=None) -> Data:
         tab = actuation.tables(m)
         off = actuation._disabled_mask(m)[tab.act_owner]
         ad = jnp.where(off, 0.0, act_dot) if off.any() else act_dot
-        out["act"] = actuation.next_activation(m, d.act, ad)
+        out["act"] = actuation.advance_activation(m, d, ad)
     new_qvel = d.qvel + h * qacc
     out["qvel"] = new_qvel
     out["qpos"] = support.integrate_pos(m, d.qpos, new_qvel if qvel is None else qvel, h)

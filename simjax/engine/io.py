@@ -39,6 +39,9 @@ def make_data(model, dtype=None, ncon_max=None) -> Data:
         dt = {"f": ftype, "i": jnp.int32, "b": jnp.bool_}[kind]
         kw[name] = jnp.zeros(field_shape(model, shape), dt)
     kw["qpos"] = jnp.asarray(model.qpos0, ftype).reshape(model.nq)
+    if getattr(model, "nactuator", 0):
+        from simjax.engine.actuation import initial_ctrl
+        kw["ctrl"] = initial_ctrl(model, ftype)
     if model.nmocap:
         bodies = _mocap_bodies(model)
         kw["mocap_pos"] = jnp.asarray(model.body_pos, ftype)[bodies]

@@ -119,14 +119,16 @@ def test_muscle_trajectory():
         assert rel_err(getattr(d, name), getattr(mjd, name)) < 1e-8, name
 
 
-@pytest.mark.parametrize("what", ["dyn_dcmotor", "dyn_pid", "gain_so3", "trn_so3",
-                                  "history"])
+@pytest.mark.parametrize("what", ["dyn_dcmotor", "gain_dcmotor", "bias_dcmotor", "gain_so3",
+                                  "trn_so3", "history"])
 def test_unsupported_actuators_are_named(what):
     def edit(mjm):
         if what == "dyn_dcmotor":
             mjm.actuator_dyntype[0] = mujoco.mjtDyn.mjDYN_DCMOTOR
-        elif what == "dyn_pid":
-            mjm.actuator_dyntype[0] = mujoco.mjtDyn.mjDYN_PID
+        elif what == "gain_dcmotor":
+            mjm.actuator_gaintype[0] = mujoco.mjtGain.mjGAIN_DCMOTOR
+        elif what == "bias_dcmotor":
+            mjm.actuator_biastype[0] = mujoco.mjtBias.mjBIAS_DCMOTOR
         elif what == "gain_so3":
             mjm.actuator_gaintype[0] = mujoco.mjtGain.mjGAIN_SO3
         elif what == "trn_so3":
@@ -134,7 +136,8 @@ def test_unsupported_actuators_are_named(what):
         else:
             mjm.actuator_delay[0] = 0.01          # a delay needs a buffer
     _, m = load("mjx_actuator_arm21_muscle/arm21.xml", edit=edit)
-    expect = {"dyn_dcmotor": "dcmotor", "dyn_pid": "pid", "gain_so3": "so3",
+    expect = {"dyn_dcmotor": "dcmotor", "gain_dcmotor": "dcmotor", "bias_dcmotor": "dcmotor",
+              "gain_so3": "so3",
               "trn_so3": "so3", "history": "delay"}[what]
     with pytest.raises(simjax.UnsupportedFeatureError, match=expect):
         if what == "history":        # delays are parameters: checked on a concrete model
