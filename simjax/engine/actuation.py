@@ -8,8 +8,12 @@ Implements MuJoCo 4.0's mj_transmission and mj_fwdActuation:
   SO(3) (ball joint, or site + refsite: three outputs, the exponential-map orientation
   and the rotational Jacobian rows in the child frame);
 - dynamics: none, integrator (one state per control), filter, filterexact, muscle, pid
-  (states [slew, integral]: rate-limited setpoint and anti-windup integral);
-- gain: fixed, affine, muscle, pid, so3; bias: none, affine, muscle, so3
+  (states [slew, integral]: rate-limited setpoint and anti-windup integral), dcmotor
+  (states [slew, integral, temperature, LuGre bristle, current], present as the
+  parameters ask, mj_dcmotorSlots);
+- gain: fixed, affine, muscle, pid, so3, dcmotor; bias: none, affine, muscle, so3,
+  dcmotor (DC motor: K i or K/R (V - K w) from the terminal voltage of the on-board
+  controller, with cogging and LuGre friction added after force clamping)
   (mju_muscleGain, mju_muscleBias, mju_muscleDynamics; the pid force
   kp (pos - l) + kv (vel - v) + ff + ki z; the geodesic orientation servo
   kp log(q^-1 q_target) - kv w with expmap or quaternion commands);
@@ -23,9 +27,9 @@ Implements MuJoCo 4.0's mj_transmission and mj_fwdActuation:
 - delayed controls (``actuator_delay`` with a history buffer, :mod:`history`).
 
 Other actuator features raise UnsupportedFeatureError naming them when the model is
-traced: DC-motor actuators (dyntype/gaintype/biastype dcmotor), user callbacks, and
-several activations outside pid, so3 integrators and plugin actuators (which
-:mod:`simjax.plugins.engine` drives).
+traced: user callbacks (dyn/gain/bias user), dcmotor dynamics/gain/bias used apart from
+each other, and several activations outside pid, dcmotor, so3 integrators and plugin
+actuators (which :mod:`simjax.plugins.engine` drives).
 """
 from __future__ import annotations
 
@@ -45,14 +49,15 @@ from simjax.types import BiasType, DisableBit, DynType, GainType, JointType, Trn
 
 # MuJoCo enum values of the supported types
 _DYN_NONE, _DYN_INTEGRATOR, _DYN_FILTER, _DYN_FILTEREXACT, _DYN_MUSCLE = 0, 1, 2, 3, 4
-_DYN_PID = 6
-_GAIN_FIXED, _GAIN_AFFINE, _GAIN_MUSCLE, _GAIN_SO3, _GAIN_PID = 0, 1, 2, 4, 5
-_BIAS_NONE, _BIAS_AFFINE, _BIAS_MUSCLE, _BIAS_SO3 = 0, 1, 2, 4
-_DYNS = (_DYN_NONE, _DYN_INTEGRATOR, _DYN_FILTER, _DYN_FILTEREXACT, _DYN_MUSCLE, _DYN_PID)
-_GAINS = (_GAIN_FIXED, _GAIN_AFFINE, _GAIN_MUSCLE, _GAIN_SO3, _GAIN_PID)
-_BIASES = (_BIAS_NONE, _BIAS_AFFINE, _BIAS_MUSCLE, _BIAS_SO3)
+_DYN_DCMOTOR, _DYN_PID = 5, 6
+_GAIN_FIXED, _GAIN_AFFINE, _GAIN_MUSCLE, _GAIN_DCMOTOR, _GAIN_SO3, _GAIN_PID = 0, 1, 2, 3, 4, 5
+_BIAS_NONE, _BIAS_AFFINE, _BIAS_MUSCLE, _BIAS_DCMOTOR, _BIAS_SO3 = 0, 1, 2, 3, 4
+_DYNS = (_DYN_NONE, _DYN_INTEGRATOR, _DYN_FILTER, _DYN_FILTEREXACT, _DYN_MUSCLE, _DYN_PID,
+         _DYN_DCMOTOR)
+_GAINS = (_GAIN_FIXED, _GAIN_AFFINE, _GAIN_MUSCLE, _GAIN_SO3, _GAIN_PID, _GAIN_DCMOTOR)
+_BIASES = (_BIAS_NONE, _BIAS_AFFINE, _BIAS_MUSCLE, _BIAS_SO3, _BIAS_DCMOTOR)
 # actuator_ctrlspec bits (servo inputs) and the so3 quaternion chart
-_IN_POS, _IN_VEL, _IN_FF = 1, 2, 4
+_IN_POS, _IN_VEL, _IN_FF, _IN_VOLTAGE = 1, 2, 4, 8
 _CHART_QUAT = 2
 # transmission kinds (ActTables.kind)
 _K_SCALAR, _K_BALL, _K_FREE, _K_TENDON, _K_SITE, _K_CRANK, _K_BODY, _K_SO3 = range(8)
@@ -146,15 +151,19 @@ def _build(m) -> ActTables:
     ctrlnum = np.asarray(m.actuator_ctrlnum).reshape(-1)
     outnum = np.asarray(m.actuator_outnum).reshape(-1)
     so3 = gain == _GAIN_SO3
-    multi = ~so3 & (gain != _GAIN_PID)
-    if nu and (np.any(multi & (ctrlnum != 1)) or np.any(~so3 & (outnum != 1)) or
+    multi = ~so3 & (gain != _GAIN_PID) & (gain != _GAIN_DCMOTOR)
+    dc = (dyn == _DYN_DCMOTOR) | (gain == _GAIN_DCMOTOR) | (bias == _BIAS_DCMOTOR)
+    if nu and np.any(dc & ~((dyn == _DYN_DCMOTOR) & (gain == _GAIN_DCMOTOR) &
+                            (bias == _BIAS_DCMOTOR))):
+        _unsupported("dcmotor dynamics, gain and bias used separately")
+    if nu and (np.any(multi & (ctrlnum != 1)) or np.any(dc & (ctrlnum > 4)) or np.any(~so3 & (outnum != 1)) or
                np.any(so3 & ((outnum != 3) | (trntype != TrnType.SO3))) or
                np.any(~so3 & (trntype == TrnType.SO3))):
         _unsupported("with several controls or outputs outside pid and so3")
     actnum = np.asarray(m.actuator_actnum).reshape(-1)
     # plugin actuators keep their own act slots before the dyntype slot
     several = (actnum > 1) & (np.asarray(m.actuator_plugin).reshape(-1) < 0)
-    several &= ~(dyn == _DYN_PID) & ~(so3 & (dyn == _DYN_INTEGRATOR))
+    several &= ~(dyn == _DYN_PID) & ~(dyn == _DYN_DCMOTOR) & ~(so3 & (dyn == _DYN_INTEGRATOR))
     if nu and np.any(several):
         _unsupported("with several activation variables")
 
@@ -463,10 +472,12 @@ def _disabled_mask(m):
     return ok & ((bits >> np.clip(group, 0, 30)) & 1).astype(bool)
 
 
-def next_activation(m, act, act_dot):
+def next_activation(m, act, act_dot, velocity=None):
     """Activations after one timestep (mj_nextActivation), vectorised over na.
 
-    filterexact integrates exactly, others by Euler; limited activations are clamped.
+    filterexact and the dcmotor current integrate exactly, the LuGre bristle state by
+    exact zero-order hold (needs ``velocity``, actuator_velocity (nout,)), others by
+    Euler; limited activations are clamped (dcmotor: the integral at +-Imax instead).
     """
     tab = tables(m)
     dtype = act.dtype
@@ -476,7 +487,12 @@ def next_activation(m, act, act_dot):
     tau = jnp.maximum(math.MINVAL, dynprm[own, 0])
     exact = tab.dyntype[own] == _DYN_FILTEREXACT
     new = jnp.where(exact, act + act_dot * tau * (1 - jnp.exp(-h / tau)), act + act_dot * h)
+    if np.any(tab.dyntype == _DYN_DCMOTOR):
+        if velocity is None:
+            _unsupported("dcmotor states advanced without actuator velocities")
+        new = _dcmotor_next(m, tab, act, act_dot, new, velocity, dtype)
     limited = np.asarray(m.actuator_actlimited, bool).reshape(-1)[own]
+    limited = limited & (tab.dyntype[own] != _DYN_DCMOTOR)
     if limited.any():
         rng = jnp.asarray(m.actuator_actrange, dtype).reshape(m.nactuator, 2)[own]
         new = jnp.where(limited, jnp.clip(new, rng[:, 0], rng[:, 1]), new)
@@ -487,7 +503,7 @@ def advance_activation(m, d, act_dot):
     """Activations after one step as mj_advance leaves them: :func:`next_activation`,
     then rotational setpoints held by integrators re-anchored (per-axis servos: the
     representative nearest the length; so3: the expmap of angle at most pi)."""
-    act = next_activation(m, d.act, act_dot)
+    act = next_activation(m, d.act, act_dot, d.actuator_velocity)
     tab = tables(m)
     integ = tab.dyntype == _DYN_INTEGRATOR
     if not integ.any():
@@ -553,10 +569,11 @@ def _wrap_period(m, tab, gainprm, biasprm, dtype):
 
 
 def _servo_inputs(tab, ctrl):
-    """(pos, vel, ff) inputs (nact,) of servo-family actuators from their control
-    blocks (present inputs in canonical order, absent ones 0; unpackServoInputs)."""
+    """(pos, vel, ff, voltage) inputs (nact,) of servo-family actuators from their
+    control blocks (present inputs in canonical order, absent ones 0;
+    unpackServoInputs)."""
     spec = tab.ctrlspec
-    has = [(spec & b) != 0 for b in (_IN_POS, _IN_VEL, _IN_FF)]
+    has = [(spec & b) != 0 for b in (_IN_POS, _IN_VEL, _IN_FF, _IN_VOLTAGE)]
     off = np.zeros_like(spec)
     out = []
     for h in has:
@@ -592,7 +609,7 @@ def _so3_force(m, d, tab, ctrl, act_dot, gainprm, biasprm):
         aadr = np.where(integ, tab.actadr[idx], 0)[:, None] + np.arange(3)
         a = d.act[aadr]
         if np.any(tab.actearly[idx] & integ):
-            nxt = next_activation(m, d.act, act_dot)[aadr]
+            nxt = next_activation(m, d.act, act_dot, d.actuator_velocity)[aadr]
             a = jnp.where(tab.actearly[idx][:, None], nxt, a)
         u = jnp.where(integ[:, None], a, u)
     q_tgt = jnp.where(quat_chart[:, None], q_quat, _expmap_quat(u))
@@ -647,6 +664,68 @@ def _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm, act_dot):
     return ctrl, act_dot
 
 
+def _controls(m, d):
+    """(controls actuation reads (nu,): delayed, clamped, zeroed when any is bad; bad)."""
+    dtype = d.qpos.dtype
+    ctrl = history.delayed_ctrl(m, d, d.ctrl) if m.nhistory else d.ctrl
+    if not (m.opt.disableflags & DisableBit.CLAMPCTRL) and m.nu:
+        limited = np.asarray(m.actuator_ctrllimited, bool).reshape(-1)
+        if limited.any():
+            rng = jnp.asarray(m.actuator_ctrlrange, dtype).reshape(m.nu, 2)
+            ctrl = jnp.where(limited, jnp.clip(ctrl, rng[:, 0], rng[:, 1]), ctrl)
+    bad = jnp.any(jnp.isnan(ctrl) | (jnp.abs(ctrl) > 1e10))
+    return jnp.where(bad, 0.0, ctrl), bad
+
+
+def dcmotor_vel(m, d):
+    """(nact,) d force / d velocity of DC motors as MuJoCo 4.0's mjd_actuator_vel takes
+    it: back-EMF -K^2/R (R at the winding temperature) without a current state; the
+    controller's dV/dw = K - kd R0 / K (R0 the nominal resistance, as the controller
+    uses it) unless its voltage sits at Vmax, through the
+    exactly integrated current (K (dV/dw - K)(1 - exp(-h/te)) / R, dropped while di/dt is
+    at its limit) or directly (K dV/dw / R); LuGre's -sigma1. Saturation rules were
+    established against the 4.0 library."""
+    tab = tables(m)
+    dtype = d.qpos.dtype
+    nact = m.nactuator
+    dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(nact, -1)
+    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(nact, -1)
+    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(nact, -1)
+    length = d.actuator_length[tab.outadr]
+    velocity = d.actuator_velocity[tab.outadr]
+    ctrl, _ = _controls(m, d)
+    if m.na:
+        ctrl, _ = _dcmotor_dynamics(m, d, tab, ctrl, length, velocity, dynprm, gainprm,
+                                    biasprm, jnp.zeros(m.na, dtype))
+        flags, adr = _dc_slots(tab, dynprm, gainprm)
+        temp = _dc_state(d.act, flags, adr, _TEMP)
+        x_i = _dc_state(d.act, flags, adr, _INTEGRAL)
+        cur_dot = _dc_state(d.act_dot, flags, adr, _CURRENT)
+    else:
+        flags = jnp.zeros((nact, 5), bool)
+        temp = x_i = cur_dot = jnp.zeros(nact, dtype)
+    r = jnp.maximum(math.MINVAL, _dc_resistance(dynprm, gainprm, flags, temp))
+    k = gainprm[:, 1]
+    te = dynprm[:, 0]
+    h = jnp.asarray(m.opt.timestep, dtype)
+    ctrl_in = jnp.asarray((tab.ctrlspec & (_IN_POS | _IN_VEL | _IN_FF)) != 0)
+    pos, vel, ff, _ = _servo_inputs(tab, ctrl)
+    torque = (gainprm[:, 4] * (pos - length) + gainprm[:, 6] * (vel - velocity) +
+              gainprm[:, 5] * x_i + ff)
+    volt = gainprm[:, 0] / jnp.where(k == 0, 1.0, k) * torque + k * velocity
+    vmax = gainprm[:, 7]
+    vsat = (vmax > 0) & (jnp.abs(volt) >= vmax)
+    dvdw = jnp.where(ctrl_in & ~vsat,
+                     -gainprm[:, 6] * gainprm[:, 0] / jnp.where(k == 0, 1.0, k) + k, 0.0)
+    s = 1 - jnp.exp(-h / jnp.where(te > 0, te, 1.0))
+    dimax = dynprm[:, 1]
+    isat = (dimax > 0) & (jnp.abs(cur_dot) >= dimax)
+    out = jnp.where(te > 0, jnp.where(isat, 0.0, k * (dvdw - k) * s / r), k * dvdw / r)
+    out = jnp.where(dynprm[:, 6] > 0, out - dynprm[:, 6], out)
+    out = out + jnp.where(te <= 0, -k * k / r, 0.0)
+    return jnp.where(jnp.asarray(tab.gaintype == _GAIN_DCMOTOR), out, 0.0)
+
+
 def actuation(m, d):
     """Actuator forces and activation derivatives (mj_fwdActuation).
 
@@ -659,14 +738,7 @@ def actuation(m, d):
                          act_dot=jnp.zeros(m.na, dtype))
     tab = tables(m)
     nact = m.nactuator
-    ctrl = history.delayed_ctrl(m, d, d.ctrl) if m.nhistory else d.ctrl
-    if not (m.opt.disableflags & DisableBit.CLAMPCTRL) and m.nu:
-        limited = np.asarray(m.actuator_ctrllimited, bool).reshape(-1)
-        if limited.any():
-            rng = jnp.asarray(m.actuator_ctrlrange, dtype).reshape(m.nu, 2)
-            ctrl = jnp.where(limited, jnp.clip(ctrl, rng[:, 0], rng[:, 1]), ctrl)
-    bad = jnp.any(jnp.isnan(ctrl) | (jnp.abs(ctrl) > 1e10))
-    ctrl = jnp.where(bad, 0.0, ctrl)
+    ctrl, bad = _controls(m, d)
     warning = d.warning.at[WARN_BADCTRL].add(bad.astype(d.warning.dtype))
 
     length = d.actuator_length[tab.outadr]
@@ -694,6 +766,8 @@ def actuation(m, d):
         act_dot = jnp.where(tab.dyntype[own] == _DYN_NONE, 0.0, act_dot)
         ctrl, act_dot = _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm,
                                       act_dot)
+        ctrl, act_dot = _dcmotor_dynamics(m, d, tab, ctrl, length, velocity, dynprm,
+                                          gainprm, biasprm, act_dot)
         cfirst = jnp.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0)
         if m.nplugin:
             act_dot = plugins.actuator_act_dot(m, d.replace(ctrl=ctrl), act_dot)
@@ -715,7 +789,7 @@ def actuation(m, d):
         adr = np.where(stateful, tab.actadr + actnum - 1, 0)
         act = d.act[adr]
         if tab.actearly.any():
-            nxt = next_activation(m, d.act, act_dot)[adr]
+            nxt = next_activation(m, d.act, act_dot, d.actuator_velocity)[adr]
             act = jnp.where(tab.actearly, nxt, act)
         inp = jnp.where(stateful, act, inp)
     inp = _wrap(inp, length, jnp.where(jnp.asarray(tab.gaintype == _GAIN_PID), 0.0, period))
@@ -729,13 +803,17 @@ def actuation(m, d):
     if pid.any():
         # kp (qref - l) + kv (vref - v) + ff [+ ki z]: the input side here, the state
         # side through the affine bias
-        qref, vref, ff = _servo_inputs(tab, ctrl)
+        qref, vref, ff, _ = _servo_inputs(tab, ctrl)
         qref = _wrap(qref, length, period)
         fpid = -biasprm[:, 1] * qref - biasprm[:, 2] * vref + ff
         if stateful.any():
             fpid = fpid + jnp.where(stateful & (gainprm[:, 0] > 0), gainprm[:, 0] * inp, 0.0)
         force = jnp.where(pid, fpid, force)
     force = force + bias
+    dc = tab.gaintype == _GAIN_DCMOTOR
+    if dc.any():
+        force = jnp.where(dc, _dcmotor_force(m, d, tab, ctrl, act_dot, length, velocity,
+                                             dynprm, gainprm), force)
     so3_rows = None
     if tab.so3.any():
         so3_rows = _so3_force(m, d, tab, ctrl, act_dot, gainprm, biasprm)
@@ -757,6 +835,9 @@ def actuation(m, d):
             nrm = math.norm(so3_rows)[:, None]
             scaled = so3_rows * hi / jnp.where(nrm > 0, nrm, 1.0)
             so3_rows = jnp.where(flim[tab.so3][:, None] & (nrm > hi), scaled, so3_rows)
+    if dc.any():
+        force = force + _dcmotor_mechanical(m, d, tab, act_dot, length, velocity, dynprm,
+                                            gainprm, biasprm)
     force = _to_outputs(m, tab, force, so3_rows)
 
     qfrc = force @ d.actuator_moment
@@ -772,6 +853,182 @@ def actuation(m, d):
         qfrc = jnp.where(limited, jnp.clip(qfrc, lo, hi), qfrc)
     return d.replace(act_dot=act_dot, actuator_force=force, qfrc_actuator=qfrc,
                      warning=warning)
+
+
+# --------------------------------------------------------------------------- DC motors
+_SLEW, _INTEGRAL, _TEMP, _BRISTLE, _CURRENT = range(5)
+
+
+def _dc_slots(tab, dynprm, gainprm):
+    """(nact, 5) presence and (nact, 5) act addresses of the DC-motor states in their
+    order [slew, integral, temperature, bristle, current] (mj_dcmotorSlots); parameters
+    may be traced."""
+    flags = jnp.stack([dynprm[:, 7] > 0, gainprm[:, 5] > 0, dynprm[:, 2] > 0,
+                       dynprm[:, 5] > 0, dynprm[:, 0] > 0], -1)
+    flags = flags & jnp.asarray(tab.dyntype == _DYN_DCMOTOR)[:, None]
+    idx = jnp.cumsum(flags.astype(jnp.int32), -1) - 1
+    adr = jnp.asarray(np.maximum(tab.actadr, 0))[:, None] + idx
+    return flags, adr
+
+
+def _dc_state(act, flags, adr, j):
+    """(nact,) value of DC-motor state j (0 where absent)."""
+    return jnp.where(flags[:, j], act[jnp.clip(adr[:, j], 0, act.shape[0] - 1)], 0.0)
+
+
+def _lugre_stribeck(v, f_c, f_s, v_s):
+    """g(v) = F_C + (F_S - F_C) exp(-(v / v_S)^2) (mj_lugreStribeck)."""
+    r = v / jnp.maximum(math.MINVAL, v_s)
+    return f_c + (f_s - f_c) * jnp.exp(-r * r)
+
+
+def _dc_voltage(tab, ctrl, length, velocity, x_i, gainprm):
+    """Terminal voltage (nact,): the on-board torque-space PID mapped through
+    V = R/K tau + K w and clamped at Vmax, plus the raw voltage input (dcmotorVoltage)."""
+    pos, vel, ff, volt = _servo_inputs(tab, ctrl)
+    r, k = gainprm[:, 0], gainprm[:, 1]
+    torque = (gainprm[:, 4] * (pos - length) + gainprm[:, 6] * (vel - velocity) +
+              gainprm[:, 5] * x_i + ff)
+    v = r / jnp.where(k == 0, 1.0, k) * torque + k * velocity
+    vmax = gainprm[:, 7]
+    v = jnp.where(vmax > 0, jnp.clip(v, -vmax, vmax), v)
+    controlled = (tab.ctrlspec & (_IN_POS | _IN_VEL | _IN_FF)) != 0
+    return jnp.where(controlled, v, 0.0) + volt
+
+
+def _dc_resistance(dynprm, gainprm, flags, temp):
+    """Winding resistance at the temperature state (R (1 + alpha (T + Ta - T0)))."""
+    r = gainprm[:, 0]
+    return jnp.where(flags[:, _TEMP],
+                     r * (1 + gainprm[:, 2] * (temp + dynprm[:, 4] - gainprm[:, 3])), r)
+
+
+def _dcmotor_dynamics(m, d, tab, ctrl, length, velocity, dynprm, gainprm, biasprm,
+                      act_dot):
+    """DC-motor state rates (mjDYN_DCMOTOR): slew-limited first input, integral of the
+    position error with anti-windup, winding temperature (R i^2 - T / R_T) / C, LuGre
+    bristle deflection v - sigma0 |v| / g(v) z, and armature current
+    (V / R - K / R w - i) / te limited to +-(di/dt)max. Returns (ctrl with the
+    slew-limited first inputs, act_dot)."""
+    dc = tab.dyntype == _DYN_DCMOTOR
+    if not dc.any() or not m.na:
+        return ctrl, act_dot
+    dtype = d.qpos.dtype
+    h = jnp.asarray(m.opt.timestep, dtype)
+    flags, adr = _dc_slots(tab, dynprm, gainprm)
+    act = d.act
+    st = [_dc_state(act, flags, adr, j) for j in range(5)]
+    rates = [None] * 5
+    # slew limiting of the first input
+    has_in = jnp.asarray(dc & (tab.ctrlnum > 0))
+    cidx = np.clip(tab.ctrladr, 0, max(m.nu - 1, 0))
+    u = ctrl[cidx] if m.nu else jnp.zeros(m.nactuator, dtype)
+    step = dynprm[:, 7] * h
+    u_eff = jnp.clip(u, st[_SLEW] - step, st[_SLEW] + step)
+    rates[_SLEW] = (u_eff - st[_SLEW]) / h
+    use = flags[:, _SLEW] & has_in
+    if m.nu:
+        sel = np.nonzero(dc & (tab.ctrlnum > 0))[0]
+        ctrl = ctrl.at[cidx[sel]].set(jnp.where(use, u_eff, u)[sel])
+        u = jnp.where(use, u_eff, u)
+    # integral of the position error, frozen beyond +-Imax
+    x_i = jnp.where(flags[:, _INTEGRAL], st[_INTEGRAL], 0.0)
+    err = u - length
+    imax = dynprm[:, 8]
+    err = jnp.where(imax > 0, jnp.where(x_i >= imax, jnp.minimum(err, 0.0),
+                                        jnp.where(x_i <= -imax, jnp.maximum(err, 0.0), err)),
+                    err)
+    rates[_INTEGRAL] = err
+    volt = _dc_voltage(tab, ctrl, length, velocity, x_i, gainprm)
+    # temperature (R adjusted, and kept adjusted for the current equation)
+    k = gainprm[:, 1]
+    r = _dc_resistance(dynprm, gainprm, flags, st[_TEMP])
+    te = dynprm[:, 0]
+    current = jnp.where(te > 0, st[_CURRENT], (volt - k * velocity) / r)
+    rt = jnp.where(flags[:, _TEMP], dynprm[:, 2], 1.0)
+    rates[_TEMP] = (r * current * current - st[_TEMP] / rt) / dynprm[:, 3]
+    # LuGre bristle
+    g = _lugre_stribeck(velocity, biasprm[:, 3], biasprm[:, 4], biasprm[:, 5])
+    a = -dynprm[:, 5] * jnp.abs(velocity) / jnp.maximum(math.MINVAL, g)
+    rates[_BRISTLE] = a * st[_BRISTLE] + velocity
+    # armature current
+    i_dot = (volt / r - k / r * velocity - st[_CURRENT]) / jnp.where(te > 0, te, 1.0)
+    dimax = dynprm[:, 1]
+    rates[_CURRENT] = jnp.where(dimax > 0, jnp.clip(i_dot, -dimax, dimax), i_dot)
+    own, kk = tab.act_owner, jnp.asarray(tab.act_k)
+    is_dc = jnp.asarray(dc[own])
+    out = jnp.where(is_dc, 0.0, act_dot)
+    for j in range(5):
+        hit = is_dc & flags[own, j] & (adr[own, j] - jnp.asarray(tab.actadr[own]) == kk)
+        out = jnp.where(hit, rates[j][own], out)
+    return ctrl, out
+
+
+def _dcmotor_force(m, d, tab, ctrl, act_dot, length, velocity, dynprm, gainprm):
+    """Electrical DC-motor force (nact,) before force clamping: K i with a current state
+    (its next value under actearly), else K/R (V - K w) (mjGAIN_DCMOTOR and
+    mjBIAS_DCMOTOR)."""
+    dtype = d.qpos.dtype
+    flags, adr = _dc_slots(tab, dynprm, gainprm)
+    temp = _dc_state(d.act, flags, adr, _TEMP) if m.na else jnp.zeros(m.nactuator, dtype)
+    k = gainprm[:, 1]
+    r = _dc_resistance(dynprm, gainprm, flags, temp)
+    te = dynprm[:, 0]
+    x_i = _dc_state(d.act, flags, adr, _INTEGRAL) if m.na else jnp.zeros(m.nactuator, dtype)
+    volt = _dc_voltage(tab, ctrl, length, velocity, x_i, gainprm)
+    raw = ctrl[np.clip(tab.ctrladr, 0, max(m.nu - 1, 0))] if m.nu else jnp.zeros_like(k)
+    inp = jnp.where(jnp.asarray(tab.ctrlnum > 0),
+                    jnp.where(jnp.asarray(tab.ctrlspec == _IN_VOLTAGE), raw, volt), 0.0)
+    gain_free = k / jnp.maximum(math.MINVAL, r)
+    stateless = gain_free * inp - gain_free * k * velocity
+    if not m.na:
+        return stateless
+    cur = _dc_state(d.act, flags, adr, _CURRENT)
+    nxt = next_activation(m, d.act, act_dot, d.actuator_velocity)
+    cur_next = _dc_state(nxt, flags, adr, _CURRENT)
+    cur = jnp.where(jnp.asarray(tab.actearly), cur_next, cur)
+    return jnp.where(te > 0, k * cur, stateless)
+
+
+def _dcmotor_mechanical(m, d, tab, act_dot, length, velocity, dynprm, gainprm, biasprm):
+    """DC-motor forces added after clamping (nact,): cogging A sin(Np l + phi) and LuGre
+    friction -(sigma0 z + sigma1 z_dot)."""
+    dc = jnp.asarray(tab.biastype == _BIAS_DCMOTOR) & ~jnp.asarray(_disabled_mask(m))
+    out = biasprm[:, 0] * jnp.sin(biasprm[:, 1] * length + biasprm[:, 2])
+    if m.na:
+        flags, adr = _dc_slots(tab, dynprm, gainprm)
+        z = _dc_state(d.act, flags, adr, _BRISTLE)
+        z_dot = _dc_state(act_dot, flags, adr, _BRISTLE)
+        out = out - jnp.where(flags[:, _BRISTLE], dynprm[:, 5] * z + dynprm[:, 6] * z_dot, 0.0)
+    return jnp.where(dc, out, 0.0)
+
+
+def _dcmotor_next(m, tab, act, act_dot, new, velocity, dtype):
+    """mj_nextActivation for DC-motor states: exact current filter, exact zero-order-hold
+    bristle update, integral clamped at +-Imax, Euler otherwise (``new``)."""
+    nact = m.nactuator
+    dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(nact, -1)
+    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(nact, -1)
+    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(nact, -1)
+    flags, adr = _dc_slots(tab, dynprm, gainprm)
+    own, kk = tab.act_owner, jnp.asarray(tab.act_k)
+    is_dc = jnp.asarray(tab.dyntype[own] == _DYN_DCMOTOR)
+    h = jnp.asarray(m.opt.timestep, dtype)
+
+    def role(j):
+        return is_dc & flags[own, j] & (adr[own, j] - jnp.asarray(tab.actadr[own]) == kk)
+    te = jnp.maximum(math.MINVAL, dynprm[own, 0])
+    new = jnp.where(role(_CURRENT), act + act_dot * te * (1 - jnp.exp(-h / te)), new)
+    imax = dynprm[own, 8]
+    new = jnp.where(role(_INTEGRAL) & (imax > 0), jnp.clip(new, -imax, imax), new)
+    if True:
+        v = velocity[tab.outadr[own]]
+        g = _lugre_stribeck(v, biasprm[own, 3], biasprm[own, 4], biasprm[own, 5])
+        a = -dynprm[own, 5] * jnp.abs(v) / jnp.maximum(math.MINVAL, g)
+        e = jnp.exp(a * h)
+        integ = jnp.where(jnp.abs(a) > math.MINVAL, (e - 1) / jnp.where(a == 0, 1.0, a), h)
+        new = jnp.where(role(_BRISTLE), e * act + integ * v, new)
+    return new
 
 
 # --------------------------------------------------------------------------- muscles

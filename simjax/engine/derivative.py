@@ -40,10 +40,12 @@ def actuator_vel(m, d):
         adr = np.where(stateful, last, 0)
         a = d.act[adr]
         if tab.actearly.any():
-            nxt = act_mod.next_activation(m, d.act, d.act_dot)[adr]
+            nxt = act_mod.next_activation(m, d.act, d.act_dot, d.actuator_velocity)[adr]
             a = jnp.where(tab.actearly, nxt, a)
         inp = jnp.where(tab.dyntype == act_mod._DYN_NONE, inp, a)
     coef = bias_vel + gain_vel * inp
+    if np.any(tab.gaintype == act_mod._GAIN_DCMOTOR):
+        coef = coef + act_mod.dcmotor_vel(m, d)
     skip = act_mod._disabled_mask(m)
     flim = np.asarray(m.actuator_forcelimited, bool).reshape(-1)
     if flim.any():
