@@ -40,7 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import history
+from simjax.engine import dcmotor
 from simjax.engine import math
+from simjax.engine.muscle import muscle_bias, muscle_dynamics, muscle_gain  # noqa: F401
 from simjax.engine import tables as tables_mod
 from simjax.engine.data import WARN_BADCTRL
 from simjax.plugins import engine as plugins
@@ -490,7 +492,7 @@ def next_activation(m, act, act_dot, velocity=None):
     if np.any(tab.dyntype == _DYN_DCMOTOR):
         if velocity is None:
             _unsupported("dcmotor states advanced without actuator velocities")
-        new = _dcmotor_next(m, tab, act, act_dot, new, velocity, dtype)
+        new = dcmotor.next_activation(m, tab, act, act_dot, new, velocity, dtype)
     limited = np.asarray(m.actuator_actlimited, bool).reshape(-1)[own]
     limited = limited & (tab.dyntype[own] != _DYN_DCMOTOR)
     if limited.any():
@@ -598,7 +600,6 @@ def _so3_force(m, d, tab, ctrl, act_dot, gainprm, biasprm):
     """(nso3, 3) forces of geodesic orientation servos: kp log(q_cur^-1 q_target) +
     biasprm[0] + biasprm[2] w, in the child frame (mj_fwdActuation, mjGAIN_SO3)."""
     idx = np.nonzero(tab.so3)[0]
-    dtype = d.qpos.dtype
     rows = tab.outadr[idx][:, None] + np.arange(3)
     quat_chart = tab.ctrlspec[idx] == _CHART_QUAT
     cidx = np.minimum(tab.ctrladr[idx][:, None] + np.arange(4), max(m.nu - 1, 0))
@@ -677,55 +678,6 @@ def _controls(m, d):
     return jnp.where(bad, 0.0, ctrl), bad
 
 
-def dcmotor_vel(m, d):
-    """(nact,) d force / d velocity of DC motors as MuJoCo 4.0's mjd_actuator_vel takes
-    it: back-EMF -K^2/R (R at the winding temperature) without a current state; the
-    controller's dV/dw = K - kd R0 / K (R0 the nominal resistance, as the controller
-    uses it) unless its voltage sits at Vmax, through the
-    exactly integrated current (K (dV/dw - K)(1 - exp(-h/te)) / R, dropped while di/dt is
-    at its limit) or directly (K dV/dw / R); LuGre's -sigma1. Saturation rules were
-    established against the 4.0 library."""
-    tab = tables(m)
-    dtype = d.qpos.dtype
-    nact = m.nactuator
-    dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(nact, -1)
-    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(nact, -1)
-    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(nact, -1)
-    length = d.actuator_length[tab.outadr]
-    velocity = d.actuator_velocity[tab.outadr]
-    ctrl, _ = _controls(m, d)
-    if m.na:
-        ctrl, _ = _dcmotor_dynamics(m, d, tab, ctrl, length, velocity, dynprm, gainprm,
-                                    biasprm, jnp.zeros(m.na, dtype))
-        flags, adr = _dc_slots(tab, dynprm, gainprm)
-        temp = _dc_state(d.act, flags, adr, _TEMP)
-        x_i = _dc_state(d.act, flags, adr, _INTEGRAL)
-        cur_dot = _dc_state(d.act_dot, flags, adr, _CURRENT)
-    else:
-        flags = jnp.zeros((nact, 5), bool)
-        temp = x_i = cur_dot = jnp.zeros(nact, dtype)
-    r = jnp.maximum(math.MINVAL, _dc_resistance(dynprm, gainprm, flags, temp))
-    k = gainprm[:, 1]
-    te = dynprm[:, 0]
-    h = jnp.asarray(m.opt.timestep, dtype)
-    ctrl_in = jnp.asarray((tab.ctrlspec & (_IN_POS | _IN_VEL | _IN_FF)) != 0)
-    pos, vel, ff, _ = _servo_inputs(tab, ctrl)
-    torque = (gainprm[:, 4] * (pos - length) + gainprm[:, 6] * (vel - velocity) +
-              gainprm[:, 5] * x_i + ff)
-    volt = gainprm[:, 0] / jnp.where(k == 0, 1.0, k) * torque + k * velocity
-    vmax = gainprm[:, 7]
-    vsat = (vmax > 0) & (jnp.abs(volt) >= vmax)
-    dvdw = jnp.where(ctrl_in & ~vsat,
-                     -gainprm[:, 6] * gainprm[:, 0] / jnp.where(k == 0, 1.0, k) + k, 0.0)
-    s = 1 - jnp.exp(-h / jnp.where(te > 0, te, 1.0))
-    dimax = dynprm[:, 1]
-    isat = (dimax > 0) & (jnp.abs(cur_dot) >= dimax)
-    out = jnp.where(te > 0, jnp.where(isat, 0.0, k * (dvdw - k) * s / r), k * dvdw / r)
-    out = jnp.where(dynprm[:, 6] > 0, out - dynprm[:, 6], out)
-    out = out + jnp.where(te <= 0, -k * k / r, 0.0)
-    return jnp.where(jnp.asarray(tab.gaintype == _GAIN_DCMOTOR), out, 0.0)
-
-
 def actuation(m, d):
     """Actuator forces and activation derivatives (mj_fwdActuation).
 
@@ -766,7 +718,7 @@ def actuation(m, d):
         act_dot = jnp.where(tab.dyntype[own] == _DYN_NONE, 0.0, act_dot)
         ctrl, act_dot = _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm,
                                       act_dot)
-        ctrl, act_dot = _dcmotor_dynamics(m, d, tab, ctrl, length, velocity, dynprm,
+        ctrl, act_dot = dcmotor.dynamics(m, d, tab, ctrl, length, velocity, dynprm,
                                           gainprm, biasprm, act_dot)
         cfirst = jnp.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0)
         if m.nplugin:
@@ -812,7 +764,7 @@ def actuation(m, d):
     force = force + bias
     dc = tab.gaintype == _GAIN_DCMOTOR
     if dc.any():
-        force = jnp.where(dc, _dcmotor_force(m, d, tab, ctrl, act_dot, length, velocity,
+        force = jnp.where(dc, dcmotor.force(m, d, tab, ctrl, act_dot, length, velocity,
                                              dynprm, gainprm), force)
     so3_rows = None
     if tab.so3.any():
@@ -836,7 +788,7 @@ def actuation(m, d):
             scaled = so3_rows * hi / jnp.where(nrm > 0, nrm, 1.0)
             so3_rows = jnp.where(flim[tab.so3][:, None] & (nrm > hi), scaled, so3_rows)
     if dc.any():
-        force = force + _dcmotor_mechanical(m, d, tab, act_dot, length, velocity, dynprm,
+        force = force + dcmotor.mechanical(m, d, tab, act_dot, length, velocity, dynprm,
                                             gainprm, biasprm)
     force = _to_outputs(m, tab, force, so3_rows)
 
@@ -853,254 +805,6 @@ def actuation(m, d):
         qfrc = jnp.where(limited, jnp.clip(qfrc, lo, hi), qfrc)
     return d.replace(act_dot=act_dot, actuator_force=force, qfrc_actuator=qfrc,
                      warning=warning)
-
-
-# --------------------------------------------------------------------------- DC motors
-_SLEW, _INTEGRAL, _TEMP, _BRISTLE, _CURRENT = range(5)
-
-
-def _dc_slots(tab, dynprm, gainprm):
-    """(nact, 5) presence and (nact, 5) act addresses of the DC-motor states in their
-    order [slew, integral, temperature, bristle, current] (mj_dcmotorSlots); parameters
-    may be traced."""
-    flags = jnp.stack([dynprm[:, 7] > 0, gainprm[:, 5] > 0, dynprm[:, 2] > 0,
-                       dynprm[:, 5] > 0, dynprm[:, 0] > 0], -1)
-    flags = flags & jnp.asarray(tab.dyntype == _DYN_DCMOTOR)[:, None]
-    idx = jnp.cumsum(flags.astype(jnp.int32), -1) - 1
-    adr = jnp.asarray(np.maximum(tab.actadr, 0))[:, None] + idx
-    return flags, adr
-
-
-def _dc_state(act, flags, adr, j):
-    """(nact,) value of DC-motor state j (0 where absent)."""
-    return jnp.where(flags[:, j], act[jnp.clip(adr[:, j], 0, act.shape[0] - 1)], 0.0)
-
-
-def _lugre_stribeck(v, f_c, f_s, v_s):
-    """g(v) = F_C + (F_S - F_C) exp(-(v / v_S)^2) (mj_lugreStribeck)."""
-    r = v / jnp.maximum(math.MINVAL, v_s)
-    return f_c + (f_s - f_c) * jnp.exp(-r * r)
-
-
-def _dc_voltage(tab, ctrl, length, velocity, x_i, gainprm):
-    """Terminal voltage (nact,): the on-board torque-space PID mapped through
-    V = R/K tau + K w and clamped at Vmax, plus the raw voltage input (dcmotorVoltage)."""
-    pos, vel, ff, volt = _servo_inputs(tab, ctrl)
-    r, k = gainprm[:, 0], gainprm[:, 1]
-    torque = (gainprm[:, 4] * (pos - length) + gainprm[:, 6] * (vel - velocity) +
-              gainprm[:, 5] * x_i + ff)
-    v = r / jnp.where(k == 0, 1.0, k) * torque + k * velocity
-    vmax = gainprm[:, 7]
-    v = jnp.where(vmax > 0, jnp.clip(v, -vmax, vmax), v)
-    controlled = (tab.ctrlspec & (_IN_POS | _IN_VEL | _IN_FF)) != 0
-    return jnp.where(controlled, v, 0.0) + volt
-
-
-def _dc_resistance(dynprm, gainprm, flags, temp):
-    """Winding resistance at the temperature state (R (1 + alpha (T + Ta - T0)))."""
-    r = gainprm[:, 0]
-    return jnp.where(flags[:, _TEMP],
-                     r * (1 + gainprm[:, 2] * (temp + dynprm[:, 4] - gainprm[:, 3])), r)
-
-
-def _dcmotor_dynamics(m, d, tab, ctrl, length, velocity, dynprm, gainprm, biasprm,
-                      act_dot):
-    """DC-motor state rates (mjDYN_DCMOTOR): slew-limited first input, integral of the
-    position error with anti-windup, winding temperature (R i^2 - T / R_T) / C, LuGre
-    bristle deflection v - sigma0 |v| / g(v) z, and armature current
-    (V / R - K / R w - i) / te limited to +-(di/dt)max. Returns (ctrl with the
-    slew-limited first inputs, act_dot)."""
-    dc = tab.dyntype == _DYN_DCMOTOR
-    if not dc.any() or not m.na:
-        return ctrl, act_dot
-    dtype = d.qpos.dtype
-    h = jnp.asarray(m.opt.timestep, dtype)
-    flags, adr = _dc_slots(tab, dynprm, gainprm)
-    act = d.act
-    st = [_dc_state(act, flags, adr, j) for j in range(5)]
-    rates = [None] * 5
-    # slew limiting of the first input
-    has_in = jnp.asarray(dc & (tab.ctrlnum > 0))
-    cidx = np.clip(tab.ctrladr, 0, max(m.nu - 1, 0))
-    u = ctrl[cidx] if m.nu else jnp.zeros(m.nactuator, dtype)
-    step = dynprm[:, 7] * h
-    u_eff = jnp.clip(u, st[_SLEW] - step, st[_SLEW] + step)
-    rates[_SLEW] = (u_eff - st[_SLEW]) / h
-    use = flags[:, _SLEW] & has_in
-    if m.nu:
-        sel = np.nonzero(dc & (tab.ctrlnum > 0))[0]
-        ctrl = ctrl.at[cidx[sel]].set(jnp.where(use, u_eff, u)[sel])
-        u = jnp.where(use, u_eff, u)
-    # integral of the position error, frozen beyond +-Imax
-    x_i = jnp.where(flags[:, _INTEGRAL], st[_INTEGRAL], 0.0)
-    err = u - length
-    imax = dynprm[:, 8]
-    err = jnp.where(imax > 0, jnp.where(x_i >= imax, jnp.minimum(err, 0.0),
-                                        jnp.where(x_i <= -imax, jnp.maximum(err, 0.0), err)),
-                    err)
-    rates[_INTEGRAL] = err
-    volt = _dc_voltage(tab, ctrl, length, velocity, x_i, gainprm)
-    # temperature (R adjusted, and kept adjusted for the current equation)
-    k = gainprm[:, 1]
-    r = _dc_resistance(dynprm, gainprm, flags, st[_TEMP])
-    te = dynprm[:, 0]
-    current = jnp.where(te > 0, st[_CURRENT], (volt - k * velocity) / r)
-    rt = jnp.where(flags[:, _TEMP], dynprm[:, 2], 1.0)
-    rates[_TEMP] = (r * current * current - st[_TEMP] / rt) / dynprm[:, 3]
-    # LuGre bristle
-    g = _lugre_stribeck(velocity, biasprm[:, 3], biasprm[:, 4], biasprm[:, 5])
-    a = -dynprm[:, 5] * jnp.abs(velocity) / jnp.maximum(math.MINVAL, g)
-    rates[_BRISTLE] = a * st[_BRISTLE] + velocity
-    # armature current
-    i_dot = (volt / r - k / r * velocity - st[_CURRENT]) / jnp.where(te > 0, te, 1.0)
-    dimax = dynprm[:, 1]
-    rates[_CURRENT] = jnp.where(dimax > 0, jnp.clip(i_dot, -dimax, dimax), i_dot)
-    own, kk = tab.act_owner, jnp.asarray(tab.act_k)
-    is_dc = jnp.asarray(dc[own])
-    out = jnp.where(is_dc, 0.0, act_dot)
-    for j in range(5):
-        hit = is_dc & flags[own, j] & (adr[own, j] - jnp.asarray(tab.actadr[own]) == kk)
-        out = jnp.where(hit, rates[j][own], out)
-    return ctrl, out
-
-
-def _dcmotor_force(m, d, tab, ctrl, act_dot, length, velocity, dynprm, gainprm):
-    """Electrical DC-motor force (nact,) before force clamping: K i with a current state
-    (its next value under actearly), else K/R (V - K w) (mjGAIN_DCMOTOR and
-    mjBIAS_DCMOTOR)."""
-    dtype = d.qpos.dtype
-    flags, adr = _dc_slots(tab, dynprm, gainprm)
-    temp = _dc_state(d.act, flags, adr, _TEMP) if m.na else jnp.zeros(m.nactuator, dtype)
-    k = gainprm[:, 1]
-    r = _dc_resistance(dynprm, gainprm, flags, temp)
-    te = dynprm[:, 0]
-    x_i = _dc_state(d.act, flags, adr, _INTEGRAL) if m.na else jnp.zeros(m.nactuator, dtype)
-    volt = _dc_voltage(tab, ctrl, length, velocity, x_i, gainprm)
-    raw = ctrl[np.clip(tab.ctrladr, 0, max(m.nu - 1, 0))] if m.nu else jnp.zeros_like(k)
-    inp = jnp.where(jnp.asarray(tab.ctrlnum > 0),
-                    jnp.where(jnp.asarray(tab.ctrlspec == _IN_VOLTAGE), raw, volt), 0.0)
-    gain_free = k / jnp.maximum(math.MINVAL, r)
-    stateless = gain_free * inp - gain_free * k * velocity
-    if not m.na:
-        return stateless
-    cur = _dc_state(d.act, flags, adr, _CURRENT)
-    nxt = next_activation(m, d.act, act_dot, d.actuator_velocity)
-    cur_next = _dc_state(nxt, flags, adr, _CURRENT)
-    cur = jnp.where(jnp.asarray(tab.actearly), cur_next, cur)
-    return jnp.where(te > 0, k * cur, stateless)
-
-
-def _dcmotor_mechanical(m, d, tab, act_dot, length, velocity, dynprm, gainprm, biasprm):
-    """DC-motor forces added after clamping (nact,): cogging A sin(Np l + phi) and LuGre
-    friction -(sigma0 z + sigma1 z_dot)."""
-    dc = jnp.asarray(tab.biastype == _BIAS_DCMOTOR) & ~jnp.asarray(_disabled_mask(m))
-    out = biasprm[:, 0] * jnp.sin(biasprm[:, 1] * length + biasprm[:, 2])
-    if m.na:
-        flags, adr = _dc_slots(tab, dynprm, gainprm)
-        z = _dc_state(d.act, flags, adr, _BRISTLE)
-        z_dot = _dc_state(act_dot, flags, adr, _BRISTLE)
-        out = out - jnp.where(flags[:, _BRISTLE], dynprm[:, 5] * z + dynprm[:, 6] * z_dot, 0.0)
-    return jnp.where(dc, out, 0.0)
-
-
-def _dcmotor_next(m, tab, act, act_dot, new, velocity, dtype):
-    """mj_nextActivation for DC-motor states: exact current filter, exact zero-order-hold
-    bristle update, integral clamped at +-Imax, Euler otherwise (``new``)."""
-    nact = m.nactuator
-    dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(nact, -1)
-    gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(nact, -1)
-    biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(nact, -1)
-    flags, adr = _dc_slots(tab, dynprm, gainprm)
-    own, kk = tab.act_owner, jnp.asarray(tab.act_k)
-    is_dc = jnp.asarray(tab.dyntype[own] == _DYN_DCMOTOR)
-    h = jnp.asarray(m.opt.timestep, dtype)
-
-    def role(j):
-        return is_dc & flags[own, j] & (adr[own, j] - jnp.asarray(tab.actadr[own]) == kk)
-    te = jnp.maximum(math.MINVAL, dynprm[own, 0])
-    new = jnp.where(role(_CURRENT), act + act_dot * te * (1 - jnp.exp(-h / te)), new)
-    imax = dynprm[own, 8]
-    new = jnp.where(role(_INTEGRAL) & (imax > 0), jnp.clip(new, -imax, imax), new)
-    if True:
-        v = velocity[tab.outadr[own]]
-        g = _lugre_stribeck(v, biasprm[own, 3], biasprm[own, 4], biasprm[own, 5])
-        a = -dynprm[own, 5] * jnp.abs(v) / jnp.maximum(math.MINVAL, g)
-        e = jnp.exp(a * h)
-        integ = jnp.where(jnp.abs(a) > math.MINVAL, (e - 1) / jnp.where(a == 0, 1.0, a), h)
-        new = jnp.where(role(_BRISTLE), e * act + integ * v, new)
-    return new
-
-
-# --------------------------------------------------------------------------- muscles
-def muscle_gain_length(length, lmin, lmax):
-    """Normalised active force-length curve (mju_muscleGainLength)."""
-    a = 0.5 * (lmin + 1)
-    b = 0.5 * (1 + lmax)
-    x1 = (length - lmin) / jnp.maximum(math.MINVAL, a - lmin)
-    x2 = (1 - length) / jnp.maximum(math.MINVAL, 1 - a)
-    x3 = (length - 1) / jnp.maximum(math.MINVAL, b - 1)
-    x4 = (lmax - length) / jnp.maximum(math.MINVAL, lmax - b)
-    val = jnp.where(length <= a, 0.5 * x1 * x1,
-                    jnp.where(length <= 1, 1 - 0.5 * x2 * x2,
-                              jnp.where(length <= b, 1 - 0.5 * x3 * x3, 0.5 * x4 * x4)))
-    return jnp.where((lmin <= length) & (length <= lmax), val, 0.0)
-
-
-def _muscle_scale(lengthrange, acc0, prm):
-    """Peak force (force, or scale / acc0 when force < 0) and optimal length L0."""
-    force = jnp.where(prm[:, 2] < 0, prm[:, 3] / jnp.maximum(math.MINVAL, acc0), prm[:, 2])
-    l0 = (lengthrange[:, 1] - lengthrange[:, 0]) / jnp.maximum(math.MINVAL,
-                                                               prm[:, 1] - prm[:, 0])
-    return force, l0
-
-
-def muscle_gain(length, velocity, lengthrange, acc0, prm):
-    """Muscle active force per unit activation (mju_muscleGain), vectorised: (n,).
-
-    prm: (n, >=9) gainprm rows (range[2], force, scale, lmin, lmax, vmax, fpmax, fvmax).
-    """
-    force, l0 = _muscle_scale(lengthrange, acc0, prm)
-    L = prm[:, 0] + (length - lengthrange[:, 0]) / jnp.maximum(math.MINVAL, l0)
-    V = velocity / jnp.maximum(math.MINVAL, l0 * prm[:, 6])
-    fl = muscle_gain_length(L, prm[:, 4], prm[:, 5])
-    fvmax = prm[:, 8]
-    y = fvmax - 1
-    fv = jnp.where(V <= -1, 0.0,
-                   jnp.where(V <= 0, (V + 1) * (V + 1),
-                             jnp.where(V <= y, fvmax - (y - V) * (y - V) /
-                                       jnp.maximum(math.MINVAL, y), fvmax)))
-    return -force * fl * fv
-
-
-def muscle_bias(length, lengthrange, acc0, prm):
-    """Muscle passive force (mju_muscleBias), vectorised: (n,)."""
-    force, l0 = _muscle_scale(lengthrange, acc0, prm)
-    L = prm[:, 0] + (length - lengthrange[:, 0]) / jnp.maximum(math.MINVAL, l0)
-    b = 0.5 * (1 + prm[:, 5])
-    x = (L - 1) / jnp.maximum(math.MINVAL, b - 1)
-    xb = (L - b) / jnp.maximum(math.MINVAL, b - 1)
-    fpmax = prm[:, 7]
-    return jnp.where(L <= 1, 0.0, jnp.where(L <= b, -force * fpmax * 0.5 * x * x,
-                                             -force * fpmax * (0.5 + xb)))
-
-
-def muscle_dynamics(ctrl, act, prm):
-    """Muscle activation derivative (mju_muscleDynamics; Millard et al. 2013 time
-    constants, optional sigmoid smoothing of width prm[2]), vectorised: (n,)."""
-    ctrlc = jnp.clip(ctrl, 0.0, 1.0)
-    actc = jnp.clip(act, 0.0, 1.0)
-    tau_act = prm[:, 0] * (0.5 + 1.5 * actc)
-    tau_deact = prm[:, 1] / (0.5 + 1.5 * actc)
-    width = prm[:, 2]
-    dctrl = ctrlc - act
-    hard = jnp.where(dctrl > 0, tau_act, tau_deact)
-    x = dctrl / jnp.where(width < math.MINVAL, 1.0, width) + 0.5
-    # mju_sigmoid: quintic smoothstep on [0, 1]
-    xc = jnp.clip(x, 0.0, 1.0)
-    sig = xc * xc * xc * (3 * xc * (2 * xc - 5) + 10)
-    smooth = tau_deact + (tau_act - tau_deact) * sig
-    tau = jnp.where(width < math.MINVAL, hard, smooth)
-    return dctrl / jnp.maximum(math.MINVAL, tau)
 
 
 def _clamp_tendon_force(m, force, tab, dtype):

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import actuation as act_mod
+from simjax.engine import dcmotor
 from simjax.engine import math
 from simjax.engine import passive
 from simjax.engine import smooth
@@ -45,7 +46,7 @@ def actuator_vel(m, d):
         inp = jnp.where(tab.dyntype == act_mod._DYN_NONE, inp, a)
     coef = bias_vel + gain_vel * inp
     if np.any(tab.gaintype == act_mod._GAIN_DCMOTOR):
-        coef = coef + act_mod.dcmotor_vel(m, d)
+        coef = coef + dcmotor.vel_derivative(m, d)
     skip = act_mod._disabled_mask(m)
     flim = np.asarray(m.actuator_forcelimited, bool).reshape(-1)
     if flim.any():
