@@ -751,7 +751,7 @@ def _acc_values(m, d, t, ids):
         return d.qfrc_actuator[np.asarray(m.jnt_dofadr)[oi]]
     if t == S.TENDONACTFRC:
         sel = np.zeros((len(ids), m.nout))
-        if m.nu:
+        if m.nactuator:
             trn = np.asarray(m.actuator_trntype).reshape(-1)
             tid = np.asarray(m.actuator_trnid).reshape(-1, 2)[:, 0]
             outadr = np.asarray(m.actuator_outadr).reshape(-1)

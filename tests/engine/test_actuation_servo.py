@@ -9,7 +9,8 @@ slew, integral and Vmax, passive input "none"; implicitfast uses MuJoCo 4.0's DC
 velocity derivatives including their saturation rules).
 
 Ten random states: actuator_length, actuator_velocity, dense actuator_moment,
-actuator_force, act_dot, qfrc_actuator and qacc agree to ~1e-14 (tolerance 1e-9); 20-step
+actuator_force, act_dot, qfrc_actuator, qacc and actuator sensors (one value per output)
+agree to ~1e-14 (tolerance 1e-9); 20-step
 trajectories (Euler and implicitfast, which adds the actuators' velocity derivatives)
 agree to ~1e-13 (tolerance 1e-8). Models go through model_from_mujoco: simjax's compiler
 does not build these actuators yet (it names them).
@@ -58,15 +59,15 @@ ORIENTATION = """<mujoco>
     <body pos="1 0 1"><freejoint/><geom type="box" size=".1 .05 .02" mass=".4"/><site name="fs" euler="30 0 0"/></body>
   </worldbody>
   <actuator>
-    <orientation joint="b1" kp="20" kv="2"/>
-    <orientation joint="b2" kp="5" input="quat" forcerange="0 3"/>
-    <orientation site="tip" refsite="ref" kp="7" kv=".5"/>
+    <orientation name="a0" joint="b1" kp="20" kv="2"/>
+    <orientation name="a1" joint="b2" kp="5" input="quat" forcerange="0 3"/>
+    <orientation name="a2" site="tip" refsite="ref" kp="7" kv=".5"/>
     <general joint="b1" dyntype="integrator" gaintype="so3" biastype="so3" gainprm="4" biasprm="0 -4 -.3" actearly="true"/>
     <orientation site="fs" refsite="ref" kp=".02" kv=".002" ctrlrange="-2 2"/>
     <position site="tip" refsite="ref" gear="0 0 0 .3 .5 1" kp="2"/>
     <general site="tip" refsite="ref" gear="0 0 0 0 1 0" dyntype="integrator" gainprm="3" biasprm="0 -3 0" biastype="affine"/>
     <motor joint="h" gear="2"/>
-  </actuator>
+  </actuator><sensor><actuatorpos actuator="a0"/><actuatorvel actuator="a2"/><actuatorfrc actuator="a1"/><jointactuatorfrc joint="h"/></sensor>
 </mujoco>
 """
 
@@ -94,7 +95,7 @@ DCMOTOR = """<mujoco>
 
 MODELS = {"pid": PID, "orientation": ORIENTATION, "dcmotor": DCMOTOR}
 FIELDS = ("actuator_length", "actuator_velocity", "actuator_force", "act_dot",
-          "qfrc_actuator", "qacc")
+          "qfrc_actuator", "qacc", "sensordata")
 
 
 def _moment(mjm, mjd):
