@@ -54,7 +54,7 @@ FULL = dict(models="pendulum-smooth,humanoid-smooth,humanoid,ant,barkour,shadow_
                    "contact_stress",
             batch="1,64,1024,4096", backends="simjax,mjx,mujoco", grad_nstep=10,
             grad_max_batch=1024, timeout=300, budget=3.0, out=os.path.join(HERE, "results"))
-QUICK = dict(FULL, models="humanoid,ant,barkour,shadow_hand", batch="1024", timeout=100,
+QUICK = dict(FULL, models="humanoid,ant,barkour,shadow_hand", batch="1024", timeout=90,
              budget=1.0, out=os.path.join(HERE, "results", "quick"))
 
 
