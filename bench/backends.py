@@ -7,10 +7,13 @@ Every backend is built for one (model, batch size, rollout length) and offers:
   between calls, so repeated calls measure steady state);
 - ``compile_grad()`` / ``run_grad()``: the same for value-and-gradient of a loss on the
   final state of an ``nstep`` rollout with respect to the initial velocities
-  (simjax and MJX; MuJoCo C has no reverse mode);
+  (simjax and MJX; MuJoCo C has no reverse mode); every step is rematerialised
+  (``jax.checkpoint``), so the backward pass keeps one state per step, not every
+  intermediate of the step;
 - ``memory()``: bytes the backend needs for the batch: for XLA the compiled program's
   arguments + outputs + temporaries (``Compiled.memory_analysis``); for MuJoCo C the
-  MjData of each thread plus the state and control arrays.
+  MjData of each thread plus the state and control arrays; ``memory_grad()`` the same
+  for the compiled gradient program.
 
 All backends start every world from the same perturbed states (seeded), with the same
 constant random controls, in float32 for the JAX backends (JAX's default).
@@ -109,8 +112,12 @@ class _JaxBackend:
         def roll(d):
             return jax.lax.fori_loop(0, nstep, lambda i, d: step(model, d), d)
 
+        def roll_remat(d):
+            one = jax.checkpoint(lambda d: step(model, d))
+            return jax.lax.fori_loop(0, nstep, lambda i, d: one(d), d)
+
         def loss(qvel, d):
-            d = roll(d.replace(qvel=qvel))
+            d = roll_remat(d.replace(qvel=qvel))
             return jnp.sum(d.qpos ** 2) + jnp.sum(d.qvel ** 2)
 
         grad_one = jax.value_and_grad(loss)
@@ -146,6 +153,9 @@ class _JaxBackend:
 
     def memory(self):
         return _xla_bytes(self._compiled) if self._compiled is not None else None
+
+    def memory_grad(self):
+        return _xla_bytes(self._compiled_grad) if self._compiled_grad is not None else None
 
 
 class SimJax(_JaxBackend):

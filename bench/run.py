@@ -3,15 +3,28 @@
 Usage::
 
     python -m bench [--models humanoid-smooth,pendulum-smooth] [--batch 1,64,1024,4096]
-                    [--backends simjax,mjx,mujoco] [--grad] [--out bench/results]
+                    [--backends simjax,mjx,mujoco] [--grad] [--timeout 300]
+                    [--budget 3] [--out bench/results] [--resume] [--quick]
 
 For every (model, batch size, backend) a fresh process (``bench.worker``) measures the
-JIT compile time of one batched step and of the batched rollout, the steady-state
+JIT compile time of the batched rollout (and with ``--compile-step`` of one batched
+step alone), the steady-state
 steps/s (worlds x steps / second), the memory of the compiled program (XLA) or of the
 MjData buffers (C), the process's peak memory and, with ``--grad``, the steps/s of
-value-and-gradient through a ``--grad-nstep``-step rollout. Results go to
+value-and-gradient through a ``--grad-nstep``-step rollout (batch sizes up to
+``--grad-max-batch``).
+
+Each phase of a measurement (forward; gradient) has ``--timeout`` seconds, compile
+included; a phase that runs past it is stopped and recorded as a timeout, and the run
+moves on. The rollout compiled for timing is a few steps long (``CHUNK``, by batch
+size) and called as often as fits in ``--budget`` seconds, so slow backends take
+few calls and fast ones many. Results are rewritten after every measurement to
 ``<out>/<device>-<date>.json`` and ``.md`` (a table with the ratios simjax/C and
-simjax/MJX) and a plot ``.png`` of steps/s against batch size per backend.
+simjax/MJX), and a plot ``.png`` of steps/s against batch size per backend is drawn
+at the end; ``--resume`` skips the measurements already in that JSON file.
+
+``--quick`` is a short preset (four models with contacts at batch 1024, short
+budgets, results in ``bench/results/quick``); explicit options override it.
 """
 from __future__ import annotations
 
@@ -20,17 +33,33 @@ import datetime
 import json
 import os
 import platform
+import queue
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-#: rollout length per batch size: long enough that one call takes well over the
-#: dispatch overhead, short enough to keep the run practical on a small CPU
-NSTEP = {1: 1000, 16: 500, 64: 200, 256: 100, 1024: 50, 4096: 20, 8192: 10, 16384: 10}
+#: steps per compiled rollout call, by batch size: one call should take well over the
+#: dispatch overhead (tens of microseconds) yet stay short for slow backends, since
+#: the number of calls is what adapts to the time budget
+CHUNK = {1: 20, 16: 10, 64: 10, 256: 5, 1024: 4, 4096: 2}
+
+FULL = dict(models="pendulum-smooth,humanoid-smooth,humanoid,ant,barkour,shadow_hand,"
+                   "contact_stress",
+            batch="1,64,1024,4096", backends="simjax,mjx,mujoco", grad_nstep=10,
+            grad_max_batch=1024, timeout=300, budget=3.0, out=os.path.join(HERE, "results"))
+QUICK = dict(FULL, models="humanoid,ant,barkour,shadow_hand", batch="1024", timeout=90,
+             budget=1.0, out=os.path.join(HERE, "results", "quick"))
+
+
+def chunk_for(batch):
+    return CHUNK.get(batch, max(1, 5000 // batch))
 
 
 def device_name():
@@ -42,19 +71,61 @@ def device_name():
     return dev.device_kind.replace(" ", "_").lower()
 
 
-def run_one(backend, model, batch, nstep, grad_nstep, timeout):
-    cmd = [sys.executable, "-m", "bench.worker", backend, model, str(batch), str(nstep)]
+def _reader(stream, q):
+    for line in stream:
+        q.put(line.rstrip("\n"))
+    q.put(None)
+
+
+def run_one(backend, model, batch, chunk, grad_nstep, timeout, budget, on_phase=None,
+            compile_step=False):
+    """Run one worker; each phase it announces gets ``timeout`` seconds. Returns the
+    last row it reported, with ``error`` (forward) or ``grad_error`` set on a timeout,
+    a crash or a kill."""
+    cmd = [sys.executable, "-m", "bench.worker", backend, model, str(batch), str(chunk),
+           "--budget", str(budget)]
     if grad_nstep:
         cmd += ["--grad-nstep", str(grad_nstep)]
-    try:
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(model=model, backend=backend, batch=batch, error=f"timeout {timeout}s")
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    tail = (out.stderr or "").strip().splitlines()[-1:] or ["no output"]
-    return dict(model=model, backend=backend, batch=batch, error=tail[0][:300])
+    if compile_step:
+        cmd += ["--compile-step"]
+    row = dict(model=model, backend=backend, batch=batch)
+    phase, t_phase = "start", time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
+                                text=True, bufsize=1)
+        q = queue.Queue()
+        threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
+        timed_out = False
+        while True:
+            left = timeout - (time.perf_counter() - t_phase)
+            try:
+                line = q.get(timeout=max(left, 0.01))
+            except queue.Empty:
+                timed_out = True
+                proc.kill()
+                break
+            if line is None:
+                break
+            if line.startswith("PHASE "):
+                phase, t_phase = line[6:], time.perf_counter()
+                if on_phase:
+                    on_phase(phase)
+            elif line.startswith("RESULT "):
+                row = json.loads(line[7:])
+        rc = proc.wait()
+        err.seek(0)
+        tail = [ln for ln in err.read().strip().splitlines() if ln.strip()][-1:]
+    key = "grad_error" if phase == "grad" else "error"
+    if timed_out:
+        row[key] = f"timeout {timeout}s ({phase})"
+    elif rc != 0 and key not in row:
+        why = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+        if rc == -9:
+            why += " (out of memory?)"
+        row[key] = f"{why} ({phase})" + (f": {tail[0][:200]}" if tail else "")
+    elif "sps" not in row and "error" not in row and phase != "grad":
+        row["error"] = tail[0][:300] if tail else "no output"
+    return row
 
 
 def _fmt(x, unit=""):
@@ -71,6 +142,23 @@ def _fmt(x, unit=""):
     return f"{x:.0f}"
 
 
+def _cell(r, key, err_key, unit=""):
+    """A table cell: the value, or 'timeout' / 'error' / '-' (not measured)."""
+    if r.get(key) is not None:
+        return _fmt(r[key], unit)
+    err = r.get(err_key)
+    if err:
+        return "timeout" if err.startswith("timeout") else "error"
+    return "-"
+
+
+def _compile(r):
+    """Compile seconds: of one step where measured, else of the timed rollout (whose
+    loop body is one step)."""
+    key = "compile_step_s" if r.get("compile_step_s") is not None else "compile_s"
+    return _cell(r, key, "error", "s")
+
+
 def markdown(rows, meta):
     """Results table: one line per (model, batch) with every backend and the ratios."""
     by = {}
@@ -80,30 +168,29 @@ def markdown(rows, meta):
              f"mujoco {meta['mujoco']}, float32, {meta['date']}.",
              f"Command: `{meta['command']}`", "",
              "| model | batch | simjax steps/s | MJX steps/s | MuJoCo C steps/s | "
-             "simjax/MJX | simjax/C | compile step simjax / MJX (s) | "
+             "simjax/MJX | simjax/C | compile simjax / MJX (s) | "
              "grad steps/s simjax / MJX | memory simjax / MJX / C (MB) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (model, batch), b in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         s, x, c = b.get("simjax", {}), b.get("mjx", {}), b.get("mujoco", {})
-
-        def sps(r):
-            return _fmt(r.get("sps")) if "error" not in r else "error"
 
         def ratio(a, b):
             if a.get("sps") and b.get("sps"):
                 return f"{a['sps'] / b['sps']:.2f}"
             return "-"
         lines.append(
-            f"| {model} | {batch} | {sps(s)} | {sps(x)} | {sps(c)} | {ratio(s, x)} | "
-            f"{ratio(s, c)} | {_fmt(s.get('compile_step_s'), 's')} / "
-            f"{_fmt(x.get('compile_step_s'), 's')} | {_fmt(s.get('grad_sps'))} / "
-            f"{_fmt(x.get('grad_sps'))} | {_fmt(s.get('memory_bytes'), 'MB')} / "
-            f"{_fmt(x.get('memory_bytes'), 'MB')} / {_fmt(c.get('memory_bytes'), 'MB')} |")
-    errors = [r for r in rows if "error" in r]
+            f"| {model} | {batch} | {_cell(s, 'sps', 'error')} | {_cell(x, 'sps', 'error')} | "
+            f"{_cell(c, 'sps', 'error')} | {ratio(s, x)} | {ratio(s, c)} | "
+            f"{_compile(s)} / {_compile(x)} | "
+            f"{_cell(s, 'grad_sps', 'grad_error')} / {_cell(x, 'grad_sps', 'grad_error')} | "
+            f"{_fmt(s.get('memory_bytes'), 'MB')} / {_fmt(x.get('memory_bytes'), 'MB')} / "
+            f"{_fmt(c.get('memory_bytes'), 'MB')} |")
+    errors = [(r, k) for r in rows for k in ("error", "grad_error") if r.get(k)]
     if errors:
-        lines += ["", "Errors:"]
-        lines += [f"- {r['backend']} {r['model']} batch {r['batch']}: {r['error']}"
-                  for r in errors]
+        lines += ["", "Errors and timeouts (each phase, compile included, has the "
+                  f"timeout of the run):"]
+        lines += [f"- {r['backend']} {r['model']} batch {r['batch']}"
+                  f"{' gradient' if k == 'grad_error' else ''}: {r[k]}" for r, k in errors]
     return "\n".join(lines) + "\n"
 
 
@@ -132,31 +219,50 @@ def plot(rows, path):
     plt.close(fig)
 
 
+def _write(stem, rows, meta):
+    with open(stem + ".json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    table = markdown(rows, meta)
+    with open(stem + ".md", "w") as f:
+        f.write(table)
+    return table
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="pendulum-smooth,humanoid-smooth")
-    ap.add_argument("--batch", default="1,64,1024,4096")
-    ap.add_argument("--backends", default="simjax,mjx,mujoco")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"preset: models {QUICK['models']}, batch {QUICK['batch']}, "
+                         f"timeout {QUICK['timeout']} s, budget {QUICK['budget']} s")
+    ap.add_argument("--models", help=f"keys of bench/models.py (default {FULL['models']})")
+    ap.add_argument("--batch", help=f"batch sizes (default {FULL['batch']})")
+    ap.add_argument("--backends", help=f"default {FULL['backends']}")
     ap.add_argument("--grad", action="store_true", help="also measure forward+backward")
-    ap.add_argument("--grad-nstep", type=int, default=100)
-    ap.add_argument("--grad-max-batch", type=int, default=1024)
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per measurement")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--grad-nstep", type=int,
+                    help=f"rollout steps of the gradient (default {FULL['grad_nstep']})")
+    ap.add_argument("--grad-max-batch", type=int,
+                    help=f"largest batch with a gradient (default {FULL['grad_max_batch']})")
+    ap.add_argument("--timeout", type=int,
+                    help=f"seconds per phase, compile included (default {FULL['timeout']})")
+    ap.add_argument("--budget", type=float,
+                    help=f"seconds of timed calls per phase (default {FULL['budget']})")
+    ap.add_argument("--compile-step", action="store_true",
+                    help="also time the compile of one batched step (a second compile; "
+                         "the table shows the rollout's compile otherwise)")
+    ap.add_argument("--out", help="results folder (default bench/results, "
+                                  "bench/results/quick with --quick)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows of today's results file and skip those runs")
     args = ap.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    for k, v in preset.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
 
     import jax
     import mujoco
     models = args.models.split(",")
     batches = [int(b) for b in args.batch.split(",")]
     backends = args.backends.split(",")
-    jobs = [(m, b, k) for m in models for b in batches for k in backends]
-    rows = []
-    for model, batch, backend in tqdm(jobs, desc="bench", unit="run"):
-        nstep = NSTEP.get(batch, max(10, 50000 // batch))
-        grad = args.grad_nstep if args.grad and batch <= args.grad_max_batch else 0
-        row = run_one(backend, model, batch, nstep, grad, args.timeout)
-        rows.append(row)
-        tqdm.write(json.dumps(row))
     today = datetime.date.today().isoformat()
     meta = dict(device=device_name(), cpu=platform.processor() or platform.machine(),
                 jax=jax.__version__, mujoco=mujoco.__version__, date=today,
@@ -164,12 +270,34 @@ def main(argv=None):
                                                       else sys.argv[1:]))
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"{meta['device']}-{today}")
-    with open(stem + ".json", "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    table = markdown(rows, meta)
-    with open(stem + ".md", "w") as f:
-        f.write(table)
-    plot(rows, stem + ".png")
+    rows = []
+    if args.resume and os.path.exists(stem + ".json"):
+        with open(stem + ".json") as f:
+            rows = json.load(f)["rows"]
+    done = {(r["model"], r["batch"], r["backend"]) for r in rows}
+    jobs = [(m, b, k) for m in models for b in batches for k in backends
+            if (m, b, k) not in done]
+    t_start = time.perf_counter()
+    with tqdm(jobs, desc="bench", unit="run", dynamic_ncols=True) as bar:
+        for model, batch, backend in bar:
+            grad = args.grad_nstep if args.grad and batch <= args.grad_max_batch else 0
+            label = f"{model} b{batch} {backend}"
+            bar.set_postfix_str(label)
+            t0 = time.perf_counter()
+            row = run_one(backend, model, batch, chunk_for(batch), grad, args.timeout,
+                          args.budget,
+                          on_phase=lambda p, label=label: bar.set_postfix_str(f"{label} {p}"),
+                          compile_step=args.compile_step)
+            row["wall_s"] = round(time.perf_counter() - t0, 1)
+            rows.append(row)
+            bar.write(json.dumps(row))
+            _write(stem, rows, meta)
+    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    table = _write(stem, rows, meta)
+    try:
+        plot(rows, stem + ".png")
+    except Exception as e:          # no matplotlib: the table and JSON are the results
+        print(f"no plot: {type(e).__name__}: {e}")
     print(table)
-    print(f"wrote {stem}.json, .md, .png")
+    print(f"wrote {stem}.json, .md, .png ({meta['wall_s']:.0f} s)")
     return 0

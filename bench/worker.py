@@ -1,15 +1,29 @@
 """One measurement in a fresh process: one backend, one model, one batch size.
 
 A fresh process per measurement gives honest compile times (no warm caches), an
-honest peak memory (the process's maximum resident set) and keeps a crash or an
-out-of-memory in one backend from ending the whole run. Prints one JSON object.
+honest peak memory (the process's maximum resident set) and keeps a crash, a hang or
+an out-of-memory in one backend from ending the whole run.
 
-Usage: python -m bench.worker BACKEND MODEL_KEY BATCH NSTEP [--grad-nstep N]
+The worker reports as it goes, one line each, so the parent keeps what was measured
+when it has to stop a phase that hangs:
+
+- ``PHASE <name>``: a phase starts (``forward``: load, compile of the ``chunk``-step
+  rollout (and with ``--compile-step`` of one step alone), timed rollouts;
+  ``grad``: compile and time value-and-gradient);
+- ``RESULT <json>``: the row so far (each line supersedes the previous one).
+
+Timing is adaptive: the compiled rollout is ``chunk`` steps long; one call after the
+warm-up call gives the cost of a call, and the number of timed calls is sized to fill
+``budget`` seconds (at least 2, at most 30); steps/s comes from the median call.
+
+Usage: python -m bench.worker BACKEND MODEL_KEY BATCH CHUNK [--budget S]
+                              [--grad-nstep N] [--no-forward] [--compile-step]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import statistics
 import sys
@@ -17,46 +31,84 @@ import time
 import traceback
 
 
-def _measure(backend, repeats, min_time):
-    """Median seconds of ``backend.run`` over ``repeats`` calls (after one warm-up),
-    repeating more while the total stays under ``min_time``."""
-    backend.run()
-    times = []
-    t0 = time.perf_counter()
-    while len(times) < repeats or (time.perf_counter() - t0 < min_time and len(times) < 50):
-        times.append(backend.run())
-    return statistics.median(times)
+def _emit(kind, payload):
+    print(f"{kind} {payload}", flush=True)
 
 
-def measure(backend_name, key, batch, nstep, grad_nstep=0, repeats=3, min_time=1.0):
+def timed_calls(run, budget, min_calls=2, max_calls=30):
+    """Median seconds of ``run()`` (which returns its own duration): one warm-up call,
+    one probe call, then as many calls as fit in ``budget`` seconds. Returns
+    (median seconds, number of timed calls)."""
+    run()
+    first = run()
+    n = min(max_calls, max(min_calls, math.ceil(budget / max(first, 1e-6))))
+    times = [first] + [run() for _ in range(n - 1)]
+    return statistics.median(times), n
+
+
+def _error(e):
+    return f"{type(e).__name__}: {e}".strip().splitlines()[0][:300]
+
+
+def measure(backend_name, key, batch, chunk, grad_nstep=0, budget=3.0, forward=True,
+            compile_step=False):
+    """Measure and report (``RESULT`` lines); returns the final row."""
     from bench import backends
     from bench.models import MODELS, mj_model
 
     spec = MODELS[key]
-    mjm = mj_model(spec)
-    row = dict(model=key, backend=backend_name, batch=batch, nstep=nstep)
-    if backend_name == "mujoco":
-        b = backends.MuJoCoC(mjm, batch, nstep)
-    elif backend_name == "simjax":
-        b = backends.SimJax(mjm, batch, nstep, spec.path, spec.disableflags)
-    elif backend_name == "mjx":
-        b = backends.MJX(mjm, batch, nstep)
-    else:
+    row = dict(model=key, backend=backend_name, batch=batch)
+
+    def build(nstep):
+        mjm = mj_model(spec)
+        if backend_name == "mujoco":
+            return backends.MuJoCoC(mjm, batch, nstep)
+        if backend_name == "simjax":
+            return backends.SimJax(mjm, batch, nstep, spec.path, spec.disableflags)
+        if backend_name == "mjx":
+            return backends.MJX(mjm, batch, nstep)
         raise ValueError(f"unknown backend {backend_name}")
-    if backend_name != "mujoco":
-        row["compile_step_s"] = b.compile_step()
-    row["compile_s"] = b.compile()
-    sec = _measure(b, repeats, min_time)
-    row["sps"] = batch * nstep / sec
-    row["memory_bytes"] = b.memory()
+
+    def peak():
+        row["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    if forward:
+        _emit("PHASE", "forward")
+        try:
+            b = build(chunk)
+            row["nstep"] = chunk
+            if compile_step and backend_name != "mujoco":
+                row["compile_step_s"] = b.compile_step()
+                _emit("RESULT", json.dumps(row))
+            row["compile_s"] = b.compile()
+            _emit("RESULT", json.dumps(row))
+            sec, ncalls = timed_calls(b.run, budget)
+            row["sps"] = batch * chunk / sec
+            row["ncalls"] = ncalls
+            row["memory_bytes"] = b.memory()
+        except Exception as e:      # the failure is data; the run goes on
+            traceback.print_exc(file=sys.stderr)
+            row["error"] = _error(e)
+        peak()
+        _emit("RESULT", json.dumps(row))
+        if "error" in row:
+            return row
     if grad_nstep and backend_name != "mujoco":
-        gb = type(b)(mjm, batch, grad_nstep, *((spec.path, spec.disableflags)
-                                               if backend_name == "simjax" else ()))
-        row["grad_nstep"] = grad_nstep
-        row["grad_compile_s"] = gb.compile_grad()
-        gb.run_grad()
-        row["grad_sps"] = batch * grad_nstep / min(gb.run_grad() for _ in range(repeats))
-    row["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        _emit("PHASE", "grad")
+        try:
+            gb = build(grad_nstep)
+            row["grad_nstep"] = grad_nstep
+            row["grad_compile_s"] = gb.compile_grad()
+            row["grad_memory_bytes"] = gb.memory_grad()
+            _emit("RESULT", json.dumps(row))
+            sec, ncalls = timed_calls(gb.run_grad, budget)
+            row["grad_sps"] = batch * grad_nstep / sec
+            row["grad_ncalls"] = ncalls
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            row["grad_error"] = _error(e)
+        peak()
+        _emit("RESULT", json.dumps(row))
     return row
 
 
@@ -65,18 +117,21 @@ def main(argv=None):
     ap.add_argument("backend")
     ap.add_argument("model")
     ap.add_argument("batch", type=int)
-    ap.add_argument("nstep", type=int)
+    ap.add_argument("chunk", type=int, help="steps per compiled rollout call")
+    ap.add_argument("--budget", type=float, default=3.0,
+                    help="seconds of timed calls per measurement (after warm-up)")
     ap.add_argument("--grad-nstep", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-forward", action="store_true")
+    ap.add_argument("--compile-step", action="store_true",
+                    help="also time the compile of one batched step (a second compile)")
     args = ap.parse_args(argv)
     try:
-        row = measure(args.backend, args.model, args.batch, args.nstep, args.grad_nstep,
-                      args.repeats)
-    except Exception as e:      # report the failure as data, the run goes on
-        row = dict(model=args.model, backend=args.backend, batch=args.batch,
-                   error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
+        measure(args.backend, args.model, args.batch, args.chunk, args.grad_nstep,
+                args.budget, forward=not args.no_forward, compile_step=args.compile_step)
+    except Exception as e:          # e.g. an unknown model key
         traceback.print_exc(file=sys.stderr)
-    print("RESULT " + json.dumps(row))
+        _emit("RESULT", json.dumps(dict(model=args.model, backend=args.backend,
+                                        batch=args.batch, error=_error(e))))
 
 
 if __name__ == "__main__":

@@ -114,7 +114,9 @@ class VectorEnv:
         self.max_episode_steps = max_episode_steps
         self.single_observation_shape = (self.env.obs_size,)
         self.single_action_shape = (self.env.action_size,)
-        self._step = jax.jit(jax.vmap(self._step_one))
+        # max_episode_steps is an argument of the compiled step, not a constant in it:
+        # changing it later (e.g. for a test) reuses the compiled program
+        self._step = jax.jit(jax.vmap(self._step_one, in_axes=(0, 0, None)))
         self._reset = jax.jit(jax.vmap(self._reset_one))
         self._state = None
 
@@ -124,11 +126,11 @@ class VectorEnv:
         zero = jnp.zeros((), d.qpos.dtype)
         return (d, jnp.zeros((), jnp.int32), zero, key), self.env.observe(d)
 
-    def _step_one(self, state, action):
+    def _step_one(self, state, action, max_episode_steps):
         d, t, ret, key = state
         d, obs, reward, terminated = self.env.step(d, action)
         t, ret = t + 1, ret + reward
-        truncated = (t >= self.max_episode_steps) & ~terminated
+        truncated = (t >= max_episode_steps) & ~terminated
         done = terminated | truncated
         (d0, t0, ret0, key), obs0 = self._reset_one(key)
         pick = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(done, x, y), a, b)
@@ -146,7 +148,8 @@ class VectorEnv:
         if self._state is None:
             raise RuntimeError("call reset() before step()")
         actions = jnp.asarray(actions).reshape(self.num_envs, self.env.action_size)
-        self._state, out = self._step(self._state, actions)
+        self._state, out = self._step(self._state, actions,
+                                      np.int32(self.max_episode_steps))
         obs, reward, terminated, truncated, info = jax.device_get(out)
         return obs, reward, terminated, truncated, info
 
@@ -225,7 +228,8 @@ def adam_update(x, g, state, lr, b1=0.9, b2=0.999, eps=1e-8):
 
 
 def main(short=False, model_path=CORPUS_MODEL, seed=0):
-    """Throughput of the random policy, then ES training. Returns the measured results."""
+    """Throughput of the random policy, then ES training. Returns the measured results
+    and the vector environment (``venv``, compiled for its batch size)."""
     env = InvertedPendulum(model_path)
     nenv, nstep_random = (64, 50) if short else (1024, 200)
     horizon, iters = (100, 40) if short else (1000, 60)
@@ -260,7 +264,7 @@ def main(short=False, model_path=CORPUS_MODEL, seed=0):
     return dict(random_return=random_return, random_episodes=nepisodes,
                 env_steps_per_s=sps, horizon=horizon, es_curve=curve,
                 initial_return=curve[0], final_return=curve[-1],
-                theta=np.asarray(theta).tolist())
+                theta=np.asarray(theta).tolist(), venv=venv)
 
 
 if __name__ == "__main__":

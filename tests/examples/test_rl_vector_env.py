@@ -28,24 +28,28 @@ def test_es_learns_balance(result):
     assert np.isfinite(result["theta"]).all()
 
 
-def test_autoreset_on_termination_and_nan():
-    path = corpus_path("gym_inverted_pendulum/inverted_pendulum.xml")
-    venv = rl_vector_env.VectorEnv(4, rl_vector_env.InvertedPendulum(path),
-                                   max_episode_steps=3)
+def test_autoreset_on_termination_and_nan(result):
+    # The vector env of the run above (64 worlds, its step already compiled), with a
+    # 3-step episode limit: max_episode_steps is an argument of the compiled step.
+    venv = result["venv"]
+    venv.max_episode_steps = 3
     obs, _ = venv.reset(seed=1)
-    assert obs.shape == (4, 4) and np.all(np.abs(obs) <= 0.01 + 1e-12)
+    n = venv.num_envs
+    assert obs.shape == (n, 4) and np.all(np.abs(obs) <= 0.01 + 1e-12)
     # World 1 gets a NaN velocity (diverges), world 2 a large pole angle (terminates).
     d, t, ret, key = venv._state
     venv._state = (d.replace(qvel=d.qvel.at[1, 1].set(np.nan),
                              qpos=d.qpos.at[2, 1].set(0.5)), t, ret, key)
-    obs, rew, term, trunc, info = venv.step(np.zeros((4, 1)))
-    np.testing.assert_array_equal(term, [False, True, True, False])
-    np.testing.assert_array_equal(rew, [1, 0, 0, 1])
+    obs, rew, term, trunc, info = venv.step(np.zeros((n, 1)))
+    np.testing.assert_array_equal(term[:4], [False, True, True, False])
+    np.testing.assert_array_equal(rew[:4], [1, 0, 0, 1])
+    assert not term[4:].any() and not trunc.any()
     assert np.all(np.abs(obs[1:3]) <= 0.01 + 1e-12)       # reset in the same step
     assert abs(info["final_obs"][2, 1]) > 0.2
     for _ in range(2):
-        obs, rew, term, trunc, info = venv.step(np.zeros((4, 1)))
+        obs, rew, term, trunc, info = venv.step(np.zeros((n, 1)))
     # Worlds 0 and 3 reach max_episode_steps = 3: truncated, not terminated.
-    np.testing.assert_array_equal(trunc, [True, False, False, True])
+    np.testing.assert_array_equal(trunc[:4], [True, False, False, True])
     np.testing.assert_array_equal(info["episode_length"][[0, 3]], [3, 3])
     np.testing.assert_array_equal(info["episode_return"][[0, 3]], [3, 3])
+    assert np.all(trunc[4:] == ~term[4:])            # the untouched worlds end together
