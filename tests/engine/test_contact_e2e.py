@@ -15,6 +15,12 @@ are matched within 1e-5, and the solution still agrees to 1e-6 (measured ~7e-9 o
 trossen, the remainder being the contact geometry). A state whose contact set differs
 from MuJoCo's fails the test.
 
+Where simjax's contact geometry deliberately differs from MuJoCo's (the nut / bolt SDFs,
+whose gradients MuJoCo takes by forward differences; height-field prisms, where MuJoCo's
+EPA stops at its tolerance), the cases take MuJoCo's contacts (INJECTED: rows, reference
+and solver still simjax's, 1e-6) and one case per model with simjax's own contacts is
+held to the measured, amplified difference (TOL_OWN).
+
 Also here: 100-step trajectories with contacts (step 10 tracks MuJoCo to 1e-4; the
 divergence growth of the chaotic ones is printed), and inverse dynamics with contacts
 (mj_invConstraint).
@@ -30,9 +36,11 @@ import numpy as np
 import pytest
 
 import simjax
-from constraint_helpers import canonical, pendula_friction, solve_jit, tight
+from constraint_helpers import (canonical, inject_contacts, pendula_friction, smooth_jit,
+                                solve_jit, tight)
 from contact_e2e_helpers import compare, match_contacts, smooth_own_jit, trajectory_states
 from engine_helpers import load, to_data
+from mujoco_oracle import corpus_path
 from simjax.engine import io
 from simjax.errors import UnsupportedFeatureError
 
@@ -42,6 +50,12 @@ PYRAMIDAL, ELLIPTIC = 0, 1
 TOL = 1e-6
 HFIELD = ("mjx_barkour_v0/assets/barkour_v0_mjx.xml",
           "mujoco_plugin_touch_grid/touch_grid.xml")
+SDF = ("mujoco_plugin_sdf_torus/torus.xml", "mujoco_plugin_sdf_nutbolt/nutbolt.xml")
+#: trajectory_states options per model (default: 60 warm-up steps): the shadow hand's
+#: ball lands in the palm after ~240 steps (sphere-box and finger capsule contacts);
+#: touch_grid's ellipsoid falls from 1 m onto its height field (~45 contacts from ~220)
+STATES = {"mjx_shadow_hand/scene_right.xml": dict(warm=240),
+          "mujoco_plugin_touch_grid/touch_grid.xml": dict(warm=300)}
 
 #: name -> (corpus model, solver, cone or None (model's), number of states, model edit)
 CASES = {
@@ -75,15 +89,60 @@ SLOW["pendula_frictionloss_pgs"] = ("mjx_pendula/pendula.xml", PGS, None, 10,
                                     pendula_friction)
 for _rel, _short in (("gym_pusher/pusher.xml", "pusher"), ("mujoco_car/car.xml", "car"),
                      ("mjx_sensor/sensor.xml", "sensor"),
-                     ("gym_humanoidstandup/humanoidstandup.xml", "humanoidstandup")):
-    SLOW[f"{_short}_newton"] = (_rel, NEWTON, None, 10, None)
+                     ("gym_humanoidstandup/humanoidstandup.xml", "humanoidstandup"),
+                     ("mjx_humanoid/humanoid.xml", "mjx_humanoid"),
+                     ("mjx_convex/convex.xml", "convex"),
+                     ("gym_inverted_pendulum/inverted_pendulum.xml", "inverted_pendulum"),
+                     ("gym_inverted_double_pendulum/inverted_double_pendulum.xml",
+                      "inverted_double_pendulum"),
+                     ("gym_reacher/reacher.xml", "reacher"),
+                     ("mujoco_plugin_sdf_torus/torus.xml", "sdf_torus"),
+                     ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", "sdf_nutbolt")):
+    for _s, _sn in ((NEWTON, "newton"), (CG, "cg"), (PGS, "pgs")):
+        SLOW[f"{_short}_{_sn}"] = (_rel, _s, None, 10, None)
+#: the nut and bolt: MuJoCo's plugin gradients are forward differences (simjax's exact),
+#: so the SDF descent ends ~5e-9 (depth) / ~2e-8 (normal) away from MuJoCo's, which the
+#: nut wedged on the thread amplifies to ~4e-5 in qacc (measured): those cases take
+#: MuJoCo's contacts (rows, reference and solver are simjax's; measured 1e-11), and
+#: one case with simjax's own contacts is held to TOL_OWN_NUTBOLT
+#: The same for the height fields: barkour's feet sink into the terrain and MuJoCo's EPA
+#: stops at its tolerance on those deep sphere / prism penetrations (its contact point
+#: lies ~2.5e-6 off the point its own normal and depth give, simjax's is exact),
+#: measured 6e-5 in qacc with simjax's contacts and 4e-15 with MuJoCo's; touch_grid's
+#: ellipsoid / prism contacts do not all match MuJoCo's (its own-contact case is xfail)
+INJECTED = {f"{_m}_{_sn}" for _sn in ("newton", "cg", "pgs")
+            for _m in ("sdf_nutbolt", "barkour", "touch_grid")}
+SLOW["sdf_nutbolt_own_newton"] = ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", NEWTON, None,
+                                  10, None)
+SLOW["barkour_own_newton"] = (HFIELD[0], NEWTON, None, 10, None)
+SLOW["touch_grid_own_newton"] = (HFIELD[1], NEWTON, None, 10, None)
+#: tolerance of the own-contact cases above (the amplified contact-geometry difference)
+TOL_OWN = {"sdf_nutbolt_own_newton": 1e-4, "barkour_own_newton": 1e-4}
+#: open differences (measured, not understood yet)
+XFAIL = {
+    "touch_grid_own_newton": "ellipsoid / height-field prism contacts: about half of "
+                             "MuJoCo's 50 contacts have no simjax contact within 1e-5",
+    # with MuJoCo's contacts injected; MuJoCo's PGS reaches its Newton optimum there
+    # (1.4e-9 / 9.7e-9 in qacc), simjax's PGS does not: a PGS bug
+    "barkour_pgs": "simjax PGS qacc 0.16 (relative) from MuJoCo's with MuJoCo's contacts",
+    "touch_grid_pgs": "simjax PGS qacc 4.6 (relative) from MuJoCo's with MuJoCo's "
+                      "contacts (solimp dmin 0, 45 ellipsoid contacts)",
+    "shadow_hand_pgs": "PGS at impratio 10: efc_force 3.4e-6 from MuJoCo's PGS (which "
+                       "itself stops 4e-7 from the Newton optimum)",
+}
 SLOW["sensor_elliptic_newton"] = ("mjx_sensor/sensor.xml", NEWTON, ELLIPTIC, 10, None)
 SLOW["trossen_pyramidal_newton"] = ("menagerie_trossen_wx250s/scene.xml", NEWTON, PYRAMIDAL,
                                     10, None)
 
 
 def _load(rel, solver, cone, extra):
-    mjm, m = load(rel, constraints=True, edit=tight(solver, cone=cone, extra=extra))
+    """(MjModel, Model) with ``solver`` at tight tolerance; ``solver=None``: the model's
+    own solver settings."""
+    edit = None if solver is None else tight(solver, cone=cone, extra=extra)
+    mjm, m = load(rel, constraints=True, edit=edit)
+    if rel in SDF:
+        # plugin SDF geoms need the plugin instances of simjax's own compiler
+        m = simjax.load_model(corpus_path(rel)).replace(opt=m.opt)
     if rel in HFIELD:
         try:
             io.make_data(m)
@@ -116,11 +175,15 @@ def check_case(name, cases):
     d0 = io.make_data(m)
     worst = dict(qacc=0.0, qfrc_constraint=0.0, efc_force=0.0)
     seen = dict(ncon=0, ne=0, nf=0, nl=0)
-    for st in trajectory_states(mjm, nstate, seed=1):
+    for st in trajectory_states(mjm, nstate, seed=1, **STATES.get(rel, {})):
         for k, v in st.items():
             getattr(mjd, k)[:] = v
         mujoco.mj_forward(mjm, mjd)
-        d = _solve(m, to_data(d0, st))
+        if name in INJECTED:
+            d = solve_jit(m, smooth_jit(canonical(m), inject_contacts(m, to_data(d0, st),
+                                                                      mjd)[1]))
+        else:
+            d = _solve(m, to_data(d0, st))
         err = compare(mjd, d, tol_pos=_tol_pos(mjm))
         for k in worst:
             worst[k] = max(worst[k], err[k])
@@ -128,8 +191,9 @@ def check_case(name, cases):
             seen[k] += err[k]
     print(f"{name}: max rel err {worst}; totals over {nstate} states {seen}")
     assert seen["ncon"] + seen["ne"] + seen["nf"] + seen["nl"] > 0
+    tol = TOL_OWN.get(name, TOL)
     for k, v in worst.items():
-        assert v < TOL, (k, v)
+        assert v < tol, (k, v)
     return worst, seen
 
 
@@ -141,6 +205,12 @@ def test_e2e(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SLOW))
 def test_e2e_slow(name):
+    if name in XFAIL:
+        try:
+            check_case(name, SLOW)
+        except AssertionError as e:
+            pytest.xfail(f"{XFAIL[name]} ({e})")
+        return
     check_case(name, SLOW)
 
 
@@ -204,8 +274,8 @@ def test_inverse_with_contacts_slow(rel, cone):
 
 
 # --------------------------------------------------------------------------- trajectories
-#: name -> (corpus model, model edit); solver Newton at tight tolerance (the model's
-#: integrator), contacts from simjax's collision at every step
+#: name -> corpus model; solver Newton at tight tolerance (the model's integrator),
+#: contacts from simjax's collision at every step
 TRAJ = {"hopper": "gym_hopper/hopper.xml"}
 TRAJ_SLOW = {"humanoid": "mujoco_humanoid/humanoid.xml", "ant": "gym_ant/ant.xml",
              "walker2d": "gym_walker2d/walker2d.xml",
@@ -213,14 +283,19 @@ TRAJ_SLOW = {"humanoid": "mujoco_humanoid/humanoid.xml", "ant": "gym_ant/ant.xml
              "trossen": "menagerie_trossen_wx250s/scene.xml",
              "half_cheetah": "gym_half_cheetah/half_cheetah.xml",
              "barkour": HFIELD[0]}
+#: the same with the model's own solver settings (barkour and the shadow hand: Newton
+#: with iterations="1" ls_iterations="4", stopped long before convergence, so every
+#: step follows MuJoCo's iterates, not just its optimum)
+TRAJ_OWN = {"barkour": HFIELD[0], "shadow_hand": "mjx_shadow_hand/scene_right.xml"}
 CHUNK = 10
 
 
-def trajectory_errors(rel, nstep, seed=3):
+def trajectory_errors(rel, nstep, seed=3, solver=NEWTON):
     """Per-step errors of a simjax trajectory against mj_step from a MuJoCo state in
-    contact: (qpos max abs error (nstep,), qvel error relative to max(1, |qvel|))."""
-    mjm, m = _load(rel, NEWTON, None, None)
-    st = trajectory_states(mjm, 1, seed=seed)[0]
+    contact: (qpos max abs error (nstep,), qvel error relative to max(1, |qvel|)).
+    ``solver=None``: the model's own solver settings."""
+    mjm, m = _load(rel, solver, None, None)
+    st = trajectory_states(mjm, 1, seed=seed, **STATES.get(rel, {}))[0]
     mjd = mujoco.MjData(mjm)
     for k, v in st.items():
         getattr(mjd, k)[:] = v
@@ -245,12 +320,12 @@ def trajectory_errors(rel, nstep, seed=3):
     return np.array(eq), np.array(ev), ncon
 
 
-def check_trajectory(rel, nstep):
-    eq, ev, ncon = trajectory_errors(rel, nstep)
+def check_trajectory(rel, nstep, solver=NEWTON):
+    eq, ev, ncon = trajectory_errors(rel, nstep, solver=solver)
     marks = [t for t in (1, 10, 20, 50, 100) if t <= nstep]
     growth = ", ".join(f"step {t}: qpos {eq[t - 1]:.1e} qvel {ev[t - 1]:.1e}" for t in marks)
-    print(f"trajectory {rel}: {growth}; contacts (ours, MuJoCo) at step 10 {ncon[9]}, "
-          f"last {ncon[-1]}")
+    print(f"trajectory {rel} ({'own solver' if solver is None else 'tight'}): {growth}; "
+          f"contacts (ours, MuJoCo) at step 10 {ncon[9]}, last {ncon[-1]}")
     assert sum(c[1] for c in ncon[:10]) > 0, "no contacts in the first 10 steps"
     assert np.all(np.isfinite(eq))
     assert eq[9] < 1e-4 and ev[9] < 1e-4, (eq[9], ev[9])
@@ -267,3 +342,16 @@ def test_trajectory_10(name):
 @pytest.mark.parametrize("name", sorted(TRAJ_SLOW) + sorted(TRAJ))
 def test_trajectory_100(name):
     check_trajectory({**TRAJ, **TRAJ_SLOW}[name], 100)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TRAJ_OWN))
+def test_trajectory_100_own_solver(name):
+    """100 steps with the model's own (early-stopped) solver settings.
+
+    Measured: shadow hand qpos 4e-15 at step 10, 3e-14 at step 100; barkour 1.2e-6 at
+    step 10, 3e-5 at step 100: MuJoCo's EPA stops at its tolerance on deep sphere /
+    height-field prism penetrations (its contact point is ~1e-6 off the point its own
+    normal and depth give; simjax's is exact); with MuJoCo's contacts injected at
+    barkour states, simjax's rows and one-iteration solve agree with MuJoCo to 1e-14."""
+    check_trajectory(TRAJ_OWN[name], 100, solver=None)
