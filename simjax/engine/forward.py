@@ -332,13 +332,6 @@ def _is_bad(x):
     return jnp.any(jnp.isnan(x) | (jnp.abs(x) > MAXVAL))
 
 
-def _fresh(m, dtype, warn, ncon_max=None):
-    """The reset state (mj_resetData) with warning counter ``warn`` set to 1; reset
-    clears every other warning, as MuJoCo does."""
-    fresh = io.make_data(m, dtype=dtype, ncon_max=ncon_max)
-    return fresh.replace(warning=fresh.warning.at[warn].set(1))
-
-
 def _integrate(m, d: Data) -> Data:
     integrator = m.opt.integrator
     if integrator == IntegratorType.EULER:
@@ -348,6 +341,21 @@ def _integrate(m, d: Data) -> Data:
     if integrator in (IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST):
         return implicit(m, d)
     raise UnsupportedFeatureError(f"integrator {int(integrator)}")
+
+
+def _select_tree(pred, a, b):
+    """Leafwise ``where(pred, a, b)`` for a scalar ``pred`` over two Data.
+
+    lax.select on an explicit broadcast traces to two operations per field, where
+    jnp.where adds a nested jit with its own promotions and broadcasts per field.
+    """
+    preds = {}
+
+    def sel(x, y):
+        if y.shape not in preds:
+            preds[y.shape] = jnp.broadcast_to(pred, y.shape)
+        return jax.lax.select(preds[y.shape], jnp.broadcast_to(x.astype(y.dtype), y.shape), y)
+    return jax.tree_util.tree_map(sel, a, b)
 
 
 def step(m, d: Data) -> Data:
@@ -368,12 +376,12 @@ def step(m, d: Data) -> Data:
     badv = jnp.logical_and(~badq, _is_bad(d.qvel))
     if autoreset:
         # the two reset states differ only in the warning counter that is set
-        fresh = io.make_data(m, dtype=dtype, ncon_max=ncon_max)
-        warn = jnp.arange(fresh.warning.shape[0])
-        fresh = fresh.replace(warning=((badq & (warn == WARN_BADQPOS)) |
+        base = io.make_data(m, dtype=dtype, ncon_max=ncon_max)
+        warn = jnp.arange(base.warning.shape[0])
+        fresh = base.replace(warning=((badq & (warn == WARN_BADQPOS)) |
                                        (badv & (warn == WARN_BADQVEL))).astype(
-                                           fresh.warning.dtype))
-        d = jax.tree_util.tree_map(lambda a, b: jnp.where(badq | badv, a, b), fresh, d)
+                                           base.warning.dtype))
+        d = _select_tree(badq | badv, fresh, d)
     else:
         warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))
         d = d.replace(warning=warning.at[WARN_BADQVEL].add(badv.astype(jnp.int32)))
@@ -383,5 +391,7 @@ def step(m, d: Data) -> Data:
         d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
         return _integrate(m, d)
     new = _integrate(m, d)
-    fresh = _fresh(m, dtype, WARN_BADQACC, ncon_max)
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(bada, a, b), fresh, new)
+    # the reset state with only the bad-qacc warning counter set, built from the one
+    # made above rather than traced a second time
+    fresh = base.replace(warning=jnp.zeros_like(base.warning).at[WARN_BADQACC].set(1))
+    return _select_tree(bada, fresh, new)
