@@ -90,16 +90,14 @@ def _pad_cols(x, n):
     return lax.pad(x, jnp.zeros((), x.dtype), cfg)
 
 
-def factor_permuted(m, a, symmetric=True, add_diag=None, permuted=False):
+def factor_permuted(m, a, symmetric=True, add_diag=None):
     """As :func:`factor`, but (L, U, D) stay in the plan's permuted order.
 
-    ``add_diag`` (nv,), if given, is added to the diagonal of ``a`` first; ``permuted``:
-    ``a`` is already in the plan's order (see :func:`permute`).
+    ``add_diag`` (nv,), if given, is added to the diagonal of ``a`` first.
     """
     plan = _plan(m)
     nv = m.nv
-    if not permuted:
-        a = permute2(a, plan.perm)
+    a = permute2(a, plan.perm)
     if add_diag is not None:
         a = a + jnp.diag(take(add_diag, plan.perm))
     lows, ups, diags = [], [], []
@@ -125,11 +123,6 @@ def factor_permuted(m, a, symmetric=True, add_diag=None, permuted=False):
     low = jnp.concatenate(lows[::-1])
     up = low.T if symmetric else jnp.concatenate(ups[::-1]).T
     return low, up, jnp.concatenate(diags[::-1])
-
-
-def permute(m, a):
-    """a (nv, nv) in the plan's order, for ``factor_permuted(..., permuted=True)``."""
-    return permute2(a, _plan(m).perm)
 
 
 def _solve_blocks(plan, low, up_rows, diag, x):
