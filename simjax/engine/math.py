@@ -9,7 +9,6 @@ and square roots never produce NaN gradients at zero.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
 #: MuJoCo's mjMINVAL: smallest value treated as non-zero.
 MINVAL = 1e-15
@@ -21,19 +20,11 @@ def dot(a, b):
     return jnp.sum(a * b, axis=-1)
 
 
-def _yzx(a):
-    """Components rotated left along the last axis: (x, y, z) -> (y, z, x)."""
-    return jnp.concatenate([a[..., 1:], a[..., :1]], -1)
-
-
 def cross(a, b):
-    """3D cross product over the last axis.
-
-    Written on whole arrays (c = a * b.yzx - a.yzx * b holds the cross product's
-    components in zxy order) so that it traces to 12 operations instead of ~25 for the
-    per-component form; every component is still a_i b_j - a_j b_i, bit for bit.
-    """
-    return _yzx(a * _yzx(b) - _yzx(a) * b)
+    """3D cross product over the last axis."""
+    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
+    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
+    return jnp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
 
 
 def safe_sqrt(x):
@@ -89,12 +80,14 @@ def quat_neg(q):
 
 
 def quat_mul(a, b):
-    """Hamilton product a * b (mju_mulQuat), in scalar-vector form:
-    (a0 b0 - av.bv, a0 bv + b0 av + av x bv)."""
-    a0, av = a[..., :1], a[..., 1:]
-    b0, bv = b[..., :1], b[..., 1:]
-    w = a0 * b0 - jnp.sum(av * bv, -1, keepdims=True)
-    return jnp.concatenate([w, a0 * bv + b0 * av + cross(av, bv)], -1)
+    """Hamilton product a * b (mju_mulQuat)."""
+    a0, a1, a2, a3 = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
+    b0, b1, b2, b3 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+    return jnp.stack([
+        a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
+        a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+        a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
+        a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0], axis=-1)
 
 
 def rot_vec_quat(v, q):
@@ -106,24 +99,17 @@ def rot_vec_quat(v, q):
 
 
 def quat_to_mat(q):
-    """Rotation matrix (..., 3, 3) of unit quaternion q (mju_quat2Mat).
-
-    R = (w^2 - v.v) I + 2 v v' + 2 w [v]x, assembled from whole-array products (a few
-    operations instead of one per entry).
-    """
-    w, v = q[..., :1], q[..., 1:]
-    ww = w * w
-    vv = v * v                                            # xx, yy, zz
-    diag = ww - jnp.sum(vv, -1, keepdims=True) + 2 * vv   # as ww + xx - yy - zz, ...
-    s = 2 * v * _yzx(v)                                   # 2xy, 2yz, 2zx
-    t = 2 * w * _yzx(_yzx(v))                             # 2wz, 2wx, 2wy
-    lo, up = s + t, s - t          # (1,0) (2,1) (0,2) and (0,1) (1,2) (2,0) entries
-    # row-major entries 00 01 02 10 11 12 20 21 22 picked from [diag, up, lo]
-    flat = jnp.concatenate([diag, up, lo], -1)[..., _Q2M_SRC]
-    return flat.reshape(q.shape[:-1] + (3, 3))
-
-
-_Q2M_SRC = np.array([0, 3, 8, 6, 1, 4, 5, 7, 2])
+    """Rotation matrix (..., 3, 3) of unit quaternion q (mju_quat2Mat)."""
+    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    ww, wx, wy, wz = w * w, w * x, w * y, w * z
+    xx, xy, xz = x * x, x * y, x * z
+    yy, yz, zz = y * y, y * z, z * z
+    rows = [
+        jnp.stack([ww + xx - yy - zz, 2 * (xy - wz), 2 * (xz + wy)], -1),
+        jnp.stack([2 * (xy + wz), ww - xx + yy - zz, 2 * (yz - wx)], -1),
+        jnp.stack([2 * (xz - wy), 2 * (yz + wx), ww - xx - yy + zz], -1),
+    ]
+    return jnp.stack(rows, axis=-2)
 
 
 def axis_angle_to_quat(axis, angle):

@@ -19,7 +19,6 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from simjax.engine import tables
 
@@ -69,25 +68,26 @@ def factor(m, a, symmetric=True):
     """
     low_p, up_p, diag_p = factor_permuted(m, a, symmetric)
     plan = _plan(m)
-    low = permute2(low_p, plan.inv)
-    return low, (low.T if symmetric else permute2(up_p, plan.inv)), take(diag_p, plan.inv)
+    unperm = lambda x: x[plan.inv[:, None], plan.inv[None, :]]   # noqa: E731
+    low = unperm(low_p)
+    return low, (low.T if symmetric else unperm(up_p)), diag_p[plan.inv]
 
 
-def take(x, idx, axis=-1):
-    """x[..., idx] along ``axis`` for a static index array."""
-    return jnp.take(x, np.asarray(idx), axis=axis, mode="clip")
-
-
-def permute2(x, perm):
-    """x[perm][:, perm] for a square (n, n) x and a static permutation (one gather;
-    measured faster on CPU than a hand-built lax.gather, one-hot products or slices)."""
-    return x[perm[:, None], perm[None, :]]
-
-
-def _pad_cols(x, n):
-    """Zero-pad the last axis of x to length n (lax.pad: one operation)."""
-    cfg = [(0, 0, 0)] * (x.ndim - 1) + [(0, n - x.shape[-1], 0)]
-    return lax.pad(x, jnp.zeros((), x.dtype), cfg)
+def _sum0(x):
+    """Sum over axis 0 by halving: O(log n) elementwise adds that XLA fuses into one
+    loop (a reduce over a short leading axis, or a dot with a short inner dimension,
+    is several times slower on CPU for the small matrices of the tree)."""
+    rest = []
+    while x.shape[0] > 1:
+        n = x.shape[0]
+        if n % 2:
+            rest.append(x[n - 1])
+            n -= 1
+        x = x[:n // 2] + x[n // 2:n]
+    out = x[0]
+    for r in rest:
+        out = out + r
+    return out
 
 
 def factor_permuted(m, a, symmetric=True, add_diag=None):
@@ -97,23 +97,25 @@ def factor_permuted(m, a, symmetric=True, add_diag=None):
     """
     plan = _plan(m)
     nv = m.nv
-    a = permute2(a, plan.perm)
+    dtype = a.dtype
+    anc = jnp.asarray(plan.anc, dtype)
+    a = a[plan.perm[:, None], plan.perm[None, :]]
     if add_diag is not None:
-        a = a + jnp.diag(take(add_diag, plan.perm))
+        a = a + jnp.diag(add_diag[plan.perm])
     lows, ups, diags = [], [], []
     for s, e in reversed(plan.blocks):                    # leaves first
-        dk = jnp.diagonal(a[s:e, s:e])
-        anc = plan.anc[s:e, :s].astype(a.dtype)           # static ancestor mask
-        rows = a[s:e, :s] * anc                           # (nl, s) ancestor entries
+        blk = a[s:e, s:e]
+        dk = jnp.diagonal(blk)
+        rows = a[s:e, :s] * anc[s:e, :s]                  # (nl, s) ancestor entries
         lk = rows / dk[:, None]
         if symmetric:
-            uk, cols = lk, rows
+            uk = lk
+            cols = rows
         else:
-            cols = a[:s, s:e].T * anc                     # column entries, as rows
+            cols = a[:s, s:e].T * anc[s:e, :s]            # column entries, as rows
             uk = cols / dk[:, None]
-        lows.append(_pad_cols(lk, nv))
-        if not symmetric:
-            ups.append(_pad_cols(uk, nv))
+        lows.append(jnp.pad(lk, ((0, 0), (0, nv - s))))
+        ups.append(jnp.pad(uk, ((0, 0), (0, nv - s))))
         diags.append(dk)
         if s:
             # rank-(e-s) update as a reduction over the level (not unrolled per dof, so
@@ -121,7 +123,7 @@ def factor_permuted(m, a, symmetric=True, add_diag=None):
             # also keeps XLA from fusing, and so recomputing, levels into each other)
             a = a[:s, :s] - jnp.sum(cols[:, :, None] * lk[:, None, :], axis=0)
     low = jnp.concatenate(lows[::-1])
-    up = low.T if symmetric else jnp.concatenate(ups[::-1]).T
+    up = jnp.concatenate(ups[::-1]).T
     return low, up, jnp.concatenate(diags[::-1])
 
 
@@ -131,11 +133,9 @@ def _solve_blocks(plan, low, up_rows, diag, x):
     Only the off-diagonal level blocks ``low[s:e, :s]`` and ``up_rows[s:e, :s]``
     (U's columns of the level, as rows) are read.
     """
-    tdot = (((0,), (0,)), ((), ()))                       # blk.T @ x without a transpose
     for s, e in reversed(plan.blocks):                    # U^-1, leaves first
         if s:
-            upd = lax.dot_general(up_rows[s:e, :s], x[s:e], tdot)
-            x = jnp.concatenate([x[:s] - upd, x[s:]])
+            x = jnp.concatenate([x[:s] - up_rows[s:e, :s].T @ x[s:e], x[s:]])
     x = x / diag[:, None]
     for s, e in plan.blocks:                              # L^-1, root first
         if s:
@@ -146,20 +146,20 @@ def _solve_blocks(plan, low, up_rows, diag, x):
 def solve_permuted(m, low, up, diag, b):
     """Solve with permuted factors; b, result in the original order."""
     plan = _plan(m)
-    x = take(b, plan.perm, 0)
+    x = b[plan.perm]
     vec = x.ndim == 1
     if vec:
         x = x[:, None]
     x = _solve_blocks(plan, low, up.T, diag, x)
-    x = take(x, plan.inv, 0)
+    x = x[plan.inv]
     return x[:, 0] if vec else x
 
 
 def solve(m, low, up, diag, b):
     """Solve (U diag(D) L) x = b with factors from :func:`factor`; b (nv,) or (nv, k)."""
     plan = _plan(m)
-    return solve_permuted(m, permute2(low, plan.perm), permute2(up, plan.perm),
-                          take(diag, plan.perm), b)
+    perm = lambda x: x[plan.perm][:, plan.perm]           # noqa: E731
+    return solve_permuted(m, perm(low), perm(up), diag[plan.perm], b)
 
 
 def pack_ld(low, diag):
@@ -170,13 +170,13 @@ def pack_ld(low, diag):
 def solve_ld(m, qld, b):
     """Solve qM x = b given dense qLD (L strictly lower, D on the diagonal)."""
     plan = _plan(m)
-    qp = permute2(qld, plan.perm)                         # still strictly lower + D
-    x = take(b, plan.perm, 0)
+    qp = qld[plan.perm[:, None], plan.perm[None, :]]      # still strictly lower + D
+    x = b[plan.perm]
     vec = x.ndim == 1
     if vec:
         x = x[:, None]
     x = _solve_blocks(plan, qp, qp, jnp.diagonal(qp), x)
-    x = take(x, plan.inv, 0)
+    x = x[plan.inv]
     return x[:, 0] if vec else x
 
 
