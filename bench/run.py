@@ -188,7 +188,7 @@ def markdown(rows, meta):
     errors = [(r, k) for r in rows for k in ("error", "grad_error") if r.get(k)]
     if errors:
         lines += ["", "Errors and timeouts (each phase, compile included, has the "
-                  f"timeout of the run):"]
+                  "timeout of the run):"]
         lines += [f"- {r['backend']} {r['model']} batch {r['batch']}"
                   f"{' gradient' if k == 'grad_error' else ''}: {r[k]}" for r, k in errors]
     return "\n".join(lines) + "\n"

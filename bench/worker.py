@@ -27,7 +27,6 @@ import math
 import resource
 import statistics
 import sys
-import time
 import traceback
 
 

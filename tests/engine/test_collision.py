@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from engine_helpers import load
-from simjax.engine import io, smooth
+from simjax.engine import io
 from simjax.engine.collision import driver
 from simjax.engine.data import WARN_CONTACTFULL
-from simjax.types import DisableBit, EnableBit
 
 #: every corpus model with collision candidates that MuJoCo finds in contact (barkour
 #: and touch_grid need height fields and are tested with them; the only candidate pairs

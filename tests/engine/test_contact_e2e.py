@@ -30,7 +30,6 @@ from __future__ import annotations
 import importlib
 
 import jax
-import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest

@@ -10,7 +10,6 @@ wraps (side site within the wrapping geom): MuJoCo 4.0's tangent point differs f
 exact root of the inside-wrap equation by up to ~3e-7 rad, simjax returns the exact root,
 so wrap points on those geoms agree to ~4e-8 and ten_J to ~1e-8.
 """
-import jax
 import mujoco
 import numpy as np
 import pytest

@@ -153,7 +153,6 @@ def test_end_to_end_on_height_field(touch):
 
 def _plane_variant():
     """touch_grid.xml with the height field removed: the ball meets the plane floor."""
-    import os
     with open(corpus_path("mujoco_plugin_touch_grid/touch_grid.xml")) as f:
         xml = f.read()
     for line in ('<geom name="a" type="hfield" hfield="a" rgba=".5 .5 .7 1"/>',
