@@ -839,7 +839,7 @@ def _problem(m, d, lay):
         if blk.kind != "conell":
             continue
         ok = d.efc_active[blk.start:blk.start + blk.n * blk.k:blk.k]
-        fr = d.contact.friction[blk.ids][:, :blk.dim - 1]
+        fr = C.take(d.contact.friction, blk.ids)[:, :blk.dim - 1]
         fr = jnp.where(ok[:, None], fr, 1.0)
         mu = fr[:, 0] * jnp.sqrt(1 / jnp.maximum(MINVAL, jnp.asarray(m.opt.impratio, dtype)))
         mus.append(mu)
