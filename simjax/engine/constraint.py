@@ -191,6 +191,23 @@ def make_efc(m, contact_dims, ftype):
 
 
 # --------------------------------------------------------------------------- helpers
+def take(x, ids):
+    """x[ids] for a static index array; a slice when ids is a contiguous range (a
+    gather with constant indices is not simplified to one, and is slow under vmap)."""
+    ids = np.asarray(ids)
+    if len(ids) and np.array_equal(ids, ids[0] + np.arange(len(ids))):
+        return x[int(ids[0]):int(ids[0]) + len(ids)]
+    return x[ids]
+
+
+def put_at(x, ids, val):
+    """x.at[ids].set(val) for a static index array (a slice update when contiguous)."""
+    ids = np.asarray(ids)
+    if len(ids) and np.array_equal(ids, ids[0] + np.arange(len(ids))):
+        return x.at[int(ids[0]):int(ids[0]) + len(ids)].set(val)
+    return x.at[ids].set(val)
+
+
 def _jacs(m, d, points, bodies):
     """Jacobians of world points (n, 3) on bodies (n,): (jacp, jacr), each (n, 3, nv)."""
     return jax.vmap(lambda p, b: support.jac(m, d, p, b))(points, jnp.asarray(bodies))
@@ -351,28 +368,40 @@ def _limit_rows(m, d, blk):
 
 
 def _contact_rows(m, d, blk):
-    """Contact rows of one block: J (n,k,nv), dist, includemargin, diag tran/rot, ok."""
+    """Contact rows of one block: J (n,k,nv), dist, includemargin, diag tran/rot, ok.
+
+    Row i of a contact along the frame axis f (translational) is
+    J_v = sum over the two bodies of sign * mask_v (cdof_v . w), with the 6-vector
+    w = ((p - c) x f, f): the spatial force of a unit force f at the contact point p,
+    c the subtree com of the body's tree (the origin of the com-based cdof). Rotational
+    rows use w = (f, 0). This is mj_jac of both bodies projected on the frame, without
+    forming the (3, nv) point Jacobians."""
     dtype = d.qpos.dtype
     con = d.contact
     slots = blk.ids
     dim = blk.dim
-    geom = con.geom[slots]
+    geom = take(con.geom, slots)
     gb = jnp.asarray(np.asarray(m.geom_bodyid, np.int32))
     b1 = gb[jnp.clip(geom[:, 0], 0)]
     b2 = gb[jnp.clip(geom[:, 1], 0)]
-    pos = con.pos[slots]
-    frame = con.frame[slots]
-    jp1, jr1 = _jacs(m, d, pos, b1)
-    jp2, jr2 = _jacs(m, d, pos, b2)
-    jp, jr = jp2 - jp1, jr2 - jr1
+    pos = take(con.pos, slots)
     nt = 3 if dim > 1 else 1
-    jac = jnp.einsum("nij,njv->niv", frame[:, :nt], jp)
-    if dim > 3:
-        jac = jnp.concatenate([jac, jnp.einsum("nij,njv->niv", frame[:, :dim - 3], jr)], 1)
+    frame = take(con.frame, slots)[:, :nt]                              # (n, nt, 3)
+    anc = jnp.asarray(tables.get(m).anc_dof, dtype)
+    root = jnp.asarray(np.asarray(m.body_rootid, np.int32))
+    rows = []
+    for b, sign in ((b2, 1.0), (b1, -1.0)):
+        off = pos - d.subtree_com[root[b]]                              # (n, 3)
+        w = jnp.concatenate([math.cross(off[:, None], frame), frame], -1)
+        if dim > 3:
+            rot = take(con.frame, slots)[:, :dim - 3]
+            w = jnp.concatenate([w, jnp.concatenate([rot, jnp.zeros_like(rot)], -1)], 1)
+        rows.append(sign * anc[b][:, None, :] * jnp.einsum("nkc,vc->nkv", w, d.cdof))
+    jac = rows[0] + rows[1]
     iw = _f(m.body_invweight0, dtype).reshape(m.nbody, 2)
     tran = iw[b1, 0] + iw[b2, 0]
     rot = iw[b1, 1] + iw[b2, 1]
-    ok = con.valid[slots] & (con.exclude[slots] == 0)
+    ok = take(con.valid, slots) & (take(con.exclude, slots) == 0)
     # MuJoCo skips a contact only when its bodies' kinematic chains hold no dof (a
     # structural count, never the Jacobian's values; such pairs are not collision
     # candidates): a contact whose rows are numerically zero (an object on slide x/y
@@ -393,12 +422,14 @@ def _impedance(solimp, pos, margin):
     xs = jnp.clip(x, 1e-30, 1.0)
     lin = power == 1
     p = jnp.where(lin, 2.0, power)
-    a = 1.0 / mid ** (p - 1)
-    b = 1.0 / (1 - mid) ** (p - 1)
+    # a x^p below mid, 1 - b (1-x)^p above, a = 1/mid^(p-1), b = 1/(1-mid)^(p-1):
+    # with u = x or 1-x and t = (u / mid or 1-mid)^(p-1), y = u t or 1 - u t and
+    # y' = p t (one power per row)
     lo = xs <= mid
-    om = jnp.clip(1 - xs, 1e-30, None)
-    y = jnp.where(lin, xs, jnp.where(lo, a * xs ** p, 1 - b * om ** p))
-    yp = jnp.where(lin, 1.0, jnp.where(lo, p * a * xs ** (p - 1), p * b * om ** (p - 1)))
+    u = jnp.where(lo, xs, jnp.clip(1 - xs, 1e-30, None))
+    t = (u / jnp.where(lo, mid, 1 - mid)) ** (p - 1)
+    y = jnp.where(lin, xs, jnp.where(lo, u * t, 1 - u * t))
+    yp = jnp.where(lin, 1.0, p * t)
     imp = jnp.where(sat, jnp.where(x >= 1, dw, d0), d0 + y * (dw - d0))
     impp = jnp.where(sat, 0.0, yp * sgn * (dw - d0) / wsafe)
     return (jnp.where(flat, 0.5 * (d0 + dw), imp), jnp.where(flat, 0.0, impp))
@@ -517,10 +548,10 @@ def make_constraint(m, d):
         else:
             jac, tran, rot, ok = _contact_rows(m, d, blk)
             s = blk.ids
-            dist, incl = con.dist[s], con.includemargin[s]
-            fr = con.friction[s]
-            ref, imp = con.solref[s], con.solimp[s]
-            solreff = put(solreff, blk, rep(_safe_solref(m, con.solreffriction[s], True), k))
+            dist, incl = take(con.dist, s), take(con.includemargin, s)
+            fr = take(con.friction, s)
+            ref, imp = take(con.solref, s), take(con.solimp, s)
+            solreff = put(solreff, blk, rep(_safe_solref(m, take(con.solreffriction, s), True), k))
             dim = blk.dim
             if blk.kind == "con1":
                 rows, dg = jac, tran[:, None]
@@ -596,7 +627,8 @@ def make_constraint(m, d):
     for blk in lay.blocks:
         if blk.kind.startswith("con"):
             first = blk.start + blk.k * np.arange(blk.n)
-            adr = adr.at[blk.ids].set(jnp.where(active[first], jnp.asarray(first, jnp.int32), -1))
+            act0 = active[blk.start:blk.start + blk.n * blk.k:blk.k]
+            adr = put_at(adr, blk.ids, jnp.where(act0, jnp.asarray(first, jnp.int32), -1))
     contact = d.contact.replace(efc_address=adr)
     return d.replace(contact=contact, efc_J=J, efc_pos=jnp.where(active, pos, 0.0),
                      efc_margin=jnp.where(active, margin, 0.0),
@@ -614,7 +646,7 @@ def _contact_R(m, d, lay, R):
         if blk.kind not in ("conpyr", "conell"):
             continue
         rows = R[blk.start:blk.start + blk.n * blk.k].reshape(blk.n, blk.k)
-        fr = d.contact.friction[blk.ids]
+        fr = take(d.contact.friction, blk.ids)
         r0 = rows[:, 0]
         r1 = r0 / impratio
         if blk.kind == "conell":

@@ -74,6 +74,21 @@ def cho_solve(low, b):
     return jax.lax.fori_loop(0, n, bwd, jnp.zeros_like(b))
 
 
+def spd_factor(a):
+    """Lower Cholesky factor of a symmetric positive definite (..., n, n) matrix
+    (LAPACK potrf on CPU, batched under vmap; many times faster than the column loop
+    of :func:`cholesky`). For the constraint Hessians, M + J' D J with M positive
+    definite."""
+    return jnp.linalg.cholesky(a)
+
+
+def spd_solve(low, b):
+    """Solve (L L') x = b for a factor of :func:`spd_factor`; b (n,)."""
+    tri = jax.lax.linalg.triangular_solve
+    y = tri(low, b[:, None], left_side=True, lower=True)
+    return tri(low, y, left_side=True, lower=True, transpose_a=True)[:, 0]
+
+
 # --------------------------------------------------------------------------- problem
 @dataclasses.dataclass(frozen=True)
 class Spec:
@@ -264,31 +279,33 @@ def _ell_cost_dif(e, alpha):
 
 
 def _eval(spec, p, pre, alpha):
-    """(alpha, cost(alpha) - cost(0), d cost, d2 cost) (PrimalEval)."""
+    """(alpha, cost(alpha) - cost(0), d cost, d2 cost) (PrimalEval).
+
+    Every scalar row contributes either quadratic coefficients (equality rows, active
+    one-sided rows; summed before evaluation, as MuJoCo) or its cost difference and
+    derivatives directly (friction loss; one-sided rows leaving the active set): one
+    (rows, 6) array and a single reduction."""
     quad, Jv, start = pre["quad"], pre["Jv"], pre["jaref"]
-    qt = jnp.stack([0.0 * alpha, pre["qg"][1], pre["qg"][2]])
-    eq = jnp.asarray(spec.eq)
-    qt = qt + jnp.stack([0.0 * alpha, jnp.sum(jnp.where(eq, quad[:, 1], 0.0)),
-                         jnp.sum(jnp.where(eq, quad[:, 2], 0.0))])
-    # friction loss
+    eq, fr, iq = spec.eq, spec.fric, spec.ineq
     x = start + alpha * Jv
+    # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
     f, D = p["floss"], p["D"]
     rf = p["R"] * f
-    fr = spec.fric
-    cost = jnp.sum(jnp.where(fr, _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D), 0.0))
     quadz = (-rf < x) & (x < rf)
+    fcost = _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D)
     dz0 = jnp.where(quadz, D * x * Jv, jnp.where(x <= -rf, -f * Jv, f * Jv))
     dz1 = jnp.where(quadz, D * Jv * Jv, 0.0)
-    d0 = jnp.sum(jnp.where(fr, dz0, 0.0))
-    d1 = jnp.sum(jnp.where(fr, dz1, 0.0))
-    # one-sided rows
-    iq = spec.ineq
+    # one-sided rows: quadratic where active at alpha, minus their cost at 0
     cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
     act = iq & (x < 0)
-    qt = qt + jnp.stack([jnp.sum(jnp.where(act, quad[:, 0] - cost0, 0.0)),
-                         jnp.sum(jnp.where(act, quad[:, 1], 0.0)),
-                         jnp.sum(jnp.where(act, quad[:, 2], 0.0))])
-    cost = cost - jnp.sum(jnp.where(iq & ~act, cost0, 0.0))
+    qrow = eq | act
+    rows = jnp.stack([jnp.where(act, quad[:, 0] - cost0, 0.0),
+                      jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
+                      jnp.where(fr, fcost, 0.0) - jnp.where(iq & ~act, cost0, 0.0),
+                      jnp.where(fr, dz0, 0.0), jnp.where(fr, dz1, 0.0)], -1)
+    tot = jnp.sum(rows, 0)
+    qt = tot[:3] + jnp.stack([0.0 * alpha, pre["qg"][1], pre["qg"][2]])
+    cost, d0, d1 = tot[3], tot[4], tot[5]
     for e in pre["ells"]:
         c, e0, e1 = _ell_cost_dif(e, alpha)
         cost, d0, d1 = cost + c, d0 + e0, d1 + e1
@@ -417,8 +434,7 @@ def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
 
     def mgrad_of(qacc, jaref, state, grad):
         if newton:
-            low = cholesky(_hessian(spec, p, jaref, state))
-            return cho_solve(low, grad)
+            return spd_solve(spd_factor(_hessian(spec, p, jaref, state)), grad)
         return solve_m(grad)
 
     Ma, jaref, state, grad = state_at(qacc0)
@@ -729,6 +745,84 @@ def _noslip(spec, p, force, iterations, lay):
     return force, it
 
 
+# --------------------------------------------------------------------------- compaction
+# The row capacity (every row that could be active: all contact slots, both sides of
+# every limit) is many times the number of active rows in a typical state, and the
+# iterations cost O(rows) per line-search point and O(rows nv^2) per Hessian. The
+# iterative solvers therefore run on the active rows gathered into a smaller static
+# buffer (keeping their order); a state with more active rows than that buffer holds is
+# solved on the full rows instead, so the result never depends on the buffer size.
+def row_capacity(spec):
+    """Static size of the compact buffers: (scalar rows, contacts per elliptic block).
+
+    Equality rows are usually all active and are always kept; the remaining rows get a
+    quarter of their capacity (at least 16 rows / 4 contacts)."""
+    in_ell = _ell_mask(spec)
+    ns = int(np.sum(~in_ell))
+    neq = int(np.sum(spec.eq))
+    ks = min(ns, neq + max(16, -(-(ns - neq) // 4)))
+    ke = tuple(min(n, max(4, -(-n // 4))) for (_, n, _) in spec.ell)
+    return ks, ke
+
+
+def _ell_mask(spec):
+    in_ell = np.zeros(spec.nefc, bool)
+    for start, n, dim in spec.ell:
+        in_ell[start:start + n * dim] = True
+    return in_ell
+
+
+def _first_true(a, k):
+    """Indices of the first ``k`` true entries of the boolean vector ``a`` in order,
+    len(a) where there are fewer (jnp.nonzero(a, size=k) without its scatter: a
+    logarithmic-depth cumulative sum and a binary search, cheaper under vmap)."""
+    cs = jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
+    return jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
+
+
+_FILL = {"J": 0.0, "aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False,
+         "efc_b": 0.0}
+
+
+def _compact(spec, p, caps):
+    """Active rows of problem ``p`` gathered into static buffers of sizes ``caps``
+    (:func:`row_capacity`). Returns (compact spec, compact problem, overflow): padding
+    rows are inactive one-sided rows (zero Jacobian, zero force); ``overflow`` is true
+    when some active row did not fit."""
+    ks, ke = caps
+    nefc = spec.nefc
+    act = p["active"]
+    srows = np.nonzero(~_ell_mask(spec))[0]
+    a = act[srows]
+    pos = _first_true(a, ks)
+    idx = [jnp.take(jnp.asarray(srows, jnp.int32), pos, mode="fill", fill_value=nefc)]
+    overflow = jnp.sum(a) > ks
+    ell, mus, frs = [], [], []
+    row = ks
+    for (start, n, dim), k, mu, fr in zip(spec.ell, ke, p["mu"], p["fr"]):
+        ae = act[start:start + n * dim:dim]
+        pos = _first_true(ae, k)
+        rows = start + pos[:, None] * dim + np.arange(dim)
+        idx.append(jnp.where(pos[:, None] < n, rows, nefc).reshape(-1))
+        mus.append(jnp.take(mu, pos, mode="fill", fill_value=1.0))
+        frs.append(jnp.take(fr, pos, axis=0, mode="fill", fill_value=1.0))
+        overflow = overflow | (jnp.sum(ae) > k)
+        ell.append((row, k, dim))
+        row += k * dim
+    # materialised once: fused into the gathers, the index search would be recomputed
+    # for every gathered element
+    idx = jax.lax.optimization_barrier(jnp.concatenate(idx))
+    take = lambda x, fill: jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
+    cp = dict(p, mu=tuple(mus), fr=tuple(frs))
+    for key, fill in _FILL.items():
+        if key in p:
+            cp[key] = take(p[key], fill)
+    cspec = Spec(eq=take(jnp.asarray(spec.eq), False), fric=take(jnp.asarray(spec.fric), False),
+                 ineq=take(jnp.asarray(spec.ineq), True), ell=tuple(ell), nefc=row,
+                 nv=spec.nv)
+    return cspec, cp, overflow
+
+
 # --------------------------------------------------------------------------- entry
 def _problem(m, d, lay):
     dtype = d.qpos.dtype
@@ -745,7 +839,7 @@ def _problem(m, d, lay):
         if blk.kind != "conell":
             continue
         ok = d.efc_active[blk.start:blk.start + blk.n * blk.k:blk.k]
-        fr = d.contact.friction[blk.ids][:, :blk.dim - 1]
+        fr = C.take(d.contact.friction, blk.ids)[:, :blk.dim - 1]
         fr = jnp.where(ok[:, None], fr, 1.0)
         mu = fr[:, 0] * jnp.sqrt(1 / jnp.maximum(MINVAL, jnp.asarray(m.opt.impratio, dtype)))
         mus.append(mu)
@@ -770,9 +864,9 @@ def _implicit_jvp(spec, primals, tangents):
     diff, qacc = primals
     ddiff, _ = tangents
     H = jax.jacfwd(lambda qa: gradient(spec, diff, qa))(qacc)
-    low = cholesky(0.5 * (H + H.T))
+    low = spd_factor(0.5 * (H + H.T))
     _, gdot = jax.jvp(lambda dd: gradient(spec, dd, qacc), (diff,), (ddiff,))
-    return qacc, -cho_solve(low, gdot)
+    return qacc, -spd_solve(low, gdot)
 
 
 def fwd_constraint(m, d):
@@ -803,18 +897,38 @@ def fwd_constraint(m, d):
     warm = not (m.opt.disableflags & DisableBit.WARMSTART)
     qs = sg(d.qacc_smooth)
 
-    def total_cost(qa):
-        jar = ps["J"] @ qa - ps["aref"]
-        _, _, c = update(spec, ps, jar)
-        return c + 0.5 * jnp.dot(ps["M"] @ qa - ps["qfrc_smooth"], qa - qs)
+    def total_cost(sp, pp, qa):
+        jar = pp["J"] @ qa - pp["aref"]
+        _, _, c = update(sp, pp, jar)
+        return c + 0.5 * jnp.dot(pp["M"] @ qa - pp["qfrc_smooth"], qa - qs)
 
     if solver in (SolverType.NEWTON, SolverType.CG):
-        qacc0 = qs
-        if warm:
-            qw = sg(d.qacc_warmstart)
-            qacc0 = jnp.where(total_cost(qw) > total_cost(qs), qs, qw)
-        qacc, niter, imp, gnorm = _primal(spec, ps, qacc0, solver == SolverType.NEWTON,
-                                         iters, int(m.opt.ls_iterations))
+        def solve(sp, pp):
+            qacc0 = qs
+            if warm:
+                qw = sg(d.qacc_warmstart)
+                qacc0 = jnp.where(total_cost(sp, pp, qw) > total_cost(sp, pp, qs), qs, qw)
+            return _primal(sp, pp, qacc0, solver == SolverType.NEWTON, iters,
+                           int(m.opt.ls_iterations))
+
+        caps = row_capacity(spec)
+        if caps[0] + sum(k * dim for k, (_, _, dim) in zip(caps[1], spec.ell)) < nefc:
+            cspec, cp, overflow = _compact(spec, ps, caps)
+            res = solve(cspec, cp)
+            arrays = {k: v for k, v in ps.items() if k != "solve_m"}
+
+            def full(c):
+                # the barrier ties the inputs to the loop flag: without it XLA hoists the
+                # loop-invariant solve out of the loop and runs it unconditionally
+                pp, _ = jax.lax.optimization_barrier((arrays, c[0]))
+                return jnp.zeros((), bool), solve(spec, dict(pp, solve_m=ps["solve_m"]))
+
+            # a while_loop as a conditional: under vmap it runs the full-size solve only
+            # when some world of the batch overflowed (a cond would run it always)
+            _, res = jax.lax.while_loop(lambda c: c[0], full, (overflow, res))
+        else:
+            res = solve(spec, ps)
+        qacc, niter, imp, gnorm = res
         force_solver = None
     elif solver == SolverType.PGS:
         f0 = jnp.zeros(nefc, qs.dtype)

@@ -239,3 +239,24 @@ def test_vmap_over_worlds():
     assert np.abs(np.asarray(out.qacc[0]) - np.asarray(one.qacc)).max() / scale < 1e-12
     other = solve_jit(m, d.replace(efc_aref=d.efc_aref * 0.5))
     assert np.abs(np.asarray(out.qacc[1]) - np.asarray(other.qacc)).max() / scale < 1e-12
+
+
+@pytest.mark.parametrize("fit", [True, False])
+def test_compact_rows(fit, monkeypatch):
+    """Newton iterates on the active rows gathered into a compact buffer: a buffer that
+    just fits them gives MuJoCo's solution, and one too small falls back to the full
+    rows (same solution)."""
+    from simjax.engine import constraint as C
+    from simjax.engine import solver as S
+    rel, edit, opts = CASES["ant_newton"]
+    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
+    lay = C.layout(m, C.slot_dims(d))
+    spec = S.spec_from_layout(lay, m.nv)
+    nact = int(np.sum(np.asarray(d.efc_active)))
+    caps = (nact if fit else max(1, nact - 3), ())
+    _, _, overflow = S._compact(spec, S._problem(m, d, lay), caps)
+    assert bool(overflow) != fit
+    monkeypatch.setattr(S, "row_capacity", lambda spec: caps)
+    cases = {"case": CASES["ant_newton"]}
+    monkeypatch.setitem(globals(), "solve_jit", jax.jit(lambda m, d: S.fwd_constraint(m, d)))
+    check_solve("case", cases)
