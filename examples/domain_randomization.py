@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import simjax  # noqa: E402
-from simjax.types import DisableBit, IntegratorType  # noqa: E402
+from examples import light_options  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE = os.path.join(ROOT, "models", "cartpole.xml")
@@ -40,10 +40,7 @@ def load_cartpole(light=False):
     solver (the short mode's choice)."""
     model = simjax.load_model(CARTPOLE)
     if light:
-        opt = model.opt
-        model = model.replace(opt=opt.replace(
-            integrator=int(IntegratorType.EULER),
-            disableflags=opt.disableflags | int(DisableBit.CONSTRAINT)))
+        model = light_options(model)
     return model
 
 

@@ -12,7 +12,6 @@ maps the (N, 3) feature batch to N torques::
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

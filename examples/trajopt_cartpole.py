@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import simjax  # noqa: E402
-from simjax.types import DisableBit, IntegratorType  # noqa: E402
+from examples import light_options  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE = os.path.join(ROOT, "models", "cartpole.xml")
@@ -54,10 +54,7 @@ def load_cartpole(gear_scale=4.0, light=False):
     model = simjax.load_model(CARTPOLE)
     model = model.replace(actuator_gear=jnp.asarray(model.actuator_gear) * gear_scale)
     if light:
-        opt = model.opt
-        model = model.replace(opt=opt.replace(
-            integrator=int(IntegratorType.EULER),
-            disableflags=opt.disableflags | int(DisableBit.CONSTRAINT)))
+        model = light_options(model)
     return model
 
 
