@@ -278,17 +278,27 @@ def _clip_tables(hulls, V):
                 npoly=np.asarray([len(p) for p in polys], np.int64))
 
 
+def _mesh_key(m):
+    """Cache key of a model's mesh vertex data (the static tables depend on nothing else)."""
+    return (m.nmesh, hash(np.asarray(m.mesh_vert).tobytes()),
+            hash(np.asarray(m.mesh_vertadr).tobytes()))
+
+
+def _mesh_vertices(m):
+    """Each mesh's vertices (float64, (vertnum, 3)), in mesh order."""
+    verts = np.asarray(m.mesh_vert, np.float64).reshape(-1, 3)
+    vadr, vnum = np.asarray(m.mesh_vertadr), np.asarray(m.mesh_vertnum)
+    return [verts[vadr[i]:vadr[i] + vnum[i]] for i in range(m.nmesh)]
+
+
 def mesh_table(m):
     """Static padded hull data of every mesh: vert (nmesh, V, 3), normal (nmesh, F, 3),
     edge (nmesh, E, 3), adj (nmesh, V, D) (-1 padded), counts."""
-    key = (m.nmesh, hash(np.asarray(m.mesh_vert).tobytes()),
-           hash(np.asarray(m.mesh_vertadr).tobytes()))
+    key = _mesh_key(m)
     tab = _MESH_CACHE.get(key)
     if tab is not None:
         return tab
-    verts = np.asarray(m.mesh_vert, np.float64).reshape(-1, 3)
-    vadr, vnum = np.asarray(m.mesh_vertadr), np.asarray(m.mesh_vertnum)
-    hulls = [_hull(verts[vadr[i]:vadr[i] + vnum[i]]) for i in range(m.nmesh)]
+    hulls = [_hull(v) for v in _mesh_vertices(m)]
     V = max(len(h[0]) for h in hulls)
     F = max(max(len(h[1]) for h in hulls), 1)
     E = max(max(len(h[2]) for h in hulls), 1)
@@ -343,14 +353,11 @@ def plane_table(m):
     quadrilateral pquad (nmesh, V, PV, 3) (-1 padded). Lighter than mesh_table (no
     edge or face-normal deduplication), so it serves large meshes such as the meshes
     of SDF geoms (tens of thousands of vertices)."""
-    key = (m.nmesh, hash(np.asarray(m.mesh_vert).tobytes()),
-           hash(np.asarray(m.mesh_vertadr).tobytes()))
+    key = _mesh_key(m)
     tab = _PLANE_CACHE.get(key)
     if tab is not None:
         return tab
-    verts = np.asarray(m.mesh_vert, np.float64).reshape(-1, 3)
-    vadr, vnum = np.asarray(m.mesh_vertadr), np.asarray(m.mesh_vertnum)
-    hulls = [_hull_vertices(verts[vadr[i]:vadr[i] + vnum[i]]) for i in range(m.nmesh)]
+    hulls = [_hull_vertices(v) for v in _mesh_vertices(m)]
     polys = [_mj_polygons(hv) for hv in hulls]
     V = max(len(hv) for hv in hulls)
     cnt = [np.zeros(len(hv), np.int64) for hv in hulls]
