@@ -88,15 +88,18 @@ def run_simjax(args, mjd, res):
     print(f"simjax collision (kinematics + collision): {args.batch / t:12.1f} worlds/s",
           flush=True)
 
-    def roll(dd):
-        def body(x, _):
-            return engine.step(m, x), None
-        return jax.lax.scan(body, dd, None, length=args.steps)[0]
-    step = jax.jit(jax.vmap(roll))
+    step = batched_rollout(engine.step, m, args.steps)
     t = _time(step, batch)
     res["simjax_steps_per_s"] = args.batch * args.steps / t
     print(f"simjax step (full, with solver):        {args.batch * args.steps / t:12.1f} "
           "steps/s", flush=True)
+
+
+def batched_rollout(step, model, nstep):
+    """jit(vmap) of ``nstep`` calls of ``step(model, data)`` (simjax or MJX alike)."""
+    def roll(d):
+        return jax.lax.scan(lambda x, _: (step(model, x), None), d, None, length=nstep)[0]
+    return jax.jit(jax.vmap(roll))
 
 
 def run_mjx(args, mjm, mjd, res):
@@ -111,11 +114,7 @@ def run_mjx(args, mjm, mjd, res):
     print(f"mjx contact capacity: {cap}  active after settling (dist < 0): {active}",
           flush=True)
 
-    def mroll(dd):
-        def body(x, _):
-            return mjx.step(mx, x), None
-        return jax.lax.scan(body, dd, None, length=args.steps)[0]
-    mstep = jax.jit(jax.vmap(mroll))
+    mstep = batched_rollout(mjx.step, mx, args.steps)
     t = _time(mstep, bx)
     res["mjx_steps_per_s"] = args.batch * args.steps / t
     print(f"mjx step (full, with solver):           {args.batch * args.steps / t:12.1f} "

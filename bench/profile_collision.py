@@ -22,24 +22,14 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))        # this checkout's simjax
-CORPUS = os.environ.get("SIMJAX_CORPUS", "/work/shared/corpus")
+from bench.models import CORPUS  # noqa: E402
+from bench.profiling import count_eqns, cpu_time  # noqa: E402
+
+CORPUS = os.environ.get("SIMJAX_CORPUS", CORPUS)
 MODELS = {
     "humanoid": "mujoco_humanoid/humanoid.xml",
     "ant": "gym_ant/ant.xml",
 }
-
-
-def count_eqns(jaxpr):
-    """Equations of a jaxpr, sub-jaxprs (scan, cond, pjit bodies) included."""
-    n = 0
-    for eq in jaxpr.eqns:
-        n += 1
-        for v in eq.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                inner = getattr(sub, "jaxpr", None)
-                if inner is not None:
-                    n += count_eqns(getattr(inner, "jaxpr", inner))
-    return n
 
 
 def settle_states(path, batch, seed=0):
@@ -59,16 +49,6 @@ def settle_states(path, batch, seed=0):
         qvel.append(mjd.qvel.copy())
         ncon.append(mjd.ncon)
     return np.asarray(qpos), np.asarray(qvel), np.asarray(ncon)
-
-
-def timed(fn, arg, repeat):
-    jax.block_until_ready(fn(arg))
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.process_time()
-        jax.block_until_ready(fn(arg))
-        best = min(best, time.process_time() - t0)
-    return best
 
 
 def profile(name, path, batch, ncon_max, repeat, step=True):
@@ -101,7 +81,7 @@ def profile(name, path, batch, ncon_max, repeat, step=True):
     out = coll_c(pre_b)
     ncon = np.asarray(out.ncon)
     cap = d.contact.dist.shape[0]
-    t_coll = timed(coll_c, pre_b, repeat)
+    t_coll = cpu_time(coll_c, pre_b, repeat=repeat)
     print(f"{name}: ngeom {m.ngeom} candidates {len(driver.plan(m).g1)} capacity {cap} "
           f"(per dim {driver.dim_split(m, cap)})")
     print(f"  active contacts simjax mean {ncon.mean():.1f} max {ncon.max()} | MuJoCo "
@@ -116,7 +96,7 @@ def profile(name, path, batch, ncon_max, repeat, step=True):
     t0 = time.perf_counter()
     step_c = step.lower(states).compile()
     t_scomp = time.perf_counter() - t0
-    t_step = timed(step_c, states, repeat)
+    t_step = cpu_time(step_c, states, repeat=repeat)
     nefc = int(step_c(states).efc_J.shape[1])
     print(f"  step: {1e6 * t_step / batch:8.1f} us/world-step  compile {t_scomp:.2f}s  "
           f"(nefc_max {nefc})")

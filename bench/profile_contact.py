@@ -21,7 +21,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-CORPUS = "/work/shared/corpus"
+from bench.models import CORPUS  # noqa: E402
+from bench.profiling import count_eqns, cpu_time  # noqa: E402
+
 MODELS = {"humanoid": f"{CORPUS}/mujoco_humanoid/humanoid.xml",
           "ant": f"{CORPUS}/gym_ant/ant.xml"}
 
@@ -36,30 +38,6 @@ def settled(path, batch, settle, seed=0):
     qpos = np.tile(mjd.qpos, (batch, 1))
     qvel = np.tile(mjd.qvel, (batch, 1)) + 1e-2 * rng.standard_normal((batch, mjm.nv))
     return mjm, mjd, qpos, qvel
-
-
-def cpu_time(fn, *args, repeat=3):
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.process_time()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.process_time() - t0)
-    return best
-
-
-def n_eqns(jaxpr):
-    """Equations of a closed jaxpr, sub-jaxprs included."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        total += 1
-        for v in eqn.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
-                    total += n_eqns(sub.jaxpr)
-                elif hasattr(sub, "eqns"):
-                    total += n_eqns(sub)
-    return total
 
 
 def main():
@@ -94,7 +72,7 @@ def main():
             jx = jax.make_jaxpr(jax.vmap(step1))(batch)
             t0 = time.perf_counter()
             jax.jit(jax.vmap(step1)).lower(batch).compile()
-            print(f"  jaxpr eqns (batched step) {n_eqns(jx.jaxpr)}  compile "
+            print(f"  jaxpr eqns (batched step) {count_eqns(jx.jaxpr)}  compile "
                   f"{time.perf_counter() - t0:.2f} s")
 
         def roll(dd):

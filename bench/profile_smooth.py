@@ -18,21 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-
-def count_eqns(jaxpr):
-    """Equations of a jaxpr including those of every sub-jaxpr (scan, cond, pjit...)."""
-    from jax.extend import core
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += 1
-        for p in eqn.params.values():
-            subs = p if isinstance(p, (tuple, list)) else (p,)
-            for s in subs:
-                if isinstance(s, core.ClosedJaxpr):
-                    n += count_eqns(s.jaxpr)
-                elif isinstance(s, core.Jaxpr):
-                    n += count_eqns(s)
-    return n
+from bench.profiling import count_eqns
 
 
 def _batch(name, batch, dtype):
