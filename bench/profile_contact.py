@@ -3,6 +3,10 @@ stages (smooth position stage, collision, make_constraint, velocity/actuation st
 constraint solve, integration), solver iteration counts, jaxpr size and compile time.
 
 Usage: python bench/profile_contact.py [--batch N] [--models humanoid,ant] [--parts]
+                                       [--compile]
+
+With --compile the batched step's jaxpr size and compile time are printed (wall and
+process CPU time), and with --parts as well each stage's jaxpr size and compile CPU time.
 
 Worlds are settled into contact with MuJoCo C (one world, then jittered copies), so the
 profile runs on resting contact states. Times are process CPU time (time.process_time)
@@ -25,7 +29,9 @@ from bench.models import CORPUS  # noqa: E402
 from bench.profiling import count_eqns, cpu_time  # noqa: E402
 
 MODELS = {"humanoid": f"{CORPUS}/mujoco_humanoid/humanoid.xml",
-          "ant": f"{CORPUS}/gym_ant/ant.xml"}
+          "ant": f"{CORPUS}/gym_ant/ant.xml",
+          "barkour": f"{CORPUS}/mjx_barkour_v0/assets/barkour_v0_mjx.xml",
+          "shadow_hand": f"{CORPUS}/mjx_shadow_hand/scene_right.xml"}
 
 
 def settled(path, batch, settle, seed=0):
@@ -70,10 +76,10 @@ def main():
         step1 = lambda dd: forward.step(m, dd)
         if args.compile:
             jx = jax.make_jaxpr(jax.vmap(step1))(batch)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             jax.jit(jax.vmap(step1)).lower(batch).compile()
             print(f"  jaxpr eqns (batched step) {count_eqns(jx.jaxpr)}  compile "
-                  f"{time.perf_counter() - t0:.2f} s")
+                  f"{time.perf_counter() - t0:.2f} s wall, {time.process_time() - c0:.2f} s CPU")
 
         def roll(dd):
             return jax.lax.scan(lambda x, _: (step1(x), None), dd, None, length=args.steps)[0]
@@ -107,8 +113,14 @@ def main():
         }
         for pname, fn in parts.items():
             g = jax.jit(jax.vmap(fn))
+            extra = ""
+            if args.compile:
+                neq = count_eqns(jax.make_jaxpr(jax.vmap(fn))(fw).jaxpr)
+                t0 = time.process_time()
+                g.lower(fw).compile()
+                extra = f"   {neq:6d} eqns  compile {time.process_time() - t0:6.2f} s CPU"
             t = cpu_time(g, fw, repeat=5)
-            print(f"  {pname:18s} {1e6 * t / args.batch:8.2f} us")
+            print(f"  {pname:18s} {1e6 * t / args.batch:8.2f} us{extra}")
 
 
 if __name__ == "__main__":
