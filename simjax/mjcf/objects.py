@@ -539,8 +539,10 @@ def _sensor(el, ids, joints, tendon_recs):
             raise el.error("tendon must be limited in sensor")
         return dict(base, type=t, dim=1, objtype=ObjType.TENDON, objid=k)
     if tag in _ACT_SENSORS:
-        return dict(base, type=_ACT_SENSORS[tag], dim=1, objtype=ObjType.ACTUATOR,
-                    objid=_lookup(ids, "actuator", a.get("actuator"), el, "actuator"))
+        k = _lookup(ids, "actuator", a.get("actuator"), el, "actuator")
+        # one value per force output (three for so3 actuators)
+        return dict(base, type=_ACT_SENSORS[tag], dim=int(ids["actuator_outnum"][k]),
+                    objtype=ObjType.ACTUATOR, objid=k)
     if tag in _FRAME_SENSORS:
         t, dim = _FRAME_SENSORS[tag]
         r = dict(base, type=t, dim=dim, **_frame_obj(el, ids, a.get("objtype"),
