@@ -434,11 +434,12 @@ _SUBTREE_SENSORS = {"subtreecom": SensorType.SUBTREECOM,
 _STAGE_ACC = {SensorType.TOUCH, SensorType.ACCELEROMETER, SensorType.FORCE, SensorType.TORQUE,
               SensorType.ACTUATORFRC, SensorType.JOINTACTFRC, SensorType.TENDONACTFRC,
               SensorType.JOINTLIMITFRC, SensorType.TENDONLIMITFRC, SensorType.FRAMELINACC,
-              SensorType.FRAMEANGACC, SensorType.CONTACT, SensorType.TACTILE}
+              SensorType.FRAMEANGACC, SensorType.CONTACT}
 _STAGE_VEL = {SensorType.VELOCIMETER, SensorType.GYRO, SensorType.JOINTVEL,
               SensorType.TENDONVEL, SensorType.ACTUATORVEL, SensorType.BALLANGVEL,
               SensorType.JOINTLIMITVEL, SensorType.TENDONLIMITVEL, SensorType.FRAMELINVEL,
-              SensorType.FRAMEANGVEL, SensorType.SUBTREELINVEL, SensorType.SUBTREEANGMOM}
+              SensorType.FRAMEANGVEL, SensorType.SUBTREELINVEL, SensorType.SUBTREEANGMOM,
+              SensorType.TACTILE}
 # (e_kinetic is a position-stage sensor in MuJoCo 4.0: 0.5 qvel' M qvel needs only M)
 _DT_POSITIVE = {SensorType.TOUCH, SensorType.INSIDESITE}
 _DT_AXIS = {SensorType.FRAMEXAXIS, SensorType.FRAMEYAXIS, SensorType.FRAMEZAXIS,
@@ -578,6 +579,12 @@ def _sensor(el, ids, joints, tendon_recs):
                          (ObjType.BODY, _lookup(ids, "body", b, el, "body" + k)))
         return dict(base, type=t, dim=dim, objtype=sides[0][0], objid=sides[0][1],
                     reftype=sides[1][0], refid=sides[1][1])
+    if tag == "tactile":
+        # taxels at the mesh's vertices in the geom frame: [depth, tangent1, tangent2]
+        mesh = _lookup(ids, "mesh", a.get("mesh"), el, "mesh")
+        return dict(base, type=SensorType.TACTILE, dim=3 * int(ids["mesh_vertnum"][mesh]),
+                    objtype=ObjType.MESH, objid=mesh, reftype=ObjType.GEOM,
+                    refid=_lookup(ids, "geom", a.get("geom"), el, "geom"))
     if tag == "clock":
         return dict(base, type=SensorType.CLOCK, dim=1, objtype=ObjType.UNKNOWN, objid=-1)
     if tag == "plugin":
