@@ -327,6 +327,7 @@ def compile_root(root, model_dir, assets=None, extras=None):
     ids["actuator"] = _index(act_recs, "actuator")
     ids["actuator_outnum"] = [r["outnum"] for r in act_recs]
     ids["mesh_vertnum"] = [len(mh.vert) for mh in meshes]
+    ids["mesh_el"] = mesh_els
     ids["cam_resolution"] = [c["resolution"] for b in bodies for c in b.cams]
     sensor_recs = obj.sensors(_sections(root, "sensor"), ids, joints, tendon_recs)
     eq_recs = obj.equalities(_sections(root, "equality"), ids)

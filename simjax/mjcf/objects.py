@@ -144,7 +144,8 @@ _TARGETS = (("joint", TrnType.JOINT, "joint"), ("jointinparent", TrnType.JOINTIN
 
 
 def actuators(els, ids, s, joints, tendon_recs):
-    """Actuator records (one control and one force output each)."""
+    """Actuator records: types, prm arrays, transmission, limits and the control and
+    output blocks (ctrlnum, outnum; several for so3, pid and dcmotor actuators)."""
     recs = []
     actadr = 0
     for i, el in enumerate(els):
@@ -582,6 +583,14 @@ def _sensor(el, ids, joints, tendon_recs):
     if tag == "tactile":
         # taxels at the mesh's vertices in the geom frame: [depth, tangent1, tangent2]
         mesh = _lookup(ids, "mesh", a.get("mesh"), el, "mesh")
+        normal = ids["mesh_el"][mesh].attrs.get("normal")
+        nvert = int(ids["mesh_vertnum"][mesh])
+        if normal is not None and len(np.atleast_1d(normal)) == 9 * nvert:
+            # three normals per vertex: MuJoCo's tangent frames (channels 2 and 3), which
+            # need mesh normals simjax's Model does not hold
+            raise UnsupportedFeatureError("tactile sensor on a mesh with three normals per "
+                                          "vertex (tangent channels)", el.file, el.line,
+                                          el.path)
         return dict(base, type=SensorType.TACTILE, dim=3 * int(ids["mesh_vertnum"][mesh]),
                     objtype=ObjType.MESH, objid=mesh, reftype=ObjType.GEOM,
                     refid=_lookup(ids, "geom", a.get("geom"), el, "geom"))

@@ -6,6 +6,7 @@ vertex in both)."""
 import jax
 import mujoco
 import numpy as np
+import pytest
 
 import simjax
 
@@ -51,3 +52,14 @@ def test_tactile_against_mujoco():
         np.testing.assert_allclose(np.asarray(d.sensordata), mjd.sensordata, atol=1e-12)
         hits += int(np.sum(mjd.sensordata > 0))
     assert hits >= 10          # the poses do press taxels into the geoms
+
+
+def test_tactile_tangent_frames_are_named():
+    """Three normals per vertex give MuJoCo's tangent channels: simjax names them."""
+    v = "0 0 0  1 0 0  0 1 0  0 0 1"
+    xml = (f'<mujoco><asset><mesh name="m" vertex="{v}" normal="{" ".join(["0 0 1"] * 12)}"/>'
+           '</asset><worldbody><geom name="g" type="mesh" mesh="m"/></worldbody>'
+           '<sensor><tactile geom="g" mesh="m"/></sensor></mujoco>')
+    assert mujoco.MjModel.from_xml_string(xml).mesh_normalnum[0] == 12
+    with pytest.raises(simjax.UnsupportedFeatureError, match="tactile"):
+        simjax.load_model(xml)
