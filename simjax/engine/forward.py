@@ -60,7 +60,7 @@ def fwd_velocity(m, d: Data) -> Data:
     out = {}
     if m.ntendon:
         out["ten_velocity"] = d.ten_J @ d.qvel
-    if m.nu:
+    if m.nactuator:
         if m.opt.disableflags & DisableBit.ACTUATION:
             out["actuator_velocity"] = jnp.zeros(m.nout, d.qpos.dtype)
         else:

@@ -40,6 +40,7 @@ import numpy as np
 import jax.numpy as jnp
 
 from simjax.engine import math
+from simjax.errors import UnsupportedFeatureError
 
 MINVAL = math.MINVAL
 
@@ -58,12 +59,15 @@ def _groups(adr, nsample, dim, interp, members):
 
 def actuator_groups(m):
     """Groups of actuators with history buffers."""
-    if not m.nu or not m.nhistory:
+    if not m.nactuator or not m.nhistory:
         return []
-    hist = np.asarray(m.actuator_history).reshape(m.nu, 2)
+    hist = np.asarray(m.actuator_history).reshape(m.nactuator, 2)
     members = np.nonzero(hist[:, 0] > 0)[0]
+    if np.any(np.asarray(m.actuator_ctrlnum).reshape(-1)[members] != 1):
+        raise UnsupportedFeatureError("history buffer on an actuator with several (or no) "
+                                      "controls")
     return _groups(np.asarray(m.actuator_historyadr).reshape(-1), hist[:, 0],
-                   np.ones(m.nu, np.int64), hist[:, 1], members.tolist())
+                   np.ones(m.nactuator, np.int64), hist[:, 1], members.tolist())
 
 
 def sensor_groups(m, members):

@@ -131,12 +131,12 @@ def set_length_range(model, opt: LROpt | None = None):
     """
     opt = opt or LROpt()
     m = model
-    if not m.nu or opt.mode == MODE_NONE:
+    if not m.nactuator or opt.mode == MODE_NONE:
         return model
     lr = np.array(m.actuator_lengthrange, np.float64).reshape(-1, 2)
     outadr = np.asarray(m.actuator_outadr).reshape(-1)
     sim = []
-    for i in range(m.nu):
+    for i in range(m.nactuator):
         out = int(outadr[i])
         if not _selected(m, i, opt) or (opt.useexisting and lr[out, 0] < lr[out, 1]):
             continue

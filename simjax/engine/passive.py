@@ -94,7 +94,7 @@ def dof_damping(m, dtype):
     """Linear and polynomial damping per dof incl. actuator damping (nv,), (nv, 2)."""
     damping = _f(m.dof_damping, dtype)
     poly = _f(m.dof_dampingpoly, dtype).reshape(m.nv, 2)
-    if m.nu:
+    if m.nactuator:
         share = smooth._actuator_share(m, "joint")
         if share.any():
             s = jnp.asarray(share, dtype)
@@ -108,7 +108,7 @@ def tendon_damping(m, dtype):
     """Linear and polynomial tendon damping incl. actuator damping (ntendon,), (ntendon, 2)."""
     damping = _f(m.tendon_damping, dtype)
     poly = _f(m.tendon_dampingpoly, dtype).reshape(m.ntendon, 2)
-    if m.nu:
+    if m.nactuator:
         share = smooth._actuator_share(m, "tendon")
         if share.any():
             s = jnp.asarray(share, dtype)

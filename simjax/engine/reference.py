@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.mjcf.orientation import quat_mul, quat_normalize, quat_to_mat, rotate
-from simjax.types import EqType, JointType, ObjType, TrnType, WrapType, leaf
+from simjax.types import GainType, EqType, JointType, ObjType, TrnType, WrapType, leaf
 
 _MINVAL = 1e-15
 
@@ -169,12 +169,14 @@ def _tendons(m, kin, qpos):
 
 
 def _transmission(m, kin, qpos, ten_len, ten_J):
-    """Actuator lengths and moment rows (nu, nv) for the supported transmissions."""
-    length, moment = np.zeros(m.nu), np.zeros((m.nu, m.nv))
+    """Actuator lengths (nout,) and moment rows (nout, nv) for the single-output
+    transmissions (the others go through the engine, :func:`_engine_eval`)."""
+    length, moment = np.zeros(m.nout), np.zeros((m.nout, m.nv))
     gear = np.asarray(m.actuator_gear)
-    for i in range(m.nu):
-        tid = m.actuator_trnid[i, 0]
-        tt = m.actuator_trntype[i]
+    for a in range(m.nactuator):
+        i = int(m.actuator_outadr[a])      # the actuator's (single) output row
+        tid = m.actuator_trnid[a, 0]
+        tt = m.actuator_trntype[a]
         if tt in (TrnType.JOINT, TrnType.JOINTINPARENT):
             jt = m.jnt_type[tid]
             d = m.jnt_dofadr[tid]
@@ -187,7 +189,7 @@ def _transmission(m, kin, qpos, ten_len, ten_J):
         elif tt == TrnType.TENDON:
             length[i] = ten_len[tid] * gear[i, 0]
             moment[i] = ten_J[tid] * gear[i, 0]
-        elif tt == TrnType.SITE and m.actuator_trnid[i, 1] < 0:
+        elif tt == TrnType.SITE and m.actuator_trnid[a, 1] < 0:
             b = m.site_bodyid[tid]
             p, r = kin.frame(b, np.asarray(m.site_pos)[tid], np.asarray(m.site_quat)[tid])
             jp, jr = kin.jac(b, p)
@@ -234,9 +236,9 @@ def _needs_engine(m):
     """(tendons, transmission): whether the numpy paths below cannot compute them."""
     wt = np.asarray(m.wrap_type)
     trn = np.asarray(m.actuator_trntype)
-    ref = np.asarray(m.actuator_trnid).reshape(-1, 2)[:, 1] if m.nu else np.zeros(0)
+    ref = np.asarray(m.actuator_trnid).reshape(-1, 2)[:, 1] if m.nactuator else np.zeros(0)
     tendons = bool(np.any((wt == WrapType.SPHERE) | (wt == WrapType.CYLINDER)))
-    special = (trn == TrnType.SLIDERCRANK) | (trn == TrnType.BODY) | (
+    special = (trn == TrnType.SLIDERCRANK) | (trn == TrnType.BODY) | (trn == TrnType.SO3) | (
         (trn == TrnType.SITE) & (ref >= 0))
     return tendons, bool(np.any(special)) or (tendons and bool(np.any(trn == TrnType.TENDON)))
 
@@ -257,7 +259,7 @@ def _engine_eval(m, qpos):
     with jax.enable_x64(True):
         q = leaf(np.asarray(qpos, np.float64).reshape(-1, m.nq))
         out = None
-        if m.nu:
+        if m.nactuator:
             try:
                 out = fn(m, q, True)
             except UnsupportedFeatureError:
@@ -274,10 +276,11 @@ def set0(model):
     kin = _Kin(m, qpos0)
     armature = np.asarray(m.dof_armature, dtype=np.float64).copy()
     act_arm = np.asarray(m.actuator_armature)
-    for i in range(m.nu):
+    for i in range(m.nactuator):
         if act_arm[i] and m.actuator_trntype[i] in (TrnType.JOINT, TrnType.JOINTINPARENT):
             j = m.actuator_trnid[i, 0]
-            armature[m.jnt_dofadr[j]] += act_arm[i] * np.asarray(m.actuator_gear)[i, 0] ** 2
+            g = np.asarray(m.actuator_gear)[m.actuator_outadr[i], 0]
+            armature[m.jnt_dofadr[j]] += act_arm[i] * g ** 2
     M = kin.mass_matrix(armature)
     Minv = np.linalg.inv(M) if m.nv else np.zeros((0, 0))
     out = {"dof_M0": np.diag(M).copy()}
@@ -298,7 +301,7 @@ def set0(model):
     if act_len is None:
         act_len, moment = _transmission(m, kin, qpos0, ten_len, ten_J)
     out["actuator_length0"] = act_len
-    out["actuator_acc0"] = np.linalg.norm(moment @ Minv, axis=1) if m.nv else np.zeros(m.nu)
+    out["actuator_acc0"] = np.linalg.norm(moment @ Minv, axis=1) if m.nv else np.zeros(m.nout)
     out["eq_data"] = _eq_data(m, kin)
     out["actuator_biasprm"] = _dampratio(m, moment, Minv)
     out.update(_cameras(m, kin))
@@ -404,16 +407,23 @@ def _dampratio(m, moment, Minv):
     """biasprm[2] > 0 on position-like actuators is a damping ratio: turn it into -kv.
 
     The mass is the inertia reflected through the transmission at qpos0,
-    1 / (moment M^-1 moment^T) (MuJoCo 4.0; armature included in M), and
+    1 / (moment M^-1 moment^T) (MuJoCo 4.0; armature included in M; for several
+    outputs the mean of the per-row values is inverted), and
     kv = dampratio * 2 sqrt(kp * mass). A zero moment gives zero damping."""
     bias = np.array(m.actuator_biasprm, dtype=np.float64)
     gain = np.asarray(m.actuator_gainprm)
-    for i in range(m.nu):
-        if gain[i, 0] != -bias[i, 1] or bias[i, 2] <= 0:
+    pid = np.asarray(m.actuator_gaintype).reshape(-1) == GainType.PID
+    for i in range(m.nactuator):
+        # a pid keeps kp only in -biasprm[1] (gainprm[0] is its ki)
+        if (not pid[i] and gain[i, 0] != -bias[i, 1]) or bias[i, 2] <= 0:
             continue
-        inv = float(moment[i] @ Minv @ moment[i]) if m.nv else 0.0
+        # several outputs (so3): the mean inverse inertia over the output rows
+        adr, num = int(m.actuator_outadr[i]), int(m.actuator_outnum[i])
+        rows = moment[adr:adr + num]
+        inv = float(np.einsum("ki,ij,kj->", rows, Minv, rows)) / num if m.nv else 0.0
         mass = 1.0 / inv if inv > _MINVAL else 0.0
-        bias[i, 2] = -bias[i, 2] * 2 * np.sqrt(gain[i, 0] * mass)
+        kp = -bias[i, 1] if pid[i] else gain[i, 0]
+        bias[i, 2] = -bias[i, 2] * 2 * np.sqrt(kp * mass)
     return bias
 
 

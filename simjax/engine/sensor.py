@@ -19,7 +19,8 @@ for MuJoCo's contact order).
 User sensors read zero at their stage: MuJoCo clears them and leaves them to the
 mjcb_sensor callback, which simjax does not have (none is installed by default).
 
-Not supported (UnsupportedFeatureError at trace time): tactile sensors, history buffers of plugin sensors, rays against height fields and SDFs, geom distance
+Tactile sensors: :mod:`sensor_tactile`. Not supported (UnsupportedFeatureError at trace
+time): history buffers of plugin sensors, rays against height fields and SDFs, geom distance
 sensors between geom types other than plane, sphere and capsule. Plugin sensors are
 computed stage by stage by :mod:`simjax.plugins.engine` after the built-in ones.
 """
@@ -72,7 +73,7 @@ class _Plan:
 
 
 _CACHE: dict = {}
-_UNSUPPORTED = {S.TACTILE: "tactile sensors"}
+_UNSUPPORTED: dict = {}
 
 
 def _key(m):
@@ -718,6 +719,9 @@ def _vel_values(m, d, t, ids):
         return d.subtree_linvel[oi]
     if t == S.SUBTREEANGMOM:
         return d.subtree_angmom[oi]
+    if t == S.TACTILE:
+        from simjax.engine import sensor_tactile
+        return sensor_tactile.tactile(m, d, ids)
     raise UnsupportedFeatureError(f"sensor type {t.name.lower()} at the velocity stage")
 
 

@@ -44,7 +44,7 @@ def fixed_fields(m) -> dict:
     damping = np.asarray(m.actuator_damping)
     dpoly = np.asarray(m.actuator_dampingpoly)
     arm = np.asarray(m.actuator_armature)
-    for i in range(m.nu):
+    for i in range(m.nactuator):
         if damping[i] == 0 and not np.any(dpoly[i]) and arm[i] == 0:
             continue
         tgt = m.actuator_trnid[i, 0]

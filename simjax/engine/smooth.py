@@ -275,7 +275,7 @@ def _actuator_share(m, kind):
     """Static (n, nactuator) matrix: which actuators pass damping/armature to a joint
     (kind='joint', rows per dof) or tendon (kind='tendon'), per mj_actuatorArmature."""
     from simjax.types import TrnType
-    na = m.nu
+    na = m.nactuator
     if kind == "joint":
         ids = np.asarray(m.jnt_actuatorid)[np.asarray(m.dof_jntid)] if m.nv else np.zeros(0, int)
         targets = np.asarray(m.dof_jntid)
@@ -305,7 +305,7 @@ def _gear2(m, dtype):
 def dof_armature(m, dtype):
     """Armature per dof (nv,) including what actuators contribute (mj_actuatorArmature)."""
     arm = _f(m.dof_armature, dtype)
-    if m.nu:
+    if m.nactuator:
         share = _actuator_share(m, "joint")
         if share.any():
             arm = arm + jnp.asarray(share, dtype) @ (_f(m.actuator_armature, dtype) *

@@ -469,7 +469,7 @@ def armature(m, dtype):
     """Tendon armature incl. what actuators pass to their tendon (ntendon,)."""
     from simjax.engine import smooth
     arm = jnp.asarray(m.tendon_armature, dtype).reshape(m.ntendon)
-    if m.nu:
+    if m.nactuator:
         share = smooth._actuator_share(m, "tendon")
         if share.any():
             arm = arm + jnp.asarray(share, dtype) @ (

@@ -325,6 +325,9 @@ def compile_root(root, model_dir, assets=None, extras=None):
     ids["tendon"] = _index(tendon_recs, "tendon")
     act_recs = obj.actuators(_sections(root, "actuator"), ids, settings, joints, tendon_recs)
     ids["actuator"] = _index(act_recs, "actuator")
+    ids["actuator_outnum"] = [r["outnum"] for r in act_recs]
+    ids["mesh_vertnum"] = [len(mh.vert) for mh in meshes]
+    ids["mesh_el"] = mesh_els
     ids["cam_resolution"] = [c["resolution"] for b in bodies for c in b.cams]
     sensor_recs = obj.sensors(_sections(root, "sensor"), ids, joints, tendon_recs)
     eq_recs = obj.equalities(_sections(root, "equality"), ids)

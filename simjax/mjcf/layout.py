@@ -169,8 +169,10 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
     body_tree = np.array([dof_tree[kw["body_dofadr"][b.weldid]]
                           if kw["body_dofnum"][b.weldid] else -1 for b in bodies], np.int32)
 
-    counts = dict(nq=len(qpos0), nv=nv, nu=len(act_recs), nactuator=len(act_recs),
-                  nout=len(act_recs), na=int(sum(r["actnum"] for r in act_recs)),
+    counts = dict(nq=len(qpos0), nv=nv, nu=int(sum(r.get("ctrlnum", 1) for r in act_recs)),
+                  nactuator=len(act_recs),
+                  nout=int(sum(r.get("outnum", 1) for r in act_recs)),
+                  na=int(sum(r["actnum"] for r in act_recs)),
                   nbody=len(bodies), njnt=len(jnt), ngeom=len(geoms), nsite=len(sites),
                   ncam=len(cams), nmesh=len(meshes),
                   nmeshvert=int(sum(len(m.vert) for m in meshes)),
@@ -455,22 +457,31 @@ def _history_layout(act_recs, sensor_recs):
 
 def _actuator_fields(f, recs, nuser):
     for k in ("trntype", "dyntype", "gaintype", "biastype", "actadr", "actnum", "cranklength",
-              "actearly", "ctrllimited", "forcelimited", "actlimited", "armature", "ctrlspec"):
+              "actearly", "forcelimited", "actlimited", "armature", "ctrlspec"):
         f[f"actuator_{k}"] = [r[k] for r in recs]
     f["actuator_trnid"] = _stack([r["trnid"] for r in recs], 2, np.int32)
     for k in ("dynprm", "gainprm", "biasprm"):
         f[f"actuator_{k}"] = _stack([r[k] for r in recs], 10)
-    for k in ("ctrlrange", "forcerange", "actrange", "lengthrange"):
+    for k in ("forcerange", "actrange"):
         f[f"actuator_{k}"] = _stack([r[k] for r in recs], 2)
-    f["actuator_gear"] = _stack([r["gear"] for r in recs], 6)
+    # per-control (nu) and per-output (nout) blocks
+    ctrlnum = np.array([r.get("ctrlnum", 1) for r in recs], np.int32)
+    outnum = np.array([r.get("outnum", 1) for r in recs], np.int32)
+    f["actuator_ctrllimited"] = [lim for r in recs
+                                 for lim in r.get("ctrllimiteds", [r["ctrllimited"]])]
+    f["actuator_ctrlrange"] = _stack([rng for r in recs
+                                      for rng in r.get("ctrlranges", [r["ctrlrange"]])], 2)
+    per_out = [r for r, k in zip(recs, outnum) for _ in range(k)]
+    f["actuator_lengthrange"] = _stack([r["lengthrange"] for r in per_out], 2)
+    f["actuator_gear"] = _stack([r["gear"] for r in per_out], 6)
     f["actuator_group"] = [r["group"] for r in recs]
     f["actuator_damping"] = [r["damping"][0] for r in recs]
     f["actuator_dampingpoly"] = _stack([r["damping"][1:] for r in recs], 2)
     n = len(recs)
-    f["actuator_ctrladr"] = np.arange(n)
-    f["actuator_outadr"] = np.arange(n)
-    f["actuator_ctrlnum"] = np.ones(n)
-    f["actuator_outnum"] = np.ones(n)
+    f["actuator_ctrladr"] = np.concatenate([[0], np.cumsum(ctrlnum)[:-1]]) if n else ctrlnum
+    f["actuator_outadr"] = np.concatenate([[0], np.cumsum(outnum)[:-1]]) if n else outnum
+    f["actuator_ctrlnum"] = ctrlnum
+    f["actuator_outnum"] = outnum
     f["actuator_history"] = _stack([r.get("history", [0, 0]) for r in recs], 2, np.int32)
     f["actuator_delay"] = [r.get("delay", 0.0) for r in recs]
     f["actuator_plugin"] = np.full(n, -1)

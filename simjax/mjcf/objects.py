@@ -13,11 +13,17 @@ from simjax.types import (BiasType, DataType, DynType, EqType, GainType, JointTy
                           ObjType, SensorType, Stage, TrnType, WrapType)
 
 DYN = {"none": DynType.NONE, "integrator": DynType.INTEGRATOR, "filter": DynType.FILTER,
-       "filterexact": DynType.FILTEREXACT, "muscle": DynType.MUSCLE, "user": DynType.USER}
+       "filterexact": DynType.FILTEREXACT, "muscle": DynType.MUSCLE,
+       "dcmotor": DynType.DCMOTOR, "pid": DynType.PID, "user": DynType.USER}
 GAIN = {"fixed": GainType.FIXED, "affine": GainType.AFFINE, "muscle": GainType.MUSCLE,
+        "dcmotor": GainType.DCMOTOR, "so3": GainType.SO3, "pid": GainType.PID,
         "user": GainType.USER}
 BIAS = {"none": BiasType.NONE, "affine": BiasType.AFFINE, "muscle": BiasType.MUSCLE,
-        "user": BiasType.USER}
+        "dcmotor": BiasType.DCMOTOR, "so3": BiasType.SO3, "user": BiasType.USER}
+# actuator ``input`` signature (actuator_ctrlspec): so3 charts, servo input bits, none
+_CHART = {"expmap": 1, "quat": 2}
+_IN_POS, _IN_VEL, _IN_FF, _IN_VOLTAGE, _IN_NONE = 1, 2, 4, 8, 16
+_IN_BITS = {"pos": _IN_POS, "vel": _IN_VEL, "ff": _IN_FF, "voltage": _IN_VOLTAGE}
 
 
 def _get(attrs, key, default):
@@ -138,13 +144,12 @@ _TARGETS = (("joint", TrnType.JOINT, "joint"), ("jointinparent", TrnType.JOINTIN
 
 
 def actuators(els, ids, s, joints, tendon_recs):
-    """Actuator records (one control and one force output each)."""
+    """Actuator records: types, prm arrays, transmission, limits and the control and
+    output blocks (ctrlnum, outnum; several for so3, pid and dcmotor actuators)."""
     recs = []
     actadr = 0
     for i, el in enumerate(els):
         a = el.attrs
-        if el.tag in ("pid", "orientation", "dcmotor"):
-            raise UnsupportedFeatureError(f"<{el.tag}> actuator", el.file, el.line, el.path)
         dyn = DYN.get(a["dyntype"])
         gain = GAIN.get(a["gaintype"])
         bias = BIAS.get(a["biastype"])
@@ -173,12 +178,17 @@ def actuators(els, ids, s, joints, tendon_recs):
         dynprm = np.array(a["dynprm"], dtype=np.float64)
         ctrlrange = np.array(a["ctrlrange"], dtype=np.float64)
         actrange = np.array(a["actrange"], dtype=np.float64)
+        forcerange = np.array(a["forcerange"], dtype=np.float64)
+        actdim = int(_get(a, "actdim", -1))
+        actlimited = a["actlimited"]
+        io = _io_blocks(el, a, dyn, gain, bias, trn, joints, trnid, gainprm, biasprm, dynprm,
+                        actdim, actrange, forcerange, s.autolimits)
+        actdim, actlimited = io.pop("actdim", actdim), io.pop("actlimited", actlimited)
         _inherit_range(el, a, trn, trnid, dyn, gain, bias, gainprm, biasprm, ctrlrange,
                        actrange, joints, tendon_recs)
-        forcerange = np.array(a["forcerange"], dtype=np.float64)
         fl = resolve_limited(el, a["forcelimited"], forcerange, s.autolimits, "actuator", "force")
         cl = resolve_limited(el, a["ctrllimited"], ctrlrange, s.autolimits, "actuator", "ctrl")
-        al = resolve_limited(el, a["actlimited"], actrange, s.autolimits, "actuator", "act")
+        al = resolve_limited(el, actlimited, actrange, s.autolimits, "actuator", "act")
         if fl and forcerange[0] >= forcerange[1]:
             raise el.error("invalid force range for actuator")
         if cl and ctrlrange[0] >= ctrlrange[1]:
@@ -187,25 +197,42 @@ def actuators(els, ids, s, joints, tendon_recs):
             raise el.error("invalid actrange for actuator")
         if al and dyn == DynType.NONE:
             raise el.error("actrange specified but dyntype is 'none' in actuator")
-        actdim = int(_get(a, "actdim", -1))
         if el.tag != "plugin":      # plugin actuators skip the built-in actdim rules
-            if actdim > 1 and dyn != DynType.USER:
-                raise el.error("actdim > 1 is only allowed for dyntype 'user'")
+            if actdim > 1 and dyn not in (DynType.USER, DynType.DCMOTOR, DynType.PID) and \
+                    not io["so3"]:
+                raise el.error("actdim > 1 is only allowed for dyntype 'user', 'dcmotor' and "
+                               "'pid'")
             if actdim == 1 and dyn == DynType.NONE:
                 raise el.error("invalid actdim 1 in stateless actuator")
-            if actdim == 0 and dyn != DynType.NONE:
+            if actdim == 0 and dyn not in (DynType.NONE, DynType.DCMOTOR):
                 raise el.error("invalid actdim 0 in stateful actuator")
+        if actdim < 0 and dyn == DynType.DCMOTOR:
+            # one state per present DC-motor slot (slew, integral, temperature, bristle,
+            # current), as MuJoCo 4.0 counts them for a general actuator
+            actdim = int(dynprm[7] > 0) + int(gainprm[5] > 0) + int(dynprm[2] > 0) + \
+                int(dynprm[5] > 0) + int(dynprm[0] > 0)
         if actdim < 0:
             actdim = int(dyn != DynType.NONE)
+        if dyn == DynType.DCMOTOR and not a["actearly"]:
+            raise el.error("actearly cannot be false for DC motor actuator")
+        if (history[0] > 0 or delay > 0) and io["ctrlnum"] == 0:
+            raise el.error("history and delay require an input in actuator")
         _check_muscle(el, gain, bias, gainprm, biasprm)
         damping = _poly3(_get(a, "damping", 0.0))
         armature = float(_get(a, "armature", 0.0))
         if (np.any(damping) or armature) and trn not in (TrnType.JOINT, TrnType.JOINTINPARENT,
                                                           TrnType.TENDON):
             raise el.error("damping/armature requires joint or tendon transmission in actuator")
-        # MuJoCo 4 records the input signature of the servo shortcuts
-        ctrlspec = {"position": 1, "velocity": 2, "intvelocity": 2}.get(el.tag, 0)
-        recs.append(dict(name=a.get("name") or "", trntype=trn, trnid=trnid, dyntype=dyn,
+        ctrlspec = io["ctrlspec"]
+        if not io["so3"] and gain not in (GainType.PID, GainType.DCMOTOR):
+            if a.get("input") is not None:
+                raise el.error("input is only available for so3, pid and dcmotor actuators")
+            # MuJoCo 4 records the input signature of the servo shortcuts
+            ctrlspec = {"position": 1, "velocity": 2, "intvelocity": 2}.get(el.tag, 0)
+        ctrl_lim, ctrl_rng = _ctrl_ranges(a, io, gain, cl, ctrlrange)
+        recs.append(dict(name=a.get("name") or "", trntype=TrnType.SO3 if io["so3"] else trn,
+                         trnid=trnid, dyntype=dyn, ctrlnum=io["ctrlnum"],
+                         outnum=io["outnum"], ctrlranges=ctrl_rng, ctrllimiteds=ctrl_lim,
                          ctrlspec=ctrlspec, history=history, delay=delay,
                          gaintype=gain, biastype=bias, dynprm=dynprm, gainprm=gainprm,
                          biasprm=biasprm, actearly=bool(a["actearly"]), ctrllimited=cl,
@@ -220,13 +247,127 @@ def actuators(els, ids, s, joints, tendon_recs):
     return recs
 
 
+def _input_spec(text):
+    """actuator_ctrlspec of an ``input`` attribute (0 when not given)."""
+    if text is None:
+        return 0
+    words = str(text).split()
+    if len(words) == 1 and words[0] in _CHART:
+        return _CHART[words[0]]
+    if words == ["none"]:
+        return _IN_NONE
+    return sum(_IN_BITS[w] for w in words)
+
+
+def _io_blocks(el, a, dyn, gain, bias, trn, joints, trnid, gainprm, biasprm, dynprm,
+               actdim, actrange, forcerange, autolimits):
+    """Control and output blocks of the so3, pid and dcmotor families (mjCActuator::Compile):
+    {ctrlnum, outnum, ctrlspec, so3} plus a resolved actdim / actlimited where the family
+    decides them."""
+    spec = _input_spec(a.get("input"))
+    out = dict(ctrlnum=1, outnum=1, ctrlspec=0, so3=False)
+    if gain == GainType.SO3 or bias == BiasType.SO3:
+        if gain != GainType.SO3 or bias != BiasType.SO3:
+            raise el.error("gaintype and biastype must both be 'so3' in actuator")
+        if dyn not in (DynType.NONE, DynType.INTEGRATOR):
+            raise el.error("so3 requires dyntype 'none' or 'integrator' in actuator")
+        if gainprm[0] != -biasprm[1]:
+            raise el.error("so3 requires gainprm[0] == -biasprm[1] in actuator")
+        if trn == TrnType.SITE:
+            if trnid[1] < 0:
+                raise el.error("so3 site transmission requires refsite in actuator")
+        elif trn == TrnType.JOINT:
+            if joints[trnid[0]]["type"] != JointType.BALL:
+                raise el.error("so3 joint transmission requires a ball joint in actuator")
+        else:
+            raise el.error("so3 requires site or ball joint transmission in actuator")
+        if dyn == DynType.INTEGRATOR:
+            if actdim > 0 and actdim != 3:
+                raise el.error("so3 integrator requires actdim 3 in actuator")
+            out["actdim"] = 3
+            if a["actlimited"] == "true" and actrange[0] == 0 and actrange[1] == 0:
+                out["actlimited"] = "false"
+        spec = spec or _CHART["expmap"]
+        if spec == _CHART["quat"]:
+            if dyn != DynType.NONE:
+                raise el.error("so3 quat input requires dyntype 'none' in actuator")
+        elif spec != _CHART["expmap"]:
+            raise el.error("so3 input must be expmap or quat in actuator")
+        if resolve_limited(el, a["forcelimited"], forcerange, autolimits, "actuator",
+                           "force") and forcerange[0] != 0:
+            raise el.error("so3 forcerange bounds the force norm, lower bound must be 0 in "
+                           "actuator")
+        out.update(ctrlnum=4 if spec == _CHART["quat"] else 3, outnum=3, so3=True)
+    if gain == GainType.PID:
+        if bias != BiasType.AFFINE:
+            raise el.error("pid requires biastype 'affine' in actuator")
+        if dyn not in (DynType.NONE, DynType.PID):
+            raise el.error("pid requires dyntype 'none' or 'pid' in actuator")
+        if dyn == DynType.NONE and gainprm[0]:
+            raise el.error("ki (gainprm[0]) requires dyntype 'pid' in actuator")
+        if trn == TrnType.BODY:
+            raise el.error("pid cannot use body transmission")
+        if dyn == DynType.PID:
+            if dynprm[0] < 0:
+                raise el.error("imax (dynprm[0]) must be non-negative in actuator")
+            if dynprm[1] < 0:
+                raise el.error("slewmax (dynprm[1]) must be non-negative in actuator")
+            nslot = int(dynprm[1] > 0) + int(gainprm[0] > 0)
+            if actdim > 0 and actdim != nslot:
+                raise el.error("pid controller states require matching actdim in actuator")
+            out["actdim"] = nslot
+        spec = spec or (_IN_POS | _IN_VEL)
+        if spec & ~(_IN_POS | _IN_VEL | _IN_FF):
+            raise el.error("pid inputs are a subset of [pos, vel, ff] in actuator")
+        if dyn == DynType.PID and not spec & _IN_POS:
+            raise el.error("pid controller states require the pos input in actuator")
+        out["ctrlnum"] = bin(spec).count("1")
+    if gain == GainType.DCMOTOR:
+        spec = spec or _IN_VOLTAGE
+        if spec != _IN_NONE and spec & ~(_IN_POS | _IN_VEL | _IN_FF | _IN_VOLTAGE):
+            raise el.error("dcmotor inputs are 'none' or a subset of [pos, vel, ff, voltage] "
+                           "in actuator")
+        ctl = 0 if spec == _IN_NONE else spec & (_IN_POS | _IN_VEL | _IN_FF)
+        if ctl and gainprm[1] <= 0:
+            raise el.error("dcmotor controller inputs require a positive motor constant in "
+                           "actuator")
+        if not ctl and (gainprm[4] or gainprm[5] or gainprm[6]):
+            raise el.error("dcmotor controller gains require a controller input [pos, vel, "
+                           "ff] in actuator")
+        if gainprm[5] > 0 and not spec & _IN_POS:
+            raise el.error("dcmotor integral gain requires the pos input in actuator")
+        out["ctrlnum"] = 0 if spec == _IN_NONE else bin(spec).count("1")
+        if not ctl and dynprm[7] > 0:
+            raise el.error("dcmotor slew rate limiting requires a controller input [pos, vel, "
+                           "ff] in actuator")
+    if dyn == DynType.PID and gain != GainType.PID:
+        raise el.error("dyntype 'pid' requires gaintype 'pid' in actuator")
+    out["ctrlspec"] = spec
+    return out
+
+
+def _ctrl_ranges(a, io, gain, limited, ctrlrange):
+    """Per-control (limited, range): ctrlrange broadcast over the block; a pid's vel and
+    ff inputs take velrange and ffrange (limited when lo < hi)."""
+    n = io["ctrlnum"]
+    lim, rng = [limited] * n, [ctrlrange.copy() for _ in range(n)]
+    if gain == GainType.PID:
+        j = 1 if io["ctrlspec"] & _IN_POS else 0
+        for bit, key in ((_IN_VEL, "velrange"), (_IN_FF, "ffrange")):
+            if io["ctrlspec"] & bit:
+                r = np.array(_get(a, key, [0.0, 0.0]), dtype=np.float64)
+                lim[j], rng[j] = bool(r[0] < r[1]), r
+                j += 1
+    return lim, rng
+
+
 def _inherit_range(el, a, trn, trnid, dyn, gain, bias, gainprm, biasprm, ctrlrange,
                    actrange, joints, tendon_recs):
     x = float(_get(a, "inheritrange", 0.0) or 0.0)
-    if not (gain == GainType.FIXED and gainprm[0] == -biasprm[1] and bias == BiasType.AFFINE
-            and x > 0):
+    servo = (gain == GainType.FIXED and gainprm[0] == -biasprm[1]) or gain == GainType.PID
+    if not (servo and bias == BiasType.AFFINE and x > 0):
         return
-    if dyn in (DynType.NONE, DynType.FILTEREXACT):
+    if dyn in (DynType.NONE, DynType.FILTEREXACT, DynType.PID):
         target = ctrlrange
     elif dyn == DynType.INTEGRATOR:
         target = actrange
@@ -294,11 +435,12 @@ _SUBTREE_SENSORS = {"subtreecom": SensorType.SUBTREECOM,
 _STAGE_ACC = {SensorType.TOUCH, SensorType.ACCELEROMETER, SensorType.FORCE, SensorType.TORQUE,
               SensorType.ACTUATORFRC, SensorType.JOINTACTFRC, SensorType.TENDONACTFRC,
               SensorType.JOINTLIMITFRC, SensorType.TENDONLIMITFRC, SensorType.FRAMELINACC,
-              SensorType.FRAMEANGACC, SensorType.CONTACT, SensorType.TACTILE}
+              SensorType.FRAMEANGACC, SensorType.CONTACT}
 _STAGE_VEL = {SensorType.VELOCIMETER, SensorType.GYRO, SensorType.JOINTVEL,
               SensorType.TENDONVEL, SensorType.ACTUATORVEL, SensorType.BALLANGVEL,
               SensorType.JOINTLIMITVEL, SensorType.TENDONLIMITVEL, SensorType.FRAMELINVEL,
-              SensorType.FRAMEANGVEL, SensorType.SUBTREELINVEL, SensorType.SUBTREEANGMOM}
+              SensorType.FRAMEANGVEL, SensorType.SUBTREELINVEL, SensorType.SUBTREEANGMOM,
+              SensorType.TACTILE}
 # (e_kinetic is a position-stage sensor in MuJoCo 4.0: 0.5 qvel' M qvel needs only M)
 _DT_POSITIVE = {SensorType.TOUCH, SensorType.INSIDESITE}
 _DT_AXIS = {SensorType.FRAMEXAXIS, SensorType.FRAMEYAXIS, SensorType.FRAMEZAXIS,
@@ -399,8 +541,10 @@ def _sensor(el, ids, joints, tendon_recs):
             raise el.error("tendon must be limited in sensor")
         return dict(base, type=t, dim=1, objtype=ObjType.TENDON, objid=k)
     if tag in _ACT_SENSORS:
-        return dict(base, type=_ACT_SENSORS[tag], dim=1, objtype=ObjType.ACTUATOR,
-                    objid=_lookup(ids, "actuator", a.get("actuator"), el, "actuator"))
+        k = _lookup(ids, "actuator", a.get("actuator"), el, "actuator")
+        # one value per force output (three for so3 actuators)
+        return dict(base, type=_ACT_SENSORS[tag], dim=int(ids["actuator_outnum"][k]),
+                    objtype=ObjType.ACTUATOR, objid=k)
     if tag in _FRAME_SENSORS:
         t, dim = _FRAME_SENSORS[tag]
         r = dict(base, type=t, dim=dim, **_frame_obj(el, ids, a.get("objtype"),
@@ -436,6 +580,20 @@ def _sensor(el, ids, joints, tendon_recs):
                          (ObjType.BODY, _lookup(ids, "body", b, el, "body" + k)))
         return dict(base, type=t, dim=dim, objtype=sides[0][0], objid=sides[0][1],
                     reftype=sides[1][0], refid=sides[1][1])
+    if tag == "tactile":
+        # taxels at the mesh's vertices in the geom frame: [depth, tangent1, tangent2]
+        mesh = _lookup(ids, "mesh", a.get("mesh"), el, "mesh")
+        normal = ids["mesh_el"][mesh].attrs.get("normal")
+        nvert = int(ids["mesh_vertnum"][mesh])
+        if normal is not None and len(np.atleast_1d(normal)) == 9 * nvert:
+            # three normals per vertex: MuJoCo's tangent frames (channels 2 and 3), which
+            # need mesh normals simjax's Model does not hold
+            raise UnsupportedFeatureError("tactile sensor on a mesh with three normals per "
+                                          "vertex (tangent channels)", el.file, el.line,
+                                          el.path)
+        return dict(base, type=SensorType.TACTILE, dim=3 * int(ids["mesh_vertnum"][mesh]),
+                    objtype=ObjType.MESH, objid=mesh, reftype=ObjType.GEOM,
+                    refid=_lookup(ids, "geom", a.get("geom"), el, "geom"))
     if tag == "clock":
         return dict(base, type=SensorType.CLOCK, dim=1, objtype=ObjType.UNKNOWN, objid=-1)
     if tag == "plugin":

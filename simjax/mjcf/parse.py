@@ -270,8 +270,8 @@ _DEFAULT_SLOT = {"mesh": "mesh", "material": "material", "texture": "texture", "
                  "geom": "geom", "site": "site", "camera": "camera", "light": "light",
                  "pair": "pair", "equality": "equality", "tendon": "tendon",
                  **{t: "actuator" for t in schema.ACTUATOR_TAGS}}
-_UNSUPPORTED_ACTUATORS = {"pid": "pid actuator", "orientation": "orientation actuator",
-                          "dcmotor": "dcmotor actuator"}
+# shortcuts whose ``input`` signature is part of what they inherit (not a plain attribute)
+_INPUT_SHORTCUTS = ("orientation", "pid", "dcmotor")
 
 
 class _Parser:
@@ -316,8 +316,6 @@ class _Parser:
 
     def _default_element(self, raw: _Raw, cls: _Class, path: str):
         tag = raw.tag
-        if tag in _UNSUPPORTED_ACTUATORS:
-            raise UnsupportedFeatureError(_UNSUPPORTED_ACTUATORS[tag], raw.file, raw.line, path)
         internal = ELEMENTS["default"].children[tag][0]
         allowed = schema.default_slot_attrs(internal)
         err = self._errf(raw, path)
@@ -331,7 +329,7 @@ class _Parser:
         general = ELEMENTS["general"].attrs
         self._apply_xml(raw, {k: a for k, a in allowed.items() if k in general}, vals, given,
                         err, "general")
-        own = self._parse_own(raw, allowed, general, err)
+        own = self._parse_own(raw, tag, allowed, general, err)
         expand_shortcut(tag, vals, given, own, cls.seed(tag), err)
         cls.kind = tag
 
@@ -375,16 +373,13 @@ class _Parser:
         return attrs, given
 
     def _actuator(self, raw, internal, spec, cls, err):
-        if internal in _UNSUPPORTED_ACTUATORS:
-            raise UnsupportedFeatureError(_UNSUPPORTED_ACTUATORS[internal], raw.file, raw.line,
-                                          err.path)
         general = ELEMENTS["general"].attrs
         cvals, cgiven = cls.slots["actuator"]
         attrs = {k: _copy(cvals[k]) for k in general}
         given = set(cgiven)
         self._apply_xml(raw, {k: a for k, a in spec.attrs.items() if k in general}, attrs,
                         given, err, internal)
-        own = self._parse_own(raw, spec.attrs, general, err)
+        own = self._parse_own(raw, internal, spec.attrs, general, err)
         given.update(own)
         _check_transmission(raw.attrib, err)
         if internal == "actuator_plugin":
@@ -398,12 +393,17 @@ class _Parser:
         return attrs, given
 
     @staticmethod
-    def _parse_own(raw, allowed, general, err):
-        """Shortcut-specific attributes (kp, kv, timeconst, ...) parsed without defaults."""
+    def _parse_own(raw, tag, allowed, general, err):
+        """Shortcut-specific attributes (kp, kv, timeconst, ...) parsed without defaults;
+        the unset tail of a partially given array is NaN (MuJoCo keeps the inherited
+        values there). ``input`` counts as own for the shortcuts that inherit it."""
         own = {}
         for key, text in raw.attrib.items():
-            if key in allowed and key not in general and key != "class":
-                own[key] = parse_value(allowed[key], text, None, err)
+            extra = key == "input" and tag in _INPUT_SHORTCUTS
+            if key in allowed and (key not in general or extra) and key != "class":
+                a = allowed[key]
+                cur = np.full(a.hi, np.nan) if a.array and 0 < a.lo < a.hi else None
+                own[key] = parse_value(a, text, cur, err)
         return own
 
     def _convert_children(self, raw, spec, path, childclass):
@@ -527,6 +527,26 @@ def _seed(tag: str, same: bool, src: dict) -> dict:
         if same:
             return {"gain": g[:9].copy(), "dyn": d[:3].copy()}
         return {"gain": np.array(_MUSCLE_DEFAULTS), "dyn": np.array([0.01, 0.04, 0.0])}
+    if tag in _INPUT_SHORTCUTS:
+        # read back only from an actuator of the same gain family; else built-in values
+        family = {"pid": "pid", "orientation": "so3", "dcmotor": "dcmotor"}[tag]
+        match = same or src["gaintype"] == family
+        if tag == "pid":
+            z = match and src["dyntype"] == "pid"   # controller states only from a pid
+            return {"kp": -b[1] if match else 1.0, "b2": b[2] if match else 0.0,
+                    "ki": g[0] if z else 0.0, "imax": d[0] if z else 0.0,
+                    "slewmax": d[1] if z else 0.0, "input": src["input"] if match else None}
+        if tag == "orientation":
+            return {"kp": g[0] if match else 1.0, "b2": b[2] if match else 0.0,
+                    "input": src["input"] if match else None}
+        k = (lambda v: v) if match else (lambda v: 0.0)
+        return {"motorconst": [k(g[1]), 0.0], "resistance": k(g[0]), "nominal": [0.0] * 3,
+                "saturation": [0.0, 0.0, k(d[1])],
+                "controller": [k(g[4]), k(g[5]), k(g[6]), k(d[7]), k(d[8]), k(g[7])],
+                "inductance": [0.0, k(d[0])], "cogging": [k(b[0]), k(b[1]), k(b[2])],
+                "thermal": [k(d[2]), k(d[3]), 0.0, k(g[2]), k(g[3]), k(d[4])],
+                "lugre": [k(d[5]), k(d[6]), k(b[3]), k(b[4]), k(b[5])],
+                "input": src["input"] if match else None}
     return {}
 
 
@@ -595,6 +615,10 @@ def expand_shortcut(tag: str, act: dict, given: set, own: dict, seed: dict, err)
     """Rewrite the general actuator ``act`` (in place) as shortcut ``tag`` with its own XML
     parameters ``own`` and seeds from :func:`_seed`; ``given`` collects touched names."""
     one = _prm([1.0])
+    if tag not in ("general", "dcmotor"):
+        # general-only settings a class may hold do not carry into shortcuts (MuJoCo 4.0)
+        act.update(actearly=False, actdim=-1)
+        given.difference_update(("actearly", "actdim"))
     if tag == "motor":
         _write(act, given, "none", "fixed", "none", one, one.copy(), _prm())
     elif tag in ("position", "intvelocity"):
@@ -623,8 +647,147 @@ def expand_shortcut(tag: str, act: dict, given: set, own: dict, seed: dict, err)
             raise err("adhesion gain cannot be negative")
         _write(act, given, "none", "fixed", "none", one, _prm([gain]), _prm())
         _limit_ctrl(act, given, "adhesion", err)
+    elif tag == "orientation":
+        _orientation(act, given, own, seed, err)
+    elif tag == "pid":
+        _pid(act, given, own, seed, err)
+    elif tag == "dcmotor":
+        _dcmotor(act, given, own, seed, err)
     elif tag != "general":
         raise err(f"unsupported actuator type '{tag}'")
+
+
+def _damping_b2(own, b2, err):
+    """biasprm[2] from kv (stored negated) or dampratio (stored positive, resolved by the
+    compiler against the reflected inertia)."""
+    kv, dampratio = own.get("kv"), own.get("dampratio")
+    if kv is not None and dampratio is not None:
+        raise err("kv and dampratio cannot both be defined")
+    if kv is not None:
+        if kv < 0:
+            raise err("kv cannot be negative")
+        b2 = -kv
+    if dampratio is not None:
+        if dampratio < 0:
+            raise err("dampratio cannot be negative")
+        b2 = dampratio
+    return b2
+
+
+def _set_input(act, given, own, seed):
+    act["input"] = own.get("input", seed["input"])
+    given.add("input")
+
+
+def _orientation(act, given, own, seed, err):
+    """Geodesic SO(3) servo: gain so3 [kp], bias so3 [0, -kp, -kv | +dampratio]."""
+    b2 = _damping_b2(own, seed["b2"], err)
+    kp = own.get("kp", seed["kp"])
+    _write(act, given, "none", "so3", "so3", _prm([1.0]), _prm([kp]), _prm([0.0, -kp, b2]))
+    _set_input(act, given, own, seed)
+
+
+def _pid(act, given, own, seed, err):
+    """PID servo: kp in -biasprm[1], kv/dampratio in biasprm[2], ki in gainprm[0], imax
+    and slewmax in dynprm[0:2]; dyntype pid when ki or slewmax (controller states)."""
+    b2 = _damping_b2(own, seed["b2"], err)
+    kp = own.get("kp", seed["kp"])
+    ki = own.get("ki", seed["ki"])
+    imax = own.get("imax", seed["imax"])
+    slew = own.get("slewmax", seed["slewmax"])
+    if slew < 0:
+        raise err("slewmax cannot be negative")
+    if "posrange" in own:           # posrange is the position input's ctrlrange
+        act["ctrlrange"] = np.array(own["posrange"], dtype=np.float64)
+        given.add("ctrlrange")
+    dyn = "pid" if (ki or slew) else "none"
+    _write(act, given, dyn, "pid", "affine", _prm([imax if ki else 0.0, slew]), _prm([ki]),
+           _prm([0.0, -kp, b2]))
+    _set_input(act, given, own, seed)
+    if act["inheritrange"] > 0 and (act["ctrlrange"][0] or act["ctrlrange"][1]):
+        raise err("posrange and inheritrange cannot both be defined")
+
+
+def _merged(own, seed, key):
+    """Seed values overwritten by the given leading entries of a partial array."""
+    out = np.array(seed[key], dtype=np.float64)
+    if key in own:
+        v = np.asarray(own[key], dtype=np.float64)[:len(out)]
+        out[:len(v)] = np.where(np.isnan(v), out[:len(v)], v)
+    return out
+
+
+def _dcmotor(act, given, own, seed, err):
+    """DC motor (mjs_setToDCMotor semantics): motor constant K, resistance R, optional
+    electrical, controller, thermal and LuGre states; saturation sets forcerange."""
+    mc = _merged(own, seed, "motorconst")
+    R = own.get("resistance", seed["resistance"])
+    vn, tau0, omega0 = _merged(own, seed, "nominal")
+    sat = _merged(own, seed, "saturation")
+    ind = _merged(own, seed, "inductance")
+    cog = _merged(own, seed, "cogging")
+    ctl = _merged(own, seed, "controller")
+    th = _merged(own, seed, "thermal")
+    lu = _merged(own, seed, "lugre")
+    kt, ke = mc
+    if vn > 0 and ke <= 0 and omega0 > 0:
+        # back-EMF constant from the no-load speed omega0 = vn Ke / (Ke^2 + R B)
+        B = float(np.atleast_1d(act["damping"])[0]) if act.get("damping") is not None else 0.0
+        if B > 0 and R > 0:
+            disc = vn * vn - 4 * R * B * omega0 * omega0
+            ke = (vn + np.sqrt(disc)) / (2 * omega0) if disc > 0 else vn / omega0
+        elif B > 0 and tau0 > 0:
+            exact = vn / omega0 - vn * B / tau0
+            ke = exact if exact > 0 else vn / omega0
+        else:
+            ke = vn / omega0
+    K = np.sqrt(kt * ke) if (kt > 0 and ke > 0) else kt if kt > 0 else ke
+    if R == 0 and vn > 0 and tau0 > 0 and K > 0:
+        R = K * vn / tau0
+    if K <= 0:
+        raise err("DC motor: motor constant K must be positive")
+    if R <= 0:
+        raise err("DC motor: resistance R must be positive")
+    gain, dyn, bias = _prm([R, K]), _prm(), _prm(cog)
+    gain[4:7] = ctl[:3]
+    dyn[7:9] = ctl[3:5]
+    if ctl[5] > 0:
+        gain[7] = ctl[5]
+    if sat[0] > 0 or sat[1] > 0:
+        tmax = sat[0] if sat[0] != 0 or sat[1] <= 0 else K * sat[1]
+        act["forcerange"] = np.array([-tmax, tmax])
+        act["forcelimited"] = "true"
+        given.update(("forcerange", "forcelimited"))
+    if sat[2] > 0:
+        dyn[1] = sat[2]
+    if ind[0] < 0:
+        raise err("DC motor: inductance must be non-negative")
+    if ind[1] < 0:
+        raise err("DC motor: electrical time constant must be non-negative")
+    te = ind[0] / R if ind[0] > 0 else ind[1]
+    dyn[0] = te
+    actdim = int(te > 0) + int(ctl[3] > 0) + int(ctl[1] > 0)
+    if th[0] > 0 or th[1] > 0 or th[2] > 0:
+        rt, c, tth = th[:3]
+        if tth > 0 and rt > 0 and c == 0:
+            c = tth / rt
+        elif tth > 0 and c > 0 and rt == 0:
+            rt = tth / c
+        if rt <= 0:
+            raise err("DC motor: thermal resistance must be positive")
+        if c <= 0:
+            raise err("DC motor: thermal capacitance must be positive")
+        dyn[2:5] = rt, c, th[5]
+        gain[2:4] = th[3:5]
+        actdim += 1
+    if lu[0] > 0:
+        dyn[5:7] = lu[:2]
+        bias[3:6] = lu[2:5]
+        actdim += 1
+    _write(act, given, "dcmotor", "dcmotor", "dcmotor", dyn, gain, bias)
+    _set_input(act, given, own, seed)
+    act.update(actdim=actdim, actlimited="false", actearly=True)
+    given.update(("actdim", "actlimited", "actearly"))
 
 
 

@@ -189,14 +189,6 @@ def _xml(sensor, extra=""):
       <site name="s"/></body>{extra}</worldbody><sensor>{sensor}</sensor></mujoco>"""
 
 
-def test_tactile_sensors_raise():
-    from simjax.engine import forward, make_data
-    mjm, m = oracle(mujoco.MjModel.from_xml_string(_xml('<jointpos joint="j"/>')))
-    m = m.replace(sensor_type=np.full(1, int(mujoco.mjtSensor.mjSENS_TACTILE)))
-    with pytest.raises(UnsupportedFeatureError, match="tactile sensors"):
-        forward(m, make_data(m))
-
-
 USER_SENSORS = ('<user name="u1" dim="3" needstage="vel" datatype="positive" objtype="joint" '
                 'objname="j" cutoff="1"/><jointpos joint="j"/><user dim="2"/>'
                 '<user dim="1" objtype="site" objname="s" needstage="pos"/>'

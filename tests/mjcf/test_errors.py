@@ -224,10 +224,6 @@ def test_missing_main_file(tmp_path):
 
 
 @pytest.mark.parametrize("xml,feature", [
-    (ACT.format('<pid joint="j"/>'), "pid"),
-    (ACT.format('<dcmotor joint="j" motorconst="1" resistance="1"/>'), "dcmotor"),
-    (ACT.format('<orientation joint="j"/>'), "orientation"),
-    ("<mujoco><default><pid kp='1'/></default></mujoco>", "pid"),
     (BODY.format('<composite type="cable"/>'), "composite"),
     (BODY.format('<flexcomp name="f"/>'), "flexcomp"),
     ("<mujoco><deformable><flex name='f' body='b' element='0'/></deformable></mujoco>", "flex"),

@@ -372,8 +372,6 @@ def test_actuator_output_has_general_attrs():
 
 
 def test_unsupported_features():
-    with pytest.raises(UnsupportedFeatureError, match="pid"):
-        P(ROBOT.format(defaults="", actuator='<pid joint="j" kp="1"/>'))
     with pytest.raises(UnsupportedFeatureError, match="flexcomp"):
         P('<mujoco><worldbody><flexcomp name="f"/></worldbody></mujoco>')
     with pytest.raises(UnsupportedFeatureError, match="flex"):
