@@ -663,12 +663,15 @@ def _clip(ref, kref, nref, inc, kinc, size, margin=0.0):
 
 
 def _area4(a, b, c, d):
-    return 0.5 * safe_norm(cross(d - a, b - d) + cross(c - b, a - c))
+    """Area of the quadrilateral abcd (half its diagonals' cross product), the measure
+    MuJoCo 4.0.0's polygonQuad maximises."""
+    return 0.5 * safe_norm(cross(a - c, b - d))
 
 
-def _polygon_quad(poly, n):
+def _polygon_quad(poly, n, tie=0.0):
     """Indices (4,) of the greedy maximum-area quadrilateral of polygon ``poly`` (n
-    vertices, n > 4) as MuJoCo's polygonQuad walks it (index choice only: no gradient)."""
+    vertices, n > 4) as MuJoCo's polygonQuad walks it (index choice only: no gradient).
+    A step is taken when it grows the area by more than ``tie`` (relative)."""
     p = jax.lax.stop_gradient(poly)
     nx = lambda i: jnp.where(i >= n - 1, 0, i + 1)
     ar = lambda a, b, c, d: _area4(p[a], p[b], p[c], p[d])
@@ -677,7 +680,7 @@ def _polygon_quad(poly, n):
         def cond(s):
             b, c, d, m = s
             nb, nc = (nx(b), c) if which == "b" else (b, nx(c))
-            return ar(a, nb, nc, d) > m
+            return ar(a, nb, nc, d) > m * (1.0 + tie)
 
         def body(s):
             b, c, d, m = s
@@ -690,7 +693,7 @@ def _polygon_quad(poly, n):
 
         def cond(s):
             b, c, d, m, res = s
-            return ar(a, b, c, nx(d)) > m
+            return ar(a, b, c, nx(d)) > m * (1.0 + tie)
 
         def body(s):
             b, c, d, m, res = s
@@ -828,6 +831,9 @@ def convex_convex(g1, g2, margin, t1=None, t2=None):
     dist, a, b = _sep(t1, g1, t2, g2, n)
     if poly:
         return poly_contacts(t1, g1, t2, g2, n, dist, margin)
+    if (t1, t2) in _CYL_PATCH:
+        from simjax.engine.collision.convex_cylinder import cylinder_contacts
+        return cylinder_contacts(t1, g1, t2, g2, n, dist, margin)
     return _witness(t1, t2, n, dist, a, b, margin)
 
 
@@ -851,5 +857,8 @@ PLANE = {t: _make(plane_convex, GT.PLANE, t) for t in (GT.ELLIPSOID, GT.MESH)}
 #: plane against an SDF geom: MuJoCo 4.0 collides the plane with the SDF geom's mesh
 #: (mjc_PlaneConvex on its convex hull), so the geom gets its mesh's hull data
 PLANE_SDF = _make(plane_convex, GT.PLANE, GT.MESH)
-MAXCON = {f: (4 if (k[0] in _POLY and k[1] in _POLY) else 1) for k, f in CONVEX.items()}
+#: cylinder pairs with contact patches (simjax.engine.collision.convex_cylinder)
+_CYL_PATCH = ((GT.CYLINDER, GT.CYLINDER), (GT.CYLINDER, GT.BOX), (GT.CYLINDER, GT.MESH))
+MAXCON = {f: (4 if (k[0] in _POLY and k[1] in _POLY) or k in _CYL_PATCH else 1)
+          for k, f in CONVEX.items()}
 MAXCON.update({PLANE[GT.ELLIPSOID]: 1, PLANE[GT.MESH]: 4, PLANE_SDF: 4})

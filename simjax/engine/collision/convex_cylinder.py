@@ -1,0 +1,174 @@
+"""Cylinder contact patches: a cylinder against a box, a mesh or another cylinder.
+
+MuJoCo 4.0 recovers several contacts for these pairs from the final EPA face as it does
+for boxes and meshes (its multicontact, engine_collision_gjk.c; the same algorithm is
+in MuJoCo Warp's collision_gjk.py), with the cylinder described by:
+
+- **support feature**: every support point of a cylinder carries the index of its cap
+  (0: the +z cap, for directions with a non-negative axial component; 1: the -z cap).
+  A cap feature (all EPA vertices on one cap) offers the cap as a face; a feature on
+  both caps (the normal perpendicular to the axis) offers no face.
+- **face**: the cap approximated by a 16-gon, vertex k at angle -k*pi/8 about the
+  outward cap normal (clockwise about it, as box faces are ordered), starting on the
+  local +x axis.
+- **edge**: the side segment through the support point, from its rim to the other rim.
+
+Then, as for polytopes: two faces facing each other (cosine < -FACE_TOL, each facing
+the other geom along the normal) give a face-face patch (geom2's face clipped by geom1's
+side planes, polygonQuad beyond 4 points); otherwise an edge lying in a face of the
+other geom (|cosine| < EDGE_TOL; edge of geom1 first when its feature is not larger or
+it has no face) gives at most its two farthest clipped points; otherwise the single
+contact of the curved pair. Witnesses, depths and normals as
+:func:`simjax.engine.collision.convex.poly_contacts`.
+
+Quantities set by EPA's iterations in MuJoCo, taken here by rule: whether the
+cylinder's feature spans both caps (CAP_TOL); a support point along the axis (the cap's
+centre here, a rim point at a rounding-set azimuth in MuJoCo: no side segment then);
+polygonQuad's choice among quadrilaterals of equal area (QUAD_TIE).
+"""
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+
+from simjax.engine.collision import convex as C
+from simjax.engine.collision.common import Pre, dot
+from simjax.types import GeomType as GT
+
+#: the feature spans both caps when c^2 * 2h < CAP_TOL (c: cosine of the normal with
+#: the axis, 2h: the cylinder's length): MuJoCo 4.0.0's EPA separates the caps' support
+#: points only above this (measured: |c| ~7.5e-6 for 2h = 0.2, ~4.2e-6 for 2h = 0.6)
+CAP_TOL = 1.1e-11
+#: normal within this cosine of the axis: the support point is the cap's centre here,
+#: a rim point at an azimuth set by EPA's rounding in MuJoCo; no side segment is offered
+AXIS_TOL = 1e-9
+#: relative area gain below which polygonQuad keeps its current quadrilateral: the cap
+#: 16-gon is regular, so its clipped arcs offer quadrilaterals of exactly equal area
+#: that MuJoCo separates by rounding; simjax takes the exact-arithmetic walk
+QUAD_TIE = 1e-12
+#: cap polygon: 16 vertices at angles -k*pi/8 (clockwise about the +z cap normal)
+_ANG = -np.arange(16) * np.pi / 8
+_COS, _SIN = np.cos(_ANG), np.sin(_ANG)
+
+
+def _cyl_side(g, u):
+    """Support feature of cylinder ``g`` along world direction ``u``."""
+    dt = g.mat.dtype
+    axis = g.mat[:, 2]
+    c = dot(u, axis)
+    sgn = jnp.where(c >= 0, 1.0, -1.0).astype(dt)
+    both = c * c * 2 * g.size[1] < CAP_TOL
+    v = C.support(GT.CYLINDER, g, u)
+    r, h = g.size[0], g.size[1]
+    # cap polygon: local (r cos a, sgn r sin a, sgn h) keeps it clockwise about the
+    # outward normal on either cap
+    loc = jnp.stack([r * jnp.asarray(_COS, dt), sgn * r * jnp.asarray(_SIN, dt),
+                     jnp.broadcast_to(sgn * h, (16,))], axis=-1)
+    face = loc @ g.mat.T + g.pos
+    edir = -sgn * axis
+    flat = jnp.abs(c) > 1 - AXIS_TOL
+    return dict(dim=jnp.where(both, 2, 1), fn=(sgn * axis)[None], fok=~both[None],
+                faces=face[None], fnum=jnp.asarray([16]), en=edir[None],
+                eok=~flat[None], start=v, eend=(v + edir * 2 * h)[None],
+                ok=jnp.asarray(True), point=~both & ~flat, line=both)
+
+
+def _poly_side(t, g, u):
+    """Support feature of box or mesh ``g`` along world direction ``u``."""
+    P = C._polytope(t, g)
+    idx, dim = C._feature(P, u)
+    f, fok = C._feature_faces(P, idx, dim)
+    e, end, eok = C._feature_edges(P, idx, dim)
+    vw, fvert, fnum = P[0], P[1], P[2]
+    return dict(dim=dim, fn=P[3][f], fok=fok, faces=vw[jnp.maximum(fvert[f], 0)],
+                fnum=fnum[f], en=e, eok=eok, start=vw[idx[0]], eend=vw[end], ok=P[5],
+                point=dim == 1, line=dim == 2, second=vw[idx[1]])
+
+
+def _side(t, g, u):
+    return _cyl_side(g, u) if t == GT.CYLINDER else _poly_side(t, g, u)
+
+
+def _pad(x, n):
+    return jnp.concatenate([x, jnp.zeros((n - x.shape[0], 3), x.dtype)])
+
+
+def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
+    """Contacts of a cylinder (geom1) against a box, mesh or cylinder (geom2), given
+    the penetration normal ``n`` (geom1 to geom2) and signed distance ``dist`` (see the
+    module docstring). Returns a Pre of 5 slots: the single contact, then up to 4 patch
+    contacts (either the first or the others valid)."""
+    A, B = _side(t1, g1, n), _side(t2, g2, -n)
+    na, nb = A["fn"], B["fn"]
+    nna, nnb = jnp.sum(A["fok"]), jnp.sum(B["fok"])
+    # faces facing each other, each towards the other geom; the most opposed pair
+    cosf = na @ nb.T
+    okf = (A["fok"] & (na @ n > C.EDGE_TOL))[:, None] & (B["fok"] & (nb @ n < -C.EDGE_TOL))[None]
+    (i, j), ff = C._first(okf & (cosf < -C.FACE_TOL), cosf)
+    # an edge of geom1 in a face of geom2 (first face, then first edge), or conversely
+    try1 = ~ff & (A["dim"] < 3) & (nnb > 0) & ((A["dim"] <= B["dim"]) | (nna == 0))
+    try2 = ~ff & ~try1 & (B["dim"] < 3)
+    m1 = (B["fok"] & (nb @ n < 0))[:, None] & A["eok"][None] & (
+        jnp.abs(nb @ A["en"].T) < C.EDGE_TOL)
+    m2 = (A["fok"] & (na @ n > 0))[:, None] & B["eok"][None] & (
+        jnp.abs(na @ B["en"].T) < C.EDGE_TOL)
+    (jb, iea), ef = C._first(m1)
+    (ja, ieb), fe = C._first(m2)
+    ef = try1 & ef
+    fe = try2 & fe
+    multi = (ff | ef | fe) & A["ok"] & B["ok"] & (dist < margin)
+
+    # reference polygon: geom1's face (face-face, face-edge) or geom2's face (edge-face)
+    K = max(A["faces"].shape[1], B["faces"].shape[1])
+    fa = jnp.where(ff, i, ja)
+    ref = jnp.where(ef, _pad(B["faces"][jb], K), _pad(A["faces"][fa], K))
+    kref = jnp.where(ef, B["fnum"][jb], A["fnum"][fa])
+    nref = jnp.where(ef, nb[jb], na[fa])
+    # incident polygon: geom2's face, geom1's edge or geom2's edge
+    L = max(B["faces"].shape[1], 2)
+    edge_a = jnp.stack([A["start"], A["eend"][iea]])
+    edge_b = jnp.stack([B["start"], B["eend"][ieb]])
+    inc = jnp.where(ff, _pad(B["faces"][j], L),
+                    jnp.where(ef, _pad(edge_a, L), _pad(edge_b, L)))
+    kinc = jnp.where(ff, B["fnum"][j], 2)
+    pts, cnt = C._clip(ref, kref, nref, inc, kinc, K + L, margin)
+    sel = jnp.where(cnt > 4, C._polygon_quad(pts, cnt, QUAD_TIE),
+                    jnp.where((kinc == 2) & (cnt > 2),
+                              jnp.concatenate([C._farthest2(pts, cnt),
+                                               jnp.zeros(2, jnp.int32)]),
+                              jnp.arange(4)))
+    nsel = jnp.where(cnt > 4, 4, jnp.where((kinc == 2) & (cnt > 2), 2, cnt))
+    v = pts[sel]
+    # witnesses: the clipped point and its projection onto the reference plane; the
+    # normal is minus geom2's face normal (face-face) or the reference normal oriented
+    # from geom1 to geom2; position: geom1's witness moved half the depth along it
+    proj = v - dot(v - ref[0], nref)[:, None] * nref
+    x1, x2 = jnp.where(ef, v, proj), jnp.where(ef, proj, v)
+    mnrm = jnp.broadcast_to(jnp.where(ff, nb[j], jnp.where(ef, -nref, nref))
+                            * jnp.where(ff, -1.0, 1.0), v.shape)
+    dd = dot(x2 - x1, mnrm)
+    mpos = x1 + 0.5 * dd[:, None] * mnrm
+    live = jnp.arange(4) < nsel
+    mvalid = multi & (cnt >= 1) & live & (jnp.min(jnp.where(live, dd, jnp.inf)) < margin)
+    spos = _single_pos(A, B, n, dist)
+    svalid = (dist <= margin) & ~(multi & (cnt >= 1))
+    return Pre(jnp.concatenate([dist[None], dd]), jnp.concatenate([spos[None], mpos]),
+               jnp.concatenate([n[None], jnp.where(multi, mnrm, n)]),
+               jnp.zeros((5, 3), n.dtype), jnp.concatenate([svalid[None], mvalid]))
+
+
+def _segment(S, u):
+    """A side's support segment (two points): the side line of a cylinder or the edge
+    of a polytope."""
+    return S["start"], S["second"] if "second" in S else S["eend"][0]
+
+
+def _single_pos(A, B, n, dist):
+    """Position of the single contact (EPA's witness): a support point that is unique
+    (a cylinder's rim point or a polytope vertex) moved half the distance along the
+    normal, else the midpoint of the closest points of two support segments."""
+    a0, a1 = _segment(A, n)
+    b0, b1 = _segment(B, -n)
+    ca, cb = C._segments(a0, a1, b0, b1)
+    return jnp.where(A["point"], A["start"] + 0.5 * dist * n,
+                     jnp.where(B["point"], B["start"] - 0.5 * dist * n, 0.5 * (ca + cb)))

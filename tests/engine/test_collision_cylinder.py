@@ -1,0 +1,161 @@
+"""Cylinder contact patches (MuJoCo 4.0's multicontact with a cylinder cap as a 16-gon)
+against MuJoCo 4.0.0 (float64) on small scenes written here: a free cylinder resting on
+a box, on a flat mesh slab or on a wider cylinder's cap, with its cap down (tilts under
+4 degrees: up to 4 rim points), lying on its side (2 points at the ends of the contact
+line) and tilted onto its rim (1 point), at heights around touching."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+from mujoco_oracle import model_from_mujoco
+from simjax.engine import io
+from simjax.engine.collision import driver
+
+_SCENE = """<mujoco><asset>
+  <mesh name="slab" vertex="-1 -1 -.1  1 -1 -.1  -1 1 -.1  1 1 -.1
+                            -1 -1 .1  1 -1 .1  -1 1 .1  1 1 .1"/></asset>
+<worldbody>
+  <geom {ground} margin="{margin}"/>
+  <body pos="0 0 1"><freejoint/><geom type="cylinder" size="{size}"/></body>
+</worldbody></mujoco>"""
+GROUNDS = {"box": 'type="box" size="1 1 .1"', "mesh": 'type="mesh" mesh="slab"',
+           "cylinder": 'type="cylinder" size=".5 .1"'}
+#: EPA-derived contacts (single rim points, side-line ends): MuJoCo stops EPA at
+#: ccd_tolerance 1e-6, which leaves the rim point's azimuth uncertain (measured up to
+#: 5.3e-4 in position, 4e-8 in depth, 1.5e-6 in the normal)
+EPA_TOL = (1e-3, 1e-6, 1e-5)
+
+_collide = jax.jit(driver.collision)
+
+
+def _quat(axis, ang):
+    axis = np.asarray(axis, float) / np.linalg.norm(axis)
+    return np.r_[np.cos(ang / 2), np.sin(ang / 2) * axis]
+
+
+def _qmul(a, b):
+    w1, x1, y1, z1 = a
+    w2, x2, y2, z2 = b
+    return np.array([w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
+                     w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
+                     w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
+                     w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2])
+
+
+def _states(mjm, n, seed, mode):
+    """Free-cylinder poses: random spin and heading; tilt of the axis from vertical
+    under 4 degrees (flat), within 1e-3, 0.3 or 4 degrees of horizontal (side), or
+    11-75 degrees (rim); lowest point within [-0.01, 0.004] of the ground's top (0.1)."""
+    rng = np.random.default_rng(seed)
+    mjd = mujoco.MjData(mjm)
+    r, h = mjm.geom_size[1, :2]
+    for _ in range(n):
+        if mode == "flat":
+            ang = rng.uniform(0, np.radians(4))
+        elif mode == "side":
+            ang = np.pi / 2 + rng.uniform(-1, 1) * np.radians(rng.choice([1e-3, 0.3, 4]))
+        else:
+            ang = rng.uniform(0.2, 1.3)
+        q = mjm.qpos0.copy()
+        q[3:7] = _qmul(_quat([0, 0, 1], rng.uniform(0, 2 * np.pi)),
+                       _qmul(_quat([1, 0, 0], ang), _quat([0, 0, 1], rng.uniform(0, 7))))
+        q[2] = 0
+        mjd.qpos[:] = q
+        mujoco.mj_kinematics(mjm, mjd)
+        az = mjd.geom_xmat[1].reshape(3, 3)[2, 2]
+        low = -h * abs(az) - r * np.sqrt(max(0.0, 1 - az * az))
+        q[2] = 0.1 - low + rng.uniform(-0.01, 0.004)
+        yield q
+
+
+def _cap_vertices(mjm, mjd):
+    """World vertices of every cylinder cap's 16-gon (MuJoCo's cap approximation), and
+    their projections onto every cap plane along its normal."""
+    out, planes = [], []
+    ang = np.arange(16) * np.pi / 8
+    for g in range(mjm.ngeom):
+        if mjm.geom_type[g] != mujoco.mjtGeom.mjGEOM_CYLINDER:
+            continue
+        r, h = mjm.geom_size[g, :2]
+        R = mjd.geom_xmat[g].reshape(3, 3)
+        for s in (-1, 1):
+            loc = np.stack([r * np.cos(ang), r * np.sin(ang), np.full(16, s * h)], 1)
+            out.append(loc @ R.T + mjd.geom_xpos[g])
+            planes.append((R[:, 2], mjd.geom_xpos[g] + s * h * R[:, 2]))
+    v = np.concatenate(out)
+    return np.concatenate([v] + [v - np.outer((v - p) @ nz, nz) for nz, p in planes])
+
+
+def _check(ground, margin, size, modes, n=12, seed=0):
+    """Compare every state; returns counts of (patch states, patch states where
+    MuJoCo's polygonQuad took another of several equal-area quadrilaterals)."""
+    xml = _SCENE.format(ground=GROUNDS[ground], margin=margin, size=size)
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    npatch = ntie = 0
+    for mode in modes:
+        for q in _states(mjm, n, seed, mode):
+            mjd.qpos[:] = q
+            mujoco.mj_forward(mjm, mjd)
+            d = d0.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
+                           geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+            c = jax.tree_util.tree_map(np.asarray, _collide(m, d).contact)
+            idx = np.nonzero(c.valid)[0]
+            assert len(idx) == mjd.ncon, (mode, q)
+            # face-face patches are closed-form; lines and single points come from EPA
+            exact = mjd.ncon > 2 or (mjd.ncon == 1 and mode == "flat")
+            caps = _cap_vertices(mjm, mjd)
+            tie = False
+            for mc in mjd.contact[:mjd.ncon]:
+                i = idx[np.argmin([np.linalg.norm(c.pos[j] - mc.pos) for j in idx])]
+                err = (np.linalg.norm(c.pos[i] - mc.pos), abs(c.dist[i] - mc.dist),
+                       np.abs(c.frame[i].ravel()[:3] - mc.frame[:3]).max())
+                if exact and max(err) < 1e-12:
+                    continue
+                if exact:
+                    # another quadrilateral of equal area: MuJoCo's point is still a cap
+                    # 16-gon vertex or its projection, at the depth that point has
+                    x1 = mc.pos - 0.5 * mc.dist * mc.frame[:3]
+                    x2 = mc.pos + 0.5 * mc.dist * mc.frame[:3]
+                    near = min(np.linalg.norm(caps - x1, axis=1).min(),
+                               np.linalg.norm(caps - x2, axis=1).min())
+                    assert mjd.ncon == 4 and near < 1e-12, (mode, q, err)
+                    assert np.abs(c.frame[i].ravel()[:3] - mc.frame[:3]).max() < 1e-12
+                    tie = True
+                    continue
+                assert all(e < t for e, t in zip(err, EPA_TOL)), (mode, q, err)
+            npatch += mjd.ncon > 1
+            ntie += tie
+    return npatch, ntie
+
+
+def test_cylinder_on_box():
+    """Cap down: 4 rim points (21 of 24 patch states identical to 1e-12; the others
+    differ in MuJoCo's pick among equal-area quadrilaterals of the regular 16-gon, which
+    its rounding decides); lying: 2 line ends; tilted: 1 rim point."""
+    npatch, ntie = _check("box", 0.0, ".2 .1", ("flat", "side", "tilt"))
+    assert npatch >= 15
+    assert ntie <= npatch // 3
+
+
+def test_cylinder_on_cylinder():
+    npatch, ntie = _check("cylinder", 0.0, ".2 .1", ("flat", "side", "tilt"))
+    assert npatch >= 8
+    assert ntie <= npatch // 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ground,margin,size", [("mesh", 0.0, ".2 .1"),
+                                                ("box", 0.01, ".2 .1"),
+                                                ("box", 0.0, ".05 .3"),
+                                                ("cylinder", 0.0, ".05 .3")])
+def test_cylinder_patches_more(ground, margin, size):
+    npatch, ntie = _check(ground, margin, size, ("flat", "side", "tilt"), n=20, seed=1)
+    assert npatch >= 10
+    assert ntie <= npatch // 2
