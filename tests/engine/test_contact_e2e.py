@@ -108,7 +108,10 @@ for _rel, _short in (("gym_pusher/pusher.xml", "pusher"), ("mujoco_car/car.xml",
 #: stops at its tolerance on those deep sphere / prism penetrations (its contact point
 #: lies ~2.5e-6 off the point its own normal and depth give, simjax's is exact),
 #: measured 6e-5 in qacc with simjax's contacts and 4e-15 with MuJoCo's; touch_grid's
-#: ellipsoid / prism contacts do not all match MuJoCo's (its own-contact case is xfail)
+#: ellipsoid / prism contacts likewise (see TOL_POS): its ~50 stiff contacts (solimp
+#: dmin 0) amplify MuJoCo's ~6e-7 shallower depths and ~3e-4 normals to 5.9e-3 in
+#: qacc, 5.3e-4 in qfrc_constraint and 1.2e-2 in efc_force (measured; all within 1e-6
+#: with MuJoCo's contacts injected)
 INJECTED = {f"{_m}_{_sn}" for _sn in ("newton", "cg", "pgs")
             for _m in ("sdf_nutbolt", "barkour", "touch_grid")}
 SLOW["sdf_nutbolt_own_newton"] = ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", NEWTON, None,
@@ -116,11 +119,10 @@ SLOW["sdf_nutbolt_own_newton"] = ("mujoco_plugin_sdf_nutbolt/nutbolt.xml", NEWTO
 SLOW["barkour_own_newton"] = (HFIELD[0], NEWTON, None, 10, None)
 SLOW["touch_grid_own_newton"] = (HFIELD[1], NEWTON, None, 10, None)
 #: tolerance of the own-contact cases above (the amplified contact-geometry difference)
-TOL_OWN = {"sdf_nutbolt_own_newton": 1e-4, "barkour_own_newton": 1e-4}
+TOL_OWN = {"sdf_nutbolt_own_newton": 1e-4, "barkour_own_newton": 1e-4,
+           "touch_grid_own_newton": 2e-2}
 #: open differences (measured, not understood yet)
 XFAIL = {
-    "touch_grid_own_newton": "ellipsoid / height-field prism contacts: about half of "
-                             "MuJoCo's 50 contacts have no simjax contact within 1e-5",
     # with MuJoCo's contacts injected; MuJoCo's PGS reaches its Newton optimum there
     # (1.4e-9 / 9.7e-9 in qacc), simjax's PGS does not: a PGS bug
     "barkour_pgs": "simjax PGS qacc 0.16 (relative) from MuJoCo's with MuJoCo's contacts",
@@ -160,10 +162,20 @@ def _solve(m, d):
     return solve_jit(m, smooth_own_jit(canonical(m), d))
 
 
-def _tol_pos(mjm):
+#: touch_grid's flat ellipsoid on height-field prisms: MuJoCo's EPA stops at
+#: ccd_tolerance (1e-6) short of the optimum (its depths up to ~1e-6 shallower than the
+#: exact minimum-penetration depth, which a direct optimisation of the separation
+#: confirms for simjax's to ~1e-8), so its normals are ~3e-4 off and its contact
+#: points, on a surface of curvature radius ~2.5, up to ~3e-4 away from simjax's
+TOL_POS = {"mujoco_plugin_touch_grid/touch_grid.xml": 1e-3}
+
+
+def _tol_pos(mjm, rel=None):
     """Contact matching distance: 1e-6, or 1e-5 where meshes collide (simjax's convex
     collider puts mesh-mesh contact points up to ~1.5e-6 from MuJoCo's, normals ~1e-7:
-    measured on trossen's gripper pads)."""
+    measured on trossen's gripper pads), or TOL_POS's."""
+    if rel in TOL_POS:
+        return TOL_POS[rel]
     return 1e-5 if np.any(mjm.geom_type == mujoco.mjtGeom.mjGEOM_MESH) else 1e-6
 
 
@@ -183,7 +195,7 @@ def check_case(name, cases):
                                                                       mjd)[1]))
         else:
             d = _solve(m, to_data(d0, st))
-        err = compare(mjd, d, tol_pos=_tol_pos(mjm))
+        err = compare(mjd, d, tol_pos=_tol_pos(mjm, rel))
         for k in worst:
             worst[k] = max(worst[k], err[k])
         for k in seen:
