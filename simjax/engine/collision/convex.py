@@ -54,9 +54,9 @@ Differences from MuJoCo (deliberate or not yet implemented):
   differ from MuJoCo's, which can change polygonQuad's pick on polygons of more than
   4 clipped points (the trossen tolerance above).
 - Cylinder patches (a cylinder against a box, mesh or cylinder, MuJoCo 4.0's
-  multicontact with the cap as a 16-gon) are in convex_cylinder.py; a capsule lying
-  on a mesh face gives one contact in both. Deep penetrations where EPA stops on a
-  non-optimal face (its tolerance) report simjax's exact optimum.
+  multicontact with the cap as a 16-gon) and a capsule lying on a mesh face or a
+  cylinder cap (2 contacts) are in convex_cylinder.py. Deep penetrations where EPA
+  stops on a non-optimal face (its tolerance) report simjax's exact optimum.
 - Polygons of more than 4 clipped points: polygonQuad's pick depends on the polygon's
   start vertex, which MuJoCo takes from its compiler's hull triangle order (qhull's
   face order, mjCMesh::MakePolygons); simjax starts at the smallest hull vertex id, so
@@ -848,8 +848,9 @@ PLANE = {t: _make(plane_convex, GT.PLANE, t) for t in (GT.ELLIPSOID, GT.MESH)}
 #: plane against an SDF geom: MuJoCo 4.0 collides the plane with the SDF geom's mesh
 #: (mjc_PlaneConvex on its convex hull), so the geom gets its mesh's hull data
 PLANE_SDF = _make(plane_convex, GT.PLANE, GT.MESH)
-#: cylinder pairs with contact patches (simjax.engine.collision.convex_cylinder)
-_CYL_PATCH = ((GT.CYLINDER, GT.CYLINDER), (GT.CYLINDER, GT.BOX), (GT.CYLINDER, GT.MESH))
+#: cylinder and capsule pairs with contact patches (convex_cylinder.py)
+_CYL_PATCH = ((GT.CYLINDER, GT.CYLINDER), (GT.CYLINDER, GT.BOX), (GT.CYLINDER, GT.MESH),
+              (GT.CAPSULE, GT.CYLINDER), (GT.CAPSULE, GT.MESH))
 MAXCON = {f: (4 if (k[0] in _POLY and k[1] in _POLY) or k in _CYL_PATCH else 1)
           for k, f in CONVEX.items()}
 MAXCON.update({PLANE[GT.ELLIPSOID]: 1, PLANE[GT.MESH]: 4, PLANE_SDF: 4})

@@ -1,4 +1,5 @@
-"""Cylinder contact patches: a cylinder against a box, a mesh or another cylinder.
+"""Cylinder contact patches: a cylinder against a box, a mesh or another cylinder;
+also a capsule lying on a cylinder's cap or a mesh face.
 
 MuJoCo 4.0 recovers several contacts for these pairs from the final EPA face as it does
 for boxes and meshes (its multicontact, engine_collision_gjk.c; the same algorithm is
@@ -12,6 +13,8 @@ in MuJoCo Warp's collision_gjk.py), with the cylinder described by:
   outward cap normal (clockwise about it, as box faces are ordered), starting on the
   local +x axis.
 - **edge**: the side segment through the support point, from its rim to the other rim.
+
+A capsule offers no face and one edge: its surface line facing the other geom.
 
 Then, as for polytopes: two faces facing each other (cosine < -FACE_TOL, each facing
 the other geom along the normal) give a face-face patch (geom2's face clipped by geom1's
@@ -85,7 +88,24 @@ def _poly_side(t, g, u):
                 point=dim == 1, line=dim == 2, second=vw[idx[1]])
 
 
+def _capsule_side(g, u):
+    """A capsule's support feature along ``u``: no face; one edge, the segment of the
+    capsule's surface line facing ``u`` (its axis moved by the radius along u's part
+    across the axis), as MuJoCo recovers it from the witness point."""
+    axis = g.mat[:, 2]
+    r, h = g.size[0], g.size[1]
+    off = r * (u - dot(u, axis) * axis)
+    start, end = g.pos - h * axis + off, g.pos + h * axis + off
+    dt = g.mat.dtype
+    return dict(dim=jnp.asarray(1), fn=jnp.zeros((1, 3), dt), fok=jnp.asarray([False]),
+                faces=jnp.zeros((1, 3, 3), dt), fnum=jnp.asarray([3]), en=axis[None],
+                eok=jnp.asarray([True]), start=start, eend=end[None],
+                ok=jnp.asarray(True), point=jnp.asarray(True), line=jnp.asarray(False))
+
+
 def _side(t, g, u):
+    if t == GT.CAPSULE:
+        return _capsule_side(g, u)
     return _cyl_side(g, u) if t == GT.CYLINDER else _poly_side(t, g, u)
 
 
@@ -150,7 +170,10 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
     mpos = x1 + 0.5 * dd[:, None] * mnrm
     live = jnp.arange(4) < nsel
     mvalid = multi & (cnt >= 1) & live & (jnp.min(jnp.where(live, dd, jnp.inf)) < margin)
-    spos = _single_pos(A, B, n, dist)
+    if t1 == GT.CAPSULE:       # the capsule's support point (unique unless it lies flat)
+        spos = C.support(t1, g1, n) + 0.5 * dist * n
+    else:
+        spos = _single_pos(A, B, n, dist)
     svalid = (dist <= margin) & ~(multi & (cnt >= 1))
     return Pre(jnp.concatenate([dist[None], dd]), jnp.concatenate([spos[None], mpos]),
                jnp.concatenate([n[None], jnp.where(multi, mnrm, n)]),
