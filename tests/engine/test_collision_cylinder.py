@@ -174,3 +174,39 @@ def test_capsule_lying_on_face(ground):
     identical to 1e-11, measured 1.1e-12, as its single contacts when tilted)."""
     npatch, ntie = _check(ground, 0.0, ".05 .2", ("side", "tilt"), free="capsule")
     assert npatch >= 5 and ntie == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("free,size", [("cylinder", ".2 .1"), ("capsule", ".05 .2")])
+def test_patch_gradients(free, size):
+    """d(sum of depths and positions of the valid contacts)/d(geom positions) against
+    central differences, a tilted cylinder (4 points) or capsule (2 points) on a box and
+    on a wider cylinder (measured 1.5e-9)."""
+    xml = f"""<mujoco><worldbody><geom type="box" size="1 1 .1"/>
+      <geom type="cylinder" size=".5 .1" pos="3 0 0"/>
+      <body pos="0 0 .199" euler="1 2 0"><freejoint/><geom type="{free}" size="{size}"/></body>
+      <body pos="3 0 .199" euler="1 2 0"><freejoint/><geom type="{free}" size="{size}"/></body>
+    </worldbody></mujoco>"""
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    m = model_from_mujoco(mjm)
+    d = io.make_data(m).replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
+                                geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+
+    @jax.jit
+    def f(xpos):
+        c = driver.collision(m, d.replace(geom_xpos=xpos)).contact
+        return (jnp.sum(jnp.where(c.valid, c.dist, 0.0))
+                + jnp.sum(jnp.where(c.valid[:, None], c.pos, 0.0)))
+
+    x = np.asarray(d.geom_xpos)
+    g = np.asarray(jax.jit(jax.grad(f))(jnp.asarray(x)))
+    fd = np.zeros_like(x)
+    for i in range(x.shape[0]):
+        for j in range(3):
+            e = np.zeros_like(x)
+            e[i, j] = 1e-6
+            fd[i, j] = (f(jnp.asarray(x + e)) - f(jnp.asarray(x - e))) / 2e-6
+    assert np.isfinite(g).all()
+    assert np.abs(g - fd).max() < 1e-6
