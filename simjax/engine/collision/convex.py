@@ -83,6 +83,8 @@ from simjax.types import GeomType as GT
 REFINE_ITERS = 40
 #: maximum number of hull edge pairs evaluated as SAT axes
 MAX_EDGE_PAIRS = 4096
+#: (direction, vertex) products a mesh support evaluation holds at once
+SUPPORT_CHUNK = 1 << 15
 
 _FIXED_DIRS = np.array([(x, y, z) for x in (-1, 0, 1) for y in (-1, 0, 1) for z in (-1, 0, 1)
                         if (x, y, z) != (0, 0, 0)], np.float64)
@@ -319,8 +321,15 @@ def mesh_table(m):
             edg[i] = he[np.minimum(np.arange(E), len(he) - 1)]
         for v, a in enumerate(ha):
             adj[i, v, :len(a)] = a
+    # support values of each hull along its own face normals (+n, -n): static in the
+    # mesh frame, so SAT scoring of these directions needs no (directions x vertices)
+    # product at run time
+    hface = np.zeros((m.nmesh, F, 2))
+    for i in range(m.nmesh):
+        pr = nrm[i] @ hulls[i][0].T                                 # (F, nv)
+        hface[i] = np.stack([pr.max(1), (-pr).max(1)], 1)
     tab = dict(vert=vert, normal=nrm, edge=edg, adj=adj, pnorm=pnorm, pquad=pquad,
-               nvert=np.asarray([len(h[0]) for h in hulls]))
+               hface=hface, nvert=np.asarray([len(h[0]) for h in hulls]))
     tab.update(_clip_tables([h[0] for h in hulls], V))
     _MESH_CACHE[key] = tab
     return tab
@@ -381,8 +390,8 @@ def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype):
     plane = types[0] == GT.PLANE
     tab = plane_table(m) if plane else mesh_table(m)
     dataid = jnp.asarray(np.asarray(m.geom_dataid))
-    names = ("pnorm", "pquad") if plane else ("normal", "edge", "fvert", "fnum", "fnormal",
-                                              "vface", "npoly", "nvert")
+    names = ("pnorm", "pquad") if plane else ("normal", "edge", "hface", "fvert", "fnum",
+                                              "fnormal", "vface", "npoly", "nvert")
     out = []
     for t, geo, ig in zip(types, (geo1, geo2), (i1, i2)):
         if t == GT.MESH:
@@ -492,7 +501,36 @@ def _sep(t1, g1, t2, g2, n):
     return dot(b - a, n), a, b
 
 
+def _hvals(t, geo, d):
+    """Support values max_x x.d of a geom for world directions d (K, 3). A mesh's are
+    reduced over its vertices in chunks of at most SUPPORT_CHUNK (direction, vertex)
+    products (lax.map), so memory stays bounded for large hulls and many directions."""
+    if t != GT.MESH:
+        return dot(support(t, geo, d), d)
+    nv = geo.vert.shape[0]
+
+    def h(dk):
+        return jnp.max((dk @ geo.mat) @ geo.vert.T, axis=-1) + dk @ geo.pos
+    if d.shape[0] * nv <= SUPPORT_CHUNK:
+        return h(d)
+    return jax.lax.map(h, d, batch_size=max(1, SUPPORT_CHUNK // nv))
+
+
+def _face_dirs(t, geo):
+    """World face normals of a geom used as SAT axes, and for meshes their support
+    values (+n, -n) from the static hull table (None otherwise)."""
+    f, _ = _faces_edges(t, geo)
+    if t == GT.MESH:
+        off = f @ geo.pos
+        return f, (off + geo.extra["hface"][:, 0], -off + geo.extra["hface"][:, 1])
+    return f, None
+
+
 def _candidates(t1, g1, t2, g2):
+    """SAT candidate directions (K, 3) and their separation sep (K,) (no gradient:
+    only the best direction's index is used). Mesh face normals are scored with the
+    hull's static support values on their own side; every other support value is
+    evaluated (meshes in bounded chunks, see _hvals)."""
     f1, e1 = _faces_edges(t1, g1)
     f2, e2 = _faces_edges(t2, g2)
     dirs = [f1, -f1, f2, -f2]
@@ -506,7 +544,26 @@ def _candidates(t1, g1, t2, g2):
     dirs += [cdif[None], jnp.asarray(_FIXED_DIRS, g1.pos.dtype)]
     for g in (g1, g2):
         dirs += [g.mat.T, -g.mat.T]
-    return jnp.concatenate(dirs)
+    dirs = jnp.concatenate(dirs)
+    return dirs, _scores(t1, g1, t2, g2, dirs, f1.shape[0], f2.shape[0])
+
+
+def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
+    """sep of _candidates' directions (its order: f1, -f1, f2, -f2, the rest)."""
+    g1, g2, dirs = jax.lax.stop_gradient((g1, g2, dirs))
+    n1 = 2 * nf1
+    n2 = n1 + 2 * nf2
+    h1 = _hvals(t1, g1, dirs[n2:]) if t1 == GT.MESH else _hvals(t1, g1, dirs)
+    h2 = _hvals(t2, g2, -dirs[:n1]) if t2 == GT.MESH else _hvals(t2, g2, -dirs)
+    if t1 == GT.MESH:
+        _, (hp, hm) = _face_dirs(t1, g1)
+        # h1 along f1, -f1 from the table; along f2, -f2 evaluated
+        h1 = jnp.concatenate([hp, hm, _hvals(t1, g1, dirs[n1:n2]), h1])
+    if t2 == GT.MESH:
+        _, (hp, hm) = _face_dirs(t2, g2)
+        # h2 along -f2 (n = f2) and f2 (n = -f2) from the table
+        h2 = jnp.concatenate([h2, hm, hp, _hvals(t2, g2, -dirs[n2:])])
+    return -h2 - h1
 
 
 def _refine(t1, g1, t2, g2, n, s, scale):
@@ -811,8 +868,7 @@ def poly_contacts(t1, g1, t2, g2, n, dist, margin):
 def convex_convex(g1, g2, margin, t1=None, t2=None):
     """Convex-convex contact (see the module docstring). Returns 1 slot for curved
     pairs, 5 slots (at most 4 valid) for box/mesh pairs."""
-    dirs = _candidates(t1, g1, t2, g2)
-    s, _, _ = _sep(t1, g1, t2, g2, dirs)
+    dirs, s = _candidates(t1, g1, t2, g2)
     k = jnp.argmax(s)
     n, sbest = dirs[k], s[k]
     poly = t1 in _POLY and t2 in _POLY
