@@ -501,19 +501,24 @@ def _sep(t1, g1, t2, g2, n):
     return dot(b - a, n), a, b
 
 
+def mesh_hvals(vert, mat, pos, d):
+    """Support values max_v (R v + p).d of a mesh (hull vertices ``vert`` (V, 3) in its
+    frame, rotation ``mat``, position ``pos``) for directions d (K, 3) of the outer
+    frame, reduced over the vertices in chunks of at most SUPPORT_CHUNK (direction,
+    vertex) products (lax.map): memory stays bounded for large hulls and many
+    directions, and the result is the exact maximum."""
+    def h(dk):
+        return jnp.max((dk @ mat) @ vert.T, axis=-1) + dk @ pos
+    if d.shape[0] * vert.shape[0] <= SUPPORT_CHUNK:
+        return h(d)
+    return jax.lax.map(h, d, batch_size=max(1, SUPPORT_CHUNK // vert.shape[0]))
+
+
 def _hvals(t, geo, d):
-    """Support values max_x x.d of a geom for world directions d (K, 3). A mesh's are
-    reduced over its vertices in chunks of at most SUPPORT_CHUNK (direction, vertex)
-    products (lax.map), so memory stays bounded for large hulls and many directions."""
+    """Support values max_x x.d of a geom for world directions d (K, 3)."""
     if t != GT.MESH:
         return dot(support(t, geo, d), d)
-    nv = geo.vert.shape[0]
-
-    def h(dk):
-        return jnp.max((dk @ geo.mat) @ geo.vert.T, axis=-1) + dk @ geo.pos
-    if d.shape[0] * nv <= SUPPORT_CHUNK:
-        return h(d)
-    return jax.lax.map(h, d, batch_size=max(1, SUPPORT_CHUNK // nv))
+    return mesh_hvals(geo.vert, geo.mat, geo.pos, d)
 
 
 def _face_dirs(t, geo):
@@ -530,7 +535,7 @@ def _candidates(t1, g1, t2, g2):
     """SAT candidate directions (K, 3) and their separation sep (K,) (no gradient:
     only the best direction's index is used). Mesh face normals are scored with the
     hull's static support values on their own side; every other support value is
-    evaluated (meshes in bounded chunks, see _hvals)."""
+    evaluated (meshes in bounded chunks, see mesh_hvals)."""
     f1, e1 = _faces_edges(t1, g1)
     f2, e2 = _faces_edges(t2, g2)
     dirs = [f1, -f1, f2, -f2]

@@ -149,7 +149,7 @@ def collider_for(m, g1, g2, ipair=-1):
         from simjax.engine.collision import convex
         tab = convex.mesh_table(m)
         mid = int(np.asarray(m.geom_dataid)[g2])
-        mesh = (tab["vert"][mid], tab["normal"][mid], tab["edge"][mid])
+        mesh = (tab["vert"][mid], tab["normal"][mid], tab["edge"][mid], tab["hface"][mid])
     key = (t2, nrow, ncol, tuple(size), nc, nr, nc0, nr0, hash(data.tobytes()),
            None if mesh is None else tuple(hash(a.tobytes()) for a in mesh))
     fn = _COLLIDERS.get(key)
@@ -374,6 +374,24 @@ def _geom_axes(t, mat, mesh):
     return jnp.zeros((0, 3), dt), jnp.zeros((0, 3), dt)
 
 
+def _mesh_sep(vert, mat, pos, mesh, v, dirs, nfirst):
+    """sep of a mesh against prism v along _convex_prism's directions (prism normals
+    (nfirst), then the mesh face normals gf and -gf, then the rest), for the best
+    direction's index only (no gradient). Along its own face normals the mesh's
+    support values come from its static hull table; the others are reduced in
+    bounded chunks (convex.mesh_hvals)."""
+    from simjax.engine.collision import convex
+    vert, mat, pos, v, dirs = jax.lax.stop_gradient((vert, mat, pos, v, dirs))
+    nf = mesh[1].shape[0]
+    hface = jnp.asarray(mesh[3], dirs.dtype)
+    off = dirs[nfirst:nfirst + nf] @ pos
+    # mesh support along -n: -gf for n = gf, gf for n = -gf
+    hm = jnp.concatenate([convex.mesh_hvals(vert, mat, pos, -dirs[:nfirst]),
+                          -off + hface[:, 1], off + hface[:, 0],
+                          convex.mesh_hvals(vert, mat, pos, -dirs[nfirst + 2 * nf:])])
+    return -hm - jnp.max(dirs @ v.T, -1)
+
+
 def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     """(dist, pos, normal) of a convex geom against prism v: separating axes (exact for
     boxes and meshes) refined over unit directions for curved geoms."""
@@ -395,7 +413,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
         b = _support(t, size, vert, mat, pos, -n)
         return dot(b, n) - jnp.max(n @ v.T, -1)
 
-    s = sep(dirs)
+    s = _mesh_sep(vert, mat, pos, mesh, v, dirs, nrm.shape[0]) if t == GT.MESH else sep(dirs)
     k = jnp.argmax(s)
     n, sb = dirs[k], s[k]
     if t not in (GT.BOX, GT.MESH):
