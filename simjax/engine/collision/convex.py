@@ -501,24 +501,26 @@ def _sep(t1, g1, t2, g2, n):
     return dot(b - a, n), a, b
 
 
-def mesh_hvals(vert, mat, pos, d):
-    """Support values max_v (R v + p).d of a mesh (hull vertices ``vert`` (V, 3) in its
-    frame, rotation ``mat``, position ``pos``) for directions d (K, 3) of the outer
-    frame, reduced over the vertices in chunks of at most SUPPORT_CHUNK (direction,
-    vertex) products (lax.map): memory stays bounded for large hulls and many
-    directions, and the result is the exact maximum."""
-    def h(dk):
-        return jnp.max((dk @ mat) @ vert.T, axis=-1) + dk @ pos
+def mesh_support(vert, mat, pos, d):
+    """Support points (K, 3) of a mesh (hull vertices ``vert`` (V, 3) in its frame,
+    rotation ``mat``, position ``pos``) for directions d (K, 3) of the outer frame. The
+    vertex argmax is taken in chunks of at most SUPPORT_CHUNK (direction, vertex)
+    products (lax.map), so memory stays bounded for large hulls and many directions;
+    the points are those of the unchunked argmax."""
+    def idx(dk):
+        return jnp.argmax((dk @ mat) @ vert.T, axis=-1)
     if d.shape[0] * vert.shape[0] <= SUPPORT_CHUNK:
-        return h(d)
-    return jax.lax.map(h, d, batch_size=max(1, SUPPORT_CHUNK // vert.shape[0]))
+        k = idx(d)
+    else:
+        k = jax.lax.map(idx, d, batch_size=max(1, SUPPORT_CHUNK // vert.shape[0]))
+    return vert[k] @ mat.T + pos
 
 
-def _hvals(t, geo, d):
-    """Support values max_x x.d of a geom for world directions d (K, 3)."""
+def _support_pts(t, geo, d):
+    """World support points for world directions d (K, 3) (meshes: mesh_support)."""
     if t != GT.MESH:
-        return dot(support(t, geo, d), d)
-    return mesh_hvals(geo.vert, geo.mat, geo.pos, d)
+        return support(t, geo, d)
+    return mesh_support(geo.vert, geo.mat, geo.pos, d)
 
 
 def _face_dirs(t, geo):
@@ -535,7 +537,7 @@ def _candidates(t1, g1, t2, g2):
     """SAT candidate directions (K, 3) and their separation sep (K,) (no gradient:
     only the best direction's index is used). Mesh face normals are scored with the
     hull's static support values on their own side; every other support value is
-    evaluated (meshes in bounded chunks, see mesh_hvals)."""
+    evaluated (meshes in bounded chunks, see mesh_support)."""
     f1, e1 = _faces_edges(t1, g1)
     f2, e2 = _faces_edges(t2, g2)
     dirs = [f1, -f1, f2, -f2]
@@ -554,21 +556,32 @@ def _candidates(t1, g1, t2, g2):
 
 
 def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
-    """sep of _candidates' directions (its order: f1, -f1, f2, -f2, the rest)."""
+    """sep of _candidates' directions (its order: f1, -f1, f2, -f2, the rest): a
+    mesh's support value along its own face normals from its hull table, every other
+    support point evaluated (as _sep)."""
     g1, g2, dirs = jax.lax.stop_gradient((g1, g2, dirs))
     n1 = 2 * nf1
     n2 = n1 + 2 * nf2
-    h1 = _hvals(t1, g1, dirs[n2:]) if t1 == GT.MESH else _hvals(t1, g1, dirs)
-    h2 = _hvals(t2, g2, -dirs[:n1]) if t2 == GT.MESH else _hvals(t2, g2, -dirs)
-    if t1 == GT.MESH:
-        _, (hp, hm) = _face_dirs(t1, g1)
-        # h1 along f1, -f1 from the table; along f2, -f2 evaluated
-        h1 = jnp.concatenate([hp, hm, _hvals(t1, g1, dirs[n1:n2]), h1])
-    if t2 == GT.MESH:
-        _, (hp, hm) = _face_dirs(t2, g2)
-        # h2 along -f2 (n = f2) and f2 (n = -f2) from the table
-        h2 = jnp.concatenate([h2, hm, hp, _hvals(t2, g2, -dirs[n2:])])
-    return -h2 - h1
+    m1, m2 = t1 == GT.MESH, t2 == GT.MESH
+    if not (m1 or m2):
+        return _sep(t1, g1, t2, g2, dirs)[0]
+    # support points except along a mesh's own face normals
+    lo1 = n1 if m1 else 0
+    a = _support_pts(t1, g1, dirs[lo1:])
+    d2 = jnp.concatenate([dirs[:n1], dirs[n2:]]) if m2 else dirs
+    b = _support_pts(t2, g2, -d2)
+    if m2:
+        b = jnp.concatenate([b[:n1], jnp.zeros((n2 - n1, 3), b.dtype), b[n1:]])
+    if m1:
+        a = jnp.concatenate([jnp.zeros((n1, 3), a.dtype), a])
+    s = dot(b - a, dirs)
+    if m1:
+        _, (hp, hm) = _face_dirs(t1, g1)         # h1 along f1, -f1
+        s = s.at[:n1].set(dot(b[:n1], dirs[:n1]) - jnp.concatenate([hp, hm]))
+    if m2:
+        _, (hp, hm) = _face_dirs(t2, g2)         # h2 along -f2 (n = f2), f2 (n = -f2)
+        s = s.at[n1:n2].set(-jnp.concatenate([hm, hp]) - dot(a[n1:n2], dirs[n1:n2]))
+    return s
 
 
 def _refine(t1, g1, t2, g2, n, s, scale):

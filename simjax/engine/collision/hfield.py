@@ -379,17 +379,17 @@ def _mesh_sep(vert, mat, pos, mesh, v, dirs, nfirst):
     (nfirst), then the mesh face normals gf and -gf, then the rest), for the best
     direction's index only (no gradient). Along its own face normals the mesh's
     support values come from its static hull table; the others are reduced in
-    bounded chunks (convex.mesh_hvals)."""
+    bounded chunks (convex.mesh_support)."""
     from simjax.engine.collision import convex
     vert, mat, pos, v, dirs = jax.lax.stop_gradient((vert, mat, pos, v, dirs))
     nf = mesh[1].shape[0]
     hface = jnp.asarray(mesh[3], dirs.dtype)
     off = dirs[nfirst:nfirst + nf] @ pos
     # mesh support along -n: -gf for n = gf, gf for n = -gf
-    hm = jnp.concatenate([convex.mesh_hvals(vert, mat, pos, -dirs[:nfirst]),
-                          -off + hface[:, 1], off + hface[:, 0],
-                          convex.mesh_hvals(vert, mat, pos, -dirs[nfirst + 2 * nf:])])
-    return -hm - jnp.max(dirs @ v.T, -1)
+    rest = jnp.concatenate([dirs[:nfirst], dirs[nfirst + 2 * nf:]])
+    hr = dot(convex.mesh_support(vert, mat, pos, -rest), rest)
+    hm = jnp.concatenate([hr[:nfirst], off - hface[:, 1], -off - hface[:, 0], hr[nfirst:]])
+    return hm - jnp.max(dirs @ v.T, -1)
 
 
 def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
