@@ -84,3 +84,75 @@ def test_patches_match_mujoco(ground, margin):
         npatch += patch
     assert npatch >= 6
     assert margin == 0 or nabove >= 4          # patch points above the face, in margin
+
+
+# --------------------------------------------------------------------------- large hulls
+def _blob_scene(nvert, seed=0):
+    """A sphere, a box and a second mesh around an ellipsoidal point-cloud mesh of
+    ``nvert`` hull vertices (every point on the ellipsoid is a hull vertex)."""
+    rng = np.random.default_rng(seed)
+    pts = rng.standard_normal((nvert, 3))
+    pts = pts / np.linalg.norm(pts, axis=1, keepdims=True) * [0.1, 0.07, 0.05]
+    rock = rng.standard_normal((40, 3)) * [0.05, 0.04, 0.03]
+    fmt = lambda p: " ".join(f"{x:.9f}" for x in p.reshape(-1))
+    return f"""<mujoco><asset><mesh name="blob" vertex="{fmt(pts)}"/>
+      <mesh name="rock" vertex="{fmt(rock)}"/></asset><worldbody>
+      <body><freejoint/><geom type="mesh" mesh="blob"/></body>
+      <body pos=".1 0 0"><freejoint/><geom type="sphere" size=".04"/></body>
+      <body pos="0 .1 0"><freejoint/><geom type="box" size=".03 .04 .02"/></body>
+      <body pos="-.1 0 0"><freejoint/><geom type="mesh" mesh="rock"/></body>
+    </worldbody></mujoco>"""
+
+
+def test_mesh_support_chunked():
+    """mesh_support (chunked argmax over hull vertices) gives the brute-force support
+    points exactly, for more (direction, vertex) products than one chunk."""
+    from simjax.engine.collision import convex
+    rng = np.random.default_rng(3)
+    vert = rng.standard_normal((700, 3))
+    mat = np.linalg.qr(rng.standard_normal((3, 3)))[0]
+    pos = rng.standard_normal(3)
+    d = rng.standard_normal((301, 3))
+    assert d.shape[0] * vert.shape[0] > convex.SUPPORT_CHUNK
+    got = convex.mesh_support(jnp.asarray(vert), jnp.asarray(mat), jnp.asarray(pos),
+                              jnp.asarray(d))
+    want = vert[np.argmax((d @ mat) @ vert.T, axis=1)] @ mat.T + pos
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_large_mesh_scores_and_memory():
+    """SAT scores of mesh pairs (mesh face normals scored from the hull's support
+    table) equal the directly evaluated separation (_sep) to 1e-14 for mesh-sphere,
+    mesh-box and mesh-mesh pairs, and collision on a 1500-vertex hull (~3000 face
+    normals) holds far less temporary memory than the brute-force (directions x
+    vertices) products, ~70 MB per mesh pair here: under 10 MB (measured 4.2 MB)."""
+    from simjax.engine.collision import convex
+    mjm = mujoco.MjModel.from_xml_string(_blob_scene(1500))
+    mjd = mujoco.MjData(mjm)
+    rng = np.random.default_rng(1)
+    mjd.qpos[:] = mjm.qpos0 + 0.05 * rng.standard_normal(mjm.nq)
+    mujoco.mj_kinematics(mjm, mjd)
+    m = model_from_mujoco(mjm)
+    d = io.make_data(m).replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
+                                geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+    p = driver.plan(m)
+    seen = set()
+    for grp in p.groups:
+        types = getattr(grp.fn, "types", None)
+        if not types or types[0] == types[1] == convex.GT.BOX:
+            continue
+        t1, t2 = types
+        for k in grp.cand:
+            g1, g2 = p.g1[k:k + 1], p.g2[k:k + 1]
+            i1, geo1 = driver._geoms(m, d, g1, slice(None), jnp.float64)
+            i2, geo2 = driver._geoms(m, d, g2, slice(None), jnp.float64)
+            geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, jnp.float64)
+            one = lambda g: jax.tree_util.tree_map(lambda x: x[0], g)
+            geo1, geo2 = one(geo1), one(geo2)
+            dirs, s = convex._candidates(t1, geo1, t2, geo2)
+            want, _, _ = convex._sep(t1, geo1, t2, geo2, dirs)
+            np.testing.assert_allclose(np.asarray(s), np.asarray(want), rtol=0, atol=1e-14)
+            seen.add((int(t1), int(t2)))
+    assert {(2, 7), (6, 7), (7, 7)} <= seen
+    mem = jax.jit(driver.collision).lower(m, d).compile().memory_analysis()
+    assert mem.temp_size_in_bytes < 1e7
