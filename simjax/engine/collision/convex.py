@@ -565,23 +565,21 @@ def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
     m1, m2 = t1 == GT.MESH, t2 == GT.MESH
     if not (m1 or m2):
         return _sep(t1, g1, t2, g2, dirs)[0]
-    # support points except along a mesh's own face normals
-    lo1 = n1 if m1 else 0
-    a = _support_pts(t1, g1, dirs[lo1:])
-    d2 = jnp.concatenate([dirs[:n1], dirs[n2:]]) if m2 else dirs
-    b = _support_pts(t2, g2, -d2)
-    if m2:
-        b = jnp.concatenate([b[:n1], jnp.zeros((n2 - n1, 3), b.dtype), b[n1:]])
-    if m1:
-        a = jnp.concatenate([jnp.zeros((n1, 3), a.dtype), a])
-    s = dot(b - a, dirs)
-    if m1:
-        _, (hp, hm) = _face_dirs(t1, g1)         # h1 along f1, -f1
-        s = s.at[:n1].set(dot(b[:n1], dirs[:n1]) - jnp.concatenate([hp, hm]))
-    if m2:
-        _, (hp, hm) = _face_dirs(t2, g2)         # h2 along -f2 (n = f2), f2 (n = -f2)
-        s = s.at[n1:n2].set(-jnp.concatenate([hm, hp]) - dot(a[n1:n2], dirs[n1:n2]))
-    return s
+
+    def evaluated(d):                             # as _sep
+        return dot(_support_pts(t2, g2, -d) - _support_pts(t1, g1, d), d)
+    d1, d2 = dirs[:n1], dirs[n1:n2]
+    if m1:                                        # h1 along f1, -f1 from the table
+        _, (hp, hm) = _face_dirs(t1, g1)
+        s1 = dot(_support_pts(t2, g2, -d1), d1) - jnp.concatenate([hp, hm])
+    else:
+        s1 = evaluated(d1)
+    if m2:                                        # h2 along -f2 (n = f2), f2 (n = -f2)
+        _, (hp, hm) = _face_dirs(t2, g2)
+        s2 = -jnp.concatenate([hm, hp]) - dot(_support_pts(t1, g1, d2), d2)
+    else:
+        s2 = evaluated(d2)
+    return jnp.concatenate([s1, s2, evaluated(dirs[n2:])])
 
 
 def _refine(t1, g1, t2, g2, n, s, scale):
