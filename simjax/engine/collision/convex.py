@@ -13,6 +13,9 @@ a fixed-shape formulation that jit/vmap/grad handle well:
   is attained at a hull face normal or a cross product of hull edges (separating axis
   theorem), all evaluated exactly. Curved shapes: the best of a set of candidate
   directions is refined by projected gradient ascent (fixed iteration count).
+  A mesh's support value along its own face normals is static (precomputed per hull,
+  ``hface``), and its other support points are found in bounded chunks of (direction,
+  vertex) products, so hulls of thousands of vertices cost little memory per world.
 - **Witness point (single contact).** The support features along ``n`` play the role
   of the final EPA face: a vertex of either side gives the unique witness (the
   vertex, moved half the distance along the normal); two edges give their closest
