@@ -96,88 +96,323 @@ def _qcqp(a, b, d, r):
 
 
 def _project_ellipsoid(fric, normal, mu, feasible):
+    """Friction ``fric`` (dim-1,) scaled onto the ellipsoid sum (f_j / mu_j)^2 = normal^2
+    (projectEllipsoid); with ``feasible`` (a static bool) only when it lies outside."""
     s = jnp.sum(fric * fric / (mu * mu))
     scl = jnp.sqrt(normal * normal / jnp.maximum(MINVAL, s))
-    do = ~feasible | (s > normal * normal)
+    do = (s > normal * normal) | (not feasible)
     return jnp.where(do, fric * scl, fric)
 
 
-def _pgs(spec, p, force0, iterations, lay):
-    """Projected Gauss-Seidel on the dual (mj_solPGS). Returns (force, niter, improvement)."""
+# --------------------------------------------------------------------------- visit order
+# MuJoCo's PGS (solPGS) sweeps the constraint blocks (a scalar row, or all rows of an
+# elliptic contact) of each island in a random order: before every sweep the block list
+# is shuffled again in place (Fisher-Yates) with a PCG32 generator seeded identically
+# for every island solve. In the natural order, Gauss-Seidel with Nesterov momentum can
+# stall far from the optimum (measured: improvement stuck near 1 on legged robots with
+# pyramidal contacts after 1000 sweeps), so the order is part of the method. simjax
+# reproduces it exactly: the blocks of each island in MuJoCo's efc order (equality rows
+# by id, friction loss (dofs, then tendons), limits (joints, then tendons), contacts in
+# mj_collision's order), the same generator and shuffle, and islands (mj_island: trees
+# joined by constraint rows) solved with their own momentum and termination.
+_PCG_MULT = (0x5851F42D, 0x4C957F2D)        # 6364136223846793005 = (hi, lo) 32-bit words
+
+
+def _mulhi32(a, b):
+    """High 32 bits of the 64-bit product of uint32 arrays (16-bit limbs: exact)."""
+    m16 = jnp.uint32(0xFFFF)
+    a0, a1 = a & m16, a >> 16
+    b0, b1 = b & m16, b >> 16
+    p01, p10 = a0 * b1, a1 * b0
+    mid = ((a0 * b0) >> 16) + (p01 & m16) + (p10 & m16)
+    return a1 * b1 + (p01 >> 16) + (p10 >> 16) + (mid >> 16)
+
+
+def pcg32_next(hi, lo):
+    """One step of PCG32 (XSH RR, increment 1) on a 64-bit state held as two uint32
+    words (no 64-bit integers needed, so it runs without jax_enable_x64). Returns
+    (output uint32, new hi, new lo); elementwise over arrays of generators."""
+    mh, ml = jnp.uint32(_PCG_MULT[0]), jnp.uint32(_PCG_MULT[1])
+    nlo = lo * ml
+    nhi = _mulhi32(lo, ml) + lo * mh + hi * ml
+    carry = nlo == jnp.uint32(0xFFFFFFFF)
+    nlo = nlo + jnp.uint32(1)
+    nhi = nhi + carry.astype(jnp.uint32)
+    # output of the old state: xorshift high, then random rotation
+    xlo = lo ^ ((lo >> 18) | (hi << 14))
+    xhi = hi ^ (hi >> 18)
+    xs = (xlo >> 27) | (xhi << 5)
+    rot = hi >> 27
+    out = (xs >> rot) | (xs << ((jnp.uint32(32) - rot) & jnp.uint32(31)))
+    return out, nhi, nlo
+
+
+#: generator state after seeding (state 0, increment 1, one step): state 1
+PCG_SEED = (0, 1)
+
+
+def _static_blocks(m, lay):
+    """Static block table (numpy): first row, kind (0 scalar, 1 + index into the
+    elliptic dims), dim, class (0 equality, 1 friction, 2 limit, 3 contact), key within
+    the class (MuJoCo's row order), contact slot (-1 if none)."""
+    start, kind, dim, cls, key, slot = [], [], [], [], [], []
+    edims = sorted({b.dim for b in lay.blocks if b.kind == "conell"})
+    nv, njnt = int(m.nv), int(m.njnt)
+    base = {"connect": (0, 6, 0), "weld": (0, 6, 0), "jointeq": (0, 6, 0),
+            "tendoneq": (0, 6, 0), "frictiondof": (1, 1, 0), "frictionten": (1, 1, nv),
+            "limitjnt": (2, 2, 0), "limitball": (2, 2, 0), "limitten": (2, 2, njnt)}
+    for b in lay.blocks:
+        for e in range(b.n):
+            el = int(b.ids[e])
+            if b.kind == "conell":
+                start.append(b.start + e * b.k)
+                kind.append(1 + edims.index(b.dim))
+                dim.append(b.dim)
+                cls.append(3)
+                key.append(0)
+                slot.append(el)
+                continue
+            for r in range(b.k):
+                start.append(b.start + e * b.k + r)
+                kind.append(0)
+                dim.append(1)
+                if b.kind in base:
+                    c, mul, off = base[b.kind]
+                    cls.append(c)
+                    key.append((el + off) * mul + r)
+                    slot.append(-1)
+                else:                                   # con1, conpyr: row within contact
+                    cls.append(3)
+                    key.append(r)
+                    slot.append(el)
+    arr = lambda x: np.asarray(x, np.int32)
+    return arr(start), arr(kind), arr(dim), arr(cls), arr(key), arr(slot), tuple(edims)
+
+
+def _row_trees(m, d, lay, nefc):
+    """(nefc, ntree) incidence of rows and kinematic trees (mj_island's unionConstraintTrees):
+    the trees of both geoms' bodies for contacts, of both bodies for connect / weld,
+    otherwise the trees of the dofs where the row's Jacobian is nonzero."""
+    ntree = int(m.ntree)
+    dof_tree = np.asarray(m.dof_treeid).reshape(-1)
+    onehot = (dof_tree[:, None] == np.arange(ntree)[None]).astype(np.float32)
+    inc = (jnp.abs(d.efc_J) > 0).astype(jnp.float32) @ jnp.asarray(onehot) > 0
+    body_tree = np.asarray(m.body_treeid).reshape(-1)
+    geom_tree = body_tree[np.asarray(m.geom_bodyid).reshape(-1)]
+    for b in lay.blocks:
+        rows = b.start + np.arange(b.n * b.k)
+        if b.kind.startswith("con"):
+            g = jnp.take(d.contact.geom, jnp.asarray(np.repeat(b.ids, b.k)), axis=0)
+            t = jnp.asarray(geom_tree)[jnp.clip(g, 0, None)]            # (rows, 2)
+            t = jnp.where(g >= 0, t, -1)
+            add = (t[:, :, None] == jnp.arange(ntree)[None, None]).any(1)
+            inc = inc.at[rows].set(inc[rows] | add)
+        elif b.kind in ("connect", "weld"):
+            o1 = np.asarray(m.eq_obj1id).reshape(-1)[b.ids]
+            o2 = np.asarray(m.eq_obj2id).reshape(-1)[b.ids]
+            site = np.asarray(m.eq_objtype).reshape(-1)[b.ids] == 6       # mjOBJ_SITE
+            sb = np.asarray(m.site_bodyid).reshape(-1) if m.nsite else np.zeros(1, int)
+            b1 = np.where(site, sb[np.where(site, o1, 0)], o1)
+            b2 = np.where(site, sb[np.where(site, o2, 0)], o2)
+            t = np.stack([body_tree[b1], body_tree[b2]], 1)
+            add = (t[:, :, None] == np.arange(ntree)[None, None]).any(1)
+            inc = inc.at[rows].set(inc[rows] | jnp.asarray(np.repeat(add, b.k, 0)))
+    return inc
+
+
+def _islands(inc, active):
+    """Island of every row (mj_island): trees joined by rows, numbered in ascending order
+    of their smallest tree; returns (row island (nefc,), number of islands)."""
+    ntree = inc.shape[1]
+    inc = inc & active[:, None]
+    incf = inc.astype(jnp.float32)
+    adj = (incf.T @ incf) > 0                                       # (ntree, ntree)
+    live = jnp.any(inc, 0)
+    big = jnp.int32(ntree)
+    lab0 = jnp.where(live, jnp.arange(ntree, dtype=jnp.int32), big)
+
+    def step(c):
+        lab, _ = c
+        new = jnp.min(jnp.where(adj, lab[None, :], big), 1)
+        new = jnp.where(live, jnp.minimum(new, lab), big)
+        new = new[jnp.clip(new, 0, ntree - 1)]                    # pointer jumping
+        new = jnp.where(live, new, big)
+        return new, jnp.any(new != lab)
+
+    lab, _ = jax.lax.while_loop(lambda c: c[1], step, (lab0, jnp.ones((), bool)))
+    root = live & (lab == jnp.arange(ntree))
+    rank = jnp.cumsum(root.astype(jnp.int32)) - 1
+    tree_isl = jnp.where(live, rank[jnp.clip(lab, 0, ntree - 1)], big)
+    first = jnp.argmax(inc, 1)
+    row_isl = jnp.where(jnp.any(inc, 1), tree_isl[first], big)
+    return row_isl, tree_isl
+
+
+def block_order(m, d, lay):
+    """MuJoCo's PGS block structure for Data ``d`` (rows from make_constraint): a dict of
+    static tables (``start``, ``kind``, ``dim``, elliptic ``edims``, ``nisl`` island
+    capacity) and arrays: ``perm`` (nb,) blocks sorted by island then MuJoCo's efc
+    order (active blocks first), ``bisl`` (nb,) island of each block (``nisl`` if
+    inactive), ``nblk`` (nisl,) active blocks per island, ``first`` (nisl,) position
+    of each island's first block in ``perm``, ``rowisl`` (nefc,) island of each row,
+    ``dofisl`` (nv,) island of each dof (``nisl`` if in none)."""
+    from simjax.engine.collision import driver
+    from simjax.types import DisableBit
+    nefc = lay.nefc
+    start, kind, dim, cls, key, slot, edims = _static_blocks(m, lay)
+    nb = len(start)
+    active = d.efc_active
+    bact = active[start]
+    # contact rank in mj_collision's order
+    ncap = d.contact.dist.shape[0]
+    if ncap and np.any(slot >= 0):
+        order = driver.contact_order(m, d)
+        rank = jnp.zeros(ncap, jnp.int32).at[order].set(jnp.arange(ncap, dtype=jnp.int32))
+        ckey = rank[jnp.asarray(np.maximum(slot, 0))] * 16 + jnp.asarray(key)
+        bkey = jnp.where(jnp.asarray(slot >= 0), ckey, jnp.asarray(key))
+    else:
+        bkey = jnp.asarray(key)
+    islands = not (m.opt.disableflags & DisableBit.ISLAND) and int(m.ntree) > 0
+    if islands:
+        nisl = int(m.ntree)
+        rowisl, tree_isl = _islands(_row_trees(m, d, lay, nefc), active)
+        rowisl = jnp.minimum(rowisl, nisl)
+        dofisl = jnp.minimum(tree_isl[np.asarray(m.dof_treeid).reshape(-1)], nisl)
+    else:
+        nisl = 1
+        rowisl = jnp.where(active, 0, 1).astype(jnp.int32)
+        dofisl = jnp.zeros(int(m.nv), jnp.int32)
+    bisl = jnp.where(bact, rowisl[start], nisl)
+    perm = jnp.lexsort((bkey, jnp.asarray(cls), bisl)).astype(jnp.int32)
+    nblk = jnp.zeros(nisl + 1, jnp.int32).at[bisl].add(1)[:nisl]
+    first = jnp.cumsum(nblk) - nblk
+    return dict(start=start, kind=kind, dim=dim, edims=edims, nisl=nisl, nb=nb,
+                perm=perm, bisl=bisl, nblk=nblk, first=first, rowisl=rowisl, dofisl=dofisl)
+
+
+def _shuffle(perm, gen, nblk, first):
+    """Fisher-Yates shuffle of every island's segment of ``perm`` in place, as MuJoCo's
+    shuffle_int, one generator per island (``gen`` = (hi, lo) uint32 (nisl,))."""
+    hi, lo = gen
+    pos_oob = perm.shape[0]
+
+    def step(t, c):
+        perm, hi, lo = c
+        i = nblk - 1 - t
+        go = i > 0
+        out, nhi, nlo = pcg32_next(hi, lo)
+        j = (out % jnp.maximum(i + 1, 1).astype(jnp.uint32)).astype(jnp.int32)
+        pi, pj = first + i, first + j
+        vi = perm[jnp.clip(pi, 0, pos_oob - 1)]
+        vj = perm[jnp.clip(pj, 0, pos_oob - 1)]
+        perm = perm.at[jnp.where(go, pi, pos_oob)].set(vj, mode="drop")
+        perm = perm.at[jnp.where(go, pj, pos_oob)].set(vi, mode="drop")
+        return perm, jnp.where(go, nhi, hi), jnp.where(go, nlo, lo)
+
+    n = jnp.maximum(jnp.max(nblk, initial=0) - 1, 0)
+    perm, hi, lo = jax.lax.fori_loop(0, n, step, (perm, hi, lo))
+    return perm, (hi, lo)
+
+
+# --------------------------------------------------------------------------- PGS
+def _pgs(spec, p, force0, iterations, lay, order):
+    """Projected Gauss-Seidel on the dual (mj_solPGS, per island as mj_fwdConstraint):
+    Nesterov momentum with gradient restarts (O'Donoghue and Candes 2015), blocks in
+    MuJoCo's shuffled order (:func:`block_order`), per-island termination when the
+    scaled cost improvement of a sweep falls below ``tolerance``. Returns (force,
+    iterations of island 0, last improvement of island 0)."""
     AR = _ar(p)
     b = p["efc_b"]
     nefc = spec.nefc
-    diag = jnp.diag(AR)
+    dtype = force0.dtype
+    dinv = 1.0 / jnp.diag(AR)
     fl = p["floss"]
-    scale = 1.0 / (p["meaninertia"] * max(1, spec.nv))
     tol = p["tolerance"]
-    act = p["active"]
-    in_ell = np.zeros(nefc, bool)
-    for start, n, dim in spec.ell:
-        in_ell[start:start + n * dim] = True
-    scalar_rows = np.nonzero(~in_ell)[0]
-    fric = spec.fric
-    ineq = spec.ineq
+    fric = jnp.asarray(spec.fric)
+    ineq = jnp.asarray(spec.ineq)
+    nisl = order["nisl"]
+    rowisl = order["rowisl"]
+    # MuJoCo 4.0.0 scales an island's improvement by the trace of its block of M (its
+    # dofs' diagonal inertias: measured, its reported improvements are the cost
+    # decreases divided by exactly this), not by meaninertia * nv
+    trace = jnp.zeros(nisl + 1, dtype).at[order["dofisl"]].add(jnp.diag(p["M"]))[:nisl]
+    scale = 1.0 / jnp.where(trace > 0, trace, 1.0)
+    bstart = jnp.asarray(order["start"])
+    bkind = jnp.asarray(order["kind"])
+    bisl = order["bisl"]
+    edims = order["edims"]
+    dmax = max((1,) + edims)
+    # friction coefficients of each elliptic contact at its first row
+    frtab = jnp.ones((nefc, max(1, dmax - 1)), dtype)
+    for (start, n, dim), fr in zip(spec.ell, p["fr"]):
+        frtab = frtab.at[start + dim * np.arange(n), :dim - 1].set(fr)
+    rng = jnp.arange(dmax)
 
-    def scalar_sweep(force, imp):
+    def scalar(force, i):
+        res = b[i] + AR[i] @ force
+        old = force[i]
+        f = old - res * dinv[i]
+        f = jnp.where(fric[i], jnp.clip(f, -fl[i], fl[i]), f)
+        f = jnp.where(ineq[i], jnp.maximum(f, 0.0), f)
+        delta = f - old
+        change = 0.5 * delta * delta * (1.0 / dinv[i]) + delta * res
+        bad = change > 1e-10
+        out = jnp.where(rng == 0, jnp.where(bad, old, f), 0.0)
+        return out, jnp.where(bad, 0.0, change)
+
+    def elliptic(dim):
+        def upd(force, i):
+            idx = i + jnp.arange(dim)
+            rows = AR[idx]                                          # (dim, nefc)
+            res = b[idx] + rows @ force
+            old = force[idx]
+            Ath = rows[:, idx]
+            frc = frtab[i, :dim - 1]
+            # normal update when the normal force is (nearly) zero, else ray update
+            fn = jnp.maximum(old[0] - res[0] * dinv[i], 0.0)
+            f_norm = jnp.concatenate([fn[None], jnp.zeros(dim - 1, dtype)])
+            den = jnp.dot(old, Ath @ old)
+            x = -jnp.dot(old, res) / jnp.where(den >= MINVAL, den, 1.0)
+            x = jnp.where(old[0] + x * old[0] < 0, -old[0] / jnp.where(old[0] == 0, 1.0,
+                                                                      old[0]), x)
+            f_ray = jnp.where(den >= MINVAL, old + x * old, old)
+            f = jnp.where(old[0] < MINVAL, f_norm, f_ray)
+            # friction update with the normal fixed
+            ac = Ath[1:, 1:]
+            bc = res[1:] - ac @ old[1:] + Ath[1:, 0] * (f[0] - old[0])
+            v, on = _qcqp(ac, bc, frc, f[0])
+            v = jnp.where(on, _project_ellipsoid(v, f[0], frc, False), v)
+            v = jnp.where(f[0] < MINVAL, 0.0, v)
+            f = jnp.concatenate([f[:1], v])
+            delta = f - old
+            change = 0.5 * delta @ Ath @ delta + jnp.dot(delta, res)
+            bad = change > 1e-10
+            f = jnp.where(bad, old, f)
+            return jnp.zeros(dmax, dtype).at[:dim].set(f), jnp.where(bad, 0.0, change)
+        return upd
+
+    branches = [scalar] + [elliptic(dim) for dim in edims]
+    bdim = jnp.asarray(order["dim"])
+
+    def sweep(force, perm, done):
         def body(k, s):
             force, imp = s
-            i = jnp.asarray(scalar_rows)[k]
-            res = b[i] + AR[i] @ force
-            old = force[i]
-            f = old - res / diag[i]
-            f = jnp.where(jnp.asarray(fric)[i], jnp.clip(f, -fl[i], fl[i]), f)
-            f = jnp.where(jnp.asarray(ineq)[i], jnp.maximum(f, 0.0), f)
-            f = jnp.where(act[i], f, 0.0)
-            delta = f - old
-            change = 0.5 * delta * delta * diag[i] + delta * res
-            f = jnp.where(change > 1e-10, old, f)
-            change = jnp.where(change > 1e-10, 0.0, change)
-            return force.at[i].set(f), imp - change
-        return jax.lax.fori_loop(0, len(scalar_rows), body, (force, imp))
-
-    def ell_sweep(force, imp):
-        for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
-            def body(c, s, start=start, dim=dim, fr=fr):
-                force, imp = s
-                i = start + c * dim
-                idx = i + jnp.arange(dim)
-                rows = AR[idx]                                      # (dim, nefc)
-                res = b[idx] + rows @ force
-                old = force[idx]
-                Ath = rows[:, idx]
-                f = old
-                # normal update when the normal force is (nearly) zero
-                fn = jnp.maximum(old[0] - res[0] / Ath[0, 0], 0.0)
-                f_norm = jnp.concatenate([fn[None], jnp.zeros(dim - 1, f.dtype)])
-                # ray update otherwise
-                v1 = Ath @ f
-                den = jnp.dot(f, v1)
-                x = -jnp.dot(f, res) / jnp.where(den >= MINVAL, den, 1.0)
-                x = jnp.where(f[0] + x * f[0] < 0, -f[0] / jnp.where(f[0] == 0, 1.0, f[0]), x)
-                f_ray = jnp.where(den >= MINVAL, f + x * f, f)
-                f = jnp.where(old[0] < MINVAL, f_norm, f_ray)
-                # friction update with the normal fixed
-                ac = Ath[1:, 1:]
-                bc = res[1:] - ac @ old[1:] + Ath[1:, 0] * (f[0] - old[0])
-                frc = fr[c]
-                v, activeq = _qcqp(ac, bc, frc, f[0])
-                v = jnp.where(activeq, _project_ellipsoid(v, f[0], frc, False), v)
-                v = jnp.where(f[0] < MINVAL, 0.0, v)
-                f = jnp.concatenate([f[:1], v])
-                f = jnp.where(act[i], f, 0.0)
-                delta = f - old
-                change = 0.5 * delta @ Ath @ delta + jnp.dot(delta, res)
-                f = jnp.where(change > 1e-10, old, f)
-                change = jnp.where(change > 1e-10, 0.0, change)
-                return force.at[idx].set(f), imp - change
-            force, imp = jax.lax.fori_loop(0, n, body, (force, imp))
-        return force, imp
+            blk = perm[k]
+            isl = bisl[blk]
+            i = bstart[blk]
+            vals, change = jax.lax.switch(bkind[blk], branches, force, i)
+            run = ~done[jnp.minimum(isl, nisl - 1)] & (isl < nisl)
+            idx = jnp.where(run & (rng < bdim[blk]), i + rng, nefc)
+            force = force.at[idx].set(vals, mode="drop")
+            imp = imp.at[jnp.where(run, isl, nisl)].add(-change, mode="drop")
+            return force, imp
+        nact = jnp.sum(order["nblk"])
+        return jax.lax.fori_loop(0, nact, body, (force, jnp.zeros(nisl, dtype)))
 
     def project(force):
-        force = jnp.where(jnp.asarray(fric), jnp.clip(force, -fl, fl), force)
-        force = jnp.where(jnp.asarray(ineq), jnp.maximum(force, 0.0), force)
-        for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+        force = jnp.where(fric, jnp.clip(force, -fl, fl), force)
+        force = jnp.where(ineq, jnp.maximum(force, 0.0), force)
+        for (start, n, dim), fr in zip(spec.ell, p["fr"]):
             blk = _ell_rows(force, start, n, dim)
             neg = blk[:, 0] < 0
             proj = jax.vmap(lambda fz, nn, m_: _project_ellipsoid(fz, nn, m_, True))(
@@ -186,30 +421,42 @@ def _pgs(spec, p, force0, iterations, lay):
             force = force.at[start:start + n * dim].set(blk.reshape(-1))
         return force
 
+    def seg(x):
+        return jnp.zeros(nisl + 1, dtype).at[rowisl].add(x)[:nisl]
+
+    def row(x, fill):
+        return jnp.concatenate([x, jnp.asarray([fill], x.dtype)])[rowisl]
+
     def cond(s):
-        return ~s["done"] & (s["iter"] < iterations)
+        return jnp.any(~s["done"]) & (s["iter"] < iterations)
 
     def body(s):
-        force, prev, k = s["force"], s["prev"], s["k"]
+        force, prev, k, done = s["force"], s["prev"], s["k"], s["done"]
         beta = jnp.where(s["iter"] > 0, (k - 1) / (k + 2.0), 0.0)
-        use = beta > 0
-        extr = project(force + beta * (force - prev))
-        prev = jnp.where(use, force, force)
+        use = row((beta > 0) & ~done, False)
+        keep = row(done, True)
+        extr = project(force + row(beta, 0.0) * (force - prev))
+        prev = jnp.where(keep, prev, force)
         force = jnp.where(use, extr, force)
         mom = force
-        imp = jnp.zeros((), force.dtype)
-        force, imp = scalar_sweep(force, imp)
-        force, imp = ell_sweep(force, imp)
+        perm, gen = _shuffle(s["perm"], s["gen"], jnp.where(done, 0, order["nblk"]),
+                             order["first"])
+        force, imp = sweep(force, perm, done)
         imp = imp * scale
-        corr = jnp.dot(force - mom, mom - prev)
+        corr = seg((force - mom) * (mom - prev))
         restart = (s["iter"] > 0) & (corr < 0)
-        k = jnp.where(restart, 0, k + 1)
-        return dict(force=force, prev=prev, k=k, iter=s["iter"] + 1, done=imp < tol, imp=imp)
+        k = jnp.where(done, k, jnp.where(restart, 0, k + 1))
+        niter = s["niter"] + (~done).astype(jnp.int32)
+        last = jnp.where(done, s["imp"], imp)
+        return dict(force=force, prev=prev, k=k, iter=s["iter"] + 1, perm=perm, gen=gen,
+                    done=done | (imp < tol), imp=last, niter=niter)
 
-    s = dict(force=force0, prev=force0, k=jnp.int32(0), iter=jnp.int32(0),
-             done=jnp.zeros((), bool), imp=jnp.zeros((), force0.dtype))
+    gen = (jnp.full(nisl, PCG_SEED[0], jnp.uint32), jnp.full(nisl, PCG_SEED[1], jnp.uint32))
+    s = dict(force=force0, prev=force0, k=jnp.zeros(nisl, jnp.int32), iter=jnp.int32(0),
+             perm=order["perm"], gen=gen, done=order["nblk"] == 0,
+             imp=jnp.zeros(nisl, dtype), niter=jnp.zeros(nisl, jnp.int32))
     s = jax.lax.while_loop(cond, body, s)
-    return s["force"], s["iter"], s["imp"]
+    return s["force"], s["niter"][0], s["imp"][0]
 
 
 def _noslip(spec, p, force, iterations, lay):

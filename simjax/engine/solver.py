@@ -38,7 +38,7 @@ import numpy as np
 
 from simjax.engine import constraint as C
 from simjax.engine import tree_linalg
-from simjax.engine.pgs import _ar, _noslip, _pgs
+from simjax.engine.pgs import _ar, _noslip, _pgs, block_order
 from simjax.types import DisableBit, SolverType
 
 MINVAL = 1e-15
@@ -664,7 +664,7 @@ def fwd_constraint(m, d):
             AR = _ar(ps)
             dual = jnp.dot(fw, ps["efc_b"]) + 0.5 * jnp.dot(fw, AR @ fw)
             f0 = jnp.where(dual > 0, 0.0, fw)
-        force_solver, niter, imp = _pgs(spec, ps, f0, iters, lay)
+        force_solver, niter, imp = _pgs(spec, ps, f0, iters, lay, block_order(m, d, lay))
         gnorm = jnp.zeros((), qs.dtype)
         qacc = qs + ps["solve_m"](ps["J"].T @ force_solver)
     else:

@@ -122,15 +122,7 @@ SLOW["touch_grid_own_newton"] = (HFIELD[1], NEWTON, None, 10, None)
 TOL_OWN = {"sdf_nutbolt_own_newton": 1e-4, "barkour_own_newton": 1e-4,
            "touch_grid_own_newton": 2e-2}
 #: open differences (measured, not understood yet)
-XFAIL = {
-    # with MuJoCo's contacts injected; MuJoCo's PGS reaches its Newton optimum there
-    # (1.4e-9 / 9.7e-9 in qacc), simjax's PGS does not: a PGS bug
-    "barkour_pgs": "simjax PGS qacc 0.16 (relative) from MuJoCo's with MuJoCo's contacts",
-    "touch_grid_pgs": "simjax PGS qacc 4.6 (relative) from MuJoCo's with MuJoCo's "
-                      "contacts (solimp dmin 0, 45 ellipsoid contacts)",
-    "shadow_hand_pgs": "PGS at impratio 10: efc_force 3.4e-6 from MuJoCo's PGS (which "
-                       "itself stops 4e-7 from the Newton optimum)",
-}
+XFAIL = {}
 SLOW["sensor_elliptic_newton"] = ("mjx_sensor/sensor.xml", NEWTON, ELLIPTIC, 10, None)
 SLOW["trossen_pyramidal_newton"] = ("menagerie_trossen_wx250s/scene.xml", NEWTON, PYRAMIDAL,
                                     10, None)
