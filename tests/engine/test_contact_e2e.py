@@ -121,6 +121,10 @@ SLOW["touch_grid_own_newton"] = (HFIELD[1], NEWTON, None, 10, None)
 #: tolerance of the own-contact cases above (the amplified contact-geometry difference)
 TOL_OWN = {"sdf_nutbolt_own_newton": 1e-4, "barkour_own_newton": 1e-4,
            "touch_grid_own_newton": 2e-2}
+#: PGS with MuJoCo's contacts follows MuJoCo's iterates (same shuffled block order,
+#: islands, termination): measured 1.2e-14 (barkour), 6.4e-15 (touch_grid) and 4.8e-13
+#: (shadow hand, impratio 10, where the 1e-15 tolerance ends the sweeps in rounding noise)
+TOL_PGS = {"barkour_pgs": 1e-10, "touch_grid_pgs": 1e-10, "shadow_hand_pgs": 1e-10}
 #: open differences (measured, not understood yet)
 XFAIL = {}
 SLOW["sensor_elliptic_newton"] = ("mjx_sensor/sensor.xml", NEWTON, ELLIPTIC, 10, None)
@@ -194,7 +198,7 @@ def check_case(name, cases):
             seen[k] += err[k]
     print(f"{name}: max rel err {worst}; totals over {nstate} states {seen}")
     assert seen["ncon"] + seen["ne"] + seen["nf"] + seen["nl"] > 0
-    tol = TOL_OWN.get(name, TOL)
+    tol = TOL_OWN.get(name, TOL_PGS.get(name, TOL))
     for k, v in worst.items():
         assert v < tol, (k, v)
     return worst, seen
