@@ -558,19 +558,8 @@ def _write(act, given, dyn, gain, bias, dynprm, gainprm, biasprm):
 
 def _servo(tag, act, given, own, seed, err):
     """position / intvelocity: gain kp, bias [0, -kp, -kv | +dampratio]."""
-    kv, dampratio = own.get("kv"), own.get("dampratio")
-    if kv is not None and dampratio is not None:
-        raise err("kv and dampratio cannot both be defined")
+    b2 = _damping_b2(own, seed["b2"], err)
     kp = own.get("kp", seed["kp"])
-    b2 = seed["b2"]
-    if kv is not None:
-        if kv < 0:
-            raise err("kv cannot be negative")
-        b2 = -kv
-    if dampratio is not None:
-        if dampratio < 0:
-            raise err("dampratio cannot be negative")
-        b2 = dampratio  # a positive biasprm[2] is a damping ratio, resolved by the compiler
     timeconst = own.get("timeconst", seed["timeconst"])
     if timeconst is not None and timeconst < 0:
         raise err("timeconst cannot be negative")
