@@ -19,10 +19,20 @@ def _batch(m, mjm, n, seed=0, **scales):
     return jax.vmap(lambda st: to_data(make_data(m), st))(stacked)
 
 
-def test_vmap_worlds_matches_single():
+# One jitted, vmapped step shared by the tests below: each dtype compiles once.
+_vstep = jax.jit(jax.vmap(step, in_axes=(None, 0)))
+
+
+@pytest.fixture(scope="module")
+def humanoid_batch():
+    """Humanoid worlds (float64) and their vmapped step."""
     mjm, m = load(HUMANOID)
     batch = _batch(m, mjm, 8, qscale=0.1, vscale=0.3)
-    out = jax.jit(jax.vmap(step, in_axes=(None, 0)))(m, batch)
+    return m, batch, _vstep(m, batch)
+
+
+def test_vmap_worlds_matches_single(humanoid_batch):
+    m, batch, out = humanoid_batch
     single = jax.jit(step)
     for i in (0, 5):
         ref = single(m, jax.tree_util.tree_map(lambda x: x[i], batch))
@@ -44,15 +54,14 @@ def test_vmap_over_model_parameters():
         np.testing.assert_allclose(out.qvel[i], mjd.qvel, rtol=1e-9, atol=1e-10)
 
 
-def test_float32_batch():
-    mjm, m64 = load(HUMANOID)
-    m32 = jax.tree_util.tree_map(
-        lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, m64)
-    batch = _batch(m64, mjm, 16, qscale=0.1, vscale=0.3)
-    b32 = jax.tree_util.tree_map(
-        lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, batch)
-    f = jax.jit(jax.vmap(step, in_axes=(None, 0)))
-    out32, out64 = f(m32, b32), f(m64, batch)
+def _f32(tree):
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def test_float32_batch(humanoid_batch):
+    m64, batch, out64 = humanoid_batch
+    out32 = _vstep(_f32(m64), _f32(batch))
     assert out32.qpos.dtype == jnp.float32
     np.testing.assert_allclose(out32.qpos, out64.qpos, atol=1e-4)
     assert not np.any(np.asarray(out32.warning))
