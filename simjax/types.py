@@ -279,7 +279,7 @@ MODEL_COUNTS = (
     "npluginstate", "nnumeric", "nnumericdata", "ntuple", "ntupledata", "ntree",
     "nactuator", "nout", "nhistory", "ngravcomp", "nuserdata",
     "nuser_body", "nuser_jnt", "nuser_geom", "nuser_site", "nuser_cam",
-    "nuser_tendon", "nuser_actuator", "nuser_sensor",
+    "nuser_tendon", "nuser_actuator", "nuser_sensor", "nbvh", "nbvhstatic",
 )
 
 #: Float arrays that are structure, not parameters: kept static (numpy).

@@ -10,6 +10,7 @@ import numpy as np
 
 from simjax import types
 from simjax.errors import MJCFError
+from simjax.mjcf import bvh
 from simjax.mjcf.tree import JOINT_NQ, JOINT_NV, same_frame
 from simjax.types import JointType
 
@@ -204,6 +205,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
     kw["nmat"] = _material_fields(f, root, geoms)
     _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser, _znear(root))
     _mesh_fields(f, meshes, hfields)
+    _bvh_fields(f, kw, meshes)
     _tendon_fields(f, tendon_recs, wraps, nuser)
     _actuator_fields(f, act_recs, nuser)
     _sensor_fields(f, sensor_recs, nuser)
@@ -413,6 +415,38 @@ def _mesh_fields(f, meshes, hfields):
     f["hfield_ncol"] = [h.ncol for h in hfields]
     f["hfield_adr"] = np.cumsum([0] + [h.nrow * h.ncol for h in hfields])[:-1]
     f["hfield_data"] = np.concatenate([h.data for h in hfields]) if hfields else np.zeros(0)
+
+
+def _bvh_fields(f, kw, meshes):
+    """Bounding volume hierarchies: one per body with colliding geoms, then one per
+    mesh, concatenated in that order (mjCModel::CopyTree / CopyObjects)."""
+    trees, body_adr, body_num, mesh_adr, mesh_num = [], [], [], [], []
+    adr = 0
+    geomadr, geomnum = np.asarray(f["body_geomadr"]), np.asarray(f["body_geomnum"])
+    for b in range(len(geomadr)):
+        g = np.arange(geomadr[b], geomadr[b] + geomnum[b]) if geomnum[b] else \
+            np.zeros(0, np.int64)
+        t = bvh.body_tree(g, np.asarray(f["geom_contype"])[g],
+                          np.asarray(f["geom_conaffinity"])[g], f["geom_pos"][g],
+                          f["geom_quat"][g], f["geom_aabb"][g], f["body_ipos"][b],
+                          f["body_iquat"][b])
+        body_adr.append(adr if t.n else -1)
+        body_num.append(t.n)
+        trees.append(t)
+        adr += t.n
+    for mesh in meshes:
+        t = mesh.bvh if mesh.bvh is not None else bvh.empty()
+        mesh_adr.append(adr if t.n else -1)
+        mesh_num.append(t.n)
+        trees.append(t)
+        adr += t.n
+    f["body_bvhadr"], f["body_bvhnum"] = body_adr, body_num
+    f["mesh_bvhadr"], f["mesh_bvhnum"] = mesh_adr, mesh_num
+    f["bvh_aabb"] = np.concatenate([t.aabb for t in trees]) if trees else np.zeros((0, 6))
+    f["bvh_child"] = np.concatenate([t.child for t in trees]) if trees else np.zeros((0, 2))
+    f["bvh_nodeid"] = np.concatenate([t.nodeid for t in trees]) if trees else np.zeros(0)
+    f["bvh_depth"] = np.concatenate([t.depth for t in trees]) if trees else np.zeros(0)
+    kw["nbvh"] = kw["nbvhstatic"] = adr
 
 
 def _tendon_fields(f, recs, wraps, nuser):

@@ -35,6 +35,7 @@ import re
 import numpy as np
 
 from simjax import resources
+from simjax.mjcf import bvh
 from simjax.errors import MJCFError, UnsupportedFeatureError
 
 _MINVAL = 1e-15       # mjMINVAL
@@ -72,6 +73,9 @@ class MeshData:
     vert_globalid, edge_localid with -1 separators, face_globalid). The hull faces and
     their order equal MuJoCo's; the order of hull vertices and of each vertex's
     neighbours in ``graph`` is ascending (MuJoCo uses qhull's internal order).
+
+    ``bvh``: the faces' bounding volume hierarchy (:class:`simjax.mjcf.bvh.Tree`, built
+    from the processed vertices in double precision, as mjCMesh does).
     """
 
     vert: np.ndarray
@@ -92,6 +96,7 @@ class MeshData:
     hull_edge: np.ndarray | None = None
     graph: np.ndarray | None = None
     aamm: np.ndarray | None = None
+    bvh: object = None
 
 
 # ----------------------------------------------------------------------------------------
@@ -639,7 +644,7 @@ def _process(name, vert32, face, scale, refpos, refquat, inertia, maxhullvert,
             measure * (box[0] * box[0] + box[2] * box[2]) / 3,
             measure * (box[0] * box[0] + box[1] * box[1]) / 3]),
         aabb=np.concatenate([(lo + hi) / 2, (hi - lo) / 2]), name=name, inertia=inertia,
-        aamm=np.concatenate([lo, hi]))
+        aamm=np.concatenate([lo, hi]), bvh=bvh.mesh_tree(dvert, face))
     if hull is not None:
         _attach_hull(data, hull)
     return data
