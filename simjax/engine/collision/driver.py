@@ -86,7 +86,7 @@ _NEEDS_PLUGIN = {GT.SDF}
 def sdf_pair(*args):
     """Marker collider for pairs with an SDF geom: the driver recognises it and calls
     :func:`simjax.engine.collision.sdf.collide` per pair instead (mjc_SDF;
-    opt.sdf_initpoints slots), so it is never called itself."""
+    sdf.slots per pair), so it is never called itself."""
     raise RuntimeError("sdf_pair is a dispatch marker; the collision driver calls "
                        "simjax.engine.collision.sdf.collide for SDF pairs")
 
@@ -149,7 +149,7 @@ def _key(m):
                  "geom_bodyid", "geom_condim", "geom_priority", "geom_dataid",
                  "exclude_signature", "pair_geom1", "pair_geom2", "pair_dim",
                  "geom_rbound", "hfield_size", "hfield_nrow", "hfield_ncol", "hfield_adr",
-                 "hfield_data"):
+                 "hfield_data", "mesh_facenum"):
         a = getattr(m, name, None)
         a = np.zeros(0) if a is None else np.asarray(a)
         h.update(name.encode())
@@ -297,7 +297,7 @@ def plan(m) -> Plan:
             fn = hfield.collider_for(m, int(g1[k]), int(g2[k]), int(ipair[k]))
         groups.setdefault(fn, []).append(k)
     glist = tuple(Group(fn, np.asarray(ks, np.int64),
-                        int(m.opt.sdf_initpoints) if fn is sdf_pair else _maxcon(fn))
+                        _sdf_slots(m, g1[ks], g2[ks]) if fn is sdf_pair else _maxcon(fn))
                   for fn, ks in groups.items())
     full = {}
     for grp in glist:
@@ -307,6 +307,11 @@ def plan(m) -> Plan:
              full)
     _CACHE[key] = p
     return p
+
+
+def _sdf_slots(m, g1, g2):
+    from simjax.engine.collision import sdf
+    return sdf.slots(m, g1, g2)
 
 
 def contact_capacity(m) -> int:

@@ -70,11 +70,12 @@ _LINE_SEARCH = 15     # alpha = 2 * 0.5^k > 1e-4 holds for k <= 14: at most 15 t
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """Static description of one side of a pair: geom type and, for SDF geoms, the
-    plugin name (the plugin's functions compute its distance)."""
+    """Static description of one side of a pair: geom type, for SDF geoms the plugin
+    name (the plugin's functions compute its distance), for mesh geoms the mesh id."""
 
     type: int
     plugin: str = ""
+    mesh: int = -1
 
 
 def halton(index: int, base: int) -> float:
@@ -329,7 +330,7 @@ def shape_of(m, g: int) -> Shape:
     """Static Shape of geom ``g`` (its plugin's name for SDF geoms)."""
     t = int(np.asarray(m.geom_type)[g])
     if t == GeomType.MESH:
-        raise UnsupportedFeatureError(f"mesh vs SDF collisions (geom {g}: mjc_MeshSDF)")
+        return Shape(t, mesh=int(np.asarray(m.geom_dataid)[g]))
     if t != GeomType.SDF:
         return Shape(t)
     inst = int(np.asarray(m.geom_plugin)[g])
@@ -345,7 +346,10 @@ def _params(m, g):
 
 def collide(m, d, g1: int, g2: int):
     """SDF contacts between geoms ``g1`` and ``g2`` (static ids; g2 an SDF geom) at
-    the poses in ``d``: ``(dist, pos, frame, valid)``, opt.sdf_initpoints slots."""
+    the poses in ``d``: ``(dist, pos, frame, valid)``, opt.sdf_initpoints slots (a
+    mesh g1: min(50, nface * sdf_initpoints) slots, mjc_MeshSDF)."""
+    if int(np.asarray(m.geom_type)[g1]) == GeomType.MESH:
+        return tuple(x[0] for x in collide_pairs(m, d, [g1], [g2]))
     aabb = jnp.asarray(m.geom_aabb).reshape(-1, 6)
     size = jnp.asarray(m.geom_size).reshape(-1, 3)
     return collide_pair(shape_of(m, g1), shape_of(m, g2), d.geom_xpos[g1], d.geom_xmat[g1],
@@ -358,27 +362,81 @@ def _stack_params(trees):
     return jax.tree_util.tree_map(lambda *x: jnp.stack([jnp.asarray(v) for v in x]), *trees)
 
 
+def slots(m, g1, g2) -> int:
+    """Contact slots per pair of the SDF pairs ``g1``, ``g2`` (static id arrays): the
+    widest of ``opt.sdf_initpoints`` (mjc_SDF) and min(50, nface * sdf_initpoints)
+    (mjc_MeshSDF) over the pairs' kinds."""
+    from simjax.engine.collision import mesh_sdf
+    gtype = np.asarray(m.geom_type)
+    out = [int(m.opt.sdf_initpoints) if gtype[a] != GeomType.MESH else mesh_sdf.slots(m, a)
+           for a in np.asarray(g1, np.int64)]
+    return max(out + [0])
+
+
+def _mesh_kind(m, d, s1, s2, a, b, p2, ninit, niter):
+    """Mesh (s1) vs SDF (s2) pairs ``a``, ``b`` of one kind (same mesh, same plugin):
+    (dist, pos, frame, valid) with mesh_sdf.slots columns."""
+    from simjax.engine.collision import mesh_sdf
+    static = mesh_sdf.mesh_data(m, int(a[0]))
+    vert, (adr, num) = static[0], static[4]
+    box = jnp.asarray(m.bvh_aabb).reshape(-1, 6)[adr:adr + num]
+    size = jnp.asarray(m.geom_size).reshape(-1, 3)
+
+    def one(pos1, mat1, pos2, mat2, size2, prm2):
+        dist_fn = lambda x: distance(s2, x, size2, prm2)
+        grad_fn = lambda x: gradient(s2, x, size2, prm2)
+        dist, pos, nrm, valid = mesh_sdf.collide_pair(
+            dist_fn, grad_fn, static[1:4], pos1, mat1, pos2, mat2, vert, box, ninit, niter)
+        frame = jax.vmap(make_frame)(nrm)
+        return dist, pos, frame, valid
+    return jax.vmap(one)(d.geom_xpos[a], d.geom_xmat[a], d.geom_xpos[b], d.geom_xmat[b],
+                         size[b], p2)
+
+
+def _pad(out, k):
+    """Pad (dist, pos, frame, valid) of n pairs to ``k`` slots with empty ones."""
+    dist, pos, frame, valid = out
+    extra = k - dist.shape[1]
+    if extra == 0:
+        return out
+    n = dist.shape[0]
+    return (jnp.concatenate([dist, jnp.full((n, extra), MAXVAL, dist.dtype)], 1),
+            jnp.concatenate([pos, jnp.zeros((n, extra, 3), pos.dtype)], 1),
+            jnp.concatenate([frame, jnp.broadcast_to(jnp.eye(3, dtype=frame.dtype),
+                                                     (n, extra, 3, 3))], 1),
+            jnp.concatenate([valid, jnp.zeros((n, extra), bool)], 1))
+
+
 def collide_pairs(m, d, g1, g2):
     """SDF contacts of many pairs (static id arrays ``g1``, ``g2`` (n,)): pairs of the
-    same kind (both Shapes) are vmapped through one :func:`collide_pair`, so the
-    program grows with the number of kinds, not of pairs. Returns ``(dist (n, k),
-    pos (n, k, 3), frame (n, k, 3, 3), valid (n, k))`` with k = opt.sdf_initpoints,
-    rows in the order of the pairs."""
+    same kind (both Shapes) are vmapped through one :func:`collide_pair` (or, for a
+    mesh, :func:`simjax.engine.collision.mesh_sdf.collide_pair`), so the program grows
+    with the number of kinds, not of pairs. Returns ``(dist (n, k), pos (n, k, 3),
+    frame (n, k, 3, 3), valid (n, k))`` with k = :func:`slots`, rows in the order of
+    the pairs."""
     g1, g2 = np.asarray(g1, np.int64), np.asarray(g2, np.int64)
     aabb = jnp.asarray(m.geom_aabb).reshape(-1, 6)
     size = jnp.asarray(m.geom_size).reshape(-1, 3)
     ninit, niter = int(m.opt.sdf_initpoints), int(m.opt.sdf_iterations)
+    width = slots(m, g1, g2)
     kinds: dict = {}
     for k, (a, b) in enumerate(zip(g1, g2)):
         kinds.setdefault((shape_of(m, int(a)), shape_of(m, int(b))), []).append(k)
     outs, order = [], []
     for (s1, s2), ks in kinds.items():
         a, b = g1[ks], g2[ks]
-        p1 = _stack_params([_params(m, int(x)) for x in a])
         p2 = _stack_params([_params(m, int(x)) for x in b])
+        if s1.type == GeomType.MESH:
+            if s2.type != GeomType.SDF:
+                raise UnsupportedFeatureError("sdf collision: the second geom must be an SDF")
+            outs.append(_pad(_mesh_kind(m, d, s1, s2, a, b, p2, ninit, niter), width))
+            order += ks
+            continue
+        p1 = _stack_params([_params(m, int(x)) for x in a])
         fn = lambda *args: collide_pair(s1, s2, *args, ninit, niter)
-        outs.append(jax.vmap(fn)(d.geom_xpos[a], d.geom_xmat[a], d.geom_xpos[b],
-                                 d.geom_xmat[b], aabb[a], aabb[b], size[a], size[b], p1, p2))
+        outs.append(_pad(jax.vmap(fn)(d.geom_xpos[a], d.geom_xmat[a], d.geom_xpos[b],
+                                      d.geom_xmat[b], aabb[a], aabb[b], size[a], size[b],
+                                      p1, p2), width))
         order += ks
     inv = np.argsort(np.asarray(order))
     return tuple(jnp.concatenate([o[i] for o in outs])[inv] for i in range(4))
