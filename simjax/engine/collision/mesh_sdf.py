@@ -19,9 +19,9 @@ all in g2's frame:
    gradient-weighted position, so the first step lands on a corner);
 4. an end point inside the SDF is a candidate, depth its SDF distance; candidates are
    kept in visiting order until there are 50 (mjMAXCONPAIR), the rest dropped;
-5. each candidate becomes a contact unless within 1e-15 of an earlier contact or with a
-   vanishing SDF gradient: normal minus the unit gradient (into the SDF), position the
-   point moved by half the depth along the normal.
+5. each candidate x becomes a contact unless within 1e-15 of an earlier contact or with
+   a vanishing SDF gradient: normal n = minus the unit gradient (into the SDF), depth
+   dist < 0, position x + dist / 2 * n (as MuJoCo 4.0.0 reports it).
 
 Here every face of the mesh is processed at once, in the static order of step 1 (the
 hierarchy is in the Model: ``bvh_child``, ``bvh_nodeid``, ``bvh_aabb`` at
@@ -160,14 +160,14 @@ def _triangle_intersect(tri, dist_fn):
 
 
 def _frank_wolfe(x, corners, grad_fn, niter: int):
-    """stepFrankWolfe from ``x`` (3,) over ``corners`` (3, 3)."""
-    for step in range(niter):
-        g = grad_fn(x)
-        fun = corners @ g
-        # argmin keeping the first of equal values (MuJoCo's strict '<')
+    """stepFrankWolfe from ``x`` (3,) over ``corners`` (3, 3): a fixed-length scan."""
+    def step(x, k):
+        fun = corners @ grad_fn(x)
+        # argmin keeps the first of equal values (MuJoCo's strict '<')
         s = corners[jnp.argmin(fun)]
-        x = x + (s - x) * (2.0 / (step + 2.0))
-    return x
+        return x + (s - x) * (2.0 / (k + 2.0)), None
+    steps = jnp.arange(niter, dtype=x.dtype)
+    return jax.lax.scan(step, x, steps)[0]
 
 
 def collide_pair(dist_fn, grad_fn, static, pos1, mat1, pos2, mat2, vert, bvh_aabb,

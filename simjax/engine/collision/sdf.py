@@ -30,17 +30,13 @@ Entry points:
 - :func:`collide_pair`: the same from explicit poses and parameters with static shape
   descriptors, for vmapping over pairs of the same kind.
 - :func:`collide_pairs` (m, d, g1s, g2s): many pairs, vmapped per kind (what the
-  collision driver calls); :func:`capacity`: contact slots for a set of SDF pairs.
+  collision driver calls); :func:`slots`: contact slots per pair for a set of SDF
+  pairs.
 
-Not implemented: a mesh against an SDF geom (mjc_MeshSDF; shape_of raises
-UnsupportedFeatureError). MuJoCo 4.0.0 walks the mesh's bounding-volume hierarchy depth
-first (second child first), culls nodes and faces whose bounding sphere is clear of
-the SDF, and runs ``opt.sdf_initpoints`` Frank-Wolfe descents per remaining face (Halton
-barycentric starts, ``opt.sdf_iterations`` steps over the face's corners, which mostly
-end exactly on a mesh vertex); it stops after 50 penetrating candidates, before
-dropping repeated points, so a cube mesh in a torus gives 2 contacts, from the first two
-faces in hierarchy order. Matching it needs MuJoCo's hierarchy (leaf order) in the
-Model, which neither the compiler nor the MuJoCo converter provides yet.
+A mesh against an SDF geom (mjc_MeshSDF: Frank-Wolfe descents over the mesh's faces
+in the order of its bounding volume hierarchy) is in
+:mod:`simjax.engine.collision.mesh_sdf`; :func:`collide_pairs` dispatches those pairs
+there (one kind per mesh and plugin).
 
 A plane against an SDF geom is not collided here: as in MuJoCo 4.0 the plane meets
 the SDF geom's mesh (mjc_PlaneConvex on its convex hull,
