@@ -119,13 +119,15 @@ def _levels(ids, elo, ehi, lpos) -> Tree:
     perm = np.arange(n)
     start, size, pre = np.array([0]), np.array([n]), np.array([0])
     nan_el = np.isnan(lpos).any(axis=1)
+    rank = np.concatenate([_rank(lpos[:, ax]) for ax in range(3)])
+    elo_t, ehi_t = np.ascontiguousarray(elo.T), np.ascontiguousarray(ehi.T)
 
     def nan_seg(order, start, size):
         hit = np.concatenate([[0], np.cumsum(nan_el[order])])
         return hit[start + size] > hit[start]
     lev = 0
     while len(start):
-        lo, hi = _segment_minmax(elo, ehi, perm, start, size)
+        lo, hi = _segment_minmax(elo_t, ehi_t, perm, start, size)
         flat = np.abs(lo - hi) < _MJEPS
         lo = np.where(flat, lo - _MJEPS, lo)
         hi = np.where(flat, hi + _MJEPS, hi)
@@ -142,19 +144,11 @@ def _levels(ids, elo, ehi, lpos) -> Tree:
         axis = np.where(edges[:, 1] >= edges[:, 0] + _MJEPS, 1, axis)
         axis = np.where(edges[:, 2] >= edges[np.arange(len(start)), axis] + _MJEPS, 2, axis)
         perm_before = perm.copy()
-        # sort each inner run by (key, element index)
+        # order each inner run by its elements' rank along the run's axis
         seg = np.repeat(np.arange(len(start)), size)
         pos = _runs(start, size)
         el = perm[pos]
-        key = lpos[el, axis[seg]]
-        order = np.lexsort((el, key, seg))
-        el, key, sg = el[order], key[order], seg[order]
-        # keys within mjEPS of their neighbour compare by element index: runs of such
-        # keys (clusters) are ordered by index
-        new = np.ones(len(el), bool)
-        new[1:] = (sg[1:] != sg[:-1]) | ~(np.diff(key) <= _MJEPS)
-        cluster = np.cumsum(new)
-        perm[pos] = el[np.lexsort((el, cluster))]
+        perm[pos] = el[np.argsort(seg * n + rank[axis[seg] * n + el])]
         m = size // 2
         # runs holding an element without a position (a degenerate face's circumcentre
         # is NaN): MuJoCo's comparator is no ordering there, so the split is whatever
@@ -172,6 +166,22 @@ def _levels(ids, elo, ehi, lpos) -> Tree:
         pre = np.concatenate([pre + 1, pre + 2 * m])
         lev += 1
     return Tree(aabb, child, nodeid, depth)
+
+
+def _rank(key: np.ndarray) -> np.ndarray:
+    """Rank (n,) of each element in MuJoCo's element order along one axis: by position,
+    positions within mjEPS of their neighbour in sorted order (clusters) by element
+    index, as are equal positions."""
+    n = len(key)
+    order = np.argsort(key, kind="stable")
+    gap = np.diff(key[order])
+    if np.any((gap > 0) & (gap <= _MJEPS)):
+        new = np.ones(n, bool)
+        new[1:] = ~(gap <= _MJEPS)
+        order = order[np.lexsort((order, np.cumsum(new)))]
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    return rank
 
 
 def _comparator(key: np.ndarray):
@@ -333,12 +343,14 @@ def _runs(start, size):
     return np.arange(total) + off
 
 
-def _segment_minmax(elo, ehi, perm, start, size):
-    """Min of ``elo`` and max of ``ehi`` over each run of ``perm``."""
-    pos = _runs(start, size)
+def _segment_minmax(elo_t, ehi_t, perm, start, size):
+    """Min of ``elo`` and max of ``ehi`` (given transposed, (3, n)) over each run of
+    ``perm``: (k, 3) each."""
+    idx = perm[_runs(start, size)]
     bounds = np.concatenate([[0], np.cumsum(size)[:-1]])
-    return (np.minimum.reduceat(elo[perm[pos]], bounds, axis=0),
-            np.maximum.reduceat(ehi[perm[pos]], bounds, axis=0))
+    lo = np.stack([np.minimum.reduceat(np.take(r, idx), bounds) for r in elo_t], axis=1)
+    hi = np.stack([np.maximum.reduceat(np.take(r, idx), bounds) for r in ehi_t], axis=1)
+    return lo, hi
 
 
 def face_centers(dvert: np.ndarray, face: np.ndarray) -> np.ndarray:
