@@ -320,7 +320,8 @@ def contact_capacity(m) -> int:
     the moving geoms resting on another moving geom (the sum over moving geoms of their
     largest per-pair count against moving partners, halved); at least ``MIN_CAPACITY``,
     at most the sum of per-pair maxima. SDF pairs always get their full
-    ``opt.sdf_initpoints`` each (a resting SDF contact patch fills many of them: MuJoCo
+    ``sdf.slots`` each (``opt.sdf_initpoints``; a mesh against an SDF: min(50,
+    nface * sdf_initpoints)) (a resting SDF contact patch fills many of them: MuJoCo
     reports ~200 for the torus scene). Contacts beyond the capacity raise
     ``Data.warning[WARN_CONTACTFULL]`` (the last ones in MuJoCo's order are dropped);
     ``make_data(model, ncon_max=...)`` sets any capacity."""
