@@ -319,6 +319,7 @@ def is_static_field(name: str) -> bool:
 def _content_key(value: Any):
     """A hashable, content-based key for static pytree metadata."""
     if isinstance(value, np.ndarray):
+        value.flags.writeable = False
         return ("nd", value.dtype.str, value.shape, hashlib.sha1(
             np.ascontiguousarray(value).tobytes()).hexdigest())
     if isinstance(value, dict):
@@ -350,13 +351,26 @@ def _register(cls, static_names, leaf_names):
     static_names = tuple(static_names)
     leaf_names = tuple(leaf_names)
 
+    def static(obj):
+        # Hashing the static arrays by content costs milliseconds on large models (height
+        # fields, mesh tables, BVHs), and jit flattens its arguments on every call. The
+        # key is kept on the object and reused while its static attributes are the very
+        # same objects; the arrays are made read-only when hashed, so an in-place edit
+        # raises instead of leaving a stale key (replace the array to change it).
+        values = tuple(getattr(obj, n) for n in static_names)
+        cached = obj.__dict__.get("_static_aux")
+        if cached is not None and all(a is b for a, b in zip(cached.values, values)):
+            return cached
+        aux = _Static(static_names, values)
+        object.__setattr__(obj, "_static_aux", aux)
+        return aux
+
     def flatten_with_keys(obj):
         leaves = tuple((jax.tree_util.GetAttrKey(n), getattr(obj, n)) for n in leaf_names)
-        return leaves, _Static(static_names, tuple(getattr(obj, n) for n in static_names))
+        return leaves, static(obj)
 
     def flatten(obj):
-        return (tuple(getattr(obj, n) for n in leaf_names),
-                _Static(static_names, tuple(getattr(obj, n) for n in static_names)))
+        return tuple(getattr(obj, n) for n in leaf_names), static(obj)
 
     def unflatten(aux, leaves):
         obj = object.__new__(cls)
@@ -364,6 +378,7 @@ def _register(cls, static_names, leaf_names):
             object.__setattr__(obj, n, v)
         for n, v in zip(leaf_names, leaves):
             object.__setattr__(obj, n, v)
+        object.__setattr__(obj, "_static_aux", aux)
         return obj
 
     jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
