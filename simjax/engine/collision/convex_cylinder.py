@@ -88,12 +88,13 @@ def _poly_side(t, g, u):
                 point=dim == 1, line=dim == 2, second=vw[idx[1]])
 
 
-def _capsule_side(g, u):
+def _capsule_side(g, u, inflate=0.0):
     """A capsule's support feature along ``u``: no face; one edge, the segment of the
     capsule's surface line facing ``u`` (its axis moved by the radius along u's part
-    across the axis), as MuJoCo recovers it from the witness point."""
+    across the axis), as MuJoCo recovers it from the witness point. ``inflate``: extra
+    radius (MuJoCo's witness lies on the capsule inflated by half the contact margin)."""
     axis = g.mat[:, 2]
-    r, h = g.size[0], g.size[1]
+    r, h = g.size[0] + inflate, g.size[1]
     off = r * (u - dot(u, axis) * axis)
     start, end = g.pos - h * axis + off, g.pos + h * axis + off
     dt = g.mat.dtype
@@ -137,6 +138,15 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
     ef = try1 & ef
     fe = try2 & fe
     multi = (ff | ef | fe) & A["ok"] & B["ok"] & (dist < margin)
+    # a capsule's edge (geom1) in a face: MuJoCo 4.0.0 takes the edge through its
+    # witness on the capsule inflated by half the margin, keeps clipped points up to
+    # half the margin above the face, puts their partners on the face raised by half
+    # the margin, and reports the depth plus the margin (its ccd works on shapes
+    # inflated by margin / 2 each; only the face side is un-inflated afterwards)
+    half = 0.5 * margin if t1 == GT.CAPSULE else 0.0
+    A0 = A
+    if t1 == GT.CAPSULE:
+        A = _capsule_side(g1, n, half)
 
     # reference polygon: geom1's face (face-face, face-edge) or geom2's face (edge-face)
     K = max(A["faces"].shape[1], B["faces"].shape[1])
@@ -151,7 +161,7 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
     inc = jnp.where(ff, _pad(B["faces"][j], L),
                     jnp.where(ef, _pad(edge_a, L), _pad(edge_b, L)))
     kinc = jnp.where(ff, B["fnum"][j], 2)
-    pts, cnt = C._clip(ref, kref, nref, inc, kinc, K + L, margin)
+    pts, cnt = C._clip(ref, kref, nref, inc, kinc, K + L, margin - half)
     sel = jnp.where(cnt > 4, C._polygon_quad(pts, cnt, QUAD_TIE),
                     jnp.where((kinc == 2) & (cnt > 2),
                               jnp.concatenate([C._farthest2(pts, cnt),
@@ -163,21 +173,37 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
     # normal is minus geom2's face normal (face-face) or the reference normal oriented
     # from geom1 to geom2; position: geom1's witness moved half the depth along it
     proj = v - dot(v - ref[0], nref)[:, None] * nref
-    x1, x2 = jnp.where(ef, v, proj), jnp.where(ef, proj, v)
+    x1, x2 = jnp.where(ef, v, proj + half * nref), jnp.where(ef, proj + half * nref, v)
     mnrm = jnp.broadcast_to(jnp.where(ff, nb[j], jnp.where(ef, -nref, nref))
                             * jnp.where(ff, -1.0, 1.0), v.shape)
     dd = dot(x2 - x1, mnrm)
     mpos = x1 + 0.5 * dd[:, None] * mnrm
+    dd = dd + 2 * half
     live = jnp.arange(4) < nsel
     mvalid = multi & (cnt >= 1) & live & (jnp.min(jnp.where(live, dd, jnp.inf)) < margin)
-    if t1 == GT.CAPSULE:       # the capsule's support point (unique unless it lies flat)
-        spos = C.support(t1, g1, n) + 0.5 * dist * n
+    if t1 == GT.CAPSULE:
+        spos = _capsule_pos(g1, A0, B, n, dist)
     else:
         spos = _single_pos(A, B, n, dist)
     svalid = (dist <= margin) & ~(multi & (cnt >= 1))
     return Pre(jnp.concatenate([dist[None], dd]), jnp.concatenate([spos[None], mpos]),
                jnp.concatenate([n[None], jnp.where(multi, mnrm, n)]),
                jnp.zeros((5, 3), n.dtype), jnp.concatenate([svalid[None], mvalid]))
+
+
+def _capsule_pos(g, A, B, n, dist):
+    """Single-contact position of a capsule (geom1): its support point moved half the
+    distance along ``n`` when that point is unique; when the normal is perpendicular to
+    the capsule's axis (the capsule's side crossing the other geom, a common optimum)
+    its whole surface line supports, and the witness is where that line comes closest
+    to the other geom's support feature (point or segment), as EPA's final face gives
+    it (MuJoCo 4.0.0: e.g. a capsule's end buried in a cylinder's side)."""
+    dt = n.dtype
+    flat = jnp.abs(dot(n, g.mat[:, 2])) < np.sqrt(np.finfo(dt).eps)
+    b0, b1 = _segment(B, -n)
+    b1 = jnp.where(B["point"], b0, b1)
+    ca, cb = C._segments(A["start"], A["eend"][0], b0, b1)
+    return jnp.where(flat, 0.5 * (ca + cb), C.support(GT.CAPSULE, g, n) + 0.5 * dist * n)
 
 
 def _segment(S, u):
