@@ -586,18 +586,29 @@ def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
 
 
 def _refine(t1, g1, t2, g2, n, s, scale):
-    """Projected gradient ascent of sep over unit directions (fixed iterations)."""
+    """Projected gradient ascent of sep over unit directions (fixed iterations). A
+    capsule's support jumps from one end to the other where n crosses the plane
+    normal to its axis, so sep has a ridge there (the optimum when the capsule's side
+    crosses the other geom); plain steps zigzag across it and stall, so each capsule
+    adds a trial step kept on its ridge (the step with the axis component removed)."""
+    axes = [g.mat[:, 2] for t, g in ((t1, g1), (t2, g2)) if t in (GT.CAPSULE, GT.CYLINDER)]
+
     def body(carry, _):
         n, s, eta = carry
         _, a, b = _sep(t1, g1, t2, g2, n)
         v = b - a
         vt = v - n * dot(v, n)
-        trial, _ = normalize(n + eta * vt)
-        st, _, _ = _sep(t1, g1, t2, g2, trial)
-        better = st > s
-        n = jnp.where(better, trial, n)
-        s = jnp.where(better, st, s)
-        eta = jnp.where(better, eta * 1.5, eta * 0.3)
+        step = n + eta * vt
+        trials = [normalize(step)[0]]
+        for ax in axes:
+            trials.append(normalize(step - dot(step, ax) * ax)[0])
+        for trial in trials:
+            st, _, _ = _sep(t1, g1, t2, g2, trial)
+            better = st > s
+            n = jnp.where(better, trial, n)
+            s = jnp.where(better, st, s)
+            anyb = better if trial is trials[0] else anyb | better
+        eta = jnp.where(anyb, eta * 1.5, eta * 0.3)
         return (n, s, eta), None
 
     (n, s, _), _ = jax.lax.scan(body, (n, s, 1.0 / scale), None, length=REFINE_ITERS)
@@ -900,7 +911,20 @@ def convex_convex(g1, g2, margin, t1=None, t2=None):
     if (t1, t2) in _CYL_PATCH:
         from simjax.engine.collision.convex_cylinder import cylinder_contacts
         return cylinder_contacts(t1, g1, t2, g2, n, dist, margin)
+    if t1 == GT.CAPSULE:
+        a = _capsule_witness(g1, n, a, b)
     return _witness(t1, t2, n, dist, a, b, margin)
+
+
+def _capsule_witness(g, n, a, b):
+    """A capsule's witness: its support point ``a``, unless the normal is perpendicular
+    to its axis (the capsule's side crossing the other geom: the whole surface line
+    supports); then the point of that line nearest the other geom's support point
+    ``b`` (where EPA's final face puts it)."""
+    axis = g.mat[:, 2]
+    flat = jnp.abs(dot(n, axis)) < np.sqrt(np.finfo(n.dtype).eps)
+    t = jnp.clip(dot(b - g.pos, axis), -g.size[1], g.size[1])
+    return jnp.where(flat, g.pos + t * axis + g.size[0] * n, a)
 
 
 def _witness(t1, t2, n, dist, a, b, margin):
