@@ -15,9 +15,12 @@ from simjax.engine import io
 from simjax.engine.collision import driver
 from simjax.engine.data import WARN_CONTACTFULL
 
-#: every corpus model with collision candidates that MuJoCo finds in contact (barkour
-#: and touch_grid need height fields and are tested with them; the only candidate pairs
-#: of warp site.xml and tendon_force_clamp.xml never touch), with the (position, depth)
+#: every corpus model with collision candidates that MuJoCo finds in contact at drop
+#: states (barkour and touch_grid need height fields and are tested with them; the SDF
+#: models in test_sdf_pairs_through_driver and tests/plugins/test_sdf.py; slider crank,
+#: tendon_force_clamp and pendula (contacts disabled in the file) touch only in
+#: WIDE states; the candidate pairs of arm26 and warp site.xml never touch in 2000
+#: states spread over their joint ranges), with the (position, depth)
 #: tolerances of its box/mesh contacts (mesh-mesh, box-mesh; everything else, plane-mesh
 #: included, is held to 1e-6). Merged hull polygons that are not exactly planar have a
 #: reference point and normal (their first vertices) that depend on where MuJoCo's
