@@ -111,3 +111,45 @@ def test_tables_cover_group_meshes_only():
     assert own["tplane"].shape[0] == 1
     assert own["tplane"].shape[1] < full["tplane"].shape[1]
     assert own["edge"].shape[1] < full["edge"].shape[1]
+
+
+def test_sphere_mesh_gradient():
+    """jax.grad of the contact distance and position with respect to the sphere's and
+    the mesh's positions, the mesh's rotation and the radius, against central finite
+    differences (float64), at a face, an edge/vertex and an inside (deep) contact."""
+    from simjax.engine.collision.primitive import Geom
+    meshes = _meshes()[:1]
+    mjm = mujoco.MjModel.from_xml_string(_scene(meshes, 0.01))
+    m = model_from_mujoco(mjm)
+    tab = convex_sphere.sphere_table(m, [0])
+    extra = {k: jnp.asarray(tab[k][0]) for k in ("tplane", "tedge", "edge")}
+    mat0 = jax.scipy.linalg.expm(jnp.asarray([[0, -0.3, 0.2], [0.3, 0, -0.5],
+                                              [-0.2, 0.5, 0.0]]))
+    verts = np.asarray(mjm.mesh_vert[:mjm.mesh_vertnum[0]], np.float64)  # mesh frame
+    far = np.asarray(mat0) @ verts[np.argmax(verts @ [1.0, 0.3, 0.2])]   # world
+
+    def out(x):
+        c, p2, w, r = x[:3], x[3:6], x[6:9], x[9]
+        # rotation: the mesh frame turned by the small rotation vector w
+        k = jnp.asarray([[0, -w[2], w[1]], [w[2], 0, -w[0]], [-w[1], w[0], 0]])
+        rot = jax.scipy.linalg.expm(k) @ mat0
+        pre = convex_sphere.sphere_mesh(Geom(c, jnp.eye(3), jnp.asarray([r, 0, 0])),
+                                        Geom(p2, rot, jnp.zeros(3), extra=extra), 0.1)
+        return jnp.concatenate([pre.dist, pre.pos[0], pre.normal[0]])
+
+    f, jf, jr = jax.jit(out), jax.jit(jax.jacfwd(out)), jax.jit(jax.jacrev(out))
+    kinds = set()
+    for centre in (far * 1.3 + 0.004, 2.5 * far, 0.3 * far):
+        x = jnp.asarray(np.r_[centre, 0.001, -0.002, 0.0005, 0.01, -0.02, 0.03, 0.01])
+        jac = np.asarray(jf(x))
+        np.testing.assert_allclose(np.asarray(jr(x)), jac, atol=1e-12)
+        eps = 1e-7
+        fd = np.stack([(np.asarray(f(x.at[i].add(eps))) - np.asarray(f(x.at[i].add(-eps))))
+                       / (2 * eps) for i in range(x.shape[0])], 1)
+        np.testing.assert_allclose(jac, fd, atol=1e-6)
+        c = (x[:3] - x[3:6]) @ (jax.scipy.linalg.expm(jnp.asarray(
+            [[0, -x[8], x[7]], [x[8], 0, -x[6]], [-x[7], x[6], 0]])) @ mat0)
+        face, _, _ = convex_sphere._select(c, extra["tplane"], extra["tedge"], extra["edge"])
+        inside = np.max(np.asarray(extra["tplane"][:, :3] @ c - extra["tplane"][:, 3])) < 0
+        kinds.add("inside" if inside else "face" if bool(face) else "edge")
+    assert kinds == {"inside", "face", "edge"}, kinds
