@@ -56,6 +56,9 @@ Differences from MuJoCo (deliberate or not yet implemented):
   its polygon order, simjax the best aligned; polygon vertex order (start vertex) may
   differ from MuJoCo's, which can change polygonQuad's pick on polygons of more than
   4 clipped points (the trossen tolerance above).
+- A sphere against a mesh does not go through the SAT candidates: the exact distance
+  of its centre to the hull (closest triangle or edge, or the shallowest face when the
+  centre is inside) is in convex_sphere.py.
 - Cylinder patches (a cylinder against a box, mesh or cylinder, MuJoCo 4.0's
   multicontact with the cap as a 16-gon) and a capsule lying on a mesh face or a
   cylinder cap (2 contacts) are in convex_cylinder.py. Deep penetrations where EPA
