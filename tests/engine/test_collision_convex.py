@@ -148,7 +148,9 @@ def test_large_mesh_scores_and_memory(nvert):
             g1, g2 = p.g1[k:k + 1], p.g2[k:k + 1]
             i1, geo1 = driver._geoms(m, d, g1, slice(None), jnp.float64)
             i2, geo2 = driver._geoms(m, d, g2, slice(None), jnp.float64)
-            geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, jnp.float64)
+            # the SAT tables (sphere-mesh pairs run convex_sphere at run time)
+            sat = convex._make(convex.convex_convex, t1, t2)
+            geo1, geo2 = convex.attach_meshes(m, sat, geo1, geo2, i1, i2, jnp.float64)
             one = lambda g: jax.tree_util.tree_map(lambda x: x[0], g)
             geo1, geo2 = one(geo1), one(geo2)
             dirs, s = convex._candidates(t1, geo1, t2, geo2)

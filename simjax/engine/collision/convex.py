@@ -58,6 +58,9 @@ Differences from MuJoCo (deliberate or not yet implemented):
   its polygon order, simjax the best aligned; polygon vertex order (start vertex) may
   differ from MuJoCo's, which can change polygonQuad's pick on polygons of more than
   4 clipped points (the trossen tolerance above).
+- A sphere against a mesh does not go through the SAT candidates: the exact distance
+  of its centre to the hull (closest triangle or edge, or the shallowest face when the
+  centre is inside) is in convex_sphere.py.
 - Cylinder patches (a cylinder against a box, mesh or cylinder, MuJoCo 4.0's
   multicontact with the cap as a 16-gon) and a capsule lying on a mesh face or a
   cylinder cap (2 contacts) are in convex_cylinder.py. Deep penetrations where EPA
@@ -294,14 +297,24 @@ def _mesh_vertices(m):
     return [verts[vadr[i]:vadr[i] + vnum[i]] for i in range(m.nmesh)]
 
 
-def mesh_table(m):
-    """Static padded hull data of every mesh: vert (nmesh, V, 3), normal (nmesh, F, 3),
-    edge (nmesh, E, 3), adj (nmesh, V, D) (-1 padded), counts."""
-    key = _mesh_key(m)
+def _mesh_ids(m, ids):
+    """The mesh ids a table covers, as a tuple (every mesh when ``ids`` is None)."""
+    return tuple(range(m.nmesh)) if ids is None else tuple(int(i) for i in ids)
+
+
+def mesh_table(m, ids=None):
+    """Static padded hull data of the meshes ``ids`` (every mesh when None), row k for
+    mesh ``ids[k]``, padded to the largest of these meshes only (so a collider group
+    pays for its own meshes, not the model's largest): vert (n, V, 3), normal
+    (n, F, 3), edge (n, E, 3), adj (n, V, D) (-1 padded), counts."""
+    ids = _mesh_ids(m, ids)
+    key = (_mesh_key(m), ids)
     tab = _MESH_CACHE.get(key)
     if tab is not None:
         return tab
-    hulls = [_hull(v) for v in _mesh_vertices(m)]
+    allv = _mesh_vertices(m)
+    hulls = [_hull(allv[i]) for i in ids]
+    nmesh = len(ids)
     V = max(len(h[0]) for h in hulls)
     F = max(max(len(h[1]) for h in hulls), 1)
     E = max(max(len(h[2]) for h in hulls), 1)
@@ -309,8 +322,8 @@ def mesh_table(m):
     polys = [_mj_polygons(h[0]) if len(h[1]) else [] for h in hulls]
     PV = max([1] + [sum(v in ids for _, ids in pl) for pl, h in zip(polys, hulls)
                     for v in range(len(h[0]))])
-    pnorm = np.zeros((m.nmesh, V, PV, 3))              # padding: masked by pquad < 0
-    pquad = -np.ones((m.nmesh, V, PV, 3), np.int64)
+    pnorm = np.zeros((nmesh, V, PV, 3))              # padding: masked by pquad < 0
+    pquad = -np.ones((nmesh, V, PV, 3), np.int64)
     for i, pl in enumerate(polys):
         cnt = np.zeros(V, np.int64)
         for n, ids in pl:
@@ -319,10 +332,10 @@ def mesh_table(m):
                 pnorm[i, v, cnt[v]] = n
                 pquad[i, v, cnt[v], :len(q)] = q
                 cnt[v] += 1
-    vert = np.zeros((m.nmesh, V, 3))
-    nrm = np.zeros((m.nmesh, F, 3))
-    edg = np.zeros((m.nmesh, E, 3))
-    adj = -np.ones((m.nmesh, V, D), np.int64)
+    vert = np.zeros((nmesh, V, 3))
+    nrm = np.zeros((nmesh, F, 3))
+    edg = np.zeros((nmesh, E, 3))
+    adj = -np.ones((nmesh, V, D), np.int64)
     for i, (hv, hn, he, ha, _) in enumerate(hulls):
         vert[i] = hv[np.minimum(np.arange(V), len(hv) - 1)]        # pad: repeat
         if len(hn):
@@ -334,8 +347,8 @@ def mesh_table(m):
     # support values of each hull along its own face normals (+n, -n): static in the
     # mesh frame, so SAT scoring of these directions needs no (directions x vertices)
     # product at run time
-    hface = np.zeros((m.nmesh, F, 2))
-    for i in range(m.nmesh):
+    hface = np.zeros((nmesh, F, 2))
+    for i in range(nmesh):
         pr = nrm[i] @ hulls[i][0].T                                 # (F, nv)
         hface[i] = np.stack([pr.max(1), (-pr).max(1)], 1)
     tab = dict(vert=vert, normal=nrm, edge=edg, adj=adj, pnorm=pnorm, pquad=pquad,
@@ -356,18 +369,21 @@ def _hull_vertices(verts):
         return verts
 
 
-def plane_table(m):
-    """Static padded hull data for plane-mesh contacts only (what plane_convex reads):
-    vert (nmesh, V, 3) hull vertices, and per vertex and hull polygon at it the
-    polygon's normal pnorm (nmesh, V, PV, 3) and the three partners of its greedy
-    quadrilateral pquad (nmesh, V, PV, 3) (-1 padded). Lighter than mesh_table (no
+def plane_table(m, ids=None):
+    """Static padded hull data for plane-mesh contacts only (what plane_convex reads),
+    row k for mesh ``ids[k]`` (every mesh when None): vert (n, V, 3) hull vertices,
+    and per vertex and hull polygon at it the polygon's normal pnorm (n, V, PV, 3) and
+    the three partners of its greedy quadrilateral pquad (n, V, PV, 3) (-1 padded). Lighter than mesh_table (no
     edge or face-normal deduplication), so it serves large meshes such as the meshes
     of SDF geoms (tens of thousands of vertices)."""
-    key = _mesh_key(m)
+    ids = _mesh_ids(m, ids)
+    key = (_mesh_key(m), ids)
     tab = _PLANE_CACHE.get(key)
     if tab is not None:
         return tab
-    hulls = [_hull_vertices(v) for v in _mesh_vertices(m)]
+    allv = _mesh_vertices(m)
+    hulls = [_hull_vertices(allv[i]) for i in ids]
+    nmesh = len(ids)
     polys = [_mj_polygons(hv) for hv in hulls]
     V = max(len(hv) for hv in hulls)
     cnt = [np.zeros(len(hv), np.int64) for hv in hulls]
@@ -375,9 +391,9 @@ def plane_table(m):
         for _, ids in pl:
             np.add.at(c, np.asarray(ids), 1)
     PV = max([1] + [int(c.max(initial=0)) for c in cnt])
-    pnorm = np.zeros((m.nmesh, V, PV, 3))              # padding: masked by pquad < 0
-    pquad = -np.ones((m.nmesh, V, PV, 3), np.int64)
-    vert = np.zeros((m.nmesh, V, 3))
+    pnorm = np.zeros((nmesh, V, PV, 3))              # padding: masked by pquad < 0
+    pquad = -np.ones((nmesh, V, PV, 3), np.int64)
+    vert = np.zeros((nmesh, V, 3))
     for i, (hv, pl) in enumerate(zip(hulls, polys)):
         vert[i] = hv[np.minimum(np.arange(V), len(hv) - 1)]        # pad: repeat
         c = np.zeros(V, np.int64)
@@ -392,25 +408,44 @@ def plane_table(m):
     return tab
 
 
-def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype):
-    """Give mesh geoms of a convex collider group their hull data (vert, extra)."""
+def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=None):
+    """Give mesh geoms of a convex collider group their hull data (vert, extra).
+
+    ``geoms``: the group's candidate geom ids (g1, g2) (static numpy); the tables then
+    cover the group's meshes only (padded to the largest of them), else every mesh.
+    A collider with a ``mesh_tables`` attribute (``(table builder, names)``) gets
+    those tables instead of the SAT ones."""
     types = getattr(fn, "types", None)
     if not types or GT.MESH not in types:
         return geo1, geo2
+    dataid_np = np.asarray(m.geom_dataid)
+    ids = None
+    if geoms is not None:
+        ids = sorted({int(dataid_np[g]) for t, gs in zip(types, geoms) if t == GT.MESH
+                      for g in np.asarray(gs)})
+    local = np.zeros(max(m.nmesh, 1), np.int64)
+    local[list(_mesh_ids(m, ids))] = np.arange(len(_mesh_ids(m, ids)))
     plane = types[0] == GT.PLANE
-    tab = plane_table(m) if plane else mesh_table(m)
-    dataid = jnp.asarray(np.asarray(m.geom_dataid))
-    names = ("pnorm", "pquad") if plane else ("normal", "edge", "hface", "fvert", "fnum",
-                                              "fnormal", "vface", "npoly", "nvert")
+    if hasattr(fn, "mesh_tables"):
+        build, names = fn.mesh_tables
+        tab = build(m, ids)
+    elif plane:
+        tab, names = plane_table(m, ids), ("pnorm", "pquad")
+    else:
+        tab = mesh_table(m, ids)
+        names = ("normal", "edge", "hface", "fvert", "fnum", "fnormal", "vface", "npoly",
+                 "nvert")
+    # row of each geom's mesh in the tables (static when the geoms are)
+    lid = jnp.asarray(local[np.maximum(dataid_np, 0)])
     out = []
     for t, geo, ig in zip(types, (geo1, geo2), (i1, i2)):
         if t == GT.MESH:
-            # only the tables this collider reads; gathered by mesh id at run time
-            mid = dataid[ig]
+            # only the tables this collider reads; gathered by mesh row at run time
+            mid = lid[ig]
             extra = {k: (jnp.asarray(tab[k], ftype) if tab[k].dtype.kind == "f"
                          else jnp.asarray(tab[k]))[mid] for k in names}
-            geo = geo._replace(vert=jnp.asarray(tab["vert"], ftype)[mid],
-                               extra={**(geo.extra or {}), **extra})
+            vert = jnp.asarray(tab["vert"], ftype)[mid] if "vert" in tab else None
+            geo = geo._replace(vert=vert, extra={**(geo.extra or {}), **extra})
         out.append(geo)
     return tuple(out)
 
@@ -950,6 +985,9 @@ def _make(fn, t1, t2):
 
 _TYPES = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
 CONVEX = {(a, b): _make(convex_convex, a, b) for a in _TYPES for b in _TYPES if a <= b}
+# sphere-mesh: the exact point-to-hull distance (convex_sphere.py), not SAT + refinement
+from simjax.engine.collision.convex_sphere import sphere_mesh as _sphere_mesh  # noqa: E402
+CONVEX[(GT.SPHERE, GT.MESH)] = _sphere_mesh
 PLANE = {t: _make(plane_convex, GT.PLANE, t) for t in (GT.ELLIPSOID, GT.MESH)}
 #: plane against an SDF geom: MuJoCo 4.0 collides the plane with the SDF geom's mesh
 #: (mjc_PlaneConvex on its convex hull), so the geom gets its mesh's hull data

@@ -591,7 +591,8 @@ def collision(m, d):
         else:
             i1, geo1 = _geoms(m, d, g1, sel, ftype)
             i2, geo2 = _geoms(m, d, g2, sel, ftype)
-            geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype)
+            geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype,
+                                              geoms=(g1, g2))
             pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
         valid = pre.valid & selok[:, None]
         for dim in split:

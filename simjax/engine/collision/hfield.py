@@ -147,9 +147,9 @@ def collider_for(m, g1, g2, ipair=-1):
     mesh = None
     if t2 == GT.MESH:
         from simjax.engine.collision import convex
-        tab = convex.mesh_table(m)
         mid = int(np.asarray(m.geom_dataid)[g2])
-        mesh = (tab["vert"][mid], tab["normal"][mid], tab["edge"][mid], tab["hface"][mid])
+        tab = convex.mesh_table(m, [mid])          # this mesh only: no padding
+        mesh = (tab["vert"][0], tab["normal"][0], tab["edge"][0], tab["hface"][0])
     key = (t2, nrow, ncol, tuple(size), nc, nr, nc0, nr0, hash(data.tobytes()),
            None if mesh is None else tuple(hash(a.tobytes()) for a in mesh))
     fn = _COLLIDERS.get(key)
