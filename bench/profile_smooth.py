@@ -4,6 +4,7 @@ Usage::
 
     python -m bench.profile_smooth [--models humanoid-smooth,ant-smooth] [--batch 1024]
                                    [--nstep 20] [--repeat 5] [--x64] [--stages]
+                                   [--isolated] [--ops N]
 
 For each model: the number of equations of the traced batched step (counted through
 sub-jaxprs), the seconds to trace, lower and compile it (wall and process CPU), and
@@ -12,6 +13,12 @@ given batch size (best of ``repeat``). CPU time per world-step is the figure to
 compare on a shared machine: it does not count time the process waits for a core.
 With ``--stages``, the same speed figures for the pipeline cut after each stage
 (kinematics, com_pos, crb, factor_m, velocity, forward, step), to see where time goes.
+With ``--isolated``, every stage of the step is jitted on its own, fed the state the
+stages before it computed, and returns only the arrays it changes (so the figure is the
+stage's own work, not copying Data); the rows sum to roughly the step. With ``--ops N``,
+the N most expensive XLA kernels of one batched step from a profiler trace, with the
+source operation each belongs to (the tracer adds a fixed cost per kernel, so use the
+ranking, not the absolute times).
 """
 from __future__ import annotations
 
@@ -119,6 +126,96 @@ def _stages():
     return out
 
 
+def _isolated_stages():
+    """(name, fn) for every stage of a smooth Euler/implicit step, in pipeline order."""
+    import importlib
+    forward = importlib.import_module("simjax.engine.forward")
+    smooth = importlib.import_module("simjax.engine.smooth")
+    from simjax.engine import actuation, passive, sensor, tree_linalg
+
+    def euler_solve(m, d):
+        # the integrator's factorisation and solve of M + h diag(damping'), as mj_Euler
+        h = m.opt.timestep
+        damping, poly = passive.dof_damping(m, d.qpos.dtype)
+        diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
+        low, up, dd = tree_linalg.factor_permuted(m, d.qM, add_diag=h * diag)
+        qacc = tree_linalg.solve_permuted(m, low, up, dd, d.qfrc_smooth + d.qfrc_constraint)
+        return d.replace(qacc=qacc)
+
+    return [("kinematics", smooth.kinematics), ("com_pos", smooth.com_pos),
+            ("tendon", smooth.tendon), ("crb", smooth.crb), ("factor_m", smooth.factor_m),
+            ("transmission", actuation.transmission), ("sensor_pos", sensor.sensor_pos),
+            ("com_vel", smooth.com_vel), ("passive", passive.passive),
+            ("rne", lambda m, d: d.replace(qfrc_bias=smooth.rne(m, d))),
+            ("sensor_vel", sensor.sensor_vel), ("actuation", forward.fwd_actuation),
+            ("fwd_acceleration", forward.fwd_acceleration),
+            ("fwd_constraint", forward.fwd_constraint), ("sensor_acc", sensor.sensor_acc),
+            ("euler_solve", euler_solve),
+            ("advance", lambda m, d: forward._advance(m, d, d.act_dot, d.qacc))]
+
+
+def isolated(model, data, repeat):
+    """Print CPU us per world and equations of each stage jitted on its own."""
+    import jax
+
+    total = 0.0
+    nworld = data.qpos.shape[0]
+    for name, stage in _isolated_stages():
+        def changed(d, stage=stage):
+            out = stage(model, d)
+            return [x for x, y in zip(jax.tree_util.tree_leaves(out),
+                                      jax.tree_util.tree_leaves(d)) if x is not y]
+        batched = jax.vmap(changed)
+        neq = count_eqns(jax.make_jaxpr(batched)(data).jaxpr)
+        run = jax.jit(batched)
+        jax.block_until_ready(run(data))
+        best = float("inf")
+        for _ in range(repeat):
+            _, _, c = _timeit(lambda: jax.block_until_ready(run(data)))
+            best = min(best, c)
+        us = 1e6 * best / nworld
+        total += us
+        print(f"  {name:>16}: {us:7.3f} us CPU per world, {neq:5d} eqns", flush=True)
+        data = jax.jit(jax.vmap(lambda d, stage=stage: stage(model, d)))(data)
+    print(f"  {'sum':>16}: {total:7.3f} us CPU per world", flush=True)
+
+
+def top_ops(model, data, fn, count):
+    """Print the ``count`` XLA kernels of jit(vmap(fn)) with the most traced time."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import re
+    import tempfile
+
+    import jax
+    run = jax.jit(jax.vmap(lambda d: fn(model, d)))
+    hlo = run.lower(data).compile().as_text()
+    source = {}
+    for line in hlo.splitlines():
+        found = re.match(r"\s+(?:ROOT )?%(\S+) = .*op_name=\"([^\"]+)\"", line)
+        if found:
+            source[found.group(1)] = found.group(2)
+    jax.block_until_ready(run(data))
+    nrun = 5
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp, create_perfetto_trace=True):
+            for _ in range(nrun):
+                jax.block_until_ready(run(data))
+        path = glob.glob(f"{tmp}/**/perfetto_trace.json.gz", recursive=True)[0]
+        events = json.load(gzip.open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    spent = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and e["name"] in source:
+            spent[e["name"]] += e["dur"] / nrun
+    total = sum(spent.values())
+    print(f"  {len(spent)} kernels, {total:.0f} us traced per batched step", flush=True)
+    for name, us in spent.most_common(count):
+        print(f"  {us:9.1f} us {100 * us / total:5.1f}%  {name:<32} {source[name][-70:]}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="humanoid-smooth,ant-smooth")
@@ -128,6 +225,8 @@ def main(argv=None):
     ap.add_argument("--x64", action="store_true")
     ap.add_argument("--stages", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--isolated", action="store_true")
+    ap.add_argument("--ops", type=int, default=0)
     args = ap.parse_args(argv)
     import jax
     if args.x64:
@@ -144,6 +243,14 @@ def main(argv=None):
             print(f"{name}: {rep['eqns']} eqns, trace {rep['trace_s']:.2f} s, lower "
                   f"{rep['lower_wall_s']:.2f} s, compile {rep['compile_wall_s']:.2f} s wall "
                   f"/ {rep['compile_cpu_s']:.2f} s CPU", flush=True)
+        if args.isolated:
+            print(f"{name}: stages jitted one by one, batch {args.batch}", flush=True)
+            isolated(model, data, max(args.repeat, 10))
+        if args.ops:
+            print(f"{name}: top XLA kernels of one step, batch {args.batch}", flush=True)
+            top_ops(model, data, forward.step, args.ops)
+        if args.isolated or args.ops:
+            continue
         fns = _stages() if args.stages else dict(step=forward.step)
         for sname, fn in fns.items():
             cpu, wall = speed(model, data, fn, args.nstep, args.repeat)
