@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint as C
-from simjax.engine import tree_linalg
+from simjax.engine import tables, tree_linalg
 from simjax.engine.pgs import _ar, _noslip, _pgs, block_order
 from simjax.types import DisableBit, SolverType
 
@@ -604,6 +604,7 @@ def fwd_constraint(m, d):
     implies when their dual cost is negative (PGS). Requires make_constraint and
     reference_constraint to have run.
     """
+    tables.precision_guard()
     nefc = d.efc_J.shape[0]
     zero_v = jnp.zeros_like(d.qacc_smooth)
     if nefc == 0 or m.nv == 0:
