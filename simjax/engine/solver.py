@@ -623,6 +623,8 @@ def fwd_constraint(m, d):
     iters = int(m.opt.iterations)
     warm = not (m.opt.disableflags & DisableBit.WARMSTART)
     qs = sg(d.qacc_smooth)
+    islands = solver == SolverType.PGS or m.opt.noslip_iterations > 0
+    order = block_order(m, d, lay) if islands else None
 
     def total_cost(sp, pp, qa):
         jar = pp["J"] @ qa - pp["aref"]
@@ -665,7 +667,7 @@ def fwd_constraint(m, d):
             AR = _ar(ps)
             dual = jnp.dot(fw, ps["efc_b"]) + 0.5 * jnp.dot(fw, AR @ fw)
             f0 = jnp.where(dual > 0, 0.0, fw)
-        force_solver, niter, imp = _pgs(spec, ps, f0, iters, lay, block_order(m, d, lay))
+        force_solver, niter, imp = _pgs(spec, ps, f0, iters, lay, order)
         gnorm = jnp.zeros((), qs.dtype)
         qacc = qs + ps["solve_m"](ps["J"].T @ force_solver)
     else:
@@ -680,8 +682,8 @@ def fwd_constraint(m, d):
         force = force + sg(force_solver - force)
         state = _dual_state(spec, p, force_solver, state)
     if m.opt.noslip_iterations > 0:
-        force, nit = _noslip(spec, p, force, int(m.opt.noslip_iterations), lay)
-        niter = niter + nit
+        force, nit = _noslip(spec, p, force, int(m.opt.noslip_iterations), lay, order)
+        niter = niter + nit[0]
         qacc = d.qacc_smooth + p["solve_m"](d.efc_J.T @ force)
     force = jnp.where(d.efc_active, force, 0.0)
     qfrc = d.efc_J.T @ force
