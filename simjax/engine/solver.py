@@ -390,10 +390,12 @@ def _linesearch(spec, p, pre, gtol, ls_iter):
 # --------------------------------------------------------------------------- primal solvers
 def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
     """Newton / CG (mj_solPrimal). Returns (qacc, niter, improvement, gradient)."""
-    nv = spec.nv
     tol = p["tolerance"]
-    scale = 1.0 / (p["meaninertia"] * max(1, nv))
     M = p["M"]
+    # MuJoCo 4.0.0 scales improvement and gradient by 1 / trace(M) (measured: the
+    # reported gradient is |grad| / trace(M) at the current configuration, per island
+    # the trace of the island's block), not by meaninertia * nv
+    scale = 1.0 / jnp.maximum(MINVAL, jnp.trace(M))
     solve_m = p["solve_m"]
 
     def state_at(qacc):
