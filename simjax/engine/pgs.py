@@ -315,6 +315,15 @@ def _shuffle(perm, gen, nblk, first):
 
 
 # --------------------------------------------------------------------------- PGS
+def _fric_table(spec, p, nefc, dmax, dtype):
+    """(nefc, dmax - 1) friction coefficients of each elliptic contact at its first row
+    (ones elsewhere)."""
+    frtab = jnp.ones((nefc, max(1, dmax - 1)), dtype)
+    for (start, n, dim), fr in zip(spec.ell, p["fr"]):
+        frtab = frtab.at[start + dim * np.arange(n), :dim - 1].set(fr)
+    return frtab
+
+
 def _pgs(spec, p, force0, iterations, lay, order):
     """Projected Gauss-Seidel on the dual (mj_solPGS, per island as mj_fwdConstraint):
     Nesterov momentum with gradient restarts (O'Donoghue and Candes 2015), blocks in
@@ -332,20 +341,13 @@ def _pgs(spec, p, force0, iterations, lay, order):
     ineq = jnp.asarray(spec.ineq)
     nisl = order["nisl"]
     rowisl = order["rowisl"]
-    # MuJoCo 4.0.0 scales an island's improvement by the trace of its block of M (its
-    # dofs' diagonal inertias: measured, its reported improvements are the cost
-    # decreases divided by exactly this), not by meaninertia * nv
-    trace = jnp.zeros(nisl + 1, dtype).at[order["dofisl"]].add(jnp.diag(p["M"]))[:nisl]
-    scale = 1.0 / jnp.where(trace > 0, trace, 1.0)
+    scale = _island_scale(p, order, dtype)
     bstart = jnp.asarray(order["start"])
     bkind = jnp.asarray(order["kind"])
     bisl = order["bisl"]
     edims = order["edims"]
     dmax = max((1,) + edims)
-    # friction coefficients of each elliptic contact at its first row
-    frtab = jnp.ones((nefc, max(1, dmax - 1)), dtype)
-    for (start, n, dim), fr in zip(spec.ell, p["fr"]):
-        frtab = frtab.at[start + dim * np.arange(n), :dim - 1].set(fr)
+    frtab = _fric_table(spec, p, nefc, dmax, dtype)
     rng = jnp.arange(dmax)
 
     def scalar(force, i):
@@ -459,88 +461,146 @@ def _pgs(spec, p, force0, iterations, lay, order):
     return s["force"], s["niter"][0], s["imp"][0]
 
 
-def _noslip(spec, p, force, iterations, lay):
-    """Noslip post-pass (mj_solNoSlip): friction-loss and contact-friction rows re-solved
-    with the unregularised A = J M^-1 J', normal forces fixed. A fixed number of sweeps
-    (``lax.scan`` with a convergence mask), so it is differentiated directly."""
+def _island_scale(p, order, dtype):
+    """1 / trace of each island's block of M (its dofs' diagonal inertias): MuJoCo 4.0.0
+    divides the improvements (and gradients) of its per-island solvers by this, not by
+    meaninertia * nv (measured: reported improvements are the cost decreases divided by
+    exactly this trace, per island, and by trace(M) when islands are disabled)."""
+    nisl = order["nisl"]
+    trace = jnp.zeros(nisl + 1, dtype).at[order["dofisl"]].add(jnp.diag(p["M"]))[:nisl]
+    return 1.0 / jnp.where(trace > 0, trace, 1.0)
+
+
+def _noslip_ops(lay, order):
+    """Static noslip operation of every PGS block (numpy): 0 none (equality, limit,
+    frictionless contact and normal rows), 1 friction loss row, 2 first row of a pair
+    of opposing pyramid edges, 3 + k elliptic contact of dims ``order['edims'][k]``."""
+    nefc = lay.nefc
+    rowop = np.zeros(nefc, np.int32)
+    for b in lay.blocks:
+        rows = b.start + np.arange(b.n * b.k)
+        if b.kind in ("frictiondof", "frictionten"):
+            rowop[rows] = 1
+        elif b.kind == "conpyr":
+            rowop[rows[(rows - b.start) % b.k % 2 == 0]] = 2
+    kind = order["kind"]
+    return np.where(kind > 0, 2 + kind, rowop[order["start"]]).astype(np.int32)
+
+
+def _noslip(spec, p, force, iterations, lay, order):
+    """Noslip post-pass (mj_solNoSlip, per island as MuJoCo 4.0.0): friction-loss and
+    contact-friction rows re-solved by Gauss-Seidel with the unregularised
+    A = J M^-1 J' (diagonal blocks clamped from below as MuJoCo), normal forces fixed.
+    Each island sweeps its blocks in MuJoCo's efc order (friction loss, then contacts in
+    collision order; no shuffling) and stops on its own once its improvement, scaled by
+    1 / trace of its block of M, falls below ``noslip_tolerance``; the first sweep's
+    improvement includes the removed regularisation cost 0.5 sum R f^2 of the island's
+    rows. A fixed number of sweeps over all (static) blocks with masks (``lax.scan``), so
+    it is differentiated directly. Returns (force, sweeps per island (nisl,))."""
     A = _ar(p) - jnp.diag(p["R"])
     b = p["efc_b"]
     fl = p["floss"]
     act = p["active"]
     tol = p["noslip_tolerance"]
-    scale = 1.0 / (p["meaninertia"] * max(1, spec.nv))
+    dtype = force.dtype
+    nefc = spec.nefc
+    nisl = order["nisl"]
+    scale = _island_scale(p, order, dtype)
     dinv = 1.0 / jnp.maximum(MINVAL, jnp.diag(A))
-    fric_rows = jnp.asarray(np.nonzero(spec.fric)[0])
-    pairs = [np.arange(blk.start, blk.start + blk.n * blk.k, 2)
-             for blk in lay.blocks if blk.kind == "conpyr"]
-    pairs = jnp.asarray(np.concatenate(pairs) if pairs else np.zeros(0, np.int64))
+    edims = order["edims"]
+    dmax = max((2,) + edims)
+    rng = jnp.arange(dmax)
+    frtab = _fric_table(spec, p, nefc, max((1,) + edims), dtype)
 
-    def fric_body(k, s):
-        force, imp = s
-        i = fric_rows[k]
+    def block(idx):
+        ac = A[idx][:, idx]
+        n = idx.shape[0]
+        return ac + jnp.diag(jnp.maximum(1e-10, jnp.diag(ac)) - jnp.diag(ac)) if n else ac
+
+    def cost_change(ac, new, old, r):
+        dl = new - old
+        change = 0.5 * dl @ ac @ dl + dl @ r
+        bad = change > 1e-10
+        return jnp.where(bad, old, new), jnp.where(bad, 0.0, change)
+
+    def pad(v):
+        return jnp.zeros(dmax, dtype).at[:v.shape[0]].set(v)
+
+    def skip(force, i):
+        return jnp.zeros(dmax, dtype), jnp.zeros((), dtype)
+
+    def fric(force, i):
         r = b[i] + A[i] @ force
         old = force[i]
         f = jnp.clip(old - r * dinv[i], -fl[i], fl[i])
-        f = jnp.where(act[i], f, old)
         dl = f - old
-        return force.at[i].set(f), imp - (0.5 * dl * dl / dinv[i] + dl * r)
+        return pad(f[None]), 0.5 * dl * dl / dinv[i] + dl * r
 
-    def pyr_body(k, s):
-        force, imp = s
-        idx = pairs[k] + jnp.arange(2)
+    def pair(force, i):
+        idx = i + jnp.arange(2)
         r = b[idx] + A[idx] @ force
         old = force[idx]
-        ac = A[idx][:, idx]
+        ac = block(idx)
         bc = r - ac @ old
         mid = 0.5 * (old[0] + old[1])
         k1 = ac[0, 0] + ac[1, 1] - ac[0, 1] - ac[1, 0]
         k0 = mid * (ac[0, 0] - ac[1, 1]) + bc[0] - bc[1]
         y = -k0 / jnp.where(k1 < MINVAL, 1.0, k1)
-        f = jnp.where(y < -mid, jnp.stack([0.0 * mid, 2 * mid]),
-                      jnp.where(y > mid, jnp.stack([2 * mid, 0.0 * mid]),
+        zero = jnp.zeros((), dtype)
+        f = jnp.where(y < -mid, jnp.stack([zero, 2 * mid]),
+                      jnp.where(y > mid, jnp.stack([2 * mid, zero]),
                                 jnp.stack([mid + y, mid - y])))
         f = jnp.where(k1 < MINVAL, jnp.stack([mid, mid]), f)
-        f = jnp.where(act[idx[0]], f, old)
-        dl = f - old
-        change = 0.5 * dl @ ac @ dl + dl @ r
-        bad = change > 1e-10
-        return force.at[idx].set(jnp.where(bad, old, f)), imp - jnp.where(bad, 0.0, change)
+        f, change = cost_change(ac, f, old, r)
+        return pad(f), change
 
-    def sweep(force):
-        s = (force, jnp.zeros((), force.dtype))
-        s = jax.lax.fori_loop(0, fric_rows.shape[0], fric_body, s)
-        s = jax.lax.fori_loop(0, pairs.shape[0], pyr_body, s)
-        for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
-            def ell_body(c, s, start=start, dim=dim, fr=fr):
-                force, imp = s
-                i = start + c * dim
-                idx = i + 1 + jnp.arange(dim - 1)
-                r = b[idx] + A[idx] @ force
-                old = force[idx]
-                ac = A[idx][:, idx]
-                bc = r - ac @ old
-                v, on = _qcqp(ac, bc, fr[c], force[i])
-                v = jnp.where(on, _project_ellipsoid(v, force[i], fr[c], False), v)
-                v = jnp.where(force[i] < MINVAL, 0.0, v)
-                v = jnp.where(act[i], v, old)
-                dl = v - old
-                change = 0.5 * dl @ ac @ dl + dl @ r
-                bad = change > 1e-10
-                return (force.at[idx].set(jnp.where(bad, old, v)),
-                        imp - jnp.where(bad, 0.0, change))
-            s = jax.lax.fori_loop(0, n, ell_body, s)
-        return s
+    def elliptic(dim):
+        def upd(force, i):
+            idx = i + 1 + jnp.arange(dim - 1)
+            r = b[idx] + A[idx] @ force
+            old = force[idx]
+            ac = block(idx)
+            bc = r - ac @ old
+            fr = frtab[i, :dim - 1]
+            v, on = _qcqp(ac, bc, fr, force[i])
+            v = jnp.where(on, _project_ellipsoid(v, force[i], fr, False), v)
+            v = jnp.where(force[i] < MINVAL, 0.0, v)
+            v, change = cost_change(ac, v, old, r)
+            return pad(jnp.concatenate([force[i][None], v])), change
+        return upd
 
-    extra = 0.5 * jnp.sum(force * force * jnp.where(act, p["R"], 0.0))
+    branches = [skip, fric, pair] + [elliptic(dim) for dim in edims]
+    ops = _noslip_ops(lay, order)
+    nwrite = jnp.asarray(np.asarray([0, 1, 2] + list(edims), np.int32))[jnp.asarray(ops)]
+    ops = jnp.asarray(ops)
+    bstart = jnp.asarray(order["start"])
+    perm, bisl = order["perm"], order["bisl"]
+    nb = order["nb"]
+
+    def sweep(force, done):
+        def body(k, s):
+            force, imp = s
+            blk = perm[k]
+            isl = bisl[blk]
+            i = bstart[blk]
+            vals, change = jax.lax.switch(ops[blk], branches, force, i)
+            run = (isl < nisl) & ~done[jnp.minimum(isl, nisl - 1)]
+            idx = jnp.where(run & (rng < nwrite[blk]), i + rng, nefc)
+            force = force.at[idx].set(vals, mode="drop")
+            imp = imp.at[jnp.where(run, isl, nisl)].add(-change, mode="drop")
+            return force, imp
+        return jax.lax.fori_loop(0, nb, body, (force, jnp.zeros(nisl, dtype)))
+
+    extra = jnp.zeros(nisl + 1, dtype).at[order["rowisl"]].add(
+        0.5 * force * force * jnp.where(act, p["R"], 0.0))[:nisl]
 
     def body(s, _):
         force, done, it, first = s
-        new, imp = sweep(force)
+        force, imp = sweep(force, done)
         imp = (imp + jnp.where(first, extra, 0.0)) * scale
-        force = jnp.where(done, force, new)
         it = it + jnp.where(done, 0, 1)
         return (force, done | (imp < tol), it, jnp.zeros((), bool)), None
 
-    init = (force, jnp.zeros((), bool), jnp.int32(0), jnp.ones((), bool))
+    init = (force, order["nblk"] == 0, jnp.zeros(nisl, jnp.int32), jnp.ones((), bool))
     (force, _, it, _), _ = jax.lax.scan(body, init, None, length=iterations)
     return force, it

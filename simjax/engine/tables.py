@@ -28,6 +28,26 @@ from simjax.types import JointType
 
 _CACHE: dict = {}
 
+# JAX (0.10) converts a numpy array used inside a traced function through a cache keyed
+# weakly by the array object, not by the precision mode: an int64 / float64 array first
+# seen under jax_enable_x64 keeps its 64-bit type after the flag is turned off, and the
+# next trace fails (int64 + int32 in an index, f64 operands in f32 ops). simjax reuses
+# its static numpy arrays (Model structure, the cached tables here and in the other
+# stages) across traces, so a process that switches precision would hit that stale
+# entry. The pipeline's entry stages call :func:`precision_guard`, which clears JAX's
+# caches once whenever the flag has changed since the last trace.
+_X64_SEEN: list = []
+
+
+def precision_guard():
+    """Clear JAX's caches if ``jax_enable_x64`` changed since the previous call (a no-op
+    otherwise; cheap, trace-time only)."""
+    import jax
+    x64 = bool(jax.config.jax_enable_x64)
+    if _X64_SEEN and _X64_SEEN[-1] != x64:
+        jax.clear_caches()
+    _X64_SEEN[:] = [x64]
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Tables:
@@ -72,6 +92,7 @@ def _key(model):
 
 def get(model) -> Tables:
     """Tables for ``model`` (cached by structure)."""
+    precision_guard()
     key = _key(model)
     tab = _CACHE.get(key)
     if tab is None:
