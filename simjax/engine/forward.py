@@ -112,19 +112,32 @@ def forward(m, d: Data) -> Data:
     return _forward(m, d, sensors=True)
 
 
-def _forward(m, d: Data, sensors: bool) -> Data:
-    """mj_forwardSkip without skipped stages; ``sensors=False`` skips the sensors."""
+def _forward(m, d: Data, sensors) -> Data:
+    """mj_forwardSkip without skipped stages; ``sensors=False`` skips the sensors.
+
+    ``sensors`` may also be a traced boolean scalar (the first RK4 stage of a scan):
+    the sensor stages then run under ``lax.cond`` (one branch executed at run time)."""
+    def run(fn, d):
+        if sensors is False:
+            return d
+        if sensors is True or _sensors_off(m):
+            return fn(m, d)
+        return jax.lax.cond(sensors, lambda x: fn(m, x), lambda x: x, d)
+
     d = fwd_position(m, d)
-    if sensors:
-        d = sensor.sensor_pos(m, d)
+    d = run(sensor.sensor_pos, d)
     d = fwd_velocity(m, d)
-    if sensors:
-        d = sensor.sensor_vel(m, d)
+    d = run(sensor.sensor_vel, d)
     d = energy(m, d)
     d = fwd_actuation(m, d)
     d = fwd_acceleration(m, d)
     d = fwd_constraint(m, d)
-    return sensor.sensor_acc(m, d) if sensors else d
+    return run(sensor.sensor_acc, d)
+
+
+def _sensors_off(m):
+    """Whether the sensor stages leave Data unchanged (no sensors, or disabled)."""
+    return bool(m.opt.disableflags & DisableBit.SENSOR) or not m.nsensor
 
 
 # --------------------------------------------------------------------------- integration
@@ -243,38 +256,70 @@ def rk4(m, d: Data) -> Data:
     Stages skip sensors and energy; the returned Data carries the derived quantities of
     the last stage, as MuJoCo's does.
     """
+    return _rk4(m, d, evaluate_first=False)[0]
+
+
+def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
+    """RK4 as a ``lax.scan`` over its stage evaluations; returns (Data, bad qacc flag).
+
+    ``evaluate_first``: ``d`` is not forwarded; the scan runs all four evaluations, the
+    first one being mj_step's forward (with sensors, under ``lax.cond``; its qacc is
+    checked for mjWARN_BADQACC, counted in ``warning`` unless ``autoreset``), so
+    forward is traced and compiled once per step instead of twice. Otherwise ``d`` is
+    forwarded and the scan runs the three remaining stages (flag: False).
+    """
     dtype = d.qpos.dtype
     h = jnp.asarray(m.opt.timestep, dtype)
     rot = _rot_dofs(m)
     t0, qpos0, qvel0, act0 = d.time, d.qpos, d.qvel, d.act
-    keep = dict(energy=d.energy, sensordata=d.sensordata)
-    # MuJoCo 4.0 fills the buffers with the values of the forwarded state, not those of
-    # the last stage (measured: delayed velocimeters and accelerometers)
-    hist = _history(m, d) if m.nhistory else None
+    hist = (_history(m, d) if m.nhistory else None) if not evaluate_first else (
+        d.history if m.nhistory else None)
+    keep = (d.sensordata, d.energy)
     b0 = _RK4_B[0]
 
     def stage(carry, coef):
-        d, vel, acc, actdot, sv, sa, sact = carry
-        a, b = coef[0], coef[1]
+        d, vel, acc, actdot, sv, sa, sact, keep, hist, bada = carry
+        a, b, first = coef[0], coef[1], coef[2] > 0
         dqvel, dqacc, dact = a * vel, a * acc, a * actdot
-        di = d.replace(qpos=support.integrate_pos(m, qpos0, dqvel, h),
-                       qvel=qvel0 + h * dqacc, act=act0 + h * dact, time=t0 + a * h)
-        d = _forward(m, di, sensors=False)
+        pick = lambda x0, x: jnp.where(first, x0, x) if evaluate_first else x
+        di = d.replace(qpos=pick(qpos0, support.integrate_pos(m, qpos0, dqvel, h)),
+                       qvel=pick(qvel0, qvel0 + h * dqacc), act=pick(act0, act0 + h * dact),
+                       time=pick(t0, t0 + a * h))
+        d = _forward(m, di, sensors=first if evaluate_first else False)
+        if evaluate_first:
+            # mj_step's checks and buffers after its forward, before integrating
+            bad = first & _is_bad(d.qacc)
+            bada = bada | bad
+            if not autoreset:
+                d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bad.astype(jnp.int32)))
+            keep = jax.tree_util.tree_map(lambda x, k: jnp.where(first, x, k),
+                                          (d.sensordata, d.energy), keep)
+            if m.nhistory:
+                dd = d
+                hist = jax.lax.cond(first, lambda: _history(m, dd), lambda: hist)
         vel = d.qvel
         if len(rot):
             corrected = _dexpinv(h * dqvel[rot], vel[rot])
             src = np.arange(m.nv)
             src[rot.ravel()] = m.nv + np.arange(rot.size)
-            vel = jnp.concatenate([vel, corrected.ravel()])[src]
-        carry = (d, vel, d.qacc, d.act_dot, sv + b * vel, sa + b * d.qacc,
-                 sact + b * d.act_dot)
+            vel = pick(vel, jnp.concatenate([vel, corrected.ravel()])[src])
+        carry = (d, vel, d.qacc, d.act_dot, pick(b * vel, sv + b * vel),
+                 pick(b * d.qacc, sa + b * d.qacc), pick(b * d.act_dot, sact + b * d.act_dot),
+                 keep, hist, bada)
         return carry, None
 
-    coefs = jnp.asarray([[a[-1], b] for a, b in zip(_RK4_A, _RK4_B[1:])], dtype)
-    init = (d, qvel0, d.qacc, d.act_dot, b0 * qvel0, b0 * d.qacc, b0 * d.act_dot)
-    (d, _, _, _, dqvel, dqacc, dact), _ = jax.lax.scan(stage, init, coefs)
-    d = d.replace(time=t0, qpos=qpos0, qvel=qvel0, act=act0, **keep)
-    return _advance(m, d, dact, dqacc, dqvel, hist)
+    rows = [[a[-1], b, 0.0] for a, b in zip(_RK4_A, _RK4_B[1:])]
+    if evaluate_first:
+        rows = [[0.0, b0, 1.0]] + rows
+        init = (d, qvel0, qvel0, d.act_dot, qvel0, qvel0, d.act_dot)
+    else:
+        init = (d, qvel0, d.qacc, d.act_dot, b0 * qvel0, b0 * d.qacc, b0 * d.act_dot)
+    init = init + (keep, hist, jnp.zeros((), bool))
+    (d, _, _, _, dqvel, dqacc, dact, keep, hist, bada), _ = jax.lax.scan(
+        stage, init, jnp.asarray(rows, dtype))
+    d = d.replace(time=t0, qpos=qpos0, qvel=qvel0, act=act0, sensordata=keep[0],
+                  energy=keep[1])
+    return _advance(m, d, dact, dqacc, dqvel, hist), bada
 
 
 def implicit(m, d: Data) -> Data:
@@ -385,13 +430,25 @@ def step(m, d: Data) -> Data:
     else:
         warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))
         d = d.replace(warning=warning.at[WARN_BADQVEL].add(badv.astype(jnp.int32)))
-    d = forward(m, d)
-    bada = _is_bad(d.qacc)
-    if not autoreset:
-        d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
-        return _integrate(m, d)
-    new = _integrate(m, d)
+    if m.opt.integrator == IntegratorType.RK4:
+        # forward runs as the first stage of the RK4 scan (traced once, not twice)
+        new, bada = _rk4(m, d, evaluate_first=True, autoreset=autoreset)
+        if not autoreset:
+            return new
+    else:
+        new, bada = _forward_integrate(m, d, autoreset)
+        if not autoreset:
+            return new
     # the reset state with only the bad-qacc warning counter set, built from the one
     # made above rather than traced a second time
     fresh = base.replace(warning=jnp.zeros_like(base.warning).at[WARN_BADQACC].set(1))
     return _select_tree(bada, fresh, new)
+
+
+def _forward_integrate(m, d: Data, autoreset: bool):
+    """forward, the bad-qacc check and the integrator (not RK4): (Data, bad flag)."""
+    d = forward(m, d)
+    bada = _is_bad(d.qacc)
+    if not autoreset:
+        d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
+    return _integrate(m, d), bada
