@@ -59,3 +59,79 @@ def test_trajectory_matches_mujoco(rel, integrator):
 def test_features_trajectory(integrator):
     """Ball/slide joints, polynomial springs, tendons, filters, fluid, gravcomp."""
     _check("features", INTEGRATORS[integrator])
+
+
+_RK4_XML = """
+<mujoco>
+  <option integrator="RK4" timestep="0.005"/>
+  <worldbody>
+    <geom type="plane" size="2 2 .1"/>
+    <body name="ball" pos="0 0 .12">
+      <freejoint/>
+      <geom type="sphere" size=".1"/>
+      <site name="s"/>
+      <body pos=".2 0 0">
+        <joint name="h" type="hinge" axis="0 1 0" damping=".1"/>
+        <geom type="capsule" size=".03" fromto="0 0 0 .2 0 0"/>
+      </body>
+    </body>
+  </worldbody>
+  <actuator><motor joint="h"/></actuator>
+  <sensor>
+    <framepos objtype="site" objname="s"/>
+    <velocimeter site="s"/>
+    <accelerometer site="s"/>
+    <touch site="s"/>
+    <jointpos joint="h"/>
+  </sensor>
+</mujoco>
+"""
+
+
+def _rk4_model(autoreset):
+    import dataclasses
+
+    import simjax
+    from simjax.types import DisableBit
+    m = simjax.load_model(_RK4_XML)
+    if not autoreset:
+        m = m.replace(opt=dataclasses.replace(
+            m.opt, disableflags=m.opt.disableflags | DisableBit.AUTORESET))
+    rng = np.random.default_rng(3)
+    d = make_data(m)
+    return m, d.replace(qvel=jnp.asarray(0.5 * rng.standard_normal(m.nv)),
+                        ctrl=jnp.asarray([0.2]))
+
+
+@pytest.mark.parametrize("autoreset", [True, False])
+def test_rk4_step_forwards_once(autoreset, monkeypatch):
+    """step with RK4 traces the forward pass once (as the first stage of its scan)."""
+    import importlib
+    fmod = importlib.import_module("simjax.engine.forward")     # the module, not the fn
+    m, d = _rk4_model(autoreset)
+    calls = []
+    orig = fmod.fwd_position
+    monkeypatch.setattr(fmod, "fwd_position",
+                        lambda m_, d_: (calls.append(1), orig(m_, d_))[1])
+    jax.make_jaxpr(lambda d_: fmod.step(m, d_))(d)
+    assert len(calls) == 1
+
+
+@pytest.mark.slow
+def test_rk4_step_equals_forward_then_rk4():
+    """step with RK4 equals forward followed by rk4 (sensors, energy and the bad-qacc
+    warning of the first evaluation included), to rounding."""
+    import importlib
+    fmod = importlib.import_module("simjax.engine.forward")
+    m, d = _rk4_model(False)
+    step = jax.jit(lambda d_: fmod.step(m, d_))
+    ref = jax.jit(lambda d_: fmod.rk4(m, fmod.forward(m, d_)))
+    for _ in range(3):
+        got, want = step(d), ref(d)
+        for name in ("qpos", "qvel", "qacc", "sensordata", "energy", "time", "efc_force",
+                     "warning", "qacc_warmstart"):
+            np.testing.assert_allclose(np.asarray(getattr(got, name)),
+                                       np.asarray(getattr(want, name)), rtol=1e-10,
+                                       atol=1e-12, err_msg=name)
+        d = got
+    assert np.abs(np.asarray(d.sensordata)).max() > 0
