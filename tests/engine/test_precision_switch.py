@@ -71,6 +71,7 @@ def _run(**kw):
     assert res.stdout.startswith("ok")
 
 
+@pytest.mark.slow                      # a fresh process and two step compilations
 def test_float64_then_float32_in_one_process():
     """One hinge with a limit and friction loss, no contacts (the stale index arrays
     were in kinematics, the first stage); one small compilation per precision."""

@@ -158,6 +158,7 @@ def test_rays_model(energy):
     assert set(worst) == RAYS_TYPES
 
 
+@pytest.mark.slow                      # ~22 s (eager rays)
 def test_rangefinder_hits_every_geom_type():
     """The rays model's camera rangefinders really see each target geom type."""
     import jax

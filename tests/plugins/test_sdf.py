@@ -156,6 +156,7 @@ def _run_pairs(xml, g_filter, nstep, every):
             yield g1, g2, list(mjd.contact), [np.asarray(x) for x in out]
 
 
+@pytest.mark.slow                      # ~23 s
 def test_primitive_sdf_contacts_match_mujoco():
     """Box, sphere, capsule, ellipsoid and cylinder resting on a torus (mjc_SDF with
     MuJoCo's primitive distance fields), at 10 states: same contact count per pair;
