@@ -397,19 +397,8 @@ def _pgs(spec, p, force0, iterations, lay, order):
     bdim = jnp.asarray(order["dim"])
 
     def sweep(force, perm, done):
-        def body(k, s):
-            force, imp = s
-            blk = perm[k]
-            isl = bisl[blk]
-            i = bstart[blk]
-            vals, change = jax.lax.switch(bkind[blk], branches, force, i)
-            run = ~done[jnp.minimum(isl, nisl - 1)] & (isl < nisl)
-            idx = jnp.where(run & (rng < bdim[blk]), i + rng, nefc)
-            force = force.at[idx].set(vals, mode="drop")
-            imp = imp.at[jnp.where(run, isl, nisl)].add(-change, mode="drop")
-            return force, imp
-        nact = jnp.sum(order["nblk"])
-        return jax.lax.fori_loop(0, nact, body, (force, jnp.zeros(nisl, dtype)))
+        return _block_sweep(force, done, perm, jnp.sum(order["nblk"]), bisl, bstart,
+                            bkind, bdim, branches, nisl, nefc, dmax)
 
     def project(force):
         force = jnp.where(fric, jnp.clip(force, -fl, fl), force)
@@ -509,7 +498,6 @@ def _noslip(spec, p, force, iterations, lay, order):
     dinv = 1.0 / jnp.maximum(MINVAL, jnp.diag(A))
     edims = order["edims"]
     dmax = max((2,) + edims)
-    rng = jnp.arange(dmax)
     frtab = _fric_table(spec, p, nefc, max((1,) + edims), dtype)
 
     def block(idx):
@@ -578,18 +566,8 @@ def _noslip(spec, p, force, iterations, lay, order):
     nb = order["nb"]
 
     def sweep(force, done):
-        def body(k, s):
-            force, imp = s
-            blk = perm[k]
-            isl = bisl[blk]
-            i = bstart[blk]
-            vals, change = jax.lax.switch(ops[blk], branches, force, i)
-            run = (isl < nisl) & ~done[jnp.minimum(isl, nisl - 1)]
-            idx = jnp.where(run & (rng < nwrite[blk]), i + rng, nefc)
-            force = force.at[idx].set(vals, mode="drop")
-            imp = imp.at[jnp.where(run, isl, nisl)].add(-change, mode="drop")
-            return force, imp
-        return jax.lax.fori_loop(0, nb, body, (force, jnp.zeros(nisl, dtype)))
+        return _block_sweep(force, done, perm, nb, bisl, bstart, ops, nwrite, branches,
+                            nisl, nefc, dmax)
 
     extra = jnp.zeros(nisl + 1, dtype).at[order["rowisl"]].add(
         0.5 * force * force * jnp.where(act, p["R"], 0.0))[:nisl]
@@ -604,3 +582,29 @@ def _noslip(spec, p, force, iterations, lay, order):
     init = (force, order["nblk"] == 0, jnp.zeros(nisl, jnp.int32), jnp.ones((), bool))
     (force, _, it, _), _ = jax.lax.scan(body, init, None, length=iterations)
     return force, it
+
+
+def _block_sweep(force, done, perm, nblocks, bisl, bstart, kind, nwrite, branches,
+                 nisl, nefc, dmax):
+    """One Gauss-Seidel sweep over constraint blocks (PGS and noslip).
+
+    Visits blocks ``perm[:nblocks]`` in order; block ``b`` starts at row ``bstart[b]``,
+    belongs to island ``bisl[b]``, is updated by ``branches[kind[b]](force, start)`` ->
+    (new values (dmax,), cost change) and writes its first ``nwrite[b]`` rows. Islands
+    with ``done`` set are left alone. Returns (force (nefc,), cost improvement per
+    island (nisl,))."""
+    rng = jnp.arange(dmax)
+
+    def body(k, s):
+        force, imp = s
+        blk = perm[k]
+        isl = bisl[blk]
+        i = bstart[blk]
+        vals, change = jax.lax.switch(kind[blk], branches, force, i)
+        run = (isl < nisl) & ~done[jnp.minimum(isl, nisl - 1)]
+        idx = jnp.where(run & (rng < nwrite[blk]), i + rng, nefc)
+        force = force.at[idx].set(vals, mode="drop")
+        imp = imp.at[jnp.where(run, isl, nisl)].add(-change, mode="drop")
+        return force, imp
+
+    return jax.lax.fori_loop(0, nblocks, body, (force, jnp.zeros(nisl, force.dtype)))
