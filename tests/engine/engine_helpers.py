@@ -76,3 +76,11 @@ def forward_jit():
         from simjax.engine import forward
         _FORWARD_JIT.append(jax.jit(forward))
     return _FORWARD_JIT[0]
+
+
+def geom_poses(d, mjd):
+    """``d`` with MuJoCo's geom poses (geom_xpos (ngeom, 3), geom_xmat (ngeom, 3, 3)), so
+    a collision test runs simjax's collision stage alone on MuJoCo's kinematics."""
+    import jax.numpy as jnp
+    return d.replace(geom_xpos=jnp.array(mjd.geom_xpos),
+                     geom_xmat=jnp.array(mjd.geom_xmat).reshape(-1, 3, 3))

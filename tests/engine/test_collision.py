@@ -10,7 +10,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import load
+from engine_helpers import load, geom_poses
 from simjax.engine import io
 from simjax.engine.collision import driver
 from simjax.engine.data import WARN_CONTACTFULL
@@ -181,9 +181,7 @@ def collide_fn(m):
     return jax.jit(lambda d: driver.collision(m, d))
 
 
-def poses(d, mjd):
-    return d.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
-                     geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+poses = geom_poses
 
 
 _COMPILED = {}

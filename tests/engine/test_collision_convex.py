@@ -9,6 +9,7 @@ import mujoco
 import numpy as np
 import pytest
 
+from engine_helpers import geom_poses
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import io
 from simjax.engine.collision import driver
@@ -66,8 +67,7 @@ def test_patches_match_mujoco(ground, margin):
     for q in _states(mjm, GROUNDS[ground][1], 18, seed=1):
         mjd.qpos[:] = q
         mujoco.mj_forward(mjm, mjd)
-        d = d0.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
-                       geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+        d = geom_poses(d0, mjd)
         c = jax.tree_util.tree_map(np.asarray, _collide(m, d).contact)
         idx = np.nonzero(c.valid)[0]
         assert len(idx) == mjd.ncon
@@ -135,8 +135,7 @@ def test_large_mesh_scores_and_memory(nvert):
     mjd.qpos[:] = mjm.qpos0 + 0.05 * rng.standard_normal(mjm.nq)
     mujoco.mj_kinematics(mjm, mjd)
     m = model_from_mujoco(mjm)
-    d = io.make_data(m).replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
-                                geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+    d = geom_poses(io.make_data(m), mjd)
     p = driver.plan(m)
     seen = set()
     for grp in p.groups:
@@ -197,8 +196,7 @@ def test_capsule_ellipsoid_deep():
         q[7:10] = rng.uniform(-0.15, 0.15, 3)
         mjd.qpos[:] = q
         mujoco.mj_forward(mjm, mjd)
-        d = d0.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
-                       geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+        d = geom_poses(d0, mjd)
         c = jax.tree_util.tree_map(np.asarray, _collide(m, d).contact)
         idx = np.nonzero(c.valid)[0]
         assert len(idx) == mjd.ncon

@@ -12,6 +12,7 @@ import mujoco
 import numpy as np
 import pytest
 
+from engine_helpers import geom_poses
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import io
 from simjax.engine.collision import driver
@@ -109,8 +110,7 @@ def _check(ground, margin, size, modes, n=12, seed=0, free="cylinder"):
         for q in _states(mjm, n, seed, mode):
             mjd.qpos[:] = q
             mujoco.mj_forward(mjm, mjd)
-            d = d0.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
-                           geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+            d = geom_poses(d0, mjd)
             c = jax.tree_util.tree_map(np.asarray, _collide(m, d).contact)
             idx = np.nonzero(c.valid)[0]
             assert len(idx) == mjd.ncon, (mode, q)
@@ -197,8 +197,7 @@ def test_patch_gradients(free, size):
     mjd = mujoco.MjData(mjm)
     mujoco.mj_forward(mjm, mjd)
     m = model_from_mujoco(mjm)
-    d = io.make_data(m).replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
-                                geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+    d = geom_poses(io.make_data(m), mjd)
 
     @jax.jit
     def f(xpos):

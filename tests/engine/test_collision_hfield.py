@@ -17,7 +17,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import load
+from engine_helpers import load, geom_poses
 from simjax.engine import io
 from simjax.engine.collision import driver, hfield
 from simjax.engine.data import WARN_CONTACTFULL
@@ -27,9 +27,7 @@ TOUCH = "mujoco_plugin_touch_grid/touch_grid.xml"
 NSTATE = 20
 
 
-def poses(d, mjd):
-    return d.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
-                     geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3))
+poses = geom_poses
 
 
 def contacts(c):

@@ -9,6 +9,7 @@ import mujoco
 import numpy as np
 import pytest
 
+from engine_helpers import geom_poses
 from mujoco_oracle import corpus_path, model_from_mujoco
 from simjax.engine import io
 from simjax.engine.collision import convex_sphere, driver
@@ -77,8 +78,7 @@ def test_sphere_mesh_matches_mujoco(radius):
         mjd.qpos[:3] = gpos + h * u
         mjd.qpos[3:] = [1, 0, 0, 0]
         mujoco.mj_forward(mjm, mjd)
-        d = f(d0.replace(geom_xpos=jnp.asarray(mjd.geom_xpos),
-                         geom_xmat=jnp.asarray(mjd.geom_xmat).reshape(-1, 3, 3)))
+        d = f(geom_poses(d0, mjd))
         c = jax.tree_util.tree_map(np.asarray, d.contact)
         mine = [j for j in np.nonzero(c.valid)[0] if sph in c.geom[j]]
         theirs = [mjd.contact[j] for j in range(mjd.ncon) if sph in mjd.contact.geom[j]]
