@@ -28,15 +28,20 @@ def load(rel, integrator=None, constraints=False, edit=None):
     return mjm, model_from_mujoco(mjm)
 
 
-def random_state(mjm, rng, qscale=0.3, vscale=1.0, uscale=1.0):
-    """Random qpos (normalised quaternions), qvel, ctrl, act, mocap pose."""
-    qpos = mjm.qpos0 + qscale * rng.standard_normal(mjm.nq)
+def normalize_quaternions(mjm, qpos):
+    """``qpos`` (nq,) with the quaternions of free and ball joints made unit (in place)."""
     for j in range(mjm.njnt):
         adr = mjm.jnt_qposadr[j]
         if mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE:
             qpos[adr + 3:adr + 7] /= np.linalg.norm(qpos[adr + 3:adr + 7])
         elif mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_BALL:
             qpos[adr:adr + 4] /= np.linalg.norm(qpos[adr:adr + 4])
+    return qpos
+
+
+def random_state(mjm, rng, qscale=0.3, vscale=1.0, uscale=1.0):
+    """Random qpos (normalised quaternions), qvel, ctrl, act, mocap pose."""
+    qpos = normalize_quaternions(mjm, mjm.qpos0 + qscale * rng.standard_normal(mjm.nq))
     qvel = vscale * rng.standard_normal(mjm.nv)
     ctrl = uscale * rng.standard_normal(mjm.nu)
     act = 0.3 * rng.standard_normal(mjm.na)

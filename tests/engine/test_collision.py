@@ -10,7 +10,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import load, geom_poses
+from engine_helpers import geom_poses, load, normalize_quaternions
 from simjax.engine import io
 from simjax.engine.collision import driver
 from simjax.engine.data import WARN_CONTACTFULL
@@ -54,23 +54,36 @@ def drop_states(mjm, n, seed=0):
     for _ in range(n):
         q = mjm.qpos0 + 0.3 * rng.standard_normal(mjm.nq)
         for j in range(mjm.njnt):
-            a = mjm.jnt_qposadr[j]
             if mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE:
+                a = mjm.jnt_qposadr[j]
                 q[a + 2] = mjm.qpos0[a + 2] * rng.uniform(0.3, 1.0)
-                q[a + 3:a + 7] /= np.linalg.norm(q[a + 3:a + 7])
-            elif mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_BALL:
-                q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
-        out.append(q)
+        out.append(normalize_quaternions(mjm, q))
+    return out
+
+
+def _touching(mjm, candidates, n):
+    """The first ``n`` of the qpos ``candidates`` at which MuJoCo finds contacts."""
+    mjd = mujoco.MjData(mjm)
+    out = []
+    for q in candidates:
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        if mjd.ncon:
+            out.append(q)
+            if len(out) == n:
+                break
     return out
 
 
 def contact_states(mjm, n, seed=0, tries=50):
     """``n`` states at which MuJoCo finds contacts: drop states, then joints spread over
     their ranges (or +-1 rad) with growing probability, until n states touch."""
+    return _touching(mjm, _spread_states(mjm, n * tries, seed), n)
+
+
+def _spread_states(mjm, count, seed):
     rng = np.random.default_rng(seed)
-    mjd = mujoco.MjData(mjm)
-    out = []
-    for k in range(tries * n):
+    for k in range(count):
         q = drop_states(mjm, 1, seed=seed * 100003 + k)[0]
         wide = (k % 4) / 4
         for j in range(mjm.njnt):
@@ -79,13 +92,7 @@ def contact_states(mjm, n, seed=0, tries=50):
                     and rng.uniform() < wide:
                 lo, hi = mjm.jnt_range[j] if mjm.jnt_limited[j] else (-1.0, 1.0)
                 q[a] = rng.uniform(lo, hi)
-        mjd.qpos[:] = q
-        mujoco.mj_forward(mjm, mjd)
-        if mjd.ncon:
-            out.append(q)
-            if len(out) == n:
-                break
-    return out
+        yield q
 
 
 def mujoco_candidates(mjm):
@@ -156,23 +163,8 @@ def wide_states(mjm, n, seed=0, tries=100):
     """``n`` states with contacts among qpos0 + 2 N(0, 1) (unit quaternions): for
     linkages whose parts touch only far from qpos0 (slider crank, tendon_force_clamp)."""
     rng = np.random.default_rng(seed)
-    mjd = mujoco.MjData(mjm)
-    out = []
-    for _ in range(tries * n):
-        q = mjm.qpos0 + 2.0 * rng.standard_normal(mjm.nq)
-        for j in range(mjm.njnt):
-            a = mjm.jnt_qposadr[j]
-            if mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE:
-                q[a + 3:a + 7] /= np.linalg.norm(q[a + 3:a + 7])
-            elif mjm.jnt_type[j] == mujoco.mjtJoint.mjJNT_BALL:
-                q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
-        mjd.qpos[:] = q
-        mujoco.mj_forward(mjm, mjd)
-        if mjd.ncon:
-            out.append(q)
-            if len(out) == n:
-                break
-    return out
+    return _touching(mjm, (normalize_quaternions(
+        mjm, mjm.qpos0 + 2.0 * rng.standard_normal(mjm.nq)) for _ in range(tries * n)), n)
 
 
 def collide_fn(m):
