@@ -4,7 +4,7 @@ Usage::
 
     python -m bench [--models humanoid-smooth,pendulum-smooth] [--batch 1,64,1024,4096]
                     [--backends simjax,mjx,mujoco] [--grad] [--timeout 300]
-                    [--budget 3] [--out bench/results] [--resume] [--quick]
+                    [--budget 3] [--out bench/results] [--name STEM] [--resume] [--quick]
 
 For every (model, batch size, backend) a fresh process (``bench.worker``) measures the
 JIT compile time of the batched rollout (and with ``--compile-step`` of one batched
@@ -21,7 +21,13 @@ size) and called as often as fits in ``--budget`` seconds, so slow backends take
 few calls and fast ones many. Results are rewritten after every measurement to
 ``<out>/<device>-<date>.json`` and ``.md`` (a table with the ratios simjax/C and
 simjax/MJX), and a plot ``.png`` of steps/s against batch size per backend is drawn
-at the end; ``--resume`` skips the measurements already in that JSON file.
+at the end; ``--resume`` skips the measurements already in that JSON file. Every row
+records the date and the git commit it was measured at; ``--name`` gives the results
+file a fixed stem instead of ``<device>-<date>``, so that a long grid can be measured
+in parts on different days (``--resume --name full``) and the table says which part
+was measured when. A backend whose forward phase timed out at some batch size is not
+run at the larger ones of the same model (recorded as skipped); likewise for the
+gradient.
 
 ``--quick`` is a short preset (four models with contacts at batch 1024, short
 budgets, results in ``bench/results/quick``); explicit options override it.
@@ -69,6 +75,31 @@ def device_name():
     if dev.platform == "cpu":
         return f"cpu-{os.cpu_count()}cores"
     return dev.device_kind.replace(" ", "_").lower()
+
+
+def git_commit():
+    """Short hash of the checked-out commit, with '+' when the tree has changes."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    return out.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+def skipped(rows, model, batch, backend, key="error"):
+    """Why (model, batch, backend) is not worth running: its ``key`` phase ('error' for
+    the forward, 'grad_error' for the gradient) timed out at a smaller batch size of the
+    same model and backend (a larger batch only takes longer). None to run it."""
+    for r in rows:
+        if (r["model"] == model and r["backend"] == backend and r["batch"] < batch
+                and str(r.get(key, "")).startswith("timeout")):
+            return f"skipped: timed out at batch {r['batch']}"
+    return None
 
 
 def _reader(stream, q):
@@ -148,7 +179,10 @@ def _cell(r, key, err_key, unit=""):
         return _fmt(r[key], unit)
     err = r.get(err_key)
     if err:
-        return "timeout" if err.startswith("timeout") else "error"
+        for word in ("timeout", "skipped"):
+            if err.startswith(word):
+                return word
+        return "error"
     return "-"
 
 
@@ -171,6 +205,14 @@ def markdown(rows, meta):
              "simjax/MJX | simjax/C | compile simjax / MJX (s) | "
              "grad steps/s simjax / MJX | memory simjax / MJX / C (MB) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    runs = {}
+    for r in rows:
+        if r.get("date"):
+            runs.setdefault((r["date"], r.get("commit", "unknown")), set()).add(r["model"])
+    if len(runs) > 1:
+        lines[1:1] = ["Measured in parts: " + "; ".join(
+            f"{d} at {c} ({', '.join(sorted(ms))})" for (d, c), ms in sorted(runs.items()))
+            + "."]
     for (model, batch), b in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         s, x, c = b.get("simjax", {}), b.get("mjx", {}), b.get("mujoco", {})
 
@@ -250,8 +292,9 @@ def main(argv=None):
                          "the table shows the rollout's compile otherwise)")
     ap.add_argument("--out", help="results folder (default bench/results, "
                                   "bench/results/quick with --quick)")
+    ap.add_argument("--name", help="results file stem (default <device>-<date>)")
     ap.add_argument("--resume", action="store_true",
-                    help="keep the rows of today's results file and skip those runs")
+                    help="keep the rows of the results file and skip those runs")
     args = ap.parse_args(argv)
     preset = QUICK if args.quick else FULL
     for k, v in preset.items():
@@ -269,7 +312,8 @@ def main(argv=None):
                 command="python -m bench " + " ".join(argv if argv is not None
                                                       else sys.argv[1:]))
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"{meta['device']}-{today}")
+    stem = os.path.join(args.out, args.name or f"{meta['device']}-{today}")
+    commit = git_commit()
     rows = []
     if args.resume and os.path.exists(stem + ".json"):
         with open(stem + ".json") as f:
@@ -281,14 +325,23 @@ def main(argv=None):
     with tqdm(jobs, desc="bench", unit="run", dynamic_ncols=True) as bar:
         for model, batch, backend in bar:
             grad = args.grad_nstep if args.grad and batch <= args.grad_max_batch else 0
+            grad_skip = skipped(rows, model, batch, backend, "grad_error") if grad else None
+            if grad_skip:
+                grad = 0
             label = f"{model} b{batch} {backend}"
             bar.set_postfix_str(label)
             t0 = time.perf_counter()
-            row = run_one(backend, model, batch, chunk_for(batch), grad, args.timeout,
-                          args.budget,
-                          on_phase=lambda p, label=label: bar.set_postfix_str(f"{label} {p}"),
-                          compile_step=args.compile_step)
-            row["wall_s"] = round(time.perf_counter() - t0, 1)
+            why = skipped(rows, model, batch, backend)
+            if why:
+                row = dict(model=model, backend=backend, batch=batch, error=why)
+            else:
+                row = run_one(backend, model, batch, chunk_for(batch), grad, args.timeout,
+                              args.budget, on_phase=lambda p, label=label:
+                              bar.set_postfix_str(f"{label} {p}"),
+                              compile_step=args.compile_step)
+            if grad_skip:
+                row["grad_error"] = grad_skip
+            row.update(wall_s=round(time.perf_counter() - t0, 1), date=today, commit=commit)
             rows.append(row)
             bar.write(json.dumps(row))
             _write(stem, rows, meta)

@@ -1,0 +1,44 @@
+"""The benchmark's bookkeeping (no measurement): skipping after timeouts and the table
+of a grid measured in parts."""
+import pytest
+
+run = pytest.importorskip("bench.run")
+
+
+def _row(model, batch, backend, **kw):
+    return dict(model=model, batch=batch, backend=backend, **kw)
+
+
+def test_skipped_after_timeout_at_smaller_batch():
+    rows = [_row("humanoid", 64, "mjx", error="timeout 300s (compile)"),
+            _row("humanoid", 64, "simjax", sps=1e4, grad_error="timeout 300s (grad)")]
+    assert run.skipped(rows, "humanoid", 1024, "mjx") == "skipped: timed out at batch 64"
+    # not at the same or a smaller batch, nor for another backend or model
+    assert run.skipped(rows, "humanoid", 64, "mjx") is None
+    assert run.skipped(rows, "humanoid", 1, "mjx") is None
+    assert run.skipped(rows, "humanoid", 1024, "simjax") is None
+    assert run.skipped(rows, "ant", 1024, "mjx") is None
+    # the gradient is skipped on its own timeout only
+    assert run.skipped(rows, "humanoid", 1024, "simjax", "grad_error") == \
+        "skipped: timed out at batch 64"
+    assert run.skipped(rows, "humanoid", 1024, "mjx", "grad_error") is None
+
+
+def test_markdown_grid_in_parts():
+    meta = dict(device="cpu-2cores", cpu="x86_64", jax="0", mujoco="4.0.0",
+                date="2026-11-22", command="python -m bench --name full --resume")
+    rows = [_row("ant", 64, "simjax", sps=2000.0, date="2026-11-21", commit="abc"),
+            _row("ant", 64, "mujoco", sps=1000.0, date="2026-11-21", commit="abc"),
+            _row("humanoid", 64, "simjax", sps=500.0, date="2026-11-22", commit="def"),
+            _row("humanoid", 1024, "mjx", error="skipped: timed out at batch 64",
+                 date="2026-11-22", commit="def")]
+    table = run.markdown(rows, meta)
+    assert "Measured in parts: 2026-11-21 at abc (ant); 2026-11-22 at def (humanoid)." \
+        in table
+    line = next(ln for ln in table.splitlines() if ln.startswith("| ant | 64 |"))
+    cells = [c.strip() for c in line.split("|")]
+    assert cells[3] == "2.0K" and cells[5] == "1.0K" and cells[7] == "2.00"
+    line = next(ln for ln in table.splitlines() if ln.startswith("| humanoid | 1024 |"))
+    assert line.split("|")[4].strip() == "skipped"
+    # one part only: no such line
+    assert "Measured in parts" not in run.markdown(rows[:2], meta)
