@@ -47,7 +47,7 @@ SATISFIED, QUADRATIC, LINEARNEG, LINEARPOS, CONE = 0, 1, 2, 3, 4
 MINVAL = 1e-15
 MINIMP, MAXIMP = 0.0001, 0.9999
 
-from simjax.engine.data import EFC_FIELDS, EFC_SCALARS  # noqa: E402
+from simjax.engine.data import EFC_FIELDS, EFC_SCALARS, EFC_SHAPES  # noqa: E402
 
 
 # --------------------------------------------------------------------------- layout
@@ -186,7 +186,7 @@ def make_efc(m, contact_dims, ftype):
     out["efc_type"] = jnp.asarray(lay.efc_type, jnp.int32)
     out["efc_id"] = jnp.asarray(lay.efc_id, jnp.int32)
     for name, kind in EFC_SCALARS:
-        out[name] = jnp.zeros((), {"f": ftype, "i": jnp.int32}[kind])
+        out[name] = jnp.zeros(EFC_SHAPES.get(name, ()), {"f": ftype, "i": jnp.int32}[kind])
     return out
 
 

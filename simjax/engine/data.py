@@ -184,9 +184,14 @@ EFC_FIELDS = (
     ("efc_b", (), "f"), ("efc_state", (), "i"), ("efc_force", (), "f"),
 )
 #: Scalar int32 counts of active rows (mjData ne, nf, nl, nefc) and solver statistics
-#: (solver_niter; improvement and scaled gradient norm of the last iteration).
+#: per constraint island (solver_niter; improvement and scaled gradient norm of the
+#: last iteration), shape (NISLAND,) as mjData's solver_niter (EFC_SHAPES).
 EFC_SCALARS = (("ne", "i"), ("nf", "i"), ("nl", "i"), ("nefc", "i"),
                ("solver_niter", "i"), ("solver_improvement", "f"), ("solver_gradient", "f"))
+#: mjNISLAND: islands with solver statistics
+NISLAND = 20
+EFC_SHAPES = {"solver_niter": (NISLAND,), "solver_improvement": (NISLAND,),
+              "solver_gradient": (NISLAND,)}
 
 #: Data fields that are not in DATA_FIELDS: the contact buffer and its count of valid
 #: slots, constraint rows and counts.
@@ -205,7 +210,8 @@ def _data_doc():
         dims = " x ".join(["nefc_max"] + [str(s) for s in shape])
         lines.append(f"    {name}: ({dims}), {dict(f='float', i='int32', b='bool')[kind]}")
     for name, kind in EFC_SCALARS:
-        lines.append(f"    {name}: (), {dict(f='float', i='int32')[kind]}")
+        dims = " x ".join(str(s) for s in EFC_SHAPES.get(name, ()))
+        lines.append(f"    {name}: ({dims}), {dict(f='float', i='int32')[kind]}")
     return "\n".join(lines)
 
 

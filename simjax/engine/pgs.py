@@ -329,7 +329,7 @@ def _pgs(spec, p, force0, iterations, lay, order):
     Nesterov momentum with gradient restarts (O'Donoghue and Candes 2015), blocks in
     MuJoCo's shuffled order (:func:`block_order`), per-island termination when the
     scaled cost improvement of a sweep falls below ``tolerance``. Returns (force,
-    iterations of island 0, last improvement of island 0)."""
+    iterations per island (nisl,), last improvement per island (nisl,))."""
     AR = _ar(p)
     b = p["efc_b"]
     nefc = spec.nefc
@@ -447,7 +447,7 @@ def _pgs(spec, p, force0, iterations, lay, order):
              perm=order["perm"], gen=gen, done=order["nblk"] == 0,
              imp=jnp.zeros(nisl, dtype), niter=jnp.zeros(nisl, jnp.int32))
     s = jax.lax.while_loop(cond, body, s)
-    return s["force"], s["niter"][0], s["imp"][0]
+    return s["force"], s["niter"], s["imp"]
 
 
 def _island_scale(p, order, dtype):

@@ -38,7 +38,8 @@ import numpy as np
 
 from simjax.engine import constraint as C
 from simjax.engine import tables, tree_linalg
-from simjax.engine.pgs import _ar, _noslip, _pgs, block_order
+from simjax.engine.data import NISLAND
+from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.types import DisableBit, SolverType
 
 MINVAL = 1e-15
@@ -63,16 +64,21 @@ def spd_solve(low, b):
 # --------------------------------------------------------------------------- problem
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """Static structure of the rows: masks (numpy) and elliptic blocks (start, n, dim)."""
+    """Static structure of the rows: masks (numpy) and elliptic blocks (start, n, dim);
+    ``nisl`` the number of constraint islands the primal solvers iterate on separately
+    (1: one problem; else the island capacity, rows and dofs in ``p['rowisl']``,
+    ``p['dofisl']``)."""
     eq: np.ndarray
     fric: np.ndarray
     ineq: np.ndarray
     ell: tuple
     nefc: int
     nv: int
+    nisl: int = 1
 
     def __hash__(self):
-        return hash((self.eq.tobytes(), self.fric.tobytes(), self.ell, self.nefc, self.nv))
+        return hash((self.eq.tobytes(), self.fric.tobytes(), self.ell, self.nefc, self.nv,
+                     self.nisl))
 
     def __eq__(self, other):
         return hash(self) == hash(other)
@@ -175,15 +181,85 @@ def gradient(spec, p, qacc):
     return p["M"] @ qacc - p["qfrc_smooth"] - p["J"].T @ force
 
 
+# --------------------------------------------------------------------------- islands
+class Islands:
+    """Per-island reductions for the primal solvers (MuJoCo 4.0.0 solves each constraint
+    island, mj_island, on its own). The iterations keep full-size vectors; every scalar
+    of an iteration (dot products, norms, line-search points, CG's beta) is an (n,)
+    array, one entry per island: reductions sum over the island's dofs (``dof`` (nv,))
+    or rows (``row`` (nefc,)); id ``n`` marks dofs / rows in no island. The problem is
+    block diagonal over islands (M is block diagonal over kinematic trees and a row's
+    Jacobian touches its island's dofs only), so full-size matrix products and the
+    Newton factorisation act on every island separately. With one island (``n`` 1) the
+    reductions are plain sums and dot products over everything."""
+
+    def __init__(self, n, row=None, dof=None):
+        self.n = n
+        if n > 1:
+            ids = jnp.arange(n, dtype=jnp.int32)
+            self.row, self.dof = row, dof
+            self.rmask = row[:, None] == ids                     # (nefc, n)
+            self.dmask = dof[:, None] == ids                     # (nv, n)
+
+    @staticmethod
+    def _sum(mask, x):
+        # exact segment sum (a select, not a product with a 0/1 matrix)
+        x = x.reshape(x.shape[:1] + (1,) * (mask.ndim - 1) + x.shape[1:])
+        m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
+        return jnp.sum(jnp.where(m, x, 0), 0)
+
+    def rsum(self, x):
+        """(nefc, ...) -> (n, ...): sums over each island's rows."""
+        if self.n == 1:
+            return jnp.sum(x, 0)[None]
+        return self._sum(self.rmask, x)
+
+    def ddot(self, a, b):
+        """(n,) dot products of two (nv,) vectors over each island's dofs."""
+        if self.n == 1:
+            return jnp.dot(a, b)[None]
+        return self._sum(self.dmask, a * b)
+
+    def norm(self, a):
+        if self.n == 1:
+            return jnp.linalg.norm(a)[None]
+        return jnp.sqrt(self.ddot(a, a))
+
+    @staticmethod
+    def _expand(v, ids, fill):
+        return jnp.concatenate([v, jnp.full((1,), fill, v.dtype)])[ids]
+
+    def rx(self, v, fill):
+        """(n,) island values on the rows ((1,), broadcasting, with one island)."""
+        return v if self.n == 1 else self._expand(v, self.row, fill)
+
+    def dx(self, v, fill):
+        """(n,) island values on the dofs ((1,), broadcasting, with one island)."""
+        return v if self.n == 1 else self._expand(v, self.dof, fill)
+
+    def block(self, start, n, dim):
+        """Island ids of the contacts of an elliptic block (None with one island)."""
+        return None if self.n == 1 else self.row[start:start + n * dim:dim]
+
+    def bsum(self, ids, x):
+        """(contacts, ...) -> (n, ...) sums over each island's contacts of a block."""
+        if self.n == 1:
+            return jnp.sum(x, 0)[None]
+        return self._sum(ids[:, None] == jnp.arange(self.n, dtype=jnp.int32), x)
+
+    def bx(self, ids, v):
+        return v if self.n == 1 else self._expand(v, ids, 0)
+
+
 # --------------------------------------------------------------------------- line search
-def _prepare(spec, p, qacc, Ma, jaref, search):
-    """Quadratic coefficients of the 1-D cost along ``search`` (PrimalPrepare)."""
+def _prepare(spec, p, isl, Ma, jaref, search):
+    """Quadratic coefficients of the 1-D cost along ``search`` (PrimalPrepare); the
+    Gauss term ``qg`` (islands, 2) per island."""
     Mv = p["M"] @ search
     Jv = p["J"] @ search
     D = p["D"]
-    qg = jnp.stack([jnp.zeros((), Ma.dtype),
-                    jnp.dot(search, Ma) - jnp.dot(p["qfrc_smooth"], search),
-                    0.5 * jnp.dot(search, Mv)])
+    qg = jnp.stack([isl.ddot(search, Ma) - isl.ddot(p["qfrc_smooth"], search),
+                    0.5 * isl.ddot(search, Mv)], 1)
     dj0 = D * jaref
     quad = jnp.stack([0.5 * jaref * dj0, Jv * dj0, 0.5 * Jv * D * Jv], 1)
     ells = []
@@ -197,7 +273,7 @@ def _prepare(spec, p, qacc, Ma, jaref, search):
         u, v = ja[:, 1:] * fr, jv[:, 1:] * fr
         ells.append(dict(q=qb, u0=u0, v0=v0, uu=jnp.sum(u * u, 1), uv=jnp.sum(u * v, 1),
                          vv=jnp.sum(v * v, 1), dm=dd[:, 0] / (mu * mu * (1 + mu * mu)),
-                         mu=mu))
+                         mu=mu, isl=isl.block(start, n, dim)))
     return dict(Mv=Mv, Jv=Jv, qg=qg, quad=quad, ells=ells, jaref=jaref)
 
 
@@ -215,7 +291,8 @@ def _zone(n0, tsq, mu):
 
 
 def _ell_cost_dif(e, alpha):
-    """cost(alpha) - cost(0) of elliptic cones (ellipticCostDif), and derivatives."""
+    """cost(alpha) - cost(0) of elliptic cones (ellipticCostDif), and derivatives, per
+    contact: (contacts, 3)."""
     mu, dm, q = e["mu"], e["dm"], e["q"]
     z0, t0 = _zone(e["u0"], e["uu"], mu)
     nn = e["u0"] + alpha * e["v0"]
@@ -246,19 +323,20 @@ def _ell_cost_dif(e, alpha):
                    jnp.where(za == 3, dm * ra * (n1 - mu * t1), 0.0))
     d1 = jnp.where(za == 2, 2 * q[:, 2],
                    jnp.where(za == 3, dm * ((n1 - mu * t1) ** 2 + ra * (-mu * t2)), 0.0))
-    return jnp.sum(c), jnp.sum(d0), jnp.sum(d1)
+    return jnp.stack([c, d0, d1], 1)
 
 
-def _eval(spec, p, pre, alpha):
-    """(alpha, cost(alpha) - cost(0), d cost, d2 cost) (PrimalEval).
+def _eval(spec, p, isl, pre, alpha):
+    """(islands, 4) points (alpha, cost(alpha) - cost(0), d cost, d2 cost) (PrimalEval)
+    at one step length per island, ``alpha`` (islands,).
 
     Every scalar row contributes either quadratic coefficients (equality rows, active
     one-sided rows; summed before evaluation, as MuJoCo) or its cost difference and
     derivatives directly (friction loss; one-sided rows leaving the active set): one
-    (rows, 6) array and a single reduction."""
+    (rows, 6) array and a single reduction per island."""
     quad, Jv, start = pre["quad"], pre["Jv"], pre["jaref"]
     eq, fr, iq = spec.eq, spec.fric, spec.ineq
-    x = start + alpha * Jv
+    x = start + isl.rx(alpha, 0.0) * Jv
     # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
     f, D = p["floss"], p["D"]
     rf = p["R"] * f
@@ -274,65 +352,71 @@ def _eval(spec, p, pre, alpha):
                       jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
                       jnp.where(fr, fcost, 0.0) - jnp.where(iq & ~act, cost0, 0.0),
                       jnp.where(fr, dz0, 0.0), jnp.where(fr, dz1, 0.0)], -1)
-    tot = jnp.sum(rows, 0)
-    qt = tot[:3] + jnp.stack([0.0 * alpha, pre["qg"][1], pre["qg"][2]])
-    cost, d0, d1 = tot[3], tot[4], tot[5]
+    tot = isl.rsum(rows)                                            # (islands, 6)
+    qg = pre["qg"]
+    q0, q1, q2 = tot[:, 0], tot[:, 1] + qg[:, 0], tot[:, 2] + qg[:, 1]
+    cost, d0, d1 = tot[:, 3], tot[:, 4], tot[:, 5]
     for e in pre["ells"]:
-        c, e0, e1 = _ell_cost_dif(e, alpha)
-        cost, d0, d1 = cost + c, d0 + e0, d1 + e1
-    cost = cost + alpha * alpha * qt[2] + alpha * qt[1] + qt[0]
-    d0 = d0 + 2 * alpha * qt[2] + qt[1]
-    d1 = d1 + 2 * qt[2]
+        c = isl.bsum(e["isl"], _ell_cost_dif(e, isl.bx(e["isl"], alpha)))
+        cost, d0, d1 = cost + c[:, 0], d0 + c[:, 1], d1 + c[:, 2]
+    cost = cost + alpha * alpha * q2 + alpha * q1 + q0
+    d0 = d0 + 2 * alpha * q2 + q1
+    d1 = d1 + 2 * q2
     d1 = jnp.where(d1 <= 0, MINVAL, d1)
-    return jnp.stack([alpha, cost, d0, d1])
+    return jnp.stack([alpha, cost, d0, d1], -1)
 
 
-def _linesearch(spec, p, pre, gtol, ls_iter):
-    """MuJoCo's PrimalSearch, returning (alpha, improvement).
+def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
+    """MuJoCo's PrimalSearch on every island at once, returning (alpha, improvement),
+    (islands,) each; islands in ``skip`` are not searched (alpha 0).
 
-    Points are 4-vectors (alpha, cost, deriv, deriv2); ``n`` counts evaluations as
-    LSiter does. Written as one ``while_loop`` state machine that evaluates exactly one
-    point per iteration (so the cost evaluation appears once in the program):
+    Points are (islands, 4) arrays of (alpha, cost, deriv, deriv2); ``n`` counts an
+    island's evaluations as LSiter does. Written as one ``while_loop`` state machine
+    that evaluates exactly one point per island per iteration (so the cost evaluation
+    appears once in the program) until every island has finished its own search:
     phase 0 alpha = 0, 1 first Newton step, 2 one-sided Newton steps, 3 Newton point of
     p1 before bracketing, 4 bracket midpoint, 5 / 6 Newton points of updated brackets.
     """
     dtype = pre["jaref"].dtype
-    zero = jnp.zeros(4, dtype)
-    newton = lambda q: q[0] - q[2] / q[3]
+    k = isl.n
+    zero = jnp.zeros((k, 4), dtype)
+    newton = lambda q: q[:, 0] - q[:, 2] / q[:, 3]
     i32 = lambda x: jnp.asarray(x, jnp.int32)
+    col = lambda c: c[:, None]
 
     def last_bracket(p1, p2):
-        return jnp.where((p1[1] <= p2[1]) & (p1[1] < 0), p1,
-                         jnp.where((p2[1] <= p1[1]) & (p2[1] < 0), p2, zero))
+        c1 = (p1[:, 1] <= p2[:, 1]) & (p1[:, 1] < 0)
+        c2 = (p2[:, 1] <= p1[:, 1]) & (p2[:, 1] < 0)
+        return jnp.where(col(c1), p1, jnp.where(col(c2), p2, zero))
 
     def upd(pb, cands):
-        flag = jnp.zeros((), bool)
+        flag = jnp.zeros(k, bool)
         for cand in cands:
-            neg = (pb[2] < 0) & (cand[2] < 0) & (pb[2] < cand[2])
-            posd = ~neg & (pb[2] > 0) & (cand[2] > 0) & (pb[2] > cand[2])
-            pb = jnp.where(neg | posd, cand, pb)
+            neg = (pb[:, 2] < 0) & (cand[:, 2] < 0) & (pb[:, 2] < cand[:, 2])
+            posd = ~neg & (pb[:, 2] > 0) & (cand[:, 2] > 0) & (pb[:, 2] > cand[:, 2])
+            pb = jnp.where(col(neg | posd), cand, pb)
             flag = flag | neg | posd
         return pb, flag
 
     def body(s):
         ph, p1, p2, p1n, p2n = s["ph"], s["p1"], s["p2"], s["p1n"], s["p2n"]
         alpha = jnp.select([ph == 0, ph == 1, ph == 4, ph == 6],
-                           [jnp.zeros((), dtype), newton(p2), 0.5 * (p1[0] + p2[0]),
+                           [jnp.zeros(k, dtype), newton(p2), 0.5 * (p1[:, 0] + p2[:, 0]),
                             newton(p2)], newton(p1))
-        q = _eval(spec, p, pre, alpha)
+        q = _eval(spec, p, isl, pre, alpha)
         n = s["n"] + 1
         out = dict(s, n=n)
 
         def go(cond, **kw):
-            for k, v in kw.items():
-                out[k] = jnp.where(cond, v, out[k])
+            for key, v in kw.items():
+                out[key] = jnp.where(cond if out[key].ndim == 1 else col(cond), v, out[key])
 
         def finish(cond, res):
-            go(cond, res=res, done=jnp.ones((), bool))
+            go(cond, res=res, done=jnp.ones(k, bool))
 
         # decide after a Newton step of the one-sided search
         def one_sided(cond, p1new, direction):
-            more = (p1new[2] * direction <= -gtol) & (n < ls_iter)
+            more = (p1new[:, 2] * direction <= -gtol) & (n < ls_iter)
             go(cond & more, ph=i32(2))
             finish(cond & ~more & (n >= ls_iter), p1new)
             go(cond & ~more & (n < ls_iter), ph=i32(3), p2n=p1new)
@@ -341,14 +425,14 @@ def _linesearch(spec, p, pre, gtol, ls_iter):
         go(ph == 0, p2=q, ph=i32(1))
         # phase 1
         c1 = ph == 1
-        init_ok = (jnp.abs(q[2]) < gtol) & ((q[0] == 0) | (q[1] < 0))
-        direction = jnp.where(q[2] < 0, 1.0, -1.0).astype(dtype)
+        init_ok = (jnp.abs(q[:, 2]) < gtol) & ((q[:, 0] == 0) | (q[:, 1] < 0))
+        direction = jnp.where(q[:, 2] < 0, 1.0, -1.0).astype(dtype)
         go(c1, p1=q, dir=direction)
         finish(c1 & init_ok, q)
         one_sided(c1 & ~init_ok, q, direction)
         # phase 2
         c2 = ph == 2
-        ok2 = (jnp.abs(q[2]) < gtol) & (q[1] < 0)
+        ok2 = (jnp.abs(q[:, 2]) < gtol) & (q[:, 1] < 0)
         go(c2, p1=q, p2=p1)
         finish(c2 & ok2, q)
         one_sided(c2 & ~ok2, q, s["dir"])
@@ -359,11 +443,11 @@ def _linesearch(spec, p, pre, gtol, ls_iter):
         # phase 4: midpoint, convergence check over candidates, bracket update
         c4 = ph == 4
         cands = (p1n, p2n, q)
-        best, bestc, found = q, jnp.zeros((), dtype), jnp.zeros((), bool)
+        best, bestc, found = q, jnp.zeros(k, dtype), jnp.zeros(k, bool)
         for cand in cands:
-            ok = (jnp.abs(cand[2]) < gtol) & (~found | (cand[1] < bestc))
-            best = jnp.where(ok, cand, best)
-            bestc = jnp.where(ok, cand[1], bestc)
+            ok = (jnp.abs(cand[:, 2]) < gtol) & (~found | (cand[:, 1] < bestc))
+            best = jnp.where(col(ok), cand, best)
+            bestc = jnp.where(ok, cand[:, 1], bestc)
             found = found | ok
         p1u, f1 = upd(p1, cands)
         p2u, f2 = upd(p2, cands)
@@ -378,31 +462,41 @@ def _linesearch(spec, p, pre, gtol, ls_iter):
         go(c6, p2n=q, ph=i32(4))
         back = (c5 & ~s["f2"]) | c6
         finish(back & (n >= ls_iter), last_bracket(p1, p2))
-        return out
+        if k == 1:
+            return out
+        # islands that finished earlier stay as they are
+        return {key: jnp.where(s["done"] if v.ndim == 1 else col(s["done"]), s[key], v)
+                for key, v in out.items()}
 
-    s = dict(ph=i32(0), p1=zero, p2=zero, p1n=zero, p2n=zero, n=i32(0),
-             dir=jnp.ones((), dtype), f2=jnp.zeros((), bool), res=zero,
-             done=jnp.zeros((), bool))
-    s = jax.lax.while_loop(lambda s: ~s["done"], body, s)
-    return s["res"][0], -s["res"][1]
+    s = dict(ph=jnp.zeros(k, jnp.int32), p1=zero, p2=zero, p1n=zero, p2n=zero,
+             n=jnp.zeros(k, jnp.int32), dir=jnp.ones(k, dtype), f2=jnp.zeros(k, bool),
+             res=zero, done=skip)
+    s = jax.lax.while_loop(lambda s: jnp.any(~s["done"]), body, s)
+    return s["res"][:, 0], -s["res"][:, 1]
 
 
 # --------------------------------------------------------------------------- primal solvers
 def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
-    """Newton / CG (mj_solPrimal). Returns (qacc, niter, improvement, gradient).
-
-    All islands are solved as one problem. MuJoCo 4.0.0 solves each island on its own
-    (own line search, stopping rule scaled by the island's trace of M): the same
-    optimum, and the same iterates when there is one island (or islands are disabled),
-    but with several islands the iterates of an early-stopped solve and the iteration
-    counts differ (measured on a four-island scene with CG at tolerance 1e-6: 10
-    iterations against MuJoCo's 9 for island 0, forces 5.6e-4 apart)."""
+    """Newton / CG (mj_solPrimal), every island (``spec.nisl``, rows ``p['rowisl']``,
+    dofs ``p['dofisl']``; :class:`Islands`) solved on its own as MuJoCo 4.0.0 does:
+    its own search direction, exact line search, CG beta, stopping rule scaled by
+    1 / trace of its block of M, and iteration count. Converged islands are frozen
+    while the others iterate. Returns (qacc, niter, improvement, gradient), the last
+    three (islands,): iterations, and the scaled improvement and gradient norm of the
+    last iteration."""
+    isl = Islands(spec.nisl, p.get("rowisl"), p.get("dofisl"))
     tol = p["tolerance"]
     M = p["M"]
     # MuJoCo 4.0.0 scales improvement and gradient by 1 / trace(M) (measured: the
     # reported gradient is |grad| / trace(M) at the current configuration, per island
     # the trace of the island's block), not by meaninertia * nv
-    scale = 1.0 / jnp.maximum(MINVAL, jnp.trace(M))
+    if isl.n == 1:
+        scale = (1.0 / jnp.maximum(MINVAL, jnp.trace(M)))[None]
+        exists = jnp.any(p["active"])[None]
+    else:
+        trace = isl.ddot(jnp.diag(M), jnp.ones_like(qacc0))
+        scale = 1.0 / jnp.where(trace > 0, trace, 1.0)
+        exists = isl.rsum(p["active"].astype(jnp.int32)) > 0
     solve_m = p["solve_m"]
 
     def state_at(qacc):
@@ -417,66 +511,73 @@ def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
             return spd_solve(spd_factor(_hessian(spec, p, jaref, state)), grad)
         return solve_m(grad)
 
+    def decrement(grad, mgrad):
+        return jnp.maximum(0.0, 0.5 * scale * isl.ddot(grad, mgrad))
+
     Ma, jaref, state, grad = state_at(qacc0)
     mg_m = solve_m(grad)
-    gap = jnp.maximum(0.0, 0.5 * scale * jnp.dot(grad, mg_m)) < tol
-    gnorm_ok = scale * jnp.linalg.norm(grad) < tol
+    gap = decrement(grad, mg_m) < tol
+    gnorm_ok = scale * isl.norm(grad) < tol
     done = gap & gnorm_ok if newton else gap
     if newton:
         mgrad = mgrad_of(qacc0, jaref, state, grad)
-        done = done | (gnorm_ok & (jnp.maximum(0.0, 0.5 * scale * jnp.dot(grad, mgrad)) < tol))
+        done = done | (gnorm_ok & (decrement(grad, mgrad) < tol))
     else:
         mgrad = mg_m
+    done = done | ~exists | (iterations <= 0)
     search = -mgrad
     gtol_base = tol * p["ls_tolerance"]
 
-    def cond(s):
-        return ~s["done"] & (s["iter"] < iterations)
-
     def body(s):
         qacc, Ma, jaref, search = s["qacc"], s["Ma"], s["jaref"], s["search"]
-        snorm = jnp.linalg.norm(search)
+        live = ~s["done"]
+        snorm = isl.norm(search)
         small = snorm < MINVAL
-        pre = _prepare(spec, p, qacc, Ma, jaref, search)
+        pre = _prepare(spec, p, isl, Ma, jaref, search)
         gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
-        alpha, imp = _linesearch(spec, p, pre, gtol, ls_iterations)
-        alpha = jnp.where(small, 0.0, alpha)
-        stop = alpha == 0
-        qacc = qacc + alpha * search
-        Ma = Ma + alpha * pre["Mv"]
-        jaref = jaref + alpha * pre["Jv"]
+        alpha, imp = _linesearch(spec, p, isl, pre, gtol, ls_iterations, ~live | small)
+        alpha = jnp.where(small | ~live, 0.0, alpha)
+        move = live & (alpha != 0)
+        # alpha is zero on islands that do not move (their vectors stay as they are)
+        ad, ar = isl.dx(alpha, 0.0), isl.rx(alpha, 0.0)
+        qacc = qacc + ad * search
+        Ma = Ma + ad * pre["Mv"]
+        jaref = jaref + ar * pre["Jv"]
         force, state, _ = update(spec, p, jaref)
         grad = Ma - p["qfrc_smooth"] - p["J"].T @ force
         mgrad = mgrad_of(qacc, jaref, state, grad)
         improvement = scale * imp
-        gnorm = scale * jnp.linalg.norm(grad)
-        it = s["iter"] + jnp.where(stop, 0, 1)
+        gnorm = scale * isl.norm(grad)
+        it = s["iter"] + move.astype(jnp.int32)
         conv = ((improvement > 0) & (improvement < tol)) | (gnorm < tol)
         if newton:
-            conv = conv | (jnp.maximum(0.0, 0.5 * scale * jnp.dot(grad, mgrad)) < tol)
+            conv = conv | (decrement(grad, mgrad) < tol)
             new_search = -mgrad
         else:
             y = grad - s["grad"]
             my = mgrad - s["mgrad"]
-            dy = jnp.dot(search, y)
-            ymy = jnp.dot(y, my)
-            beta_hz = (jnp.dot(y, mgrad) - 2 * (ymy / jnp.where(dy < MINVAL, 1.0, dy)) *
-                       jnp.dot(search, grad)) / jnp.where(dy < MINVAL, 1.0, dy)
-            eta_k = -1.0 / jnp.maximum(MINVAL, jnp.linalg.norm(search) *
-                                       jnp.minimum(0.01, jnp.linalg.norm(grad)))
+            dy = isl.ddot(search, y)
+            ymy = isl.ddot(y, my)
+            dys = jnp.where(dy < MINVAL, 1.0, dy)
+            beta_hz = (isl.ddot(y, mgrad) - 2 * (ymy / dys) * isl.ddot(search, grad)) / dys
+            eta_k = -1.0 / jnp.maximum(MINVAL, isl.norm(search) *
+                                       jnp.minimum(0.01, isl.norm(grad)))
             beta = jnp.where(dy < MINVAL, 0.0, jnp.maximum(eta_k, beta_hz))
-            new_search = -mgrad + beta * search
-        keep = lambda a, b: jnp.where(stop, a, b)
+            new_search = -mgrad + isl.dx(beta, 0.0) * search
+        kd = isl.dx(~move, True)
+        keep = lambda a, b: jnp.where(kd, a, b)
         return dict(qacc=keep(s["qacc"], qacc), Ma=keep(s["Ma"], Ma),
-                    jaref=keep(s["jaref"], jaref), search=keep(search, new_search),
-                    grad=keep(s["grad"], grad), mgrad=keep(s["mgrad"], mgrad), iter=it,
-                    done=stop | conv, imp=keep(s["imp"], improvement),
-                    gnorm=keep(s["gnorm"], gnorm))
+                    jaref=jnp.where(isl.rx(~move, True), s["jaref"], jaref),
+                    search=keep(search, new_search), grad=keep(s["grad"], grad),
+                    mgrad=keep(s["mgrad"], mgrad), iter=it,
+                    done=s["done"] | ~move | conv | (it >= iterations),
+                    imp=jnp.where(move, improvement, s["imp"]),
+                    gnorm=jnp.where(move, gnorm, s["gnorm"]))
 
-    zero = jnp.zeros((), qacc0.dtype)
     s = dict(qacc=qacc0, Ma=Ma, jaref=jaref, search=search, grad=grad, mgrad=mgrad,
-             iter=jnp.int32(0), done=done, imp=zero, gnorm=scale * jnp.linalg.norm(grad))
-    s = jax.lax.while_loop(cond, body, s)
+             iter=jnp.zeros(isl.n, jnp.int32), done=done,
+             imp=jnp.zeros(isl.n, qacc0.dtype), gnorm=scale * isl.norm(grad))
+    s = jax.lax.while_loop(lambda s: jnp.any(~s["done"]), body, s)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 
 
@@ -552,9 +653,11 @@ def _compact(spec, p, caps):
     for key, fill in _FILL.items():
         if key in p:
             cp[key] = take(p[key], fill)
+    if "rowisl" in p:
+        cp["rowisl"] = take(p["rowisl"], spec.nisl)
     cspec = Spec(eq=take(jnp.asarray(spec.eq), False), fric=take(jnp.asarray(spec.fric), False),
                  ineq=take(jnp.asarray(spec.ineq), True), ell=tuple(ell), nefc=row,
-                 nv=spec.nv)
+                 nv=spec.nv, nisl=spec.nisl)
     return cspec, cp, overflow
 
 
@@ -606,7 +709,12 @@ def _implicit_jvp(spec, primals, tangents):
 
 def fwd_constraint(m, d):
     """Constraint solve (mj_fwdConstraint): qacc, efc_force, efc_state, qfrc_constraint,
-    efc_b, solver_niter / solver_improvement / solver_gradient.
+    efc_b, and per constraint island (NISLAND,) solver_niter / solver_improvement /
+    solver_gradient (iterations, and the scaled improvement and gradient norm of the
+    last iteration; with DisableBit.ISLAND everything is island 0).
+
+    Newton, CG and PGS solve every constraint island (mj_island) on its own, as MuJoCo
+    4.0.0 unless DisableBit.ISLAND.
 
     Warmstart as MuJoCo: unless DisableBit.WARMSTART, start from qacc_warmstart if its
     total cost is lower than that of qacc_smooth (primal solvers), or from the forces it
@@ -634,6 +742,9 @@ def fwd_constraint(m, d):
     qs = sg(d.qacc_smooth)
     islands = solver == SolverType.PGS or m.opt.noslip_iterations > 0
     order = block_order(m, d, lay) if islands else None
+    # MuJoCo 4.0.0 solves every constraint island on its own unless DisableBit.ISLAND
+    # (with one kinematic tree there is one island at most)
+    nisl = int(m.ntree) if not (m.opt.disableflags & DisableBit.ISLAND) else 1
 
     def total_cost(sp, pp, qa):
         jar = pp["J"] @ qa - pp["aref"]
@@ -641,11 +752,23 @@ def fwd_constraint(m, d):
         return c + 0.5 * jnp.dot(pp["M"] @ qa - pp["qfrc_smooth"], qa - qs)
 
     if solver in (SolverType.NEWTON, SolverType.CG):
+        if nisl > 1:
+            rowisl, dofisl = ((order["rowisl"], order["dofisl"]) if order is not None
+                              else island_ids(m, d, lay))
+            ps = dict(ps, rowisl=rowisl, dofisl=dofisl)
+            spec = dataclasses.replace(spec, nisl=nisl)
+
         def solve(sp, pp):
             qacc0 = qs
             if warm:
+                # one choice for all islands (MuJoCo's warmstart precedes the island
+                # solves); dofs in no island start (and stay) at qacc_smooth
                 qw = sg(d.qacc_warmstart)
                 qacc0 = jnp.where(total_cost(sp, pp, qw) > total_cost(sp, pp, qs), qs, qw)
+                if sp.nisl > 1:
+                    qacc0 = jnp.where(pp["dofisl"] == sp.nisl, qs, qacc0)
+            # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
+            qacc0 = jnp.where(jnp.any(pp["active"]), qacc0, qs)
             return _primal(sp, pp, qacc0, solver == SolverType.NEWTON, iters,
                            int(m.opt.ls_iterations))
 
@@ -677,7 +800,7 @@ def fwd_constraint(m, d):
             dual = jnp.dot(fw, ps["efc_b"]) + 0.5 * jnp.dot(fw, AR @ fw)
             f0 = jnp.where(dual > 0, 0.0, fw)
         force_solver, niter, imp = _pgs(spec, ps, f0, iters, lay, order)
-        gnorm = jnp.zeros((), qs.dtype)
+        gnorm = jnp.zeros_like(imp)
         qacc = qs + ps["solve_m"](ps["J"].T @ force_solver)
     else:
         raise C.UnsupportedFeatureError(f"solver {int(solver)}")
@@ -690,9 +813,10 @@ def fwd_constraint(m, d):
     if force_solver is not None:
         force = force + sg(force_solver - force)
         state = _dual_state(spec, p, force_solver, state)
+    niter, imp, gnorm = _per_island(niter), _per_island(imp), _per_island(gnorm)
     if m.opt.noslip_iterations > 0:
         force, nit = _noslip(spec, p, force, int(m.opt.noslip_iterations), lay, order)
-        niter = niter + nit[0]
+        niter = niter + _per_island(nit)
         qacc = d.qacc_smooth + p["solve_m"](d.efc_J.T @ force)
     force = jnp.where(d.efc_active, force, 0.0)
     qfrc = d.efc_J.T @ force
@@ -701,6 +825,23 @@ def fwd_constraint(m, d):
     return d.replace(qacc=qacc, efc_force=force, efc_state=state, qfrc_constraint=qfrc,
                      efc_b=efc_b, solver_niter=niter.astype(jnp.int32),
                      solver_improvement=imp, solver_gradient=gnorm)
+
+
+def _per_island(x):
+    """Per-island statistics (islands,) as MuJoCo's (mjNISLAND,) arrays (islands past
+    the first mjNISLAND not reported, as MuJoCo)."""
+    x = x[:NISLAND]
+    return jnp.concatenate([x, jnp.zeros(NISLAND - x.shape[0], x.dtype)])
+
+
+def island_ids(m, d, lay):
+    """Constraint islands of the active rows (mj_island, as :func:`simjax.engine.pgs.
+    block_order`): (island of every row (nefc,), of every dof (nv,)), ``m.ntree`` for
+    rows and dofs in no island."""
+    n = int(m.ntree)
+    rowisl, tree_isl = _islands(_row_trees(m, d, lay, lay.nefc), d.efc_active)
+    dof_tree = np.asarray(m.dof_treeid).reshape(-1)
+    return jnp.minimum(rowisl, n), jnp.minimum(tree_isl[dof_tree], n)
 
 
 def inv_constraint(m, d):
