@@ -323,20 +323,22 @@ def _eq_rows(m, d, blk):
 
 
 def _friction_rows(m, d, blk):
+    """(J (n, nv), friction loss (n,), diagA (n,), J statically nonzero)."""
     dtype = d.qpos.dtype
     if blk.kind == "frictiondof":
-        jac = jnp.eye(m.nv, dtype=dtype)
+        jac = np.eye(m.nv)                     # static: every row nonzero
         floss = _f(m.dof_frictionloss, dtype).reshape(-1)
         diag = _f(m.dof_invweight0, dtype).reshape(-1)
-    else:
-        jac = d.ten_J
-        floss = _f(m.tendon_frictionloss, dtype).reshape(-1)
-        diag = _f(m.tendon_invweight0, dtype).reshape(-1)
-    return jac, floss, diag
+        return jac, floss, diag, True
+    jac = d.ten_J
+    floss = _f(m.tendon_frictionloss, dtype).reshape(-1)
+    diag = _f(m.tendon_invweight0, dtype).reshape(-1)
+    return jac, floss, diag, False
 
 
 def _limit_rows(m, d, blk):
-    """(J (n,k,nv), dist (n,k), margin (n,), diagA (n,), active (n,k))."""
+    """(J (n,k,nv), dist (n,k), margin (n,), diagA (n,), active (n,k), J statically
+    nonzero). Joint limit rows are static unit rows (numpy)."""
     dtype = d.qpos.dtype
     ids = blk.ids
     dinv = _f(m.dof_invweight0, dtype).reshape(-1)
@@ -346,6 +348,7 @@ def _limit_rows(m, d, blk):
         value = d.ten_length[ids]
         jrow = d.ten_J[ids]
         diag = _f(m.tendon_invweight0, dtype).reshape(-1)[ids]
+        static = False
     else:
         rng = _f(m.jnt_range, dtype).reshape(-1, 2)[ids]
         margin = _f(m.jnt_margin, dtype).reshape(-1)[ids]
@@ -356,57 +359,136 @@ def _limit_rows(m, d, blk):
             quat = math.quat_normalize(d.qpos[adr[:, None] + np.arange(4)])
             axis, value = math.normalize(math.quat_to_vel(quat))
             dist = jnp.maximum(rng[:, 0], rng[:, 1]) - value
+            # -axis on the ball's 3 dofs (a unit vector: never an all-zero row)
             jac = jnp.zeros((len(ids), m.nv), dtype)
             jac = jac.at[np.arange(len(ids))[:, None], dadr[:, None] + np.arange(3)].set(-axis)
-            return jac[:, None], dist[:, None], margin, diag, (dist < margin)[:, None]
+            return jac[:, None], dist[:, None], margin, diag, (dist < margin)[:, None], True
         value = d.qpos[np.asarray(m.jnt_qposadr)[ids]]
-        jrow = jnp.eye(m.nv, dtype=dtype)[dadr]
+        jrow = np.eye(m.nv)[dadr]
+        static = True
     # side -1 (lower) then +1 (upper), as MuJoCo emits them
     dist = jnp.stack([value - rng[:, 0], rng[:, 1] - value], 1)
-    jac = jnp.stack([jrow, -jrow], 1)
-    return jac, dist, margin, diag, dist < margin[:, None]
+    if static:
+        jac = np.stack([jrow, -jrow], 1)
+    else:
+        jac = jnp.stack([jrow, -jrow], 1)
+    return jac, dist, margin, diag, dist < margin[:, None], static
 
 
-def _contact_rows(m, d, blk):
-    """Contact rows of one block: J (n,k,nv), dist, includemargin, diag tran/rot, ok.
+def _dof_ranges(m):
+    """(lo, hi) per dof with ``anc_dof[b, v] = lo[v] <= b <= hi[v]`` when every
+    subtree is a contiguous range of body ids (MuJoCo's depth-first body order), else
+    None."""
+    key = ("dofrange", m.nbody, m.nv, np.asarray(m.body_parentid).tobytes(),
+           np.asarray(m.dof_bodyid).tobytes())
+    if key in _LAYOUTS:
+        return _LAYOUTS[key]
+    desc = tables.get(m).desc > 0
+    lo = np.asarray(m.dof_bodyid, np.int64).reshape(-1)
+    hi = np.zeros_like(lo)
+    out = (lo, hi)
+    ids = np.arange(m.nbody)
+    for v, b in enumerate(lo):
+        sub = np.nonzero(desc[b])[0]
+        hi[v] = sub.max()
+        if not np.array_equal(desc[b], (ids >= b) & (ids <= hi[v])):
+            out = None
+            break
+    _LAYOUTS[key] = out
+    return out
 
-    Row i of a contact along the frame axis f (translational) is
-    J_v = sum over the two bodies of sign * mask_v (cdof_v . w), with the 6-vector
-    w = ((p - c) x f, f): the spatial force of a unit force f at the contact point p,
-    c the subtree com of the body's tree (the origin of the com-based cdof). Rotational
-    rows use w = (f, 0). This is mj_jac of both bodies projected on the frame, without
-    forming the (3, nv) point Jacobians."""
+
+def _anc_mask(m, bodies, dtype):
+    """anc_dof[bodies] (n, nv) as 0/1: two compares per entry when subtrees are
+    contiguous body ranges (no gather of table rows), else a gather."""
+    rng = _dof_ranges(m)
+    if rng is None:
+        return jnp.asarray(tables.get(m).anc_dof, dtype)[bodies]
+    lo, hi = rng
+    b = bodies[:, None]
+    return ((b >= lo) & (b <= hi)).astype(dtype)
+
+
+def _contact_geometry(m, d, lay):
+    """Per contact slot (all slots of ``d.contact``), shared by the contact blocks:
+    sign (ncon, nv), direction 6-vectors, friction (ncon, 5), diag tran / rot and ok.
+
+    Row i of a contact is r_i . (mj_jac(body2, p) - mj_jac(body1, p)) (mj_jacDifPair
+    projected on the row's direction): with the 6-vector w = ((p - c) x f, f) of a
+    translational direction f ((f, 0) for a rotational one), c the subtree com of the
+    tree's root (the origin of the com-based cdof), J_v = s_v (w . cdof_v), s_v = +1 for
+    dofs moving body2 alone, -1 for body1 alone, 0 for both or neither. ``w`` is
+    (ncon, ndir, 6) when one tree holds every dof, else the pair (w2, w1) of body2's
+    and body1's tree origins with the two bodies' dof masks."""
     dtype = d.qpos.dtype
     con = d.contact
-    slots = blk.ids
-    dim = blk.dim
-    geom = take(con.geom, slots)
+    ndir = max(b.dim for b in lay.blocks if b.kind.startswith("con"))
     gb = jnp.asarray(np.asarray(m.geom_bodyid, np.int32))
-    b1 = gb[jnp.clip(geom[:, 0], 0)]
-    b2 = gb[jnp.clip(geom[:, 1], 0)]
-    pos = take(con.pos, slots)
-    nt = 3 if dim > 1 else 1
-    frame = take(con.frame, slots)[:, :nt]                              # (n, nt, 3)
-    anc = jnp.asarray(tables.get(m).anc_dof, dtype)
+    b1 = gb[jnp.clip(con.geom[:, 0], 0)]
+    b2 = gb[jnp.clip(con.geom[:, 1], 0)]
+    frame = con.frame
+    roots = np.unique(np.asarray(m.body_rootid)[np.asarray(m.dof_bodyid)])
     root = jnp.asarray(np.asarray(m.body_rootid, np.int32))
-    rows = []
-    for b, sign in ((b2, 1.0), (b1, -1.0)):
-        off = pos - d.subtree_com[root[b]]                              # (n, 3)
-        w = jnp.concatenate([math.cross(off[:, None], frame), frame], -1)
-        if dim > 3:
-            rot = take(con.frame, slots)[:, :dim - 3]
+
+    def sixvec(origin):
+        f = frame[:, :min(ndir, 3)]
+        w = jnp.concatenate([math.cross((con.pos - origin)[:, None], f), f], -1)
+        if ndir > 3:
+            rot = frame[:, :ndir - 3]
             w = jnp.concatenate([w, jnp.concatenate([rot, jnp.zeros_like(rot)], -1)], 1)
-        rows.append(sign * anc[b][:, None, :] * jnp.einsum("nkc,vc->nkv", w, d.cdof))
-    jac = rows[0] + rows[1]
+        return w                                                        # (ncon, ndir, 6)
+
+    # masks materialised once (not recomputed per row of the contact)
+    m1, m2 = jax.lax.optimization_barrier((_anc_mask(m, b1, dtype), _anc_mask(m, b2, dtype)))
+    if len(roots) <= 1:
+        # one tree holds every dof: one cdof origin for all rows
+        w = sixvec(d.subtree_com[int(roots[0]) if len(roots) else 0])
+    else:
+        w = (sixvec(d.subtree_com[root[b2]]), sixvec(d.subtree_com[root[b1]]), m2, m1)
     iw = _f(m.body_invweight0, dtype).reshape(m.nbody, 2)
-    tran = iw[b1, 0] + iw[b2, 0]
-    rot = iw[b1, 1] + iw[b2, 1]
-    ok = take(con.valid, slots) & (take(con.exclude, slots) == 0)
     # MuJoCo skips a contact only when its bodies' kinematic chains hold no dof (a
     # structural count, never the Jacobian's values; such pairs are not collision
     # candidates): a contact whose rows are numerically zero (an object on slide x/y
     # joints touching the table) keeps its rows
-    return jac, tran, rot, ok
+    ok = con.valid & (con.exclude == 0)
+    return dict(sign=m2 - m1, w=w, fr=con.friction, tran=iw[b1, 0] + iw[b2, 0],
+                rot=iw[b1, 1] + iw[b2, 1], ok=ok)
+
+
+def _contact_rows(m, d, blk, geo):
+    """Contact rows of one block: J (n,k,nv) (zero for inactive contacts), friction,
+    diag tran/rot, ok (n,). Pyramidal rows combine the frame's 6-vectors
+    (w_0 +- mu_i w_i) before the product with cdof, so each row is one 6-term sum per
+    dof in one elementwise pass (no (3, nv) point Jacobians, no batched matrix
+    products)."""
+    slots = blk.ids
+    dim, n, k = blk.dim, blk.n, blk.k
+    fr = take(geo["fr"], slots)
+
+    def dot(w):
+        """(n, k, nv): each row's 6-vector times cdof, as 6 products summed in one
+        elementwise pass (a batched matrix product or a minor-axis reduction of
+        size 6 is several times slower on CPU)."""
+        w = take(w, slots)[:, :dim]                                     # (n, dim, 6)
+        if blk.kind == "conpyr":
+            fw = fr[:, :dim - 1, None] * w[:, 1:dim]                    # (n, dim-1, 6)
+            w = jnp.stack([w[:, :1] + fw, w[:, :1] - fw], 2).reshape(n, k, 6)
+        # materialised first: fused into the product, XLA recomputes the 6-vectors
+        # (cross products, friction combinations) for every dof
+        w = jax.lax.optimization_barrier(w)
+        return sum(w[:, :, c, None] * cd[:, c] for c in range(6))
+
+    cd = d.cdof
+    w = geo["w"]
+    ok = take(geo["ok"], slots)
+    if isinstance(w, tuple):
+        # several trees: each body's rows about its own tree's origin
+        m2, m1 = take(w[2], slots)[:, None], take(w[3], slots)[:, None]
+        jac = m2 * dot(w[0]) - m1 * dot(w[1])
+    else:
+        jac = take(geo["sign"], slots)[:, None, :] * dot(w)
+    jac = jnp.where(ok[:, None, None], jac, 0.0)
+    return jac, fr, take(geo["tran"], slots), take(geo["rot"], slots), ok
 
 
 # --------------------------------------------------------------------------- impedance
@@ -470,6 +552,100 @@ def _override(m):
 
 
 # --------------------------------------------------------------------------- assembly
+def _imp_kb(m, ref, solimp, pos, margin):
+    """imp, impp, K, B of elements sharing one solref/solimp (..., 2)/(..., 5) and one
+    impedance position/margin (getsolparam, getimpedance, mj_makeImpedance)."""
+    solimp = _clamp_solimp(solimp)
+    imp, impp = _impedance(solimp, pos, margin)
+    K, B = _kb(_safe_solref(m, ref), solimp[..., 1])
+    return imp, impp, K, B
+
+
+def _block(m, d, blk, geo=None):
+    """Rows of one block: ``rows`` (J (rows, nv), zero on inactive rows; active, pos,
+    margin, frictionloss, diag (diagApprox), each (rows,)), ``el`` (the impedance and
+    reference inputs per element whose rows share them: solref (e, 2), solimp (e, 5),
+    position and margin (e,)), ``k`` (rows per element), ``kzero`` (numpy (rows,): rows
+    with K = 0) and ``bfric`` (None, or for elliptic contacts: (rows,) mask of the
+    rows that use the B of solreffriction, and that B)."""
+    dtype = d.qpos.dtype
+    n, k = blk.n, blk.k
+    zero = jnp.zeros(n * k, dtype)
+    flat = lambda x: x.reshape((n * k,) + x.shape[2:])
+    rep = lambda x: jnp.repeat(x, k, 0) if k > 1 else x
+    nok = np.zeros(n * k, bool)
+    if blk.kind in ("connect", "weld", "jointeq", "tendoneq"):
+        jac, cpos, ipos, dg, act = _eq_rows(m, d, blk)
+        ref = _f(m.eq_solref, dtype).reshape(-1, 2)[blk.ids]
+        sim = _f(m.eq_solimp, dtype).reshape(-1, 5)[blk.ids]
+        # MuJoCo (mj_addConstraint) drops a constraint whose rows are all zero (all
+        # 3 / 6 rows of a connect / weld together)
+        act = rep(act & jnp.any(jac != 0, axis=(1, 2)))
+        rows = dict(J=jnp.where(act[:, None], flat(jac), 0.0), active=act, pos=flat(cpos),
+                    margin=zero, floss=zero, diag=flat(dg))
+        return rows, (ref, sim, ipos, jnp.zeros_like(ipos)), k, nok, None
+    if blk.kind in ("frictiondof", "frictionten"):
+        jac, fl, dg, static = _friction_rows(m, d, blk)
+        if blk.kind == "frictiondof":
+            ref = _f(m.dof_solref, dtype).reshape(-1, 2)
+            sim = _f(m.dof_solimp, dtype).reshape(-1, 5)
+        else:
+            ref = _f(m.tendon_solref_fri, dtype).reshape(-1, 2)
+            sim = _f(m.tendon_solimp_fri, dtype).reshape(-1, 5)
+        # MuJoCo: any non-zero dof friction loss, positive tendon friction loss
+        act = (fl != 0) if blk.kind == "frictiondof" else (fl > 0)
+        if not static:
+            act = act & jnp.any(jac != 0, axis=1)
+        rows = dict(J=jnp.where(act[:, None], jac, 0.0), active=act, pos=zero, margin=zero,
+                    floss=fl, diag=dg)
+        return rows, (ref, sim, zero, zero), 1, ~nok, None
+    if blk.kind.startswith("limit"):
+        jac, dist, mg, dg, act, static = _limit_rows(m, d, blk)
+        if blk.kind == "limitten":
+            ref = _f(m.tendon_solref_lim, dtype).reshape(-1, 2)[blk.ids]
+            sim = _f(m.tendon_solimp_lim, dtype).reshape(-1, 5)[blk.ids]
+        else:
+            ref = _f(m.jnt_solref, dtype).reshape(-1, 2)[blk.ids]
+            sim = _f(m.jnt_solimp, dtype).reshape(-1, 5)[blk.ids]
+        if not static:
+            act = act & jnp.any(jac != 0, axis=2)
+        act = flat(act)
+        rows = dict(J=jnp.where(act[:, None], flat(jac), 0.0), active=act, pos=flat(dist),
+                    margin=rep(mg), floss=zero, diag=rep(dg))
+        # the two sides differ in position: one element per row
+        return rows, (rep(ref), rep(sim), flat(dist), rep(mg)), 1, nok, None
+    # contacts: rows kept even with a zero Jacobian (as MuJoCo)
+    jac, fr, tran, rot, ok = _contact_rows(m, d, blk, geo)
+    s = blk.ids
+    con = d.contact
+    dist, incl = take(con.dist, s), take(con.includemargin, s)
+    el = (take(con.solref, s), take(con.solimp, s), dist, incl)
+    dim = blk.dim
+    rows = dict(J=flat(jac), active=rep(ok), floss=zero)
+    if blk.kind == "con1":
+        diag = tran
+    elif blk.kind == "conpyr":
+        f2 = fr[:, :dim - 1] ** 2
+        w = tran[:, None] + f2 * jnp.where(np.arange(dim - 1) < 2, tran[:, None],
+                                           rot[:, None])
+        diag = jnp.repeat(w, 2, 1)
+    else:
+        diag = jnp.where(np.arange(dim) < 3, tran[:, None], rot[:, None])
+    if blk.kind != "conell":
+        return dict(rows, pos=rep(dist), margin=rep(incl), diag=diag.reshape(-1)), el, k, \
+            nok, None
+    # elliptic friction rows: K = 0, and the B of solreffriction when it is set
+    first = np.arange(k) == 0
+    srf = _safe_solref(m, take(con.solreffriction, s), True)
+    _, bf = _kb(srf, _clamp_solimp(el[1])[:, 1])
+    use = jnp.any(srf != 0, axis=1)
+    rows = dict(rows, pos=jnp.where(first, dist[:, None], 0.0).reshape(-1),
+                margin=jnp.where(first, incl[:, None], 0.0).reshape(-1),
+                diag=diag.reshape(-1))
+    bfric = ((~first & use[:, None]).reshape(-1), jnp.repeat(bf, k))
+    return rows, el, k, np.tile(~first, n), bfric
+
+
 def make_constraint(m, d):
     """Constraint rows, diagApprox and impedance (mj_makeConstraint).
 
@@ -479,6 +655,10 @@ def make_constraint(m, d):
     position stage (kinematics, com_pos, tendon) and ``d.contact``.
     Raises UnsupportedFeatureError (trace time) for flex equalities, contact adhesion and
     geom surface velocity.
+
+    Each block of rows is built whole (its Jacobian already zero on inactive rows) and
+    the blocks are concatenated once; impedance and reference are computed per element
+    where its rows share them (a contact's rows, a connect's three rows).
     """
     lay = layout(m, slot_dims(d))
     if lay.nefc == 0:
@@ -487,139 +667,42 @@ def make_constraint(m, d):
     if m.opt.enableflags & EnableBit.SLEEP:
         raise UnsupportedFeatureError("sleeping islands (EnableBit.SLEEP) in constraints")
     dtype = d.qpos.dtype
-    nv = m.nv
     n = lay.nefc
-    J = jnp.zeros((n, nv), dtype)
-    pos = jnp.zeros(n, dtype)
-    margin = jnp.zeros(n, dtype)
-    floss = jnp.zeros(n, dtype)
-    diag = jnp.zeros(n, dtype)
-    active = jnp.zeros(n, bool)
-    imppos = jnp.zeros(n, dtype)     # position and margin used by the impedance
-    impmargin = jnp.zeros(n, dtype)
-    solref = jnp.zeros((n, 2), dtype)
-    solreff = jnp.zeros((n, 2), dtype)
-    solimp = jnp.zeros((n, 5), dtype)
-    kzero = np.zeros(n, bool)        # rows with K = 0 (friction)
-    usefric = np.zeros(n, bool)      # elliptic friction rows (may use solreffriction)
-    con = d.contact
-
-    def put(arr, blk, val):
-        rows = slice(blk.start, blk.start + blk.n * blk.k)
-        return arr.at[rows].set(val.reshape((blk.n * blk.k,) + arr.shape[1:]))
-
-    def rep(x, k):
-        return jnp.repeat(x[:, None], k, 1)
-
-    for blk in lay.blocks:
-        k = blk.k
-        if blk.kind in ("connect", "weld", "jointeq", "tendoneq"):
-            jac, cpos, ipos, dg, act = _eq_rows(m, d, blk)
-            ref = _f(m.eq_solref, dtype).reshape(-1, 2)[blk.ids]
-            imp = _f(m.eq_solimp, dtype).reshape(-1, 5)[blk.ids]
-            act = rep(act, k)
-            J, pos, diag = put(J, blk, jac), put(pos, blk, cpos), put(diag, blk, dg)
-            imppos = put(imppos, blk, rep(ipos, k))
-        elif blk.kind in ("frictiondof", "frictionten"):
-            jac, fl, dg = _friction_rows(m, d, blk)
-            if blk.kind == "frictiondof":
-                ref = _f(m.dof_solref, dtype).reshape(-1, 2)
-                imp = _f(m.dof_solimp, dtype).reshape(-1, 5)
-            else:
-                ref = _f(m.tendon_solref_fri, dtype).reshape(-1, 2)
-                imp = _f(m.tendon_solimp_fri, dtype).reshape(-1, 5)
-            # MuJoCo: any non-zero dof friction loss, positive tendon friction loss
-            act = (fl != 0) if blk.kind == "frictiondof" else (fl > 0)
-            J, floss, diag = put(J, blk, jac), put(floss, blk, fl), put(diag, blk, dg)
-            kzero[blk.start:blk.start + blk.n] = True
-        elif blk.kind.startswith("limit"):
-            jac, dist, mg, dg, act = _limit_rows(m, d, blk)
-            if blk.kind == "limitten":
-                ref = _f(m.tendon_solref_lim, dtype).reshape(-1, 2)[blk.ids]
-                imp = _f(m.tendon_solimp_lim, dtype).reshape(-1, 5)[blk.ids]
-            else:
-                ref = _f(m.jnt_solref, dtype).reshape(-1, 2)[blk.ids]
-                imp = _f(m.jnt_solimp, dtype).reshape(-1, 5)[blk.ids]
-            J, pos = put(J, blk, jac), put(pos, blk, dist)
-            margin = put(margin, blk, rep(mg, k))
-            diag = put(diag, blk, rep(dg, k))
-            imppos = put(imppos, blk, dist)
-            impmargin = put(impmargin, blk, rep(mg, k))
-        else:
-            jac, tran, rot, ok = _contact_rows(m, d, blk)
-            s = blk.ids
-            dist, incl = take(con.dist, s), take(con.includemargin, s)
-            fr = take(con.friction, s)
-            ref, imp = take(con.solref, s), take(con.solimp, s)
-            solreff = put(solreff, blk, rep(_safe_solref(m, take(con.solreffriction, s), True), k))
-            dim = blk.dim
-            if blk.kind == "con1":
-                rows, dg = jac, tran[:, None]
-            elif blk.kind == "conpyr":
-                t = jac[:, 1:dim]                                    # (n, dim-1, nv)
-                fjt = fr[:, :dim - 1, None] * t
-                rows = jnp.stack([jac[:, :1] + fjt, jac[:, :1] - fjt], 2).reshape(
-                    len(s), k, nv)
-                f2 = fr[:, :dim - 1] ** 2
-                w = tran[:, None] + f2 * jnp.where(np.arange(dim - 1) < 2, tran[:, None],
-                                                   rot[:, None])
-                dg = jnp.repeat(w, 2, 1)
-            else:
-                rows = jac
-                dg = jnp.where(np.arange(dim) < 3, tran[:, None], rot[:, None])
-                usefric[blk.start:blk.start + blk.n * k] = np.tile(np.arange(k) > 0, blk.n)
-            J, diag = put(J, blk, rows), put(diag, blk, dg)
-            pos = put(pos, blk, rep(dist, k) if blk.kind != "conell" else
-                      jnp.where(np.arange(k) == 0, dist[:, None], 0.0))
-            margin = put(margin, blk, rep(incl, k) if blk.kind != "conell" else
-                         jnp.where(np.arange(k) == 0, incl[:, None], 0.0))
-            imppos = put(imppos, blk, rep(dist, k))
-            impmargin = put(impmargin, blk, rep(incl, k))
-            act = rep(ok, k)
-        if ref.ndim == 2 and ref.shape[0] == blk.n:
-            ref, imp = rep(ref, k), rep(imp, k)
-        solref = put(solref, blk, ref)
-        solimp = put(solimp, blk, imp)
-        active = put(active, blk, act)
-
-    # MuJoCo (mj_addConstraint) drops a non-contact constraint whose rows are all zero
-    # (all 3 / 6 rows of a connect / weld together; limit sides and friction loss are
-    # one-row constraints) and never drops contact rows: a planar model keeps the
-    # out-of-plane friction row of an elliptic contact, with a zero Jacobian
-    nonzero = jnp.any(J != 0, axis=1)
-    for blk in lay.blocks:
-        rows = slice(blk.start, blk.start + blk.n * blk.k)
-        if blk.kind.startswith("con"):
-            nonzero = nonzero.at[rows].set(True)
-        elif blk.kind in ("connect", "weld"):
-            elem = jnp.any(nonzero[rows].reshape(blk.n, blk.k), axis=1)
-            nonzero = nonzero.at[rows].set(jnp.repeat(elem, blk.k))
-    active = active & nonzero
-    J = jnp.where(active[:, None], J, 0.0)
-
-    solref = _safe_solref(m, solref)
-    solimp = _clamp_solimp(solimp)
-    imp, impp = _impedance(solimp, imppos, impmargin)
+    geo = None
+    if any(blk.kind.startswith("con") for blk in lay.blocks):
+        geo = _contact_geometry(m, d, lay)
+    parts = [_block(m, d, blk, geo) for blk in lay.blocks]
+    cat = {f: [jnp.asarray(p[0][f], dtype if f != "active" else bool) for p in parts]
+           for f in parts[0][0]}
+    cat = {f: jnp.concatenate(x) for f, x in cat.items()}
+    J, active, diag = cat["J"], cat["active"], cat["diag"]
+    # impedance and reference once for all elements, then spread to their rows
+    el = [jnp.concatenate([jnp.asarray(p[1][i], dtype) for p in parts]) for i in range(4)]
+    imp, impp, K, B = _imp_kb(m, *el)
+    nel = [len(p[0]["active"]) // p[2] for p in parts]
+    start = np.concatenate([[0], np.cumsum(nel)[:-1]])
+    row_el = np.concatenate([st + np.repeat(np.arange(ne), p[2])
+                             for st, ne, p in zip(start, nel, parts)])
+    imp, impp, K, B = (take(x, row_el) for x in (imp, impp, K, B))
+    K = jnp.where(np.concatenate([p[3] for p in parts]), 0.0, K)
+    if any(p[4] is not None for p in parts):
+        use, bf = ([jnp.zeros(len(p[0]["active"]), (bool, dtype)[i]) if p[4] is None
+                    else p[4][i] for p in parts] for i in range(2))
+        B = jnp.where(jnp.concatenate(use), jnp.concatenate(bf), B)
     if m.opt.enableflags & EnableBit.DIAGEXACT:
         # mj_makeY with diagexact: diagA = J_i M^-1 J_i' (exact), then impedance again
         minvjt = jax.vmap(lambda v: tree_linalg.solve_ld(m, d.qLD, v))(J)
         diag = jnp.where(active, jnp.sum(J * minvjt, 1), diag)
     R = jnp.maximum(MINVAL, (1 - imp) * diag / imp)
-    dmax = solimp[:, 1]
-    ref = jnp.where((usefric & jnp.any(solreff != 0, axis=1))[:, None], solreff, solref)
-    K, B = _kb(ref, dmax)
-    K = jnp.where(kzero | usefric, 0.0, K)
     R = _contact_R(m, d, lay, R)
     R = jnp.where(active, R, 1.0)
     D = jnp.where(active, 1 / R, 0.0)
     diagA = R * imp / (1 - imp)
     kbip = jnp.stack([K, B, imp, impp], 1)
     counts = {}
-    ctype = lay.efc_type
-    for name, lo, hi in (("ne", EQUALITY, EQUALITY), ("nf", FRICTION_DOF, FRICTION_TENDON),
-                         ("nl", LIMIT_JOINT, LIMIT_TENDON)):
-        sel = (ctype >= lo) & (ctype <= hi)
-        counts[name] = jnp.sum(active & sel).astype(jnp.int32)
+    for name, lo, hi in (("ne", 0, lay.ne), ("nf", lay.ne, lay.ne + lay.nf),
+                         ("nl", lay.ne + lay.nf, lay.ne + lay.nf + lay.nl)):
+        counts[name] = jnp.sum(active[lo:hi]).astype(jnp.int32)
     counts["nefc"] = jnp.sum(active).astype(jnp.int32)
     z = jnp.zeros(n, dtype)
     # first efc row of each contact (mjContact.efc_address), -1 when it has none
@@ -630,9 +713,9 @@ def make_constraint(m, d):
             act0 = active[blk.start:blk.start + blk.n * blk.k:blk.k]
             adr = put_at(adr, blk.ids, jnp.where(act0, jnp.asarray(first, jnp.int32), -1))
     contact = d.contact.replace(efc_address=adr)
-    return d.replace(contact=contact, efc_J=J, efc_pos=jnp.where(active, pos, 0.0),
-                     efc_margin=jnp.where(active, margin, 0.0),
-                     efc_frictionloss=jnp.where(active, floss, 0.0),
+    return d.replace(contact=contact, efc_J=J, efc_pos=jnp.where(active, cat["pos"], 0.0),
+                     efc_margin=jnp.where(active, cat["margin"], 0.0),
+                     efc_frictionloss=jnp.where(active, cat["floss"], 0.0),
                      efc_diagA=jnp.where(active, diagA, 0.0), efc_KBIP=kbip * active[:, None],
                      efc_R=R, efc_D=D, efc_active=active,
                      efc_type=jnp.asarray(lay.efc_type), efc_id=jnp.asarray(lay.efc_id),
