@@ -1,6 +1,7 @@
 """Profile the collision stage against the full step on resting corpus models.
 
 Usage: python bench/profile_collision.py [--batch N] [--model NAME ...] [--ncon-max N]
+                                         [--groups] [--no-step]
 
 For each model (simjax's own compiler) a MuJoCo C trajectory with random controls
 gives ``batch`` states in contact; the collision stage alone (its input already through
@@ -8,6 +9,10 @@ the smooth position stages) and the full step are jitted and vmapped over the ba
 and timed in float32 with ``time.process_time`` (CPU seconds of all threads), reported
 as microseconds per world-step. Also printed: contact capacity against active
 contacts, jaxpr equations (sub-jaxprs included) and compile time of the collision stage.
+With --groups, the narrow phase of each collider group (one pair type, or one height-field
+collider) alone: broadphase, compaction and the vmapped collider exactly as the driver
+runs them, with its pair count, narrow-phase pairs, CPU time, jaxpr size and compile CPU
+time.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ CORPUS = os.environ.get("SIMJAX_CORPUS", CORPUS)
 MODELS = {
     "humanoid": "mujoco_humanoid/humanoid.xml",
     "ant": "gym_ant/ant.xml",
+    "barkour": "mjx_barkour_v0/assets/barkour_v0_mjx.xml",
+    "shadow_hand": "mjx_shadow_hand/scene_right.xml",
 }
 
 
@@ -51,7 +58,70 @@ def settle_states(path, batch, seed=0):
     return np.asarray(qpos), np.asarray(qvel), np.asarray(ncon)
 
 
-def profile(name, path, batch, ncon_max, repeat, step=True):
+def _group_name(m, p, grp):
+    gt = np.asarray(m.geom_type)
+    from simjax.types import GeomType
+    k = grp.cand[0]
+    t1, t2 = GeomType(int(gt[p.g1[k]])).name, GeomType(int(gt[p.g2[k]])).name
+    fn = grp.fn
+    tag = getattr(fn, "func", fn).__name__
+    return f"{t1.lower()}-{t2.lower()} ({tag})"
+
+
+def profile_groups(m, d, pre_b, repeat):
+    """Per collider group: the driver's broadphase + compaction + narrow phase alone."""
+    from simjax.engine.collision import convex, driver
+    p = driver.plan(m)
+    ftype = d.geom_xpos.dtype
+    cap = d.contact.dist.shape[0]
+    split = driver.dim_split(m, cap)
+    batch = pre_b.qpos.shape[0]
+    rows = []
+    for grp in p.groups:
+        n = len(grp.cand)
+        npair_cap = min(n, driver._pair_cap(m, p, grp, split))
+
+        def narrow(dd, grp=grp, n=n, npair_cap=npair_cap):
+            prm = driver.pair_params(m, p, ftype)
+            idx = grp.cand
+            g1, g2 = p.g1[idx], p.g2[idx]
+            dm = (prm["margin"] + prm["gap"])[idx]
+            ok = driver._broadphase(m, dd, g1, g2, dm)
+            if npair_cap < n:
+                sel = jnp.nonzero(ok, size=npair_cap, fill_value=0)[0]
+            else:
+                sel = slice(None)
+            if grp.fn is driver.sdf_pair:
+                pre = driver._sdf_group(m, dd, g1, g2, sel)
+            else:
+                i1, geo1 = driver._geoms(m, dd, g1, sel, ftype)
+                i2, geo2 = driver._geoms(m, dd, g2, sel, ftype)
+                geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype,
+                                                  geoms=(g1, g2))
+                pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
+            return pre, jnp.sum(ok)
+
+        f = jax.vmap(narrow)
+        neq = count_eqns(jax.make_jaxpr(f)(pre_b).jaxpr)
+        c0 = time.process_time()
+        fc = jax.jit(f).lower(pre_b).compile()
+        tc = time.process_time() - c0
+        pre, nok = fc(pre_b)
+        t = cpu_time(fc, pre_b, repeat=repeat)
+        nvalid = float(np.asarray(pre.valid).sum(axis=(1, 2)).mean())
+        rows.append((1e6 * t / batch, _group_name(m, p, grp), n, npair_cap,
+                     float(np.asarray(nok).mean()), nvalid, neq, tc))
+    print(f"  {'group':44s} {'pairs':>5s} {'run':>5s} {'bp':>6s} {'valid':>6s} "
+          f"{'us':>8s} {'eqns':>6s} {'compile':>7s}")
+    for us, nm, n, run, nok, nv, neq, tc in rows:
+        print(f"  {nm:44s} {n:5d} {run:5d} {nok:6.1f} {nv:6.1f} {us:8.1f} {neq:6d} "
+              f"{tc:6.2f}s")
+    print(f"  sum of groups {sum(r[0] for r in rows):.1f} us, {sum(r[6] for r in rows)} eqns, "
+          f"{sum(r[7] for r in rows):.2f}s compile")
+    sys.stdout.flush()
+
+
+def profile(name, path, batch, ncon_max, repeat, step=True, groups=False):
     import simjax
     from simjax.engine import io
     from simjax.engine.forward import step as mj_step
@@ -75,9 +145,9 @@ def profile(name, path, batch, ncon_max, repeat, step=True):
     jaxpr = jax.make_jaxpr(coll)(pre_b)
     t_trace = time.perf_counter() - t0
     neq = count_eqns(jaxpr.jaxpr)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     coll_c = jax.jit(coll).lower(pre_b).compile()
-    t_comp = time.perf_counter() - t0
+    t_comp, t_ccpu = time.perf_counter() - t0, time.process_time() - c0
     out = coll_c(pre_b)
     ncon = np.asarray(out.ncon)
     cap = d.contact.dist.shape[0]
@@ -88,8 +158,10 @@ def profile(name, path, batch, ncon_max, repeat, step=True):
           f"mean {mj_ncon.mean():.1f} max {mj_ncon.max()} | overflow worlds "
           f"{int(np.sum(np.asarray(out.warning)[:, 1] > 0))}")
     print(f"  collision: {1e6 * t_coll / batch:8.1f} us/world-step  jaxpr eqns {neq}  "
-          f"trace {t_trace:.2f}s compile {t_comp:.2f}s")
+          f"trace {t_trace:.2f}s compile {t_comp:.2f}s ({t_ccpu:.2f}s CPU)")
     sys.stdout.flush()
+    if groups:
+        profile_groups(m, d, pre_b, repeat)
     if not step:
         return
     step = jax.jit(jax.vmap(lambda dd: mj_step(m, dd)))
@@ -110,12 +182,13 @@ def main():
     ap.add_argument("--ncon-max", type=int, default=None)
     ap.add_argument("--model", nargs="*", default=list(MODELS))
     ap.add_argument("--no-step", action="store_true", help="time the collision stage only")
+    ap.add_argument("--groups", action="store_true", help="time each collider group")
     args = ap.parse_args()
     print(f"device: {jax.devices()[0]}  batch {args.batch}  float32")
     for name in args.model:
         path = MODELS.get(name, name)
         profile(name, os.path.join(CORPUS, path), args.batch, args.ncon_max, args.repeat,
-                step=not args.no_step)
+                step=not args.no_step, groups=args.groups)
 
 
 if __name__ == "__main__":

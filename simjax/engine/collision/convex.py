@@ -837,7 +837,8 @@ def _polygon_quad(poly, n, tie=0.0):
 def _farthest2(poly, n):
     """The two most distant points of the first n (first pair wins ties)."""
     P = poly.shape[0]
-    d2 = jnp.sum((poly[:, None] - poly[None]) ** 2, -1)
+    dp = poly[:, None] - poly[None]
+    d2 = dot(dp, dp)
     i, j = jnp.arange(P)[:, None], jnp.arange(P)[None]
     d2 = jnp.where((i < j) & (j < n), d2, -1.0)
     (a, b), _ = _first(d2 == jnp.max(d2))

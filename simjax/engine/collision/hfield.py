@@ -227,7 +227,7 @@ def _prism_planes(v, base):
     e = jnp.roll(t, -1, axis=0) - t                         # edges i -> i+1
     side = jnp.stack([e[:, 1], -e[:, 0], jnp.zeros(3, dt)], -1)
     side, _ = normalize(side)
-    cen = jnp.mean(t, 0)
+    cen = (t[0] + t[1] + t[2]) / 3
     out = dot(side, cen - t) > 0
     side = jnp.where(out[:, None], -side, side)
     nrm = jnp.concatenate([ntop[None], nbot[None], side])
@@ -275,7 +275,8 @@ def _tri_closest(p, tri):
     inside = ok & (dot(cross(b - a, q - a), n) >= 0) & (dot(cross(c - b, q - b), n) >= 0) \
         & (dot(cross(a - c, q - c), n) >= 0)
     cand = jnp.stack([_seg_closest(p, a, b), _seg_closest(p, b, c), _seg_closest(p, c, a)])
-    k = jnp.argmin(jnp.sum((cand - p) ** 2, -1))
+    dc = cand - p
+    k = jnp.argmin(dot(dc, dc))
     return jnp.where(inside, q, cand[k])
 
 
@@ -283,7 +284,8 @@ def _point_prism(p, v):
     """Closest point on the prism boundary to point p (outside)."""
     tris = _prism_triangles(v)
     q = jax.vmap(_tri_closest, (None, 0))(p, tris)
-    k = jnp.argmin(jnp.sum((q - p) ** 2, -1))
+    dq = q - p
+    k = jnp.argmin(dot(dq, dq))
     return q[k]
 
 
@@ -343,7 +345,8 @@ def _capsule_prism(v, base, a0, a1, r):
     xe, ye = jax.vmap(_seg_seg, (None, None, 0, 0))(a0, a1, edges[:, 0], edges[:, 1])
     xs = jnp.concatenate([a0[None], a1[None], xe])
     ys = jnp.concatenate([qa0[None], qa1[None], ye])
-    j = jnp.argmin(jnp.sum((xs - ys) ** 2, -1))
+    dxy = xs - ys
+    j = jnp.argmin(dot(dxy, dxy))
     n_out, dd = normalize(xs[j] - ys[j])
     # crossing: witness on the segment along the best axis
     is_face = k < 5

@@ -297,7 +297,8 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     sp = jnp.clip(d1e + b * t, -s1[i], s1[i])
     p1 = c1v + _onehot(i, dt) * sp[:, None]
     p2 = c2 + d2 * t[:, None]
-    gap2 = jnp.where(ok, jnp.sum((p2 - p1) ** 2, -1), jnp.inf)
+    dp = p2 - p1
+    gap2 = jnp.where(ok, dot(dp, dp), jnp.inf)
     kbest = jnp.argmin(gap2)                 # first minimum, as the sequential scan
     best = (gap2[kbest], p1[kbest], p2[kbest])
     _, w1, w2 = best
@@ -426,7 +427,7 @@ def box_box(g1, g2, margin):
     # merge near-duplicates (keep the first)
     dupe2 = _DUPEPS * (sx * sx + sy * sy)
     dxy = cand[:, None, :2] - cand[None, :, :2]
-    close = jnp.sum(dxy * dxy, -1) < dupe2
+    close = dxy[..., 0] * dxy[..., 0] + dxy[..., 1] * dxy[..., 1] < dupe2
     earlier = jnp.tril(jnp.ones((24, 24), bool), -1)
     dup = jnp.any(close & earlier & valid[None, :], axis=1)
     valid = valid & ~dup & ~separated & ~is_edge
@@ -519,7 +520,7 @@ def capsule_box(g1, g2, margin):
     x1 = jnp.where(reclamp, jnp.clip(x1n, -1, 1), x1)
     x2 = jnp.clip(x2, -1, 1)
     d = dif - ha * x2[:, None] + jnp.asarray(np.eye(3)[J], dt) * (sj * x1)[:, None]
-    d2 = jnp.where(okd, jnp.sum(d * d, -1), jnp.inf)
+    d2 = jnp.where(okd, dot(d, d), jnp.inf)
     k = jnp.argmin(d2)
     win = d2[k] < bestdist - MINVAL
     c1 = s1[k] * 3 + s2[k]
