@@ -55,6 +55,20 @@ def cross(a, b):
                            axis=-1)
 
 
+def rot(mat, v):
+    """``mat @ v`` for a 3x3 matrix and vectors v (..., 3) (rows: ``v @ mat.T``),
+    written out: vmapped, small matrix products are slow batched kernels on CPU."""
+    x, y, z = jnp.split(v, 3, axis=-1)
+    return x * mat[:, 0] + y * mat[:, 1] + z * mat[:, 2]
+
+
+def rot_t(mat, v):
+    """``mat.T @ v`` for a 3x3 matrix and vectors v (..., 3) (rows: ``v @ mat``),
+    written out (see :func:`rot`)."""
+    x, y, z = jnp.split(v, 3, axis=-1)
+    return x * mat[0] + y * mat[1] + z * mat[2]
+
+
 def safe_norm(v):
     """|v| with a finite gradient at v = 0."""
     sq = dot(v, v)

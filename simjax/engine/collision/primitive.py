@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, one,
                                             safe_norm, stack)
+from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
 
 
 class Geom(NamedTuple):
@@ -109,7 +111,7 @@ def plane_box(g1, g2, margin):
     """Box corners below the plane (pointing down), first four in corner order."""
     normal = g1.mat[:, 2]
     dist = dot(g2.pos - g1.pos, normal)
-    corners = (_BOX_CORNERS * g2.size) @ g2.mat.T            # (8, 3) relative to center
+    corners = (_BOX_CORNERS * g2.size) @ g2.mat.T           # (8, 3) relative to center
     ldist = corners @ normal
     d = dist + ldist
     valid = ~((d > margin) | (ldist > 0))
@@ -187,7 +189,7 @@ def sphere_box(g1, g2, margin):
     """Sphere-box (mjraw_SphereBox): nearest box point, or nearest face when the centre
     is inside."""
     size = g2.size
-    center = g2.mat.T @ (g1.pos - g2.pos)
+    center = _rot_t(g2.mat, g1.pos - g2.pos)
     clamped = jnp.clip(center, -size, size)
     tmp, dist = normalize(clamped - center)
     r = g1.size[0]
@@ -198,13 +200,14 @@ def sphere_box(g1, g2, margin):
     face = jnp.abs(sgn * jnp.repeat(size, 2) - jnp.repeat(center, 2))
     k = jnp.argmin(face)
     closest = face[k]
-    nearest = jnp.zeros(3, center.dtype).at[k // 2].set(jnp.where(k % 2 == 1, -1.0, 1.0))
+    nearest = jnp.where(jnp.arange(3) == k // 2, jnp.where(k % 2 == 1, -1.0, 1.0),
+                        0.0).astype(center.dtype)
     pos_in = center + nearest * ((r - closest) / 2)
     pos_out = 0.5 * clamped + 0.5 * (center + tmp * r)
     pos = jnp.where(inside, pos_in, pos_out)
-    normal = g2.mat @ jnp.where(inside, nearest, tmp)
+    normal = _rot(g2.mat, jnp.where(inside, nearest, tmp))
     d = jnp.where(inside, -closest, dist) - r
-    return one(d, g2.mat @ pos + g2.pos, normal, valid)
+    return one(d, _rot(g2.mat, pos) + g2.pos, normal, valid)
 
 
 # --------------------------------------------------------------------------- capsules
@@ -272,7 +275,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     axis = (_onehot(i1, dt) * -rot[i2, j] + _onehot(i2, dt) * rot[i1, j])
     axis, _ = normalize(axis)
     axis = jnp.where(dot(axis, pos21) < 0, -axis, axis)
-    a2 = axis @ rot
+    a2 = _rot_t(rot, axis)
     amb1 = jnp.where(jnp.abs(axis[i1]) < _SGNEPS, i1,
                      jnp.where(jnp.abs(axis[i2]) < _SGNEPS, i2, -1))
     amb2 = jnp.where(jnp.abs(a2[j1]) < _SGNEPS, j1,
@@ -287,9 +290,9 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     ok = ((amb1 >= 0) | (V1[:, 0] == 0)) & ((amb2 >= 0) | (V2[:, 0] == 0))
     c1v = jnp.where((V1 == 1) & (jnp.arange(3) == amb1), -c1, c1)          # (4, 3)
     ccv = jnp.where((V2 == 1) & (jnp.arange(3) == amb2), -cc, cc)
-    c2 = ccv @ rot.T + pos21
+    c2 = _rot(rot, ccv) + pos21
     e = c2 - c1v
-    d1e, d2e = e[:, i], e @ d2
+    d1e, d2e = e[:, i], dot(e, d2)
     small = denom < MINVAL
     sp = jnp.where(small, 0.0, (d1e - b * d2e) / jnp.where(small, 1.0, denom))
     sp = jnp.clip(sp, -s1[i], s1[i])
@@ -304,7 +307,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     _, w1, w2 = best
     dist = dot(w2 - w1, axis)
     mid = 0.5 * (w1 + w2)
-    return dist, g1.mat @ mid + g1.pos, g1.mat @ axis
+    return dist, _rot(g1.mat, mid) + g1.pos, _rot(g1.mat, axis)
 
 
 def box_box(g1, g2, margin):
@@ -424,6 +427,9 @@ def box_box(g1, g2, margin):
     vc = okdet & (jnp.abs(su) <= 1) & (jnp.abs(sv) <= 1)
     cand = jnp.concatenate([ca, cb, cc])                                    # (24, 3)
     valid = jnp.concatenate([va, vb, vc]) & (cand[:, 2] <= margin)
+    # computed once: fused into the (24, 24) duplicate test below, XLA on CPU would
+    # recompute every candidate for each of its 24 partners
+    cand, valid = jax.lax.optimization_barrier((cand, valid))
     # merge near-duplicates (keep the first)
     dupe2 = _DUPEPS * (sx * sx + sy * sy)
     dxy = cand[:, None, :2] - cand[None, :, :2]
@@ -436,11 +442,17 @@ def box_box(g1, g2, margin):
     ea, eax, eay = _onehot(a, dt), _onehot(ax, dt), _onehot(ay, dt)
     posc = (cand[:, :1] * eax + cand[:, 1:2] * eay +
             (sgn * (sizeref[a] + 0.5 * cand[:, 2]))[:, None] * ea)
-    fpos = posc @ matref.T + posref
+    fpos = _rot(matref, posc) + posref
     dist = jnp.concatenate([e_dist[None], cand[:, 2]])
     pos = jnp.concatenate([e_pos[None], fpos])
     nrm = jnp.concatenate([e_nrm[None], jnp.broadcast_to(normal, (24, 3))])
     return Pre(dist, pos, nrm, jnp.zeros_like(pos), jnp.concatenate([e_valid[None], valid]))
+
+
+def _pick3(v, i):
+    """``v[i]`` of a 3-vector for a traced index, by selects (a vmapped gather is a
+    separate slow kernel on CPU)."""
+    return jnp.where(i == 0, v[0], jnp.where(i == 1, v[1], v[2]))
 
 
 def _sdiv(a, b):
@@ -468,12 +480,12 @@ def capsule_box(g1, g2, margin):
     dt = g1.pos.dtype
     size = g2.size
     hl = g1.size[1]
-    pos = g2.mat.T @ (g1.pos - g2.pos)
-    axis = g2.mat.T @ g1.mat[:, 2]
+    pos = _rot_t(g2.mat, g1.pos - g2.pos)
+    axis = _rot_t(g2.mat, g1.mat[:, 2])
     ha = axis * hl
     axisdir = ((ha[0] > 0).astype(jnp.int32) + 2 * (ha[1] > 0).astype(jnp.int32) +
                4 * (ha[2] > 0).astype(jnp.int32))
-    bestdist = margin + 2 * (g1.size[0] + hl + jnp.sum(size))
+    bestdist = margin + 2 * (g1.size[0] + hl + (size[0] + size[1] + size[2]))
     bsp = jnp.zeros((), dt)
     bbp = jnp.zeros((), dt)
     cltype = jnp.asarray(-4, jnp.int32)
@@ -483,11 +495,11 @@ def capsule_box(g1, g2, margin):
     # ends against faces
     for i in (-1, 1):
         t = pos + i * ha
-        lo, hi = t < -size, t > size
+        out = (t < -size) | (t > size)
         clamped = jnp.clip(t, -size, size)
-        nclamp = jnp.sum(lo | hi)
-        idx = jnp.arange(3)
-        c2 = jnp.max(jnp.where(lo | hi, idx, -1))
+        nclamp = (out[0].astype(jnp.int32) + out[1].astype(jnp.int32) +
+                  out[2].astype(jnp.int32))
+        c2 = jnp.where(out[2], 2, jnp.where(out[1], 1, jnp.where(out[0], 0, -1)))
         dist = dot(clamped - t, clamped - t)
         win = (nclamp <= 1) & (dist < bestdist)
         bestdist = jnp.where(win, dist, bestdist)
@@ -496,15 +508,16 @@ def capsule_box(g1, g2, margin):
         clface = jnp.where(win, c2, clface)
     # segment against the 12 edges (vectorised; the first strict minimum wins, the face
     # test wins ties as in MuJoCo's sequential scan)
+    # edges by axis j (4 each): per-edge values by repeat, not gathers
     J = _CB_EDGE_AXIS
     t3 = jnp.asarray(_CB_EDGE_CORNER, dt) * size                  # (12, 3)
-    sj = size[J]
+    sj = jnp.repeat(size, 4)
     dif = t3 - pos
     ma = sj * sj
-    mb = -sj * ha[J]
+    mb = -sj * jnp.repeat(ha, 4)
     mc = hl * hl
-    u = -sj * dif[np.arange(12), J]
-    v = dif @ ha
+    u = sj * jnp.repeat(pos, 4)         # -sj * dif[k, J[k]]: t3[k, J[k]] is 0
+    v = dot(dif, ha)
     det = ma * mc - mb * mb
     okd = jnp.abs(det) >= MINVAL
     idet = 1 / jnp.where(okd, det, 1.0)
@@ -522,13 +535,19 @@ def capsule_box(g1, g2, margin):
     d = dif - ha * x2[:, None] + jnp.asarray(np.eye(3)[J], dt) * (sj * x1)[:, None]
     d2 = jnp.where(okd, dot(d, d), jnp.inf)
     k = jnp.argmin(d2)
-    win = d2[k] < bestdist - MINVAL
-    c1 = s1[k] * 3 + s2[k]
-    bestdist = jnp.where(win, d2[k], bestdist)
-    bsp = jnp.where(win, x2[k], bsp)
-    bbp = jnp.where(win, x1[k], bbp)
-    jk = jnp.asarray(J)[k]
-    clcorner = jnp.where(win, jnp.asarray(_CB_EDGE_I)[k] + (1 << jk) * (c1 // 6), clcorner)
+    # one gather for the winner's values
+    d2k, x2k, x1k, c1k = jnp.stack([d2, x2, x1, (s1 * 3 + s2).astype(dt)], -1)[k]
+    win = d2k < bestdist - MINVAL
+    c1 = c1k.astype(jnp.int32)
+    bestdist = jnp.where(win, d2k, bestdist)
+    bsp = jnp.where(win, x2k, bsp)
+    bbp = jnp.where(win, x1k, bbp)
+    jk = k // 4
+    # corner id of edge k: its index r = k % 4 among the edges along j with a zero bit
+    # inserted at bit j (_CB_EDGE_I)
+    r = k % 4
+    ik = ((r >> jk) << (jk + 1)) | (r & ((1 << jk) - 1))
+    clcorner = jnp.where(win, ik + (1 << jk) * (c1 // 6), clcorner)
     cledge = jnp.where(win, jk, cledge)
     cltype = jnp.where(win, c1, cltype)
 
@@ -544,10 +563,10 @@ def capsule_box(g1, g2, margin):
     dpA = jnp.where(flip, 1 - bsp, 1 + bsp)
     axA = jnp.where(cA2 == 1, 0, jnp.where(cA2 == 2, 1, 2))
     ax1A, ax2A = (axA + 1) % 3, (axA + 2) % 3
-    along = axis[axA] * axis[axA] > 0.5
-    spA_edge = jnp.minimum(deA, sdiv(2 * size[axA], absha[axA])) * mulA
-    spA_face = jnp.minimum(jnp.minimum(dpA, sdiv(2 * size[ax1A], absha[ax1A])),
-                           sdiv(2 * size[ax2A], absha[ax2A])) * -mulA
+    along = _pick3(axis, axA) * _pick3(axis, axA) > 0.5
+    spA_edge = jnp.minimum(deA, sdiv(2 * _pick3(size, axA), _pick3(absha, axA))) * mulA
+    spA_face = jnp.minimum(jnp.minimum(dpA, sdiv(2 * _pick3(size, ax1A), _pick3(absha, ax1A))),
+                           sdiv(2 * _pick3(size, ax2A), _pick3(absha, ax2A))) * -mulA
     spA = jnp.where(along, spA_edge, spA_face)
     skipA = (cA == 0) | (cA == 7)
 
@@ -556,14 +575,14 @@ def capsule_box(g1, g2, margin):
     skipB = ~((cB == 1) | (cB == 2) | (cB == 4))
     axB = cledge
     ax1B, ax2B = (axB + 1) % 3, (axB + 2) % 3
-    ax1B = jnp.where(jnp.abs(axis[ax1B]) > jnp.abs(axis[ax2B]), ax2B, ax1B)
+    ax1B = jnp.where(jnp.abs(_pick3(axis, ax1B)) > jnp.abs(_pick3(axis, ax2B)), ax2B, ax1B)
     ax2B = 3 - axB - ax1B
     bit = (cB & (1 << ax2B)) != 0
     mulB = jnp.where(bit, 1.0, -1.0)
     spB = jnp.where(bit, 1 - bsp, 1 + bsp)
-    spB = jnp.minimum(spB, sdiv(2 * size[ax2B], absha[ax2B]))
+    spB = jnp.minimum(spB, sdiv(2 * _pick3(size, ax2B), _pick3(absha, ax2B)))
     e2 = jnp.where(((axisdir & (1 << axB)) != 0) == bit, 1 - bbp, 1 + bbp)
-    spB = jnp.minimum(spB, sdiv(size[axB] * e2, absha[axB])) * mulB
+    spB = jnp.minimum(spB, sdiv(_pick3(size, axB) * e2, _pick3(absha, axB))) * mulB
 
     # case C: a capsule end is closest to a box face
     mulC = jnp.where(cltype == -3, 1.0, -1.0)
@@ -585,13 +604,11 @@ def capsule_box(g1, g2, margin):
     second = jnp.where(cltype == -4, -4.0, second)
     none = cltype == -4
 
-    def sph(segpos):
-        c = g2.mat @ (pos + ha * segpos) + g2.pos
-        return sphere_box(Geom(c, g1.mat, g1.size), g2, margin)
-
-    p1 = sph(bsp)
-    p2 = sph(jnp.where(second > -3, second + bsp, bsp))
-    out = stack([p1, p2])
+    # both sphere-box contacts in one vmapped call
+    segpos = jnp.stack([bsp, jnp.where(second > -3, second + bsp, bsp)])
+    c = _rot(g2.mat, pos + ha * segpos[:, None]) + g2.pos
+    out = jax.vmap(lambda ci: sphere_box(Geom(ci, g1.mat, g1.size), g2, margin))(c)
+    out = Pre(*(x[:, 0] for x in out))
     valid = out.valid & ~none & jnp.stack([True, second > -3])
     return out._replace(valid=valid)
 
