@@ -146,13 +146,9 @@ def kinematics(m, d):
     pos, quat = _node_transforms(m, d)
     # compose frames up the tree by pointer doubling: after each step a node's
     # transform spans twice as many ancestors
-    nnode = len(tab.node_kind)
     for jump in tab.node_jumps:
-        # gather the ancestors' transforms with a one-hot product: one GEMM over the
-        # batch instead of seven gathers, much faster on CPU
-        onehot = np.zeros((nnode, nnode))
-        onehot[jump, np.arange(nnode)] = 1.0
-        anc = jnp.stack(pos + quat) @ jnp.asarray(onehot, dtype)
+        # the ancestors' transforms, all seven components in one gather
+        anc = jnp.stack(pos + quat)[:, jump]
         pj, qj = tuple(anc[:3]), tuple(anc[3:])
         pos = math.c_add(pj, math.c_rot(qj, pos))
         quat = math.c_qmul(qj, quat)
