@@ -158,7 +158,7 @@ def isolated(model, data, repeat):
     """Print CPU us per world and equations of each stage jitted on its own."""
     import jax
 
-    total = 0.0
+    total = ctotal = 0.0
     nworld = data.qpos.shape[0]
     for name, stage in _isolated_stages():
         def changed(d, stage=stage):
@@ -167,6 +167,7 @@ def isolated(model, data, repeat):
                                       jax.tree_util.tree_leaves(d)) if x is not y]
         batched = jax.vmap(changed)
         neq = count_eqns(jax.make_jaxpr(batched)(data).jaxpr)
+        _, _, ccpu = _timeit(lambda: jax.jit(batched).lower(data).compile())
         run = jax.jit(batched)
         jax.block_until_ready(run(data))
         best = float("inf")
@@ -175,9 +176,12 @@ def isolated(model, data, repeat):
             best = min(best, c)
         us = 1e6 * best / nworld
         total += us
-        print(f"  {name:>16}: {us:7.3f} us CPU per world, {neq:5d} eqns", flush=True)
+        ctotal += ccpu
+        print(f"  {name:>16}: {us:7.3f} us CPU per world, {neq:5d} eqns, compile "
+              f"{ccpu:5.2f} s CPU", flush=True)
         data = jax.jit(jax.vmap(lambda d, stage=stage: stage(model, d)))(data)
-    print(f"  {'sum':>16}: {total:7.3f} us CPU per world", flush=True)
+    print(f"  {'sum':>16}: {total:7.3f} us CPU per world, compile {ctotal:5.2f} s CPU",
+          flush=True)
 
 
 def top_ops(model, data, fn, count):

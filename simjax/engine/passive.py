@@ -134,7 +134,18 @@ def _tendon_spring_damper(m, d, spring_on, damper_on):
         damping, dpoly = tendon_damping(m, dtype)
         v = d.ten_velocity
         frc_d = -v * poly_force(damping, dpoly, v, True)
-    return frc_s @ d.ten_J, frc_d @ d.ten_J
+    return _tendon_to_dofs(frc_s, d.ten_J), _tendon_to_dofs(frc_d, d.ten_J)
+
+
+def _tendon_to_dofs(frc, ten_j):
+    """frc @ ten_J; for a few tendons as elementwise products, which XLA fuses with
+    their consumers (a batched vector-matrix dot is a separate, slow kernel on CPU)."""
+    if frc.shape[0] > 8:
+        return frc @ ten_j
+    out = frc[0] * ten_j[0]
+    for t in range(1, frc.shape[0]):
+        out = out + frc[t] * ten_j[t]
+    return out
 
 
 # --------------------------------------------------------------------------- gravcomp

@@ -28,7 +28,7 @@ def _f(x, dtype):
 
 # --------------------------------------------------------------------------- kinematics
 def _node_transforms(m, d):
-    """Local transforms (pos, quat as component tuples) of every frame-tree node.
+    """Local transforms (7, nnode) (pos, then quat) of every frame-tree node.
 
     Body-offset nodes carry body_pos/body_quat (mocap bodies: Data's mocap pose);
     free bodies their qpos pose (absolute); hinge and ball nodes rotate about the joint
@@ -84,18 +84,15 @@ def _node_transforms(m, d):
             pos = math.c_where(slide, tuple(a * dq for a in ax), pos)
         pieces.append((jnodes, pos, qloc))
 
-    # assemble all nodes (the world node is the identity) with one gather per component
+    # assemble all nodes (the world node is the identity) as one (7, nnode) array: one
+    # concatenation and one gather, so that XLA computes every piece in one kernel
     nnode = len(kind)
     order = np.concatenate([p[0] for p in pieces])
     srcn = np.full(nnode, len(order))
     srcn[order] = np.arange(len(order))
-    one = jnp.ones(1, dtype)
-    zero = jnp.zeros(1, dtype)
-    pos = tuple(jnp.concatenate([c for p in pieces for c in (p[1][k],)] + [zero])[srcn]
-                for k in range(3))
-    quat = tuple(jnp.concatenate([p[2][k] for p in pieces] + [one if k == 0 else zero])[srcn]
-                 for k in range(4))
-    return pos, quat
+    world = jnp.asarray([0, 0, 0, 1.0, 0, 0, 0], dtype)[:, None]
+    cols = [jnp.stack(tuple(p[1]) + tuple(p[2])) for p in pieces]
+    return jnp.concatenate(cols + [world], axis=1)[:, srcn]
 
 
 def _sameframe_codes(arr):
@@ -111,6 +108,12 @@ def _sameframe_codes(arr):
     return arr.astype(np.int64)
 
 
+def _matvec(mat, v):
+    """mat @ v for (n, 3, 3) and (n, 3) as elementwise products (an einsum lowers to a
+    batched dot, a separate and slow kernel on CPU)."""
+    return mat[..., 0] * v[..., 0:1] + mat[..., 1] * v[..., 1:2] + mat[..., 2] * v[..., 2:3]
+
+
 def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=None):
     """World pose of frames given relative to bodies (mj_local2Global).
 
@@ -119,7 +122,7 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
     does.
     """
     q = d.xquat[bodyid]
-    gpos = d.xpos[bodyid] + math.matvec(d.xmat[bodyid], lpos)
+    gpos = d.xpos[bodyid] + _matvec(d.xmat[bodyid], lpos)
     gmat = math.quat_to_mat(math.quat_mul(q, lquat))
     codes = _sameframe_codes(sameframe) if sameframe is not None else None
     if codes is None:
@@ -143,29 +146,26 @@ def kinematics(m, d):
     """
     tab = tables.get(m)
     dtype = d.qpos.dtype
-    pos, quat = _node_transforms(m, d)
+    frames = _node_transforms(m, d)                      # (7, nnode): pos, quat
     # compose frames up the tree by pointer doubling: after each step a node's
-    # transform spans twice as many ancestors
-    nnode = len(tab.node_kind)
+    # transform spans twice as many ancestors. The seven components stay stacked, and
+    # each step reads only the stacked array, so it is one gather and one kernel.
     for jump in tab.node_jumps:
-        # gather the ancestors' transforms with a one-hot product: one GEMM over the
-        # batch instead of seven gathers, much faster on CPU
-        onehot = np.zeros((nnode, nnode))
-        onehot[jump, np.arange(nnode)] = 1.0
-        anc = jnp.stack(pos + quat) @ jnp.asarray(onehot, dtype)
+        anc = frames[:, jump]
+        pos, quat = tuple(frames[:3]), tuple(frames[3:])
         pj, qj = tuple(anc[:3]), tuple(anc[3:])
-        pos = math.c_add(pj, math.c_rot(qj, pos))
-        quat = math.c_qmul(qj, quat)
-    bn = tab.body_node
-    xquat = math.quat_normalize(math.stack(tuple(c[bn] for c in quat)))
-    xpos = math.stack(tuple(c[bn] for c in pos))
+        frames = jnp.stack(math.c_add(pj, math.c_rot(qj, pos)) + math.c_qmul(qj, quat))
+    frames = frames.T                                     # (nnode, 7)
+    body = frames[tab.body_node]
+    xquat = math.quat_normalize(body[:, 3:])
+    xpos = body[:, :3]
     out = dict(xpos=xpos, xquat=xquat, xmat=math.quat_to_mat(xquat))
     if m.njnt:
         # joint axis and anchor in the frame of the node before the joint; a free
         # joint's anchor is the body position and its axis is left unrotated
-        pred = tab.jnt_pred
-        qn = math.quat_normalize(math.stack(tuple(c[pred] for c in quat)))
-        pp = math.stack(tuple(c[pred] for c in pos))
+        before = frames[tab.jnt_pred]
+        qn = math.quat_normalize(before[:, 3:])
+        pp = before[:, :3]
         xaxis = math.rot_vec_quat(_f(m.jnt_axis, dtype), qn)
         xanchor = pp + math.rot_vec_quat(_f(m.jnt_pos, dtype), qn)
         free = np.asarray(m.jnt_type) == JointType.FREE
@@ -297,6 +297,14 @@ def _actuator_share(m, kind):
     return share
 
 
+def _all_zero(x):
+    """True if ``x`` is concrete (not traced) and all zero."""
+    try:
+        return not np.any(np.asarray(x))
+    except Exception:        # a tracer: the value is not known at trace time
+        return False
+
+
 def _gear2(m, dtype):
     gear = _f(m.actuator_gear, dtype).reshape(-1, 6)[np.asarray(m.actuator_outadr), 0]
     return gear * gear
@@ -326,13 +334,19 @@ def crb(m, d):
         return d.replace(crb=crb_)
     f = math.inert_mul(crb_[np.asarray(m.dof_bodyid)], d.cdof)
     low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
-    qm = low + low.T - jnp.diag(jnp.diag(low)) + jnp.diag(dof_armature(m, dtype))
+    # mirror the lower triangle and add armature on the diagonal with static masks
+    # (elementwise, one kernel; jnp.diag of a traced matrix adds a conditional)
+    eye = np.eye(m.nv)
+    qm = (low + low.T * jnp.asarray(1.0 - eye, dtype) +
+          jnp.asarray(eye, dtype) * dof_armature(m, dtype)[:, None])
     if m.ntendon:
         arm = _f(m.tendon_armature, dtype)
         share = _actuator_share(m, "tendon")
         if share.any():
             arm = arm + jnp.asarray(share, dtype) @ (_f(m.actuator_armature, dtype) *
                                                      _gear2(m, dtype))
+        elif _all_zero(m.tendon_armature):
+            return d.replace(crb=crb_, qM=qm)      # MuJoCo skips tendons without armature
         qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, arm, d.ten_J)
     return d.replace(crb=crb_, qM=qm)
 

@@ -104,8 +104,9 @@ def factor_permuted(m, a, symmetric=True, add_diag=None):
         a = a + jnp.diag(add_diag[plan.perm])
     lows, ups, diags = [], [], []
     for s, e in reversed(plan.blocks):                    # leaves first
-        blk = a[s:e, s:e]
-        dk = jnp.diagonal(blk)
+        # the level's pivots (``a`` is the leading e x e block): a static gather, where
+        # jnp.diagonal adds a conditional under vmap
+        dk = a.reshape(-1)[np.arange(s, e) * (e + 1)]
         rows = a[s:e, :s] * anc[s:e, :s]                  # (nl, s) ancestor entries
         lk = rows / dk[:, None]
         if symmetric:
@@ -175,7 +176,7 @@ def solve_ld(m, qld, b):
     vec = x.ndim == 1
     if vec:
         x = x[:, None]
-    x = _solve_blocks(plan, qp, qp, jnp.diagonal(qp), x)
+    x = _solve_blocks(plan, qp, qp, qp.reshape(-1)[np.arange(m.nv) * (m.nv + 1)], x)
     x = x[plan.inv]
     return x[:, 0] if vec else x
 
