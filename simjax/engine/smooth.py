@@ -325,7 +325,7 @@ def crb(m, d):
     """Composite rigid-body inertias and the dense joint-space inertia (mj_makeM).
 
     crb (nbody, 10); qM (nv, nv) full symmetric, armature included (joint, actuator and
-    tendon armature as MuJoCo adds them).
+    tendon armature as MuJoCo adds them: tendon terms only within the tree sparsity).
     """
     tab = tables.get(m)
     dtype = d.qpos.dtype
@@ -347,7 +347,10 @@ def crb(m, d):
                                                      _gear2(m, dtype))
         elif _all_zero(m.tendon_armature):
             return d.replace(crb=crb_, qM=qm)      # MuJoCo skips tendons without armature
-        qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, arm, d.ten_J)
+        # MuJoCo adds the tendon terms only where M's tree sparsity has room (dof pairs
+        # on one ancestor chain); a tendon coupling two branches gets no cross term
+        tree = tab.m_mask + tab.m_mask.T - np.eye(m.nv)
+        qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, arm, d.ten_J) * jnp.asarray(tree, dtype)
     return d.replace(crb=crb_, qM=qm)
 
 

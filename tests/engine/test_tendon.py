@@ -176,3 +176,37 @@ def test_armature_on_geom_wrapping_tendon_is_unsupported():
     m = m.replace(tendon_armature=np.full(mjm.ntendon, 0.1))
     with pytest.raises(simjax.UnsupportedFeatureError, match="armature on tendons"):
         forward(m, make_data(m))
+
+
+CROSS_BRANCH = """<mujoco><option><flag contact="disable"/></option><worldbody>
+  <body><joint name="a" axis="0 1 0"/><geom size=".1" mass="1"/>
+    <body pos=".3 0 0"><joint name="c" axis="0 1 0"/><geom size=".1" mass=".5"/></body></body>
+  <body pos="1 0 0"><joint name="b" axis="0 1 0"/><geom size=".1" mass="1"/></body>
+</worldbody><tendon><fixed armature="2"><joint joint="a" coef="1"/><joint joint="c" coef="-.5"/>
+  <joint joint="b" coef="1"/></fixed></tendon></mujoco>"""
+
+
+def test_tendon_armature_across_branches():
+    """A tendon over dofs of two trees adds armature J'J only within M's tree sparsity,
+    as MuJoCo (its sparse M has no room for the cross terms): qM, M x and qacc."""
+    import jax.numpy as jnp
+    import simjax
+    from simjax.engine import support
+    mjm = mujoco.MjModel.from_xml_string(CROSS_BRANCH)
+    mjd = mujoco.MjData(mjm)
+    mjd.qpos[:] = [0.3, -0.4, 0.2]
+    mjd.qfrc_applied[:] = [1.0, -0.5, 0.25]
+    mujoco.mj_forward(mjm, mjd)
+    full = np.zeros((3, 3))
+    mujoco.mj_fullM(mjm, mjd, full)
+    assert full[0, 2] == 0 and full[0, 1] != 0      # the case: a cross term dropped
+    m = simjax.load_model(CROSS_BRANCH)
+    d = make_data(m).replace(qpos=jnp.array(mjd.qpos), qfrc_applied=jnp.array(mjd.qfrc_applied))
+    d = forward(m, d)
+    np.testing.assert_allclose(np.asarray(d.qM), full, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(d.qacc), mjd.qacc, rtol=1e-12, atol=1e-12)
+    x = np.array([0.7, -1.1, 0.4])
+    ref = np.zeros(3)
+    mujoco.mj_mulM(mjm, mjd, ref, x)
+    np.testing.assert_allclose(np.asarray(support.mul_m(m, d, jnp.array(x))), ref,
+                               rtol=1e-12, atol=1e-12)
