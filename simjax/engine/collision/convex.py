@@ -644,12 +644,11 @@ def _refine(t1, g1, t2, g2, n, s, scale):
         trials = [normalize(step)[0]]
         for ax in axes:
             trials.append(normalize(step - dot(step, ax) * ax)[0])
+        anyb = False
         for trial in trials:
             st, _, _ = _sep(t1, g1, t2, g2, trial)
             better = st > s
-            n = jnp.where(better, trial, n)
-            s = jnp.where(better, st, s)
-            anyb = better if trial is trials[0] else anyb | better
+            n, s, anyb = jnp.where(better, trial, n), jnp.where(better, st, s), anyb | better
         eta = jnp.where(anyb, eta * 1.5, eta * 0.3)
         return (n, s, eta), None
 
