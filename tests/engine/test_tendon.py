@@ -169,6 +169,7 @@ def test_wrap_paths_cover_all_cases():
     assert {"pulley", "site", "geomtype2", "geomtype5"} <= seen
 
 
+@pytest.mark.slow                      # an eager forward of the model (~20 s)
 def test_armature_on_geom_wrapping_tendon_is_unsupported():
     """MuJoCo raises a fatal error for it (mj_tendonDot); simjax names it."""
     import simjax
