@@ -112,6 +112,20 @@ def match_rows(mjd, d, slot):
     return out, act & ~used
 
 
+
+def check_solution(mjd, slot, out, tol):
+    """Every active MuJoCo efc row has its simjax row and nothing extra; efc_force
+    (relative to the largest force) and qacc (relative to max(1, |qacc|)) within
+    ``tol``. Returns the force error."""
+    rows, extra = match_rows(mjd, out, slot)
+    assert (rows >= 0).all() and not extra.any()
+    fmax = np.abs(mjd.efc_force).max()
+    err = np.abs(np.asarray(out.efc_force)[rows] - mjd.efc_force).max() / fmax
+    assert err < tol, err
+    sq = max(1.0, np.abs(mjd.qacc).max())
+    assert np.abs(np.asarray(out.qacc) - mjd.qacc).max() / sq < tol
+    return err
+
 def pendula_friction(mjm):
     """Model edit: friction loss on every tendon and dof (rows of both kinds)."""
     mjm.tendon_frictionloss[:] = 0.3

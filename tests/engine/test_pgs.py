@@ -16,8 +16,8 @@ import mujoco
 import numpy as np
 import pytest
 
-from constraint_helpers import (canonical, inject_contacts, match_rows, oracle_case,
-                                pendula_friction, smooth_jit, solve_jit, tight)
+from constraint_helpers import (canonical, check_solution, inject_contacts, match_rows,
+                                oracle_case, pendula_friction, smooth_jit, solve_jit, tight)
 from engine_helpers import to_data
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import constraint as C
@@ -92,13 +92,7 @@ def test_iterates_match_mujoco(scene, iterations, warm):
     mjm, m, st = scene
     mjd, slot, _, out = _solve(mjm, m, st, iterations, warm)
     assert mjd.nisland >= 3 and mjd.nl >= 1 and mjd.nf >= 1
-    rows, extra = match_rows(mjd, out, slot)
-    assert (rows >= 0).all() and not extra.any()
-    fmax = np.abs(mjd.efc_force).max()
-    err = np.abs(np.asarray(out.efc_force)[rows] - mjd.efc_force).max() / fmax
-    assert err < 1e-12, err
-    sq = max(1.0, np.abs(mjd.qacc).max())
-    assert np.abs(np.asarray(out.qacc) - mjd.qacc).max() / sq < 1e-12
+    check_solution(mjd, slot, out, 1e-12)
     np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
 
 
@@ -164,17 +158,6 @@ def _noslip_solve(mjm, m, st, solver, noslip_iterations, noslip_tolerance, islan
     return mjd, slot, d, mm, solve_jit(mm, d)
 
 
-def _check_noslip(mjd, slot, out, tol):
-    rows, extra = match_rows(mjd, out, slot)
-    assert (rows >= 0).all() and not extra.any()
-    fmax = np.abs(mjd.efc_force).max()
-    err = np.abs(np.asarray(out.efc_force)[rows] - mjd.efc_force).max() / fmax
-    assert err < tol, err
-    sq = max(1.0, np.abs(mjd.qacc).max())
-    assert np.abs(np.asarray(out.qacc) - mjd.qacc).max() / sq < tol
-    return err
-
-
 @pytest.mark.parametrize("islands,cone", [
     (True, "pyramidal"), (False, "pyramidal"),
     pytest.param(True, "elliptic", marks=pytest.mark.slow)])
@@ -190,7 +173,7 @@ def test_noslip_matches_mujoco(islands, cone):
     mjd, slot, d, mm, out = _noslip_solve(mjm, m, st, mujoco.mjtSolver.mjSOL_PGS, 50, 1e-9,
                                           islands)
     assert (mjd.nisland >= 3) == islands
-    _check_noslip(mjd, slot, out, 1e-10)
+    check_solution(mjd, slot, out, 1e-10)
     np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
 
 
@@ -219,5 +202,5 @@ def test_noslip_corpus_matches_mujoco(name):
     mjm, m, mjd, slot, d = oracle_case(rel, tight(mujoco.mjtSolver.mjSOL_PGS,
                                                   extra=_with_noslip(extra)), **opts)
     out = solve_jit(m, d)
-    _check_noslip(mjd, slot, out, 1e-10)
+    check_solution(mjd, slot, out, 1e-10)
     np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)

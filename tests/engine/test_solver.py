@@ -15,8 +15,9 @@ import mujoco
 import numpy as np
 import pytest
 
-from constraint_helpers import (canonical, condim, inject_contacts, match_rows, oracle_case,
-                                pendula_friction, smooth_jit, solve_jit, tight)
+from constraint_helpers import (canonical, check_solution, condim, inject_contacts,
+                                match_rows, oracle_case, pendula_friction, smooth_jit,
+                                solve_jit, tight)
 from engine_helpers import load, random_state, set_state, to_data
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import io
@@ -199,13 +200,7 @@ def test_islands_match_mujoco(solver, islands):
     expect = ISLAND_NITER[(solver, islands)]
     np.testing.assert_array_equal(mjd.solver_niter[:len(expect)], expect)
     np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
-    rows, extra = match_rows(mjd, out, slot)
-    assert (rows >= 0).all() and not extra.any()
-    fmax = np.abs(mjd.efc_force).max()
-    err = np.abs(np.asarray(out.efc_force)[rows] - mjd.efc_force).max() / fmax
-    assert err < 1e-10, err
-    sq = max(1.0, np.abs(mjd.qacc).max())
-    assert np.abs(np.asarray(out.qacc) - mjd.qacc).max() / sq < 1e-10
+    check_solution(mjd, slot, out, 1e-10)
     for i, n in enumerate(expect):
         stat = mjd.solver[i * mujoco.mjNSOLVER + n - 1]
         for ours, theirs in ((out.solver_improvement[i], stat.improvement),
