@@ -58,7 +58,7 @@ def settle_states(path, batch, seed=0):
     return np.asarray(qpos), np.asarray(qvel), np.asarray(ncon)
 
 
-def _group_name(m, p, grp):
+def group_name(m, p, grp):
     gt = np.asarray(m.geom_type)
     from simjax.types import GeomType
     k = grp.cand[0]
@@ -66,6 +66,39 @@ def _group_name(m, p, grp):
     fn = grp.fn
     tag = getattr(fn, "func", fn).__name__
     return f"{t1.lower()}-{t2.lower()} ({tag})"
+
+
+def group_narrow(m, grp, cap):
+    """``narrow(d) -> (Pre, broadphase count)`` of one collider group: broadphase,
+    compaction and the vmapped collider exactly as the collision driver runs them
+    (``cap``: contact capacity of the Data it is applied to)."""
+    from simjax.engine.collision import convex, driver
+    p = driver.plan(m)
+    split = driver.dim_split(m, cap)
+    n = len(grp.cand)
+    npair_cap = min(n, driver._pair_cap(m, p, grp, split))
+
+    def narrow(dd):
+        ftype = dd.geom_xpos.dtype
+        prm = driver.pair_params(m, p, ftype)
+        idx = grp.cand
+        g1, g2 = p.g1[idx], p.g2[idx]
+        dm = (prm["margin"] + prm["gap"])[idx]
+        ok = driver._broadphase(m, dd, g1, g2, dm)
+        if npair_cap < n:
+            sel = jnp.nonzero(ok, size=npair_cap, fill_value=0)[0]
+        else:
+            sel = slice(None)
+        if grp.fn is driver.sdf_pair:
+            pre = driver._sdf_group(m, dd, g1, g2, sel)
+        else:
+            i1, geo1 = driver._geoms(m, dd, g1, sel, ftype)
+            i2, geo2 = driver._geoms(m, dd, g2, sel, ftype)
+            geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype,
+                                              geoms=(g1, g2))
+            pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
+        return pre, jnp.sum(ok)
+    return narrow
 
 
 def profile_groups(m, d, pre_b, repeat):
@@ -80,27 +113,7 @@ def profile_groups(m, d, pre_b, repeat):
     for grp in p.groups:
         n = len(grp.cand)
         npair_cap = min(n, driver._pair_cap(m, p, grp, split))
-
-        def narrow(dd, grp=grp, n=n, npair_cap=npair_cap):
-            prm = driver.pair_params(m, p, ftype)
-            idx = grp.cand
-            g1, g2 = p.g1[idx], p.g2[idx]
-            dm = (prm["margin"] + prm["gap"])[idx]
-            ok = driver._broadphase(m, dd, g1, g2, dm)
-            if npair_cap < n:
-                sel = jnp.nonzero(ok, size=npair_cap, fill_value=0)[0]
-            else:
-                sel = slice(None)
-            if grp.fn is driver.sdf_pair:
-                pre = driver._sdf_group(m, dd, g1, g2, sel)
-            else:
-                i1, geo1 = driver._geoms(m, dd, g1, sel, ftype)
-                i2, geo2 = driver._geoms(m, dd, g2, sel, ftype)
-                geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype,
-                                                  geoms=(g1, g2))
-                pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
-            return pre, jnp.sum(ok)
-
+        narrow = group_narrow(m, grp, cap)
         f = jax.vmap(narrow)
         neq = count_eqns(jax.make_jaxpr(f)(pre_b).jaxpr)
         c0 = time.process_time()
@@ -109,7 +122,7 @@ def profile_groups(m, d, pre_b, repeat):
         pre, nok = fc(pre_b)
         t = cpu_time(fc, pre_b, repeat=repeat)
         nvalid = float(np.asarray(pre.valid).sum(axis=(1, 2)).mean())
-        rows.append((1e6 * t / batch, _group_name(m, p, grp), n, npair_cap,
+        rows.append((1e6 * t / batch, group_name(m, p, grp), n, npair_cap,
                      float(np.asarray(nok).mean()), nvalid, neq, tc))
     print(f"  {'group':44s} {'pairs':>5s} {'run':>5s} {'bp':>6s} {'valid':>6s} "
           f"{'us':>8s} {'eqns':>6s} {'compile':>7s}")

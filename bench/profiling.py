@@ -1,7 +1,9 @@
 """Helpers shared by the profiling scripts (profile_smooth, profile_collision,
-profile_contact): program size and CPU time of a jitted function."""
+profile_contact): program size, optimised-HLO statistics, compile and CPU time of a
+jitted function."""
 from __future__ import annotations
 
+import re
 import time
 
 
@@ -32,3 +34,150 @@ def cpu_time(fn, *args, repeat=3):
         jax.block_until_ready(fn(*args))
         best = min(best, time.process_time() - t0)
     return best
+
+
+_NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
+                "after-all", "partition-id", "replica-id"}
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][a-z0-9\-]*)\(")
+_CALLEE = re.compile(r"(calls|to_apply)=%?([\w.\-]+)")
+
+
+def hlo_stats(text):
+    """Statistics of an optimised HLO module (``compiled.as_text()``).
+
+    ``ops``: instructions in all computations (fused ones and reducers included);
+    ``kernels``: instructions of the computations the backend runs op by op (entry, while
+    bodies and conditions, conditional branches, called computations) that do work: a
+    fusion counts one; parameters, constants, tuples and bitcasts do not; reducers and
+    fused computations are inside their op. ``fusions``: fusion instructions among them;
+    ``whiles``: while loops; ``top``: the most frequent kernel opcodes."""
+    comps, cur = {}, None
+    inner = set()
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            if line.endswith("{"):
+                cur = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+                comps[cur] = []
+            continue
+        mt = _INSTR.match(line)
+        if not mt or cur is None:
+            continue
+        op = mt.group(2)
+        comps[cur].append(op)
+        for kind, callee in _CALLEE.findall(line):
+            if kind == "calls" or op != "call":   # fusion bodies and reducers
+                inner.add(callee)
+    ops = sum(len(v) for v in comps.values())
+    kernels = fusions = whiles = 0
+    top = {}
+    for name, oplist in comps.items():
+        if name in inner:
+            continue
+        for op in oplist:
+            if op in _NOT_KERNELS:
+                continue
+            kernels += 1
+            fusions += op == "fusion"
+            whiles += op == "while"
+            top[op] = top.get(op, 0) + 1
+    top = dict(sorted(top.items(), key=lambda kv: -kv[1])[:6])
+    return dict(ops=ops, kernels=kernels, fusions=fusions, whiles=whiles, top=top)
+
+
+def compile_stats(fn, *args):
+    """Jaxpr equations, trace+lower and compile process-CPU seconds and optimised-HLO
+    statistics (:func:`hlo_stats`) of ``jax.jit(fn)`` at ``args``; also the compiled
+    executable (``exe``)."""
+    import jax
+    c0 = time.process_time()
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    c1 = time.process_time()
+    lowered = jax.jit(fn).lower(*args)
+    c2 = time.process_time()
+    exe = lowered.compile()
+    c3 = time.process_time()
+    st = hlo_stats(exe.as_text())
+    st.update(eqns=count_eqns(jaxpr.jaxpr), trace_s=c1 - c0, lower_s=c2 - c1,
+              compile_s=c3 - c2, exe=exe)
+    return st
+
+
+def _stack_frames(text):
+    """HLO text's StackFrames table as {frame id: [(file, function), ...]}, outermost
+    first (parent ids in the text are 1-based, 0 = none)."""
+    sec, files, funcs, locs, frames = None, {}, {}, {}, {}
+    for line in text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            sec = line
+            continue
+        if line.startswith(("%", "ENTRY", "HloModule")):
+            sec = None
+        if not line.strip() or sec is None:
+            continue
+        head, rest = line.split(" ", 1)
+        if sec == "FileNames":
+            files[int(head)] = rest.strip('"')
+        elif sec == "FunctionNames":
+            funcs[int(head)] = rest.strip('"')
+        elif sec == "FileLocations":
+            f = int(re.search(r"file_name_id=(\d+)", rest).group(1))
+            fn = int(re.search(r"function_name_id=(\d+)", rest).group(1))
+            locs[int(head)] = (files[f], funcs[fn])
+        else:
+            fl = int(re.search(r"file_location_id=(\d+)", rest).group(1))
+            pa = int(re.search(r"parent_frame_id=(\d+)", rest).group(1))
+            frames[int(head)] = (fl, pa - 1)
+
+    def chain(fid):
+        out, seen = [], set()
+        while fid in frames and fid not in seen:
+            seen.add(fid)
+            fl, fid = frames[fid]
+            out.append(locs[fl])
+        return out[::-1]
+    return chain
+
+
+def hlo_attribution(text, package="simjax", skip_modules=("forward",)):
+    """Kernels of an optimised HLO module attributed to source functions.
+
+    Every kernel (as counted by :func:`hlo_stats`) is charged to the first function of
+    ``package`` on its stack (outermost first) whose module is not in ``skip_modules``
+    (so a step's kernels go to its pipeline stages), and also to (that stage, the
+    innermost module of ``package`` on the stack). Returns (by_stage, by_stage_leaf),
+    Counters of kernels."""
+    import collections
+    chain = _stack_frames(text)
+    comps, inner, cur = {}, set(), None
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            if line.endswith("{"):
+                cur = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+                comps[cur] = []
+            continue
+        mt = _INSTR.match(line)
+        if not mt or cur is None:
+            continue
+        comps[cur].append((mt.group(2), line))
+        for kind, callee in _CALLEE.findall(line):
+            if kind == "calls" or mt.group(2) != "call":
+                inner.add(callee)
+    stage, leaf = collections.Counter(), collections.Counter()
+    for name, ops in comps.items():
+        if name in inner:
+            continue
+        for op, line in ops:
+            if op in _NOT_KERNELS:
+                continue
+            sf = re.search(r"stack_frame_id=(\d+)", line)
+            frames = [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn) for f, fn in
+                      (chain(int(sf.group(1))) if sf else []) if package in f]
+            st = next((f"{mod}.{fn}" for mod, fn in frames
+                       if not any(mod.endswith(s) or s.endswith(mod) for s in skip_modules)),
+                      None)
+            if st is None:
+                st = f"{frames[-1][0]}.{frames[-1][1]}" if frames else "(no source frame)"
+            stage[st] += 1
+            if frames:
+                leaf[(st, frames[-1][0])] += 1
+    return stage, leaf
