@@ -103,9 +103,8 @@ def group_narrow(m, grp, cap):
 
 def profile_groups(m, d, pre_b, repeat):
     """Per collider group: the driver's broadphase + compaction + narrow phase alone."""
-    from simjax.engine.collision import convex, driver
+    from simjax.engine.collision import driver
     p = driver.plan(m)
-    ftype = d.geom_xpos.dtype
     cap = d.contact.dist.shape[0]
     split = driver.dim_split(m, cap)
     batch = pre_b.qpos.shape[0]
