@@ -477,17 +477,22 @@ def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
 
 
 # --------------------------------------------------------------------------- primal solvers
-def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
+def _primal(spec, p, start, newton, iterations, ls_iterations):
     """Newton / CG (mj_solPrimal), every island (``spec.nisl``, rows ``p['rowisl']``,
     dofs ``p['dofisl']``; :class:`Islands`) solved on its own as MuJoCo 4.0.0 does:
     its own search direction, exact line search, CG beta, stopping rule scaled by
     1 / trace of its block of M, and iteration count. Converged islands are frozen
-    while the others iterate. Returns (qacc, niter, improvement, gradient), the last
-    three (islands,): iterations, and the scaled improvement and gradient norm of the
-    last iteration."""
+    while the others iterate. ``start`` is (qacc0, M qacc0, J qacc0 - aref). Returns
+    (qacc, niter, improvement, gradient), the last three (islands,): iterations, and
+    the scaled improvement and gradient norm of the last iteration.
+
+    The initial gradient, Hessian factor and search direction are computed by a first
+    pass of the loop body with no line search (alpha 0), so that the update, Hessian
+    and factorisation appear once in the program."""
     isl = Islands(spec.nisl, p.get("rowisl"), p.get("dofisl"))
     tol = p["tolerance"]
     M = p["M"]
+    qacc0, Ma0, jaref0 = start
     # MuJoCo 4.0.0 scales improvement and gradient by 1 / trace(M) (measured: the
     # reported gradient is |grad| / trace(M) at the current configuration, per island
     # the trace of the island's block), not by meaninertia * nv
@@ -499,45 +504,22 @@ def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
         scale = 1.0 / jnp.where(trace > 0, trace, 1.0)
         exists = isl.rsum(p["active"].astype(jnp.int32)) > 0
     solve_m = p["solve_m"]
-
-    def state_at(qacc):
-        Ma = M @ qacc
-        jaref = p["J"] @ qacc - p["aref"]
-        force, state, cost = update(spec, p, jaref)
-        grad = Ma - p["qfrc_smooth"] - p["J"].T @ force
-        return Ma, jaref, state, grad
-
-    def mgrad_of(qacc, jaref, state, grad):
-        if newton:
-            return spd_solve(spd_factor(_hessian(spec, p, jaref, state)), grad)
-        return solve_m(grad)
+    gtol_base = tol * p["ls_tolerance"]
 
     def decrement(grad, mgrad):
         return jnp.maximum(0.0, 0.5 * scale * isl.ddot(grad, mgrad))
 
-    Ma, jaref, state, grad = state_at(qacc0)
-    mg_m = solve_m(grad)
-    gap = decrement(grad, mg_m) < tol
-    gnorm_ok = scale * isl.norm(grad) < tol
-    done = gap & gnorm_ok if newton else gap
-    if newton:
-        mgrad = mgrad_of(qacc0, jaref, state, grad)
-        done = done | (gnorm_ok & (decrement(grad, mgrad) < tol))
-    else:
-        mgrad = mg_m
-    done = done | ~exists | (iterations <= 0)
-    search = -mgrad
-    gtol_base = tol * p["ls_tolerance"]
-
     def body(s):
         qacc, Ma, jaref, search = s["qacc"], s["Ma"], s["jaref"], s["search"]
+        first = s["first"]
         live = ~s["done"]
         snorm = isl.norm(search)
         small = snorm < MINVAL
         pre = _prepare(spec, p, isl, Ma, jaref, search)
         gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
-        alpha, imp = _linesearch(spec, p, isl, pre, gtol, ls_iterations, ~live | small)
-        alpha = jnp.where(small | ~live, 0.0, alpha)
+        alpha, imp = _linesearch(spec, p, isl, pre, gtol, ls_iterations,
+                                 ~live | small | first)
+        alpha = jnp.where(small | ~live | first, 0.0, alpha)
         move = live & (alpha != 0)
         # alpha is zero on islands that do not move (their vectors stay as they are)
         ad, ar = isl.dx(alpha, 0.0), isl.rx(alpha, 0.0)
@@ -546,13 +528,21 @@ def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
         jaref = jaref + ar * pre["Jv"]
         force, state, _ = update(spec, p, jaref)
         grad = Ma - p["qfrc_smooth"] - p["J"].T @ force
-        mgrad = mgrad_of(qacc, jaref, state, grad)
+        if newton:
+            mgrad = spd_solve(spd_factor(_hessian(spec, p, jaref, state)), grad)
+        else:
+            mgrad = solve_m(grad)
         improvement = scale * imp
         gnorm = scale * isl.norm(grad)
         it = s["iter"] + move.astype(jnp.int32)
+        dec_ok = decrement(grad, mgrad) < tol
         conv = ((improvement > 0) & (improvement < tol)) | (gnorm < tol)
+        # initial test (first pass): CG stops on a small decrement in the M metric;
+        # Newton on a small gradient together with a small decrement in the M or the
+        # Hessian metric (H >= M, so the Hessian one is implied by the M one)
+        conv0 = (gnorm < tol) & dec_ok if newton else dec_ok
         if newton:
-            conv = conv | (decrement(grad, mgrad) < tol)
+            conv = conv | dec_ok
             new_search = -mgrad
         else:
             y = grad - s["grad"]
@@ -563,22 +553,27 @@ def _primal(spec, p, qacc0, newton, iterations, ls_iterations):
             beta_hz = (isl.ddot(y, mgrad) - 2 * (ymy / dys) * isl.ddot(search, grad)) / dys
             eta_k = -1.0 / jnp.maximum(MINVAL, isl.norm(search) *
                                        jnp.minimum(0.01, isl.norm(grad)))
-            beta = jnp.where(dy < MINVAL, 0.0, jnp.maximum(eta_k, beta_hz))
+            beta = jnp.where((dy < MINVAL) | first, 0.0, jnp.maximum(eta_k, beta_hz))
             new_search = -mgrad + isl.dx(beta, 0.0) * search
-        kd = isl.dx(~move, True)
+        take = move | first
+        kd = isl.dx(~take, True)
         keep = lambda a, b: jnp.where(kd, a, b)
+        done = jnp.where(first, conv0 | ~exists | (iterations <= 0),
+                         s["done"] | ~move | conv | (it >= iterations))
         return dict(qacc=keep(s["qacc"], qacc), Ma=keep(s["Ma"], Ma),
-                    jaref=jnp.where(isl.rx(~move, True), s["jaref"], jaref),
+                    jaref=jnp.where(isl.rx(~take, True), s["jaref"], jaref),
                     search=keep(search, new_search), grad=keep(s["grad"], grad),
-                    mgrad=keep(s["mgrad"], mgrad), iter=it,
-                    done=s["done"] | ~move | conv | (it >= iterations),
+                    mgrad=keep(s["mgrad"], mgrad), iter=it, done=done,
                     imp=jnp.where(move, improvement, s["imp"]),
-                    gnorm=jnp.where(move, gnorm, s["gnorm"]))
+                    gnorm=jnp.where(take, gnorm, s["gnorm"]),
+                    first=jnp.zeros((), bool))
 
-    s = dict(qacc=qacc0, Ma=Ma, jaref=jaref, search=search, grad=grad, mgrad=mgrad,
-             iter=jnp.zeros(isl.n, jnp.int32), done=done,
-             imp=jnp.zeros(isl.n, qacc0.dtype), gnorm=scale * isl.norm(grad))
-    s = jax.lax.while_loop(lambda s: jnp.any(~s["done"]), body, s)
+    zv = jnp.zeros_like(qacc0)
+    s = dict(qacc=qacc0, Ma=Ma0, jaref=jaref0, search=zv, grad=zv, mgrad=zv,
+             iter=jnp.zeros(isl.n, jnp.int32), done=jnp.zeros(isl.n, bool),
+             imp=jnp.zeros(isl.n, qacc0.dtype), gnorm=jnp.zeros(isl.n, qacc0.dtype),
+             first=jnp.ones((), bool))
+    s = jax.lax.while_loop(lambda s: s["first"] | jnp.any(~s["done"]), body, s)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 
 
@@ -747,11 +742,6 @@ def fwd_constraint(m, d):
     # (with one kinematic tree there is one island at most)
     nisl = int(m.ntree) if not (m.opt.disableflags & DisableBit.ISLAND) else 1
 
-    def total_cost(sp, pp, qa):
-        jar = pp["J"] @ qa - pp["aref"]
-        _, _, c = update(sp, pp, jar)
-        return c + 0.5 * jnp.dot(pp["M"] @ qa - pp["qfrc_smooth"], qa - qs)
-
     if solver in (SolverType.NEWTON, SolverType.CG):
         if nisl > 1:
             rowisl, dofisl = ((order["rowisl"], order["dofisl"]) if order is not None
@@ -760,18 +750,35 @@ def fwd_constraint(m, d):
             spec = dataclasses.replace(spec, nisl=nisl)
 
         def solve(sp, pp):
-            qacc0 = qs
             if warm:
                 # one choice for all islands (MuJoCo's warmstart precedes the island
-                # solves); dofs in no island start (and stay) at qacc_smooth
+                # solves): the lower total cost of qacc_warmstart and qacc_smooth, both
+                # evaluated in one pass; the chosen point's products start the solver
                 qw = sg(d.qacc_warmstart)
-                qacc0 = jnp.where(total_cost(sp, pp, qw) > total_cost(sp, pp, qs), qs, qw)
+                both = jnp.stack([qw, qs], 1)                            # (nv, 2)
+                Mb = pp["M"] @ both
+                jb = pp["J"] @ both - pp["aref"][:, None]
+                cost = jax.vmap(lambda jar: update(sp, pp, jar)[2], 1)(jb)
+                cost = cost + 0.5 * jnp.sum((Mb - pp["qfrc_smooth"][:, None]) *
+                                            (both - qs[:, None]), 0)
+                pick = cost[0] > cost[1]
+                qacc0, Ma0, jaref0 = (jnp.where(pick, x[:, 1], x[:, 0])
+                                      for x in (both, Mb, jb))
                 if sp.nisl > 1:
-                    qacc0 = jnp.where(pp["dofisl"] == sp.nisl, qs, qacc0)
+                    # dofs in no island start (and stay) at qacc_smooth
+                    out = pp["dofisl"] == sp.nisl
+                    qacc0 = jnp.where(out, qs, qacc0)
+                    Ma0 = pp["M"] @ qacc0
+                    jaref0 = pp["J"] @ qacc0 - pp["aref"]
+            else:
+                qacc0 = qs
+                Ma0 = pp["M"] @ qs
+                jaref0 = pp["J"] @ qs - pp["aref"]
             # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
-            qacc0 = jnp.where(jnp.any(pp["active"]), qacc0, qs)
-            return _primal(sp, pp, qacc0, solver == SolverType.NEWTON, iters,
-                           int(m.opt.ls_iterations))
+            none = ~jnp.any(pp["active"])
+            qacc0 = jnp.where(none, qs, qacc0)
+            return _primal(sp, pp, (qacc0, Ma0, jaref0), solver == SolverType.NEWTON,
+                           iters, int(m.opt.ls_iterations))
 
         caps = row_capacity(spec)
         if caps[0] + sum(k * dim for k, (_, _, dim) in zip(caps[1], spec.ell)) < nefc:

@@ -1,0 +1,86 @@
+"""Profile of the constraint solve alone (fwd_constraint): CPU time per world, compile
+CPU time and jaxpr size, on settled contact states of the bench models.
+
+Usage: python bench/profile_solver.py --prep [--batch N] [--models humanoid,ant]
+       python bench/profile_solver.py [--batch N] [--models ...] [--compile] [--repeat R]
+
+--prep settles the worlds (MuJoCo C, then simjax steps) and stores the inputs of the
+solve (a forward pass' Data, numpy leaves) under --cache, so that later runs, on any
+checkout of the code (the script imports simjax from the working directory), time the
+same states without compiling the whole step. Times are process CPU time per world.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+import time
+
+sys.path.insert(0, os.getcwd())
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(1, os.path.join(HERE, ".."))
+from bench.profile_contact import MODELS, settled  # noqa: E402
+from bench.profiling import count_eqns, cpu_time  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--models", default="humanoid,ant,barkour,shadow_hand")
+    ap.add_argument("--prep", action="store_true")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cache", default="/tmp/solver_bench")
+    args = ap.parse_args()
+    import simjax
+    import importlib
+    from simjax.engine import io, solver
+    forward = importlib.import_module("simjax.engine.forward")
+
+    os.makedirs(args.cache, exist_ok=True)
+    for name in args.models.split(","):
+        path = MODELS.get(name, name)
+        m = simjax.load_model(path)
+        d0 = io.make_data(m)
+        fname = os.path.join(args.cache, f"{name}_{args.batch}.pkl")
+        if args.prep:
+            _, _, qpos, qvel = settled(path, args.batch, 400)
+            dt = d0.qpos.dtype
+            batch = jax.vmap(lambda q, v: d0.replace(qpos=q, qvel=v))(
+                jnp.asarray(qpos, dt), jnp.asarray(qvel, dt))
+            roll = lambda dd: jax.lax.scan(lambda x, _: (forward.step(m, x), None), dd,
+                                           None, length=args.steps)[0]
+            out = jax.jit(jax.vmap(roll))(batch)
+            fw = jax.jit(jax.vmap(lambda dd: forward.forward(m, dd)))(out)
+            with open(fname, "wb") as f:
+                pickle.dump(jax.tree_util.tree_leaves(jax.tree_util.tree_map(np.asarray, fw)), f)
+            print(f"{name}: stored {fname}")
+            continue
+        with open(fname, "rb") as f:
+            leaves = pickle.load(f)
+        treedef = jax.tree_util.tree_structure(jax.vmap(lambda _: d0)(jnp.zeros(2)))
+        fw = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
+        fn = lambda dd: solver.fwd_constraint(m, dd)
+        g = jax.jit(jax.vmap(fn))
+        extra = ""
+        if args.compile:
+            neq = count_eqns(jax.make_jaxpr(jax.vmap(fn))(fw).jaxpr)
+            t0 = time.process_time()
+            g.lower(fw).compile()
+            extra = f"  {neq:6d} eqns  compile {time.process_time() - t0:6.2f} s CPU"
+        out = g(fw)
+        t = cpu_time(g, fw, repeat=args.repeat)
+        niter = np.asarray(out.solver_niter).max(-1)
+        print(f"{name:12s} solve {1e6 * t / args.batch:8.2f} us/world  niter mean "
+              f"{niter.mean():.2f} max {niter.max()}{extra}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
