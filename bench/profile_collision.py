@@ -70,34 +70,18 @@ def group_name(m, p, grp):
 
 def group_narrow(m, grp, cap):
     """``narrow(d) -> (Pre, broadphase count)`` of one collider group: broadphase,
-    compaction and the vmapped collider exactly as the collision driver runs them
-    (``cap``: contact capacity of the Data it is applied to)."""
-    from simjax.engine.collision import convex, driver
+    bounding-box filter, compaction or skip and the vmapped collider exactly as the
+    collision driver runs them (driver.narrow_group; ``cap``: contact capacity of the
+    Data it is applied to)."""
+    from simjax.engine.collision import driver
     p = driver.plan(m)
     split = driver.dim_split(m, cap)
-    n = len(grp.cand)
-    npair_cap = min(n, driver._pair_cap(m, p, grp, split))
 
     def narrow(dd):
-        ftype = dd.geom_xpos.dtype
-        prm = driver.pair_params(m, p, ftype)
-        idx = grp.cand
-        g1, g2 = p.g1[idx], p.g2[idx]
-        dm = (prm["margin"] + prm["gap"])[idx]
-        ok = driver._broadphase(m, dd, g1, g2, dm)
-        if npair_cap < n:
-            sel = jnp.nonzero(ok, size=npair_cap, fill_value=0)[0]
-        else:
-            sel = slice(None)
-        if grp.fn is driver.sdf_pair:
-            pre = driver._sdf_group(m, dd, g1, g2, sel)
-        else:
-            i1, geo1 = driver._geoms(m, dd, g1, sel, ftype)
-            i2, geo2 = driver._geoms(m, dd, g2, sel, ftype)
-            geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype,
-                                              geoms=(g1, g2))
-            pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
-        return pre, jnp.sum(ok)
+        prm = driver.pair_params(m, p, dd.geom_xpos.dtype)
+        pre, _, count, _ = driver.narrow_group(m, dd, p, grp, prm["margin"] + prm["gap"],
+                                               split)
+        return pre, count
     return narrow
 
 

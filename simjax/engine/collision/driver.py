@@ -12,11 +12,14 @@ Three steps:
    collider (height-field pairs by their per-pair collider from
    ``hfield.collider_for``: grid data and sub-grid window are static).
 2. **Broadphase, at run time**: per candidate pair the bounding-sphere / plane test of
-   mj_filterSphere with margin + gap; when a group has more candidates than its pair
-   capacity (``PAIRS_PER_SLOT`` per contact slot of its dims), the overlapping pairs
-   are compacted first, so the narrow phase costs what the capacity allows, not every
-   candidate.
-3. **Narrow phase**: each group's collider is vmapped over its pairs; valid contacts
+   mj_filterSphere with margin + gap, and for two convex geoms also a separating-axis
+   test of their bounding boxes (the 6 face axes; conservative: a pair it rejects has
+   no contact within the margin, so the narrow phase would give none either).
+3. **Narrow phase**: each group's collider is vmapped over its pairs; a group none of
+   whose pairs passes the broadphase is skipped by a ``lax.cond`` (under ``vmap``: none
+   in any world of the batch, :func:`batch_max`), except cheap colliders (their
+   broadphase-passing pairs compacted to a pair capacity first when a group has more
+   candidates, ``PAIRS_PER_SLOT``; pairs beyond it are dropped, WARN_CONTACTFULL). Valid contacts
    get their parameters (mj_contactParam / pair parameters, ``EnableBit.OVERRIDE``,
    mj_setContact) and are compacted into ``Data.contact``: slots grouped by static
    contact dimension, valid slots first in each group, in MuJoCo's contact order
@@ -39,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision import convex, hfield, primitive
-from simjax.engine.collision.common import make_frame
+from simjax.engine.collision.common import dot, make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
 from simjax.errors import UnsupportedFeatureError
@@ -49,10 +52,6 @@ from simjax.types import DisableBit, EnableBit, GeomType as GT
 MINMU = 1e-5
 #: smallest default contact capacity of a contact dim (when its pairs allow as many)
 MIN_CAPACITY = 8
-#: narrow-phase pairs per contact slot: broadphase-overlapping pairs beyond
-#: PAIRS_PER_SLOT * (slots of its contact dims) + 16 in one collider group are dropped
-#: (WARN_CONTACTFULL)
-PAIRS_PER_SLOT = 2
 
 P = primitive
 #: collider per (type1, type2), type1 <= type2 (mjCOLLISIONFUNC); absent: no collision
@@ -477,40 +476,189 @@ def _broadphase(m, d, g1, g2, margin):
 
 
 def _geoms(m, d, g, sel, ftype):
-    """Geom tuples of the geoms ``g[sel]`` (sel dynamic)."""
+    """Geom tuples of the geoms ``g[sel]``."""
     gg = jnp.asarray(g)[sel]
     size = jnp.asarray(m.geom_size, ftype)[gg]
     return gg, Geom(d.geom_xpos[gg], d.geom_xmat[gg], size)
 
 
-def _sdf_group(m, d, g1, g2, sel):
+def _sdf_group(m, d, g1, g2):
     """SDF pairs: sdf.collide_pairs (one vmapped descent per kind of pair)."""
     from simjax.engine.collision import sdf
     from simjax.engine.collision.common import Pre
     dist, pos, frame, valid = sdf.collide_pairs(m, d, g1, g2)
-    pre = Pre(dist, pos, frame[..., 0, :], frame[..., 1, :], valid)
-    return jax.tree_util.tree_map(lambda x: x[sel], pre)
+    return Pre(dist, pos, frame[..., 0, :], frame[..., 1, :], valid)
+
+
+@jax.custom_batching.custom_vmap
+def batch_max(x):
+    """``x`` (an int scalar) itself; under ``vmap`` its maximum over the batch, unbatched,
+    so that a ``lax.cond`` on it stays a branch (a batched predicate would run both
+    branches for every world). A collider group then runs for the whole batch when
+    any world needs it, and is skipped when none does."""
+    return x
+
+
+@batch_max.def_vmap
+def _batch_max_rule(axis_size, in_batched, x):
+    del axis_size
+    return (jnp.max(x, axis=0) if in_batched[0] else x), False
+
+
+#: colliders within a few times the bounding-box filter's cost (~50 ns per pair, batched
+#: on CPU): they always run, without the filter (it would cost about what skipping saves)
+#: cheap colliders' narrow-phase pairs per contact slot: when a cheap group has more
+#: candidates than PAIRS_PER_SLOT * (slots of its contact dims) + 16, its
+#: broadphase-passing pairs are compacted to that many first; pairs beyond are dropped
+#: (WARN_CONTACTFULL)
+PAIRS_PER_SLOT = 2
+CHEAP = (P.plane_sphere, P.plane_capsule, P.sphere_sphere, P.sphere_capsule, P.sphere_box,
+         P.capsule_capsule)
+
+
+#: geom types with a box bound (geom frame): size-based for primitives, geom_aabb for meshes
+_BOXED = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
+
+
+def _half_extent(m, d, g, ftype):
+    """(center (n, 3) world, half sizes (n, 3) geom frame) of the geoms' bounding
+    boxes: from geom_size for primitives (exact), geom_aabb for meshes."""
+    gtype = np.asarray(m.geom_type)[g]
+    size = jnp.asarray(m.geom_size, ftype)[g]
+    r = size[:, :1]
+    # sphere (r, r, r), capsule (r, r, r + h), cylinder (r, r, h), ellipsoid/box sizes
+    hs = jnp.where(jnp.asarray(gtype == GT.SPHERE)[:, None], jnp.broadcast_to(r, size.shape),
+                   size)
+    hs = jnp.where(jnp.asarray(gtype == GT.CAPSULE)[:, None],
+                   jnp.concatenate([r, r, r + size[:, 1:2]], 1), hs)
+    hs = jnp.where(jnp.asarray(gtype == GT.CYLINDER)[:, None],
+                   jnp.concatenate([r, r, size[:, 1:2]], 1), hs)
+    pos, mat = d.geom_xpos[g], d.geom_xmat[g]
+    if np.any(gtype == GT.MESH):
+        aabb = jnp.asarray(m.geom_aabb, ftype)[g]
+        mesh = jnp.asarray(gtype == GT.MESH)[:, None]
+        hs = jnp.where(mesh, aabb[:, 3:], hs)
+        off = jnp.where(mesh, aabb[:, :3], 0.0)
+        pos = pos + off[:, :1] * mat[:, :, 0] + off[:, 1:2] * mat[:, :, 1] + \
+            off[:, 2:] * mat[:, :, 2]
+    return pos, mat, hs
+
+
+def _box_filter(m, d, g1, g2, margin):
+    """Separating-axis test of the two geoms' bounding boxes on their 6 face axes:
+    False only when a face axis separates them by more than ``margin`` plus a 1e-3
+    relative allowance (rounding, collider tolerances), so a rejected pair has no
+    contact. Pairs with a geom without a box bound pass."""
+    ftype = d.geom_xpos.dtype
+    c1, m1, h1 = _half_extent(m, d, g1, ftype)
+    c2, m2, h2 = _half_extent(m, d, g2, ftype)
+    dc = c2 - c1
+    # rot[p, i, j] = m1[:, i] . m2[:, j], written out (see common.dot)
+    col = lambda mat, j: mat[:, :, j]
+    rows = []
+    for i in range(3):
+        a = col(m1, i)
+        rows.append(jnp.stack([dot(a, col(m2, j)) for j in range(3)], -1))
+    rabs = jnp.abs(jnp.stack(rows, 1))                             # (n, 3, 3)
+    t1 = jnp.stack([dot(dc, col(m1, i)) for i in range(3)], -1)
+    t2 = jnp.stack([dot(dc, col(m2, j)) for j in range(3)], -1)
+    r12 = (rabs[:, :, 0] * h2[:, :1] + rabs[:, :, 1] * h2[:, 1:2] +
+           rabs[:, :, 2] * h2[:, 2:])                               # h2 on box1 axes
+    r21 = (rabs[:, 0, :] * h1[:, :1] + rabs[:, 1, :] * h1[:, 1:2] +
+           rabs[:, 2, :] * h1[:, 2:])                               # h1 on box2 axes
+    mg = margin[:, None]
+    s1 = jnp.abs(t1) - h1 - r12 > mg + 1e-3 * (jnp.abs(t1) + h1 + r12)
+    s2 = jnp.abs(t2) - h2 - r21 > mg + 1e-3 * (jnp.abs(t2) + h2 + r21)
+    sep = (s1[:, 0] | s1[:, 1] | s1[:, 2] | s2[:, 0] | s2[:, 1] | s2[:, 2])
+    return ~sep
+
+
+_SHAPES: dict = {}
+
+
+def _group_args(m, d, fn, g1, g2, dm, ftype):
+    """The collider's arguments for every pair of a group (geoms with their mesh data)."""
+    i1, geo1 = _geoms(m, d, g1, slice(None), ftype)
+    i2, geo2 = _geoms(m, d, g2, slice(None), ftype)
+    geo1, geo2 = convex.attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=(g1, g2))
+    return geo1, geo2, dm
+
+
+def _pre_zeros(fn, args):
+    """Invalid (all-zero) collider output for the pairs of ``args``: shapes from one
+    abstract evaluation of the collider on a single pair (cached per collider and input
+    shapes)."""
+    n = args[2].shape[0]
+    one_pair = lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+    args = jax.tree_util.tree_map(one_pair, args)
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    key = (fn, tree, tuple((x.shape, str(x.dtype)) for x in leaves))
+    shapes = _SHAPES.get(key)
+    if shapes is None:
+        shapes = _SHAPES[key] = jax.eval_shape(fn, *args)
+    return jax.tree_util.tree_map(lambda s: jnp.zeros((n,) + s.shape, s.dtype), shapes)
 
 
 def _pair_cap(m, p, grp, split):
-    """Narrow-phase pairs of a collider group: PAIRS_PER_SLOT per contact slot of the
-    group's contact dims (plus 16); broadphase-overlapping pairs beyond it are dropped
-    and raise WARN_CONTACTFULL."""
+    """Narrow-phase pairs of a cheap collider group: PAIRS_PER_SLOT per contact slot of
+    the group's contact dims (plus 16)."""
     nslot = sum(split.get(int(dim), 0) for dim in np.unique(p.dim[grp.cand]))
     return PAIRS_PER_SLOT * nslot + 16
+
+
+def narrow_group(m, d, p, grp, det_margin, split):
+    """Broadphase and narrow phase of one collider group.
+
+    The collider runs on every candidate pair of the group (vmapped), unless no pair
+    passes the broadphase: then a ``lax.cond`` skips it (under ``vmap``: no pair in
+    any world, :func:`batch_max`). Cheap colliders (``CHEAP``) and SDF pairs always run;
+    a cheap group of more candidates than its pair capacity (:func:`_pair_cap`) runs on
+    its broadphase-passing pairs compacted to that capacity (pairs beyond are dropped).
+    Returns (pre, ok, count, overflow): collider output with a leading axis of the
+    group's candidates (``grp.cand`` order), which of them pass the broadphase (rows of
+    the others are not contacts, whatever their ``valid``), how many pass, and whether
+    passing pairs were dropped."""
+    ftype = d.geom_xpos.dtype
+    g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
+    dm = det_margin[grp.cand]
+    ok = _broadphase(m, d, g1, g2, dm)
+    no = jnp.zeros((), bool)
+    if grp.fn is sdf_pair:
+        return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no
+    run = lambda: jax.vmap(grp.fn)(*_group_args(m, d, grp.fn, g1, g2, dm, ftype))
+    if grp.fn in CHEAP:
+        n, cap = len(grp.cand), _pair_cap(m, p, grp, split)
+        count = jnp.sum(ok)
+        if cap >= n:
+            return run(), ok, count, no
+        sel = jnp.nonzero(ok, size=cap, fill_value=0)[0]
+        i1, geo1 = _geoms(m, d, g1, sel, ftype)
+        i2, geo2 = _geoms(m, d, g2, sel, ftype)
+        pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
+        # back to one row per candidate (by each passing pair's rank): the contact
+        # order stays a static permutation
+        rank = jnp.cumsum(ok) - 1
+        pre = jax.tree_util.tree_map(lambda x: x[jnp.clip(rank, 0, cap - 1)], pre)
+        return pre, ok & (rank < cap), count, count > cap
+    gtype = np.asarray(m.geom_type)
+    if np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)):
+        ok = ok & _box_filter(m, d, g1, g2, dm)
+    count = jnp.sum(ok)
+    zeros = lambda: _pre_zeros(grp.fn, _group_args(m, d, grp.fn, g1, g2, dm, ftype))
+    pre = jax.lax.cond(batch_max(count) == 0, zeros, run)
+    return pre, ok, count, no
 
 
 def _mujoco_order(p, dim, parts):
     """Order the candidate contacts of one contact dim as mj_collision does.
 
     ``parts``: per collider group with pairs of this dim (Pre, valid (npair, k), cand
-    (npair,), the group's candidates of this dim), concatenated
+    (npair,) static candidate indices, the group's candidates of this dim), concatenated
     in this order (entry ``e`` of the concatenation). Every candidate pair of the dim
     owns a static run of entries in a table laid out in MuJoCo's pair order (run length:
-    its collider's slot count); a valid entry goes to its pair's run, at its slot.
-    Returns (src (T,), tab_valid (T,), count): table entry -> concatenation entry, the
-    table's valid mask, and the number of valid contacts. Compaction of the table keeps
-    the order (cumulative sums, no sort)."""
+    its collider's slot count); entry (pair, slot) goes to its pair's run, at its slot:
+    a static permutation. Returns (src (T,), tab_valid (T,), count): table entry ->
+    concatenation entry, the table's valid mask, and the number of valid contacts."""
     width = np.zeros(len(p.g1), np.int64)
     for pre, vd, cand, members in parts:
         width[members] = vd.shape[1]
@@ -519,33 +667,21 @@ def _mujoco_order(p, dim, parts):
     start = np.zeros(len(p.g1), np.int64)
     start[order] = np.concatenate([[0], np.cumsum(width[order])[:-1]])
     total = int(np.sum(width[order]))
-    entries, valids, static = [], [], True
+    entries, valids = [], []
     for pre, vd, cand, members in parts:
         k = vd.shape[1]
-        if isinstance(cand, np.ndarray):        # pairs of other dims: past the table
-            e = np.where((p.dim[cand] == dim)[:, None], start[cand][:, None] + np.arange(k),
-                         total)
-            entries.append(e.reshape(-1))
-        else:
-            static = False
-            entries.append((jnp.asarray(start)[cand][:, None] + jnp.arange(k)).reshape(-1))
+        # pairs of other dims: past the table
+        e = np.where((p.dim[cand] == dim)[:, None], start[cand][:, None] + np.arange(k),
+                     total)
+        entries.append(e.reshape(-1))
         valids.append(vd.reshape(-1))
     valid = jnp.concatenate(valids)
-    nent = valid.shape[0]
-    if static:
-        # every entry's table position is known at trace time: a static permutation
-        ent = np.concatenate(entries)
-        src = np.zeros(total + 1, np.int64)
-        src[ent] = np.arange(nent)
-        src = src[:total]
-        tab_valid = valid[src]
-        return jnp.asarray(src), tab_valid, jnp.sum(tab_valid)
-    ent = jnp.concatenate([jnp.asarray(e) for e in entries])
-    ent = jnp.where(valid, ent, total)             # invalid entries are dropped
-    src = jnp.zeros(total, jnp.int32).at[ent].set(jnp.arange(nent, dtype=jnp.int32),
-                                                   mode="drop")
-    tab_valid = jnp.zeros(total, bool).at[ent].set(True, mode="drop")
-    return src, tab_valid, jnp.sum(valid)
+    ent = np.concatenate(entries)
+    src = np.zeros(total + 1, np.int64)
+    src[ent] = np.arange(valid.shape[0])
+    src = src[:total]
+    tab_valid = valid[src]
+    return jnp.asarray(src), tab_valid, jnp.sum(tab_valid)
 
 
 def collision(m, d):
@@ -569,39 +705,15 @@ def collision(m, d):
     overflow = jnp.zeros((), bool)
     slots = {dim: [] for dim in split}
     for grp in p.groups:
-        n = len(grp.cand)
         idx = grp.cand
-        g1, g2 = p.g1[idx], p.g2[idx]
-        dm = det_margin[idx]
-        ok = _broadphase(m, d, g1, g2, dm)
-        npair_cap = min(n, _pair_cap(m, p, grp, split))
-        if npair_cap < n:
-            # overlapping pairs first (in MuJoCo order): the narrow phase runs on these
-            count = jnp.sum(ok)
-            sel = jnp.nonzero(ok, size=npair_cap, fill_value=0)[0]
-            selok = jnp.arange(npair_cap) < count
-            overflow = overflow | (count > npair_cap)
-            cand = jnp.asarray(idx)[sel]
-        else:
-            sel = slice(None)
-            selok = ok
-            cand = idx
-        if grp.fn is sdf_pair:
-            pre = _sdf_group(m, d, g1, g2, sel)
-        else:
-            i1, geo1 = _geoms(m, d, g1, sel, ftype)
-            i2, geo2 = _geoms(m, d, g2, sel, ftype)
-            geo1, geo2 = convex.attach_meshes(m, grp.fn, geo1, geo2, i1, i2, ftype,
-                                              geoms=(g1, g2))
-            pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
-        valid = pre.valid & selok[:, None]
+        pre, ok, _, over = narrow_group(m, d, p, grp, det_margin, split)
+        overflow = overflow | over
+        valid = pre.valid & ok[:, None]
         for dim in split:
             mine = p.dim[idx] == dim
             if not np.any(mine):
                 continue
-            vd = valid & jnp.asarray(mine)[sel][:, None] if npair_cap < n else \
-                valid & mine[:, None]
-            slots[dim].append((pre, vd, cand, idx[mine]))
+            slots[dim].append((pre, valid & mine[:, None], idx, idx[mine]))
     out = {f: [] for f in ("dist", "pos", "frame", "cand", "valid")}
     for dim in sorted(split):
         nslot = split[dim]
