@@ -723,3 +723,67 @@ def test_contact_order(rel):
 @pytest.mark.parametrize("rel", ORDER_FAST + ORDER_SLOW)
 def test_contact_order_all_models(rel):
     check_order(rel, NSTATE)
+
+
+_FILTER_SCENE = """<mujoco><worldbody>
+  <body><freejoint/><geom type="box" size=".1 .05 .02" margin=".01"/></body>
+  <body><freejoint/><geom type="capsule" size=".03 .1" margin=".01"/></body>
+  <body><freejoint/><geom type="box" size=".04 .08 .06"/></body>
+</worldbody></mujoco>"""
+
+
+def test_box_filter_and_group_skip():
+    """The bounding-box filter never rejects a pair whose collider finds a contact (300
+    random poses of two boxes and a capsule within 0.35 of each other, margin 0.01 on
+    two geoms) and rejects some that pass the sphere test; a vmapped batch gives every
+    world its own contacts whether its collider groups run (some world in contact) or
+    are skipped (no world: ``batch_max``)."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(_FILTER_SCENE)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    rng = np.random.default_rng(0)
+    states = []
+    for _ in range(300):
+        q = rng.standard_normal(mjm.nq)
+        for b in range(3):
+            q[7 * b:7 * b + 3] = rng.uniform(0, 0.35 / np.sqrt(3), 3)
+        states.append(normalize_quaternions(mjm, q))
+    ds = []
+    for q in states:
+        mjd.qpos[:] = q
+        mujoco.mj_kinematics(mjm, mjd)
+        ds.append(geom_poses(io.make_data(m), mjd))
+    batch = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *ds)
+    rejected = 0
+    for grp in p.groups:
+        if grp.fn in driver.CHEAP:
+            continue
+        g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
+        dmg = dm[grp.cand]
+
+        def one(d):
+            pre = jax.vmap(grp.fn)(*driver._group_args(m, d, grp.fn, g1, g2, dmg,
+                                                        jnp.float64))
+            return (driver._broadphase(m, d, g1, g2, dmg), driver._box_filter(m, d, g1, g2, dmg),
+                    jnp.any(pre.valid, axis=1))
+        sphere, box, hit = map(np.asarray, jax.jit(jax.vmap(one))(batch))
+        assert not np.any(hit & sphere & ~box)
+        rejected += int(np.sum(sphere & ~box & ~hit))
+    assert rejected > 50
+    single = jax.jit(lambda d: driver.collision(m, d))
+    coll = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))
+    # geoms 10 apart along x: nothing within reach in any world
+    far = batch.replace(geom_xpos=batch.geom_xpos + jnp.asarray(
+        np.arange(m.ngeom)[:, None] * [10.0, 0.0, 0.0]))
+    for b in (batch, far):
+        got = coll(b)
+        for i in (0, 1, 2, 3):
+            want = single(jax.tree_util.tree_map(lambda x: x[i], b))
+            assert int(got.ncon[i]) == int(want.ncon)
+            np.testing.assert_allclose(np.asarray(got.contact.dist[i]),
+                                       np.asarray(want.contact.dist), rtol=0, atol=1e-14)
+    assert int(np.sum(np.asarray(coll(far).ncon))) == 0
