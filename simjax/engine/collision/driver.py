@@ -614,51 +614,49 @@ def narrow_group(m, d, p, grp, det_margin, split):
     any world, :func:`batch_max`). Cheap colliders (``CHEAP``) and SDF pairs always run;
     a cheap group of more candidates than its pair capacity (:func:`_pair_cap`) runs on
     its broadphase-passing pairs compacted to that capacity (pairs beyond are dropped).
-    Returns (pre, ok, count, overflow): collider output with a leading axis of the
-    group's candidates (``grp.cand`` order), which of them pass the broadphase (rows of
-    the others are not contacts, whatever their ``valid``), how many pass, and whether
-    passing pairs were dropped."""
+    Returns (pre, ok, count, overflow, sel): collider output with a leading pair axis,
+    which of its rows are broadphase-passing pairs (rows of the others are not
+    contacts, whatever their ``valid``), how many pass, whether passing pairs were
+    dropped, and the group-local pair of each row when compacted (traced; else None:
+    one row per candidate in ``grp.cand`` order)."""
     ftype = d.geom_xpos.dtype
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
     dm = det_margin[grp.cand]
     ok = _broadphase(m, d, g1, g2, dm)
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
-        return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no
+        return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
     run = lambda: jax.vmap(grp.fn)(*_group_args(m, d, grp.fn, g1, g2, dm, ftype))
     if grp.fn in CHEAP:
         n, cap = len(grp.cand), _pair_cap(m, p, grp, split)
         count = jnp.sum(ok)
         if cap >= n:
-            return run(), ok, count, no
+            return run(), ok, count, no, None
         sel = jnp.nonzero(ok, size=cap, fill_value=0)[0]
         i1, geo1 = _geoms(m, d, g1, sel, ftype)
         i2, geo2 = _geoms(m, d, g2, sel, ftype)
         pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
-        # back to one row per candidate (by each passing pair's rank): the contact
-        # order stays a static permutation
-        rank = jnp.cumsum(ok) - 1
-        pre = jax.tree_util.tree_map(lambda x: x[jnp.clip(rank, 0, cap - 1)], pre)
-        return pre, ok & (rank < cap), count, count > cap
+        return pre, jnp.arange(cap) < count, count, count > cap, sel
     gtype = np.asarray(m.geom_type)
     if np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)):
         ok = ok & _box_filter(m, d, g1, g2, dm)
     count = jnp.sum(ok)
     zeros = lambda: _pre_zeros(grp.fn, _group_args(m, d, grp.fn, g1, g2, dm, ftype))
     pre = jax.lax.cond(batch_max(count) == 0, zeros, run)
-    return pre, ok, count, no
+    return pre, ok, count, no, None
 
 
 def _mujoco_order(p, dim, parts):
     """Order the candidate contacts of one contact dim as mj_collision does.
 
     ``parts``: per collider group with pairs of this dim (Pre, valid (npair, k), cand
-    (npair,) static candidate indices, the group's candidates of this dim), concatenated
+    (npair,), the group's candidates of this dim), concatenated
     in this order (entry ``e`` of the concatenation). Every candidate pair of the dim
     owns a static run of entries in a table laid out in MuJoCo's pair order (run length:
-    its collider's slot count); entry (pair, slot) goes to its pair's run, at its slot:
-    a static permutation. Returns (src (T,), tab_valid (T,), count): table entry ->
-    concatenation entry, the table's valid mask, and the number of valid contacts."""
+    its collider's slot count); a valid entry goes to its pair's run, at its slot.
+    Returns (src (T,), tab_valid (T,), count): table entry -> concatenation entry, the
+    table's valid mask, and the number of valid contacts. Compaction of the table keeps
+    the order (cumulative sums, no sort)."""
     width = np.zeros(len(p.g1), np.int64)
     for pre, vd, cand, members in parts:
         width[members] = vd.shape[1]
@@ -667,21 +665,33 @@ def _mujoco_order(p, dim, parts):
     start = np.zeros(len(p.g1), np.int64)
     start[order] = np.concatenate([[0], np.cumsum(width[order])[:-1]])
     total = int(np.sum(width[order]))
-    entries, valids = [], []
+    entries, valids, static = [], [], True
     for pre, vd, cand, members in parts:
         k = vd.shape[1]
-        # pairs of other dims: past the table
-        e = np.where((p.dim[cand] == dim)[:, None], start[cand][:, None] + np.arange(k),
-                     total)
-        entries.append(e.reshape(-1))
+        if isinstance(cand, np.ndarray):        # pairs of other dims: past the table
+            e = np.where((p.dim[cand] == dim)[:, None], start[cand][:, None] + np.arange(k),
+                         total)
+            entries.append(e.reshape(-1))
+        else:
+            static = False
+            entries.append((jnp.asarray(start)[cand][:, None] + jnp.arange(k)).reshape(-1))
         valids.append(vd.reshape(-1))
     valid = jnp.concatenate(valids)
-    ent = np.concatenate(entries)
-    src = np.zeros(total + 1, np.int64)
-    src[ent] = np.arange(valid.shape[0])
-    src = src[:total]
-    tab_valid = valid[src]
-    return jnp.asarray(src), tab_valid, jnp.sum(tab_valid)
+    nent = valid.shape[0]
+    if static:
+        # every entry's table position is known at trace time: a static permutation
+        ent = np.concatenate(entries)
+        src = np.zeros(total + 1, np.int64)
+        src[ent] = np.arange(nent)
+        src = src[:total]
+        tab_valid = valid[src]
+        return jnp.asarray(src), tab_valid, jnp.sum(tab_valid)
+    ent = jnp.concatenate([jnp.asarray(e) for e in entries])
+    ent = jnp.where(valid, ent, total)             # invalid entries are dropped
+    src = jnp.zeros(total, jnp.int32).at[ent].set(jnp.arange(nent, dtype=jnp.int32),
+                                                   mode="drop")
+    tab_valid = jnp.zeros(total, bool).at[ent].set(True, mode="drop")
+    return src, tab_valid, jnp.sum(valid)
 
 
 def collision(m, d):
@@ -706,14 +716,16 @@ def collision(m, d):
     slots = {dim: [] for dim in split}
     for grp in p.groups:
         idx = grp.cand
-        pre, ok, _, over = narrow_group(m, d, p, grp, det_margin, split)
+        pre, ok, _, over, sel = narrow_group(m, d, p, grp, det_margin, split)
         overflow = overflow | over
         valid = pre.valid & ok[:, None]
+        cand = idx if sel is None else jnp.asarray(idx)[sel]
         for dim in split:
             mine = p.dim[idx] == dim
             if not np.any(mine):
                 continue
-            slots[dim].append((pre, valid & mine[:, None], idx, idx[mine]))
+            vd = valid & (mine[:, None] if sel is None else jnp.asarray(mine)[sel][:, None])
+            slots[dim].append((pre, vd, cand, idx[mine]))
     out = {f: [] for f in ("dist", "pos", "frame", "cand", "valid")}
     for dim in sorted(split):
         nslot = split[dim]
