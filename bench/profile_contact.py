@@ -41,7 +41,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 from bench.models import CORPUS  # noqa: E402
-from bench.profiling import count_eqns, cpu_time  # noqa: E402
+from bench.profiling import compile_note, count_eqns, cpu_time  # noqa: E402
 
 MODELS = {"humanoid": f"{CORPUS}/mujoco_humanoid/humanoid.xml",
           "ant": f"{CORPUS}/gym_ant/ant.xml",
@@ -142,12 +142,7 @@ def main():
         }
         for pname, fn in parts.items():
             g = jax.jit(jax.vmap(fn))
-            extra = ""
-            if args.compile:
-                neq = count_eqns(jax.make_jaxpr(jax.vmap(fn))(fw).jaxpr)
-                t0 = time.process_time()
-                g.lower(fw).compile()
-                extra = f"   {neq:6d} eqns  compile {time.process_time() - t0:6.2f} s CPU"
+            extra = compile_note(jax.vmap(fn), fw) if args.compile else ""
             t = cpu_time(g, fw, repeat=5)
             print(f"  {pname:18s} {1e6 * t / args.batch:8.2f} us{extra}")
 

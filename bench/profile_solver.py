@@ -15,7 +15,6 @@ import argparse
 import os
 import pickle
 import sys
-import time
 
 sys.path.insert(0, os.getcwd())
 
@@ -26,7 +25,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(HERE, ".."))
 from bench.profile_contact import MODELS, settled  # noqa: E402
-from bench.profiling import count_eqns, cpu_time  # noqa: E402
+from bench.profiling import compile_note, cpu_time  # noqa: E402
 
 
 def main():
@@ -69,12 +68,7 @@ def main():
         fw = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
         fn = lambda dd: solver.fwd_constraint(m, dd)
         g = jax.jit(jax.vmap(fn))
-        extra = ""
-        if args.compile:
-            neq = count_eqns(jax.make_jaxpr(jax.vmap(fn))(fw).jaxpr)
-            t0 = time.process_time()
-            g.lower(fw).compile()
-            extra = f"  {neq:6d} eqns  compile {time.process_time() - t0:6.2f} s CPU"
+        extra = compile_note(jax.vmap(fn), fw) if args.compile else ""
         out = g(fw)
         t = cpu_time(g, fw, repeat=args.repeat)
         niter = np.asarray(out.solver_niter).max(-1)

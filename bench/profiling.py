@@ -42,17 +42,10 @@ _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][a-z0-9\-]*)
 _CALLEE = re.compile(r"(calls|to_apply)=%?([\w.\-]+)")
 
 
-def hlo_stats(text):
-    """Statistics of an optimised HLO module (``compiled.as_text()``).
-
-    ``ops``: instructions in all computations (fused ones and reducers included);
-    ``kernels``: instructions of the computations the backend runs op by op (entry, while
-    bodies and conditions, conditional branches, called computations) that do work: a
-    fusion counts one; parameters, constants, tuples and bitcasts do not; reducers and
-    fused computations are inside their op. ``fusions``: fusion instructions among them;
-    ``whiles``: while loops; ``top``: the most frequent kernel opcodes."""
-    comps, cur = {}, None
-    inner = set()
+def _kernel_lines(text):
+    """HLO text's computations as {name: [(opcode, line), ...]} and the set of names
+    that are inside an op (fusion bodies, reducers), not run op by op."""
+    comps, inner, cur = {}, set(), None
     for line in text.splitlines():
         if line and not line[0].isspace():
             if line.endswith("{"):
@@ -62,11 +55,34 @@ def hlo_stats(text):
         mt = _INSTR.match(line)
         if not mt or cur is None:
             continue
-        op = mt.group(2)
-        comps[cur].append(op)
+        comps[cur].append((mt.group(2), line))
         for kind, callee in _CALLEE.findall(line):
-            if kind == "calls" or op != "call":   # fusion bodies and reducers
+            if kind == "calls" or mt.group(2) != "call":   # fusion bodies and reducers
                 inner.add(callee)
+    return comps, inner
+
+
+def compile_note(fn, arg):
+    """`` N eqns  compile S s CPU``: jaxpr size and compile process-CPU time of
+    ``jax.jit(fn)`` at ``arg`` (a profile line's suffix)."""
+    import jax
+    neq = count_eqns(jax.make_jaxpr(fn)(arg).jaxpr)
+    t0 = time.process_time()
+    jax.jit(fn).lower(arg).compile()
+    return f"  {neq:6d} eqns  compile {time.process_time() - t0:6.2f} s CPU"
+
+
+def hlo_stats(text):
+    """Statistics of an optimised HLO module (``compiled.as_text()``).
+
+    ``ops``: instructions in all computations (fused ones and reducers included);
+    ``kernels``: instructions of the computations the backend runs op by op (entry, while
+    bodies and conditions, conditional branches, called computations) that do work: a
+    fusion counts one; parameters, constants, tuples and bitcasts do not; reducers and
+    fused computations are inside their op. ``fusions``: fusion instructions among them;
+    ``whiles``: while loops; ``top``: the most frequent kernel opcodes."""
+    comps, inner = _kernel_lines(text)
+    comps = {k: [op for op, _ in v] for k, v in comps.items()}
     ops = sum(len(v) for v in comps.values())
     kernels = fusions = whiles = 0
     top = {}
@@ -148,20 +164,7 @@ def hlo_attribution(text, package="simjax", skip_modules=("forward",)):
     Counters of kernels."""
     import collections
     chain = _stack_frames(text)
-    comps, inner, cur = {}, set(), None
-    for line in text.splitlines():
-        if line and not line[0].isspace():
-            if line.endswith("{"):
-                cur = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
-                comps[cur] = []
-            continue
-        mt = _INSTR.match(line)
-        if not mt or cur is None:
-            continue
-        comps[cur].append((mt.group(2), line))
-        for kind, callee in _CALLEE.findall(line):
-            if kind == "calls" or mt.group(2) != "call":
-                inner.add(callee)
+    comps, inner = _kernel_lines(text)
     stage, leaf = collections.Counter(), collections.Counter()
     for name, ops in comps.items():
         if name in inner:
