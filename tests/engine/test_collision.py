@@ -739,22 +739,24 @@ _SKIP_SCENE = """<mujoco><worldbody>
 
 
 def _filter_batch(n, xml=_FILTER_SCENE):
-    """(mjModel, Model, plan, batched Data with n random close poses of a scene)."""
+    """(mjModel, Model, plan, batched Data with n random close poses of a scene, the
+    poses' qpos)."""
     from mujoco_oracle import model_from_mujoco
     mjm = mujoco.MjModel.from_xml_string(xml)
     mjd = mujoco.MjData(mjm)
     m = model_from_mujoco(mjm)
     p = driver.plan(m)
     rng = np.random.default_rng(0)
-    ds = []
+    ds, qs = [], []
     for _ in range(n):
         q = rng.standard_normal(mjm.nq)
         for b in range(mjm.nbody - 1):
             q[7 * b:7 * b + 3] = rng.uniform(0, 0.35 / np.sqrt(3), 3)
-        mjd.qpos[:] = normalize_quaternions(mjm, q)
+        qs.append(normalize_quaternions(mjm, q))
+        mjd.qpos[:] = qs[-1]
         mujoco.mj_kinematics(mjm, mjd)
         ds.append(geom_poses(io.make_data(m), mjd))
-    return mjm, m, p, jax.tree_util.tree_map(lambda *x: jnp.stack(x), *ds)
+    return mjm, m, p, jax.tree_util.tree_map(lambda *x: jnp.stack(x), *ds), qs
 
 
 @pytest.mark.slow
@@ -762,7 +764,7 @@ def test_box_filter():
     """The bounding-box filter never rejects a pair whose collider finds a contact (300
     random poses of two boxes and a capsule within 0.35 of each other, margin 0.01 on
     two geoms) and rejects some that pass the sphere test."""
-    _, m, p, batch = _filter_batch(300)
+    _, m, p, batch, _ = _filter_batch(300)
     prm = driver.pair_params(m, p, jnp.float64)
     dm = prm["margin"] + prm["gap"]
     rejected = 0
@@ -787,15 +789,12 @@ def test_group_skip():
     """A vmapped batch gives every world MuJoCo's contacts whether its collider groups
     run (some world in contact) or are skipped (no world: ``batch_max``); a box and a
     capsule (one non-cheap group, capsule-box)."""
-    mjm, m, _, batch = _filter_batch(4, _SKIP_SCENE)
+    mjm, m, _, batch, qs = _filter_batch(4, _SKIP_SCENE)
     coll = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))
     got = coll(batch)
     mjd = mujoco.MjData(mjm)
-    rng = np.random.default_rng(0)
-    for i in range(4):     # the same poses as _filter_batch
-        q = rng.standard_normal(mjm.nq)
-        q[0:3], q[7:10] = (rng.uniform(0, 0.35 / np.sqrt(3), 3) for _ in range(2))
-        mjd.qpos[:] = normalize_quaternions(mjm, q)
+    for i, q in enumerate(qs):
+        mjd.qpos[:] = q
         mujoco.mj_forward(mjm, mjd)
         assert int(got.ncon[i]) == mjd.ncon
         dist = np.asarray(got.contact.dist[i])[np.asarray(got.contact.valid[i])]
