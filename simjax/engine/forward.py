@@ -204,8 +204,8 @@ def euler(m, d: Data) -> Data:
     def damped(d):
         damping, poly = passive.dof_damping(m, dtype)
         diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
-        low, up, dd = tree_linalg.factor_permuted(m, d.qM, add_diag=h * diag)
-        return tree_linalg.solve_permuted(m, low, up, dd, d.qfrc_smooth + d.qfrc_constraint)
+        qld = tree_linalg.factor_ld(m, d.qM, add_diag=h * diag)
+        return tree_linalg.solve_ld(m, qld, d.qfrc_smooth + d.qfrc_constraint)
 
     flag = _euler_damped(m)
     if flag is None:

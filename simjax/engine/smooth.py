@@ -358,8 +358,7 @@ def factor_m(m, d):
     """Factorise the inertia matrix (mj_factorM): qLD = L' D L (tree-sparse, dense)."""
     if not m.nv:
         return d
-    low, _, diag = tree_linalg.factor(m, d.qM)
-    return d.replace(qLD=tree_linalg.pack_ld(low, diag))
+    return d.replace(qLD=tree_linalg.factor_ld(m, d.qM))
 
 
 def solve_m(m, d, x):

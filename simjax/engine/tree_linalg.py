@@ -7,8 +7,8 @@ another, so a whole height level is eliminated at once. With the dofs permuted b
 decreasing height, every level is a contiguous block whose ancestors all come before
 it, so elimination only ever touches a shrinking leading block: per level one rank-k
 update written as a sum of k outer products (elementwise, fused) and no scatters. The
-solves run one level at a time as well. Everything is pure JAX (no LAPACK custom
-calls), so it batches, differentiates and compiles small.
+solves run one level at a time as well. Everything here is pure JAX, so it batches and
+differentiates; :func:`factor_ld` may instead factorise with LAPACK (see ``lapack_chol``).
 
 Matrices are dense (nv, nv) with the tree sparsity of ``tables.m_mask`` (and its
 transpose); entries outside it are ignored.
@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import tables
+from simjax.engine import lapack_chol, tables
 
 _CACHE: dict = {}
 
@@ -166,6 +167,58 @@ def solve(m, low, up, diag, b):
 def pack_ld(low, diag):
     """Dense qLD in MuJoCo's convention: strictly lower L, diagonal D."""
     return low + jnp.diag(diag)
+
+
+def factor_ld(m, a, add_diag=None):
+    """Dense qLD (MuJoCo's L'DL of symmetric ``a``, as :func:`pack_ld`) of ``a`` plus
+    ``diag(add_diag)`` if given. Uses one LAPACK Cholesky where :mod:`lapack_chol`
+    says it is safe and pays (a few XLA kernels instead of one or two per tree level);
+    the derivative is always the pure-JAX factorisation's."""
+    if add_diag is not None:
+        a = a + jnp.asarray(np.eye(m.nv), a.dtype) * add_diag[:, None]
+    if not lapack_chol.enabled(m.nv):
+        return _factor_ld_pure(m, a)
+    return _factor_ld_lapack(m, a)
+
+
+def _factor_ld_pure(m, a):
+    low, _, diag = factor(m, a)
+    return pack_ld(low, diag)
+
+
+def _chol_ld(a, mask):
+    """qLD from one Cholesky of the dof-reversed ``a``: with P the reversal,
+    P a P = C C' (C lower) gives a = U U' with U = P C P upper, i.e. MuJoCo's
+    a = L' D L with L' = U diag(U)^-1 and D = diag(U)^2. Eliminating the reversed
+    dofs in order goes from the leaves up, so C has the tree's zero pattern."""
+    c = lapack_chol.cholesky(a[::-1, ::-1])
+    u_t = c.T[::-1, ::-1]                          # U' = P C' P, lower
+    eye = jnp.asarray(np.eye(a.shape[0]), a.dtype)
+    s = jnp.sum(u_t * eye, axis=1)                 # sqrt(D)
+    return mask * (u_t / s[:, None]) + eye * (s * s)[:, None]
+
+
+def _factor_ld_lapack(m, a):
+    anc = jnp.asarray(tables.get(m).m_mask - np.eye(m.nv), a.dtype)
+    return _chol_ld_bound(m)(a, anc)
+
+
+def _chol_ld_bound(m):
+    # the tangent needs the model's tree (a static plan), so bind the jvp per model
+    key = ("jvp", np.asarray(m.dof_parentid).tobytes())
+    fn = _CACHE.get(key)
+    if fn is None:
+        fn = jax.custom_jvp(_chol_ld)
+
+        @fn.defjvp
+        def _jvp(primals, tangents):
+            a, mask = primals
+            da, _ = tangents
+            out = fn(a, mask)
+            _, dout = jax.jvp(lambda x: _factor_ld_pure(m, x), (a,), (da,))
+            return out, dout
+        _CACHE[key] = fn
+    return fn
 
 
 def solve_ld(m, qld, b):
