@@ -1,0 +1,89 @@
+"""LAPACK mass-matrix factorisation (tree_linalg.factor_ld, lapack_chol)."""
+import re
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+from engine_helpers import load, random_state, set_state, to_data
+from simjax.engine import lapack_chol, make_data, smooth, support, tree_linalg
+
+# jaxlib's CPU LAPACK kernels hand a batch to the thread pool from this much work on
+_POOL_WORK = 200_000
+_MODELS = ["mujoco_humanoid/humanoid.xml", "gym_ant/ant.xml", "mjx_pendula/pendula.xml"]
+
+
+def _qm(m, d):
+    d = smooth.kinematics(m, d)
+    d = smooth.com_pos(m, d)
+    return smooth.crb(m, d).qM
+
+
+@pytest.mark.parametrize("rel", _MODELS)
+def test_factor_ld_matches_mujoco(rel):
+    mjm, m = load(rel)
+    rng = np.random.default_rng(5)
+    mjd = mujoco.MjData(mjm)
+    for _ in range(3):
+        state = random_state(mjm, rng)
+        set_state(mjm, mjd, state)
+        mujoco.mj_forward(mjm, mjd)
+        qm = jax.jit(_qm, static_argnums=0)(m, to_data(make_data(m), state))
+        qld = jax.jit(tree_linalg.factor_ld, static_argnums=0)(m, qm)
+        np.testing.assert_allclose(support.pack_m(m, qld), mjd.qLD, rtol=1e-10, atol=1e-12)
+        x = np.asarray(tree_linalg.solve_ld(m, qld, jnp.asarray(mjd.qfrc_smooth)))
+        ref = np.zeros(mjm.nv)
+        mujoco.mj_solveM(mjm, mjd, ref[None], mjd.qfrc_smooth[None])
+        np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-10)
+
+
+def test_factor_ld_damped_and_grad():
+    mjm, m = load("mujoco_humanoid/humanoid.xml")
+    rng = np.random.default_rng(6)
+    qpos = jnp.asarray(mjm.qpos0[None] + 0.3 * rng.standard_normal((4, mjm.nq)))
+    d0 = make_data(m)
+    qm = jax.vmap(lambda q: _qm(m, d0.replace(qpos=q)))(qpos)
+    add = jnp.asarray(rng.uniform(0.1, 1.0, mjm.nv))
+    ours = jax.vmap(lambda a: tree_linalg.factor_ld(m, a, add_diag=add))(qm)
+    pure = jax.vmap(lambda a: tree_linalg._factor_ld_pure(m, a + jnp.diag(add)))(qm)
+    np.testing.assert_allclose(ours, pure, rtol=1e-11, atol=1e-12)
+    v = jnp.asarray(rng.standard_normal(mjm.nv))
+
+    def loss(fac, q):
+        return jnp.sum(tree_linalg.solve_ld(m, fac(_qm(m, d0.replace(qpos=q))), v) ** 2)
+    g = jax.vmap(jax.grad(lambda q: loss(lambda a: tree_linalg.factor_ld(m, a), q)))(qpos)
+    g_ref = jax.vmap(jax.grad(lambda q: loss(lambda a: tree_linalg._factor_ld_pure(m, a),
+                                             q)))(qpos)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-8, atol=1e-8 * np.abs(g_ref).max())
+
+
+def _potrf_calls(hlo):
+    """(batch, n) of every LAPACK Cholesky in compiled HLO text."""
+    pat = r"\(f(?:32|64)\[([0-9,]*)\][^)]*\) custom-call\([^)]*\), custom_call_target=\"lapack_[sd]potrf"
+    out = []
+    for dims in re.findall(pat, hlo):
+        shape = [int(x) for x in dims.split(",")]
+        out.append((int(np.prod(shape[:-2])), shape[-1]))
+    return out
+
+
+@pytest.mark.parametrize("n", [6, 27, 48])
+def test_cholesky_never_reaches_the_thread_pool(n):
+    """Every LAPACK call stays below jaxlib's threshold for handing work to the
+    thread pool (where concurrent calls can deadlock), at any vmap nesting."""
+    if not lapack_chol.enabled(n):
+        pytest.skip("LAPACK path not used here")
+    rng = np.random.default_rng(n)
+    r = rng.standard_normal((8, 300, n, n))
+    a = r @ np.swapaxes(r, -1, -2) + n * np.eye(n)
+    for f, x in ((jax.vmap(lapack_chol.cholesky), a[0]),
+                 (jax.vmap(jax.vmap(lapack_chol.cholesky)), a)):
+        hlo = jax.jit(f).lower(x).compile().as_text()
+        calls = _potrf_calls(hlo)
+        assert calls
+        for batch, size in calls:
+            assert size == n and batch * (n ** 3 // 3) < _POOL_WORK
+        np.testing.assert_allclose(jax.jit(f)(x), np.linalg.cholesky(x), rtol=1e-10,
+                                   atol=1e-10)
