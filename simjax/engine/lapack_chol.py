@@ -66,14 +66,15 @@ def _cholesky_vmap(axis_size, in_batched, a):
     n = a.shape[-1]
     flat = a.reshape((-1, n, n))
     total, c = flat.shape[0], _chunk(n)
-    full = total // c
-    parts = []
+    full = -(-total // c)
     if full == 1:
-        parts.append(cholesky(flat[:c]))
-    elif full:
-        body = flat[:full * c].reshape((full, c, n, n))
-        parts.append(lax.map(cholesky, body).reshape((full * c, n, n)))
-    if total > full * c:
-        parts.append(cholesky(flat[full * c:]))
-    out = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+        out = cholesky(flat)
+    else:
+        # pad with identities to whole chunks: one loop, no separate call for a tail
+        pad = full * c - total
+        if pad:
+            eye = jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), (pad, n, n))
+            flat = jnp.concatenate([flat, eye])
+        out = lax.map(cholesky, flat.reshape((full, c, n, n)))
+        out = out.reshape((full * c, n, n))[:total]
     return out.reshape(a.shape), True
