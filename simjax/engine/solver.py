@@ -39,7 +39,7 @@ import numpy as np
 
 from simjax.engine import constraint as C
 from simjax.engine import tables, tree_linalg
-from simjax.engine.data import NISLAND, WARN_CNSTRFULL
+from simjax.engine.data import NISLAND
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.types import DisableBit, SolverType
 
@@ -581,20 +581,14 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
 # The row capacity (every row that could be active: all contact slots, both sides of
 # every limit) is many times the number of active rows in a typical state, and the
 # iterations cost O(rows) per line-search point and O(rows nv^2) per Hessian. The
-# primal solvers therefore run on the active rows gathered into a smaller static buffer
-# (keeping their order). As MuJoCo's constraint arena (mjWARN_CNSTRFULL), the buffer is
-# a capacity: a state with more active rows than it holds keeps the first ones (in efc
-# order, whole contacts) and counts Data.warning[WARN_CNSTRFULL]; the rows that do not
-# fit are inactive for the whole solve (efc_active false, no force). One solve on the
-# buffer, no second full-size solve for the overflow case (that copy doubled the
-# solver's compile time).
+# iterative solvers therefore run on the active rows gathered into a smaller static
+# buffer (keeping their order); a state with more active rows than that buffer holds is
+# solved on the full rows instead, so the result never depends on the buffer size.
 def row_capacity(spec):
     """Static size of the compact buffers: (scalar rows, contacts per elliptic block).
 
     Equality rows are usually all active and are always kept; the remaining rows get a
-    quarter of their capacity (at least 16 rows / 4 contacts). Settled and falling
-    states of the benchmark models (MuJoCo's nefc over random-control rollouts:
-    humanoid 47 of 58, barkour 36 of 43, ant 20 of 33, shadow hand 22 of 86) fit."""
+    quarter of their capacity (at least 16 rows / 4 contacts)."""
     in_ell = _ell_mask(spec)
     ns = int(np.sum(~in_ell))
     neq = int(np.sum(spec.eq))
@@ -610,57 +604,41 @@ def _ell_mask(spec):
     return in_ell
 
 
-def _count(a):
-    """Inclusive running count of the true entries of a boolean vector (a
-    logarithmic-depth cumulative sum, cheaper than cumsum's reduce-window on CPU)."""
-    return jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
-
-
-def _first(cs, k):
-    """Indices of the first ``k`` true entries of a vector whose running count is
-    ``cs`` (:func:`_count`), in order; len(cs) where there are fewer (jnp.nonzero(a,
-    size=k) without its scatter: a binary search, cheaper under vmap)."""
+def _first_true(a, k):
+    """Indices of the first ``k`` true entries of the boolean vector ``a`` in order,
+    len(a) where there are fewer (jnp.nonzero(a, size=k) without its scatter: a
+    logarithmic-depth cumulative sum and a binary search, cheaper under vmap)."""
+    cs = jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
     return jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
-
-
-def keep_rows(spec, active, caps):
-    """The active rows that fit the compact buffers of sizes ``caps``
-    (:func:`row_capacity`): (kept (nefc,) mask, overflow, running counts for
-    :func:`_compact`). ``overflow``: some active row does not fit (WARN_CNSTRFULL)."""
-    ks, ke = caps
-    cs = _count(active & ~_ell_mask(spec))
-    kept = active & (cs <= ks)
-    overflow = cs[-1] > ks
-    counts = [cs]
-    for (start, n, dim), k in zip(spec.ell, ke):
-        ce = _count(active[start:start + n * dim:dim])
-        counts.append(ce)
-        overflow = overflow | (ce[-1] > k)
-        kept = kept.at[start:start + n * dim].set(
-            jnp.repeat(active[start:start + n * dim:dim] & (ce <= k), dim))
-    return kept, overflow, counts
 
 
 _FILL = {"J": 0.0, "aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False,
          "efc_b": 0.0}
 
 
-def _compact(spec, p, caps, counts):
-    """Rows of problem ``p`` gathered into static buffers of sizes ``caps``
-    (:func:`row_capacity`): the first active ones, ``counts`` the running counts of
-    :func:`keep_rows`. Returns (compact spec, compact problem): padding rows are
-    inactive one-sided rows (zero Jacobian, zero force)."""
+def _compact(spec, p, caps):
+    """Active rows of problem ``p`` gathered into static buffers of sizes ``caps``
+    (:func:`row_capacity`). Returns (compact spec, compact problem, overflow): padding
+    rows are inactive one-sided rows (zero Jacobian, zero force); ``overflow`` is true
+    when some active row did not fit."""
     ks, ke = caps
     nefc = spec.nefc
-    idx = [_first(counts[0], ks)]            # nefc (the fill row) past the active ones
+    act = p["active"]
+    srows = np.nonzero(~_ell_mask(spec))[0]
+    a = act[srows]
+    pos = _first_true(a, ks)
+    idx = [jnp.take(jnp.asarray(srows, jnp.int32), pos, mode="fill", fill_value=nefc)]
+    overflow = jnp.sum(a) > ks
     ell, mus, frs = [], [], []
     row = ks
-    for (start, n, dim), k, mu, fr, ce in zip(spec.ell, ke, p["mu"], p["fr"], counts[1:]):
-        pos = _first(ce, k)
+    for (start, n, dim), k, mu, fr in zip(spec.ell, ke, p["mu"], p["fr"]):
+        ae = act[start:start + n * dim:dim]
+        pos = _first_true(ae, k)
         rows = start + pos[:, None] * dim + np.arange(dim)
         idx.append(jnp.where(pos[:, None] < n, rows, nefc).reshape(-1))
         mus.append(jnp.take(mu, pos, mode="fill", fill_value=1.0))
         frs.append(jnp.take(fr, pos, axis=0, mode="fill", fill_value=1.0))
+        overflow = overflow | (jnp.sum(ae) > k)
         ell.append((row, k, dim))
         row += k * dim
     # materialised once: fused into the gathers, the index search would be recomputed
@@ -676,7 +654,7 @@ def _compact(spec, p, caps, counts):
     cspec = Spec(eq=take(jnp.asarray(spec.eq), False), fric=take(jnp.asarray(spec.fric), False),
                  ineq=take(jnp.asarray(spec.ineq), True), ell=tuple(ell), nefc=row,
                  nv=spec.nv, nisl=spec.nisl)
-    return cspec, cp
+    return cspec, cp, overflow
 
 
 # --------------------------------------------------------------------------- entry
@@ -738,11 +716,6 @@ def fwd_constraint(m, d):
     total cost is lower than that of qacc_smooth (primal solvers), or from the forces it
     implies when their dual cost is negative (PGS). Requires make_constraint and
     reference_constraint to have run.
-
-    Newton and CG iterate on the active rows gathered into a buffer of
-    :func:`row_capacity` rows; active rows beyond it are dropped (efc_active false in
-    the result) and counted in ``warning[WARN_CNSTRFULL]``, as MuJoCo's full
-    constraint arena.
     """
     tables.precision_guard()
     nefc = d.efc_J.shape[0]
@@ -751,18 +724,6 @@ def fwd_constraint(m, d):
         return d.replace(qacc=d.qacc_smooth, qfrc_constraint=zero_v)
     lay = C.layout(m, C.slot_dims(d))
     spec = spec_from_layout(lay, m.nv)
-    solver = m.opt.solver
-    caps = row_capacity(spec)
-    compact = (solver in (SolverType.NEWTON, SolverType.CG) and
-               caps[0] + sum(k * dim for k, (_, _, dim) in zip(caps[1], spec.ell)) < nefc)
-    if compact:
-        # active rows past the buffer capacity are dropped for the whole solve (made
-        # neutral as inactive rows are: no impedance, no friction loss)
-        kept, overflow, counts = keep_rows(spec, d.efc_active, caps)
-        d = d.replace(efc_active=kept, efc_D=jnp.where(kept, d.efc_D, 0.0),
-                      efc_frictionloss=jnp.where(kept, d.efc_frictionloss, 0.0),
-                      warning=d.warning.at[WARN_CNSTRFULL].add(
-                          overflow.astype(d.warning.dtype)))
     p = _problem(m, d, lay)
     efc_b = jnp.where(d.efc_active, d.efc_J @ d.qacc_smooth - d.efc_aref, 0.0)
     p["efc_b"] = efc_b
@@ -771,6 +732,7 @@ def fwd_constraint(m, d):
     ps = {k: jax.tree_util.tree_map(sg, v) for k, v in p.items() if k != "solve_m"}
     qld = sg(d.qLD)
     ps["solve_m"] = lambda x: tree_linalg.solve_ld(m, qld, x)
+    solver = m.opt.solver
     iters = int(m.opt.iterations)
     warm = not (m.opt.disableflags & DisableBit.WARMSTART)
     qs = sg(d.qacc_smooth)
@@ -818,7 +780,23 @@ def fwd_constraint(m, d):
             return _primal(sp, pp, (qacc0, Ma0, jaref0), solver == SolverType.NEWTON,
                            iters, int(m.opt.ls_iterations))
 
-        res = solve(*_compact(spec, ps, caps, counts)) if compact else solve(spec, ps)
+        caps = row_capacity(spec)
+        if caps[0] + sum(k * dim for k, (_, _, dim) in zip(caps[1], spec.ell)) < nefc:
+            cspec, cp, overflow = _compact(spec, ps, caps)
+            res = solve(cspec, cp)
+            arrays = {k: v for k, v in ps.items() if k != "solve_m"}
+
+            def full(c):
+                # the barrier ties the inputs to the loop flag: without it XLA hoists the
+                # loop-invariant solve out of the loop and runs it unconditionally
+                pp, _ = jax.lax.optimization_barrier((arrays, c[0]))
+                return jnp.zeros((), bool), solve(spec, dict(pp, solve_m=ps["solve_m"]))
+
+            # a while_loop as a conditional: under vmap it runs the full-size solve only
+            # when some world of the batch overflowed (a cond would run it always)
+            _, res = jax.lax.while_loop(lambda c: c[0], full, (overflow, res))
+        else:
+            res = solve(spec, ps)
         qacc, niter, imp, gnorm = res
         force_solver = None
     elif solver == SolverType.PGS:

@@ -21,7 +21,6 @@ from constraint_helpers import (canonical, check_solution, condim, inject_contac
 from engine_helpers import load, random_state, set_state, to_data
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import io
-from simjax.engine.data import WARN_CNSTRFULL
 
 fwd = importlib.import_module("simjax.engine.forward")
 NEWTON, CG, PGS = 2, 1, 0
@@ -325,52 +324,22 @@ def test_vmap_over_worlds():
     assert np.abs(np.asarray(out.qacc[1]) - np.asarray(other.qacc)).max() / scale < 1e-12
 
 
-def test_compact_rows(monkeypatch):
+@pytest.mark.parametrize("fit", [True, False])
+def test_compact_rows(fit, monkeypatch):
     """Newton iterates on the active rows gathered into a compact buffer: a buffer that
-    just fits them gives MuJoCo's solution."""
+    just fits them gives MuJoCo's solution, and one too small falls back to the full
+    rows (same solution)."""
     from simjax.engine import constraint as C
     from simjax.engine import solver as S
     rel, edit, opts = CASES["ant_newton"]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
-    spec = S.spec_from_layout(C.layout(m, C.slot_dims(d)), m.nv)
+    lay = C.layout(m, C.slot_dims(d))
+    spec = S.spec_from_layout(lay, m.nv)
     nact = int(np.sum(np.asarray(d.efc_active)))
-    kept, overflow, _ = S.keep_rows(spec, d.efc_active, (nact, ()))
-    assert not bool(overflow) and np.array_equal(np.asarray(kept), np.asarray(d.efc_active))
-    monkeypatch.setattr(S, "row_capacity", lambda spec: (nact, ()))
+    caps = (nact if fit else max(1, nact - 3), ())
+    _, _, overflow = S._compact(spec, S._problem(m, d, lay), caps)
+    assert bool(overflow) != fit
+    monkeypatch.setattr(S, "row_capacity", lambda spec: caps)
     cases = {"case": CASES["ant_newton"]}
     monkeypatch.setitem(globals(), "solve_jit", jax.jit(lambda m, d: S.fwd_constraint(m, d)))
-    _, out = check_solve("case", cases)
-    assert int(out.warning[WARN_CNSTRFULL]) == 0
-
-
-def test_compact_rows_overflow(monkeypatch):
-    """Active rows past the buffer capacity are dropped as MuJoCo's full constraint
-    arena drops rows: WARN_CNSTRFULL is counted, the first active rows (efc order) are
-    kept, the dropped ones carry no force, and the solution is the one of the problem
-    with those rows inactive (solved with a buffer that holds every row)."""
-    from simjax.engine import solver as S
-    rel, edit, opts = CASES["ant_newton"]
-    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
-    act = np.asarray(d.efc_active)
-    nact = int(act.sum())
-    assert nact > 4
-    small = jax.jit(lambda m, d: S.fwd_constraint(m, d))
-    monkeypatch.setattr(S, "row_capacity", lambda spec: (nact - 3, ()))
-    out = small(m, d)
-    want = act & (np.cumsum(act) <= nact - 3)
-    assert int(out.warning[WARN_CNSTRFULL]) == 1
-    assert np.array_equal(np.asarray(out.efc_active), want)
-    assert np.all(np.asarray(out.efc_force)[~want] == 0)
-    assert np.all(np.asarray(out.efc_D)[~want] == 0)
-    monkeypatch.setattr(S, "row_capacity", lambda spec: (spec.nefc, ()))
-    off = jnp.asarray(~want)
-    d_want = d.replace(efc_active=jnp.asarray(want), efc_D=jnp.where(off, 0.0, d.efc_D),
-                       efc_frictionloss=jnp.where(off, 0.0, d.efc_frictionloss))
-    ref = jax.jit(lambda m, d: S.fwd_constraint(m, d))(m, d_want)
-    assert int(ref.warning[WARN_CNSTRFULL]) == 0
-    scale = max(1.0, np.abs(np.asarray(ref.qacc)).max())
-    assert np.abs(np.asarray(out.qacc) - np.asarray(ref.qacc)).max() / scale < 1e-12
-    assert np.abs(np.asarray(out.efc_force) - np.asarray(ref.efc_force)).max() / scale < 1e-12
-    assert np.array_equal(np.asarray(out.solver_niter), np.asarray(ref.solver_niter))
-    # the dropped rows change the solution (the test is not vacuous)
-    assert np.abs(np.asarray(out.qacc) - mjd.qacc).max() / max(1.0, np.abs(mjd.qacc).max()) > 1e-6
+    check_solve("case", cases)
