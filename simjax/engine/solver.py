@@ -469,11 +469,27 @@ def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
         return {key: jnp.where(s["done"] if v.ndim == 1 else col(s["done"]), s[key], v)
                 for key, v in out.items()}
 
+    # the loop carries three arrays (points and direction, counters, flags) instead of
+    # ten: every loop-carried array costs a copy and its own update kernel per iteration
+    pts = ("p1", "p2", "p1n", "p2n", "res")
+
+    def pack(s):
+        dirn = jnp.concatenate([s["dir"][:, None], jnp.zeros((k, 3), dtype)], 1)
+        return (jnp.stack([s[key] for key in pts] + [dirn], 1),
+                jnp.stack([s["ph"], s["n"]], 1), jnp.stack([s["f2"], s["done"]], 1))
+
+    def unpack(c):
+        f, i, b = c
+        s = {key: f[:, j] for j, key in enumerate(pts)}
+        return dict(s, dir=f[:, len(pts), 0], ph=i[:, 0], n=i[:, 1], f2=b[:, 0], done=b[:, 1])
+
     s = dict(ph=jnp.zeros(k, jnp.int32), p1=zero, p2=zero, p1n=zero, p2n=zero,
              n=jnp.zeros(k, jnp.int32), dir=jnp.ones(k, dtype), f2=jnp.zeros(k, bool),
              res=zero, done=skip)
-    s = jax.lax.while_loop(lambda s: jnp.any(~s["done"]), body, s)
-    return s["res"][:, 0], -s["res"][:, 1]
+    c = jax.lax.while_loop(lambda c: jnp.any(~c[2][:, 1]), lambda c: pack(body(unpack(c))),
+                           pack(s))
+    res = c[0][:, pts.index("res")]
+    return res[:, 0], -res[:, 1]
 
 
 # --------------------------------------------------------------------------- primal solvers
@@ -568,12 +584,29 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
                     gnorm=jnp.where(take, gnorm, s["gnorm"]),
                     first=jnp.zeros((), bool))
 
+    # the loop carries five arrays instead of eleven (the (nv,) vectors stacked, the
+    # per-island statistics stacked): every loop-carried array costs a copy and its own
+    # update kernel per iteration
+    vecs = ("qacc", "Ma", "search", "grad", "mgrad")
+
+    def pack(s):
+        return (jnp.stack([s[key] for key in vecs]), s["jaref"],
+                jnp.stack([s["imp"], s["gnorm"]]),
+                jnp.stack([s["iter"], s["done"].astype(jnp.int32)]), s["first"])
+
+    def unpack(c):
+        v, jaref, st, it, first = c
+        return dict({key: v[j] for j, key in enumerate(vecs)}, jaref=jaref, imp=st[0],
+                    gnorm=st[1], iter=it[0], done=it[1] != 0, first=first)
+
     zv = jnp.zeros_like(qacc0)
     s = dict(qacc=qacc0, Ma=Ma0, jaref=jaref0, search=zv, grad=zv, mgrad=zv,
              iter=jnp.zeros(isl.n, jnp.int32), done=jnp.zeros(isl.n, bool),
              imp=jnp.zeros(isl.n, qacc0.dtype), gnorm=jnp.zeros(isl.n, qacc0.dtype),
              first=jnp.ones((), bool))
-    s = jax.lax.while_loop(lambda s: s["first"] | jnp.any(~s["done"]), body, s)
+    c = jax.lax.while_loop(lambda c: c[4] | jnp.any(c[3][1] == 0),
+                           lambda c: pack(body(unpack(c))), pack(s))
+    s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 
 
