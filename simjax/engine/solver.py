@@ -221,6 +221,13 @@ class Islands:
             return jnp.dot(a, b)[None]
         return self._sum(self.dmask, a * b)
 
+    def ddots(self, a, b):
+        """(n, m) dot products of an (nv,) vector with the m columns of b (nv, m) over
+        each island's dofs: one reduction for several dot products."""
+        if self.n == 1:
+            return jnp.sum(a[:, None] * b, 0)[None]
+        return self._sum(self.dmask, a[:, None] * b)
+
     def norm(self, a):
         if self.n == 1:
             return jnp.linalg.norm(a)[None]
@@ -255,12 +262,13 @@ class Islands:
 # --------------------------------------------------------------------------- line search
 def _prepare(spec, p, isl, Ma, jaref, search):
     """Quadratic coefficients of the 1-D cost along ``search`` (PrimalPrepare); the
-    Gauss term ``qg`` (islands, 2) per island."""
+    Gauss term ``qg`` (islands, 2) per island; ``snorm`` the norm of ``search``
+    (islands,) (the dot products with ``search`` in one reduction)."""
     Mv = p["M"] @ search
     Jv = p["J"] @ search
     D = p["D"]
-    qg = jnp.stack([isl.ddot(search, Ma) - isl.ddot(p["qfrc_smooth"], search),
-                    0.5 * isl.ddot(search, Mv)], 1)
+    dots = isl.ddots(search, jnp.stack([search, Ma, p["qfrc_smooth"], Mv], 1))
+    qg = jnp.stack([dots[:, 1] - dots[:, 2], 0.5 * dots[:, 3]], 1)
     dj0 = D * jaref
     quad = jnp.stack([0.5 * jaref * dj0, Jv * dj0, 0.5 * Jv * D * Jv], 1)
     ells = []
@@ -275,7 +283,8 @@ def _prepare(spec, p, isl, Ma, jaref, search):
         ells.append(dict(q=qb, u0=u0, v0=v0, uu=jnp.sum(u * u, 1), uv=jnp.sum(u * v, 1),
                          vv=jnp.sum(v * v, 1), dm=dd[:, 0] / (mu * mu * (1 + mu * mu)),
                          mu=mu, isl=isl.block(start, n, dim)))
-    return dict(Mv=Mv, Jv=Jv, qg=qg, quad=quad, ells=ells, jaref=jaref)
+    return dict(Mv=Mv, Jv=Jv, qg=qg, quad=quad, ells=ells, jaref=jaref,
+                snorm=jnp.sqrt(dots[:, 0]))
 
 
 def _fric_cost(x, f, rf, D):
@@ -469,11 +478,27 @@ def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
         return {key: jnp.where(s["done"] if v.ndim == 1 else col(s["done"]), s[key], v)
                 for key, v in out.items()}
 
+    # the loop carries three arrays (points and direction, counters, flags) instead of
+    # ten: every loop-carried array costs a copy and its own update kernel per iteration
+    pts = ("p1", "p2", "p1n", "p2n", "res")
+
+    def pack(s):
+        dirn = jnp.concatenate([s["dir"][:, None], jnp.zeros((k, 3), dtype)], 1)
+        return (jnp.stack([s[key] for key in pts] + [dirn], 1),
+                jnp.stack([s["ph"], s["n"]], 1), jnp.stack([s["f2"], s["done"]], 1))
+
+    def unpack(c):
+        f, i, b = c
+        s = {key: f[:, j] for j, key in enumerate(pts)}
+        return dict(s, dir=f[:, len(pts), 0], ph=i[:, 0], n=i[:, 1], f2=b[:, 0], done=b[:, 1])
+
     s = dict(ph=jnp.zeros(k, jnp.int32), p1=zero, p2=zero, p1n=zero, p2n=zero,
              n=jnp.zeros(k, jnp.int32), dir=jnp.ones(k, dtype), f2=jnp.zeros(k, bool),
              res=zero, done=skip)
-    s = jax.lax.while_loop(lambda s: jnp.any(~s["done"]), body, s)
-    return s["res"][:, 0], -s["res"][:, 1]
+    c = jax.lax.while_loop(lambda c: jnp.any(~c[2][:, 1]), lambda c: pack(body(unpack(c))),
+                           pack(s))
+    res = c[0][:, pts.index("res")]
+    return res[:, 0], -res[:, 1]
 
 
 # --------------------------------------------------------------------------- primal solvers
@@ -506,16 +531,13 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
     solve_m = p["solve_m"]
     gtol_base = tol * p["ls_tolerance"]
 
-    def decrement(grad, mgrad):
-        return jnp.maximum(0.0, 0.5 * scale * isl.ddot(grad, mgrad))
-
     def body(s):
         qacc, Ma, jaref, search = s["qacc"], s["Ma"], s["jaref"], s["search"]
         first = s["first"]
         live = ~s["done"]
-        snorm = isl.norm(search)
-        small = snorm < MINVAL
         pre = _prepare(spec, p, isl, Ma, jaref, search)
+        snorm = pre["snorm"]
+        small = snorm < MINVAL
         gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
         alpha, imp = _linesearch(spec, p, isl, pre, gtol, ls_iterations,
                                  ~live | small | first)
@@ -533,9 +555,12 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
         else:
             mgrad = solve_m(grad)
         improvement = scale * imp
-        gnorm = scale * isl.norm(grad)
+        # |grad| and the decrement grad' mgrad in one reduction
+        gdots = isl.ddots(grad, jnp.stack([grad, mgrad], 1))
+        grad_norm = jnp.sqrt(gdots[:, 0])
+        gnorm = scale * grad_norm
         it = s["iter"] + move.astype(jnp.int32)
-        dec_ok = decrement(grad, mgrad) < tol
+        dec_ok = jnp.maximum(0.0, 0.5 * scale * gdots[:, 1]) < tol
         conv = ((improvement > 0) & (improvement < tol)) | (gnorm < tol)
         # initial test (first pass): CG stops on a small decrement in the M metric;
         # Newton on a small gradient together with a small decrement in the M or the
@@ -547,12 +572,12 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
         else:
             y = grad - s["grad"]
             my = mgrad - s["mgrad"]
-            dy = isl.ddot(search, y)
-            ymy = isl.ddot(y, my)
+            sd = isl.ddots(search, jnp.stack([y, grad], 1))
+            yd = isl.ddots(y, jnp.stack([my, mgrad], 1))
+            dy, ymy = sd[:, 0], yd[:, 0]
             dys = jnp.where(dy < MINVAL, 1.0, dy)
-            beta_hz = (isl.ddot(y, mgrad) - 2 * (ymy / dys) * isl.ddot(search, grad)) / dys
-            eta_k = -1.0 / jnp.maximum(MINVAL, isl.norm(search) *
-                                       jnp.minimum(0.01, isl.norm(grad)))
+            beta_hz = (yd[:, 1] - 2 * (ymy / dys) * sd[:, 1]) / dys
+            eta_k = -1.0 / jnp.maximum(MINVAL, snorm * jnp.minimum(0.01, grad_norm))
             beta = jnp.where((dy < MINVAL) | first, 0.0, jnp.maximum(eta_k, beta_hz))
             new_search = -mgrad + isl.dx(beta, 0.0) * search
         take = move | first
@@ -568,12 +593,29 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
                     gnorm=jnp.where(take, gnorm, s["gnorm"]),
                     first=jnp.zeros((), bool))
 
+    # the loop carries five arrays instead of eleven (the (nv,) vectors stacked, the
+    # per-island statistics stacked): every loop-carried array costs a copy and its own
+    # update kernel per iteration
+    vecs = ("qacc", "Ma", "search", "grad", "mgrad")
+
+    def pack(s):
+        return (jnp.stack([s[key] for key in vecs]), s["jaref"],
+                jnp.stack([s["imp"], s["gnorm"]]),
+                jnp.stack([s["iter"], s["done"].astype(jnp.int32)]), s["first"])
+
+    def unpack(c):
+        v, jaref, st, it, first = c
+        return dict({key: v[j] for j, key in enumerate(vecs)}, jaref=jaref, imp=st[0],
+                    gnorm=st[1], iter=it[0], done=it[1] != 0, first=first)
+
     zv = jnp.zeros_like(qacc0)
     s = dict(qacc=qacc0, Ma=Ma0, jaref=jaref0, search=zv, grad=zv, mgrad=zv,
              iter=jnp.zeros(isl.n, jnp.int32), done=jnp.zeros(isl.n, bool),
              imp=jnp.zeros(isl.n, qacc0.dtype), gnorm=jnp.zeros(isl.n, qacc0.dtype),
              first=jnp.ones((), bool))
-    s = jax.lax.while_loop(lambda s: s["first"] | jnp.any(~s["done"]), body, s)
+    c = jax.lax.while_loop(lambda c: c[4] | jnp.any(c[3][1] == 0),
+                           lambda c: pack(body(unpack(c))), pack(s))
+    s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 
 
