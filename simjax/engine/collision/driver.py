@@ -620,20 +620,40 @@ def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sel=None):
     return geo1, geo2, dm
 
 
+def _boxed(m, p, grp):
+    """Whether the group's pairs get the bounding-box filter (non-cheap colliders of
+    two geoms with a box bound)."""
+    gtype = np.asarray(m.geom_type)
+    g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
+    return (grp.fn not in CHEAP and grp.fn is not sdf_pair and
+            bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED))))
+
+
 def pair_poses(m, d, p, det_margin):
-    """Per collider group (``p.groups`` order): broadphase (:func:`_broadphase`) and
-    both geoms' (xpos, xmat) of its candidate pairs, computed for all groups at once
-    (per-group gathers and broadphase are several kernels each) and sliced."""
-    order = np.concatenate([grp.cand for grp in p.groups])
+    """Per collider group (``p.groups`` order): broadphase (:func:`_broadphase`, and
+    :func:`_box_filter` for :func:`_boxed` groups) and both geoms' (xpos, xmat) of its
+    candidate pairs, computed for all groups at once (per-group gathers and filters
+    are several kernels each) and sliced; boxed groups first, so that the box filter
+    runs on a prefix."""
+    boxed = [_boxed(m, p, grp) for grp in p.groups]
+    gorder = sorted(range(len(p.groups)), key=lambda i: not boxed[i])
+    order = np.concatenate([p.groups[i].cand for i in gorder])
     g1, g2 = p.g1[order], p.g2[order]
-    ok = _broadphase(m, d, g1, g2, det_margin[order])
+    dm = det_margin[order]
+    ok = _broadphase(m, d, g1, g2, dm)
     pose1 = (d.geom_xpos[g1], d.geom_xmat[g1])
     pose2 = (d.geom_xpos[g2], d.geom_xmat[g2])
-    out, off = [], 0
-    for grp in p.groups:
-        sl = slice(off, off + len(grp.cand))
-        off += len(grp.cand)
-        out.append((ok[sl], tuple(x[sl] for x in pose1), tuple(x[sl] for x in pose2)))
+    nbox = sum(len(p.groups[i].cand) for i in gorder if boxed[i])
+    if nbox:
+        b = slice(0, nbox)
+        box = _box_filter(m, d, g1[b], g2[b], dm[b], tuple(x[b] for x in pose1),
+                          tuple(x[b] for x in pose2))
+        ok = jnp.concatenate([ok[b] & box, ok[nbox:]])
+    out, off = [None] * len(p.groups), 0
+    for i in gorder:
+        sl = slice(off, off + len(p.groups[i].cand))
+        off += len(p.groups[i].cand)
+        out[i] = (ok[sl], tuple(x[sl] for x in pose1), tuple(x[sl] for x in pose2), True)
     return out
 
 
@@ -650,14 +670,14 @@ def narrow_group(m, d, p, grp, det_margin, split, poses=None):
     contacts, whatever their ``valid``), how many pass, whether passing pairs were
     dropped, and the group-local pair of each row when compacted (traced; else None:
     one row per candidate in ``grp.cand`` order). ``poses``: the group's entry of
-    :func:`pair_poses` (computed here when None)."""
+    :func:`pair_poses` (box filter applied; computed here when None)."""
     ftype = d.geom_xpos.dtype
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
     dm = det_margin[grp.cand]
     if poses is None:
         poses = (_broadphase(m, d, g1, g2, dm), (d.geom_xpos[g1], d.geom_xmat[g1]),
-                 (d.geom_xpos[g2], d.geom_xmat[g2]))
-    ok, pose1, pose2 = poses
+                 (d.geom_xpos[g2], d.geom_xmat[g2]), False)
+    ok, pose1, pose2, filtered = poses
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
@@ -672,8 +692,7 @@ def narrow_group(m, d, p, grp, det_margin, split, poses=None):
         sel = first_k(jnp.where(ok, ar, n + ar), cap)    # passing pairs, in order
         pre = jax.vmap(grp.fn)(*_pose_args(m, grp.fn, g1, g2, dm, pose1, pose2, ftype, sel))
         return pre, jnp.arange(cap) < count, count, count > cap, sel
-    gtype = np.asarray(m.geom_type)
-    if np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)):
+    if not filtered and _boxed(m, p, grp):
         ok = ok & _box_filter(m, d, g1, g2, dm, pose1, pose2)
     count = jnp.sum(ok)
     zeros = lambda: _pre_zeros(grp.fn, args())
