@@ -620,44 +620,7 @@ def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sel=None):
     return geo1, geo2, dm
 
 
-def _boxed(m, p, grp):
-    """Whether the group's pairs get the bounding-box filter (non-cheap colliders of
-    two geoms with a box bound)."""
-    gtype = np.asarray(m.geom_type)
-    g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
-    return (grp.fn not in CHEAP and grp.fn is not sdf_pair and
-            bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED))))
-
-
-def pair_poses(m, d, p, det_margin):
-    """Per collider group (``p.groups`` order): broadphase (:func:`_broadphase`, and
-    :func:`_box_filter` for :func:`_boxed` groups) and both geoms' (xpos, xmat) of its
-    candidate pairs, computed for all groups at once (per-group gathers and filters
-    are several kernels each) and sliced; boxed groups first, so that the box filter
-    runs on a prefix."""
-    boxed = [_boxed(m, p, grp) for grp in p.groups]
-    gorder = sorted(range(len(p.groups)), key=lambda i: not boxed[i])
-    order = np.concatenate([p.groups[i].cand for i in gorder])
-    g1, g2 = p.g1[order], p.g2[order]
-    dm = det_margin[order]
-    ok = _broadphase(m, d, g1, g2, dm)
-    pose1 = (d.geom_xpos[g1], d.geom_xmat[g1])
-    pose2 = (d.geom_xpos[g2], d.geom_xmat[g2])
-    nbox = sum(len(p.groups[i].cand) for i in gorder if boxed[i])
-    if nbox:
-        b = slice(0, nbox)
-        box = _box_filter(m, d, g1[b], g2[b], dm[b], tuple(x[b] for x in pose1),
-                          tuple(x[b] for x in pose2))
-        ok = jnp.concatenate([ok[b] & box, ok[nbox:]])
-    out, off = [None] * len(p.groups), 0
-    for i in gorder:
-        sl = slice(off, off + len(p.groups[i].cand))
-        off += len(p.groups[i].cand)
-        out[i] = (ok[sl], tuple(x[sl] for x in pose1), tuple(x[sl] for x in pose2), True)
-    return out
-
-
-def narrow_group(m, d, p, grp, det_margin, split, poses=None):
+def narrow_group(m, d, p, grp, det_margin, split):
     """Broadphase and narrow phase of one collider group.
 
     The collider runs on every candidate pair of the group (vmapped), unless no pair
@@ -669,15 +632,14 @@ def narrow_group(m, d, p, grp, det_margin, split, poses=None):
     which of its rows are broadphase-passing pairs (rows of the others are not
     contacts, whatever their ``valid``), how many pass, whether passing pairs were
     dropped, and the group-local pair of each row when compacted (traced; else None:
-    one row per candidate in ``grp.cand`` order). ``poses``: the group's entry of
-    :func:`pair_poses` (box filter applied; computed here when None)."""
+    one row per candidate in ``grp.cand`` order). The group gathers its own geom
+    poses: gathered once for all groups and sliced, they cost run time (humanoid
+    collision ~2x)."""
     ftype = d.geom_xpos.dtype
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
     dm = det_margin[grp.cand]
-    if poses is None:
-        poses = (_broadphase(m, d, g1, g2, dm), (d.geom_xpos[g1], d.geom_xmat[g1]),
-                 (d.geom_xpos[g2], d.geom_xmat[g2]), False)
-    ok, pose1, pose2, filtered = poses
+    ok = _broadphase(m, d, g1, g2, dm)
+    pose1, pose2 = (d.geom_xpos[g1], d.geom_xmat[g1]), (d.geom_xpos[g2], d.geom_xmat[g2])
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
@@ -692,7 +654,8 @@ def narrow_group(m, d, p, grp, det_margin, split, poses=None):
         sel = first_k(jnp.where(ok, ar, n + ar), cap)    # passing pairs, in order
         pre = jax.vmap(grp.fn)(*_pose_args(m, grp.fn, g1, g2, dm, pose1, pose2, ftype, sel))
         return pre, jnp.arange(cap) < count, count, count > cap, sel
-    if not filtered and _boxed(m, p, grp):
+    gtype = np.asarray(m.geom_type)
+    if np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)):
         ok = ok & _box_filter(m, d, g1, g2, dm, pose1, pose2)
     count = jnp.sum(ok)
     zeros = lambda: _pre_zeros(grp.fn, args())
@@ -791,8 +754,8 @@ def collision(m, d):
     det_margin = prm["margin"] + prm["gap"]
     overflow = jnp.zeros((), bool)
     parts = []
-    for grp, poses in zip(p.groups, pair_poses(m, d, p, det_margin)):
-        pre, ok, _, over, sel = narrow_group(m, d, p, grp, det_margin, split, poses)
+    for grp in p.groups:
+        pre, ok, _, over, sel = narrow_group(m, d, p, grp, det_margin, split)
         overflow = overflow | over
         cand = grp.cand if sel is None else jnp.asarray(grp.cand)[sel]
         mine = np.isin(p.dim[grp.cand], list(split))
