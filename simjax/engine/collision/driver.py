@@ -520,9 +520,10 @@ CHEAP = (P.plane_sphere, P.plane_capsule, P.sphere_sphere, P.sphere_capsule, P.s
 _BOXED = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
 
 
-def _half_extent(m, d, g, ftype):
+def _half_extent(m, d, g, ftype, pose=None):
     """(center (n, 3) world, half sizes (n, 3) geom frame) of the geoms' bounding
-    boxes: from geom_size for primitives (exact), geom_aabb for meshes."""
+    boxes: from geom_size for primitives (exact), geom_aabb for meshes. ``pose``:
+    the geoms' (xpos, xmat) when already gathered."""
     gtype = np.asarray(m.geom_type)[g]
     size = jnp.asarray(m.geom_size, ftype)[g]
     r = size[:, :1]
@@ -533,7 +534,7 @@ def _half_extent(m, d, g, ftype):
                    jnp.concatenate([r, r, r + size[:, 1:2]], 1), hs)
     hs = jnp.where(jnp.asarray(gtype == GT.CYLINDER)[:, None],
                    jnp.concatenate([r, r, size[:, 1:2]], 1), hs)
-    pos, mat = d.geom_xpos[g], d.geom_xmat[g]
+    pos, mat = (d.geom_xpos[g], d.geom_xmat[g]) if pose is None else pose
     if np.any(gtype == GT.MESH):
         aabb = jnp.asarray(m.geom_aabb, ftype)[g]
         mesh = jnp.asarray(gtype == GT.MESH)[:, None]
@@ -544,14 +545,14 @@ def _half_extent(m, d, g, ftype):
     return pos, mat, hs
 
 
-def _box_filter(m, d, g1, g2, margin):
+def _box_filter(m, d, g1, g2, margin, pose1=None, pose2=None):
     """Separating-axis test of the two geoms' bounding boxes on their 6 face axes:
     False only when a face axis separates them by more than ``margin`` plus a 1e-3
     relative allowance (rounding, collider tolerances), so a rejected pair has no
     contact. Pairs with a geom without a box bound pass."""
     ftype = d.geom_xpos.dtype
-    c1, m1, h1 = _half_extent(m, d, g1, ftype)
-    c2, m2, h2 = _half_extent(m, d, g2, ftype)
+    c1, m1, h1 = _half_extent(m, d, g1, ftype, pose1)
+    c2, m2, h2 = _half_extent(m, d, g2, ftype, pose2)
     dc = c2 - c1
     # rot[p, i, j] = m1[:, i] . m2[:, j], written out (see common.dot)
     col = lambda mat, j: mat[:, :, j]
@@ -606,6 +607,19 @@ def _pair_cap(m, p, grp, split):
     return PAIRS_PER_SLOT * nslot + 16
 
 
+def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sel=None):
+    """The collider's arguments from the pairs' gathered poses (rows ``sel`` if given)."""
+    size = jnp.asarray(m.geom_size, ftype)
+    if sel is not None:
+        pick = lambda x: x[sel]
+        return (Geom(*map(pick, pose1), size[jnp.asarray(g1)[sel]]),
+                Geom(*map(pick, pose2), size[jnp.asarray(g2)[sel]]), dm[sel])
+    geo1, geo2 = Geom(*pose1, size[g1]), Geom(*pose2, size[g2])
+    geo1, geo2 = convex.attach_meshes(m, fn, geo1, geo2, jnp.asarray(g1), jnp.asarray(g2),
+                                      ftype, geoms=(g1, g2))
+    return geo1, geo2, dm
+
+
 def narrow_group(m, d, p, grp, det_margin, split):
     """Broadphase and narrow phase of one collider group.
 
@@ -618,80 +632,101 @@ def narrow_group(m, d, p, grp, det_margin, split):
     which of its rows are broadphase-passing pairs (rows of the others are not
     contacts, whatever their ``valid``), how many pass, whether passing pairs were
     dropped, and the group-local pair of each row when compacted (traced; else None:
-    one row per candidate in ``grp.cand`` order)."""
+    one row per candidate in ``grp.cand`` order). The group gathers its own geom
+    poses: gathered once for all groups and sliced, they cost run time (humanoid
+    collision ~2x)."""
     ftype = d.geom_xpos.dtype
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
     dm = det_margin[grp.cand]
     ok = _broadphase(m, d, g1, g2, dm)
+    pose1, pose2 = (d.geom_xpos[g1], d.geom_xmat[g1]), (d.geom_xpos[g2], d.geom_xmat[g2])
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
-    run = lambda: jax.vmap(grp.fn)(*_group_args(m, d, grp.fn, g1, g2, dm, ftype))
+    args = lambda: _pose_args(m, grp.fn, g1, g2, dm, pose1, pose2, ftype)
+    run = lambda: jax.vmap(grp.fn)(*args())
     if grp.fn in CHEAP:
         n, cap = len(grp.cand), _pair_cap(m, p, grp, split)
         count = jnp.sum(ok)
         if cap >= n:
             return run(), ok, count, no, None
-        sel = jnp.nonzero(ok, size=cap, fill_value=0)[0]
-        i1, geo1 = _geoms(m, d, g1, sel, ftype)
-        i2, geo2 = _geoms(m, d, g2, sel, ftype)
-        pre = jax.vmap(grp.fn)(geo1, geo2, dm[sel])
+        ar = np.arange(n)
+        sel = first_k(jnp.where(ok, ar, n + ar), cap)    # passing pairs, in order
+        pre = jax.vmap(grp.fn)(*_pose_args(m, grp.fn, g1, g2, dm, pose1, pose2, ftype, sel))
         return pre, jnp.arange(cap) < count, count, count > cap, sel
     gtype = np.asarray(m.geom_type)
     if np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)):
-        ok = ok & _box_filter(m, d, g1, g2, dm)
+        ok = ok & _box_filter(m, d, g1, g2, dm, pose1, pose2)
     count = jnp.sum(ok)
-    zeros = lambda: _pre_zeros(grp.fn, _group_args(m, d, grp.fn, g1, g2, dm, ftype))
+    zeros = lambda: _pre_zeros(grp.fn, args())
     pre = jax.lax.cond(batch_max(count) == 0, zeros, run)
     return pre, ok, count, no, None
 
 
-def _mujoco_order(p, dim, parts):
-    """Order the candidate contacts of one contact dim as mj_collision does.
+def first_k(key, k):
+    """Indices of the ``k`` smallest entries of ``key`` (distinct non-negative ints below
+    2**24), ascending: ``lax.top_k`` of the negated key in float32 (exact for these
+    ints), a single partial-sort kernel on CPU where a cumulative-sum compaction
+    (``jnp.nonzero``) costs a dozen kernels and a scatter loop. ``top_k`` of all
+    entries becomes a full sort: for ``k >= len(key)`` the key is padded (indices past
+    the key's length point at the padding)."""
+    n = key.shape[-1]
+    kf = -key.astype(jnp.float32)
+    if k >= n:
+        kf = jnp.concatenate([kf, jnp.full(k - n + 1, -2.0 ** 24, kf.dtype)])
+    return jax.lax.top_k(kf, k)[1]
 
-    ``parts``: per collider group with pairs of this dim (Pre, valid (npair, k), cand
-    (npair,), the group's candidates of this dim), concatenated
-    in this order (entry ``e`` of the concatenation). Every candidate pair of the dim
-    owns a static run of entries in a table laid out in MuJoCo's pair order (run length:
-    its collider's slot count); a valid entry goes to its pair's run, at its slot.
-    Returns (src (T,), tab_valid (T,), count): table entry -> concatenation entry, the
-    table's valid mask, and the number of valid contacts. Compaction of the table keeps
-    the order (cumulative sums, no sort)."""
+
+def _table_start(p, parts):
+    """Start of every candidate pair's run of entries in a table laid out in MuJoCo's
+    pair order (:func:`mujoco_rank`; run length: its collider's slot count), and the
+    table's length. One order over all contact dims: entries are only compared within
+    a dim, where it is mj_collision's order."""
     width = np.zeros(len(p.g1), np.int64)
     for pre, vd, cand, members in parts:
         width[members] = vd.shape[1]
-    mine = np.nonzero(p.dim == dim)[0]
-    order = mine[np.argsort(p.rank[mine], kind="stable")]
+    order = np.argsort(p.rank, kind="stable")
     start = np.zeros(len(p.g1), np.int64)
     start[order] = np.concatenate([[0], np.cumsum(width[order])[:-1]])
-    total = int(np.sum(width[order]))
-    entries, valids, static = [], [], True
+    return start, int(np.sum(width))
+
+
+def _entries(p, parts):
+    """Concatenated candidate contacts of all groups (entry ``e``): (fields (E, 10):
+    dist, pos, normal, tangent; valid (E,); table position (E,); contact dim (E,)
+    (None with one dim); candidate pair (E,)), numpy where static."""
+    start, total = _table_start(p, parts)
+    one_dim = len(np.unique(p.dim)) == 1
+    fields, valids, keys, dims, cands = [], [], [], [], []
     for pre, vd, cand, members in parts:
-        k = vd.shape[1]
-        if isinstance(cand, np.ndarray):        # pairs of other dims: past the table
-            e = np.where((p.dim[cand] == dim)[:, None], start[cand][:, None] + np.arange(k),
-                         total)
-            entries.append(e.reshape(-1))
-        else:
-            static = False
-            entries.append((jnp.asarray(start)[cand][:, None] + jnp.arange(k)).reshape(-1))
+        n, k = vd.shape
+        fields.append(jnp.concatenate([pre.dist.reshape(n * k, 1), pre.pos.reshape(-1, 3),
+                                       pre.normal.reshape(-1, 3),
+                                       pre.tangent.reshape(-1, 3)], axis=1))
         valids.append(vd.reshape(-1))
-    valid = jnp.concatenate(valids)
-    nent = valid.shape[0]
-    if static:
-        # every entry's table position is known at trace time: a static permutation
-        ent = np.concatenate(entries)
-        src = np.zeros(total + 1, np.int64)
-        src[ent] = np.arange(nent)
-        src = src[:total]
-        tab_valid = valid[src]
-        return jnp.asarray(src), tab_valid, jnp.sum(tab_valid)
-    ent = jnp.concatenate([jnp.asarray(e) for e in entries])
-    ent = jnp.where(valid, ent, total)             # invalid entries are dropped
-    src = jnp.zeros(total, jnp.int32).at[ent].set(jnp.arange(nent, dtype=jnp.int32),
-                                                   mode="drop")
-    tab_valid = jnp.zeros(total, bool).at[ent].set(True, mode="drop")
-    return src, tab_valid, jnp.sum(valid)
+        lib = np if isinstance(cand, np.ndarray) else jnp
+        keys.append((lib.asarray(start)[cand][:, None] + np.arange(k)).reshape(-1))
+        gd = p.dim[members]
+        if one_dim or np.all(gd == gd[0]):     # static: the group has one dim
+            dims.append(np.full(n * k, gd[0]))
+        else:
+            dims.append(lib.broadcast_to(lib.asarray(p.dim)[cand][:, None],
+                                         (n, k)).reshape(-1))
+        cands.append(lib.broadcast_to(cand[:, None], (n, k)).reshape(-1))
+    cat = lambda xs: (np.concatenate(xs) if all(isinstance(x, np.ndarray) for x in xs)
+                      else jnp.concatenate([jnp.asarray(x) for x in xs]))
+    return (jnp.concatenate(fields), jnp.concatenate(valids), cat(keys),
+            None if one_dim else cat(dims), cat(cands), total)
+
+
+def _contact_params(m, p, prm, ftype):
+    """Per candidate pair, one row: includemargin, friction (5), solref (2),
+    solreffriction (2), solimp (5), geom1, geom2 (as floats: exact below 2**24), so
+    that the contacts' parameters are one gather."""
+    n = len(p.g1)
+    return jnp.concatenate([prm["margin"].reshape(n, 1), prm["friction"], prm["solref"],
+                            prm["solreffriction"], prm["solimp"],
+                            jnp.asarray(np.stack([p.g1, p.g2], 1), ftype)], axis=1)
 
 
 def collision(m, d):
@@ -702,6 +737,11 @@ def collision(m, d):
     first row is the normal from geom[0] to geom[1]. Raises UnsupportedFeatureError at
     trace time for geom pairs without a collider here (e.g. SDF without its plugin) or
     contact adhesion.
+
+    Every group's candidate contacts go into one entry table; per contact dim, the
+    valid entries of the dim with the smallest table positions (MuJoCo's pair order,
+    slot order within a pair) fill the dim's slots in that order (:func:`first_k`),
+    then one gather takes their fields and one their pair parameters.
     """
     ftype = d.geom_xpos.dtype
     cap = d.contact.dist.shape[0]
@@ -713,54 +753,44 @@ def collision(m, d):
     prm = pair_params(m, p, ftype)
     det_margin = prm["margin"] + prm["gap"]
     overflow = jnp.zeros((), bool)
-    slots = {dim: [] for dim in split}
+    parts = []
     for grp in p.groups:
-        idx = grp.cand
         pre, ok, _, over, sel = narrow_group(m, d, p, grp, det_margin, split)
         overflow = overflow | over
-        valid = pre.valid & ok[:, None]
-        cand = idx if sel is None else jnp.asarray(idx)[sel]
-        for dim in split:
-            mine = p.dim[idx] == dim
-            if not np.any(mine):
-                continue
-            vd = valid & (mine[:, None] if sel is None else jnp.asarray(mine)[sel][:, None])
-            slots[dim].append((pre, vd, cand, idx[mine]))
-    out = {f: [] for f in ("dist", "pos", "frame", "cand", "valid")}
-    for dim in sorted(split):
-        nslot = split[dim]
-        parts = slots[dim]
-        dist = jnp.concatenate([s[0].dist.reshape(-1) for s in parts])
-        pos = jnp.concatenate([s[0].pos.reshape(-1, 3) for s in parts])
-        nrm = jnp.concatenate([s[0].normal.reshape(-1, 3) for s in parts])
-        tan = jnp.concatenate([s[0].tangent.reshape(-1, 3) for s in parts])
-        src, tab_valid, count = _mujoco_order(p, dim, parts)
+        cand = grp.cand if sel is None else jnp.asarray(grp.cand)[sel]
+        mine = np.isin(p.dim[grp.cand], list(split))
+        if not np.any(mine):
+            continue
+        vd = pre.valid & ok[:, None]
+        if not np.all(mine):          # dims without slots (capacity split to zero)
+            m_ = mine[:, None] if sel is None else jnp.asarray(mine)[sel][:, None]
+            vd = vd & m_
+        parts.append((pre, vd, cand, grp.cand[mine]))
+    fields, valid, key, dim, cand, total = _entries(p, parts)
+    nent = valid.shape[0]
+    ar = np.arange(nent)
+    idx, vtake = [], []
+    for dm in sorted(split):
+        nslot = split[dm]
+        mine = valid if dim is None else valid & (dim == dm)
+        count = jnp.sum(mine)
         overflow = overflow | (count > nslot)
-        take = jnp.nonzero(tab_valid, size=nslot, fill_value=0)[0]
-        src = src[take]
-        vtake = jnp.arange(nslot) < jnp.minimum(count, nslot)
-        cand = jnp.concatenate([jnp.broadcast_to(jnp.asarray(s[2])[:, None], s[1].shape)
-                                .reshape(-1) for s in parts])
-        out["dist"].append(dist[src])
-        out["pos"].append(pos[src])
-        out["frame"].append(make_frame(nrm[src], tan[src]))
-        out["cand"].append(cand[src])
-        out["valid"].append(vtake)
-    dist = jnp.concatenate(out["dist"])
-    cand = jnp.concatenate(out["cand"])
-    valid = jnp.concatenate(out["valid"])
-    pos = jnp.concatenate(out["pos"])
-    frame = jnp.concatenate(out["frame"])
-    includemargin = prm["margin"][cand]
+        idx.append(first_k(jnp.where(mine, key, total + ar), nslot))
+        vtake.append(jnp.arange(nslot) < count)
+    idx = jnp.minimum(jnp.concatenate(idx), nent - 1)
+    valid = jnp.concatenate(vtake)
+    row = fields[idx]
+    cand = jnp.asarray(cand)[idx]
+    par = _contact_params(m, p, prm, ftype)[cand]
+    dist, includemargin = row[:, 0], par[:, 0]
     zero = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
     con = d.contact.replace(
-        dist=zero(dist), pos=zero(pos), frame=zero(frame),
-        includemargin=zero(includemargin), friction=zero(prm["friction"][cand]),
-        solref=zero(prm["solref"][cand]), solreffriction=zero(prm["solreffriction"][cand]),
-        solimp=zero(prm["solimp"][cand]),
-        geom=jnp.where(valid[:, None], jnp.stack([jnp.asarray(p.g1)[cand],
-                                                  jnp.asarray(p.g2)[cand]], -1),
-                       -1).astype(jnp.int32),
+        dist=zero(dist), pos=zero(row[:, 1:4]), frame=zero(make_frame(row[:, 4:7],
+                                                                      row[:, 7:10])),
+        includemargin=zero(includemargin), friction=zero(par[:, 1:6]),
+        solref=zero(par[:, 6:8]), solreffriction=zero(par[:, 8:10]),
+        solimp=zero(par[:, 10:15]),
+        geom=jnp.where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1),
         exclude=(valid & (dist >= includemargin)).astype(jnp.int32),
         efc_address=jnp.full(valid.shape, -1, jnp.int32),
         valid=valid)

@@ -234,13 +234,18 @@ def capsule_capsule(g1, g2, margin):
     def ss(c1, c2):
         return _sphere_sphere_raw(c1, g1.mat, r1, c2, g2.mat, r2, margin)
 
-    dg, pg, ng, vg = ss(g1.pos + axis1 * x1, g2.pos + axis2 * x2)
-    # parallel axes: ends of 1 against 2, then ends of 2 against 1, up to two contacts
-    e = []
-    e.append(ss(g1.pos + axis1, g2.pos + axis2 * jnp.clip((v - mb) / mc, -1, 1)))
-    e.append(ss(g1.pos - axis1, g2.pos + axis2 * jnp.clip((v + mb) / mc, -1, 1)))
-    e.append(ss(g1.pos + axis1 * jnp.clip((u - mb) / ma, -1, 1), g2.pos + axis2))
-    e.append(ss(g1.pos + axis1 * jnp.clip((u + mb) / ma, -1, 1), g2.pos - axis2))
+    # the general contact and, for parallel axes, ends of 1 against 2, then ends of 2
+    # against 1 (up to two contacts): five sphere-sphere tests in one vmapped call (one
+    # set of kernels instead of five)
+    c1 = jnp.stack([g1.pos + axis1 * x1, g1.pos + axis1, g1.pos - axis1,
+                    g1.pos + axis1 * jnp.clip((u - mb) / ma, -1, 1),
+                    g1.pos + axis1 * jnp.clip((u + mb) / ma, -1, 1)])
+    c2 = jnp.stack([g2.pos + axis2 * x2, g2.pos + axis2 * jnp.clip((v - mb) / mc, -1, 1),
+                    g2.pos + axis2 * jnp.clip((v + mb) / mc, -1, 1), g2.pos + axis2,
+                    g2.pos - axis2])
+    d5, p5, n5, v5 = jax.vmap(ss)(c1, c2)
+    dg, pg, ng, vg = d5[0], p5[0], n5[0], v5[0]
+    e = [(d5[i], p5[i], n5[i], v5[i]) for i in range(1, 5)]
     v1, v2, v3, v4 = (c[3] for c in e)
     c12 = v1.astype(jnp.int32) + v2
     v3 = v3 & (c12 < 2)
@@ -553,6 +558,8 @@ def capsule_box(g1, g2, margin):
 
     absha = jnp.abs(ha)
     sdiv = _sdiv
+    # 2 size / |ha| per box axis, once (picked below; one division kernel, not four)
+    q2 = sdiv(2 * size, absha)
 
     # case A: a box corner is closest
     cA = axisdir ^ clcorner
@@ -564,9 +571,8 @@ def capsule_box(g1, g2, margin):
     axA = jnp.where(cA2 == 1, 0, jnp.where(cA2 == 2, 1, 2))
     ax1A, ax2A = (axA + 1) % 3, (axA + 2) % 3
     along = _pick3(axis, axA) * _pick3(axis, axA) > 0.5
-    spA_edge = jnp.minimum(deA, sdiv(2 * _pick3(size, axA), _pick3(absha, axA))) * mulA
-    spA_face = jnp.minimum(jnp.minimum(dpA, sdiv(2 * _pick3(size, ax1A), _pick3(absha, ax1A))),
-                           sdiv(2 * _pick3(size, ax2A), _pick3(absha, ax2A))) * -mulA
+    spA_edge = jnp.minimum(deA, _pick3(q2, axA)) * mulA
+    spA_face = jnp.minimum(jnp.minimum(dpA, _pick3(q2, ax1A)), _pick3(q2, ax2A)) * -mulA
     spA = jnp.where(along, spA_edge, spA_face)
     skipA = (cA == 0) | (cA == 7)
 
@@ -580,7 +586,7 @@ def capsule_box(g1, g2, margin):
     bit = (cB & (1 << ax2B)) != 0
     mulB = jnp.where(bit, 1.0, -1.0)
     spB = jnp.where(bit, 1 - bsp, 1 + bsp)
-    spB = jnp.minimum(spB, sdiv(2 * _pick3(size, ax2B), _pick3(absha, ax2B)))
+    spB = jnp.minimum(spB, _pick3(q2, ax2B))
     e2 = jnp.where(((axisdir & (1 << axB)) != 0) == bit, 1 - bbp, 1 + bbp)
     spB = jnp.minimum(spB, sdiv(_pick3(size, axB) * e2, _pick3(absha, axB))) * mulB
 
@@ -588,9 +594,11 @@ def capsule_box(g1, g2, margin):
     mulC = jnp.where(cltype == -3, 1.0, -1.0)
     t1 = pos - mulC * ha
     spC = jnp.asarray(2.0, dt)
+    # the six face crossings in one division (scanned in MuJoCo's order below)
+    e1s = sdiv(jnp.stack([size - t1, -size - t1]), ha) * mulC            # (2, 3)
     for i in range(3):
-        for sgn in (1.0, -1.0):
-            e1 = sdiv(sgn * size[i] - t1[i], ha[i]) * mulC
+        for si, sgn in enumerate((1.0, -1.0)):
+            e1 = e1s[si, i]
             use = (i != clface) & (e1 > 0) & (e1 < spC)
             spC = jnp.where(use, e1, spC)
     spC = spC * mulC
