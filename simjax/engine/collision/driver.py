@@ -579,10 +579,8 @@ _SHAPES: dict = {}
 
 def _group_args(m, d, fn, g1, g2, dm, ftype):
     """The collider's arguments for every pair of a group (geoms with their mesh data)."""
-    i1, geo1 = _geoms(m, d, g1, slice(None), ftype)
-    i2, geo2 = _geoms(m, d, g2, slice(None), ftype)
-    geo1, geo2 = convex.attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=(g1, g2))
-    return geo1, geo2, dm
+    return _pose_args(m, fn, g1, g2, dm, (d.geom_xpos[g1], d.geom_xmat[g1]),
+                      (d.geom_xpos[g2], d.geom_xmat[g2]), ftype)
 
 
 def _pre_zeros(fn, args):
