@@ -1,6 +1,7 @@
 """The models the benchmark runs, with the option changes each run uses.
 
-Paths point into the corpus beside the repository (../shared/corpus) or into models/.
+Paths point into the corpus beside the repository (../shared/corpus, or the folder
+named by the SIMJAX_CORPUS environment variable) or into models/.
 ``disableflags`` are set on every backend alike (e.g. the smooth-dynamics runs disable
 constraints in MuJoCo C, MJX and simjax).
 """
@@ -10,7 +11,9 @@ import dataclasses
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.normpath(os.path.join(ROOT, "..", "shared", "corpus"))
+#: the corpus folder; SIMJAX_CORPUS overrides it (e.g. a copy taken to another machine)
+CORPUS = os.environ.get("SIMJAX_CORPUS") or os.path.normpath(
+    os.path.join(ROOT, "..", "shared", "corpus"))
 
 # mjtDisableBit values (MuJoCo 4.0)
 DSBL_CONSTRAINT = 1 << 0

@@ -78,7 +78,10 @@ def device_name():
 
 
 def git_commit():
-    """Short hash of the checked-out commit, with '+' when the tree has changes."""
+    """Short hash of the checked-out commit, with '+' when the tree has changes;
+    BENCH_COMMIT overrides it (a copy of the tree without its git folder)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                              capture_output=True, text=True, timeout=10)

@@ -7,12 +7,29 @@ the ``Model`` / ``Option`` / ``Statistic`` / ``Data`` types, the enums and the e
 """
 import os as _os
 
-# XLA:CPU compiles each fusion through MLIR "fusion emitters" by default; for simjax's
-# many small fusions that doubles compile time (humanoid step: 17.6 s -> 7.9 s of CPU
-# time without them, with the same run time). Applied only if the user has not chosen,
-# and only before JAX's CPU backend starts; SIMJAX_KEEP_XLA_FLAGS=1 leaves XLA_FLAGS alone.
-if (not _os.environ.get("SIMJAX_KEEP_XLA_FLAGS")
-        and "xla_cpu_use_fusion_emitters" not in _os.environ.get("XLA_FLAGS", "")):
+
+def _legacy_emitters_flag():
+    """Whether XLA_FLAGS should get --xla_cpu_use_fusion_emitters=false.
+
+    XLA:CPU compiles each fusion through MLIR "fusion emitters" by default; for simjax's
+    many small fusions that doubles compile time (humanoid step: 17.6 s -> 7.9 s of CPU
+    time without them, with the same run time). jaxlib 0.11 dropped the flag (and the
+    older emitters) and aborts the process on an unknown XLA flag, so it is set only for
+    jaxlib <= 0.10, only if the user has not chosen, and only before JAX's CPU backend
+    starts; SIMJAX_KEEP_XLA_FLAGS=1 leaves XLA_FLAGS alone.
+    """
+    if (_os.environ.get("SIMJAX_KEEP_XLA_FLAGS")
+            or "xla_cpu_use_fusion_emitters" in _os.environ.get("XLA_FLAGS", "")):
+        return False
+    try:
+        from importlib.metadata import version
+        major, minor = (int(p) for p in version("jaxlib").split(".")[:2])
+    except Exception:           # unknown jaxlib: an unknown flag would abort, so leave it
+        return False
+    return (major, minor) <= (0, 10)
+
+
+if _legacy_emitters_flag():
     _os.environ["XLA_FLAGS"] = (_os.environ.get("XLA_FLAGS", "") +
                                 " --xla_cpu_use_fusion_emitters=false").strip()
 
