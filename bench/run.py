@@ -320,7 +320,11 @@ def main(argv=None):
     rows = []
     if args.resume and os.path.exists(stem + ".json"):
         with open(stem + ".json") as f:
-            rows = json.load(f)["rows"]
+            prev = json.load(f)
+        rows = prev["rows"]
+        # the table names every command that measured a part of it
+        if prev["meta"].get("command") and prev["meta"]["command"] != meta["command"]:
+            meta["command"] = prev["meta"]["command"] + "`; `" + meta["command"]
     done = {(r["model"], r["batch"], r["backend"]) for r in rows}
     jobs = [(m, b, k) for m in models for b in batches for k in backends
             if (m, b, k) not in done]
