@@ -39,23 +39,28 @@ def test_factor_ld_matches_mujoco(rel):
         np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-10)
 
 
-def test_factor_ld_damped_and_grad():
-    mjm, m = load("mujoco_humanoid/humanoid.xml")
+@pytest.mark.parametrize("path", [
+    "gym_ant/ant.xml",
+    pytest.param("mujoco_humanoid/humanoid.xml", marks=pytest.mark.slow)])
+def test_factor_ld_damped_and_grad(path):
+    mjm, m = load(path)
     rng = np.random.default_rng(6)
     qpos = jnp.asarray(mjm.qpos0[None] + 0.3 * rng.standard_normal((4, mjm.nq)))
     d0 = make_data(m)
     qm = jax.vmap(lambda q: _qm(m, d0.replace(qpos=q)))(qpos)
     add = jnp.asarray(rng.uniform(0.1, 1.0, mjm.nv))
-    ours = jax.vmap(lambda a: tree_linalg.factor_ld(m, a, add_diag=add))(qm)
-    pure = jax.vmap(lambda a: tree_linalg._factor_ld_pure(m, a + jnp.diag(add)))(qm)
+    # jitted: op-by-op dispatch of the tree recursions and their gradients takes minutes
+    ours = jax.jit(jax.vmap(lambda a: tree_linalg.factor_ld(m, a, add_diag=add)))(qm)
+    pure = jax.jit(jax.vmap(lambda a: tree_linalg._factor_ld_pure(m, a + jnp.diag(add))))(qm)
     np.testing.assert_allclose(ours, pure, rtol=1e-11, atol=1e-12)
     v = jnp.asarray(rng.standard_normal(mjm.nv))
 
     def loss(fac, q):
         return jnp.sum(tree_linalg.solve_ld(m, fac(_qm(m, d0.replace(qpos=q))), v) ** 2)
-    g = jax.vmap(jax.grad(lambda q: loss(lambda a: tree_linalg.factor_ld(m, a), q)))(qpos)
-    g_ref = jax.vmap(jax.grad(lambda q: loss(lambda a: tree_linalg._factor_ld_pure(m, a),
-                                             q)))(qpos)
+    g = jax.jit(jax.vmap(jax.grad(
+        lambda q: loss(lambda a: tree_linalg.factor_ld(m, a), q))))(qpos)
+    g_ref = jax.jit(jax.vmap(jax.grad(
+        lambda q: loss(lambda a: tree_linalg._factor_ld_pure(m, a), q))))(qpos)
     np.testing.assert_allclose(g, g_ref, rtol=1e-8, atol=1e-8 * np.abs(g_ref).max())
 
 
