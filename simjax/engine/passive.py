@@ -55,6 +55,13 @@ def _joint_spring_dofs(m, qpos, dtype):
     poly = _f(m.jnt_stiffnesspoly, dtype).reshape(m.njnt, 2)
     qspring = _f(m.qpos_spring, dtype)
     parts = []   # (dof indices, forces)
+    # joints whose stiffness is known (not traced) to be zero have no spring: skip
+    # them statically (a free joint's quaternion difference is costly)
+    live = np.ones(m.njnt, bool)
+    ks, kp = _concrete(m.jnt_stiffness), _concrete(m.jnt_stiffnesspoly)
+    if ks is not None and kp is not None:
+        live = (ks != 0) | np.any(kp.reshape(m.njnt, 2) != 0, axis=1)
+    jtype = np.where(live, jtype, -1)
 
     scalar = np.nonzero((jtype == JointType.HINGE) | (jtype == JointType.SLIDE))[0]
     if len(scalar):

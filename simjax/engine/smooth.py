@@ -108,10 +108,20 @@ def _sameframe_codes(arr):
     return arr.astype(np.int64)
 
 
-def _matvec(mat, v):
-    """mat @ v for (n, 3, 3) and (n, 3) as elementwise products (an einsum lowers to a
-    batched dot, a separate and slow kernel on CPU)."""
-    return mat[..., 0] * v[..., 0:1] + mat[..., 1] * v[..., 1:2] + mat[..., 2] * v[..., 2:3]
+def _c_quat_to_mat(q):
+    """Rotation matrix of a component unit quaternion: 9 arrays, row-major."""
+    w, x, y, z = q
+    ww, wx, wy, wz = w * w, w * x, w * y, w * z
+    xx, xy, xz = x * x, x * y, x * z
+    yy, yz, zz = y * y, y * z, z * z
+    return (ww + xx - yy - zz, 2 * (xy - wz), 2 * (xz + wy),
+            2 * (xy + wz), ww - xx + yy - zz, 2 * (yz - wx),
+            2 * (xz - wy), 2 * (yz + wx), ww - xx - yy + zz)
+
+
+def _stack_mat(c):
+    """(..., 3, 3) matrix from 9 row-major component arrays."""
+    return jnp.stack([jnp.stack(c[3 * i:3 * i + 3], -1) for i in range(3)], -2)
 
 
 def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=None):
@@ -119,23 +129,39 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
 
     ``sameframe`` (mjtSameFrame codes, static) lets frames coinciding with the body
     (1 BODY, 3 BODYROT) or inertial (2 INERTIA, 4 INERTIAROT) frame copy it, as MuJoCo
-    does.
+    does. Computed on component arrays (n,): products of small vectors along a last
+    axis cost XLA CPU slices and concatenations per element.
     """
-    q = d.xquat[bodyid]
-    gpos = d.xpos[bodyid] + _matvec(d.xmat[bodyid], lpos)
-    gmat = math.quat_to_mat(math.quat_mul(q, lquat))
+    q = math.unstack(d.xquat[bodyid])
+    bmat = d.xmat[bodyid].reshape(-1, 9)
+    bm = math.unstack(bmat)
+    bp = math.unstack(d.xpos[bodyid])
+    lp = math.unstack(lpos)
+    gpos = tuple(bp[i] + bm[3 * i] * lp[0] + bm[3 * i + 1] * lp[1] + bm[3 * i + 2] * lp[2]
+                 for i in range(3))
+    gmat = _c_quat_to_mat(math.c_qmul(q, math.unstack(lquat)))
     codes = _sameframe_codes(sameframe) if sameframe is not None else None
-    if codes is None:
-        return gpos, gmat
-    if np.any(codes == 1):
-        gpos = jnp.where((codes == 1)[:, None], d.xpos[bodyid], gpos)
-    if np.any((codes == 1) | (codes == 3)):
-        gmat = jnp.where(((codes == 1) | (codes == 3))[:, None, None], d.xmat[bodyid], gmat)
-    if np.any(codes == 2):
-        gpos = jnp.where((codes == 2)[:, None], xipos[bodyid], gpos)
-    if np.any((codes == 2) | (codes == 4)):
-        gmat = jnp.where(((codes == 2) | (codes == 4))[:, None, None], ximat[bodyid], gmat)
-    return gpos, gmat
+    if codes is not None:
+        copies = [((1,), (1, 3), bp, bm)]
+        if xipos is not None:
+            copies.append(((2,), (2, 4), math.unstack(xipos[bodyid]),
+                           math.unstack(ximat[bodyid].reshape(-1, 9))))
+        for pos_codes, mat_codes, src_pos, src_mat in copies:
+            on = np.isin(codes, pos_codes)
+            if on.any():
+                gpos = math.c_where(on, src_pos, gpos)
+            on = np.isin(codes, mat_codes)
+            if on.any():
+                gmat = math.c_where(on, src_mat, gmat)
+    return math.stack(gpos), _stack_mat(gmat)
+
+
+def _c_quat_normalize(q):
+    """:func:`math.quat_normalize` of a component quaternion (4 arrays)."""
+    n = math.safe_sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3])
+    small = n < math.MINVAL
+    inv = 1.0 / jnp.where(small, 1.0, n)
+    return tuple(jnp.where(small, float(i == 0), c * inv) for i, c in enumerate(q))
 
 
 def kinematics(m, d):
@@ -157,17 +183,20 @@ def kinematics(m, d):
         frames = jnp.stack(math.c_add(pj, math.c_rot(qj, pos)) + math.c_qmul(qj, quat))
     frames = frames.T                                     # (nnode, 7)
     body = frames[tab.body_node]
-    xquat = math.quat_normalize(body[:, 3:])
+    qn = _c_quat_normalize(math.unstack(body[:, 3:]))
+    xquat = math.stack(qn)
     xpos = body[:, :3]
-    out = dict(xpos=xpos, xquat=xquat, xmat=math.quat_to_mat(xquat))
+    out = dict(xpos=xpos, xquat=xquat, xmat=_stack_mat(_c_quat_to_mat(qn)))
     if m.njnt:
         # joint axis and anchor in the frame of the node before the joint; a free
         # joint's anchor is the body position and its axis is left unrotated
-        before = frames[tab.jnt_pred]
-        qn = math.quat_normalize(before[:, 3:])
-        pp = before[:, :3]
-        xaxis = math.rot_vec_quat(_f(m.jnt_axis, dtype), qn)
-        xanchor = pp + math.rot_vec_quat(_f(m.jnt_pos, dtype), qn)
+        # on component arrays (njnt,): vectors along a last axis of 3 or 4 cost XLA
+        # CPU slices, reductions and concatenations per element
+        before = math.unstack(frames[tab.jnt_pred])
+        qn = _c_quat_normalize(before[3:])
+        xaxis = math.stack(math.c_rot(qn, math.unstack(_f(m.jnt_axis, dtype))))
+        xanchor = math.stack(math.c_add(before[:3], math.c_rot(
+            qn, math.unstack(_f(m.jnt_pos, dtype)))))
         free = np.asarray(m.jnt_type) == JointType.FREE
         if free.any():
             jb = np.asarray(m.jnt_bodyid)
@@ -201,6 +230,29 @@ def subtree_mass(m, dtype=None):
     return jnp.asarray(tables.get(m).desc, mass.dtype) @ mass
 
 
+def _inert_com(inertia, mat, dif, mass):
+    """:func:`math.inert_com` on component arrays (n,): the rotated inertia
+    mat diag(inertia) mat' as products and adds (an einsum of 3x3 matrices is a
+    batched dot plus transposes, separate and slow kernels on CPU)."""
+    r = math.unstack(mat.reshape(mat.shape[:-2] + (9,)))
+    ine = math.unstack(inertia)
+    d0, d1, d2 = math.unstack(dif)
+
+    def rot(i, k):
+        return (r[3 * i] * ine[0] * r[3 * k] + r[3 * i + 1] * ine[1] * r[3 * k + 1] +
+                r[3 * i + 2] * ine[2] * r[3 * k + 2])
+
+    # (at most 8 operands per stack: XLA CPU would not fuse a wider concatenation)
+    return jnp.concatenate([
+        math.stack((rot(0, 0) + mass * (d1 * d1 + d2 * d2),
+                    rot(1, 1) + mass * (d0 * d0 + d2 * d2),
+                    rot(2, 2) + mass * (d0 * d0 + d1 * d1),
+                    rot(0, 1) - mass * d0 * d1,
+                    rot(0, 2) - mass * d0 * d2,
+                    rot(1, 2) - mass * d1 * d2)),
+        mass[..., None] * dif, mass[..., None]], -1)
+
+
 def com_pos(m, d):
     """Subtree centres of mass, com-based inertias and motion dofs (mj_comPos).
 
@@ -217,8 +269,8 @@ def com_pos(m, d):
     subtree_com = jnp.where(small[:, None], d.xipos,
                             moment / jnp.where(small, 1.0, smass)[:, None])
     root = np.asarray(m.body_rootid)
-    cinert = math.inert_com(_f(m.body_inertia, dtype), d.ximat,
-                            d.xipos - subtree_com[root], mass)
+    cinert = _inert_com(_f(m.body_inertia, dtype), d.ximat, d.xipos - subtree_com[root],
+                        mass)
     out = dict(subtree_com=subtree_com, cinert=cinert)
     if m.nv:
         cand = [jnp.swapaxes(d.xmat, -1, -2).reshape(m.nbody * 3, 3), jnp.eye(3, dtype=dtype)]
@@ -332,7 +384,8 @@ def crb(m, d):
     crb_ = jnp.asarray(tab.desc_noworld, dtype) @ d.cinert
     if not m.nv:
         return d.replace(crb=crb_)
-    f = math.inert_mul(crb_[np.asarray(m.dof_bodyid)], d.cdof)
+    f = math.stack(_c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]),
+                                math.unstack(d.cdof)))
     low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
     # mirror the lower triangle and add armature on the diagonal with static masks
     # (elementwise, one kernel; jnp.diag of a traced matrix adds a conditional)
@@ -391,6 +444,18 @@ def gravity(m, dtype):
     return _f(m.opt.gravity, dtype).reshape(3)
 
 
+def _c_inert_mul(i, v):
+    """:func:`math.inert_mul` on component arrays: 10 inertia, 6 motion -> 6 force."""
+    w, u = v[:3], v[3:]
+    c, mass = i[6:9], i[9]
+    rot = (i[0] * w[0] + i[3] * w[1] + i[4] * w[2],
+           i[3] * w[0] + i[1] * w[1] + i[5] * w[2],
+           i[4] * w[0] + i[5] * w[1] + i[2] * w[2])
+    rot = math.c_add(rot, math.c_cross(c, u))
+    cw = math.c_cross(c, w)
+    return rot + tuple(mass * a - b for a, b in zip(u, cw))
+
+
 def rne(m, d, flg_acc=False):
     """Recursive Newton-Euler: qfrc_bias = C(qpos, qvel) (mj_rne), plus M qacc if flg_acc.
 
@@ -406,10 +471,22 @@ def rne(m, d, flg_acc=False):
     if flg_acc:
         acc_dof = acc_dof + d.cdof * d.qacc[:, None]
     cacc = anc @ acc_dof + jnp.concatenate([jnp.zeros(3, dtype), -g])
-    cfrc = math.inert_mul(d.cinert, cacc) + math.force_cross(
-        d.cvel, math.inert_mul(d.cinert, d.cvel))
+    # body forces on component arrays (nbody,): vectors along a last axis of 3 or 6
+    # cost XLA CPU slices and concatenations per element
+    inert, vel = math.unstack(d.cinert), math.unstack(d.cvel)
+    mom = _c_inert_mul(inert, vel)
+    w, u = vel[:3], vel[3:]
+    bias = (math.c_add(math.c_cross(w, mom[:3]), math.c_cross(u, mom[3:])) +
+            math.c_cross(w, mom[3:]))
+    cfrc = math.stack(math.c_add(_c_inert_mul(inert, math.unstack(cacc)), bias))
     cfrc = jnp.asarray(tab.desc_noworld, dtype) @ cfrc
-    return jnp.sum(d.cdof * cfrc[np.asarray(m.dof_bodyid)], -1)
+    # the dot over 6 as explicit adds: a reduction over a short last axis is a
+    # separate kernel on CPU
+    f = cfrc[np.asarray(m.dof_bodyid)]
+    out = d.cdof[:, 0] * f[:, 0]
+    for k in range(1, 6):
+        out = out + d.cdof[:, k] * f[:, k]
+    return out
 
 
 def subtree_vel(m, d):
