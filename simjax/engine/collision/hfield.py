@@ -566,18 +566,19 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
     c0 = jnp.clip(cc, 0, ncol - 2)
     dx, dy = 2 * s0 / (ncol - 1), 2 * s1 / (nrow - 1)
     hdata = jnp.asarray(data, dt)
-
-    def vtx(r, c):
-        return jnp.stack([dx * c.astype(dt) - s0, dy * r.astype(dt) - s1,
-                          hdata[r * ncol + c] * s2], -1)
-
-    pa = jnp.stack([vtx(r0 + 1, c0), vtx(r0, c0), vtx(r0 + 1, c0 + 1)], 1)
-    pb = jnp.stack([vtx(r0, c0), vtx(r0 + 1, c0 + 1), vtx(r0, c0 + 1)], 1)
-    top = jnp.stack([pa, pb], 1).reshape(-1, 3, 3)                # (P, 3, 3)
+    # one gather of the cell's four corner heights (r, c), (r, c+1), (r+1, c), (r+1, c+1)
+    h = hdata[(r0 * ncol + c0)[:, None] + jnp.asarray([0, 1, ncol, ncol + 1])] * s2
+    x0, x1 = dx * c0.astype(dt) - s0, dx * (c0 + 1).astype(dt) - s0
+    y0, y1 = dy * r0.astype(dt) - s1, dy * (r0 + 1).astype(dt) - s1
+    # triangles (r+1, c), (r, c), (r+1, c+1) and (r, c), (r+1, c+1), (r, c+1) per cell
+    xs = jnp.stack([x0, x0, x1, x0, x1, x1], -1)
+    ys = jnp.stack([y1, y0, y1, y0, y1, y0], -1)
+    zs = jnp.stack([h[:, 2], h[:, 0], h[:, 3], h[:, 0], h[:, 3], h[:, 1]], -1)
+    top = jnp.stack([xs, ys, zs], -1).reshape(-1, 3, 3)            # (P, 3, 3)
     pok = jnp.repeat(cell_ok, 2)
     zmin = lo[2]
     pok = pok & jnp.any(top[:, :, 2] >= zmin - margin, axis=1)
-    bot = top.at[:, :, 2].set(-s3)
+    bot = jnp.concatenate([top[:, :, :2], jnp.full(top.shape[:2] + (1,), -s3, dt)], 2)
     prisms = jnp.concatenate([bot, top], 1)                        # (P, 6, 3)
 
     if t2 == GT.SPHERE:
