@@ -805,3 +805,63 @@ def test_group_skip():
     far = batch.replace(geom_xpos=batch.geom_xpos + jnp.asarray(
         np.arange(m.ngeom)[:, None] * [10.0, 0.0, 0.0]))
     assert int(np.sum(np.asarray(coll(far).ncon))) == 0
+
+
+_CHUNK_SCENE = "<mujoco><worldbody>" + "".join(
+    f'<body><freejoint/><geom type="capsule" size=".03 .1" margin=".01"/></body>'
+    f'<body><freejoint/><geom type="box" size=".1 .05 .02"/></body>' for _ in range(5)) + \
+    "</worldbody></mujoco>"
+
+
+def test_group_chunks():
+    """A costly group of more than ``CHUNK_MIN`` candidates (25 capsule-box pairs) runs
+    its passing pairs chunk by chunk: every world gets MuJoCo's contacts (distances,
+    positions, normals) in MuJoCo's order, with worlds passing more pairs than a chunk
+    holds and worlds passing none in one batch."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(_CHUNK_SCENE)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    grp = next(g for g in p.groups if g.fn is driver.P.capsule_box)
+    assert driver._chunks(grp.fn, len(grp.cand))
+    rng = np.random.default_rng(1)
+    ds, qs = [], []
+    for i in range(8):
+        q = normalize_quaternions(mjm, rng.standard_normal(mjm.nq))
+        q = q.reshape(-1, 7)
+        q[:, :3] = rng.uniform(0, 0.4 if i < 6 else 0.1, (len(q), 3))
+        if i == 7:                                  # far apart: no pair passes
+            q[:, 0] = 10.0 * np.arange(len(q))
+        qs.append(q.ravel())
+        mjd.qpos[:] = qs[-1]
+        mujoco.mj_kinematics(mjm, mjd)
+        ds.append(geom_poses(io.make_data(m, ncon_max=200), mjd))
+    batch = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *ds)
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    split = driver.dim_split(m, 200)
+    count = jax.vmap(lambda d: driver.narrow_group(m, d, p, grp, dm, split)[2])(batch)
+    assert int(np.max(count)) > driver.CHUNK and int(np.min(count)) == 0
+    got = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))(batch)
+    order = jax.vmap(lambda d: driver.contact_order(m, d))(got)
+    for i, q in enumerate(qs):
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        n = mjd.ncon
+        assert int(got.ncon[i]) == n
+        k = np.asarray(order[i])[:n]
+        con = got.contact
+        np.testing.assert_array_equal(np.asarray(con.geom[i])[k], mjd.contact.geom[:n])
+        # within a geom pair MuJoCo's box-box slot order is not reproduced: match
+        # contacts by (geom pair, distance)
+        gd, dd = np.asarray(con.geom[i])[k], np.asarray(con.dist[i])[k]
+        a = np.lexsort((dd, gd[:, 1], gd[:, 0]))
+        b = np.lexsort((mjd.contact.dist[:n], mjd.contact.geom[:n, 1],
+                        mjd.contact.geom[:n, 0]))
+        np.testing.assert_allclose(dd[a], mjd.contact.dist[:n][b], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(np.asarray(con.pos[i])[k][a], mjd.contact.pos[:n][b],
+                                   rtol=0, atol=1e-9)
+        np.testing.assert_allclose(np.asarray(con.frame[i])[k][a][:, 0],
+                                   mjd.contact.frame[:n, :3][b], rtol=0, atol=1e-9)
+    assert int(np.sum(np.asarray(got.ncon))) > 0

@@ -90,10 +90,14 @@ def sphere_table(m, ids=None):
 def _select(c, tplane, tedge, edge):
     """Closest hull feature to the local centre c (no gradient): (face?, triangle id,
     edge id)."""
-    s = tplane[:, :3] @ c - tplane[:, 3]                     # heights over the planes
+    # written elementwise: per-world matrix-vector products over the tables are
+    # separate slow kernels on CPU
+    c0, c1, c2 = c[0], c[1], c[2]
+    s = tplane[:, 0] * c0 + tplane[:, 1] * c1 + tplane[:, 2] * c2 - tplane[:, 3]
     smax = jnp.max(s)
-    inside = jnp.all(jnp.einsum("tkj,j->tk", tedge[..., :3], c) - tedge[..., 3]
-                     >= -INSIDE_TOL, axis=1)
+    ein = (tedge[..., 0] * c0 + tedge[..., 1] * c1 + tedge[..., 2] * c2 - tedge[..., 3]
+           >= -INSIDE_TOL)                                     # (T, 3)
+    inside = ein[:, 0] & ein[:, 1] & ein[:, 2]
     dface = jnp.where(inside & (s >= 0), s, jnp.inf)
     tf = jnp.argmin(dface)
     w = c - edge[:, :3]

@@ -236,24 +236,13 @@ def _prism_planes(v, base):
     return nrm, off
 
 
-def _prism_triangles(v):
-    """The prism's boundary as 8 triangles (8, 3, 3)."""
-    b, t = v[:3], v[3:]
-    tris = [jnp.stack([t[0], t[1], t[2]]), jnp.stack([b[0], b[1], b[2]])]
-    for i in range(3):
-        j = (i + 1) % 3
-        tris += [jnp.stack([t[i], t[j], b[j]]), jnp.stack([t[i], b[j], b[i]])]
-    return jnp.stack(tris)
-
-
 def _prism_edges(v):
-    """The prism's 9 edges as (9, 2, 3) end points."""
+    """The prism's 9 edges as (9, 2, 3) end points: the top edges i -> i+1, the bottom
+    edges i -> i+1, the vertical edges bottom i -> top i (two concatenations: a stack
+    per edge costs a kernel each)."""
     b, t = v[:3], v[3:]
-    e = []
-    for i in range(3):
-        j = (i + 1) % 3
-        e += [jnp.stack([t[i], t[j]]), jnp.stack([b[i], b[j]]), jnp.stack([b[i], t[i]])]
-    return jnp.stack(e)
+    roll = lambda x: jnp.concatenate([x[1:], x[:1]])
+    return jnp.stack([jnp.concatenate([t, b, b]), jnp.concatenate([roll(t), roll(b), t])], 1)
 
 
 def _seg_closest(p, a, b):
@@ -264,29 +253,28 @@ def _seg_closest(p, a, b):
     return a + s[..., None] * ab
 
 
-def _tri_closest(p, tri):
-    """Closest point of triangle tri (3, 3) to point p (3,): the projection when it
-    falls inside, else the closest edge point."""
-    a, b, c = tri[0], tri[1], tri[2]
-    n = cross(b - a, c - a)
-    nn = dot(n, n)
-    ok = nn > MINVAL * MINVAL
-    q = p - n * (dot(p - a, n) / jnp.where(ok, nn, 1.0))
-    inside = ok & (dot(cross(b - a, q - a), n) >= 0) & (dot(cross(c - b, q - b), n) >= 0) \
-        & (dot(cross(a - c, q - c), n) >= 0)
-    cand = jnp.stack([_seg_closest(p, a, b), _seg_closest(p, b, c), _seg_closest(p, c, a)])
+def _point_prism(p, v, planes=None):
+    """Closest point on the prism boundary to point p (outside): the projection of p
+    on a face plane where it falls in that face (a convex polytope's face is its part
+    of the plane: the projection satisfies the other four planes), else the closest
+    point of the 9 edges (vertices included). Exact as the closest point over the
+    boundary triangles, with 5 projections and 9 segments instead of 8 triangles'
+    projections and 24 segments. ``planes``: the prism's (nrm, off) when known."""
+    nrm, off = _prism_planes(v, -v[0, 2]) if planes is None else planes
+    s = dot(nrm, p) - off                                        # (5,) heights
+    q = p - s[:, None] * nrm                                     # projections
+    # viol[f, j]: projection on face f against plane j (0 on f itself)
+    viol = (q[:, None, 0] * nrm[None, :, 0] + q[:, None, 1] * nrm[None, :, 1] +
+            q[:, None, 2] * nrm[None, :, 2]) - off[None, :]
+    viol = jnp.where(jnp.eye(5, dtype=bool), -1.0, viol)
+    inface = (s > 0) & jnp.all(viol <= 0, axis=1)
+    edges = _prism_edges(v)
+    qe = _seg_closest(p, edges[:, 0], edges[:, 1])              # (9, 3)
+    cand = jnp.concatenate([q, qe])
     dc = cand - p
-    k = jnp.argmin(dot(dc, dc))
-    return jnp.where(inside, q, cand[k])
-
-
-def _point_prism(p, v):
-    """Closest point on the prism boundary to point p (outside)."""
-    tris = _prism_triangles(v)
-    q = jax.vmap(_tri_closest, (None, 0))(p, tris)
-    dq = q - p
-    k = jnp.argmin(dot(dq, dq))
-    return q[k]
+    d2 = jnp.where(jnp.concatenate([inface, jnp.ones(9, bool)]), dot(dc, dc), jnp.inf)
+    pick = jnp.arange(14) == jnp.argmin(d2)
+    return jnp.sum(jnp.where(pick[:, None], cand, 0.0), 0)
 
 
 def _seg_seg(a0, a1, b0, b1):
@@ -312,7 +300,7 @@ def _sphere_prism(v, base, c, r):
     s = nrm @ c - off
     k = jnp.argmax(s)
     inside = s[k] <= 0
-    q = _point_prism(c, v)
+    q = _point_prism(c, v, (nrm, off))
     n_out, dd = normalize(c - q)
     n = jnp.where(inside, nrm[k], n_out)
     dist = jnp.where(inside, s[k], dd) - r
@@ -328,7 +316,7 @@ def _sep_axes(axes, v, lo):
 
 def _capsule_prism(v, base, a0, a1, r):
     """(dist, pos, normal) of a capsule (segment a0 a1, radius r) against prism v."""
-    nrm, _ = _prism_planes(v, base)
+    nrm, off = _prism_planes(v, base)
     edges = _prism_edges(v)
     seg = a1 - a0
     ed = edges[:, 1] - edges[:, 0]
@@ -341,7 +329,7 @@ def _capsule_prism(v, base, a0, a1, r):
     n_sat, s_sat = axes[k], s[k]
     crossing = s_sat <= 0
     # separated: closest points of the segment and the prism boundary
-    qa0, qa1 = _point_prism(a0, v), _point_prism(a1, v)
+    qa0, qa1 = _point_prism(a0, v, (nrm, off)), _point_prism(a1, v, (nrm, off))
     xe, ye = jax.vmap(_seg_seg, (None, None, 0, 0))(a0, a1, edges[:, 0], edges[:, 1])
     xs = jnp.concatenate([a0[None], a1[None], xe])
     ys = jnp.concatenate([qa0[None], qa1[None], ye])
@@ -578,18 +566,19 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
     c0 = jnp.clip(cc, 0, ncol - 2)
     dx, dy = 2 * s0 / (ncol - 1), 2 * s1 / (nrow - 1)
     hdata = jnp.asarray(data, dt)
-
-    def vtx(r, c):
-        return jnp.stack([dx * c.astype(dt) - s0, dy * r.astype(dt) - s1,
-                          hdata[r * ncol + c] * s2], -1)
-
-    pa = jnp.stack([vtx(r0 + 1, c0), vtx(r0, c0), vtx(r0 + 1, c0 + 1)], 1)
-    pb = jnp.stack([vtx(r0, c0), vtx(r0 + 1, c0 + 1), vtx(r0, c0 + 1)], 1)
-    top = jnp.stack([pa, pb], 1).reshape(-1, 3, 3)                # (P, 3, 3)
+    # one gather of the cell's four corner heights (r, c), (r, c+1), (r+1, c), (r+1, c+1)
+    h = hdata[(r0 * ncol + c0)[:, None] + jnp.asarray([0, 1, ncol, ncol + 1])] * s2
+    x0, x1 = dx * c0.astype(dt) - s0, dx * (c0 + 1).astype(dt) - s0
+    y0, y1 = dy * r0.astype(dt) - s1, dy * (r0 + 1).astype(dt) - s1
+    # triangles (r+1, c), (r, c), (r+1, c+1) and (r, c), (r+1, c+1), (r, c+1) per cell
+    xs = jnp.stack([x0, x0, x1, x0, x1, x1], -1)
+    ys = jnp.stack([y1, y0, y1, y0, y1, y0], -1)
+    zs = jnp.stack([h[:, 2], h[:, 0], h[:, 3], h[:, 0], h[:, 3], h[:, 1]], -1)
+    top = jnp.stack([xs, ys, zs], -1).reshape(-1, 3, 3)            # (P, 3, 3)
     pok = jnp.repeat(cell_ok, 2)
     zmin = lo[2]
     pok = pok & jnp.any(top[:, :, 2] >= zmin - margin, axis=1)
-    bot = top.at[:, :, 2].set(-s3)
+    bot = jnp.concatenate([top[:, :, :2], jnp.full(top.shape[:2] + (1,), -s3, dt)], 2)
     prisms = jnp.concatenate([bot, top], 1)                        # (P, 6, 3)
 
     if t2 == GT.SPHERE:

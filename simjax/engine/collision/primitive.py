@@ -234,29 +234,23 @@ def capsule_capsule(g1, g2, margin):
     def ss(c1, c2):
         return _sphere_sphere_raw(c1, g1.mat, r1, c2, g2.mat, r2, margin)
 
-    # the general contact and, for parallel axes, ends of 1 against 2, then ends of 2
-    # against 1 (up to two contacts): five sphere-sphere tests in one vmapped call (one
-    # set of kernels instead of five)
-    c1 = jnp.stack([g1.pos + axis1 * x1, g1.pos + axis1, g1.pos - axis1,
+    # the general contact or, for parallel axes, ends of 1 against 2, then ends of 2
+    # against 1 (up to two contacts): four sphere-sphere tests in one vmapped call (one
+    # set of kernels instead of four), the first the general one or the first end
+    gen1, gen2 = g1.pos + axis1 * x1, g2.pos + axis2 * x2
+    c1 = jnp.stack([jnp.where(general, gen1, g1.pos + axis1), g1.pos - axis1,
                     g1.pos + axis1 * jnp.clip((u - mb) / ma, -1, 1),
                     g1.pos + axis1 * jnp.clip((u + mb) / ma, -1, 1)])
-    c2 = jnp.stack([g2.pos + axis2 * x2, g2.pos + axis2 * jnp.clip((v - mb) / mc, -1, 1),
+    c2 = jnp.stack([jnp.where(general, gen2, g2.pos + axis2 * jnp.clip((v - mb) / mc, -1, 1)),
                     g2.pos + axis2 * jnp.clip((v + mb) / mc, -1, 1), g2.pos + axis2,
                     g2.pos - axis2])
-    d5, p5, n5, v5 = jax.vmap(ss)(c1, c2)
-    dg, pg, ng, vg = d5[0], p5[0], n5[0], v5[0]
-    e = [(d5[i], p5[i], n5[i], v5[i]) for i in range(1, 5)]
-    v1, v2, v3, v4 = (c[3] for c in e)
+    dist, pos, nrm, v4 = jax.vmap(ss)(c1, c2)
+    v1, v2, v3, v4 = v4[0], v4[1], v4[2], v4[3]
     c12 = v1.astype(jnp.int32) + v2
     v3 = v3 & (c12 < 2)
     v4 = v4 & (c12 + v3 < 2)
     vpar = jnp.stack([v1, v2, v3, v4])
-    # slot 0 holds the general contact or the first parallel one
-    dist = jnp.stack([jnp.where(general, dg, e[0][0])] + [c[0] for c in e[1:]])
-    pos = jnp.stack([jnp.where(general, pg, e[0][1])] + [c[1] for c in e[1:]])
-    nrm = jnp.stack([jnp.where(general, ng, e[0][2])] + [c[2] for c in e[1:]])
-    vgen = jnp.zeros(4, bool).at[0].set(vg)
-    valid = jnp.where(general, vgen, vpar)
+    valid = jnp.where(general, jnp.arange(4) == 0, True) & vpar
     return Pre(dist, pos, nrm, jnp.zeros_like(pos), valid)
 
 
