@@ -15,6 +15,7 @@ import pytest
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import make_data, step
 from simjax.engine.data import WARN_BADQACC, WARN_BADQPOS
+from simjax.engine.forward import RESET_FIELDS
 
 # contacts (a capsule on the floor), a joint limit, a motor, and sensors of every stage
 # (the accelerometer and touch need cacc / cfrc, computed only when a sensor asks)
@@ -131,6 +132,22 @@ def test_bad_qacc_resets_as_mujoco(integrator):
     assert mjd.ncon > 0 and np.abs(mjd.sensordata).max() > 0
     for leaf in jax.tree_util.tree_leaves(reset):
         assert np.all(np.isfinite(np.asarray(leaf)))
+
+    # the reset reads nothing of the diverged world but RESET_FIELDS: NaN in every other
+    # float field (and garbage in the integer ones) changes no bit of its result.
+    # (contact.dim and contact.adhesion are constants of make_data the engine never
+    # writes: the slot's static dimension, and adhesion, which it does not support.)
+    def poison(path, x):
+        name = jax.tree_util.keystr(path)
+        if name.split(".")[1] in RESET_FIELDS or name in (".contact.dim",
+                                                          ".contact.adhesion"):
+            return x
+        return jnp.full_like(x, jnp.nan if x.dtype.kind == "f" else 7)
+    poisoned = run(m, jax.tree_util.tree_map_with_path(poison, flagged))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(reset),
+                            jax.tree_util.tree_leaves(poisoned)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
+                                      err_msg=jax.tree_util.keystr(path))
 
     # and it goes on as MuJoCo, one step behind
     mujoco.mj_step(mjm, mjd)
