@@ -11,7 +11,8 @@ pole, one motor on the cart.
 - reward: 1 for every step that does not terminate (v5's ``int(not terminated)``);
 - termination: any non-finite observation or |pole angle| > 0.2 rad; in addition a world
   the engine flags as diverged (a new bad-qpos/qvel/qacc count in ``Data.warning``; the
-  engine has already reset it) terminates; truncation after ``max_episode_steps``;
+  engine resets it, at once for a bad qpos or qvel, at its next step for a bad qacc)
+  terminates; truncation after ``max_episode_steps``;
 - reset: qpos and qvel uniform in +-0.01 around the model's reference state.
 
 Finished worlds are reset in the same ``step`` call (Gymnasium's "same-step" autoreset

@@ -30,7 +30,8 @@ from simjax.engine import support
 from simjax.engine import tables
 from simjax.engine import tendon
 from simjax.engine import tree_linalg
-from simjax.engine.data import WARN_BADQACC, WARN_BADQPOS, WARN_BADQVEL, Data
+from simjax.engine.data import (DATA_FIELD_NAMES, WARN_BADQACC, WARN_BADQPOS,
+                                WARN_BADQVEL, Data)
 from simjax.errors import UnsupportedFeatureError
 from simjax.plugins import engine as plugins
 from simjax.types import DisableBit, EnableBit, IntegratorType
@@ -264,9 +265,11 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
 
     ``evaluate_first``: ``d`` is not forwarded; the scan runs all four evaluations, the
     first one being mj_step's forward (with sensors, under ``lax.cond``; its qacc is
-    checked for mjWARN_BADQACC, counted in ``warning`` unless ``autoreset``), so
-    forward is traced and compiled once per step instead of twice. Otherwise ``d`` is
-    forwarded and the scan runs the three remaining stages (flag: False).
+    checked for mjWARN_BADQACC, counted in ``warning`` unless ``autoreset``; with
+    ``autoreset`` a world whose qacc is bad has its later stages evaluated at its
+    initial state, see :func:`step`), so forward is traced and compiled once per step
+    instead of twice. Otherwise ``d`` is forwarded and the scan runs the three remaining
+    stages (flag: False).
     """
     dtype = d.qpos.dtype
     h = jnp.asarray(m.opt.timestep, dtype)
@@ -282,9 +285,14 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
         a, b, first = coef[0], coef[1], coef[2] > 0
         dqvel, dqacc, dact = a * vel, a * acc, a * actdot
         pick = lambda x0, x: jnp.where(first, x0, x) if evaluate_first else x
-        di = d.replace(qpos=pick(qpos0, support.integrate_pos(m, qpos0, dqvel, h)),
-                       qvel=pick(qvel0, qvel0 + h * dqacc), act=pick(act0, act0 + h * dact),
-                       time=pick(t0, t0 + a * h))
+        # with autoreset, a world whose first evaluation had a bad qacc is evaluated at
+        # its initial state again, so that the derived fields of the last stage, which
+        # step returns, belong to the state step returns for it (the one it came with)
+        stay = (first | bada) if evaluate_first and autoreset else first
+        hold = lambda x0, x: jnp.where(stay, x0, x) if evaluate_first else x
+        di = d.replace(qpos=hold(qpos0, support.integrate_pos(m, qpos0, dqvel, h)),
+                       qvel=hold(qvel0, qvel0 + h * dqacc), act=hold(act0, act0 + h * dact),
+                       time=hold(t0, t0 + a * h))
         d = _forward(m, di, sensors=first if evaluate_first else False)
         if evaluate_first:
             # mj_step's checks and buffers after its forward, before integrating
@@ -388,61 +396,93 @@ def _integrate(m, d: Data) -> Data:
     raise UnsupportedFeatureError(f"integrator {int(integrator)}")
 
 
-def _select_tree(pred, a, b):
-    """Leafwise ``where(pred, a, b)`` for a scalar ``pred`` over two Data.
+#: Fields a reset sets (mj_resetData) that the next forward does not recompute: the
+#: state and inputs (DATA_FIELDS' first group, up to sensordata), the warning counters,
+#: and the quantities forward computes only when a sensor needs them (or inverse does).
+#: Every other Data field is written by forward before it is read, so a reset before
+#: forward need not touch it.
+RESET_FIELDS = (DATA_FIELD_NAMES[:DATA_FIELD_NAMES.index("sensordata") + 1] +
+                ("warning", "subtree_linvel", "subtree_angmom", "qfrc_inverse", "cacc",
+                 "cfrc_int", "cfrc_ext"))
+
+#: Fields the integrators advance (mj_advance): a world whose qacc is bad keeps their
+#: values from before the step.
+ADVANCED_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart", "plugin_state",
+                   "history")
+
+
+def _select_fields(pred, a, b, names):
+    """``b`` with the fields ``names`` replaced by ``where(pred, a, b)``, ``pred`` a
+    scalar.
 
     lax.select on an explicit broadcast traces to two operations per field, where
     jnp.where adds a nested jit with its own promotions and broadcasts per field.
     """
-    preds = {}
-
-    def sel(x, y):
-        if y.shape not in preds:
-            preds[y.shape] = jnp.broadcast_to(pred, y.shape)
-        return jax.lax.select(preds[y.shape], jnp.broadcast_to(x.astype(y.dtype), y.shape), y)
-    return jax.tree_util.tree_map(sel, a, b)
+    out = {}
+    for name in names:
+        x, y = getattr(a, name), getattr(b, name)
+        if y.size:
+            out[name] = jax.lax.select(jnp.broadcast_to(pred, y.shape),
+                                       jnp.broadcast_to(x.astype(y.dtype), y.shape), y)
+    return b.replace(**out)
 
 
 def step(m, d: Data) -> Data:
     """Advance the simulation by one timestep (mj_step).
 
     As MuJoCo: bad qpos or qvel (NaN or beyond 1e10) count mjWARN_BADQPOS/BADQVEL in
-    ``d.warning`` and, unless ``DisableBit.AUTORESET`` is set, reset the world first;
-    :func:`forward` runs; a bad qacc counts mjWARN_BADQACC. Then the state is integrated
-    with ``m.opt.integrator``. With autoreset, a world whose qacc was bad is returned in
-    its reset state (MuJoCo would in addition forward and integrate it once; simjax
-    avoids that second evaluation, so such a world lags MuJoCo by one step after the
-    reset). Resets are per world under vmap and use ``jnp.where``, never ``lax.cond``.
+    ``d.warning`` and, unless ``DisableBit.AUTORESET`` is set, reset the world first
+    (mj_resetData: the state of :func:`simjax.make_data`, the warning counters cleared
+    but the one raised); :func:`forward` runs; a bad qacc counts mjWARN_BADQACC. Then
+    the state is integrated with ``m.opt.integrator``.
+
+    A bad qacc with autoreset (mj_checkAcc): MuJoCo resets the world, runs mj_forward
+    again and integrates, within the same mj_step. simjax does not evaluate forward a
+    second time; it splits this over two steps instead:
+
+    - the step that finds the bad qacc returns the world not integrated: time, qpos,
+      qvel, act, qacc_warmstart, history and plugin_state as they came in, every other
+      field as this step's forward computed them from that state (all consistent with
+      it: exactly what MuJoCo's mjData holds when mj_checkAcc looks at qacc), qacc the
+      bad value, and mjWARN_BADQACC counted;
+    - the next step sees the bad qacc it was given and resets the world before its
+      forward (as a bad qpos or qvel does), with the warning counters cleared but
+      mjWARN_BADQACC = 1, then forwards and integrates. Its result equals the result of
+      MuJoCo's mj_step that found the bad qacc, every field included.
+
+    So after a bad qacc a world lags MuJoCo by one step, and no field of a reset world
+    holds values computed from the diverged state. (A Data handed to step with a bad
+    qacc is reset likewise: MuJoCo would compute the same qacc again and reset.)
+    Resets are per world under vmap and use selects, never ``lax.cond``; they select
+    only the fields forward does not recompute (RESET_FIELDS), and an un-integrated
+    world only ADVANCED_FIELDS, so no pass over the derived arrays is needed.
     """
     autoreset = not (m.opt.disableflags & DisableBit.AUTORESET)
     dtype = d.qpos.dtype
     ncon_max = d.contact.dist.shape[0]
-    badq = _is_bad(d.qpos)
-    badv = jnp.logical_and(~badq, _is_bad(d.qvel))
+    bada_in = _is_bad(d.qacc) if autoreset else jnp.zeros((), bool)
+    badq = jnp.logical_and(~bada_in, _is_bad(d.qpos))
+    badv = ~bada_in & ~badq & _is_bad(d.qvel)
     if autoreset:
-        # the two reset states differ only in the warning counter that is set
         base = io.make_data(m, dtype=dtype, ncon_max=ncon_max)
         warn = jnp.arange(base.warning.shape[0])
-        fresh = base.replace(warning=((badq & (warn == WARN_BADQPOS)) |
-                                       (badv & (warn == WARN_BADQVEL))).astype(
-                                           base.warning.dtype))
-        d = _select_tree(badq | badv, fresh, d)
+        fresh = base.replace(warning=((bada_in & (warn == WARN_BADQACC)) |
+                                      (badq & (warn == WARN_BADQPOS)) |
+                                      (badv & (warn == WARN_BADQVEL))).astype(
+                                          base.warning.dtype))
+        d = _select_fields(bada_in | badq | badv, fresh, d, RESET_FIELDS)
     else:
         warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))
         d = d.replace(warning=warning.at[WARN_BADQVEL].add(badv.astype(jnp.int32)))
     if m.opt.integrator == IntegratorType.RK4:
         # forward runs as the first stage of the RK4 scan (traced once, not twice)
         new, bada = _rk4(m, d, evaluate_first=True, autoreset=autoreset)
-        if not autoreset:
-            return new
     else:
         new, bada = _forward_integrate(m, d, autoreset)
-        if not autoreset:
-            return new
-    # the reset state with only the bad-qacc warning counter set, built from the one
-    # made above rather than traced a second time
-    fresh = base.replace(warning=jnp.zeros_like(base.warning).at[WARN_BADQACC].set(1))
-    return _select_tree(bada, fresh, new)
+    if not autoreset:
+        return new
+    new = _select_fields(bada, d, new, ADVANCED_FIELDS)
+    return new.replace(warning=new.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
 
 
 def _forward_integrate(m, d: Data, autoreset: bool):
