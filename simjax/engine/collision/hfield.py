@@ -253,14 +253,14 @@ def _seg_closest(p, a, b):
     return a + s[..., None] * ab
 
 
-def _point_prism(p, v, planes=None):
+def _point_prism(p, v, nrm, off):
     """Closest point on the prism boundary to point p (outside): the projection of p
     on a face plane where it falls in that face (a convex polytope's face is its part
     of the plane: the projection satisfies the other four planes), else the closest
     point of the 9 edges (vertices included). Exact as the closest point over the
     boundary triangles, with 5 projections and 9 segments instead of 8 triangles'
-    projections and 24 segments. ``planes``: the prism's (nrm, off) when known."""
-    nrm, off = _prism_planes(v, -v[0, 2]) if planes is None else planes
+    projections and 24 segments. ``nrm``, ``off``: the prism's planes
+    (:func:`_prism_planes`)."""
     s = dot(nrm, p) - off                                        # (5,) heights
     q = p - s[:, None] * nrm                                     # projections
     # viol[f, j]: projection on face f against plane j (0 on f itself)
@@ -300,7 +300,7 @@ def _sphere_prism(v, base, c, r):
     s = nrm @ c - off
     k = jnp.argmax(s)
     inside = s[k] <= 0
-    q = _point_prism(c, v, (nrm, off))
+    q = _point_prism(c, v, nrm, off)
     n_out, dd = normalize(c - q)
     n = jnp.where(inside, nrm[k], n_out)
     dist = jnp.where(inside, s[k], dd) - r
@@ -329,7 +329,7 @@ def _capsule_prism(v, base, a0, a1, r):
     n_sat, s_sat = axes[k], s[k]
     crossing = s_sat <= 0
     # separated: closest points of the segment and the prism boundary
-    qa0, qa1 = _point_prism(a0, v, (nrm, off)), _point_prism(a1, v, (nrm, off))
+    qa0, qa1 = _point_prism(a0, v, nrm, off), _point_prism(a1, v, nrm, off)
     xe, ye = jax.vmap(_seg_seg, (None, None, 0, 0))(a0, a1, edges[:, 0], edges[:, 1])
     xs = jnp.concatenate([a0[None], a1[None], xe])
     ys = jnp.concatenate([qa0[None], qa1[None], ye])
