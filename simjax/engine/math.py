@@ -262,3 +262,22 @@ def c_add(a, b):
 
 def c_where(mask, a, b):
     return tuple(jnp.where(mask, x, y) for x, y in zip(a, b))
+
+
+def c_quat_to_mat(q):
+    """Rotation matrix of a component unit quaternion: 9 arrays, row-major."""
+    w, x, y, z = q
+    ww, wx, wy, wz = w * w, w * x, w * y, w * z
+    xx, xy, xz = x * x, x * y, x * z
+    yy, yz, zz = y * y, y * z, z * z
+    return (ww + xx - yy - zz, 2 * (xy - wz), 2 * (xz + wy),
+            2 * (xy + wz), ww - xx + yy - zz, 2 * (yz - wx),
+            2 * (xz - wy), 2 * (yz + wx), ww - xx - yy + zz)
+
+
+def c_quat_normalize(q):
+    """:func:`quat_normalize` of a component quaternion (4 arrays)."""
+    n = safe_sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3])
+    small = n < MINVAL
+    inv = 1.0 / jnp.where(small, 1.0, n)
+    return tuple(jnp.where(small, float(i == 0), c * inv) for i, c in enumerate(q))

@@ -108,17 +108,6 @@ def _sameframe_codes(arr):
     return arr.astype(np.int64)
 
 
-def _c_quat_to_mat(q):
-    """Rotation matrix of a component unit quaternion: 9 arrays, row-major."""
-    w, x, y, z = q
-    ww, wx, wy, wz = w * w, w * x, w * y, w * z
-    xx, xy, xz = x * x, x * y, x * z
-    yy, yz, zz = y * y, y * z, z * z
-    return (ww + xx - yy - zz, 2 * (xy - wz), 2 * (xz + wy),
-            2 * (xy + wz), ww - xx + yy - zz, 2 * (yz - wx),
-            2 * (xz - wy), 2 * (yz + wx), ww - xx - yy + zz)
-
-
 def _stack_mat(c):
     """(..., 3, 3) matrix from 9 row-major component arrays."""
     return jnp.stack([jnp.stack(c[3 * i:3 * i + 3], -1) for i in range(3)], -2)
@@ -139,7 +128,7 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
     lp = math.unstack(lpos)
     gpos = tuple(bp[i] + bm[3 * i] * lp[0] + bm[3 * i + 1] * lp[1] + bm[3 * i + 2] * lp[2]
                  for i in range(3))
-    gmat = _c_quat_to_mat(math.c_qmul(q, math.unstack(lquat)))
+    gmat = math.c_quat_to_mat(math.c_qmul(q, math.unstack(lquat)))
     codes = _sameframe_codes(sameframe) if sameframe is not None else None
     if codes is not None:
         copies = [((1,), (1, 3), bp, bm)]
@@ -154,14 +143,6 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
             if on.any():
                 gmat = math.c_where(on, src_mat, gmat)
     return math.stack(gpos), _stack_mat(gmat)
-
-
-def _c_quat_normalize(q):
-    """:func:`math.quat_normalize` of a component quaternion (4 arrays)."""
-    n = math.safe_sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3])
-    small = n < math.MINVAL
-    inv = 1.0 / jnp.where(small, 1.0, n)
-    return tuple(jnp.where(small, float(i == 0), c * inv) for i, c in enumerate(q))
 
 
 def kinematics(m, d):
@@ -183,17 +164,17 @@ def kinematics(m, d):
         frames = jnp.stack(math.c_add(pj, math.c_rot(qj, pos)) + math.c_qmul(qj, quat))
     frames = frames.T                                     # (nnode, 7)
     body = frames[tab.body_node]
-    qn = _c_quat_normalize(math.unstack(body[:, 3:]))
+    qn = math.c_quat_normalize(math.unstack(body[:, 3:]))
     xquat = math.stack(qn)
     xpos = body[:, :3]
-    out = dict(xpos=xpos, xquat=xquat, xmat=_stack_mat(_c_quat_to_mat(qn)))
+    out = dict(xpos=xpos, xquat=xquat, xmat=_stack_mat(math.c_quat_to_mat(qn)))
     if m.njnt:
         # joint axis and anchor in the frame of the node before the joint; a free
         # joint's anchor is the body position and its axis is left unrotated
         # on component arrays (njnt,): vectors along a last axis of 3 or 4 cost XLA
         # CPU slices, reductions and concatenations per element
         before = math.unstack(frames[tab.jnt_pred])
-        qn = _c_quat_normalize(before[3:])
+        qn = math.c_quat_normalize(before[3:])
         xaxis = math.stack(math.c_rot(qn, math.unstack(_f(m.jnt_axis, dtype))))
         xanchor = math.stack(math.c_add(before[:3], math.c_rot(
             qn, math.unstack(_f(m.jnt_pos, dtype)))))
