@@ -178,18 +178,27 @@ def inert_com(inertia, mat, dif, mass):
 
     inertia: (..., 3) principal moments; mat: (..., 3, 3) inertia frame -> world;
     dif: (..., 3) com minus reference point; mass: (...,). Returns (..., 10) cinert.
+    The rotated inertia mat diag(inertia) mat' is written as products and adds on
+    component arrays (an einsum of 3x3 matrices is a batched dot plus transposes,
+    separate and slow kernels on XLA CPU).
     """
-    rot = jnp.einsum("...ij,...j,...kj->...ik", mat, inertia, mat)
-    m = mass[..., None]
-    d0, d1, d2 = dif[..., 0], dif[..., 1], dif[..., 2]
-    res = jnp.stack([
-        rot[..., 0, 0] + mass * (d1 * d1 + d2 * d2),
-        rot[..., 1, 1] + mass * (d0 * d0 + d2 * d2),
-        rot[..., 2, 2] + mass * (d0 * d0 + d1 * d1),
-        rot[..., 0, 1] - mass * d0 * d1,
-        rot[..., 0, 2] - mass * d0 * d2,
-        rot[..., 1, 2] - mass * d1 * d2], -1)
-    return jnp.concatenate([res, m * dif, m], -1)
+    r = unstack(mat.reshape(mat.shape[:-2] + (9,)))
+    ine = unstack(inertia)
+    d0, d1, d2 = unstack(dif)
+
+    def rot(i, k):
+        return (r[3 * i] * ine[0] * r[3 * k] + r[3 * i + 1] * ine[1] * r[3 * k + 1] +
+                r[3 * i + 2] * ine[2] * r[3 * k + 2])
+
+    # (at most 8 operands per stack: XLA CPU would not fuse a wider concatenation)
+    return jnp.concatenate([
+        stack((rot(0, 0) + mass * (d1 * d1 + d2 * d2),
+               rot(1, 1) + mass * (d0 * d0 + d2 * d2),
+               rot(2, 2) + mass * (d0 * d0 + d1 * d1),
+               rot(0, 1) - mass * d0 * d1,
+               rot(0, 2) - mass * d0 * d2,
+               rot(1, 2) - mass * d1 * d2)),
+        mass[..., None] * dif, mass[..., None]], -1)
 
 
 def inert_mul(i, v):
@@ -281,3 +290,15 @@ def c_quat_normalize(q):
     small = n < MINVAL
     inv = 1.0 / jnp.where(small, 1.0, n)
     return tuple(jnp.where(small, float(i == 0), c * inv) for i, c in enumerate(q))
+
+
+def c_inert_mul(i, v):
+    """:func:`inert_mul` on component arrays: 10 inertia, 6 motion -> 6 force."""
+    w, u = v[:3], v[3:]
+    c, mass = i[6:9], i[9]
+    rot = (i[0] * w[0] + i[3] * w[1] + i[4] * w[2],
+           i[3] * w[0] + i[1] * w[1] + i[5] * w[2],
+           i[4] * w[0] + i[5] * w[1] + i[2] * w[2])
+    rot = c_add(rot, c_cross(c, u))
+    cw = c_cross(c, w)
+    return rot + tuple(mass * a - b for a, b in zip(u, cw))

@@ -211,29 +211,6 @@ def subtree_mass(m, dtype=None):
     return jnp.asarray(tables.get(m).desc, mass.dtype) @ mass
 
 
-def _inert_com(inertia, mat, dif, mass):
-    """:func:`math.inert_com` on component arrays (n,): the rotated inertia
-    mat diag(inertia) mat' as products and adds (an einsum of 3x3 matrices is a
-    batched dot plus transposes, separate and slow kernels on CPU)."""
-    r = math.unstack(mat.reshape(mat.shape[:-2] + (9,)))
-    ine = math.unstack(inertia)
-    d0, d1, d2 = math.unstack(dif)
-
-    def rot(i, k):
-        return (r[3 * i] * ine[0] * r[3 * k] + r[3 * i + 1] * ine[1] * r[3 * k + 1] +
-                r[3 * i + 2] * ine[2] * r[3 * k + 2])
-
-    # (at most 8 operands per stack: XLA CPU would not fuse a wider concatenation)
-    return jnp.concatenate([
-        math.stack((rot(0, 0) + mass * (d1 * d1 + d2 * d2),
-                    rot(1, 1) + mass * (d0 * d0 + d2 * d2),
-                    rot(2, 2) + mass * (d0 * d0 + d1 * d1),
-                    rot(0, 1) - mass * d0 * d1,
-                    rot(0, 2) - mass * d0 * d2,
-                    rot(1, 2) - mass * d1 * d2)),
-        mass[..., None] * dif, mass[..., None]], -1)
-
-
 def com_pos(m, d):
     """Subtree centres of mass, com-based inertias and motion dofs (mj_comPos).
 
@@ -250,7 +227,7 @@ def com_pos(m, d):
     subtree_com = jnp.where(small[:, None], d.xipos,
                             moment / jnp.where(small, 1.0, smass)[:, None])
     root = np.asarray(m.body_rootid)
-    cinert = _inert_com(_f(m.body_inertia, dtype), d.ximat, d.xipos - subtree_com[root],
+    cinert = math.inert_com(_f(m.body_inertia, dtype), d.ximat, d.xipos - subtree_com[root],
                         mass)
     out = dict(subtree_com=subtree_com, cinert=cinert)
     if m.nv:
@@ -365,7 +342,7 @@ def crb(m, d):
     crb_ = jnp.asarray(tab.desc_noworld, dtype) @ d.cinert
     if not m.nv:
         return d.replace(crb=crb_)
-    f = math.stack(_c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]),
+    f = math.stack(math.c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]),
                                 math.unstack(d.cdof)))
     low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
     # mirror the lower triangle and add armature on the diagonal with static masks
@@ -425,18 +402,6 @@ def gravity(m, dtype):
     return _f(m.opt.gravity, dtype).reshape(3)
 
 
-def _c_inert_mul(i, v):
-    """:func:`math.inert_mul` on component arrays: 10 inertia, 6 motion -> 6 force."""
-    w, u = v[:3], v[3:]
-    c, mass = i[6:9], i[9]
-    rot = (i[0] * w[0] + i[3] * w[1] + i[4] * w[2],
-           i[3] * w[0] + i[1] * w[1] + i[5] * w[2],
-           i[4] * w[0] + i[5] * w[1] + i[2] * w[2])
-    rot = math.c_add(rot, math.c_cross(c, u))
-    cw = math.c_cross(c, w)
-    return rot + tuple(mass * a - b for a, b in zip(u, cw))
-
-
 def rne(m, d, flg_acc=False):
     """Recursive Newton-Euler: qfrc_bias = C(qpos, qvel) (mj_rne), plus M qacc if flg_acc.
 
@@ -455,11 +420,11 @@ def rne(m, d, flg_acc=False):
     # body forces on component arrays (nbody,): vectors along a last axis of 3 or 6
     # cost XLA CPU slices and concatenations per element
     inert, vel = math.unstack(d.cinert), math.unstack(d.cvel)
-    mom = _c_inert_mul(inert, vel)
+    mom = math.c_inert_mul(inert, vel)
     w, u = vel[:3], vel[3:]
     bias = (math.c_add(math.c_cross(w, mom[:3]), math.c_cross(u, mom[3:])) +
             math.c_cross(w, mom[3:]))
-    cfrc = math.stack(math.c_add(_c_inert_mul(inert, math.unstack(cacc)), bias))
+    cfrc = math.stack(math.c_add(math.c_inert_mul(inert, math.unstack(cacc)), bias))
     cfrc = jnp.asarray(tab.desc_noworld, dtype) @ cfrc
     # the dot over 6 as explicit adds: a reduction over a short last axis is a
     # separate kernel on CPU
