@@ -255,7 +255,9 @@ def rk4(m, d: Data) -> Data:
     The three stage evaluations run in one ``lax.scan`` (the classic tableau only
     couples each stage to the previous one), so forward is compiled once for them.
     Stages skip sensors and energy; the returned Data carries the derived quantities of
-    the last stage, as MuJoCo's does.
+    the last stage (qacc_warmstart and act_dot included), as MuJoCo's does, except qacc:
+    as in MuJoCo 4.0.0, the B-weighted stage acceleration the step integrated,
+    (qvel_next - qvel) / timestep.
     """
     return _rk4(m, d, evaluate_first=False)[0]
 
@@ -327,7 +329,12 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
         stage, init, jnp.asarray(rows, dtype))
     d = d.replace(time=t0, qpos=qpos0, qvel=qvel0, act=act0, sensordata=keep[0],
                   energy=keep[1])
-    return _advance(m, d, dact, dqacc, dqvel, hist), bada
+    out = _advance(m, d, dact, dqacc, dqvel, hist)
+    # MuJoCo 4.0.0 leaves the acceleration it integrated (the B-weighted sum of the
+    # stages) in qacc, while qacc_warmstart and act_dot are the last stage's; a world
+    # held for a bad qacc keeps that qacc exactly
+    qacc = jnp.where(bada, out.qacc, dqacc) if evaluate_first and autoreset else dqacc
+    return out.replace(qacc=qacc), bada
 
 
 def implicit(m, d: Data) -> Data:

@@ -103,6 +103,38 @@ def _rk4_model(autoreset):
                         ctrl=jnp.asarray([0.2]))
 
 
+def test_rk4_leaves_mujoco_qacc_and_stage_fields():
+    """After an RK4 step qacc is the acceleration integrated (the B-weighted stage sum),
+    qacc_warmstart and act_dot the last stage's, as MuJoCo 4.0.0 leaves them: a free
+    body in contact, a damped hinge and a filter actuator, float64."""
+    import simjax
+    xml = _RK4_XML.replace('<motor joint="h"/>', '<motor joint="h"/><general joint="h" '
+                           'dyntype="filter" dynprm="0.1" gainprm="1"/>')
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    m = simjax.load_model(xml)
+    rng = np.random.default_rng(3)
+    qvel = 0.5 * rng.standard_normal(mjm.nv)
+    qpos = mjm.qpos0.copy()
+    qpos[2], qvel[2] = 0.098, -0.3              # the sphere presses into the plane
+    mjd = mujoco.MjData(mjm)
+    mjd.qpos[:], mjd.qvel[:], mjd.ctrl[:], mjd.act[:] = qpos, qvel, [0.2, 1.0], [0.3]
+    d = make_data(m).replace(qpos=jnp.asarray(qpos), qvel=jnp.asarray(qvel),
+                             ctrl=jnp.asarray([0.2, 1.0]), act=jnp.asarray([0.3]))
+    run = jax.jit(simjax.step)
+    for _ in range(4):
+        qvel0 = mjd.qvel.copy()
+        mujoco.mj_step(mjm, mjd)
+        d = run(m, d)
+        assert mjd.ncon > 0                     # (contacts of the last stage)
+        # the three differ from each other in this state: the test can tell them apart
+        assert np.abs(mjd.qacc - mjd.qacc_warmstart).max() > 1e-3
+        np.testing.assert_allclose(mjd.qacc, (mjd.qvel - qvel0) / mjm.opt.timestep,
+                                   rtol=1e-9, atol=1e-9)
+        for name in ("qpos", "qvel", "act", "qacc", "qacc_warmstart", "act_dot"):
+            np.testing.assert_allclose(np.asarray(getattr(d, name)), getattr(mjd, name),
+                                       rtol=1e-9, atol=1e-9, err_msg=name)
+
+
 @pytest.mark.parametrize("autoreset", [True, False])
 def test_rk4_step_forwards_once(autoreset, monkeypatch):
     """step with RK4 traces the forward pass once (as the first stage of its scan)."""
