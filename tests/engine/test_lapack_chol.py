@@ -39,9 +39,9 @@ def test_factor_ld_matches_mujoco(rel):
         np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("path", [
-    "gym_ant/ant.xml",
-    pytest.param("mujoco_humanoid/humanoid.xml", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("path", ["gym_hopper/hopper.xml"] + [
+    pytest.param(p, marks=pytest.mark.slow)
+    for p in ("gym_ant/ant.xml", "mujoco_humanoid/humanoid.xml")])
 def test_factor_ld_damped_and_grad(path):
     mjm, m = load(path)
     rng = np.random.default_rng(6)
