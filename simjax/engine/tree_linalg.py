@@ -7,8 +7,10 @@ another, so a whole height level is eliminated at once. With the dofs permuted b
 decreasing height, every level is a contiguous block whose ancestors all come before
 it, so elimination only ever touches a shrinking leading block: per level one rank-k
 update written as a sum of k outer products (elementwise, fused) and no scatters. The
-solves run one level at a time as well. Everything here is pure JAX, so it batches and
-differentiates; :func:`factor_ld` may instead factorise with LAPACK (see ``lapack_chol``).
+solves run one level at a time as well, or (:func:`solve_ld` on deep trees) one dof at a
+time in a scan. Everything here is pure JAX, so it batches and differentiates;
+:func:`factor_ld` may instead factorise with LAPACK (see ``lapack_chol``) or, for a few
+dofs, entry by entry.
 
 Matrices are dense (nv, nv) with the tree sparsity of ``tables.m_mask`` (and its
 transpose); entries outside it are ignored.
