@@ -345,7 +345,30 @@ def body_simple(m):
             slides = all(m.jnt_type[j] == JointType.SLIDE for j in
                          range(m.body_jntadr[b], m.body_jntadr[b] + m.body_jntnum[b]))
             simple[b] = 2 if slides else 1
+    # a tendon with armature couples the bodies its sites and wrap geoms sit on (its
+    # armature J'J enters M), so MuJoCo 4.0 demotes them
+    wt, wo = np.asarray(m.wrap_type), np.asarray(m.wrap_objid)
+    for t in range(m.ntendon):
+        if np.asarray(m.tendon_armature)[t] == 0:
+            continue
+        for w in range(m.tendon_adr[t], m.tendon_adr[t] + m.tendon_num[t]):
+            if wt[w] == WrapType.SITE:
+                simple[m.site_bodyid[wo[w]]] = 0
+            elif wt[w] in (WrapType.SPHERE, WrapType.CYLINDER):
+                simple[m.geom_bodyid[wo[w]]] = 0
     return simple
+
+
+def dof_simplenum(m):
+    """MuJoCo's dof_simplenum (nv,): how many consecutive dofs from this one on belong
+    to simple bodies (:func:`body_simple`); 0 for a dof of a non-simple body."""
+    simple = body_simple(m)
+    out = np.zeros(m.nv, np.int32)
+    count = 0
+    for i in range(m.nv - 1, -1, -1):
+        count = count + 1 if simple[m.dof_bodyid[i]] else 0
+        out[i] = count
+    return out
 
 
 def _body_invweight(m, kin, Minv):

@@ -89,14 +89,18 @@ def solve_m(m, d, vec):
 def m_sparsity(m, layout="M"):
     """Static (rows, cols) of MuJoCo's packed inertia storage.
 
-    layout "M": MuJoCo 4.0's CSR ``mjData.M`` (row i lists i's ancestor dofs in
-    increasing order, ending with the diagonal); "qM": the legacy ``dof_Madr`` layout
-    (diagonal first, then ancestors going up the tree).
+    layout "M": MuJoCo 4.0's reduced CSR ``mjData.M`` / ``qLD`` (nC entries: row i
+    lists i's ancestor dofs in increasing order, ending with the diagonal; the row of a
+    dof of a simple body, ``dof_simplenum > 0``, holds the diagonal alone, whose
+    off-diagonal entries are zero); "qM": the legacy ``dof_Madr`` layout (nM entries:
+    diagonal first, then every ancestor going up the tree).
     """
+    from simjax.engine.reference import dof_simplenum   # setconst-time helper
     mask = tables.get(m).m_mask
+    simple = dof_simplenum(m) > 0 if layout == "M" else np.zeros(m.nv, bool)
     rows, cols = [], []
     for i in range(m.nv):
-        anc = np.nonzero(mask[i])[0]
+        anc = np.array([i]) if simple[i] else np.nonzero(mask[i])[0]
         order = anc if layout == "M" else anc[::-1]
         rows += [i] * len(anc)
         cols += list(order)

@@ -89,16 +89,48 @@ def test_forward_matches_mujoco(rel):
     stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *states)
     batch = jax.vmap(lambda st: to_data(base, st))(stacked)
     out = jax.jit(jax.vmap(forward, in_axes=(None, 0)))(m, batch)
-    simple = np.asarray(mjm.dof_simplenum) > 0 if hasattr(mjm, "dof_simplenum") else None
     for i in range(NSTATE):
         d = jax.tree_util.tree_map(lambda x: x[i], out)
         for k in FIELDS:
             err = rel_err(getattr(d, k), ref[i][k])
             assert err < 1e-8, f"{rel} state {i}: {k} differs by {err:.2e}"
         assert rel_err(d.qM, ref[i]["qM"]) < 1e-8, f"{rel}: qM"
-        if simple is None or not simple.any():
-            # MuJoCo stores rows of "simple" dofs diagonal-only; compare where packed alike
-            assert rel_err(pack_m(m, d.qLD), ref[i]["qLD"]) < 1e-8, f"{rel}: qLD"
+        assert rel_err(pack_m(m, d.qLD), ref[i]["qLD"]) < 1e-8, f"{rel}: qLD"
+
+
+@pytest.mark.parametrize("rel", MODELS)
+def test_simple_dofs_and_reduced_sparsity(rel):
+    """body_simple, dof_simplenum and the reduced M layout (M_rownnz / M_colind) as
+    MuJoCo computes them: rows of simple dofs hold the diagonal alone."""
+    from simjax.engine.reference import body_simple, dof_simplenum
+    from simjax.engine.support import m_sparsity
+    mjm, m = load(rel)
+    np.testing.assert_array_equal(body_simple(m), mjm.body_simple)
+    np.testing.assert_array_equal(dof_simplenum(m), mjm.dof_simplenum)
+    rows, cols = m_sparsity(m)
+    np.testing.assert_array_equal(np.bincount(rows, minlength=mjm.nv), mjm.M_rownnz)
+    np.testing.assert_array_equal(cols, mjm.M_colind)
+
+
+def test_simple_bodies_demoted_by_tendon_armature():
+    """A tendon with armature couples the bodies of its sites: MuJoCo 4.0 makes them
+    non-simple (their rows of M keep their off-diagonal entries)."""
+    from simjax import load_model
+    from simjax.engine.reference import body_simple, dof_simplenum
+    xml = """<mujoco><worldbody>
+      <body><joint type="slide" axis="1 0 0"/><geom size=".1" mass="1"/><site name="a"/>
+        <joint type="slide" axis="0 1 0"/></body>
+      <body pos="1 0 0"><joint type="slide" axis="0 1 0"/><geom size=".1" mass="1"/>
+        <site name="b"/></body>
+      <body pos="0 1 0"><joint type="slide" axis="0 0 1"/><geom size=".1" mass="1"/></body>
+    </worldbody><tendon><spatial armature="2"><site site="a"/><site site="b"/></spatial>
+    </tendon></mujoco>"""
+    for text in (xml, xml.replace(' armature="2"', '')):
+        mjm = mujoco.MjModel.from_xml_string(text)
+        m = load_model(text)
+        np.testing.assert_array_equal(body_simple(m), mjm.body_simple)
+        np.testing.assert_array_equal(dof_simplenum(m), mjm.dof_simplenum)
+    assert list(mjm.body_simple) == [1, 2, 2, 2]        # the unarmed copy: all simple
 
 
 def test_pack_m_layouts():
