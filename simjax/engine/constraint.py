@@ -409,17 +409,34 @@ def _anc_mask(m, bodies, dtype):
     return ((b >= lo) & (b <= hi)).astype(dtype)
 
 
+def _shifted_cdof_t(m, d, origin):
+    """cdof transposed (6, nv), every dof's linear part taken about ``origin`` (3,)
+    instead of the subtree com c of the dof's own tree root: lin - ang x (c - origin).
+    One origin for all dofs makes a contact row one 6-term product per dof whichever
+    trees its two bodies belong to (not one product per body about each tree's origin);
+    the transposed copy (computed, so materialised once) makes each term's nv values
+    contiguous for the row products."""
+    cd = d.cdof
+    roots = np.asarray(m.body_rootid)[np.asarray(m.dof_bodyid)]
+    off = take(d.subtree_com, roots) - origin                           # (nv, 3)
+    ang = cd[:, :3]
+    shifted = jnp.concatenate([ang, cd[:, 3:] - math.cross(ang, off)], 1)
+    # transposed by a gather, a kernel of its own: a transpose (or a stack of columns)
+    # is fused into the row products as a strided read, recomputed per row
+    perm = np.arange(6 * m.nv).reshape(m.nv, 6).T.reshape(-1)
+    return shifted.reshape(-1)[perm].reshape(6, m.nv)
+
+
 def _contact_geometry(m, d, lay):
     """Per contact slot (all slots of ``d.contact``), shared by the contact blocks:
-    sign (ncon, nv), direction 6-vectors, friction (ncon, 5), diag tran / rot and ok.
+    sign (ncon, nv), direction 6-vectors w (ncon, ndir, 6), cdof about the common
+    origin, friction (ncon, 5), diag tran / rot and ok.
 
     Row i of a contact is r_i . (mj_jac(body2, p) - mj_jac(body1, p)) (mj_jacDifPair
     projected on the row's direction): with the 6-vector w = ((p - c) x f, f) of a
-    translational direction f ((f, 0) for a rotational one), c the subtree com of the
-    tree's root (the origin of the com-based cdof), J_v = s_v (w . cdof_v), s_v = +1 for
-    dofs moving body2 alone, -1 for body1 alone, 0 for both or neither. ``w`` is
-    (ncon, ndir, 6) when one tree holds every dof, else the pair (w2, w1) of body2's
-    and body1's tree origins with the two bodies' dof masks."""
+    translational direction f ((f, 0) for a rotational one), c one origin for all dofs
+    (the world's subtree com, cdof's linear parts moved to it), J_v = s_v (w . cdof_v),
+    s_v = +1 for dofs moving body2 alone, -1 for body1 alone, 0 for both or neither."""
     dtype = d.qpos.dtype
     con = d.contact
     ndir = max(b.dim for b in lay.blocks if b.kind.startswith("con"))
@@ -427,32 +444,21 @@ def _contact_geometry(m, d, lay):
     b1 = gb[jnp.clip(con.geom[:, 0], 0)]
     b2 = gb[jnp.clip(con.geom[:, 1], 0)]
     frame = con.frame
-    roots = np.unique(np.asarray(m.body_rootid)[np.asarray(m.dof_bodyid)])
-    root = jnp.asarray(np.asarray(m.body_rootid, np.int32))
-
-    def sixvec(origin):
-        f = frame[:, :min(ndir, 3)]
-        w = jnp.concatenate([math.cross((con.pos - origin)[:, None], f), f], -1)
-        if ndir > 3:
-            rot = frame[:, :ndir - 3]
-            w = jnp.concatenate([w, jnp.concatenate([rot, jnp.zeros_like(rot)], -1)], 1)
-        return w                                                        # (ncon, ndir, 6)
-
-    # masks materialised once (not recomputed per row of the contact)
-    m1, m2 = jax.lax.optimization_barrier((_anc_mask(m, b1, dtype), _anc_mask(m, b2, dtype)))
-    if len(roots) <= 1:
-        # one tree holds every dof: one cdof origin for all rows
-        w = sixvec(d.subtree_com[int(roots[0]) if len(roots) else 0])
-    else:
-        w = (sixvec(d.subtree_com[root[b2]]), sixvec(d.subtree_com[root[b1]]), m2, m1)
+    origin = d.subtree_com[0]
+    f = frame[:, :min(ndir, 3)]
+    w = jnp.concatenate([math.cross((con.pos - origin)[:, None], f), f], -1)
+    if ndir > 3:
+        rot = frame[:, :ndir - 3]
+        w = jnp.concatenate([w, jnp.concatenate([rot, jnp.zeros_like(rot)], -1)], 1)
     iw = _f(m.body_invweight0, dtype).reshape(m.nbody, 2)
     # MuJoCo skips a contact only when its bodies' kinematic chains hold no dof (a
     # structural count, never the Jacobian's values; such pairs are not collision
     # candidates): a contact whose rows are numerically zero (an object on slide x/y
     # joints touching the table) keeps its rows
     ok = con.valid & (con.exclude == 0)
-    return dict(sign=m2 - m1, w=w, fr=con.friction, tran=iw[b1, 0] + iw[b2, 0],
-                rot=iw[b1, 1] + iw[b2, 1], ok=ok)
+    return dict(sign=_anc_mask(m, b2, dtype) - _anc_mask(m, b1, dtype), w=w,
+                cdof=_shifted_cdof_t(m, d, origin), fr=con.friction,
+                tran=iw[b1, 0] + iw[b2, 0], rot=iw[b1, 1] + iw[b2, 1], ok=ok)
 
 
 def _contact_rows(m, d, blk, geo):
@@ -464,30 +470,17 @@ def _contact_rows(m, d, blk, geo):
     slots = blk.ids
     dim, n, k = blk.dim, blk.n, blk.k
     fr = take(geo["fr"], slots)
-
-    def dot(w):
-        """(n, k, nv): each row's 6-vector times cdof, as 6 products summed in one
-        elementwise pass (a batched matrix product or a minor-axis reduction of
-        size 6 is several times slower on CPU)."""
-        w = take(w, slots)[:, :dim]                                     # (n, dim, 6)
-        if blk.kind == "conpyr":
-            fw = fr[:, :dim - 1, None] * w[:, 1:dim]                    # (n, dim-1, 6)
-            w = jnp.stack([w[:, :1] + fw, w[:, :1] - fw], 2).reshape(n, k, 6)
-        # materialised first: fused into the product, XLA recomputes the 6-vectors
-        # (cross products, friction combinations) for every dof
-        w = jax.lax.optimization_barrier(w)
-        return sum(w[:, :, c, None] * cd[:, c] for c in range(6))
-
-    cd = d.cdof
-    w = geo["w"]
+    w = take(geo["w"], slots)[:, :dim]                                  # (n, dim, 6)
+    if blk.kind == "conpyr":
+        fw = fr[:, :dim - 1, None] * w[:, 1:dim]                        # (n, dim-1, 6)
+        w = jnp.stack([w[:, :1] + fw, w[:, :1] - fw], 2).reshape(n, k, 6)
+    cd = geo["cdof"]
+    # each row's 6-vector times cdof as 6 products summed in one elementwise pass (a
+    # batched matrix product or a minor-axis reduction of size 6 is several times
+    # slower on CPU)
+    jac = sum(w[:, :, c, None] * cd[c] for c in range(6))
     ok = take(geo["ok"], slots)
-    if isinstance(w, tuple):
-        # several trees: each body's rows about its own tree's origin
-        m2, m1 = take(w[2], slots)[:, None], take(w[3], slots)[:, None]
-        jac = m2 * dot(w[0]) - m1 * dot(w[1])
-    else:
-        jac = take(geo["sign"], slots)[:, None, :] * dot(w)
-    jac = jnp.where(ok[:, None, None], jac, 0.0)
+    jac = jnp.where(ok[:, None, None], take(geo["sign"], slots)[:, None, :] * jac, 0.0)
     return jac, fr, take(geo["tran"], slots), take(geo["rot"], slots), ok
 
 
@@ -509,7 +502,8 @@ def _impedance(solimp, pos, margin):
     # y' = p t (one power per row)
     lo = xs <= mid
     u = jnp.where(lo, xs, jnp.clip(1 - xs, 1e-30, None))
-    t = (u / jnp.where(lo, mid, 1 - mid)) ** (p - 1)
+    # the power as exp(log): XLA CPU vectorises exp and log but calls pow per element
+    t = jnp.exp((p - 1) * jnp.log(u / jnp.where(lo, mid, 1 - mid)))
     y = jnp.where(lin, xs, jnp.where(lo, u * t, 1 - u * t))
     yp = jnp.where(lin, 1.0, p * t)
     imp = jnp.where(sat, jnp.where(x >= 1, dw, d0), d0 + y * (dw - d0))

@@ -865,3 +865,12 @@ def test_group_chunks():
         np.testing.assert_allclose(np.asarray(con.frame[i])[k][a][:, 0],
                                    mjd.contact.frame[:n, :3][b], rtol=0, atol=1e-9)
     assert int(np.sum(np.asarray(got.ncon))) > 0
+    # the far-apart world alone: no pair passes in the batch, the chunk scan is skipped
+    # whole; its contacts are those of the mixed batch (MuJoCo's, checked above)
+    alone = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))(
+        jax.tree_util.tree_map(lambda x: x[7:], batch))
+    assert int(jax.vmap(lambda d: driver.narrow_group(m, d, p, grp, dm, split)[2])(
+        jax.tree_util.tree_map(lambda x: x[7:], batch))[0]) == 0
+    for x, y in zip(jax.tree_util.tree_leaves(alone.contact),
+                    jax.tree_util.tree_leaves(got.contact)):
+        np.testing.assert_array_equal(np.asarray(x)[0], np.asarray(y)[7])
