@@ -509,22 +509,6 @@ def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
 
 
 # --------------------------------------------------------------------------- primal solvers
-def _newton_mgrad(spec, p, jaref, state, grad, need):
-    """H^-1 grad (Newton's Hessian at jaref, factored) where ``need``, else zero.
-
-    A while_loop used as a conditional: under vmap it runs when some world of the batch
-    needs it (a cond would run it always), so the factorisation after the last
-    iteration (every island done by its iteration count or convergence) is skipped.
-    Its inputs travel in the loop state so that XLA cannot hoist the work out."""
-    def body(c):
-        _, jr, st, g, _ = c
-        return (jnp.zeros((), bool), jr, st, g,
-                spd_solve(spd_factor(_hessian(spec, p, jr, st)), g))
-
-    c = (need, jaref, state, grad, jnp.zeros_like(grad))
-    return jax.lax.while_loop(lambda c: c[0], body, c)[-1]
-
-
 def _primal(spec, p, start, newton, iterations, ls_iterations):
     """Newton / CG (mj_solPrimal), every island (``spec.nisl``, rows ``p['rowisl']``,
     dofs ``p['dofisl']``; :class:`Islands`) solved on its own as MuJoCo 4.0.0 does:
@@ -573,27 +557,18 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
         jaref = jaref + ar * pre["Jv"]
         force, state, _ = update(spec, p, jaref)
         grad = Ma - p["qfrc_smooth"] - p["J"].T @ force
-        improvement = scale * imp
-        it = s["iter"] + move.astype(jnp.int32)
         if newton:
-            grad_norm = jnp.sqrt(isl.ddot(grad, grad))
-            gnorm = scale * grad_norm
-            conv = ((improvement > 0) & (improvement < tol)) | (gnorm < tol)
-            # H^-1 grad matters only to islands that go on (or to the first pass'
-            # decrement test); every other island is done whatever it is
-            need = jnp.where(first, exists & (iterations > 0),
-                             live & move & ~conv & (it < iterations))
-            mgrad = _newton_mgrad(spec, p, jaref, state, grad, jnp.any(need))
-            dec = isl.ddot(grad, mgrad)
+            mgrad = spd_solve(spd_factor(_hessian(spec, p, jaref, state)), grad)
         else:
             mgrad = solve_m(grad)
-            # |grad| and the decrement grad' mgrad in one reduction
-            gdots = isl.ddots(grad, jnp.stack([grad, mgrad], 1))
-            grad_norm = jnp.sqrt(gdots[:, 0])
-            gnorm = scale * grad_norm
-            dec = gdots[:, 1]
-            conv = ((improvement > 0) & (improvement < tol)) | (gnorm < tol)
-        dec_ok = jnp.maximum(0.0, 0.5 * scale * dec) < tol
+        improvement = scale * imp
+        # |grad| and the decrement grad' mgrad in one reduction
+        gdots = isl.ddots(grad, jnp.stack([grad, mgrad], 1))
+        grad_norm = jnp.sqrt(gdots[:, 0])
+        gnorm = scale * grad_norm
+        it = s["iter"] + move.astype(jnp.int32)
+        dec_ok = jnp.maximum(0.0, 0.5 * scale * gdots[:, 1]) < tol
+        conv = ((improvement > 0) & (improvement < tol)) | (gnorm < tol)
         # initial test (first pass): CG stops on a small decrement in the M metric;
         # Newton on a small gradient together with a small decrement in the M or the
         # Hessian metric (H >= M, so the Hessian one is implied by the M one)
