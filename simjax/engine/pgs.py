@@ -192,31 +192,22 @@ def _static_blocks(m, lay):
 def _row_trees(m, d, lay, nefc):
     """(nefc, ntree) incidence of rows and kinematic trees (mj_island's unionConstraintTrees):
     the trees of both geoms' bodies for contacts, of both bodies for connect / weld,
-    otherwise the trees of the dofs where the row's Jacobian is nonzero. Exact on the
-    active rows (the only ones the islands use; inactive rows have a zero Jacobian).
-
-    Built block by block and concatenated (the blocks tile the rows in order). Contact
-    and connect / weld Jacobians touch only the dofs of their bodies' trees, and joint
-    limit and dof friction rows are static unit rows, so only the remaining rows
-    (tendons, joint equalities) look at the Jacobian; a Jacobian-wide product with a
-    (nv, ntree) matrix, or scatters into the rows, cost many times more under vmap."""
+    otherwise the trees of the dofs where the row's Jacobian is nonzero."""
     ntree = int(m.ntree)
     dof_tree = np.asarray(m.dof_treeid).reshape(-1)
-    trees = np.arange(ntree)
+    onehot = (dof_tree[:, None] == np.arange(ntree)[None]).astype(np.float32)
+    inc = (jnp.abs(d.efc_J) > 0).astype(jnp.float32) @ jnp.asarray(onehot) > 0
     body_tree = np.asarray(m.body_treeid).reshape(-1)
     geom_tree = body_tree[np.asarray(m.geom_bodyid).reshape(-1)]
-    parts, row = [], 0
     for b in lay.blocks:
-        assert b.start == row, "layout blocks must tile the rows in order"
-        nrow = b.n * b.k
-        row += nrow
+        rows = b.start + np.arange(b.n * b.k)
         if b.kind.startswith("con"):
-            g = jnp.take(d.contact.geom, jnp.asarray(b.ids), axis=0)          # (n, 2)
-            t = jnp.where(g >= 0, jnp.asarray(geom_tree)[jnp.clip(g, 0, None)], -1)
-            add = (t[:, :, None] == trees).any(1)                            # (n, ntree)
-            parts.append(jnp.broadcast_to(add[:, None], (b.n, b.k, ntree)).reshape(nrow, ntree))
-            continue
-        if b.kind in ("connect", "weld"):
+            g = jnp.take(d.contact.geom, jnp.asarray(np.repeat(b.ids, b.k)), axis=0)
+            t = jnp.asarray(geom_tree)[jnp.clip(g, 0, None)]            # (rows, 2)
+            t = jnp.where(g >= 0, t, -1)
+            add = (t[:, :, None] == jnp.arange(ntree)[None, None]).any(1)
+            inc = inc.at[rows].set(inc[rows] | add)
+        elif b.kind in ("connect", "weld"):
             o1 = np.asarray(m.eq_obj1id).reshape(-1)[b.ids]
             o2 = np.asarray(m.eq_obj2id).reshape(-1)[b.ids]
             site = np.asarray(m.eq_objtype).reshape(-1)[b.ids] == 6       # mjOBJ_SITE
@@ -224,19 +215,9 @@ def _row_trees(m, d, lay, nefc):
             b1 = np.where(site, sb[np.where(site, o1, 0)], o1)
             b2 = np.where(site, sb[np.where(site, o2, 0)], o2)
             t = np.stack([body_tree[b1], body_tree[b2]], 1)
-        elif b.kind == "frictiondof":
-            t = dof_tree[np.asarray(b.ids)][:, None]
-        elif b.kind in ("limitjnt", "limitball"):
-            t = dof_tree[np.asarray(m.jnt_dofadr).reshape(-1)[b.ids]][:, None]
-        else:
-            # the Jacobian's nonzero dofs (an any over the dofs of each tree)
-            nz = d.efc_J[b.start:b.start + nrow] != 0
-            parts.append(jnp.any(nz[:, :, None] & (dof_tree[:, None] == trees), 1))
-            continue
-        add = (t[:, :, None] == trees).any(1)
-        parts.append(jnp.asarray(np.repeat(add, b.k, 0)))
-    assert row == nefc
-    return jnp.concatenate(parts, 0) if parts else jnp.zeros((0, ntree), bool)
+            add = (t[:, :, None] == np.arange(ntree)[None, None]).any(1)
+            inc = inc.at[rows].set(inc[rows] | jnp.asarray(np.repeat(add, b.k, 0)))
+    return inc
 
 
 def _islands(inc, active):
