@@ -51,8 +51,15 @@ def spd_factor(a):
     """Lower Cholesky factor of a symmetric positive definite (..., n, n) matrix
     (LAPACK potrf on CPU, batched under vmap; many times faster than the column loop
     of :func:`simjax.engine.pgs.cholesky`). For the constraint Hessians, M + J' D J
-    with M positive definite."""
-    return jnp.linalg.cholesky(a)
+    with M positive definite.
+
+    The input is symmetrised (as jnp.linalg.cholesky does) and handed to LAPACK, which
+    reads column-major, as its transpose (the same symmetric matrix): a free relabelling
+    of the row-major array. Handed the matrix itself, XLA stores it transposed, and
+    propagates that layout up to M: batches of small transposes of M around the
+    solver loops cost more than the factorisation."""
+    t = lambda x: jnp.swapaxes(x, -1, -2)
+    return jax.lax.linalg.cholesky(t(0.5 * (a + t(a))), symmetrize_input=False)
 
 
 def spd_solve(low, b):
