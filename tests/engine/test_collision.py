@@ -853,17 +853,13 @@ def test_group_chunks():
         k = np.asarray(order[i])[:n]
         con = got.contact
         np.testing.assert_array_equal(np.asarray(con.geom[i])[k], mjd.contact.geom[:n])
-        # within a geom pair MuJoCo's box-box slot order is not reproduced: match
-        # contacts by (geom pair, distance)
-        gd, dd = np.asarray(con.geom[i])[k], np.asarray(con.dist[i])[k]
-        a = np.lexsort((dd, gd[:, 1], gd[:, 0]))
-        b = np.lexsort((mjd.contact.dist[:n], mjd.contact.geom[:n, 1],
-                        mjd.contact.geom[:n, 0]))
-        np.testing.assert_allclose(dd[a], mjd.contact.dist[:n][b], rtol=0, atol=1e-9)
-        np.testing.assert_allclose(np.asarray(con.pos[i])[k][a], mjd.contact.pos[:n][b],
+        # box-box pairs too: their clipped-face contacts in MuJoCo's order
+        np.testing.assert_allclose(np.asarray(con.dist[i])[k], mjd.contact.dist[:n],
                                    rtol=0, atol=1e-9)
-        np.testing.assert_allclose(np.asarray(con.frame[i])[k][a][:, 0],
-                                   mjd.contact.frame[:n, :3][b], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(np.asarray(con.pos[i])[k], mjd.contact.pos[:n],
+                                   rtol=0, atol=1e-9)
+        np.testing.assert_allclose(np.asarray(con.frame[i])[k][:, 0],
+                                   mjd.contact.frame[:n, :3], rtol=0, atol=1e-9)
     assert int(np.sum(np.asarray(got.ncon))) > 0
     # the far-apart world alone: no pair passes in the batch, the chunk scan is skipped
     # whole; its contacts are those of the mixed batch (MuJoCo's, checked above)

@@ -309,15 +309,41 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     return dist, _rot(g1.mat, mid) + g1.pos, _rot(g1.mat, axis)
 
 
+#: vertex capacity of the clipped incident face (a quad cut by four half-planes)
+_CLIPMAX = 8
+
+
+def _clip_half_plane(poly, n, coord, sign, lim):
+    """One Sutherland-Hodgman pass (MuJoCo's clipHalfPlane): the first ``n`` vertices of
+    ``poly`` (_CLIPMAX, 3), a closed polygon, cut by sign * v[coord] <= lim; each vertex
+    emits itself if inside, then the crossing of its outgoing edge if the edge strictly
+    crosses the line (z interpolated). Compaction by one-hot sums (no scatter)."""
+    k = jnp.arange(_CLIPMAX)
+    live = k < n
+    d = sign * poly[:, coord] - lim
+    last = k == n - 1
+    q = jnp.where(last[:, None], poly[:1], jnp.roll(poly, -1, axis=0))
+    dq = jnp.where(last, d[0], jnp.roll(d, -1))
+    keep = live & (d <= 0)
+    cross = live & (((d < 0) & (dq > 0)) | ((d > 0) & (dq < 0)))
+    t = d / jnp.where(cross, d - dq, 1.0)
+    x = poly + t[:, None] * (q - poly)
+    cnt = keep.astype(jnp.int32) + cross.astype(jnp.int32)
+    slot_p = jnp.cumsum(cnt) - cnt
+    slot_x = slot_p + keep.astype(jnp.int32)
+    op = (keep[:, None] & (slot_p[:, None] == k[None])).astype(poly.dtype)
+    ox = (cross[:, None] & (slot_x[:, None] == k[None])).astype(poly.dtype)
+    out = jnp.sum(op[:, :, None] * poly[:, None, :] + ox[:, :, None] * x[:, None, :], 0)
+    return out, jnp.minimum(jnp.sum(cnt), _CLIPMAX)
+
+
 def box_box(g1, g2, margin):
     """Box-box (mjc_BoxBox, MuJoCo 4.0): separating-axis test over 15 axes with face
     preference; a face axis clips the incident face against the reference face (up to
     8 contacts), an edge axis gives one contact between the supporting edges.
 
-    The clipped polygon is built as the set of its possible vertices (incident corners
-    inside the reference face, reference corners inside the incident face, edge-side
-    crossings) instead of Sutherland-Hodgman passes; the vertex set is the same,
-    near-duplicates are merged as MuJoCo does."""
+    The incident face is clipped by Sutherland-Hodgman passes as MuJoCo's, so the
+    contacts come in MuJoCo's order; near-duplicates are merged as MuJoCo does."""
     s1, s2 = g1.size, g2.size
     dt = s1.dtype
     rot = g1.mat.T @ g2.mat
@@ -393,47 +419,25 @@ def box_box(g1, g2, margin):
     cx = cx * zs - jnp.asarray([0.0, 0.0, 1.0], dt) * sizeref[a]
     du, dv = du * zs, dv * zs
     sx, sy = sizeref[ax], sizeref[ay]
-    lim = jnp.stack([sx, sy])
     signs = jnp.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], dt)
     quad = cx + signs[:, :1] * du + signs[:, 1:] * dv                       # (4, 3)
-    # (a) incident corners inside the reference face
-    ca = quad
-    va = jnp.all(jnp.abs(quad[:, :2]) <= lim, axis=1)
-    # (b) incident edges crossing the side lines x = +-sx, y = +-sy inside the face
-    p, q = quad, jnp.roll(quad, -1, axis=0)
-    cb, vb = [], []
-    for coord in (0, 1):
-        for sign in (1.0, -1.0):
-            dp = sign * p[:, coord] - lim[coord]
-            dq = sign * q[:, coord] - lim[coord]
-            cross_ = ((dp < 0) & (dq > 0)) | ((dp > 0) & (dq < 0))
-            t = dp / jnp.where(cross_, dp - dq, 1.0)
-            pt = p + t[:, None] * (q - p)
-            other = 1 - coord
-            cb.append(pt)
-            vb.append(cross_ & (jnp.abs(pt[:, other]) <= lim[other]))
-    cb, vb = jnp.concatenate(cb), jnp.concatenate(vb)
-    # (c) reference corners inside the incident face (z from the incident plane)
-    mat2d = jnp.stack([du[:2], dv[:2]], axis=1)
-    det = mat2d[0, 0] * mat2d[1, 1] - mat2d[0, 1] * mat2d[1, 0]
-    okdet = jnp.abs(det) > MINVAL
-    sdet = jnp.where(okdet, det, 1.0)
-    rc = signs * lim                                                       # (4, 2)
-    rel = rc - cx[:2]
-    su = (rel[:, 0] * mat2d[1, 1] - rel[:, 1] * mat2d[0, 1]) / sdet
-    sv = (mat2d[0, 0] * rel[:, 1] - mat2d[1, 0] * rel[:, 0]) / sdet
-    cc = jnp.concatenate([rc, (cx[2] + su * du[2] + sv * dv[2])[:, None]], axis=1)
-    vc = okdet & (jnp.abs(su) <= 1) & (jnp.abs(sv) <= 1)
-    cand = jnp.concatenate([ca, cb, cc])                                    # (24, 3)
-    valid = jnp.concatenate([va, vb, vc]) & (cand[:, 2] <= margin)
-    # computed once: fused into the (24, 24) duplicate test below, XLA on CPU would
-    # recompute every candidate for each of its 24 partners
+    # Sutherland-Hodgman against the four side planes, in MuJoCo's pass order: the
+    # clipped polygon's vertex order is the contacts' order, which the PGS solver's
+    # block order (and so its iterates) depends on
+    poly = jnp.concatenate([quad, jnp.zeros((_CLIPMAX - 4, 3), dt)])
+    n = jnp.asarray(4, jnp.int32)
+    for coord, sign, lim in ((0, 1.0, sx), (0, -1.0, sx), (1, 1.0, sy), (1, -1.0, sy)):
+        poly, n = _clip_half_plane(poly, n, coord, sign, lim)
+    cand = poly
+    valid = (jnp.arange(_CLIPMAX) < n) & (cand[:, 2] <= margin)
+    # computed once: fused into the duplicate test below, XLA on CPU would recompute
+    # every vertex for each of its partners
     cand, valid = jax.lax.optimization_barrier((cand, valid))
     # merge near-duplicates (keep the first)
     dupe2 = _DUPEPS * (sx * sx + sy * sy)
     dxy = cand[:, None, :2] - cand[None, :, :2]
     close = dxy[..., 0] * dxy[..., 0] + dxy[..., 1] * dxy[..., 1] < dupe2
-    earlier = jnp.tril(jnp.ones((24, 24), bool), -1)
+    earlier = jnp.tril(jnp.ones((_CLIPMAX, _CLIPMAX), bool), -1)
     dup = jnp.any(close & earlier & valid[None, :], axis=1)
     valid = valid & ~dup & ~separated & ~is_edge
     nsign = jnp.where(ref1, sgn, -sgn)
@@ -444,7 +448,7 @@ def box_box(g1, g2, margin):
     fpos = _rot(matref, posc) + posref
     dist = jnp.concatenate([e_dist[None], cand[:, 2]])
     pos = jnp.concatenate([e_pos[None], fpos])
-    nrm = jnp.concatenate([e_nrm[None], jnp.broadcast_to(normal, (24, 3))])
+    nrm = jnp.concatenate([e_nrm[None], jnp.broadcast_to(normal, (_CLIPMAX, 3))])
     return Pre(dist, pos, nrm, jnp.zeros_like(pos), jnp.concatenate([e_valid[None], valid]))
 
 
