@@ -808,8 +808,8 @@ def test_group_skip():
 
 
 _CHUNK_SCENE = "<mujoco><worldbody>" + "".join(
-    f'<body><freejoint/><geom type="capsule" size=".03 .1" margin=".01"/></body>'
-    f'<body><freejoint/><geom type="box" size=".1 .05 .02"/></body>' for _ in range(5)) + \
+    '<body><freejoint/><geom type="capsule" size=".03 .1" margin=".01"/></body>'
+    '<body><freejoint/><geom type="box" size=".1 .05 .02"/></body>' for _ in range(5)) + \
     "</worldbody></mujoco>"
 
 
