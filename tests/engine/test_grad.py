@@ -58,7 +58,8 @@ def _check(rel, integrator, field):
 
 @pytest.mark.parametrize("rel,integrator,field", [
     ("gym_inverted_double_pendulum/inverted_double_pendulum.xml", 0, "dof_damping"),
-    ("gym_inverted_pendulum/inverted_pendulum.xml", 1, "body_mass"),
+    pytest.param("gym_inverted_pendulum/inverted_pendulum.xml", 1, "body_mass",
+                 marks=pytest.mark.slow),                    # ~50 s (RK4 grad)
     pytest.param("gym_swimmer/swimmer.xml", 3, "body_mass",
                  marks=pytest.mark.slow),                    # ~32 s
 ])

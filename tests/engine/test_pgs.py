@@ -159,7 +159,8 @@ def _noslip_solve(mjm, m, st, solver, noslip_iterations, noslip_tolerance, islan
 
 
 @pytest.mark.parametrize("islands,cone", [
-    (True, "pyramidal"), (False, "pyramidal"),
+    pytest.param(True, "pyramidal", marks=pytest.mark.slow),   # ~40 s
+    (False, "pyramidal"),
     pytest.param(True, "elliptic", marks=pytest.mark.slow)])
 def test_noslip_matches_mujoco(islands, cone):
     """PGS (same iterates as MuJoCo) then noslip, per island: forces to 1e-10 relative

@@ -203,7 +203,7 @@ def test_tendon_armature_across_branches():
     assert full[0, 2] == 0 and full[0, 1] != 0      # the case: a cross term dropped
     m = simjax.load_model(CROSS_BRANCH)
     d = make_data(m).replace(qpos=jnp.array(mjd.qpos), qfrc_applied=jnp.array(mjd.qfrc_applied))
-    d = forward(m, d)
+    d = forward_jit()(m, d)
     np.testing.assert_allclose(np.asarray(d.qM), full, rtol=0, atol=1e-12)
     np.testing.assert_allclose(np.asarray(d.qacc), mjd.qacc, rtol=1e-12, atol=1e-12)
     x = np.array([0.7, -1.1, 0.4])

@@ -126,6 +126,7 @@ def _run_both(m, mjm, qpos, qvel, nstep):
     return ours, [np.asarray(r) for r in ref]
 
 
+@pytest.mark.slow          # compiles the hfield contact step (~60 s); the plane case stays
 def test_end_to_end_on_height_field(touch):
     """touch_grid.xml as shipped: the ball lands on the height field; the full pipeline
     (height-field collision, solver, sensor) against MuJoCo. Where the height-field

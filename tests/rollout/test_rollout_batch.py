@@ -90,6 +90,7 @@ _SHARDED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow          # a fresh 4-device process compiling the rollout (~60 s)
 def test_sharded_over_four_cpu_devices():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                JAX_PLATFORMS="cpu", TEST_DIR=os.path.dirname(os.path.abspath(__file__)),
