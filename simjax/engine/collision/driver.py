@@ -660,12 +660,11 @@ def narrow_group(m, d, p, grp, det_margin, split):
         # the chunk scan skipped whole when no world has a passing pair: its skipped
         # chunks still write their zero rows into the scan's stacked output
         nrow = -(-len(grp.cand) // CHUNK) * CHUNK
-        sel0 = jnp.asarray(np.minimum(np.arange(nrow), len(grp.cand) - 1), jnp.int32)
+        idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
 
         def skip():
-            idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
             pre0 = _pre_zeros(grp.fn, jax.tree_util.tree_map(lambda x: x[idx], args()))
-            return pre0, jnp.zeros(nrow, bool), sel0
+            return pre0, jnp.zeros(nrow, bool), jnp.asarray(idx, jnp.int32)
         pre, rows, sel = jax.lax.cond(batch_max(count) == 0, skip,
                                       lambda: _chunked(grp.fn, args(), ok, count))
         return pre, rows, count, no, sel

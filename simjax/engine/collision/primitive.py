@@ -262,6 +262,12 @@ _EI = np.repeat(np.arange(3), 3)
 _EJ = np.tile(np.arange(3), 3)
 
 
+def _static_pick(v, idx):
+    """``v[idx]`` of a 1-d array for static ``idx`` as concatenated slices (fuses; a
+    static fancy index is a gather kernel of its own under vmap)."""
+    return jnp.concatenate([v[int(i):int(i) + 1] for i in idx])
+
+
 def _onehot(i, dtype):
     return (jnp.arange(3) == i).astype(dtype)
 
@@ -315,12 +321,13 @@ _CLIPMAX = 8
 
 def _clip_half_plane(poly, n, coord, sign, lim):
     """One Sutherland-Hodgman pass (MuJoCo's clipHalfPlane): the first ``n`` vertices of
-    ``poly`` (_CLIPMAX, 3), a closed polygon, cut by sign * v[coord] <= lim; each vertex
+    ``poly`` (_CLIPMAX, 3), a closed polygon, cut by sign * v[c] <= lim (c = x if ``coord``
+    is 1.0, y if 0.0: a traced choice, selected by a product); each vertex
     emits itself if inside, then the crossing of its outgoing edge if the edge strictly
     crosses the line (z interpolated). Compaction by one-hot sums (no scatter)."""
     k = jnp.arange(_CLIPMAX)
     live = k < n
-    d = sign * poly[:, coord] - lim
+    d = sign * (coord * poly[:, 0] + (1 - coord) * poly[:, 1]) - lim
     last = k == n - 1
     q = jnp.where(last[:, None], poly[:1], jnp.roll(poly, -1, axis=0))
     dq = jnp.where(last, d[0], jnp.roll(d, -1))
@@ -334,7 +341,7 @@ def _clip_half_plane(poly, n, coord, sign, lim):
     op = (keep[:, None] & (slot_p[:, None] == k[None])).astype(poly.dtype)
     ox = (cross[:, None] & (slot_x[:, None] == k[None])).astype(poly.dtype)
     out = jnp.sum(op[:, :, None] * poly[:, None, :] + ox[:, :, None] * x[:, None, :], 0)
-    return out, jnp.minimum(jnp.sum(cnt), _CLIPMAX)
+    return out, jnp.minimum(jnp.sum(cnt), _CLIPMAX).astype(n.dtype)
 
 
 def box_box(g1, g2, margin):
@@ -346,13 +353,16 @@ def box_box(g1, g2, margin):
     contacts come in MuJoCo's order; near-duplicates are merged as MuJoCo does."""
     s1, s2 = g1.size, g2.size
     dt = s1.dtype
-    rot = g1.mat.T @ g2.mat
+    # small products written out (vmapped, 3x3 matmuls are batched dot kernels on CPU)
+    m1, m2 = g1.mat, g2.mat
+    rot = (m1[0][:, None] * m2[0][None, :] + m1[1][:, None] * m2[1][None, :] +
+           m1[2][:, None] * m2[2][None, :])                       # m1.T @ m2
     rabs = jnp.abs(rot)
-    pos21 = g1.mat.T @ (g2.pos - g1.pos)
-    pos12 = g2.mat.T @ (g1.pos - g2.pos)
+    pos21 = _rot_t(m1, g2.pos - g1.pos)
+    pos12 = _rot_t(m2, g1.pos - g2.pos)
     septol = margin + _SEPEPS * (jnp.sum(s1) + jnp.sum(s2))
-    sep1 = jnp.abs(pos21) - s1 - rabs @ s2
-    sep2 = jnp.abs(pos12) - s2 - rabs.T @ s1
+    sep1 = jnp.abs(pos21) - s1 - _rot(rabs, s2)
+    sep2 = jnp.abs(pos12) - s2 - _rot_t(rabs, s1)
     seps = jnp.concatenate([sep1, sep2])
     separated = jnp.any(seps > septol)
     code = jnp.argmax(seps)
@@ -362,16 +372,19 @@ def box_box(g1, g2, margin):
     # edge-cross axes e_i x rot[:, j], all nine at once (box1 frame, component i zero)
     I, J = _EI, _EJ
     I1, I2, J1, J2 = (I + 1) % 3, (I + 2) % 3, (J + 1) % 3, (J + 2) % 3
-    ax1, ax2 = -rot[I2, J], rot[I1, J]
+    # static picks by slices (a static fancy index is a gather kernel under vmap)
+    R = lambda r, c: _static_pick(rot.reshape(9), 3 * r + c)
+    ax1, ax2 = -R(I2, J), R(I1, J)
     n2 = ax1 * ax1 + ax2 * ax2
     use = n2 >= _PAREPS
     inv = 1 / jnp.sqrt(jnp.where(use, n2, 1.0))
     ax1, ax2 = ax1 * inv, ax2 * inv
-    r1 = s1[I1] * jnp.abs(ax1) + s1[I2] * jnp.abs(ax2)
-    b1 = ax1 * rot[I1, J1] + ax2 * rot[I2, J1]
-    b2 = ax1 * rot[I1, J2] + ax2 * rot[I2, J2]
-    r2 = s2[J1] * jnp.abs(b1) + s2[J2] * jnp.abs(b2)
-    sep = jnp.abs(ax1 * pos21[I1] + ax2 * pos21[I2]) - r1 - r2
+    S = _static_pick
+    r1 = S(s1, I1) * jnp.abs(ax1) + S(s1, I2) * jnp.abs(ax2)
+    b1 = ax1 * R(I1, J1) + ax2 * R(I2, J1)
+    b2 = ax1 * R(I1, J2) + ax2 * R(I2, J2)
+    r2 = S(s2, J1) * jnp.abs(b1) + S(s2, J2) * jnp.abs(b2)
+    sep = jnp.abs(ax1 * S(pos21, I1) + ax2 * S(pos21, I2)) - r1 - r2
     separated = separated | jnp.any(use & (sep > septol))
     adj = sep - _EDGEBIAS * jnp.abs(sep)
     for k in range(9):          # sequential: each winner raises the bar for the next
@@ -424,10 +437,17 @@ def box_box(g1, g2, margin):
     # Sutherland-Hodgman against the four side planes, in MuJoCo's pass order: the
     # clipped polygon's vertex order is the contacts' order, which the PGS solver's
     # block order (and so its iterates) depends on
+    # the four passes as one scan: its body's kernels are compiled once, not four times
     poly = jnp.concatenate([quad, jnp.zeros((_CLIPMAX - 4, 3), dt)])
     n = jnp.asarray(4, jnp.int32)
-    for coord, sign, lim in ((0, 1.0, sx), (0, -1.0, sx), (1, 1.0, sy), (1, -1.0, sy)):
-        poly, n = _clip_half_plane(poly, n, coord, sign, lim)
+    lims = jnp.stack([sx, sx, sy, sy])
+    passes = (jnp.asarray([1.0, 1.0, 0.0, 0.0], dt), jnp.asarray([1.0, -1.0, 1.0, -1.0], dt),
+              lims)
+
+    def clip(carry, xs):
+        onx, sign, lim = xs
+        return _clip_half_plane(*carry, onx, sign, lim), None
+    (poly, n), _ = jax.lax.scan(clip, (poly, n), passes)
     cand = poly
     valid = (jnp.arange(_CLIPMAX) < n) & (cand[:, 2] <= margin)
     # computed once: fused into the duplicate test below, XLA on CPU would recompute
