@@ -662,15 +662,21 @@ def narrow_group(m, d, p, grp, det_margin, split):
         nrow = -(-len(grp.cand) // CHUNK) * CHUNK
         idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
 
+        z, unpack = _pack(_pre_zeros(grp.fn, jax.tree_util.tree_map(lambda x: x[idx],
+                                                                    args())))
+
         def skip():
-            pre0 = _pre_zeros(grp.fn, jax.tree_util.tree_map(lambda x: x[idx], args()))
-            return pre0, jnp.zeros(nrow, bool), jnp.asarray(idx, jnp.int32)
-        pre, rows, sel = jax.lax.cond(batch_max(count) == 0, skip,
+            return jnp.zeros(z.shape, z.dtype), jnp.zeros(nrow, bool), jnp.asarray(idx,
+                                                                                 jnp.int32)
+        out, rows, sel = jax.lax.cond(batch_max(count) == 0, skip,
                                       lambda: _chunked(grp.fn, args(), ok, count))
-        return pre, rows, count, no, sel
-    zeros = lambda: _pre_zeros(grp.fn, args())
-    pre = jax.lax.cond(batch_max(count) == 0, zeros, run)
-    return pre, ok, count, no, None
+        return unpack(out), rows, count, no, sel
+    # the branches return the collider output packed in one array: the skip branch is
+    # one zero fill, not one per output leaf
+    z, unpack = _pack(_pre_zeros(grp.fn, args()))
+    out = jax.lax.cond(batch_max(count) == 0, lambda: jnp.zeros(z.shape, z.dtype),
+                       lambda: _pack(run())[0])
+    return unpack(out), ok, count, no, None
 
 
 #: pairs per chunk of a costly collider group of more than CHUNK_MIN candidates
@@ -717,15 +723,15 @@ def _chunked(fn, args, ok, count):
     pairs. A chunk's arguments are gathered inside its branch (gathering or packing
     the arguments of all pairs up front costs more than the skipped chunks save:
     measured 2-3x the group's time on the shadow hand's 120 capsule-box pairs); its
-    output leaves one packed array (:func:`_pack`). Returns (pre, which rows are
-    passing pairs, the group-local pair of each row)."""
+    output leaves one packed array (:func:`_pack`). Returns (the packed collider output,
+    which rows are passing pairs, the group-local pair of each row)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
     ar = np.arange(n)
     sel = jnp.minimum(first_k(jnp.where(ok, ar, n + ar), nch * CHUNK), n - 1)
     most = batch_max(count)
     take = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], args)
-    z_packed, unpack = _pack(_pre_zeros(fn, take(np.arange(CHUNK))))
+    z_packed, _ = _pack(_pre_zeros(fn, take(np.arange(CHUNK))))
 
     def body(_, xs):
         c, idx = xs
@@ -733,7 +739,7 @@ def _chunked(fn, args, ok, count):
         return None, jax.lax.cond(most > c * CHUNK, run, lambda: z_packed)
 
     _, out = jax.lax.scan(body, None, (jnp.arange(nch), sel.reshape(nch, CHUNK)))
-    return unpack(out.reshape(nch * CHUNK, -1)), jnp.arange(nch * CHUNK) < count, sel
+    return out.reshape(nch * CHUNK, -1), jnp.arange(nch * CHUNK) < count, sel
 
 
 def first_k(key, k):
@@ -786,10 +792,24 @@ def _entries(p, parts):
             dims.append(lib.broadcast_to(lib.asarray(p.dim)[cand][:, None],
                                          (n, k)).reshape(-1))
         cands.append(lib.broadcast_to(cand[:, None], (n, k)).reshape(-1))
-    cat = lambda xs: (np.concatenate(xs) if all(isinstance(x, np.ndarray) for x in xs)
-                      else jnp.concatenate([jnp.asarray(x) for x in xs]))
-    return (jnp.concatenate(fields), jnp.concatenate(valids), cat(keys),
-            None if one_dim else cat(dims), cat(cands), total)
+    return (jnp.concatenate(fields), jnp.concatenate(valids), _cat(keys),
+            None if one_dim else _cat(dims), _cat(cands), total)
+
+
+def _cat(xs):
+    """Concatenation of 1-d int arrays, numpy (static) or traced: the static parts as
+    one constant and each traced part padded into place and added (under vmap a
+    concatenation broadcasts every static part to the batch, a kernel each)."""
+    if all(isinstance(x, np.ndarray) for x in xs):
+        return np.concatenate(xs)
+    static = np.concatenate([x if isinstance(x, np.ndarray) else np.zeros(x.shape, x.dtype)
+                             for x in xs])
+    out, off = jnp.asarray(static), 0
+    for x in xs:
+        if not isinstance(x, np.ndarray):
+            out = out + jnp.pad(x.astype(out.dtype), (off, len(static) - off - len(x)))
+        off += len(x)
+    return out
 
 
 def _contact_params(m, p, prm, ftype):
