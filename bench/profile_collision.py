@@ -12,7 +12,9 @@ contacts, jaxpr equations (sub-jaxprs included) and compile time of the collisio
 With --groups, the narrow phase of each collider group (one pair type, or one height-field
 collider) alone: broadphase, compaction and the vmapped collider exactly as the driver
 runs them, with its pair count, narrow-phase pairs, CPU time, jaxpr size and compile CPU
-time.
+time. With --kernels N, the collision stage's XLA kernels (bench.profiling.hlo_stats)
+and the N source lines (file:function:line of the innermost simjax frame, and opcode)
+with the most kernels.
 """
 from __future__ import annotations
 
@@ -117,7 +119,56 @@ def profile_groups(m, d, pre_b, repeat):
     sys.stdout.flush()
 
 
-def profile(name, path, batch, ncon_max, repeat, step=True, groups=False):
+def kernel_lines(text, top):
+    """Print the kernels of optimised HLO ``text`` by innermost simjax source line."""
+    import collections
+    import re
+    from bench.profiling import _NOT_KERNELS, _kernel_lines, hlo_stats
+    files, funcs, locs, frames, sec = {}, {}, {}, {}, None
+    for line in text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            sec = line
+            continue
+        if line.startswith(("%", "ENTRY", "HloModule")):
+            sec = None
+        if not line.strip() or sec is None:
+            continue
+        head, rest = line.split(" ", 1)
+        num = lambda key: int(re.search(key + r"=(\d+)", rest).group(1))
+        if sec == "FileNames":
+            files[int(head)] = rest.strip('"')
+        elif sec == "FunctionNames":
+            funcs[int(head)] = rest.strip('"')
+        elif sec == "FileLocations":
+            locs[int(head)] = (files[num("file_name_id")], funcs[num("function_name_id")],
+                               num("line") if "line=" in rest else 0)
+        else:
+            frames[int(head)] = (num("file_location_id"), num("parent_frame_id") - 1)
+
+    def innermost(fid):
+        while fid in frames:
+            fl, parent = frames[fid]
+            f, fn, ln = locs[fl]
+            tail = f.split("simjax/")[-1]
+            if "simjax/" in f and not tail.startswith("bench"):
+                return f"{tail}:{fn}:{ln}"
+            fid = parent
+        return "(no simjax frame)"
+    comps, inner = _kernel_lines(text)
+    cnt = collections.Counter()
+    for cname, ops in comps.items():
+        if cname in inner:
+            continue
+        for op, line in ops:
+            if op not in _NOT_KERNELS:
+                sf = re.search(r"stack_frame_id=(\d+)", line)
+                cnt[(innermost(int(sf.group(1))) if sf else "(no frame)", op)] += 1
+    print(f"  collision kernels: {hlo_stats(text)['kernels']}")
+    for (where, op), v in cnt.most_common(top):
+        print(f"  {v:5d} {op:14s} {where}")
+
+
+def profile(name, path, batch, ncon_max, repeat, step=True, groups=False, kernels=0):
     import simjax
     from simjax.engine import io
     from simjax.engine.forward import step as mj_step
@@ -144,6 +195,8 @@ def profile(name, path, batch, ncon_max, repeat, step=True, groups=False):
     t0, c0 = time.perf_counter(), time.process_time()
     coll_c = jax.jit(coll).lower(pre_b).compile()
     t_comp, t_ccpu = time.perf_counter() - t0, time.process_time() - c0
+    if kernels:
+        kernel_lines(coll_c.as_text(), kernels)
     out = coll_c(pre_b)
     ncon = np.asarray(out.ncon)
     cap = d.contact.dist.shape[0]
@@ -179,12 +232,14 @@ def main():
     ap.add_argument("--model", nargs="*", default=list(MODELS))
     ap.add_argument("--no-step", action="store_true", help="time the collision stage only")
     ap.add_argument("--groups", action="store_true", help="time each collider group")
+    ap.add_argument("--kernels", type=int, default=0,
+                    help="print the collision stage's N source lines with most XLA kernels")
     args = ap.parse_args()
     print(f"device: {jax.devices()[0]}  batch {args.batch}  float32")
     for name in args.model:
         path = MODELS.get(name, name)
         profile(name, os.path.join(CORPUS, path), args.batch, args.ncon_max, args.repeat,
-                step=not args.no_step, groups=args.groups)
+                step=not args.no_step, groups=args.groups, kernels=args.kernels)
 
 
 if __name__ == "__main__":
