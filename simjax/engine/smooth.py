@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from simjax.engine import math
 from simjax.engine import tables
@@ -145,6 +146,15 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
     return math.stack(gpos), _stack_mat(gmat)
 
 
+def _compose_step(frames, jump):
+    """One pointer-doubling step: every node's transform composed after its jump
+    ancestor's; frames (nnode, 7) pos, quat."""
+    anc = frames[jump]
+    pos, quat = tuple(frames[:, :3].T), tuple(frames[:, 3:].T)
+    pj, qj = tuple(anc[:, :3].T), tuple(anc[:, 3:].T)
+    return jnp.stack(math.c_add(pj, math.c_rot(qj, pos)) + math.c_qmul(qj, quat), -1), None
+
+
 def kinematics(m, d):
     """Global poses of bodies, joints, geoms and sites (mj_kinematics).
 
@@ -155,14 +165,13 @@ def kinematics(m, d):
     dtype = d.qpos.dtype
     frames = _node_transforms(m, d)                      # (7, nnode): pos, quat
     # compose frames up the tree by pointer doubling: after each step a node's
-    # transform spans twice as many ancestors. The seven components stay stacked, and
-    # each step reads only the stacked array, so it is one gather and one kernel.
-    for jump in tab.node_jumps:
-        anc = frames[:, jump]
-        pos, quat = tuple(frames[:3]), tuple(frames[3:])
-        pj, qj = tuple(anc[:3]), tuple(anc[3:])
-        frames = jnp.stack(math.c_add(pj, math.c_rot(qj, pos)) + math.c_qmul(qj, quat))
+    # transform spans twice as many ancestors. The steps run as a scan over the jump
+    # tables: unrolled, XLA computes each of the seven components of every step in a
+    # kernel of its own (8 kernels a step, ~1.1 s to compile for the humanoid, against
+    # 0.2 s for the scan, which runs ~0.4 us per world slower)
     frames = frames.T                                     # (nnode, 7)
+    if tab.node_jumps:
+        frames, _ = lax.scan(_compose_step, frames, jnp.asarray(np.stack(tab.node_jumps)))
     body = frames[tab.body_node]
     qn = math.c_quat_normalize(math.unstack(body[:, 3:]))
     xquat = math.stack(qn)

@@ -95,9 +95,8 @@ def m_sparsity(m, layout="M"):
     off-diagonal entries are zero); "qM": the legacy ``dof_Madr`` layout (nM entries:
     diagonal first, then every ancestor going up the tree).
     """
-    from simjax.engine.reference import dof_simplenum   # setconst-time helper
     mask = tables.get(m).m_mask
-    simple = dof_simplenum(m) > 0 if layout == "M" else np.zeros(m.nv, bool)
+    simple = tables.dof_simplenum(m) > 0 if layout == "M" else np.zeros(m.nv, bool)
     rows, cols = [], []
     for i in range(m.nv):
         anc = np.array([i]) if simple[i] else np.nonzero(mask[i])[0]
