@@ -90,7 +90,9 @@ def _ld_block(a, mask):
     a = L' D L with L' = U diag(U)^-1 and D = diag(U)^2. Eliminating the reversed dofs
     in order goes from the leaves up, so C keeps the tree's zero pattern."""
     n = a.shape[-1]
-    c = cholesky(a[..., ::-1, ::-1])
+    # LAPACK reads column-major storage: handing it the transpose of the row-major
+    # symmetric ``a`` saves XLA a layout copy of the batch (the factor is the same)
+    c = cholesky(jnp.swapaxes(a[..., ::-1, ::-1], -1, -2))
     u_t = jnp.swapaxes(c, -1, -2)[..., ::-1, ::-1]           # U' = P C' P, lower
     # the diagonal by a static gather: a reduction or jnp.diagonal costs a kernel
     s = u_t.reshape(u_t.shape[:-2] + (n * n,))[..., np.arange(n) * (n + 1)]

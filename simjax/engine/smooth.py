@@ -29,7 +29,7 @@ def _f(x, dtype):
 
 # --------------------------------------------------------------------------- kinematics
 def _node_transforms(m, d):
-    """Local transforms (7, nnode) (pos, then quat) of every frame-tree node.
+    """Local transforms (nnode, 7) (pos, then quat) of every frame-tree node.
 
     Body-offset nodes carry body_pos/body_quat (mocap bodies: Data's mocap pose);
     free bodies their qpos pose (absolute); hinge and ball nodes rotate about the joint
@@ -60,7 +60,7 @@ def _node_transforms(m, d):
         qadr = np.asarray(m.jnt_qposadr)[np.asarray(m.body_jntadr)[src[free_nodes]]]
         qf = d.qpos[qadr[:, None] + np.arange(7)]
         pieces.append((free_nodes, math.unstack(qf[:, :3]),
-                       math.unstack(math.quat_normalize(qf[:, 3:]))))
+                       math.c_quat_normalize(math.unstack(qf[:, 3:]))))
 
     jnodes = np.nonzero(kind >= 3)[0]
     if len(jnodes):
@@ -73,7 +73,8 @@ def _node_transforms(m, d):
         qloc = math.axis_angle_to_quat(axis, dq)                      # hinge
         if np.any(jk == 4):                                           # ball
             bidx = np.minimum(qadr[:, None] + np.arange(4), m.nq - 1)
-            qloc = jnp.where((jk == 4)[:, None], math.quat_normalize(d.qpos[bidx]), qloc)
+            qball = math.stack(math.c_quat_normalize(math.unstack(d.qpos[bidx])))
+            qloc = jnp.where((jk == 4)[:, None], qball, qloc)
         slide = jk == 5
         if slide.any():
             qloc = jnp.where(slide[:, None], jnp.array([1.0, 0, 0, 0], dtype), qloc)
@@ -85,15 +86,15 @@ def _node_transforms(m, d):
             pos = math.c_where(slide, tuple(a * dq for a in ax), pos)
         pieces.append((jnodes, pos, qloc))
 
-    # assemble all nodes (the world node is the identity) as one (7, nnode) array: one
+    # assemble all nodes (the world node is the identity) as one (nnode, 7) array: one
     # concatenation and one gather, so that XLA computes every piece in one kernel
     nnode = len(kind)
     order = np.concatenate([p[0] for p in pieces])
     srcn = np.full(nnode, len(order))
     srcn[order] = np.arange(len(order))
-    world = jnp.asarray([0, 0, 0, 1.0, 0, 0, 0], dtype)[:, None]
-    cols = [jnp.stack(tuple(p[1]) + tuple(p[2])) for p in pieces]
-    return jnp.concatenate(cols + [world], axis=1)[:, srcn]
+    world = jnp.asarray([[0, 0, 0, 1.0, 0, 0, 0]], dtype)
+    rows = [jnp.stack(tuple(p[1]) + tuple(p[2]), -1) for p in pieces]
+    return jnp.concatenate(rows + [world])[srcn]
 
 
 def _sameframe_codes(arr):
@@ -179,10 +180,9 @@ def kinematics(m, d):
     """
     tab = tables.get(m)
     dtype = d.qpos.dtype
-    frames = _node_transforms(m, d)                      # (7, nnode): pos, quat
     # compose frames up the tree by pointer doubling: after each step a node's
     # transform spans twice as many ancestors
-    frames = _compose(frames.T, tab.node_jumps)          # (nnode, 7)
+    frames = _compose(_node_transforms(m, d), tab.node_jumps)     # (nnode, 7)
     body = frames[tab.body_node]
     qn = math.c_quat_normalize(math.unstack(body[:, 3:]))
     xquat = math.stack(qn)
@@ -362,9 +362,14 @@ def crb(m, d):
     crb_ = jnp.asarray(tab.desc_noworld, dtype) @ d.cinert
     if not m.nv:
         return d.replace(crb=crb_)
-    f = math.stack(math.c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]),
-                                math.unstack(d.cdof)))
-    low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
+    f = math.c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]), math.unstack(d.cdof))
+    # f cdof' as six outer products (one fused kernel; a batched (nv, 6) x (6, nv) dot
+    # runs about twice as long on CPU)
+    cdof = math.unstack(d.cdof)
+    low = f[0][:, None] * cdof[0][None, :]
+    for k in range(1, 6):
+        low = low + f[k][:, None] * cdof[k][None, :]
+    low = low * jnp.asarray(tab.m_mask, dtype)
     # mirror the lower triangle and add armature on the diagonal with static masks
     # (elementwise, one kernel; jnp.diag of a traced matrix adds a conditional)
     eye = np.eye(m.nv)
