@@ -287,9 +287,10 @@ def _solve_ld_scan(qld, b):
         xk = lax.dynamic_index_in_dim(x, k, 0)
         return lax.dynamic_update_index_in_dim(x, xk - s, k, 0), None
 
-    x, _ = lax.scan(up, b, jnp.arange(n - 1, 0, -1))
+    # the dof indices as constants (jnp.arange would compute them in kernels)
+    x, _ = lax.scan(up, b, np.arange(n - 1, 0, -1, dtype=np.int32))
     x = x / qld.reshape(-1)[np.arange(n) * (n + 1)].reshape((n,) + tail)
-    x, _ = lax.scan(down, x, jnp.arange(1, n))
+    x, _ = lax.scan(down, x, np.arange(1, n, dtype=np.int32))
     return x
 
 
