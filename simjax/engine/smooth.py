@@ -362,14 +362,9 @@ def crb(m, d):
     crb_ = jnp.asarray(tab.desc_noworld, dtype) @ d.cinert
     if not m.nv:
         return d.replace(crb=crb_)
-    f = math.c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]), math.unstack(d.cdof))
-    # f cdof' as six outer products (one fused kernel; a batched (nv, 6) x (6, nv) dot
-    # runs about twice as long on CPU)
-    cdof = math.unstack(d.cdof)
-    low = f[0][:, None] * cdof[0][None, :]
-    for k in range(1, 6):
-        low = low + f[k][:, None] * cdof[k][None, :]
-    low = low * jnp.asarray(tab.m_mask, dtype)
+    f = math.stack(math.c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]),
+                                math.unstack(d.cdof)))
+    low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
     # mirror the lower triangle and add armature on the diagonal with static masks
     # (elementwise, one kernel; jnp.diag of a traced matrix adds a conditional)
     eye = np.eye(m.nv)
