@@ -138,8 +138,8 @@ def _isolated_stages():
         h = m.opt.timestep
         damping, poly = passive.dof_damping(m, d.qpos.dtype)
         diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
-        low, up, dd = tree_linalg.factor_permuted(m, d.qM, add_diag=h * diag)
-        qacc = tree_linalg.solve_permuted(m, low, up, dd, d.qfrc_smooth + d.qfrc_constraint)
+        qld = tree_linalg.factor_ld(m, d.qM, add_diag=h * diag)
+        qacc = tree_linalg.solve_ld(m, qld, d.qfrc_smooth + d.qfrc_constraint)
         return d.replace(qacc=qacc)
 
     return [("kinematics", smooth.kinematics), ("com_pos", smooth.com_pos),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.mjcf.orientation import quat_mul, quat_normalize, quat_to_mat, rotate
+from simjax.engine.tables import body_simple, dof_simplenum  # noqa: F401
 from simjax.types import GainType, EqType, JointType, ObjType, TrnType, WrapType, leaf
 
 _MINVAL = 1e-15
@@ -319,56 +320,6 @@ def set0(model):
 
 
 _STATIC_OUT = frozenset({"cam_pos0", "cam_poscom0", "cam_mat0"})
-
-
-def body_simple(m):
-    """MuJoCo's body_simple: 1 diagonal M, 2 diagonal M with sliders only, else 0."""
-    simple = np.zeros(m.nbody, np.int32)
-    for b in range(m.nbody):
-        p = m.body_parentid[b]
-        simple[b] = int(m.body_sameframe[b] == 1 and (
-            m.body_rootid[b] == b or (m.body_parentid[p] == 0 and m.body_dofnum[p] == 0)))
-        if p > 0:
-            simple[p] = 0
-        rot = False
-        for j in range(m.body_jntadr[b], m.body_jntadr[b] + m.body_jntnum[b]) \
-                if m.body_jntnum[b] else []:
-            axis = np.asarray(m.jnt_axis)[j]
-            aligned = np.sum(np.abs(axis) > 1e-14) == 1
-            t = m.jnt_type[j]
-            if rot or np.any(np.abs(np.asarray(m.jnt_pos)[j]) >= 1e-6) or (
-                    t in (JointType.HINGE, JointType.SLIDE) and not aligned):
-                simple[b] = 0
-            rot |= t in (JointType.BALL, JointType.HINGE)
-    for b in range(m.nbody):
-        if simple[b] and m.body_dofnum[b]:
-            slides = all(m.jnt_type[j] == JointType.SLIDE for j in
-                         range(m.body_jntadr[b], m.body_jntadr[b] + m.body_jntnum[b]))
-            simple[b] = 2 if slides else 1
-    # a tendon with armature couples the bodies its sites and wrap geoms sit on (its
-    # armature J'J enters M), so MuJoCo 4.0 demotes them
-    wt, wo = np.asarray(m.wrap_type), np.asarray(m.wrap_objid)
-    for t in range(m.ntendon):
-        if np.asarray(m.tendon_armature)[t] == 0:
-            continue
-        for w in range(m.tendon_adr[t], m.tendon_adr[t] + m.tendon_num[t]):
-            if wt[w] == WrapType.SITE:
-                simple[m.site_bodyid[wo[w]]] = 0
-            elif wt[w] in (WrapType.SPHERE, WrapType.CYLINDER):
-                simple[m.geom_bodyid[wo[w]]] = 0
-    return simple
-
-
-def dof_simplenum(m):
-    """MuJoCo's dof_simplenum (nv,): how many consecutive dofs from this one on belong
-    to simple bodies (:func:`body_simple`); 0 for a dof of a non-simple body."""
-    simple = body_simple(m)
-    out = np.zeros(m.nv, np.int32)
-    count = 0
-    for i in range(m.nv - 1, -1, -1):
-        count = count + 1 if simple[m.dof_bodyid[i]] else 0
-        out[i] = count
-    return out
 
 
 def _body_invweight(m, kin, Minv):

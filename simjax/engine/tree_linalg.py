@@ -218,15 +218,10 @@ def _factor_ld_pure(m, a):
 
 
 def _chol_ld(a, mask):
-    """qLD from one Cholesky of the dof-reversed ``a``: with P the reversal,
-    P a P = C C' (C lower) gives a = U U' with U = P C P upper, i.e. MuJoCo's
-    a = L' D L with L' = U diag(U)^-1 and D = diag(U)^2. Eliminating the reversed
-    dofs in order goes from the leaves up, so C has the tree's zero pattern."""
-    c = lapack_chol.cholesky(a[::-1, ::-1])
-    u_t = c.T[::-1, ::-1]                          # U' = P C' P, lower
-    eye = jnp.asarray(np.eye(a.shape[0]), a.dtype)
-    s = jnp.sum(u_t * eye, axis=1)                 # sqrt(D)
-    return mask * (u_t / s[:, None]) + eye * (s * s)[:, None]
+    """qLD from one Cholesky of the dof-reversed ``a`` (see lapack_chol.ld_reversed):
+    eliminating the reversed dofs in order goes from the leaves up, so the factor has
+    the tree's zero pattern."""
+    return lapack_chol.ld_reversed(a, mask)
 
 
 def _factor_ld_lapack(m, a):
@@ -292,9 +287,10 @@ def _solve_ld_scan(qld, b):
         xk = lax.dynamic_index_in_dim(x, k, 0)
         return lax.dynamic_update_index_in_dim(x, xk - s, k, 0), None
 
-    x, _ = lax.scan(up, b, jnp.arange(n - 1, 0, -1))
+    # the dof indices as constants (jnp.arange would compute them in kernels)
+    x, _ = lax.scan(up, b, np.arange(n - 1, 0, -1, dtype=np.int32))
     x = x / qld.reshape(-1)[np.arange(n) * (n + 1)].reshape((n,) + tail)
-    x, _ = lax.scan(down, x, jnp.arange(1, n))
+    x, _ = lax.scan(down, x, np.arange(1, n, dtype=np.int32))
     return x
 
 

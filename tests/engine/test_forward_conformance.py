@@ -102,7 +102,7 @@ def test_forward_matches_mujoco(rel):
 def test_simple_dofs_and_reduced_sparsity(rel):
     """body_simple, dof_simplenum and the reduced M layout (M_rownnz / M_colind) as
     MuJoCo computes them: rows of simple dofs hold the diagonal alone."""
-    from simjax.engine.reference import body_simple, dof_simplenum
+    from simjax.engine.tables import body_simple, dof_simplenum
     from simjax.engine.support import m_sparsity
     mjm, m = load(rel)
     np.testing.assert_array_equal(body_simple(m), mjm.body_simple)
@@ -116,7 +116,7 @@ def test_simple_bodies_demoted_by_tendon_armature():
     """A tendon with armature couples the bodies of its sites: MuJoCo 4.0 makes them
     non-simple (their rows of M keep their off-diagonal entries)."""
     from simjax import load_model
-    from simjax.engine.reference import body_simple, dof_simplenum
+    from simjax.engine.tables import body_simple, dof_simplenum
     xml = """<mujoco><worldbody>
       <body><joint type="slide" axis="1 0 0"/><geom size=".1" mass="1"/><site name="a"/>
         <joint type="slide" axis="0 1 0"/></body>
