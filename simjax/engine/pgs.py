@@ -189,25 +189,38 @@ def _static_blocks(m, lay):
     return arr(start), arr(kind), arr(dim), arr(cls), arr(key), arr(slot), tuple(edims)
 
 
+_CONTACT_KINDS = ("con1", "conpyr", "conell")
+
+
 def _row_trees(m, d, lay, nefc):
-    """(nefc, ntree) incidence of rows and kinematic trees (mj_island's unionConstraintTrees):
-    the trees of both geoms' bodies for contacts, of both bodies for connect / weld,
-    otherwise the trees of the dofs where the row's Jacobian is nonzero."""
+    """(nefc, ntree) incidence of rows and kinematic trees, as mj_island's
+    unionConstraintTrees: contacts join the trees of their geoms' bodies, connect / weld
+    the trees of their two bodies (not the Jacobian's), dof friction and joint limits
+    the tree of their dof; the other rows (tendons, joint equalities) the trees of the
+    dofs where their Jacobian is nonzero (MuJoCo's dense scan). Exact on the active
+    rows (the only ones the islands use).
+
+    Built block by block and concatenated (the blocks tile the rows in order): only the
+    tendon and joint-equality rows look at the Jacobian, each through an ``any`` over
+    the dofs of every tree. A Jacobian-wide product with the (nv, ntree) dof-tree
+    matrix, or scatters into the rows, cost many times more under vmap."""
     ntree = int(m.ntree)
     dof_tree = np.asarray(m.dof_treeid).reshape(-1)
-    onehot = (dof_tree[:, None] == np.arange(ntree)[None]).astype(np.float32)
-    inc = (jnp.abs(d.efc_J) > 0).astype(jnp.float32) @ jnp.asarray(onehot) > 0
+    trees = np.arange(ntree)
     body_tree = np.asarray(m.body_treeid).reshape(-1)
     geom_tree = body_tree[np.asarray(m.geom_bodyid).reshape(-1)]
+    parts, row = [], 0
     for b in lay.blocks:
-        rows = b.start + np.arange(b.n * b.k)
-        if b.kind.startswith("con"):
-            g = jnp.take(d.contact.geom, jnp.asarray(np.repeat(b.ids, b.k)), axis=0)
-            t = jnp.asarray(geom_tree)[jnp.clip(g, 0, None)]            # (rows, 2)
-            t = jnp.where(g >= 0, t, -1)
-            add = (t[:, :, None] == jnp.arange(ntree)[None, None]).any(1)
-            inc = inc.at[rows].set(inc[rows] | add)
-        elif b.kind in ("connect", "weld"):
+        assert b.start == row, "layout blocks must tile the rows in order"
+        nrow = b.n * b.k
+        row += nrow
+        if b.kind in _CONTACT_KINDS:
+            g = jnp.take(d.contact.geom, jnp.asarray(b.ids), axis=0)          # (n, 2)
+            t = jnp.where(g >= 0, jnp.asarray(geom_tree)[jnp.clip(g, 0, None)], -1)
+            add = (t[:, :, None] == trees).any(1)                            # (n, ntree)
+            parts.append(jnp.broadcast_to(add[:, None], (b.n, b.k, ntree)).reshape(nrow, ntree))
+            continue
+        if b.kind in ("connect", "weld"):
             o1 = np.asarray(m.eq_obj1id).reshape(-1)[b.ids]
             o2 = np.asarray(m.eq_obj2id).reshape(-1)[b.ids]
             site = np.asarray(m.eq_objtype).reshape(-1)[b.ids] == 6       # mjOBJ_SITE
@@ -215,9 +228,19 @@ def _row_trees(m, d, lay, nefc):
             b1 = np.where(site, sb[np.where(site, o1, 0)], o1)
             b2 = np.where(site, sb[np.where(site, o2, 0)], o2)
             t = np.stack([body_tree[b1], body_tree[b2]], 1)
-            add = (t[:, :, None] == np.arange(ntree)[None, None]).any(1)
-            inc = inc.at[rows].set(inc[rows] | jnp.asarray(np.repeat(add, b.k, 0)))
-    return inc
+        elif b.kind == "frictiondof":
+            t = dof_tree[np.asarray(b.ids)][:, None]
+        elif b.kind in ("limitjnt", "limitball"):
+            t = dof_tree[np.asarray(m.jnt_dofadr).reshape(-1)[b.ids]][:, None]
+        else:
+            # the Jacobian's nonzero dofs (an any over the dofs of each tree)
+            nz = d.efc_J[b.start:b.start + nrow] != 0
+            parts.append(jnp.any(nz[:, :, None] & (dof_tree[:, None] == trees), 1))
+            continue
+        add = (t[:, :, None] == trees).any(1)
+        parts.append(jnp.asarray(np.repeat(add, b.k, 0)))
+    assert row == nefc
+    return jnp.concatenate(parts, 0) if parts else jnp.zeros((0, ntree), bool)
 
 
 def _islands(inc, active):

@@ -538,7 +538,9 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
     solve_m = p["solve_m"]
     gtol_base = tol * p["ls_tolerance"]
 
-    def body(s):
+    def body(s, search_on=True, hessian=True):
+        # search_on False: a first pass known statically (no line search); hessian
+        # False: a last pass known statically (H^-1 grad is used by nothing after it)
         qacc, Ma, jaref, search = s["qacc"], s["Ma"], s["jaref"], s["search"]
         first = s["first"]
         live = ~s["done"]
@@ -546,8 +548,11 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
         snorm = pre["snorm"]
         small = snorm < MINVAL
         gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
-        alpha, imp = _linesearch(spec, p, isl, pre, gtol, ls_iterations,
-                                 ~live | small | first)
+        if search_on:
+            alpha, imp = _linesearch(spec, p, isl, pre, gtol, ls_iterations,
+                                     ~live | small | first)
+        else:
+            alpha = imp = jnp.zeros_like(snorm)
         alpha = jnp.where(small | ~live | first, 0.0, alpha)
         move = live & (alpha != 0)
         # alpha is zero on islands that do not move (their vectors stay as they are)
@@ -557,8 +562,10 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
         jaref = jaref + ar * pre["Jv"]
         force, state, _ = update(spec, p, jaref)
         grad = Ma - p["qfrc_smooth"] - p["J"].T @ force
-        if newton:
+        if newton and hessian:
             mgrad = spd_solve(spd_factor(_hessian(spec, p, jaref, state)), grad)
+        elif newton:
+            mgrad = jnp.zeros_like(grad)
         else:
             mgrad = solve_m(grad)
         improvement = scale * imp
@@ -620,9 +627,15 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
              iter=jnp.zeros(isl.n, jnp.int32), done=jnp.zeros(isl.n, bool),
              imp=jnp.zeros(isl.n, qacc0.dtype), gnorm=jnp.zeros(isl.n, qacc0.dtype),
              first=jnp.ones((), bool))
-    c = jax.lax.while_loop(lambda c: c[4] | jnp.any(c[3][1] == 0),
-                           lambda c: pack(body(unpack(c))), pack(s))
-    s = unpack(c)
+    if newton and iterations == 1:
+        # one iteration at most: the first pass, then one pass whose Hessian factor
+        # nothing uses (every island is done after it), unrolled without a loop;
+        # islands done after the first pass are left alone by the second
+        s = body(body(s, search_on=False), hessian=False)
+    else:
+        c = jax.lax.while_loop(lambda c: c[4] | jnp.any(c[3][1] == 0),
+                               lambda c: pack(body(unpack(c))), pack(s))
+        s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 
 

@@ -115,6 +115,45 @@ def test_islands_match_mujoco(scene):
     assert np.all(np.asarray(order["nblk"])[mjd.nisland:] == 0)
 
 
+EQ_SCENE = """
+<mujoco>
+  <worldbody>
+    <geom type="plane" size="5 5 .1"/>
+    <body name="a" pos="0 0 .09"><freejoint/><geom type="box" size=".1 .1 .1"/></body>
+    <body name="b" pos="1 0 .09"><freejoint/><geom type="box" size=".1 .1 .1"/></body>
+    <body name="c" pos="0 2 1"><freejoint/><geom type="sphere" size=".1"/></body>
+    <body name="d" pos=".3 2 1"><freejoint/><geom type="sphere" size=".1"/></body>
+    <body name="e" pos="0 -2 1"><freejoint/><geom type="sphere" size=".1"/></body>
+    <body name="f" pos=".3 -2 1"><freejoint/><geom type="sphere" size=".1"/></body>
+  </worldbody>
+  <equality>
+    <connect body1="c" body2="d" anchor=".15 0 0"/>
+    <weld body1="e" body2="f"/>
+  </equality>
+</mujoco>
+"""
+
+
+def test_islands_equality_rows_match_mujoco():
+    """Connect and weld rows join the trees of their two bodies (mj_island), whatever
+    the contacts in the slots with the same index: boxes on the plane (contacts in the
+    first slots), two pairs of spheres in the air joined by a connect and a weld. Four
+    islands, every active row's island as MuJoCo's."""
+    from simjax.engine import solver
+    mjm = mujoco.MjModel.from_xml_string(EQ_SCENE)
+    m = model_from_mujoco(mjm)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    st = dict(qpos=mjd.qpos.copy(), qvel=mjd.qvel.copy())
+    slot, d = inject_contacts(m, to_data(io.make_data(m), st), mjd)
+    d = smooth_jit(canonical(m), d)
+    lay = C.layout(m, C.slot_dims(d))
+    rowisl, _ = solver.island_ids(m, d, lay)
+    rows, extra = match_rows(mjd, d, slot)
+    assert mjd.nisland == 4 and mjd.ncon == 8 and (rows >= 0).all() and not extra.any()
+    np.testing.assert_array_equal(np.asarray(rowisl)[rows], mjd.efc_island)
+
+
 def test_pcg32_matches_64bit_reference():
     """The two-word PCG32 against a direct 64-bit statement of the generator."""
     import jax.numpy as jnp

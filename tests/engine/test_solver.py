@@ -153,7 +153,7 @@ def test_cg_stopping_rule_scale():
 
 
 # --------------------------------------------------------------------------- islands
-def _island_solve(solver, islands, tolerance=1e-6):
+def _island_solve(solver, islands, tolerance=1e-6, iterations=100):
     """MuJoCo's and our Newton / CG solve on the several-island scene of test_pgs (two
     stacked boxes, a sphere, a box, a hinged arm at its limit with friction loss: four
     islands), warm started, at ``tolerance`` (early stop: the iterates, not only the
@@ -163,7 +163,7 @@ def _island_solve(solver, islands, tolerance=1e-6):
     st = _state(mjm)
     mjm.opt.solver = solver
     mjm.opt.tolerance = tolerance
-    mjm.opt.iterations = 100
+    mjm.opt.iterations = iterations
     mjm.opt.ls_iterations = 50
     if not islands:
         mjm.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_ISLAND
@@ -203,6 +203,25 @@ def test_islands_match_mujoco(solver, islands):
     check_solution(mjd, slot, out, 1e-10)
     for i, n in enumerate(expect):
         stat = mjd.solver[i * mujoco.mjNSOLVER + n - 1]
+        for ours, theirs in ((out.solver_improvement[i], stat.improvement),
+                             (out.solver_gradient[i], stat.gradient)):
+            if abs(theirs) > 1e-12:
+                assert abs(float(ours) - theirs) < 1e-6 * abs(theirs), (i, ours, theirs)
+
+
+def test_newton_one_iteration_matches_mujoco():
+    """Newton with iterations=1 (the bench models' setting; simjax unrolls the first
+    pass and one iteration, without the Hessian factor after it) on the four-island
+    scene, tolerance 1e-10 (no island converges in the first pass): every island's
+    iteration count, forces to 1e-10 relative and the last improvement and gradient
+    as MuJoCo's."""
+    mjd, slot, out = _island_solve(NEWTON, True, tolerance=1e-10, iterations=1)
+    assert mjd.nisland == 4
+    np.testing.assert_array_equal(mjd.solver_niter[:4], [1, 1, 1, 1])
+    np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
+    check_solution(mjd, slot, out, 1e-10)
+    for i in range(4):
+        stat = mjd.solver[i * mujoco.mjNSOLVER]
         for ours, theirs in ((out.solver_improvement[i], stat.improvement),
                              (out.solver_gradient[i], stat.gradient)):
             if abs(theirs) > 1e-12:
