@@ -45,6 +45,9 @@ CONTACT_FRICTIONLESS, CONTACT_PYRAMIDAL, CONTACT_ELLIPTIC = 5, 6, 7
 SATISFIED, QUADRATIC, LINEARNEG, LINEARPOS, CONE = 0, 1, 2, 3, 4
 
 MINVAL = 1e-15
+# layout block kinds of contact rows (frictionless, pyramidal, elliptic); a prefix test
+# would also catch "connect"
+CONTACT_KINDS = ("con1", "conpyr", "conell")
 MINIMP, MAXIMP = 0.0001, 0.9999
 
 from simjax.engine.data import EFC_FIELDS, EFC_SCALARS, EFC_SHAPES  # noqa: E402
@@ -439,7 +442,7 @@ def _contact_geometry(m, d, lay):
     s_v = +1 for dofs moving body2 alone, -1 for body1 alone, 0 for both or neither."""
     dtype = d.qpos.dtype
     con = d.contact
-    ndir = max(b.dim for b in lay.blocks if b.kind.startswith("con"))
+    ndir = max(b.dim for b in lay.blocks if b.kind in CONTACT_KINDS)
     gb = jnp.asarray(np.asarray(m.geom_bodyid, np.int32))
     b1 = gb[jnp.clip(con.geom[:, 0], 0)]
     b2 = gb[jnp.clip(con.geom[:, 1], 0)]
@@ -663,7 +666,7 @@ def make_constraint(m, d):
     dtype = d.qpos.dtype
     n = lay.nefc
     geo = None
-    if any(blk.kind.startswith("con") for blk in lay.blocks):
+    if any(blk.kind in CONTACT_KINDS for blk in lay.blocks):
         geo = _contact_geometry(m, d, lay)
     parts = [_block(m, d, blk, geo) for blk in lay.blocks]
     cat = {f: [jnp.asarray(p[0][f], dtype if f != "active" else bool) for p in parts]
@@ -702,7 +705,7 @@ def make_constraint(m, d):
     # first efc row of each contact (mjContact.efc_address), -1 when it has none
     adr = d.contact.efc_address
     for blk in lay.blocks:
-        if blk.kind.startswith("con"):
+        if blk.kind in CONTACT_KINDS:
             first = blk.start + blk.k * np.arange(blk.n)
             act0 = active[blk.start:blk.start + blk.n * blk.k:blk.k]
             adr = put_at(adr, blk.ids, jnp.where(act0, jnp.asarray(first, jnp.int32), -1))
@@ -737,7 +740,7 @@ def _contact_R(m, d, lay, R):
 
 
 def _check_unsupported(m, lay):
-    if not any(b.kind.startswith("con") for b in lay.blocks):
+    if not any(b.kind in CONTACT_KINDS for b in lay.blocks):
         return
     for name, what in (("geom_adhesion", "contact adhesion"),
                        ("pair_adhesion", "contact adhesion"),

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine.constraint import CONTACT_KINDS
+
 MINVAL = 1e-15
 
 
@@ -189,9 +191,6 @@ def _static_blocks(m, lay):
     return arr(start), arr(kind), arr(dim), arr(cls), arr(key), arr(slot), tuple(edims)
 
 
-_CONTACT_KINDS = ("con1", "conpyr", "conell")
-
-
 def _row_trees(m, d, lay, nefc):
     """(nefc, ntree) incidence of rows and kinematic trees, as mj_island's
     unionConstraintTrees: contacts join the trees of their geoms' bodies, connect / weld
@@ -214,7 +213,7 @@ def _row_trees(m, d, lay, nefc):
         assert b.start == row, "layout blocks must tile the rows in order"
         nrow = b.n * b.k
         row += nrow
-        if b.kind in _CONTACT_KINDS:
+        if b.kind in CONTACT_KINDS:
             g = jnp.take(d.contact.geom, jnp.asarray(b.ids), axis=0)          # (n, 2)
             t = jnp.where(g >= 0, jnp.asarray(geom_tree)[jnp.clip(g, 0, None)], -1)
             add = (t[:, :, None] == trees).any(1)                            # (n, ntree)
