@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.mjcf.orientation import quat_mul, quat_normalize, quat_to_mat, rotate
-from simjax.engine.tables import body_simple, dof_simplenum  # noqa: F401
+from simjax.engine.tables import body_simple
 from simjax.types import GainType, EqType, JointType, ObjType, TrnType, WrapType, leaf
 
 _MINVAL = 1e-15
