@@ -123,36 +123,14 @@ def kernel_lines(text, top):
     """Print the kernels of optimised HLO ``text`` by innermost simjax source line."""
     import collections
     import re
-    from bench.profiling import _NOT_KERNELS, _kernel_lines, hlo_stats
-    files, funcs, locs, frames, sec = {}, {}, {}, {}, None
-    for line in text.splitlines():
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            sec = line
-            continue
-        if line.startswith(("%", "ENTRY", "HloModule")):
-            sec = None
-        if not line.strip() or sec is None:
-            continue
-        head, rest = line.split(" ", 1)
-        num = lambda key: int(re.search(key + r"=(\d+)", rest).group(1))
-        if sec == "FileNames":
-            files[int(head)] = rest.strip('"')
-        elif sec == "FunctionNames":
-            funcs[int(head)] = rest.strip('"')
-        elif sec == "FileLocations":
-            locs[int(head)] = (files[num("file_name_id")], funcs[num("function_name_id")],
-                               num("line") if "line=" in rest else 0)
-        else:
-            frames[int(head)] = (num("file_location_id"), num("parent_frame_id") - 1)
+    from bench.profiling import _NOT_KERNELS, _kernel_lines, _stack_frames, hlo_stats
+    chain = _stack_frames(text)
 
     def innermost(fid):
-        while fid in frames:
-            fl, parent = frames[fid]
-            f, fn, ln = locs[fl]
+        for f, fn, ln in reversed(chain(fid)):
             tail = f.split("simjax/")[-1]
             if "simjax/" in f and not tail.startswith("bench"):
                 return f"{tail}:{fn}:{ln}"
-            fid = parent
         return "(no simjax frame)"
     comps, inner = _kernel_lines(text)
     cnt = collections.Counter()

@@ -119,8 +119,9 @@ def compile_stats(fn, *args):
 
 
 def _stack_frames(text):
-    """HLO text's StackFrames table as {frame id: [(file, function), ...]}, outermost
-    first (parent ids in the text are 1-based, 0 = none)."""
+    """HLO text's StackFrames table as a function of a frame id giving
+    [(file, function, line), ...], outermost first (parent ids in the text are 1-based,
+    0 = none)."""
     sec, files, funcs, locs, frames = None, {}, {}, {}, {}
     for line in text.splitlines():
         if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
@@ -138,7 +139,8 @@ def _stack_frames(text):
         elif sec == "FileLocations":
             f = int(re.search(r"file_name_id=(\d+)", rest).group(1))
             fn = int(re.search(r"function_name_id=(\d+)", rest).group(1))
-            locs[int(head)] = (files[f], funcs[fn])
+            ln = re.search(r"\bline=(\d+)", rest)
+            locs[int(head)] = (files[f], funcs[fn], int(ln.group(1)) if ln else 0)
         else:
             fl = int(re.search(r"file_location_id=(\d+)", rest).group(1))
             pa = int(re.search(r"parent_frame_id=(\d+)", rest).group(1))
@@ -173,7 +175,7 @@ def hlo_attribution(text, package="simjax", skip_modules=("forward",)):
             if op in _NOT_KERNELS:
                 continue
             sf = re.search(r"stack_frame_id=(\d+)", line)
-            frames = [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn) for f, fn in
+            frames = [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn) for f, fn, _ in
                       (chain(int(sf.group(1))) if sf else []) if package in f]
             st = next((f"{mod}.{fn}" for mod, fn in frames
                        if not any(mod.endswith(s) or s.endswith(mod) for s in skip_modules)),
