@@ -485,26 +485,32 @@ def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
         return {key: jnp.where(s["done"] if v.ndim == 1 else col(s["done"]), s[key], v)
                 for key, v in out.items()}
 
-    # the loop carries three arrays (points and direction, counters, flags) instead of
-    # ten: every loop-carried array costs a copy and its own update kernel per iteration
+    # the loop carries one array: the points, and the direction, phase, evaluation count
+    # and flags as floats (small integers, exact). Every loop-carried array costs a copy
+    # and its own update kernel per iteration, and the small per-island predicates
+    # feeding several update kernels were each a kernel of their own (one carried array
+    # instead of three: 23 -> 15 kernels per iteration on the humanoid)
     pts = ("p1", "p2", "p1n", "p2n", "res")
 
     def pack(s):
-        dirn = jnp.concatenate([s["dir"][:, None], jnp.zeros((k, 3), dtype)], 1)
-        return (jnp.stack([s[key] for key in pts] + [dirn], 1),
-                jnp.stack([s["ph"], s["n"]], 1), jnp.stack([s["f2"], s["done"]], 1))
+        meta = jnp.stack([s["dir"], s["ph"].astype(dtype), s["n"].astype(dtype),
+                          jnp.zeros(k, dtype), s["f2"].astype(dtype),
+                          s["done"].astype(dtype), jnp.zeros(k, dtype),
+                          jnp.zeros(k, dtype)], 1).reshape(k, 2, 4)
+        return jnp.concatenate([jnp.stack([s[key] for key in pts], 1), meta], 1)
 
-    def unpack(c):
-        f, i, b = c
+    def unpack(f):
         s = {key: f[:, j] for j, key in enumerate(pts)}
-        return dict(s, dir=f[:, len(pts), 0], ph=i[:, 0], n=i[:, 1], f2=b[:, 0], done=b[:, 1])
+        meta = f[:, len(pts):].reshape(k, 8)
+        return dict(s, dir=meta[:, 0], ph=meta[:, 1].astype(jnp.int32),
+                    n=meta[:, 2].astype(jnp.int32), f2=meta[:, 4] != 0, done=meta[:, 5] != 0)
 
     s = dict(ph=jnp.zeros(k, jnp.int32), p1=zero, p2=zero, p1n=zero, p2n=zero,
              n=jnp.zeros(k, jnp.int32), dir=jnp.ones(k, dtype), f2=jnp.zeros(k, bool),
              res=zero, done=skip)
-    c = jax.lax.while_loop(lambda c: jnp.any(~c[2][:, 1]), lambda c: pack(body(unpack(c))),
-                           pack(s))
-    res = c[0][:, pts.index("res")]
+    c = jax.lax.while_loop(lambda f: jnp.any(f[:, len(pts) + 1, 1] == 0),
+                           lambda f: pack(body(unpack(f))), pack(s))
+    res = c[:, pts.index("res")]
     return res[:, 0], -res[:, 1]
 
 
@@ -607,20 +613,24 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
                     gnorm=jnp.where(take, gnorm, s["gnorm"]),
                     first=jnp.zeros((), bool))
 
-    # the loop carries five arrays instead of eleven (the (nv,) vectors stacked, the
-    # per-island statistics stacked): every loop-carried array costs a copy and its own
-    # update kernel per iteration
+    # the loop carries three arrays instead of eleven (the (nv,) vectors stacked; the
+    # per-island statistics, iteration counts and flags stacked as floats, small
+    # integers being exact): every loop-carried array costs a copy and its own update
+    # kernel per iteration
     vecs = ("qacc", "Ma", "search", "grad", "mgrad")
+    fdt = qacc0.dtype
 
     def pack(s):
+        first = jnp.broadcast_to(s["first"], s["imp"].shape)
         return (jnp.stack([s[key] for key in vecs]), s["jaref"],
-                jnp.stack([s["imp"], s["gnorm"]]),
-                jnp.stack([s["iter"], s["done"].astype(jnp.int32)]), s["first"])
+                jnp.stack([s["imp"], s["gnorm"], s["iter"].astype(fdt),
+                           s["done"].astype(fdt), first.astype(fdt)]))
 
     def unpack(c):
-        v, jaref, st, it, first = c
+        v, jaref, st = c
         return dict({key: v[j] for j, key in enumerate(vecs)}, jaref=jaref, imp=st[0],
-                    gnorm=st[1], iter=it[0], done=it[1] != 0, first=first)
+                    gnorm=st[1], iter=st[2].astype(jnp.int32), done=st[3] != 0,
+                    first=st[4, 0] != 0)
 
     zv = jnp.zeros_like(qacc0)
     s = dict(qacc=qacc0, Ma=Ma0, jaref=jaref0, search=zv, grad=zv, mgrad=zv,
@@ -633,7 +643,7 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
         # islands done after the first pass are left alone by the second
         s = body(body(s, search_on=False), hessian=False)
     else:
-        c = jax.lax.while_loop(lambda c: c[4] | jnp.any(c[3][1] == 0),
+        c = jax.lax.while_loop(lambda c: (c[2][4, 0] != 0) | jnp.any(c[2][3] == 0),
                                lambda c: pack(body(unpack(c))), pack(s))
         s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
@@ -668,10 +678,16 @@ def _ell_mask(spec):
 
 def _first_true(a, k):
     """Indices of the first ``k`` true entries of the boolean vector ``a`` in order,
-    len(a) where there are fewer (jnp.nonzero(a, size=k) without its scatter: a
-    logarithmic-depth cumulative sum and a binary search, cheaper under vmap)."""
-    cs = jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
-    return jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
+    len(a) where there are fewer, and the number of true entries (jnp.nonzero(a,
+    size=k) without its scatter). The cumulative count is a product with a constant
+    triangular matrix (one kernel under vmap, exact in floating point below 2^24 rows;
+    an associative scan emitted ~15 kernels, for no run-time gain) and the indices a
+    binary search (a loop, so that they are materialised once: a direct count fuses
+    into every gather that uses them)."""
+    n = a.shape[0]
+    cs = (a.astype(jnp.float32) @ np.triu(np.ones((n, n), np.float32))).astype(jnp.int32)
+    pos = jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
+    return pos, cs[-1]
 
 
 _FILL = {"J": 0.0, "aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False,
@@ -688,19 +704,19 @@ def _compact(spec, p, caps):
     act = p["active"]
     srows = np.nonzero(~_ell_mask(spec))[0]
     a = act[srows]
-    pos = _first_true(a, ks)
+    pos, cnt = _first_true(a, ks)
     idx = [jnp.take(jnp.asarray(srows, jnp.int32), pos, mode="fill", fill_value=nefc)]
-    overflow = jnp.sum(a) > ks
+    overflow = cnt > ks
     ell, mus, frs = [], [], []
     row = ks
     for (start, n, dim), k, mu, fr in zip(spec.ell, ke, p["mu"], p["fr"]):
         ae = act[start:start + n * dim:dim]
-        pos = _first_true(ae, k)
+        pos, cnt = _first_true(ae, k)
         rows = start + pos[:, None] * dim + np.arange(dim)
         idx.append(jnp.where(pos[:, None] < n, rows, nefc).reshape(-1))
         mus.append(jnp.take(mu, pos, mode="fill", fill_value=1.0))
         frs.append(jnp.take(fr, pos, axis=0, mode="fill", fill_value=1.0))
-        overflow = overflow | (jnp.sum(ae) > k)
+        overflow = overflow | (cnt > k)
         ell.append((row, k, dim))
         row += k * dim
     # materialised once: fused into the gathers, the index search would be recomputed
