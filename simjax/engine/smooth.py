@@ -197,9 +197,10 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
 def _compose_step(frames, jump):
     """One pointer-doubling step: every node's transform composed after its jump
     ancestor's; frames (nnode, 7) pos, quat."""
-    anc = frames[jump]
-    pos, quat = tuple(frames[:, :3].T), tuple(frames[:, 3:].T)
-    pj, qj = tuple(anc[:, :3].T), tuple(anc[:, 3:].T)
+    # components by slicing the last axis (a transpose first costs XLA CPU kernels)
+    node, anc = math.unstack(frames), math.unstack(frames[jump])
+    pos, quat = node[:3], node[3:]
+    pj, qj = anc[:3], anc[3:]
     return jnp.stack(math.c_add(pj, math.c_rot(qj, pos)) + math.c_qmul(qj, quat), -1), None
 
 
