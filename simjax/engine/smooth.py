@@ -110,9 +110,57 @@ def _sameframe_codes(arr):
     return arr.astype(np.int64)
 
 
+def _quat_coefs():
+    """(pairs, coefficients): the rotation matrix of unit quaternion q is the sum over
+    the pairs (a, b) of q[a] q[b] times a constant 3x3 matrix (mju_quat2Mat)."""
+    w, x, y, z = range(4)
+    terms = {  # (a, b): {(row, col): coefficient}
+        (w, w): {(0, 0): 1, (1, 1): 1, (2, 2): 1},
+        (x, x): {(0, 0): 1, (1, 1): -1, (2, 2): -1},
+        (y, y): {(0, 0): -1, (1, 1): 1, (2, 2): -1},
+        (z, z): {(0, 0): -1, (1, 1): -1, (2, 2): 1},
+        (x, y): {(0, 1): 2, (1, 0): 2}, (w, z): {(0, 1): -2, (1, 0): 2},
+        (x, z): {(0, 2): 2, (2, 0): 2}, (w, y): {(0, 2): 2, (2, 0): -2},
+        (y, z): {(1, 2): 2, (2, 1): 2}, (w, x): {(1, 2): -2, (2, 1): 2},
+    }
+    coefs = np.zeros((len(terms), 3, 3))
+    for t, entries in enumerate(terms.values()):
+        for (i, j), c in entries.items():
+            coefs[t, i, j] = c
+    return tuple(terms), coefs
+
+
+_QUAT_PAIRS, _QUAT_COEFS = _quat_coefs()
+
+
+def _quat_mat(q):
+    """Rotation matrices (n, 3, 3) of component unit quaternions q (4 arrays (n,)) as a
+    sum of broadcast products with constant matrices: elementwise, one fused kernel
+    (stacking nine components costs XLA CPU concatenations and recomputation)."""
+    coefs = jnp.asarray(_QUAT_COEFS, q[0].dtype)
+    return sum((q[a] * q[b])[:, None, None] * coefs[t]
+               for t, (a, b) in enumerate(_QUAT_PAIRS))
+
+
 def _stack_mat(c):
     """(..., 3, 3) matrix from 9 row-major component arrays."""
     return jnp.stack([jnp.stack(c[3 * i:3 * i + 3], -1) for i in range(3)], -2)
+
+
+def _local_rot(lquat, dtype):
+    """Rotation matrices (n, 3, 3) of the local quaternions of frames: computed once in
+    NumPy when the model's quaternions are concrete (as usual), else traced."""
+    try:
+        q = np.asarray(lquat, np.float64)
+    except Exception:        # traced model parameters
+        return math.quat_to_mat(math.quat_normalize(jnp.asarray(lquat, dtype)))
+    q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), math.MINVAL)
+    w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
+    mat = np.stack([w * w + x * x - y * y - z * z, 2 * (x * y - w * z), 2 * (x * z + w * y),
+                    2 * (x * y + w * z), w * w - x * x + y * y - z * z, 2 * (y * z - w * x),
+                    2 * (x * z - w * y), 2 * (y * z + w * x), w * w - x * x - y * y + z * z],
+                   -1)
+    return _f(mat.reshape(-1, 3, 3), dtype)
 
 
 def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=None):
@@ -120,39 +168,39 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
 
     ``sameframe`` (mjtSameFrame codes, static) lets frames coinciding with the body
     (1 BODY, 3 BODYROT) or inertial (2 INERTIA, 4 INERTIAROT) frame copy it, as MuJoCo
-    does. Computed on component arrays (n,): products of small vectors along a last
-    axis cost XLA CPU slices and concatenations per element.
+    does. The world rotation is the body's matrix times the local one (a constant of
+    the model), written as three broadcast products and adds: one fused kernel, where
+    composing quaternions and converting them to matrices cost XLA CPU several kernels
+    (slices and concatenations per component) and about 0.5 s of compile per call.
     """
-    q = math.unstack(d.xquat[bodyid])
-    bmat = d.xmat[bodyid].reshape(-1, 9)
-    bm = math.unstack(bmat)
-    bp = math.unstack(d.xpos[bodyid])
-    lp = math.unstack(lpos)
-    gpos = tuple(bp[i] + bm[3 * i] * lp[0] + bm[3 * i + 1] * lp[1] + bm[3 * i + 2] * lp[2]
-                 for i in range(3))
-    gmat = math.c_quat_to_mat(math.c_qmul(q, math.unstack(lquat)))
+    dtype = d.xpos.dtype
+    bpos, bmat = d.xpos[bodyid], d.xmat[bodyid]
+    lpos = jnp.asarray(lpos, dtype)
+    lmat = _local_rot(lquat, dtype)
+    gpos = bpos + sum(bmat[:, :, k] * lpos[:, k:k + 1] for k in range(3))
+    gmat = sum(bmat[:, :, k:k + 1] * lmat[:, k:k + 1, :] for k in range(3))
     codes = _sameframe_codes(sameframe) if sameframe is not None else None
     if codes is not None:
-        copies = [((1,), (1, 3), bp, bm)]
+        copies = [((1,), (1, 3), bpos, bmat)]
         if xipos is not None:
-            copies.append(((2,), (2, 4), math.unstack(xipos[bodyid]),
-                           math.unstack(ximat[bodyid].reshape(-1, 9))))
+            copies.append(((2,), (2, 4), xipos[bodyid], ximat[bodyid]))
         for pos_codes, mat_codes, src_pos, src_mat in copies:
             on = np.isin(codes, pos_codes)
             if on.any():
-                gpos = math.c_where(on, src_pos, gpos)
+                gpos = jnp.where(on[:, None], src_pos, gpos)
             on = np.isin(codes, mat_codes)
             if on.any():
-                gmat = math.c_where(on, src_mat, gmat)
-    return math.stack(gpos), _stack_mat(gmat)
+                gmat = jnp.where(on[:, None, None], src_mat, gmat)
+    return gpos, gmat
 
 
 def _compose_step(frames, jump):
     """One pointer-doubling step: every node's transform composed after its jump
     ancestor's; frames (nnode, 7) pos, quat."""
-    anc = frames[jump]
-    pos, quat = tuple(frames[:, :3].T), tuple(frames[:, 3:].T)
-    pj, qj = tuple(anc[:, :3].T), tuple(anc[:, 3:].T)
+    # components by slicing the last axis (a transpose first costs XLA CPU kernels)
+    node, anc = math.unstack(frames), math.unstack(frames[jump])
+    pos, quat = node[:3], node[3:]
+    pj, qj = anc[:3], anc[3:]
     return jnp.stack(math.c_add(pj, math.c_rot(qj, pos)) + math.c_qmul(qj, quat), -1), None
 
 
@@ -188,7 +236,7 @@ def kinematics(m, d):
     qn = math.c_quat_normalize(math.unstack(body[:, 3:]))
     xquat = math.stack(qn)
     xpos = body[:, :3]
-    out = dict(xpos=xpos, xquat=xquat, xmat=_stack_mat(math.c_quat_to_mat(qn)))
+    out = dict(xpos=xpos, xquat=xquat, xmat=_quat_mat(qn))
     if m.njnt:
         # joint axis and anchor in the frame of the node before the joint; a free
         # joint's anchor is the body position and its axis is left unrotated
@@ -207,17 +255,16 @@ def kinematics(m, d):
         out["xaxis"], out["xanchor"] = xaxis, xanchor
     d = d.replace(**out)
     allb = np.arange(m.nbody)
-    xipos, ximat = _local_to_global(d, allb, _f(m.body_ipos, dtype), _f(m.body_iquat, dtype),
-                                    m.body_sameframe)
+    xipos, ximat = _local_to_global(d, allb, m.body_ipos, m.body_iquat, m.body_sameframe)
     out = dict(xipos=xipos, ximat=ximat)
     if m.ngeom:
         out["geom_xpos"], out["geom_xmat"] = _local_to_global(
-            d, np.asarray(m.geom_bodyid), _f(m.geom_pos, dtype), _f(m.geom_quat, dtype),
-            m.geom_sameframe, xipos, ximat)
+            d, np.asarray(m.geom_bodyid), m.geom_pos, m.geom_quat, m.geom_sameframe, xipos,
+            ximat)
     if m.nsite:
         out["site_xpos"], out["site_xmat"] = _local_to_global(
-            d, np.asarray(m.site_bodyid), _f(m.site_pos, dtype), _f(m.site_quat, dtype),
-            m.site_sameframe, xipos, ximat)
+            d, np.asarray(m.site_bodyid), m.site_pos, m.site_quat, m.site_sameframe, xipos,
+            ximat)
     return d.replace(**out)
 
 
@@ -270,7 +317,7 @@ def camlight(m, d):
         return d
     dtype = d.qpos.dtype
     body = np.asarray(m.cam_bodyid)
-    pos, mat = _local_to_global(d, body, _f(m.cam_pos, dtype), _f(m.cam_quat, dtype))
+    pos, mat = _local_to_global(d, body, m.cam_pos, m.cam_quat)
     mode = np.asarray(m.cam_mode)
     target = np.asarray(m.cam_targetbodyid)
     track = (mode == CamLight.TRACK) | (mode == CamLight.TRACKCOM)

@@ -121,13 +121,20 @@ def apply_ft(m, d, force, torque, point, bodies):
     """
     dtype = d.qpos.dtype
     bodies = np.asarray(bodies)
-    offset = point - d.subtree_com[np.asarray(m.body_rootid)[bodies]]
-    zero = jnp.zeros_like(point)
-    f = zero if force is None else force
-    t = zero if torque is None else torque
-    wrench = jnp.concatenate([t + math.cross(offset, f), f], -1)   # about the tree com
-    anc = jnp.asarray(tables.get(m).anc_dof[bodies], dtype)       # (n, nv)
-    return jnp.sum(d.cdof * (anc.T @ wrench), -1)
+    # on component arrays (n,): a cross product along a last axis of 3 and a dot over
+    # 6 cost XLA CPU concatenations and a reduction kernel (humanoid's xfrc_applied:
+    # 0.95 -> 0.67 us per world)
+    offset = math.unstack(point - d.subtree_com[np.asarray(m.body_rootid)[bodies]])
+    zero = (jnp.zeros_like(offset[0]),) * 3
+    f = zero if force is None else math.unstack(force)
+    t = zero if torque is None else math.unstack(torque)
+    wrench = math.stack(math.c_add(t, math.c_cross(offset, f)) + f)   # about the tree com
+    anc = jnp.asarray(tables.get(m).anc_dof[bodies], dtype)        # (n, nv)
+    g = anc.T @ wrench
+    out = d.cdof[:, 0] * g[:, 0]
+    for k in range(1, 6):
+        out = out + d.cdof[:, k] * g[:, k]
+    return out
 
 
 def xfrc_accumulate(m, d):
