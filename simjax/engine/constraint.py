@@ -704,11 +704,18 @@ def make_constraint(m, d):
     z = jnp.zeros(n, dtype)
     # first efc row of each contact (mjContact.efc_address), -1 when it has none
     adr = d.contact.efc_address
-    for blk in lay.blocks:
-        if blk.kind in CONTACT_KINDS:
-            first = blk.start + blk.k * np.arange(blk.n)
-            act0 = active[blk.start:blk.start + blk.n * blk.k:blk.k]
-            adr = put_at(adr, blk.ids, jnp.where(act0, jnp.asarray(first, jnp.int32), -1))
+    cblk = [blk for blk in lay.blocks if blk.kind in CONTACT_KINDS]
+    firsts = [jnp.where(active[blk.start:blk.start + blk.n * blk.k:blk.k],
+                        jnp.asarray(blk.start + blk.k * np.arange(blk.n), jnp.int32), -1)
+              for blk in cblk]
+    if cblk and np.array_equal(np.concatenate([blk.ids for blk in cblk]),
+                               np.arange(adr.shape[0])):
+        # the blocks cover the slots in order (make_data's grouping by dim): one
+        # concatenation, not a slice update per block
+        adr = jnp.concatenate(firsts)
+    else:
+        for blk, val in zip(cblk, firsts):
+            adr = put_at(adr, blk.ids, val)
     contact = d.contact.replace(efc_address=adr)
     return d.replace(contact=contact, efc_J=J, efc_pos=jnp.where(active, cat["pos"], 0.0),
                      efc_margin=jnp.where(active, cat["margin"], 0.0),

@@ -275,18 +275,20 @@ def _onehot(i, dtype):
 def _box_edge(g1, g2, rot, pos21, i, j):
     """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal)."""
     s1, s2 = g1.size, g2.size
-    i1, i2, j1, j2 = (i + 1) % 3, (i + 2) % 3, (j + 1) % 3, (j + 2) % 3
+    i1, i2, j1, j2 = _next3(i), _prev3(i), _next3(j), _prev3(j)
     dt = rot.dtype
-    axis = (_onehot(i1, dt) * -rot[i2, j] + _onehot(i2, dt) * rot[i1, j])
+    # i, j are traced: components picked by selects (_pick3), not gathers (a vmapped
+    # gather is a kernel of its own on CPU, with its index arithmetic another)
+    d2 = _pick3(rot.T, j)                                              # rot[:, j]
+    axis = (_onehot(i1, dt) * -_pick3(d2, i2) + _onehot(i2, dt) * _pick3(d2, i1))
     axis, _ = normalize(axis)
     axis = jnp.where(dot(axis, pos21) < 0, -axis, axis)
     a2 = _rot_t(rot, axis)
-    amb1 = jnp.where(jnp.abs(axis[i1]) < _SGNEPS, i1,
-                     jnp.where(jnp.abs(axis[i2]) < _SGNEPS, i2, -1))
-    amb2 = jnp.where(jnp.abs(a2[j1]) < _SGNEPS, j1,
-                     jnp.where(jnp.abs(a2[j2]) < _SGNEPS, j2, -1))
-    d2 = rot[:, j]
-    b = d2[i]
+    amb1 = jnp.where(jnp.abs(_pick3(axis, i1)) < _SGNEPS, i1,
+                     jnp.where(jnp.abs(_pick3(axis, i2)) < _SGNEPS, i2, -1))
+    amb2 = jnp.where(jnp.abs(_pick3(a2, j1)) < _SGNEPS, j1,
+                     jnp.where(jnp.abs(_pick3(a2, j2)) < _SGNEPS, j2, -1))
+    b = _pick3(d2, i)
     denom = 1 - b * b
     c1 = jnp.where(axis >= 0, s1, -s1) * (1 - _onehot(i, dt))
     cc = jnp.where(a2 >= 0, -s2, s2) * (1 - _onehot(j, dt))
@@ -297,19 +299,23 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     ccv = jnp.where((V2 == 1) & (jnp.arange(3) == amb2), -cc, cc)
     c2 = _rot(rot, ccv) + pos21
     e = c2 - c1v
-    d1e, d2e = e[:, i], dot(e, d2)
+    d1e, d2e = _pick3(e.T, i), dot(e, d2)
     small = denom < MINVAL
     sp = jnp.where(small, 0.0, (d1e - b * d2e) / jnp.where(small, 1.0, denom))
-    sp = jnp.clip(sp, -s1[i], s1[i])
-    t = jnp.clip(b * sp - d2e, -s2[j], s2[j])
-    sp = jnp.clip(d1e + b * t, -s1[i], s1[i])
+    s1i, s2j = _pick3(s1, i), _pick3(s2, j)
+    sp = jnp.clip(sp, -s1i, s1i)
+    t = jnp.clip(b * sp - d2e, -s2j, s2j)
+    sp = jnp.clip(d1e + b * t, -s1i, s1i)
     p1 = c1v + _onehot(i, dt) * sp[:, None]
     p2 = c2 + d2 * t[:, None]
     dp = p2 - p1
     gap2 = jnp.where(ok, dot(dp, dp), jnp.inf)
-    kbest = jnp.argmin(gap2)                 # first minimum, as the sequential scan
-    best = (gap2[kbest], p1[kbest], p2[kbest])
-    _, w1, w2 = best
+    # first minimum, as the sequential scan (selects, not an argmin and a gather)
+    w1, w2, best = p1[0], p2[0], gap2[0]
+    for k in range(1, 4):
+        win = gap2[k] < best
+        best = jnp.where(win, gap2[k], best)
+        w1, w2 = jnp.where(win, p1[k], w1), jnp.where(win, p2[k], w2)
     dist = dot(w2 - w1, axis)
     mid = 0.5 * (w1 + w2)
     return dist, _rot(g1.mat, mid) + g1.pos, _rot(g1.mat, axis)
@@ -365,8 +371,11 @@ def box_box(g1, g2, margin):
     sep2 = jnp.abs(pos12) - s2 - _rot_t(rabs, s1)
     seps = jnp.concatenate([sep1, sep2])
     separated = jnp.any(seps > septol)
-    code = jnp.argmax(seps)
-    sep_face = seps[code]
+    # first maximum by selects (an argmax and a gather are kernels of their own)
+    code, sep_face = jnp.asarray(0, jnp.int32), seps[0]
+    for k in range(1, 6):
+        win = seps[k] > sep_face
+        code, sep_face = jnp.where(win, k, code), jnp.where(win, seps[k], sep_face)
     code_face = code
     sep_best = sep_face
     # edge-cross axes e_i x rot[:, j], all nine at once (box1 frame, component i zero)
@@ -394,12 +403,14 @@ def box_box(g1, g2, margin):
 
     # edge axis nearly parallel to the best face axis: prefer the face
     is_edge = code >= 6
-    ei, ej = jnp.where(is_edge, (code - 6) // 3, 0), jnp.where(is_edge, (code - 6) % 3, 0)
-    rot_e = rot[(ei + 2) % 3, ej], rot[(ei + 1) % 3, ej]
-    eaxis = _onehot((ei + 1) % 3, dt) * -rot_e[0] + _onehot((ei + 2) % 3, dt) * rot_e[1]
+    ei, ej = _divmod3(jnp.where(is_edge, code - 6, 0))
+    rcol = _pick3(rot.T, ej)
+    rot_e = _pick3(rcol, _prev3(ei)), _pick3(rcol, _next3(ei))
+    eaxis = _onehot(_next3(ei), dt) * -rot_e[0] + _onehot(_prev3(ei), dt) * rot_e[1]
     eaxis, _ = normalize(eaxis)
     cf = jnp.where(code_face < 3, code_face, code_face - 3)
-    face_dot = jnp.where(code_face < 3, jnp.abs(eaxis[cf]), jnp.abs(eaxis @ rot[:, cf]))
+    face_dot = jnp.where(code_face < 3, jnp.abs(_pick3(eaxis, cf)),
+                         jnp.abs(dot(eaxis, _pick3(rot.T, cf))))
     subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
                                           + MINVAL)
     code = jnp.where(subst, code_face, code)
@@ -407,31 +418,38 @@ def box_box(g1, g2, margin):
 
     # edge-edge contact for the winning (i, j) (dynamic indices)
     eidx = jnp.clip(code - 6, 0, 8)
-    e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, eidx // 3, eidx % 3)
+    e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod3(eidx))
     e_valid = is_edge & ~separated & (e_dist <= septol)
 
     # face contact
     ref1 = code < 3
-    a = jnp.where(ref1, code, code - 3) % 3
+    a = jnp.where(ref1, code, code - 3)           # code < 6 wherever the face is used
+    a = jnp.clip(a, 0, 2)
     sizeref = jnp.where(ref1, s1, s2)
     sizeinc = jnp.where(ref1, s2, s1)
     posref = jnp.where(ref1, g1.pos, g2.pos)
     matref = jnp.where(ref1, g1.mat, g2.mat)
     posoi = jnp.where(ref1, pos21, pos12)
     rinc = jnp.where(ref1, rot, rot.T)
-    sgn = jnp.where(posoi[a] >= 0, 1.0, -1.0)
-    binc = jnp.argmax(jnp.abs(rinc[a]))
-    tinc = jnp.where(sgn * rinc[a, binc] > 0, -1.0, 1.0)
-    ax, ay = (a + 1) % 3, (a + 2) % 3
-    bu, bv = (binc + 1) % 3, (binc + 2) % 3
-    cidx = jnp.stack([ax, ay, a])
-    cx = posoi[cidx] + tinc * sizeinc[binc] * rinc[cidx, binc]
-    du = sizeinc[bu] * rinc[cidx, bu]
-    dv = sizeinc[bv] * rinc[cidx, bv]
+    sgn = jnp.where(_pick3(posoi, a) >= 0, 1.0, -1.0)
+    ra = jnp.abs(_pick3(rinc, a))
+    binc = jnp.where((ra[0] >= ra[1]) & (ra[0] >= ra[2]), 0,
+                     jnp.where(ra[1] >= ra[2], 1, 2))              # first maximum
+    ax, ay = _next3(a), _prev3(a)
+    bu, bv = _next3(binc), _prev3(binc)
+    # the (ax, ay, a) components: picks of a traced cyclic shift
+    cyc = lambda v: jnp.stack([_pick3(v, ax), _pick3(v, ay), _pick3(v, a)])
+    rcinc = lambda bb: cyc(_pick3(rinc.T, bb))                     # rinc[(ax,ay,a), bb]
+    rb = rcinc(binc)
+    tinc = jnp.where(sgn * rb[2] > 0, -1.0, 1.0)
+    cx = cyc(posoi) + tinc * _pick3(sizeinc, binc) * rb
+    du = _pick3(sizeinc, bu) * rcinc(bu)
+    dv = _pick3(sizeinc, bv) * rcinc(bv)
     zs = jnp.asarray([1.0, 1.0, 0.0], dt) + jnp.asarray([0.0, 0.0, 1.0], dt) * sgn
-    cx = cx * zs - jnp.asarray([0.0, 0.0, 1.0], dt) * sizeref[a]
+    sra = _pick3(sizeref, a)
+    cx = cx * zs - jnp.asarray([0.0, 0.0, 1.0], dt) * sra
     du, dv = du * zs, dv * zs
-    sx, sy = sizeref[ax], sizeref[ay]
+    sx, sy = _pick3(sizeref, ax), _pick3(sizeref, ay)
     signs = jnp.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], dt)
     quad = cx + signs[:, :1] * du + signs[:, 1:] * dv                       # (4, 3)
     # Sutherland-Hodgman against the four side planes, in MuJoCo's pass order: the
@@ -461,15 +479,33 @@ def box_box(g1, g2, margin):
     dup = jnp.any(close & earlier & valid[None, :], axis=1)
     valid = valid & ~dup & ~separated & ~is_edge
     nsign = jnp.where(ref1, sgn, -sgn)
-    normal = nsign * matref[:, a]
+    normal = nsign * _pick3(matref.T, a)
     ea, eax, eay = _onehot(a, dt), _onehot(ax, dt), _onehot(ay, dt)
     posc = (cand[:, :1] * eax + cand[:, 1:2] * eay +
-            (sgn * (sizeref[a] + 0.5 * cand[:, 2]))[:, None] * ea)
+            (sgn * (sra + 0.5 * cand[:, 2]))[:, None] * ea)
     fpos = _rot(matref, posc) + posref
     dist = jnp.concatenate([e_dist[None], cand[:, 2]])
     pos = jnp.concatenate([e_pos[None], fpos])
     nrm = jnp.concatenate([e_nrm[None], jnp.broadcast_to(normal, (_CLIPMAX, 3))])
     return Pre(dist, pos, nrm, jnp.zeros_like(pos), jnp.concatenate([e_valid[None], valid]))
+
+
+def _next3(i):
+    """(i + 1) % 3 for a traced index in 0..2 by a select: an integer remainder is an
+    'expensive' op to XLA, which then materialises it (a kernel) for every consumer
+    instead of fusing it into each."""
+    return jnp.where(i >= 2, i - 2, i + 1)
+
+
+def _prev3(i):
+    """(i + 2) % 3 for a traced index in 0..2 (see :func:`_next3`)."""
+    return jnp.where(i >= 1, i - 1, i + 2)
+
+
+def _divmod3(k):
+    """(k // 3, k % 3) for a traced index in 0..8 by compares (see :func:`_next3`)."""
+    q = (k >= 3).astype(k.dtype) + (k >= 6).astype(k.dtype)
+    return q, k - 3 * q
 
 
 def _pick3(v, i):
@@ -565,12 +601,14 @@ def capsule_box(g1, g2, margin):
     bestdist = jnp.where(win, d2k, bestdist)
     bsp = jnp.where(win, x2k, bsp)
     bbp = jnp.where(win, x1k, bbp)
-    jk = k // 4
+    # k // 4 and k % 4 (k in 0..11) by compares: integer division and remainder are
+    # 'expensive' to XLA, materialised (a kernel) for each consumer
+    jk = (k >= 4).astype(k.dtype) + (k >= 8).astype(k.dtype)
     # corner id of edge k: its index r = k % 4 among the edges along j with a zero bit
     # inserted at bit j (_CB_EDGE_I)
-    r = k % 4
+    r = k - 4 * jk
     ik = ((r >> jk) << (jk + 1)) | (r & ((1 << jk) - 1))
-    clcorner = jnp.where(win, ik + (1 << jk) * (c1 // 6), clcorner)
+    clcorner = jnp.where(win, ik + (1 << jk) * (c1 >= 6).astype(c1.dtype), clcorner)
     cledge = jnp.where(win, jk, cledge)
     cltype = jnp.where(win, c1, cltype)
 
@@ -587,7 +625,7 @@ def capsule_box(g1, g2, margin):
     deA = jnp.where(flip, 1 + bsp, 1 - bsp)
     dpA = jnp.where(flip, 1 - bsp, 1 + bsp)
     axA = jnp.where(cA2 == 1, 0, jnp.where(cA2 == 2, 1, 2))
-    ax1A, ax2A = (axA + 1) % 3, (axA + 2) % 3
+    ax1A, ax2A = _next3(axA), _prev3(axA)
     along = _pick3(axis, axA) * _pick3(axis, axA) > 0.5
     spA_edge = jnp.minimum(deA, _pick3(q2, axA)) * mulA
     spA_face = jnp.minimum(jnp.minimum(dpA, _pick3(q2, ax1A)), _pick3(q2, ax2A)) * -mulA
@@ -598,7 +636,7 @@ def capsule_box(g1, g2, margin):
     cB = (axisdir ^ clcorner) & (7 - (1 << cledge))
     skipB = ~((cB == 1) | (cB == 2) | (cB == 4))
     axB = cledge
-    ax1B, ax2B = (axB + 1) % 3, (axB + 2) % 3
+    ax1B, ax2B = _next3(axB), _prev3(axB)
     ax1B = jnp.where(jnp.abs(_pick3(axis, ax1B)) > jnp.abs(_pick3(axis, ax2B)), ax2B, ax1B)
     ax2B = 3 - axB - ax1B
     bit = (cB & (1 << ax2B)) != 0
@@ -622,8 +660,9 @@ def capsule_box(g1, g2, margin):
     spC = spC * mulC
     skipC = clface == -1
 
-    caseA = (cltype >= 0) & (cltype // 3 != 1)
-    caseB = (cltype >= 0) & (cltype // 3 == 1)
+    mid = (cltype >= 3) & (cltype < 6)              # cltype // 3 == 1 (cltype in 0..8)
+    caseA = (cltype >= 0) & ~mid
+    caseB = mid
     second = jnp.where(caseA, jnp.where(skipA, -4.0, spA),
                        jnp.where(caseB, jnp.where(skipB, -4.0, spB),
                                  jnp.where(skipC, -4.0, spC)))
