@@ -12,6 +12,7 @@ in the world frame about the subtree centre of mass of the body's kinematic tree
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -152,7 +153,8 @@ def _local_rot(lquat, dtype):
     NumPy when the model's quaternions are concrete (as usual), else traced."""
     try:
         q = np.asarray(lquat, np.float64)
-    except Exception:        # traced model parameters
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        # traced model parameters (jit argument, vmap over Model fields)
         return math.quat_to_mat(math.quat_normalize(jnp.asarray(lquat, dtype)))
     q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), math.MINVAL)
     w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]

@@ -676,6 +676,9 @@ def _ell_mask(spec):
     return in_ell
 
 
+_TRIU_MAX = 1024     # rows up to which _first_true counts by a triangular product
+
+
 def _first_true(a, k):
     """Indices of the first ``k`` true entries of the boolean vector ``a`` in order,
     len(a) where there are fewer, and the number of true entries (jnp.nonzero(a,
@@ -685,7 +688,10 @@ def _first_true(a, k):
     binary search (a loop, so that they are materialised once: a direct count fuses
     into every gather that uses them)."""
     n = a.shape[0]
-    cs = (a.astype(jnp.float32) @ np.triu(np.ones((n, n), np.float32))).astype(jnp.int32)
+    if n <= _TRIU_MAX:
+        cs = (a.astype(jnp.float32) @ np.triu(np.ones((n, n), np.float32))).astype(jnp.int32)
+    else:       # the (n, n) constant and n^2 work per world would outgrow the scan
+        cs = jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
     pos = jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
     return pos, cs[-1]
 

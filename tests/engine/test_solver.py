@@ -362,3 +362,19 @@ def test_compact_rows(fit, monkeypatch):
     cases = {"case": CASES["ant_newton"]}
     monkeypatch.setitem(globals(), "solve_jit", jax.jit(lambda m, d: S.fwd_constraint(m, d)))
     check_solve("case", cases)
+
+
+@pytest.mark.parametrize("n", [40, 1500])
+def test_first_true_matches_nonzero(n):
+    """The compaction's index search (triangular product up to _TRIU_MAX rows, a scan
+    beyond) returns jnp.nonzero's first k indices, padded with n, and the count."""
+    from simjax.engine.solver import _first_true
+    rng = np.random.default_rng(n)
+    for p in (0.0, 0.05, 0.5, 1.0):
+        a = rng.random(n) < p
+        k = 32
+        pos, cnt = jax.jit(_first_true, static_argnums=1)(jnp.asarray(a), k)
+        want = np.nonzero(a)[0][:k]
+        want = np.concatenate([want, np.full(k - len(want), n)])
+        np.testing.assert_array_equal(np.asarray(pos), want)
+        assert int(cnt) == int(a.sum())
