@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, one,
-                                            safe_norm, stack)
+from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, once,
+                                            one, safe_norm, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
 
 
@@ -289,6 +289,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     amb2 = jnp.where(jnp.abs(_pick3(a2, j1)) < _SGNEPS, j1,
                      jnp.where(jnp.abs(_pick3(a2, j2)) < _SGNEPS, j2, -1))
     b = _pick3(d2, i)
+    d2, axis, a2, amb1, amb2, b = once(d2, axis, a2, amb1, amb2, b)
     denom = 1 - b * b
     c1 = jnp.where(axis >= 0, s1, -s1) * (1 - _onehot(i, dt))
     cc = jnp.where(a2 >= 0, -s2, s2) * (1 - _onehot(j, dt))
@@ -310,6 +311,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     p2 = c2 + d2 * t[:, None]
     dp = p2 - p1
     gap2 = jnp.where(ok, dot(dp, dp), jnp.inf)
+    p1, p2, gap2 = once(p1, p2, gap2)
     # first minimum, as the sequential scan (selects, not an argmin and a gather)
     w1, w2, best = p1[0], p2[0], gap2[0]
     for k in range(1, 4):
@@ -400,6 +402,8 @@ def box_box(g1, g2, margin):
         win = use[k] & (adj[k] > sep_best) & (sep[k] > sep_face)
         sep_best = jnp.where(win, sep[k], sep_best)
         code = jnp.where(win, 6 + k, code)
+    code, code_face, sep_best, sep_face, separated = once(code, code_face, sep_best,
+                                                          sep_face, separated)
 
     # edge axis nearly parallel to the best face axis: prefer the face
     is_edge = code >= 6
@@ -414,6 +418,7 @@ def box_box(g1, g2, margin):
     subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
                                           + MINVAL)
     code = jnp.where(subst, code_face, code)
+    code, separated = once(code), once(separated)
     is_edge = code >= 6
 
     # edge-edge contact for the winning (i, j) (dynamic indices)
@@ -452,6 +457,9 @@ def box_box(g1, g2, margin):
     sx, sy = _pick3(sizeref, ax), _pick3(sizeref, ay)
     signs = jnp.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], dt)
     quad = cx + signs[:, :1] * du + signs[:, 1:] * dv                       # (4, 3)
+    nsign = jnp.where(ref1, sgn, -sgn)
+    normal = nsign * _pick3(matref.T, a)
+    quad, sx, sy, sgn, sra, normal = once(quad, sx, sy, sgn, sra, normal)
     # Sutherland-Hodgman against the four side planes, in MuJoCo's pass order: the
     # clipped polygon's vertex order is the contacts' order, which the PGS solver's
     # block order (and so its iterates) depends on
@@ -478,8 +486,6 @@ def box_box(g1, g2, margin):
     earlier = jnp.tril(jnp.ones((_CLIPMAX, _CLIPMAX), bool), -1)
     dup = jnp.any(close & earlier & valid[None, :], axis=1)
     valid = valid & ~dup & ~separated & ~is_edge
-    nsign = jnp.where(ref1, sgn, -sgn)
-    normal = nsign * _pick3(matref.T, a)
     ea, eax, eay = _onehot(a, dt), _onehot(ax, dt), _onehot(ay, dt)
     posc = (cand[:, :1] * eax + cand[:, 1:2] * eay +
             (sgn * (sra + 0.5 * cand[:, 2]))[:, None] * ea)
