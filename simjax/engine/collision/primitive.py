@@ -617,6 +617,8 @@ def capsule_box(g1, g2, margin):
     clcorner = jnp.where(win, ik + (1 << jk) * (c1 >= 6).astype(c1.dtype), clcorner)
     cledge = jnp.where(win, jk, cledge)
     cltype = jnp.where(win, c1, cltype)
+    bsp, bbp, cltype, clface, clcorner, cledge = once(bsp, bbp, cltype, clface, clcorner,
+                                                      cledge)
 
     absha = jnp.abs(ha)
     sdiv = _sdiv
@@ -674,6 +676,7 @@ def capsule_box(g1, g2, margin):
                                  jnp.where(skipC, -4.0, spC)))
     second = jnp.where(cltype == -4, -4.0, second)
     none = cltype == -4
+    second = once(second)
 
     # both sphere-box contacts in one vmapped call
     segpos = jnp.stack([bsp, jnp.where(second > -3, second + bsp, bsp)])
