@@ -381,21 +381,30 @@ def box_box(g1, g2, margin):
     code_face = code
     sep_best = sep_face
     # edge-cross axes e_i x rot[:, j], all nine at once (box1 frame, component i zero)
-    I, J = _EI, _EJ
-    I1, I2, J1, J2 = (I + 1) % 3, (I + 2) % 3, (J + 1) % 3, (J + 2) % 3
-    # static picks by slices (a static fancy index is a gather kernel under vmap)
-    R = lambda r, c: _static_pick(rot.reshape(9), 3 * r + c)
-    ax1, ax2 = -R(I2, J), R(I1, J)
+    # as (3, 3) arrays [i, j]; index shifts (i + 1) % 3 etc. as sums of rows or
+    # columns times constant 0/1 weights (a concatenate of slices is a kernel of its
+    # own on CPU once it has several users)
+    def up(x, k, axis):                                     # x[(i + k) % 3] along axis
+        w = np.roll(np.eye(3), k, axis=1)                   # w[i, (i + k) % 3] = 1
+        if x.ndim == 1:
+            return x[0] * w[:, 0] + x[1] * w[:, 1] + x[2] * w[:, 2]
+        if axis == 0:
+            return (x[0][None, :] * w[:, 0:1] + x[1][None, :] * w[:, 1:2] +
+                    x[2][None, :] * w[:, 2:3])
+        return x[:, 0:1] * w[:, 0] + x[:, 1:2] * w[:, 1] + x[:, 2:3] * w[:, 2]
+    rot1, rot2 = up(rot, 1, 0), up(rot, 2, 0)
+    ax1, ax2 = -rot2, rot1
     n2 = ax1 * ax1 + ax2 * ax2
     use = n2 >= _PAREPS
     inv = 1 / jnp.sqrt(jnp.where(use, n2, 1.0))
     ax1, ax2 = ax1 * inv, ax2 * inv
-    S = _static_pick
-    r1 = S(s1, I1) * jnp.abs(ax1) + S(s1, I2) * jnp.abs(ax2)
-    b1 = ax1 * R(I1, J1) + ax2 * R(I2, J1)
-    b2 = ax1 * R(I1, J2) + ax2 * R(I2, J2)
-    r2 = S(s2, J1) * jnp.abs(b1) + S(s2, J2) * jnp.abs(b2)
-    sep = jnp.abs(ax1 * S(pos21, I1) + ax2 * S(pos21, I2)) - r1 - r2
+    r1 = up(s1, 1, 0)[:, None] * jnp.abs(ax1) + up(s1, 2, 0)[:, None] * jnp.abs(ax2)
+    b1 = ax1 * up(rot1, 1, 1) + ax2 * up(rot2, 1, 1)
+    b2 = ax1 * up(rot1, 2, 1) + ax2 * up(rot2, 2, 1)
+    r2 = up(s2, 1, 0)[None, :] * jnp.abs(b1) + up(s2, 2, 0)[None, :] * jnp.abs(b2)
+    sep = (jnp.abs(ax1 * up(pos21, 1, 0)[:, None] + ax2 * up(pos21, 2, 0)[:, None]) - r1 -
+           r2)
+    use, sep = use.reshape(9), sep.reshape(9)                  # k = 3 i + j
     separated = separated | jnp.any(use & (sep > septol))
     adj = sep - _EDGEBIAS * jnp.abs(sep)
     for k in range(9):          # sequential: each winner raises the bar for the next
@@ -430,33 +439,37 @@ def box_box(g1, g2, margin):
     ref1 = code < 3
     a = jnp.where(ref1, code, code - 3)           # code < 6 wherever the face is used
     a = jnp.clip(a, 0, 2)
-    sizeref = jnp.where(ref1, s1, s2)
-    sizeinc = jnp.where(ref1, s2, s1)
-    posref = jnp.where(ref1, g1.pos, g2.pos)
+    # component lists (scalars): a stacked vector with several users or picks is a
+    # kernel of its own on CPU
+    sizeref = [jnp.where(ref1, s1[c], s2[c]) for c in range(3)]
+    sizeinc = [jnp.where(ref1, s2[c], s1[c]) for c in range(3)]
+    posoi = [jnp.where(ref1, pos21[c], pos12[c]) for c in range(3)]
+    rinc = [[jnp.where(ref1, rot[r, c], rot[c, r]) for c in range(3)] for r in range(3)]
     matref = jnp.where(ref1, g1.mat, g2.mat)
-    posoi = jnp.where(ref1, pos21, pos12)
-    rinc = jnp.where(ref1, rot, rot.T)
-    sgn = jnp.where(_pick3(posoi, a) >= 0, 1.0, -1.0)
-    ra = jnp.abs(_pick3(rinc, a))
+    posref = jnp.where(ref1, g1.pos, g2.pos)
+    sgn = jnp.where(_sel3(a, posoi) >= 0, 1.0, -1.0)
+    ra = [jnp.abs(_sel3(a, [rinc[0][c], rinc[1][c], rinc[2][c]])) for c in range(3)]
     binc = jnp.where((ra[0] >= ra[1]) & (ra[0] >= ra[2]), 0,
                      jnp.where(ra[1] >= ra[2], 1, 2))              # first maximum
     ax, ay = _next3(a), _prev3(a)
     bu, bv = _next3(binc), _prev3(binc)
     # the (ax, ay, a) components: picks of a traced cyclic shift
-    cyc = lambda v: jnp.stack([_pick3(v, ax), _pick3(v, ay), _pick3(v, a)])
-    rcinc = lambda bb: cyc(_pick3(rinc.T, bb))                     # rinc[(ax,ay,a), bb]
+    cyc = lambda v: [_sel3(ax, v), _sel3(ay, v), _sel3(a, v)]
+    rcinc = lambda bb: cyc([_sel3(bb, rinc[r]) for r in range(3)])  # rinc[(ax,ay,a), bb]
     rb = rcinc(binc)
     tinc = jnp.where(sgn * rb[2] > 0, -1.0, 1.0)
-    cx = cyc(posoi) + tinc * _pick3(sizeinc, binc) * rb
-    du = _pick3(sizeinc, bu) * rcinc(bu)
-    dv = _pick3(sizeinc, bv) * rcinc(bv)
-    zs = jnp.asarray([1.0, 1.0, 0.0], dt) + jnp.asarray([0.0, 0.0, 1.0], dt) * sgn
-    sra = _pick3(sizeref, a)
-    cx = cx * zs - jnp.asarray([0.0, 0.0, 1.0], dt) * sra
-    du, dv = du * zs, dv * zs
-    sx, sy = _pick3(sizeref, ax), _pick3(sizeref, ay)
-    signs = jnp.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], dt)
-    quad = cx + signs[:, :1] * du + signs[:, 1:] * dv                       # (4, 3)
+    tb = tinc * _sel3(binc, sizeinc)
+    zs = [1.0, 1.0, sgn]
+    sra = _sel3(a, sizeref)
+    cx = [(p + tb * r) * z for p, r, z in zip(cyc(posoi), rb, zs)]
+    cx[2] = cx[2] - sra
+    su, sv = _sel3(bu, sizeinc), _sel3(bv, sizeinc)
+    du = [su * r * z for r, z in zip(rcinc(bu), zs)]
+    dv = [sv * r * z for r, z in zip(rcinc(bv), zs)]
+    sx, sy = _sel3(ax, sizeref), _sel3(ay, sizeref)
+    signs = np.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], np.float64)
+    quad = (_vec3(cx)[None, :] + signs[:, :1].astype(dt) * _vec3(du)[None, :] +
+            signs[:, 1:].astype(dt) * _vec3(dv)[None, :])                    # (4, 3)
     nsign = jnp.where(ref1, sgn, -sgn)
     normal = nsign * _pick3(matref.T, a)
     quad, sx, sy, sgn, sra, normal = once(quad, sx, sy, sgn, sra, normal)
@@ -518,6 +531,18 @@ def _pick3(v, i):
     """``v[i]`` of a 3-vector for a traced index, by selects (a vmapped gather is a
     separate slow kernel on CPU)."""
     return jnp.where(i == 0, v[0], jnp.where(i == 1, v[1], v[2]))
+
+
+def _sel3(k, v):
+    """``v[k]`` of a list of three scalars for a traced index, by selects."""
+    return jnp.where(k == 0, v[0], jnp.where(k == 1, v[1], v[2]))
+
+
+def _vec3(v):
+    """A 3-vector of three scalars by selects (a stack is a concatenate: with several
+    users, a kernel of its own on CPU)."""
+    k = jnp.arange(3)
+    return jnp.where(k == 0, v[0], jnp.where(k == 1, v[1], v[2]))
 
 
 def _sdiv(a, b):
