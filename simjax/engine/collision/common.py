@@ -80,7 +80,10 @@ def once(*xs):
     whole numbers); returns one value for one argument, else a tuple."""
     xs = [jnp.asarray(x) for x in xs]
     fdt = next((x.dtype for x in xs if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32)
-    flat = jnp.concatenate([x.astype(fdt).reshape(-1) for x in xs])
+    flat = [x.astype(fdt).reshape(-1) for x in xs]
+    while len(flat) > 1:        # a concatenate of more than 8 operands fuses none of them
+        flat = [jnp.concatenate(flat[k:k + 8]) for k in range(0, len(flat), 8)]
+    flat = flat[0]
     flat = jnp.sum(jnp.stack([flat, jnp.zeros_like(flat)]), axis=0)
     out, k = [], 0
     for x in xs:

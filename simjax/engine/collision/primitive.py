@@ -258,69 +258,76 @@ def capsule_capsule(g1, g2, margin):
 _SEPEPS, _PAREPS, _SGNEPS, _DUPEPS, _EDGEBIAS = 1e-13, 1e-16, 1e-9, 1e-14, 1e-6
 
 
-_EI = np.repeat(np.arange(3), 3)
-_EJ = np.tile(np.arange(3), 3)
-
-
-def _static_pick(v, idx):
-    """``v[idx]`` of a 1-d array for static ``idx`` as concatenated slices (fuses; a
-    static fancy index is a gather kernel of its own under vmap)."""
-    return jnp.concatenate([v[int(i):int(i) + 1] for i in idx])
-
-
 def _onehot(i, dtype):
     return (jnp.arange(3) == i).astype(dtype)
 
 
 def _box_edge(g1, g2, rot, pos21, i, j):
-    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal)."""
-    s1, s2 = g1.size, g2.size
+    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal).
+    Written on component lists (scalars): picks of traced components by selects
+    (:func:`_sel3`), no stacked vectors (on CPU a stacked vector with several users, or
+    a vmapped gather, is a kernel of its own)."""
+    s1 = [g1.size[c] for c in range(3)]
+    s2 = [g2.size[c] for c in range(3)]
+    R = [[rot[r, c] for c in range(3)] for r in range(3)]
+    p21 = [pos21[c] for c in range(3)]
     i1, i2, j1, j2 = _next3(i), _prev3(i), _next3(j), _prev3(j)
-    dt = rot.dtype
-    # i, j are traced: components picked by selects (_pick3), not gathers (a vmapped
-    # gather is a kernel of its own on CPU, with its index arithmetic another)
-    d2 = _pick3(rot.T, j)                                              # rot[:, j]
-    axis = (_onehot(i1, dt) * -_pick3(d2, i2) + _onehot(i2, dt) * _pick3(d2, i1))
-    axis, _ = normalize(axis)
-    axis = jnp.where(dot(axis, pos21) < 0, -axis, axis)
-    a2 = _rot_t(rot, axis)
-    amb1 = jnp.where(jnp.abs(_pick3(axis, i1)) < _SGNEPS, i1,
-                     jnp.where(jnp.abs(_pick3(axis, i2)) < _SGNEPS, i2, -1))
-    amb2 = jnp.where(jnp.abs(_pick3(a2, j1)) < _SGNEPS, j1,
-                     jnp.where(jnp.abs(_pick3(a2, j2)) < _SGNEPS, j2, -1))
-    b = _pick3(d2, i)
-    d2, axis, a2, amb1, amb2, b = once(d2, axis, a2, amb1, amb2, b)
-    denom = 1 - b * b
-    c1 = jnp.where(axis >= 0, s1, -s1) * (1 - _onehot(i, dt))
-    cc = jnp.where(a2 >= 0, -s2, s2) * (1 - _onehot(j, dt))
-    V1 = jnp.asarray([0, 0, 1, 1])[:, None]
-    V2 = jnp.asarray([0, 1, 0, 1])[:, None]
-    ok = ((amb1 >= 0) | (V1[:, 0] == 0)) & ((amb2 >= 0) | (V2[:, 0] == 0))
-    c1v = jnp.where((V1 == 1) & (jnp.arange(3) == amb1), -c1, c1)          # (4, 3)
-    ccv = jnp.where((V2 == 1) & (jnp.arange(3) == amb2), -cc, cc)
-    c2 = _rot(rot, ccv) + pos21
-    e = c2 - c1v
-    d1e, d2e = _pick3(e.T, i), dot(e, d2)
-    small = denom < MINVAL
-    sp = jnp.where(small, 0.0, (d1e - b * d2e) / jnp.where(small, 1.0, denom))
-    s1i, s2j = _pick3(s1, i), _pick3(s2, j)
-    sp = jnp.clip(sp, -s1i, s1i)
-    t = jnp.clip(b * sp - d2e, -s2j, s2j)
-    sp = jnp.clip(d1e + b * t, -s1i, s1i)
-    p1 = c1v + _onehot(i, dt) * sp[:, None]
-    p2 = c2 + d2 * t[:, None]
-    dp = p2 - p1
-    gap2 = jnp.where(ok, dot(dp, dp), jnp.inf)
-    p1, p2, gap2 = once(p1, p2, gap2)
-    # first minimum, as the sequential scan (selects, not an argmin and a gather)
-    w1, w2, best = p1[0], p2[0], gap2[0]
-    for k in range(1, 4):
-        win = gap2[k] < best
-        best = jnp.where(win, gap2[k], best)
-        w1, w2 = jnp.where(win, p1[k], w1), jnp.where(win, p2[k], w2)
-    dist = dot(w2 - w1, axis)
-    mid = 0.5 * (w1 + w2)
-    return dist, _rot(g1.mat, mid) + g1.pos, _rot(g1.mat, axis)
+    d2 = [_sel3(j, R[r]) for r in range(3)]                          # rot[:, j]
+    u, v = -_sel3(i2, d2), _sel3(i1, d2)
+    ax = [jnp.where(i1 == c, u, jnp.where(i2 == c, v, 0.0)) for c in range(3)]
+    # mju_normalize3 ((1, 0, 0) below mjMINVAL), safe to differentiate
+    nrm2 = ax[0] * ax[0] + ax[1] * ax[1] + ax[2] * ax[2]
+    ok = nrm2 > MINVAL * MINVAL
+    n = jnp.where(ok, jnp.sqrt(jnp.where(ok, nrm2, 1.0)), 0.0)
+    okn = n >= MINVAL
+    inv = 1 / jnp.where(okn, n, 1.0)
+    ax = [jnp.where(okn, ax[c] * inv, 1.0 if c == 0 else 0.0) for c in range(3)]
+    flip = ax[0] * p21[0] + ax[1] * p21[1] + ax[2] * p21[2] < 0
+    ax = [jnp.where(flip, -x, x) for x in ax]
+    a2 = [R[0][c] * ax[0] + R[1][c] * ax[1] + R[2][c] * ax[2] for c in range(3)]
+    amb1 = jnp.where(jnp.abs(_sel3(i1, ax)) < _SGNEPS, i1,
+                     jnp.where(jnp.abs(_sel3(i2, ax)) < _SGNEPS, i2, -1))
+    amb2 = jnp.where(jnp.abs(_sel3(j1, a2)) < _SGNEPS, j1,
+                     jnp.where(jnp.abs(_sel3(j2, a2)) < _SGNEPS, j2, -1))
+    b = _sel3(i, d2)
+    small = 1 - b * b < MINVAL
+    idenom = 1 / jnp.where(small, 1.0, 1 - b * b)
+    c1 = [jnp.where(i == c, 0.0, jnp.where(ax[c] >= 0, s1[c], -s1[c])) for c in range(3)]
+    cc = [jnp.where(j == c, 0.0, jnp.where(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
+    s1i, s2j = _sel3(i, s1), _sel3(j, s2)
+    # the four candidate edge pairs (the ambiguous corner of either edge flipped or
+    # not); first minimum of the gap in MuJoCo's order
+    best = w1 = w2 = None
+    for k in range(4):
+        f1, f2 = k >= 2, k % 2 == 1
+        c1v = [jnp.where(amb1 == c, -c1[c], c1[c]) if f1 else c1[c] for c in range(3)]
+        ccv = [jnp.where(amb2 == c, -cc[c], cc[c]) if f2 else cc[c] for c in range(3)]
+        c2 = [R[r][0] * ccv[0] + R[r][1] * ccv[1] + R[r][2] * ccv[2] + p21[r]
+              for r in range(3)]
+        e = [c2[c] - c1v[c] for c in range(3)]
+        d1e, d2e = _sel3(i, e), e[0] * d2[0] + e[1] * d2[1] + e[2] * d2[2]
+        sp = jnp.where(small, 0.0, (d1e - b * d2e) * idenom)
+        sp = jnp.clip(sp, -s1i, s1i)
+        t = jnp.clip(b * sp - d2e, -s2j, s2j)
+        sp = jnp.clip(d1e + b * t, -s1i, s1i)
+        p1 = [c1v[c] + jnp.where(i == c, sp, 0.0) for c in range(3)]
+        p2 = [c2[c] + d2[c] * t for c in range(3)]
+        dp = [p2[c] - p1[c] for c in range(3)]
+        gap2 = dp[0] * dp[0] + dp[1] * dp[1] + dp[2] * dp[2]
+        okv = (amb1 >= 0) if f1 else True
+        okv = (okv & (amb2 >= 0)) if f2 else okv
+        if k == 0:
+            best, w1, w2 = gap2, p1, p2
+            continue
+        win = okv & (gap2 < best)
+        best = jnp.where(win, gap2, best)
+        w1 = [jnp.where(win, p1[c], w1[c]) for c in range(3)]
+        w2 = [jnp.where(win, p2[c], w2[c]) for c in range(3)]
+    dist = sum((w2[c] - w1[c]) * ax[c] for c in range(3))
+    mid = [0.5 * (w1[c] + w2[c]) for c in range(3)]
+    mat = g1.mat
+    pos = mat[:, 0] * mid[0] + mat[:, 1] * mid[1] + mat[:, 2] * mid[2] + g1.pos
+    return dist, pos, mat[:, 0] * ax[0] + mat[:, 1] * ax[1] + mat[:, 2] * ax[2]
 
 
 #: vertex capacity of the clipped incident face (a quad cut by four half-planes)
