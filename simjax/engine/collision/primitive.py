@@ -297,7 +297,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     s1i, s2j = _sel3(i, s1), _sel3(j, s2)
     # the four candidate edge pairs (the ambiguous corner of either edge flipped or
     # not); first minimum of the gap in MuJoCo's order
-    best = w1 = w2 = None
+    gaps, ends = [], []
     for k in range(4):
         f1, f2 = k >= 2, k % 2 == 1
         c1v = [jnp.where(amb1 == c, -c1[c], c1[c]) if f1 else c1[c] for c in range(3)]
@@ -314,15 +314,13 @@ def _box_edge(g1, g2, rot, pos21, i, j):
         p2 = [c2[c] + d2[c] * t for c in range(3)]
         dp = [p2[c] - p1[c] for c in range(3)]
         gap2 = dp[0] * dp[0] + dp[1] * dp[1] + dp[2] * dp[2]
-        okv = (amb1 >= 0) if f1 else True
-        okv = (okv & (amb2 >= 0)) if f2 else okv
-        if k == 0:
-            best, w1, w2 = gap2, p1, p2
-            continue
-        win = okv & (gap2 < best)
-        best = jnp.where(win, gap2, best)
-        w1 = [jnp.where(win, p1[c], w1[c]) for c in range(3)]
-        w2 = [jnp.where(win, p2[c], w2[c]) for c in range(3)]
+        if f1 or f2:                # a flipped corner exists only where ambiguous
+            okv = (amb1 >= 0) & (amb2 >= 0) if f1 and f2 else (amb1 >= 0 if f1 else
+                                                                  amb2 >= 0)
+            gap2 = jnp.where(okv, gap2, jnp.inf)
+        gaps.append(gap2)
+        ends.append((p1, p2))
+    _, (w1, w2) = _first_best(gaps, ends, jnp.less)
     dist = sum((w2[c] - w1[c]) * ax[c] for c in range(3))
     mid = [0.5 * (w1[c] + w2[c]) for c in range(3)]
     mat = g1.mat
@@ -380,11 +378,8 @@ def box_box(g1, g2, margin):
     sep2 = jnp.abs(pos12) - s2 - _rot_t(rabs, s1)
     seps = jnp.concatenate([sep1, sep2])
     separated = jnp.any(seps > septol)
-    # first maximum by selects (an argmax and a gather are kernels of their own)
-    code, sep_face = jnp.asarray(0, jnp.int32), seps[0]
-    for k in range(1, 6):
-        win = seps[k] > sep_face
-        code, sep_face = jnp.where(win, k, code), jnp.where(win, seps[k], sep_face)
+    sep_face, code = _first_best([seps[k] for k in range(6)],
+                                 [jnp.asarray(k, jnp.int32) for k in range(6)], jnp.greater)
     code_face = code
     sep_best = sep_face
     # edge-cross axes e_i x rot[:, j], all nine at once (box1 frame, component i zero)
@@ -423,7 +418,7 @@ def box_box(g1, g2, margin):
 
     # edge axis nearly parallel to the best face axis: prefer the face
     is_edge = code >= 6
-    ei, ej = _divmod3(jnp.where(is_edge, code - 6, 0))
+    ei, ej = _divmod_small(jnp.where(is_edge, code - 6, 0), 3, 3)
     rcol = _pick3(rot.T, ej)
     rot_e = _pick3(rcol, _prev3(ei)), _pick3(rcol, _next3(ei))
     eaxis = _onehot(_next3(ei), dt) * -rot_e[0] + _onehot(_prev3(ei), dt) * rot_e[1]
@@ -439,7 +434,7 @@ def box_box(g1, g2, margin):
 
     # edge-edge contact for the winning (i, j) (dynamic indices)
     eidx = jnp.clip(code - 6, 0, 8)
-    e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod3(eidx))
+    e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod_small(eidx, 3, 3))
     e_valid = is_edge & ~separated & (e_dist <= septol)
 
     # face contact
@@ -456,8 +451,7 @@ def box_box(g1, g2, margin):
     posref = jnp.where(ref1, g1.pos, g2.pos)
     sgn = jnp.where(_sel3(a, posoi) >= 0, 1.0, -1.0)
     ra = [jnp.abs(_sel3(a, [rinc[0][c], rinc[1][c], rinc[2][c]])) for c in range(3)]
-    binc = jnp.where((ra[0] >= ra[1]) & (ra[0] >= ra[2]), 0,
-                     jnp.where(ra[1] >= ra[2], 1, 2))              # first maximum
+    _, binc = _first_best(ra, [jnp.asarray(k, jnp.int32) for k in range(3)], jnp.greater)
     ax, ay = _next3(a), _prev3(a)
     bu, bv = _next3(binc), _prev3(binc)
     # the (ax, ay, a) components: picks of a traced cyclic shift
@@ -528,10 +522,24 @@ def _prev3(i):
     return jnp.where(i >= 1, i - 1, i + 2)
 
 
-def _divmod3(k):
-    """(k // 3, k % 3) for a traced index in 0..8 by compares (see :func:`_next3`)."""
-    q = (k >= 3).astype(k.dtype) + (k >= 6).astype(k.dtype)
-    return q, k - 3 * q
+def _divmod_small(k, d, nq):
+    """(k // d, k % d) for a traced index k in 0..d * nq - 1 by compares (see
+    :func:`_next3`): integer division and remainder are 'expensive' to XLA."""
+    q = sum((k >= d * t).astype(k.dtype) for t in range(1, nq))
+    return q, k - d * q
+
+
+def _first_best(vals, items, better):
+    """(best value, its item) of the scalars ``vals`` in order, ``better(new, old)``
+    strict (ties keep the first, as MuJoCo's sequential scans); ``items`` are pytrees
+    of one structure. By selects: an argmin/argmax and a gather of the item are
+    kernels of their own on CPU."""
+    best, item = vals[0], items[0]
+    for v, it in zip(vals[1:], items[1:]):
+        win = better(v, best)
+        best = jnp.where(win, v, best)
+        item = jax.tree_util.tree_map(lambda a, b: jnp.where(win, a, b), it, item)
+    return best, item
 
 
 def _pick3(v, i):
@@ -639,12 +647,9 @@ def capsule_box(g1, g2, margin):
     bestdist = jnp.where(win, d2k, bestdist)
     bsp = jnp.where(win, x2k, bsp)
     bbp = jnp.where(win, x1k, bbp)
-    # k // 4 and k % 4 (k in 0..11) by compares: integer division and remainder are
-    # 'expensive' to XLA, materialised (a kernel) for each consumer
-    jk = (k >= 4).astype(k.dtype) + (k >= 8).astype(k.dtype)
-    # corner id of edge k: its index r = k % 4 among the edges along j with a zero bit
-    # inserted at bit j (_CB_EDGE_I)
-    r = k - 4 * jk
+    # edge k's axis jk = k // 4 and its corner id: its index r = k % 4 among the edges
+    # along jk with a zero bit inserted at bit jk (_CB_EDGE_I)
+    jk, r = _divmod_small(k, 4, 3)
     ik = ((r >> jk) << (jk + 1)) | (r & ((1 << jk) - 1))
     clcorner = jnp.where(win, ik + (1 << jk) * (c1 >= 6).astype(c1.dtype), clcorner)
     cledge = jnp.where(win, jk, cledge)
