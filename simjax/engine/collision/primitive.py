@@ -275,13 +275,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     d2 = [_sel3(j, R[r]) for r in range(3)]                          # rot[:, j]
     u, v = -_sel3(i2, d2), _sel3(i1, d2)
     ax = [jnp.where(i1 == c, u, jnp.where(i2 == c, v, 0.0)) for c in range(3)]
-    # mju_normalize3 ((1, 0, 0) below mjMINVAL), safe to differentiate
-    nrm2 = ax[0] * ax[0] + ax[1] * ax[1] + ax[2] * ax[2]
-    ok = nrm2 > MINVAL * MINVAL
-    n = jnp.where(ok, jnp.sqrt(jnp.where(ok, nrm2, 1.0)), 0.0)
-    okn = n >= MINVAL
-    inv = 1 / jnp.where(okn, n, 1.0)
-    ax = [jnp.where(okn, ax[c] * inv, 1.0 if c == 0 else 0.0) for c in range(3)]
+    ax = _normalize3(ax)
     flip = ax[0] * p21[0] + ax[1] * p21[1] + ax[2] * p21[2] < 0
     ax = [jnp.where(flip, -x, x) for x in ax]
     a2 = [R[0][c] * ax[0] + R[1][c] * ax[1] + R[2][c] * ax[2] for c in range(3)]
@@ -551,6 +545,17 @@ def _pick3(v, i):
 def _sel3(k, v):
     """``v[k]`` of a list of three scalars for a traced index, by selects."""
     return jnp.where(k == 0, v[0], jnp.where(k == 1, v[1], v[2]))
+
+
+def _normalize3(v):
+    """mju_normalize3 of a list of three scalars ((1, 0, 0) below mjMINVAL), safe to
+    differentiate."""
+    sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
+    ok = sq > MINVAL * MINVAL
+    n = jnp.where(ok, jnp.sqrt(jnp.where(ok, sq, 1.0)), 0.0)
+    okn = n >= MINVAL
+    inv = 1 / jnp.where(okn, n, 1.0)
+    return [jnp.where(okn, v[c] * inv, 1.0 if c == 0 else 0.0) for c in range(3)]
 
 
 def _vec3(v):
