@@ -41,12 +41,12 @@ def test_divmod_small():
         np.testing.assert_array_equal(r, np.arange(d * nq) % d)
 
 
-def test_next_prev_sel3():
+def test_next_prev_pick3():
     i = jnp.arange(3, dtype=jnp.int32)
     np.testing.assert_array_equal(P._next3(i), (np.arange(3) + 1) % 3)
     np.testing.assert_array_equal(P._prev3(i), (np.arange(3) + 2) % 3)
     v = [jnp.asarray(10.0), jnp.asarray(-20.0), jnp.asarray(30.0)]
-    assert [float(P._sel3(k, v)) for k in range(3)] == [10.0, -20.0, 30.0]
+    assert [float(P._pick3(v, k)) for k in range(3)] == [10.0, -20.0, 30.0]
     np.testing.assert_array_equal(P._vec3(v), [10.0, -20.0, 30.0])
 
 

@@ -265,30 +265,30 @@ def _onehot(i, dtype):
 def _box_edge(g1, g2, rot, pos21, i, j):
     """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal).
     Written on component lists (scalars): picks of traced components by selects
-    (:func:`_sel3`), no stacked vectors (on CPU a stacked vector with several users, or
+    (:func:`_pick3`), no stacked vectors (on CPU a stacked vector with several users, or
     a vmapped gather, is a kernel of its own)."""
     s1 = [g1.size[c] for c in range(3)]
     s2 = [g2.size[c] for c in range(3)]
     R = [[rot[r, c] for c in range(3)] for r in range(3)]
     p21 = [pos21[c] for c in range(3)]
     i1, i2, j1, j2 = _next3(i), _prev3(i), _next3(j), _prev3(j)
-    d2 = [_sel3(j, R[r]) for r in range(3)]                          # rot[:, j]
-    u, v = -_sel3(i2, d2), _sel3(i1, d2)
+    d2 = [_pick3(R[r], j) for r in range(3)]                          # rot[:, j]
+    u, v = -_pick3(d2, i2), _pick3(d2, i1)
     ax = [jnp.where(i1 == c, u, jnp.where(i2 == c, v, 0.0)) for c in range(3)]
     ax = _normalize3(ax)
     flip = ax[0] * p21[0] + ax[1] * p21[1] + ax[2] * p21[2] < 0
     ax = [jnp.where(flip, -x, x) for x in ax]
     a2 = [R[0][c] * ax[0] + R[1][c] * ax[1] + R[2][c] * ax[2] for c in range(3)]
-    amb1 = jnp.where(jnp.abs(_sel3(i1, ax)) < _SGNEPS, i1,
-                     jnp.where(jnp.abs(_sel3(i2, ax)) < _SGNEPS, i2, -1))
-    amb2 = jnp.where(jnp.abs(_sel3(j1, a2)) < _SGNEPS, j1,
-                     jnp.where(jnp.abs(_sel3(j2, a2)) < _SGNEPS, j2, -1))
-    b = _sel3(i, d2)
+    amb1 = jnp.where(jnp.abs(_pick3(ax, i1)) < _SGNEPS, i1,
+                     jnp.where(jnp.abs(_pick3(ax, i2)) < _SGNEPS, i2, -1))
+    amb2 = jnp.where(jnp.abs(_pick3(a2, j1)) < _SGNEPS, j1,
+                     jnp.where(jnp.abs(_pick3(a2, j2)) < _SGNEPS, j2, -1))
+    b = _pick3(d2, i)
     small = 1 - b * b < MINVAL
     idenom = 1 / jnp.where(small, 1.0, 1 - b * b)
     c1 = [jnp.where(i == c, 0.0, jnp.where(ax[c] >= 0, s1[c], -s1[c])) for c in range(3)]
     cc = [jnp.where(j == c, 0.0, jnp.where(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
-    s1i, s2j = _sel3(i, s1), _sel3(j, s2)
+    s1i, s2j = _pick3(s1, i), _pick3(s2, j)
     # the four candidate edge pairs (the ambiguous corner of either edge flipped or
     # not); first minimum of the gap in MuJoCo's order
     gaps, ends = [], []
@@ -299,7 +299,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
         c2 = [R[r][0] * ccv[0] + R[r][1] * ccv[1] + R[r][2] * ccv[2] + p21[r]
               for r in range(3)]
         e = [c2[c] - c1v[c] for c in range(3)]
-        d1e, d2e = _sel3(i, e), e[0] * d2[0] + e[1] * d2[1] + e[2] * d2[2]
+        d1e, d2e = _pick3(e, i), e[0] * d2[0] + e[1] * d2[1] + e[2] * d2[2]
         sp = jnp.where(small, 0.0, (d1e - b * d2e) * idenom)
         sp = jnp.clip(sp, -s1i, s1i)
         t = jnp.clip(b * sp - d2e, -s2j, s2j)
@@ -423,7 +423,7 @@ def box_box(g1, g2, margin):
     subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
                                           + MINVAL)
     code = jnp.where(subst, code_face, code)
-    code, separated = once(code), once(separated)
+    code, separated = once(code, separated)
     is_edge = code >= 6
 
     # edge-edge contact for the winning (i, j) (dynamic indices)
@@ -443,25 +443,25 @@ def box_box(g1, g2, margin):
     rinc = [[jnp.where(ref1, rot[r, c], rot[c, r]) for c in range(3)] for r in range(3)]
     matref = jnp.where(ref1, g1.mat, g2.mat)
     posref = jnp.where(ref1, g1.pos, g2.pos)
-    sgn = jnp.where(_sel3(a, posoi) >= 0, 1.0, -1.0)
-    ra = [jnp.abs(_sel3(a, [rinc[0][c], rinc[1][c], rinc[2][c]])) for c in range(3)]
+    sgn = jnp.where(_pick3(posoi, a) >= 0, 1.0, -1.0)
+    ra = [jnp.abs(_pick3([rinc[0][c], rinc[1][c], rinc[2][c]], a)) for c in range(3)]
     _, binc = _first_best(ra, [jnp.asarray(k, jnp.int32) for k in range(3)], jnp.greater)
     ax, ay = _next3(a), _prev3(a)
     bu, bv = _next3(binc), _prev3(binc)
     # the (ax, ay, a) components: picks of a traced cyclic shift
-    cyc = lambda v: [_sel3(ax, v), _sel3(ay, v), _sel3(a, v)]
-    rcinc = lambda bb: cyc([_sel3(bb, rinc[r]) for r in range(3)])  # rinc[(ax,ay,a), bb]
+    cyc = lambda v: [_pick3(v, ax), _pick3(v, ay), _pick3(v, a)]
+    rcinc = lambda bb: cyc([_pick3(rinc[r], bb) for r in range(3)])  # rinc[(ax,ay,a), bb]
     rb = rcinc(binc)
     tinc = jnp.where(sgn * rb[2] > 0, -1.0, 1.0)
-    tb = tinc * _sel3(binc, sizeinc)
+    tb = tinc * _pick3(sizeinc, binc)
     zs = [1.0, 1.0, sgn]
-    sra = _sel3(a, sizeref)
+    sra = _pick3(sizeref, a)
     cx = [(p + tb * r) * z for p, r, z in zip(cyc(posoi), rb, zs)]
     cx[2] = cx[2] - sra
-    su, sv = _sel3(bu, sizeinc), _sel3(bv, sizeinc)
+    su, sv = _pick3(sizeinc, bu), _pick3(sizeinc, bv)
     du = [su * r * z for r, z in zip(rcinc(bu), zs)]
     dv = [sv * r * z for r, z in zip(rcinc(bv), zs)]
-    sx, sy = _sel3(ax, sizeref), _sel3(ay, sizeref)
+    sx, sy = _pick3(sizeref, ax), _pick3(sizeref, ay)
     signs = np.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], np.float64)
     quad = (_vec3(cx)[None, :] + signs[:, :1].astype(dt) * _vec3(du)[None, :] +
             signs[:, 1:].astype(dt) * _vec3(dv)[None, :])                    # (4, 3)
@@ -537,14 +537,9 @@ def _first_best(vals, items, better):
 
 
 def _pick3(v, i):
-    """``v[i]`` of a 3-vector for a traced index, by selects (a vmapped gather is a
-    separate slow kernel on CPU)."""
+    """``v[i]`` of a 3-vector, or of a list of three scalars, for a traced index, by
+    selects (a vmapped gather is a separate slow kernel on CPU)."""
     return jnp.where(i == 0, v[0], jnp.where(i == 1, v[1], v[2]))
-
-
-def _sel3(k, v):
-    """``v[k]`` of a list of three scalars for a traced index, by selects."""
-    return jnp.where(k == 0, v[0], jnp.where(k == 1, v[1], v[2]))
 
 
 def _normalize3(v):
