@@ -752,10 +752,10 @@ def _chunked(fn, args, ok, count):
     the chunks of the passing pairs (compacted in order by :func:`first_k`), each a
     ``lax.cond`` on whether any world has a passing pair in it (:func:`batch_max`), so
     that the collider is compiled once and runs only on chunks that hold passing
-    pairs. A chunk's arguments are gathered inside its branch (gathering or packing
-    the arguments of all pairs up front costs more than the skipped chunks save:
-    measured 2-3x the group's time on the shadow hand's 120 capsule-box pairs); its
-    output leaves one packed array (:func:`_pack`). Returns (the packed collider output,
+    pairs. A chunk's arguments are gathered inside its branch by one gather of the
+    group's arguments packed side by side (:func:`_pack`: one gather kernel, not one
+    per argument; the pairs' poses are gathered up front anyway, for the bounding-box
+    filter); its output leaves one packed array. Returns (the packed collider output,
     which rows are passing pairs, the group-local pair of each row)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
