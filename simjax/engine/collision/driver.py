@@ -460,19 +460,40 @@ def _check_adhesion(m):
 
 
 # --------------------------------------------------------------------------- run time
-def _broadphase(m, d, g1, g2, margin):
-    """mj_filterSphere: bounding spheres, or plane vs bounding sphere."""
-    rb = jnp.asarray(m.geom_rbound, d.geom_xpos.dtype)
+def _broadphase(m, d, g1, g2, margin, rows=None):
+    """mj_filterSphere: bounding spheres, or plane vs bounding sphere. ``rows``: the
+    pairs' geoms as gathered by :func:`_pair_rows`, when they are."""
     gtype = np.asarray(m.geom_type)
-    p1, p2 = d.geom_xpos[g1], d.geom_xpos[g2]
-    r1, r2 = rb[g1], rb[g2]
+    if rows is None:
+        rows = _pair_rows(_pair_table(m, d, g1, g2, d.geom_xpos.dtype))
+    (p1, mat1, _, r1), (p2, _, _, r2) = rows
     dif = p1 - p2
-    sphere = jnp.sum(dif * dif, -1) <= (r1 + r2 + margin) ** 2
-    n1 = d.geom_xmat[g1][:, :, 2]
-    plane1 = jnp.sum((p2 - p1) * n1, -1) <= margin + r2
+    sphere = dot(dif, dif) <= (r1 + r2 + margin) ** 2
+    n1 = mat1[:, :, 2]
+    plane1 = dot(p2 - p1, n1) <= margin + r2
     out = jnp.where((r1 > 0) & (r2 > 0), sphere, jnp.where(
         jnp.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
     return out
+
+
+def _pair_table(m, d, g1, g2, ftype):
+    """(2n, 16) rows of both geoms of every pair (g1's rows, then g2's): xpos, xmat,
+    size, rbound, by one gather of a per-geom table (one kernel instead of one per
+    array and geom side); :func:`_pair_rows` slices them. Pass this array, not its
+    slices, into a branch or loop (their operands are stored, one kernel each)."""
+    ng = d.geom_xpos.shape[0]
+    table = jnp.concatenate([
+        d.geom_xpos, d.geom_xmat.reshape(ng, 9),
+        jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3)),
+        jnp.broadcast_to(jnp.asarray(m.geom_rbound, ftype), (ng,))[:, None]], 1)
+    return table[np.concatenate([g1, g2])]
+
+
+def _pair_rows(table):
+    """((xpos, xmat, size, rbound) of geom 1, the same of geom 2) from :func:`_pair_table`."""
+    n = table.shape[0] // 2
+    part = lambda r: (r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], r[:, 15])
+    return part(table[:n]), part(table[n:])
 
 
 def _geoms(m, d, g, sel, ftype):
@@ -520,12 +541,12 @@ CHEAP = (P.plane_sphere, P.plane_capsule, P.sphere_sphere, P.sphere_capsule, P.s
 _BOXED = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
 
 
-def _half_extent(m, d, g, ftype, pose=None):
+def _half_extent(m, d, g, ftype, pose=None, size=None):
     """(center (n, 3) world, half sizes (n, 3) geom frame) of the geoms' bounding
-    boxes: from geom_size for primitives (exact), geom_aabb for meshes. ``pose``:
-    the geoms' (xpos, xmat) when already gathered."""
+    boxes: from geom_size for primitives (exact), geom_aabb for meshes. ``pose``,
+    ``size``: the geoms' (xpos, xmat) and sizes when already gathered."""
     gtype = np.asarray(m.geom_type)[g]
-    size = jnp.asarray(m.geom_size, ftype)[g]
+    size = jnp.asarray(m.geom_size, ftype)[g] if size is None else size
     r = size[:, :1]
     # sphere (r, r, r), capsule (r, r, r + h), cylinder (r, r, h), ellipsoid/box sizes
     hs = jnp.where(jnp.asarray(gtype == GT.SPHERE)[:, None], jnp.broadcast_to(r, size.shape),
@@ -545,14 +566,14 @@ def _half_extent(m, d, g, ftype, pose=None):
     return pos, mat, hs
 
 
-def _box_filter(m, d, g1, g2, margin, pose1=None, pose2=None):
+def _box_filter(m, d, g1, g2, margin, pose1=None, pose2=None, size1=None, size2=None):
     """Separating-axis test of the two geoms' bounding boxes on their 6 face axes:
     False only when a face axis separates them by more than ``margin`` plus a 1e-3
     relative allowance (rounding, collider tolerances), so a rejected pair has no
     contact. Pairs with a geom without a box bound pass."""
     ftype = d.geom_xpos.dtype
-    c1, m1, h1 = _half_extent(m, d, g1, ftype, pose1)
-    c2, m2, h2 = _half_extent(m, d, g2, ftype, pose2)
+    c1, m1, h1 = _half_extent(m, d, g1, ftype, pose1, size1)
+    c2, m2, h2 = _half_extent(m, d, g2, ftype, pose2, size2)
     dc = c2 - c1
     # rot[p, i, j] = m1[:, i] . m2[:, j], written out (see common.dot)
     col = lambda mat, j: mat[:, :, j]
@@ -605,14 +626,17 @@ def _pair_cap(m, p, grp, split):
     return PAIRS_PER_SLOT * nslot + 16
 
 
-def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sel=None):
-    """The collider's arguments from the pairs' gathered poses (rows ``sel`` if given)."""
-    size = jnp.asarray(m.geom_size, ftype)
+def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sel=None, sizes=None):
+    """The collider's arguments from the pairs' gathered poses (rows ``sel`` if given)
+    and sizes (``sizes``: (size1, size2) when already gathered)."""
+    if sizes is None:
+        size = jnp.asarray(m.geom_size, ftype)
+        sizes = size[g1], size[g2]
     if sel is not None:
         pick = lambda x: x[sel]
-        return (Geom(*map(pick, pose1), size[jnp.asarray(g1)[sel]]),
-                Geom(*map(pick, pose2), size[jnp.asarray(g2)[sel]]), dm[sel])
-    geo1, geo2 = Geom(*pose1, size[g1]), Geom(*pose2, size[g2])
+        return (Geom(*map(pick, pose1), pick(sizes[0])),
+                Geom(*map(pick, pose2), pick(sizes[1])), dm[sel])
+    geo1, geo2 = Geom(*pose1, sizes[0]), Geom(*pose2, sizes[1])
     geo1, geo2 = convex.attach_meshes(m, fn, geo1, geo2, jnp.asarray(g1), jnp.asarray(g2),
                                       ftype, geoms=(g1, g2))
     return geo1, geo2, dm
@@ -636,12 +660,19 @@ def narrow_group(m, d, p, grp, det_margin, split):
     ftype = d.geom_xpos.dtype
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
     dm = det_margin[grp.cand]
-    ok = _broadphase(m, d, g1, g2, dm)
-    pose1, pose2 = (d.geom_xpos[g1], d.geom_xmat[g1]), (d.geom_xpos[g2], d.geom_xmat[g2])
+    table = _pair_table(m, d, g1, g2, ftype)
+    rows = _pair_rows(table)
+    ok = _broadphase(m, d, g1, g2, dm, rows)
+    pose1, pose2 = rows[0][:2], rows[1][:2]
+    sizes = rows[0][2], rows[1][2]
+
+    def args():          # sliced where used (inside the branches below)
+        r1, r2 = _pair_rows(table)
+        return _pose_args(m, grp.fn, g1, g2, dm, r1[:2], r2[:2], ftype,
+                          sizes=(r1[2], r2[2]))
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
-    args = lambda: _pose_args(m, grp.fn, g1, g2, dm, pose1, pose2, ftype)
     run = lambda: jax.vmap(grp.fn)(*args())
     if grp.fn in CHEAP:
         n, cap = len(grp.cand), _pair_cap(m, p, grp, split)
@@ -650,11 +681,12 @@ def narrow_group(m, d, p, grp, det_margin, split):
             return run(), ok, count, no, None
         ar = np.arange(n)
         sel = first_k(jnp.where(ok, ar, n + ar), cap)    # passing pairs, in order
-        pre = jax.vmap(grp.fn)(*_pose_args(m, grp.fn, g1, g2, dm, pose1, pose2, ftype, sel))
+        pre = jax.vmap(grp.fn)(*_pose_args(m, grp.fn, g1, g2, dm, pose1, pose2, ftype, sel,
+                                           sizes))
         return pre, jnp.arange(cap) < count, count, count > cap, sel
     gtype = np.asarray(m.geom_type)
     if np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)):
-        ok = ok & _box_filter(m, d, g1, g2, dm, pose1, pose2)
+        ok = ok & _box_filter(m, d, g1, g2, dm, pose1, pose2, *sizes)
     count = jnp.sum(ok)
     if _chunks(grp.fn, len(grp.cand)):
         # the chunk scan skipped whole when no world has a passing pair: its skipped
@@ -720,17 +752,18 @@ def _chunked(fn, args, ok, count):
     the chunks of the passing pairs (compacted in order by :func:`first_k`), each a
     ``lax.cond`` on whether any world has a passing pair in it (:func:`batch_max`), so
     that the collider is compiled once and runs only on chunks that hold passing
-    pairs. A chunk's arguments are gathered inside its branch (gathering or packing
-    the arguments of all pairs up front costs more than the skipped chunks save:
-    measured 2-3x the group's time on the shadow hand's 120 capsule-box pairs); its
-    output leaves one packed array (:func:`_pack`). Returns (the packed collider output,
+    pairs. A chunk's arguments are gathered inside its branch by one gather of the
+    group's arguments packed side by side (:func:`_pack`: one gather kernel, not one
+    per argument; the pairs' poses are gathered up front anyway, for the bounding-box
+    filter); its output leaves one packed array. Returns (the packed collider output,
     which rows are passing pairs, the group-local pair of each row)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
     ar = np.arange(n)
     sel = jnp.minimum(first_k(jnp.where(ok, ar, n + ar), nch * CHUNK), n - 1)
     most = batch_max(count)
-    take = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], args)
+    packed, unpack = _pack(args)
+    take = lambda idx: unpack(packed[idx])
     z_packed, _ = _pack(_pre_zeros(fn, take(np.arange(CHUNK))))
 
     def body(_, xs):

@@ -588,6 +588,7 @@ def capsule_box(g1, g2, margin):
     pos = _rot_t(g2.mat, g1.pos - g2.pos)
     axis = _rot_t(g2.mat, g1.mat[:, 2])
     ha = axis * hl
+    pos, axis, ha = once(pos, axis, ha)     # many users: stored in one kernel, not one each
     axisdir = ((ha[0] > 0).astype(jnp.int32) + 2 * (ha[1] > 0).astype(jnp.int32) +
                4 * (ha[2] > 0).astype(jnp.int32))
     bestdist = margin + 2 * (g1.size[0] + hl + (size[0] + size[1] + size[2]))
