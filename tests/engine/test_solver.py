@@ -345,30 +345,53 @@ def test_vmap_over_worlds():
 
 @pytest.mark.parametrize("fit", [True, False])
 def test_compact_rows(fit, monkeypatch):
-    """Newton iterates on the active rows gathered into a compact buffer: a buffer that
-    just fits them gives MuJoCo's solution, and one too small falls back to the full
-    rows (same solution)."""
+    """Newton iterates on the active rows gathered into chunks: one chunk that just
+    fits them gives MuJoCo's solution, and smaller chunks (two in use) the same."""
     from simjax.engine import constraint as C
     from simjax.engine import solver as S
+    from simjax.engine import solver_rows as R
     rel, edit, opts = CASES["ant_newton"]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
     lay = C.layout(m, C.slot_dims(d))
     spec = S.spec_from_layout(lay, m.nv)
     nact = int(np.sum(np.asarray(d.efc_active)))
     caps = (nact if fit else max(1, nact - 3), ())
-    _, _, overflow = S._compact(spec, S._problem(m, d, lay), caps)
-    assert bool(overflow) != fit
+    rows = R.gather(spec, S._problem(m, d, lay), caps)
+    assert int(rows.nact) == (1 if fit else 2)
     monkeypatch.setattr(S, "row_capacity", lambda spec: caps)
     cases = {"case": CASES["ant_newton"]}
     monkeypatch.setitem(globals(), "solve_jit", jax.jit(lambda m, d: S.fwd_constraint(m, d)))
     check_solve("case", cases)
 
 
+def test_chunks_under_vmap(monkeypatch):
+    """Worlds of a batch that use different numbers of row chunks (the chunk loop runs
+    to the largest count of the batch) each get the solution on the whole rows."""
+    from simjax.engine import solver as S
+    rel, edit, opts = CASES["ant_newton"]
+    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
+    on = np.nonzero(np.asarray(d.efc_active))[0]
+    off = on[:len(on) // 2]          # rows made inactive in the second world
+    d1 = d.replace(efc_active=d.efc_active.at[off].set(False),
+                   efc_D=d.efc_D.at[off].set(0.0), efc_J=d.efc_J.at[off].set(0.0))
+    batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), d, d1)
+    fwd = lambda m, d: S.fwd_constraint(m, d).qacc
+    monkeypatch.setattr(S, "row_capacity", lambda spec: (spec.nefc, ()))
+    want = [np.asarray(jax.jit(fwd)(m, x)) for x in (d, d1)]
+    caps = (max(1, len(on) // 3), ())
+    monkeypatch.setattr(S, "row_capacity", lambda spec: caps)
+    got = np.asarray(jax.jit(jax.vmap(fwd, in_axes=(None, 0)))(m, batch))
+    one = np.asarray(jax.jit(fwd)(m, d))
+    scale = max(1.0, np.abs(want[0]).max())
+    for w, g in zip(want + [want[0]], list(got) + [one]):
+        assert np.abs(g - w).max() / scale < 1e-12
+
+
 @pytest.mark.parametrize("n", [40, 1500])
 def test_first_true_matches_nonzero(n):
     """The compaction's index search (triangular product up to _TRIU_MAX rows, a scan
     beyond) returns jnp.nonzero's first k indices, padded with n, and the count."""
-    from simjax.engine.solver import _first_true
+    from simjax.engine.solver_rows import first_true as _first_true
     rng = np.random.default_rng(n)
     for p in (0.0, 0.05, 0.5, 1.0):
         a = rng.random(n) < p
