@@ -580,7 +580,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         if search_on:
             def evaluate(alpha):
                 tot, _ = over_chunks(rows, _eval_chunk, jnp.zeros((nisl, 6), Ma.dtype),
-                                     extra=_pair(jaref, rpre), args=alpha)
+                                     extra=(jaref, rpre), args=alpha)
                 return _eval_point(pre["qg"], alpha, tot)
 
             alpha, imp = _linesearch(evaluate, nisl, Ma.dtype, gtol, ls_iterations,
@@ -597,7 +597,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         hess = newton and hessian
         acc = (jnp.zeros_like(qacc), M) if hess else (jnp.zeros_like(qacc),)
         acc, jaref_new = over_chunks(rows, functools.partial(_update_chunk, hess), acc,
-                                     extra=_pair(jaref, _key(rpre, "Jv")),
+                                     extra=(jaref, rpre["Jv"]),
                                      args=(alpha, take),
                                      jac=True)
         grad = Ma - p["qfrc_smooth"] - acc[0]
@@ -679,16 +679,6 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
                                lambda c: pack(body(unpack(c))), pack(s))
         s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
-
-
-def _pair(*chunked):
-    """(head, tail) values of :class:`simjax.engine.solver_rows.Rows` zipped into one."""
-    tails = tuple(c[1] for c in chunked)
-    return tuple(c[0] for c in chunked), (None if tails[0] is None else tails)
-
-
-def _key(chunked, key):
-    return tuple(None if c is None else c[key] for c in chunked)
 
 
 def _prepare_chunk(spec, x, jaref, J, search, acc):

@@ -74,15 +74,14 @@ _FILL = {"aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False}
 class Rows:
     """The rows of a primal problem in ``nchunk`` chunks of the layout ``spec`` (a
     :class:`simjax.engine.solver.Spec` of one chunk; its masks are per-chunk entries
-    where the rows were gathered, else static). Per-chunk values are (head, tail)
-    pairs: the head chunk 0 (always in use), the tail the other chunks (leading axis,
-    None with one chunk): ``x`` the per-row problem entries (``mu`` / ``fr`` tuples per
-    elliptic block, ``idx`` the source rows); ``nact`` the chunks in use (traced);
-    ``J0`` the Jacobian rows of chunk 0 and ``J`` the full Jacobian (the rows of later
-    chunks are gathered when visited: no copy of the Jacobian for chunks rarely used)."""
+    where the rows were gathered, else static). ``x``: per-row problem entries, leading
+    axis the chunk (``mu`` / ``fr`` tuples per elliptic block, ``idx`` the source
+    rows); ``nact`` the chunks in use (traced, at least 1); ``J0`` the Jacobian rows of
+    chunk 0 and ``J`` the full Jacobian (the rows of later chunks are gathered when
+    visited: no copy of the Jacobian for chunks rarely used)."""
     spec: object
     nchunk: int
-    x: tuple
+    x: dict
     nact: object
     J0: object
     J: object = None
@@ -127,19 +126,16 @@ def gather(spec, p, caps):
     cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
                                 nefc=row)
     J0 = jnp.take(p["J"], idx[0], axis=0, mode="fill", fill_value=0.0)
-    x = jax.tree_util.tree_map(lambda a: a[0], xs), jax.tree_util.tree_map(lambda a: a[1:], xs)
-    if nchunk == 1:
-        x = x[0], None
-    return Rows(cspec, nchunk, x, jnp.maximum(nact, 1).astype(jnp.int32), J0, p["J"])
+    return Rows(cspec, nchunk, xs, jnp.maximum(nact, 1).astype(jnp.int32), J0, p["J"])
 
 
 def whole(spec, p):
     """All rows of ``p`` as a single chunk (static masks: no gather)."""
-    x = {key: p[key] for key in _FILL}
-    x.update(mu=p["mu"], fr=p["fr"])
+    x = {key: p[key][None] for key in _FILL}
+    x.update(mu=tuple(a[None] for a in p["mu"]), fr=tuple(a[None] for a in p["fr"]))
     if "rowisl" in p:
-        x["rowisl"] = p["rowisl"]
-    return Rows(spec, 1, (x, None), jnp.ones((), jnp.int32), p["J"])
+        x["rowisl"] = p["rowisl"][None]
+    return Rows(spec, 1, x, jnp.ones((), jnp.int32), p["J"])
 
 
 def _chunk_spec(spec, x):
@@ -154,24 +150,19 @@ def _index(tree, c, axis):
         lambda a, ax: jax.lax.dynamic_index_in_dim(a, c, ax, keepdims=False), tree, axis)
 
 
-def _loop(fn, nchunk, n, xs, args, acc, batch=None):
+def _loop(fn, n, xs, args, acc, outs, batch=None):
     """acc, outs = fold of fn(c, x_c, args, acc) -> (acc, out_c) over the chunks
-    c < n of xs (leading axis nchunk); ``batch``: None, or (size, batched flags of xs,
-    args, acc) inside the vmap rule (fn then runs vmapped, with an unbatched counter)."""
+    1 <= c < n of xs, out_c written to chunk c of outs (leading axis the chunk);
+    ``batch``: None, or the batched flags of (xs, args) inside the vmap rule (fn then
+    runs vmapped over worlds, with an unbatched chunk counter; acc, outs batched)."""
     if batch is None:
-        g, xaxis = fn, jax.tree_util.tree_map(lambda _: 0, xs)
+        g, xaxis, cax = fn, jax.tree_util.tree_map(lambda _: 0, xs), 0
     else:
-        size, xb, ab, accb = batch
+        xb, ab = batch
         ax = lambda b: jax.tree_util.tree_map(lambda f: 0 if f else None, b)
         g = jax.vmap(fn, in_axes=(None, ax(xb), ax(ab), 0))
         xaxis = jax.tree_util.tree_map(lambda f: 1 if f else 0, xb)
-        acc = jax.tree_util.tree_map(
-            lambda a, f: a if f else jnp.broadcast_to(a, (size,) + a.shape), acc, accb)
-    x0 = _index(xs, jnp.zeros((), jnp.int32), xaxis)
-    _, out0 = jax.eval_shape(g, jnp.zeros((), jnp.int32), x0, args, acc)
-    cax = 0 if batch is None else 1
-    outs = jax.tree_util.tree_map(
-        lambda o: jnp.zeros(o.shape[:cax] + (nchunk,) + o.shape[cax:], o.dtype), out0)
+        cax = 1
 
     def body(s):
         c, acc, outs = s
@@ -181,43 +172,57 @@ def _loop(fn, nchunk, n, xs, args, acc, batch=None):
         return c + 1, acc, outs
 
     _, acc, outs = jax.lax.while_loop(lambda s: s[0] < n, body,
-                                      (jnp.zeros((), jnp.int32), acc, outs))
+                                      (jnp.ones((), jnp.int32), acc, outs))
     return acc, outs
 
 
-def over_chunks(rows, fn, acc, extra=((), None), args=(), jac=False):
-    """Fold over the chunks in use: ``acc, out_c = fn(spec_c, x_c, e_c, J_c, args,
-    acc)`` for chunk 0, then for the other chunks in use (a loop, usually of no
-    iteration), with ``x_c`` chunk ``c`` of the problem rows, ``e_c`` of ``extra``
-    ((head, tail) as :class:`Rows`), ``spec_c`` its row structure and ``J_c`` its
-    Jacobian rows (None unless ``jac``). Returns (acc, (out head, out tail)), the tail
-    zero past the chunks in use. ``fn`` must close over no traced value: pass them in
-    ``args``."""
+def over_chunks(rows, fn, acc, extra=(), args=(), jac=False):
+    """Fold over the chunks in use, c < rows.nact: ``acc, out_c = fn(spec_c, x_c, e_c,
+    J_c, args, acc)`` with ``x_c`` chunk ``c`` of the problem rows, ``e_c`` of
+    ``extra`` (leading axis the chunk), ``spec_c`` its row structure and ``J_c`` its
+    Jacobian rows (None unless ``jac``). Returns (acc, outs), outs with leading axis
+    the chunk (zero past the chunks in use). ``fn`` must close over no traced value:
+    pass them in ``args``.
+
+    Chunk 0 runs inline on the Jacobian rows gathered once (``rows.J0``), the others in
+    a loop that usually runs no iteration, their Jacobian rows gathered when visited.
+    (Every chunk in the loop compiles about 1 s faster on the humanoid but runs the
+    solve 2x slower: XLA CPU gathers are slow, and the loop's chunk 0 needs its
+    Jacobian rows either gathered on every visit or copied out of a conditional.)"""
     spec = rows.spec
-    x0, xt = rows.x
-    e0, et = extra
-    acc, out0 = fn(_chunk_spec(spec, x0), x0, e0, rows.J0 if jac else None, args, acc)
-    if rows.nchunk == 1:
-        return acc, (out0, None)
+    nchunk = rows.nchunk
+    xs = (rows.x, extra)
 
     def inner(c, xe, a, acc):
-        (x, e), (user, J) = xe, a
-        if J is not None:
-            J = jnp.take(J, x["idx"], axis=0, mode="fill", fill_value=0.0)
+        (x, e), (user, jac) = xe, a
+        J = None
+        if jac is not None:
+            J0, J = jac
+            if J is None or isinstance(c, int):
+                J = J0
+            else:
+                J = jnp.take(J, x["idx"], axis=0, mode="fill", fill_value=0.0)
         return fn(_chunk_spec(spec, x), x, e, J, user, acc)
 
-    nt = rows.nchunk - 1
+    a = (args, (rows.J0, rows.J) if jac else None)
+    acc, out0 = inner(0, jax.tree_util.tree_map(lambda v: v[0], xs), a, acc)
+    if nchunk == 1:
+        return acc, jax.tree_util.tree_map(lambda o: o[None], out0)
+    outs = jax.tree_util.tree_map(
+        lambda o: jnp.zeros((nchunk,) + o.shape, o.dtype).at[0].set(o), out0)
 
     @jax.custom_batching.custom_vmap
-    def run(n, xs, a, acc):
-        return _loop(inner, nt, n, xs, a, acc)
+    def run(n, xs, a, acc, outs):
+        return _loop(inner, n, xs, a, acc, outs)
 
     @run.def_vmap
-    def _rule(size, flags, n, xs, a, acc):
-        nb, xb, ab, accb = flags
-        out = _loop(inner, nt, jnp.max(n) if nb else n, xs, a, acc,
-                    batch=(size, xb, ab, accb))
+    def _rule(size, flags, n, xs, a, acc, outs):
+        nb, xb, ab, accb, ob = flags
+        # the accumulators and outputs are updated per world: batched
+        acc, outs = jax.tree_util.tree_map(
+            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
+            (acc, outs), (accb, ob))
+        out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, outs, batch=(xb, ab))
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
-    acc, outt = run(rows.nact - 1, (xt, et), (args, rows.J if jac else None), acc)
-    return acc, (out0, outt)
+    return run(rows.nact, xs, a, acc, outs)
