@@ -209,6 +209,25 @@ def test_islands_match_mujoco(solver, islands):
                 assert abs(float(ours) - theirs) < 1e-6 * abs(theirs), (i, ours, theirs)
 
 
+def test_islands_in_chunks(monkeypatch):
+    """Islands with the active rows in several small chunks (rows of an island in
+    different chunks): CG's iterates as MuJoCo's (the iteration count of every island)
+    and forces to 1e-10 relative, as on one chunk."""
+    from simjax.engine import solver as S
+    from simjax.engine import solver_rows as R
+    monkeypatch.setattr(S, "row_capacity",
+                        lambda spec: (4, tuple(2 for _ in spec.ell)))
+    monkeypatch.setitem(globals(), "solve_jit", jax.jit(lambda m, d: S.fwd_constraint(m, d)))
+    calls = []
+    gather = R.gather
+    monkeypatch.setattr(S, "gather_rows", lambda *a: calls.append(gather(*a)) or calls[-1])
+    mjd, slot, out = _island_solve(CG, True)
+    assert calls and calls[0].nchunk > 2 and mjd.nefc > 8     # three chunks in use at least
+    np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
+    np.testing.assert_array_equal(mjd.solver_niter[:4], ISLAND_NITER[(CG, True)])
+    check_solution(mjd, slot, out, 1e-10)
+
+
 def test_newton_one_iteration_matches_mujoco():
     """Newton with iterations=1 (the bench models' setting; simjax unrolls the first
     pass and one iteration, without the Hessian factor after it) on the four-island
@@ -343,23 +362,28 @@ def test_vmap_over_worlds():
     assert np.abs(np.asarray(out.qacc[1]) - np.asarray(other.qacc)).max() / scale < 1e-12
 
 
+@pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
 @pytest.mark.parametrize("fit", [True, False])
-def test_compact_rows(fit, monkeypatch):
+def test_compact_rows(case, fit, monkeypatch):
     """Newton iterates on the active rows gathered into chunks: one chunk that just
-    fits them gives MuJoCo's solution, and smaller chunks (two in use) the same."""
+    fits them gives MuJoCo's solution, and smaller chunks (several in use) the same."""
     from simjax.engine import constraint as C
     from simjax.engine import solver as S
     from simjax.engine import solver_rows as R
-    rel, edit, opts = CASES["ant_newton"]
+    rel, edit, opts = CASES[case]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
     lay = C.layout(m, C.slot_dims(d))
     spec = S.spec_from_layout(lay, m.nv)
-    nact = int(np.sum(np.asarray(d.efc_active)))
-    caps = (nact if fit else max(1, nact - 3), ())
+    act = np.asarray(d.efc_active)
+    ns = int(act[~R.ell_mask(spec)].sum())
+    ne = [int(act[st:st + n * dim:dim].sum()) for st, n, dim in spec.ell]
+    less = 0 if fit else 2
+    caps = (max(1, ns - less), tuple(max(1, k - less) for k in ne))
+    assert fit or ns > 2 or any(k > 2 for k in ne)
     rows = R.gather(spec, S._problem(m, d, lay), caps)
-    assert int(rows.nact) == (1 if fit else 2)
+    assert (int(rows.nact) == 1) == fit
     monkeypatch.setattr(S, "row_capacity", lambda spec: caps)
-    cases = {"case": CASES["ant_newton"]}
+    cases = {"case": CASES[case]}
     monkeypatch.setitem(globals(), "solve_jit", jax.jit(lambda m, d: S.fwd_constraint(m, d)))
     check_solve("case", cases)
 
