@@ -74,22 +74,42 @@ _FILL = {"aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False}
 class Rows:
     """The rows of a primal problem in ``nchunk`` chunks of the layout ``spec`` (a
     :class:`simjax.engine.solver.Spec` of one chunk; its masks are per-chunk entries
-    where the rows were gathered, else static). ``x``: per-row problem entries, leading
-    axis the chunk (``mu`` / ``fr`` tuples per elliptic block, ``idx`` the source
-    rows); ``nact`` the chunks in use (traced, at least 1); ``J0`` the Jacobian rows of
-    chunk 0 and ``J`` the full Jacobian (the rows of later chunks are gathered when
-    visited: no copy of the Jacobian for chunks rarely used)."""
+    where the rows were gathered, else static). ``x0``: the per-row problem entries of
+    chunk 0 (``mu`` / ``fr`` tuples per elliptic block) and ``J0`` its Jacobian rows,
+    gathered once; ``nact`` the chunks in use (traced, at least 1). The later chunks
+    are gathered when visited (usually never) from ``src`` (the problem's per-row
+    entries, full Jacobian ``J``) at ``idx`` (source rows (nchunk, rows)) and ``pos``
+    (source contacts (nchunk, contacts) per elliptic block): XLA CPU gathers are slow,
+    and gathering every chunk up front cost the humanoid / shadow hand solves 10-50%."""
     spec: object
     nchunk: int
-    x: dict
+    x0: dict
     nact: object
     J0: object
-    J: object = None
+    src: dict = None
+    idx: object = None
+    pos: tuple = ()
+
+
+def _take_chunk(nisl, src, idx, pos):
+    """Chunk entries at source rows ``idx`` and elliptic contacts ``pos`` (fill:
+    padding rows, inactive one-sided rows)."""
+    take = lambda x, fill: jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
+    x = {key: take(src[key], fill) for key, fill in _FILL.items()}
+    x.update(eq=take(src["eq"], False), fric=take(src["fric"], False),
+             ineq=take(src["ineq"], True),
+             mu=tuple(jnp.take(mu, ps, mode="fill", fill_value=1.0)
+                      for mu, ps in zip(src["mu"], pos)),
+             fr=tuple(jnp.take(fr, ps, axis=0, mode="fill", fill_value=1.0)
+                      for fr, ps in zip(src["fr"], pos)))
+    if "rowisl" in src:
+        x["rowisl"] = take(src["rowisl"], nisl)
+    return x
 
 
 def gather(spec, p, caps):
-    """The active rows of problem ``p`` (row structure ``spec``) gathered into the
-    chunks of :class:`Rows`, chunk sizes ``caps`` (:func:`row_capacity`)."""
+    """The active rows of problem ``p`` (row structure ``spec``) in the chunks of
+    :class:`Rows`, chunk sizes ``caps`` (:func:`row_capacity`)."""
     ks, ke = caps
     nefc = spec.nefc
     act = p["active"]
@@ -101,41 +121,35 @@ def gather(spec, p, caps):
     idx = [jnp.take(jnp.asarray(srows, jnp.int32), pos, mode="fill",
                     fill_value=nefc).reshape(nchunk, ks)]
     nact = -(-cnt // ks) if ks else jnp.zeros((), jnp.int32)
-    ell, mus, frs = [], [], []
+    ell, cpos = [], []
     row = ks
-    for (start, n, dim), k, mu, fr in zip(spec.ell, ke, p["mu"], p["fr"]):
+    for (start, n, dim), k in zip(spec.ell, ke):
         pos, cnt = first_true(act[start:start + n * dim:dim], nchunk * k)
         rows = start + pos[:, None] * dim + np.arange(dim)
         idx.append(jnp.where(pos[:, None] < n, rows, nefc).reshape(nchunk, k * dim))
-        mus.append(jnp.take(mu, pos, mode="fill", fill_value=1.0).reshape(nchunk, k))
-        frs.append(jnp.take(fr, pos, axis=0, mode="fill",
-                            fill_value=1.0).reshape(nchunk, k, dim - 1))
+        cpos.append(pos.reshape(nchunk, k))
         nact = jnp.maximum(nact, -(-cnt // k))
         ell.append((row, k, dim))
         row += k * dim
     # materialised once: fused into the gathers, the index search would be recomputed
     # for every gathered element
-    idx = jax.lax.optimization_barrier(jnp.concatenate(idx, 1))
-    take = lambda x, fill: jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
-    xs = {key: take(p[key], fill) for key, fill in _FILL.items()}
-    xs.update(mu=tuple(mus), fr=tuple(frs), idx=idx,
-              eq=take(jnp.asarray(spec.eq), False), fric=take(jnp.asarray(spec.fric), False),
-              ineq=take(jnp.asarray(spec.ineq), True))
-    if "rowisl" in p:
-        xs["rowisl"] = take(p["rowisl"], spec.nisl)
+    idx, cpos = jax.lax.optimization_barrier((jnp.concatenate(idx, 1), tuple(cpos)))
+    src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
+    src.update(eq=jnp.asarray(spec.eq), fric=jnp.asarray(spec.fric),
+               ineq=jnp.asarray(spec.ineq))
+    x0 = _take_chunk(spec.nisl, src, idx[0], tuple(c[0] for c in cpos))
     cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
                                 nefc=row)
     J0 = jnp.take(p["J"], idx[0], axis=0, mode="fill", fill_value=0.0)
-    return Rows(cspec, nchunk, xs, jnp.maximum(nact, 1).astype(jnp.int32), J0, p["J"])
+    src["J"] = p["J"]
+    return Rows(cspec, nchunk, x0, jnp.maximum(nact, 1).astype(jnp.int32), J0, src, idx,
+                cpos)
 
 
 def whole(spec, p):
     """All rows of ``p`` as a single chunk (static masks: no gather)."""
-    x = {key: p[key][None] for key in _FILL}
-    x.update(mu=tuple(a[None] for a in p["mu"]), fr=tuple(a[None] for a in p["fr"]))
-    if "rowisl" in p:
-        x["rowisl"] = p["rowisl"][None]
-    return Rows(spec, 1, x, jnp.ones((), jnp.int32), p["J"])
+    x0 = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
+    return Rows(spec, 1, x0, jnp.ones((), jnp.int32), p["J"])
 
 
 def _chunk_spec(spec, x):
@@ -178,38 +192,37 @@ def _loop(fn, n, xs, args, acc, outs, batch=None):
 
 def over_chunks(rows, fn, acc, extra=(), args=(), jac=False):
     """Fold over the chunks in use, c < rows.nact: ``acc, out_c = fn(spec_c, x_c, e_c,
-    J_c, args, acc)`` with ``x_c`` chunk ``c`` of the problem rows, ``e_c`` of
-    ``extra`` (leading axis the chunk), ``spec_c`` its row structure and ``J_c`` its
+    J_c, args, acc)`` with ``x_c`` the problem rows of chunk ``c``, ``e_c`` chunk ``c``
+    of ``extra`` (leading axis the chunk), ``spec_c`` its row structure and ``J_c`` its
     Jacobian rows (None unless ``jac``). Returns (acc, outs), outs with leading axis
     the chunk (zero past the chunks in use). ``fn`` must close over no traced value:
     pass them in ``args``.
 
-    Chunk 0 runs inline on the Jacobian rows gathered once (``rows.J0``), the others in
-    a loop that usually runs no iteration, their Jacobian rows gathered when visited.
-    (Every chunk in the loop compiles about 1 s faster on the humanoid but runs the
-    solve 2x slower: XLA CPU gathers are slow, and the loop's chunk 0 needs its
-    Jacobian rows either gathered on every visit or copied out of a conditional.)"""
-    spec = rows.spec
-    nchunk = rows.nchunk
-    xs = (rows.x, extra)
-
-    def inner(c, xe, a, acc):
-        (x, e), (user, jac) = xe, a
-        J = None
-        if jac is not None:
-            J0, J = jac
-            if J is None or isinstance(c, int):
-                J = J0
-            else:
-                J = jnp.take(J, x["idx"], axis=0, mode="fill", fill_value=0.0)
-        return fn(_chunk_spec(spec, x), x, e, J, user, acc)
-
-    a = (args, (rows.J0, rows.J) if jac else None)
-    acc, out0 = inner(0, jax.tree_util.tree_map(lambda v: v[0], xs), a, acc)
+    Chunk 0 runs inline on the rows gathered once, the others in a loop that usually
+    runs no iteration, their rows gathered when visited. (Every chunk in the loop
+    compiles about 1 s faster on the humanoid but runs the solve 2x slower: XLA CPU
+    gathers are slow, and the loop's chunk 0 needs its rows either gathered on every
+    visit or copied out of a conditional.)"""
+    spec, nchunk = rows.spec, rows.nchunk
+    x0 = rows.x0
+    acc, out0 = fn(_chunk_spec(spec, x0), x0, jax.tree_util.tree_map(lambda v: v[0], extra),
+                   rows.J0 if jac else None, args, acc)
     if nchunk == 1:
         return acc, jax.tree_util.tree_map(lambda o: o[None], out0)
     outs = jax.tree_util.tree_map(
         lambda o: jnp.zeros((nchunk,) + o.shape, o.dtype).at[0].set(o), out0)
+    src = dict(rows.src)
+    J = src.pop("J")
+
+    def inner(c, xe, a, acc):
+        (idx, pos, e), (user, src, J) = xe, a
+        x = _take_chunk(spec.nisl, src, idx, pos)
+        if J is not None:
+            J = jnp.take(J, idx, axis=0, mode="fill", fill_value=0.0)
+        return fn(_chunk_spec(spec, x), x, e, J, user, acc)
+
+    xs = (rows.idx, rows.pos, extra)
+    a = (args, src, J if jac else None)
 
     @jax.custom_batching.custom_vmap
     def run(n, xs, a, acc, outs):
