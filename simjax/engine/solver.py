@@ -573,7 +573,13 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         first = s["first"]
         live = ~s["done"]
         pre = _prepare_dofs(p, isl, Ma, search)
-        _, rpre = over_chunks(rows, _prepare_chunk, (), extra=jaref, args=search, jac=True)
+        if search_on:
+            _, rpre = over_chunks(rows, _prepare_chunk, (), extra=jaref, args=search,
+                                  jac=True)
+        else:
+            # a first pass known statically: no step (alpha 0), the rows stay where
+            # they are
+            rpre = dict(Jv=jnp.zeros_like(jaref))
         snorm = pre["snorm"]
         small = snorm < MINVAL
         gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
