@@ -6,9 +6,13 @@ cost O(rows) per line-search point and O(rows nv^2) per Hessian. The active rows
 therefore gathered, in order, into ``C`` chunks of one static layout (a capacity of
 scalar rows, then a capacity of contacts per elliptic block; :func:`row_capacity`),
 enough chunks for every row, and every sum over rows runs over the chunks in use only
-(``nact``, traced): a loop whose trip count is the number of chunks holding active rows.
-A typical state fills one chunk, a crowded one more, and both run the same program, so
-the result never depends on the chunk size and the solver body is compiled once.
+(``nact``, traced): chunk 0 inline, then a loop over the other chunks holding active
+rows. A typical state fills one chunk (the loop runs no iteration), a crowded one more,
+and both run the same program: the result never depends on the chunk size, and the
+solver body is compiled once (before, a state that overflowed a single compact buffer
+was solved again on the full rows, a second copy of the solver that was about half of
+its compile time). The iterations run on stop-gradient inputs (the solution is
+differentiated implicitly in :mod:`simjax.engine.solver`).
 
 Under ``vmap`` a loop with a batched trip count would batch its counter, and every
 chunk access would become a gather: :func:`over_chunks` is a ``custom_vmap`` whose rule
