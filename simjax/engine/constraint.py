@@ -489,8 +489,9 @@ def _contact_rows(m, d, blk, geo):
 
 # --------------------------------------------------------------------------- impedance
 def _impedance(solimp, pos, margin):
-    """Impedance and its derivative w.r.t. pos (getimpedance); solimp (..., 5) clamped."""
-    d0, dw, width, mid, power = (solimp[..., i] for i in range(5))
+    """Impedance and its derivative w.r.t. pos (getimpedance); solimp: its five
+    components, clamped (:func:`_clamp_solimp`)."""
+    d0, dw, width, mid, power = solimp
     flat = (d0 == dw) | (width <= MINVAL)
     wsafe = jnp.where(flat, 1.0, width)
     xr = (pos - margin) / wsafe
@@ -515,32 +516,36 @@ def _impedance(solimp, pos, margin):
 
 
 def _clamp_solimp(solimp):
+    """The five components of solimp (..., 5), clamped (a list, not a stack: on CPU a
+    stacked array with several users is a kernel of its own)."""
     s = solimp
-    return jnp.stack([jnp.clip(s[..., 0], MINIMP, MAXIMP), jnp.clip(s[..., 1], MINIMP, MAXIMP),
-                      jnp.maximum(s[..., 2], 0.0), jnp.clip(s[..., 3], MINIMP, MAXIMP),
-                      jnp.maximum(s[..., 4], 1.0)], -1)
+    return [jnp.clip(s[..., 0], MINIMP, MAXIMP), jnp.clip(s[..., 1], MINIMP, MAXIMP),
+            jnp.maximum(s[..., 2], 0.0), jnp.clip(s[..., 3], MINIMP, MAXIMP),
+            jnp.maximum(s[..., 4], 1.0)]
 
 
 def _safe_solref(m, ref, friction=False):
-    """Mixed-sign check and REFSAFE clamp of a solref (..., 2) (getsolparam)."""
+    """Mixed-sign check and REFSAFE clamp of a solref (..., 2) (getsolparam); its two
+    components (see :func:`_clamp_solimp`)."""
     dtype = ref.dtype
-    mixed = (ref[..., 0] > 0) ^ (ref[..., 1] > 0)
-    default = jnp.asarray([0.0, 0.0] if friction else [0.02, 1.0], dtype)
-    ref = jnp.where(mixed[..., None], default, ref)
+    r0, r1 = ref[..., 0], ref[..., 1]
+    mixed = (r0 > 0) ^ (r1 > 0)
+    r0 = jnp.where(mixed, 0.0 if friction else 0.02, r0)
+    r1 = jnp.where(mixed, 0.0 if friction else 1.0, r1)
     if not _disabled(m, DisableBit.REFSAFE):
         ts = 2 * _f(m.opt.timestep, dtype)
-        ref = ref.at[..., 0].set(jnp.where(ref[..., 0] > 0, jnp.maximum(ref[..., 0], ts),
-                                           ref[..., 0]))
-    return ref
+        r0 = jnp.where(r0 > 0, jnp.maximum(r0, ts), r0)
+    return r0, r1
 
 
 def _kb(ref, dmax):
-    """Stiffness and damping of a reference (standard or direct form)."""
-    k = jnp.where(ref[..., 0] > 0,
-                  1 / jnp.maximum(MINVAL, dmax * dmax * ref[..., 0] ** 2 * ref[..., 1] ** 2),
-                  -ref[..., 0] / jnp.maximum(MINVAL, dmax * dmax))
-    b = jnp.where(ref[..., 1] > 0, 2 / jnp.maximum(MINVAL, dmax * ref[..., 0]),
-                  -ref[..., 1] / jnp.maximum(MINVAL, dmax))
+    """Stiffness and damping of a reference (standard or direct form); ``ref``: its two
+    components (:func:`_safe_solref`)."""
+    r0, r1 = ref
+    k = jnp.where(r0 > 0, 1 / jnp.maximum(MINVAL, dmax * dmax * r0 ** 2 * r1 ** 2),
+                  -r0 / jnp.maximum(MINVAL, dmax * dmax))
+    b = jnp.where(r1 > 0, 2 / jnp.maximum(MINVAL, dmax * r0),
+                  -r1 / jnp.maximum(MINVAL, dmax))
     return k, b
 
 
@@ -554,7 +559,7 @@ def _imp_kb(m, ref, solimp, pos, margin):
     impedance position/margin (getsolparam, getimpedance, mj_makeImpedance)."""
     solimp = _clamp_solimp(solimp)
     imp, impp = _impedance(solimp, pos, margin)
-    K, B = _kb(_safe_solref(m, ref), solimp[..., 1])
+    K, B = _kb(_safe_solref(m, ref), solimp[1])
     return imp, impp, K, B
 
 
@@ -634,8 +639,8 @@ def _block(m, d, blk, geo=None):
     # elliptic friction rows: K = 0, and the B of solreffriction when it is set
     first = np.arange(k) == 0
     srf = _safe_solref(m, take(con.solreffriction, s), True)
-    _, bf = _kb(srf, _clamp_solimp(el[1])[:, 1])
-    use = jnp.any(srf != 0, axis=1)
+    _, bf = _kb(srf, _clamp_solimp(el[1])[1])
+    use = (srf[0] != 0) | (srf[1] != 0)
     rows = dict(rows, pos=jnp.where(first, dist[:, None], 0.0).reshape(-1),
                 margin=jnp.where(first, incl[:, None], 0.0).reshape(-1),
                 diag=diag.reshape(-1))

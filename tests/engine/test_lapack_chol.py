@@ -57,7 +57,7 @@ def test_factor_ld_damped_and_grad(path):
     rng = np.random.default_rng(6)
     qpos = jnp.asarray(mjm.qpos0[None] + 0.3 * rng.standard_normal((4, mjm.nq)))
     d0 = make_data(m)
-    qm = jax.vmap(lambda q: _qm(m, d0.replace(qpos=q)))(qpos)
+    qm = jax.jit(jax.vmap(lambda q: _qm(m, d0.replace(qpos=q))))(qpos)
     add = jnp.asarray(rng.uniform(0.1, 1.0, mjm.nv))
     # jitted: op-by-op dispatch of the tree recursions and their gradients takes minutes
     ours = jax.jit(jax.vmap(lambda a: tree_linalg.factor_ld(m, a, add_diag=add)))(qm)

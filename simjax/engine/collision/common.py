@@ -69,6 +69,31 @@ def rot_t(mat, v):
     return x * mat[0] + y * mat[1] + z * mat[2]
 
 
+def once(*xs):
+    """``xs``, computed once: XLA on CPU fuses cheap elementwise producers into every
+    consumer kernel, so a long chain of selects with many consumers is recomputed in
+    each (hundreds of duplicated ops, each costing compile time). A reduction is a
+    fusion root whose result is stored: the maximum of the values and -inf over a new
+    axis of two is one small kernel that ends the chains there, and exactly the values
+    (-0.0 and nan included; an optimization_barrier would not do: XLA on CPU strips it).
+    Several values go through one reduction, packed side by side in the dtype of the
+    first float among them (ints and bools exactly, as small whole numbers); returns
+    one value for one argument, else a tuple."""
+    xs = [jnp.asarray(x) for x in xs]
+    fdt = next((x.dtype for x in xs if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32)
+    flat = [x.astype(fdt).reshape(-1) for x in xs]
+    while len(flat) > 1:        # a concatenate of more than 8 operands fuses none of them
+        flat = [jnp.concatenate(flat[k:k + 8]) for k in range(0, len(flat), 8)]
+    flat = flat[0]
+    flat = jnp.max(jnp.stack([flat, jnp.full_like(flat, -jnp.inf)]), axis=0)
+    out, k = [], 0
+    for x in xs:
+        v = flat[k:k + x.size].reshape(x.shape)
+        k += x.size
+        out.append(v > 0.5 if x.dtype == jnp.bool_ else v.astype(x.dtype))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
 def safe_norm(v):
     """|v| with a finite gradient at v = 0."""
     sq = dot(v, v)

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, one,
-                                            safe_norm, stack)
+from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, once,
+                                            one, safe_norm, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
 
 
@@ -258,67 +258,68 @@ def capsule_capsule(g1, g2, margin):
 _SEPEPS, _PAREPS, _SGNEPS, _DUPEPS, _EDGEBIAS = 1e-13, 1e-16, 1e-9, 1e-14, 1e-6
 
 
-_EI = np.repeat(np.arange(3), 3)
-_EJ = np.tile(np.arange(3), 3)
-
-
-def _static_pick(v, idx):
-    """``v[idx]`` of a 1-d array for static ``idx`` as concatenated slices (fuses; a
-    static fancy index is a gather kernel of its own under vmap)."""
-    return jnp.concatenate([v[int(i):int(i) + 1] for i in idx])
-
-
 def _onehot(i, dtype):
     return (jnp.arange(3) == i).astype(dtype)
 
 
 def _box_edge(g1, g2, rot, pos21, i, j):
-    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal)."""
-    s1, s2 = g1.size, g2.size
+    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal).
+    Written on component lists (scalars): picks of traced components by selects
+    (:func:`_pick3`), no stacked vectors (on CPU a stacked vector with several users, or
+    a vmapped gather, is a kernel of its own)."""
+    s1 = [g1.size[c] for c in range(3)]
+    s2 = [g2.size[c] for c in range(3)]
+    R = [[rot[r, c] for c in range(3)] for r in range(3)]
+    p21 = [pos21[c] for c in range(3)]
     i1, i2, j1, j2 = _next3(i), _prev3(i), _next3(j), _prev3(j)
-    dt = rot.dtype
-    # i, j are traced: components picked by selects (_pick3), not gathers (a vmapped
-    # gather is a kernel of its own on CPU, with its index arithmetic another)
-    d2 = _pick3(rot.T, j)                                              # rot[:, j]
-    axis = (_onehot(i1, dt) * -_pick3(d2, i2) + _onehot(i2, dt) * _pick3(d2, i1))
-    axis, _ = normalize(axis)
-    axis = jnp.where(dot(axis, pos21) < 0, -axis, axis)
-    a2 = _rot_t(rot, axis)
-    amb1 = jnp.where(jnp.abs(_pick3(axis, i1)) < _SGNEPS, i1,
-                     jnp.where(jnp.abs(_pick3(axis, i2)) < _SGNEPS, i2, -1))
+    d2 = [_pick3(R[r], j) for r in range(3)]                          # rot[:, j]
+    u, v = -_pick3(d2, i2), _pick3(d2, i1)
+    ax = [jnp.where(i1 == c, u, jnp.where(i2 == c, v, 0.0)) for c in range(3)]
+    ax = _normalize3(ax)
+    flip = ax[0] * p21[0] + ax[1] * p21[1] + ax[2] * p21[2] < 0
+    ax = [jnp.where(flip, -x, x) for x in ax]
+    a2 = [R[0][c] * ax[0] + R[1][c] * ax[1] + R[2][c] * ax[2] for c in range(3)]
+    amb1 = jnp.where(jnp.abs(_pick3(ax, i1)) < _SGNEPS, i1,
+                     jnp.where(jnp.abs(_pick3(ax, i2)) < _SGNEPS, i2, -1))
     amb2 = jnp.where(jnp.abs(_pick3(a2, j1)) < _SGNEPS, j1,
                      jnp.where(jnp.abs(_pick3(a2, j2)) < _SGNEPS, j2, -1))
     b = _pick3(d2, i)
-    denom = 1 - b * b
-    c1 = jnp.where(axis >= 0, s1, -s1) * (1 - _onehot(i, dt))
-    cc = jnp.where(a2 >= 0, -s2, s2) * (1 - _onehot(j, dt))
-    V1 = jnp.asarray([0, 0, 1, 1])[:, None]
-    V2 = jnp.asarray([0, 1, 0, 1])[:, None]
-    ok = ((amb1 >= 0) | (V1[:, 0] == 0)) & ((amb2 >= 0) | (V2[:, 0] == 0))
-    c1v = jnp.where((V1 == 1) & (jnp.arange(3) == amb1), -c1, c1)          # (4, 3)
-    ccv = jnp.where((V2 == 1) & (jnp.arange(3) == amb2), -cc, cc)
-    c2 = _rot(rot, ccv) + pos21
-    e = c2 - c1v
-    d1e, d2e = _pick3(e.T, i), dot(e, d2)
-    small = denom < MINVAL
-    sp = jnp.where(small, 0.0, (d1e - b * d2e) / jnp.where(small, 1.0, denom))
+    small = 1 - b * b < MINVAL
+    idenom = 1 / jnp.where(small, 1.0, 1 - b * b)
+    c1 = [jnp.where(i == c, 0.0, jnp.where(ax[c] >= 0, s1[c], -s1[c])) for c in range(3)]
+    cc = [jnp.where(j == c, 0.0, jnp.where(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
     s1i, s2j = _pick3(s1, i), _pick3(s2, j)
-    sp = jnp.clip(sp, -s1i, s1i)
-    t = jnp.clip(b * sp - d2e, -s2j, s2j)
-    sp = jnp.clip(d1e + b * t, -s1i, s1i)
-    p1 = c1v + _onehot(i, dt) * sp[:, None]
-    p2 = c2 + d2 * t[:, None]
-    dp = p2 - p1
-    gap2 = jnp.where(ok, dot(dp, dp), jnp.inf)
-    # first minimum, as the sequential scan (selects, not an argmin and a gather)
-    w1, w2, best = p1[0], p2[0], gap2[0]
-    for k in range(1, 4):
-        win = gap2[k] < best
-        best = jnp.where(win, gap2[k], best)
-        w1, w2 = jnp.where(win, p1[k], w1), jnp.where(win, p2[k], w2)
-    dist = dot(w2 - w1, axis)
-    mid = 0.5 * (w1 + w2)
-    return dist, _rot(g1.mat, mid) + g1.pos, _rot(g1.mat, axis)
+    # the four candidate edge pairs (the ambiguous corner of either edge flipped or
+    # not); first minimum of the gap in MuJoCo's order
+    gaps, ends = [], []
+    for k in range(4):
+        f1, f2 = k >= 2, k % 2 == 1
+        c1v = [jnp.where(amb1 == c, -c1[c], c1[c]) if f1 else c1[c] for c in range(3)]
+        ccv = [jnp.where(amb2 == c, -cc[c], cc[c]) if f2 else cc[c] for c in range(3)]
+        c2 = [R[r][0] * ccv[0] + R[r][1] * ccv[1] + R[r][2] * ccv[2] + p21[r]
+              for r in range(3)]
+        e = [c2[c] - c1v[c] for c in range(3)]
+        d1e, d2e = _pick3(e, i), e[0] * d2[0] + e[1] * d2[1] + e[2] * d2[2]
+        sp = jnp.where(small, 0.0, (d1e - b * d2e) * idenom)
+        sp = jnp.clip(sp, -s1i, s1i)
+        t = jnp.clip(b * sp - d2e, -s2j, s2j)
+        sp = jnp.clip(d1e + b * t, -s1i, s1i)
+        p1 = [c1v[c] + jnp.where(i == c, sp, 0.0) for c in range(3)]
+        p2 = [c2[c] + d2[c] * t for c in range(3)]
+        dp = [p2[c] - p1[c] for c in range(3)]
+        gap2 = dp[0] * dp[0] + dp[1] * dp[1] + dp[2] * dp[2]
+        if f1 or f2:                # a flipped corner exists only where ambiguous
+            okv = (amb1 >= 0) & (amb2 >= 0) if f1 and f2 else (amb1 >= 0 if f1 else
+                                                                  amb2 >= 0)
+            gap2 = jnp.where(okv, gap2, jnp.inf)
+        gaps.append(gap2)
+        ends.append((p1, p2))
+    _, (w1, w2) = _first_best(gaps, ends, jnp.less)
+    dist = sum((w2[c] - w1[c]) * ax[c] for c in range(3))
+    mid = [0.5 * (w1[c] + w2[c]) for c in range(3)]
+    mat = g1.mat
+    pos = mat[:, 0] * mid[0] + mat[:, 1] * mid[1] + mat[:, 2] * mid[2] + g1.pos
+    return dist, pos, mat[:, 0] * ax[0] + mat[:, 1] * ax[1] + mat[:, 2] * ax[2]
 
 
 #: vertex capacity of the clipped incident face (a quad cut by four half-planes)
@@ -371,39 +372,47 @@ def box_box(g1, g2, margin):
     sep2 = jnp.abs(pos12) - s2 - _rot_t(rabs, s1)
     seps = jnp.concatenate([sep1, sep2])
     separated = jnp.any(seps > septol)
-    # first maximum by selects (an argmax and a gather are kernels of their own)
-    code, sep_face = jnp.asarray(0, jnp.int32), seps[0]
-    for k in range(1, 6):
-        win = seps[k] > sep_face
-        code, sep_face = jnp.where(win, k, code), jnp.where(win, seps[k], sep_face)
+    sep_face, code = _first_best([seps[k] for k in range(6)],
+                                 [jnp.asarray(k, jnp.int32) for k in range(6)], jnp.greater)
     code_face = code
     sep_best = sep_face
     # edge-cross axes e_i x rot[:, j], all nine at once (box1 frame, component i zero)
-    I, J = _EI, _EJ
-    I1, I2, J1, J2 = (I + 1) % 3, (I + 2) % 3, (J + 1) % 3, (J + 2) % 3
-    # static picks by slices (a static fancy index is a gather kernel under vmap)
-    R = lambda r, c: _static_pick(rot.reshape(9), 3 * r + c)
-    ax1, ax2 = -R(I2, J), R(I1, J)
+    # as (3, 3) arrays [i, j]; index shifts (i + 1) % 3 etc. as sums of rows or
+    # columns times constant 0/1 weights (a concatenate of slices is a kernel of its
+    # own on CPU once it has several users)
+    def up(x, k, axis):                                     # x[(i + k) % 3] along axis
+        w = np.roll(np.eye(3), k, axis=1)                   # w[i, (i + k) % 3] = 1
+        if x.ndim == 1:
+            return x[0] * w[:, 0] + x[1] * w[:, 1] + x[2] * w[:, 2]
+        if axis == 0:
+            return (x[0][None, :] * w[:, 0:1] + x[1][None, :] * w[:, 1:2] +
+                    x[2][None, :] * w[:, 2:3])
+        return x[:, 0:1] * w[:, 0] + x[:, 1:2] * w[:, 1] + x[:, 2:3] * w[:, 2]
+    rot1, rot2 = up(rot, 1, 0), up(rot, 2, 0)
+    ax1, ax2 = -rot2, rot1
     n2 = ax1 * ax1 + ax2 * ax2
     use = n2 >= _PAREPS
     inv = 1 / jnp.sqrt(jnp.where(use, n2, 1.0))
     ax1, ax2 = ax1 * inv, ax2 * inv
-    S = _static_pick
-    r1 = S(s1, I1) * jnp.abs(ax1) + S(s1, I2) * jnp.abs(ax2)
-    b1 = ax1 * R(I1, J1) + ax2 * R(I2, J1)
-    b2 = ax1 * R(I1, J2) + ax2 * R(I2, J2)
-    r2 = S(s2, J1) * jnp.abs(b1) + S(s2, J2) * jnp.abs(b2)
-    sep = jnp.abs(ax1 * S(pos21, I1) + ax2 * S(pos21, I2)) - r1 - r2
+    r1 = up(s1, 1, 0)[:, None] * jnp.abs(ax1) + up(s1, 2, 0)[:, None] * jnp.abs(ax2)
+    b1 = ax1 * up(rot1, 1, 1) + ax2 * up(rot2, 1, 1)
+    b2 = ax1 * up(rot1, 2, 1) + ax2 * up(rot2, 2, 1)
+    r2 = up(s2, 1, 0)[None, :] * jnp.abs(b1) + up(s2, 2, 0)[None, :] * jnp.abs(b2)
+    sep = (jnp.abs(ax1 * up(pos21, 1, 0)[:, None] + ax2 * up(pos21, 2, 0)[:, None]) - r1 -
+           r2)
+    use, sep = use.reshape(9), sep.reshape(9)                  # k = 3 i + j
     separated = separated | jnp.any(use & (sep > septol))
     adj = sep - _EDGEBIAS * jnp.abs(sep)
     for k in range(9):          # sequential: each winner raises the bar for the next
         win = use[k] & (adj[k] > sep_best) & (sep[k] > sep_face)
         sep_best = jnp.where(win, sep[k], sep_best)
         code = jnp.where(win, 6 + k, code)
+    code, code_face, sep_best, sep_face, separated = once(code, code_face, sep_best,
+                                                          sep_face, separated)
 
     # edge axis nearly parallel to the best face axis: prefer the face
     is_edge = code >= 6
-    ei, ej = _divmod3(jnp.where(is_edge, code - 6, 0))
+    ei, ej = _divmod_small(jnp.where(is_edge, code - 6, 0), 3, 3)
     rcol = _pick3(rot.T, ej)
     rot_e = _pick3(rcol, _prev3(ei)), _pick3(rcol, _next3(ei))
     eaxis = _onehot(_next3(ei), dt) * -rot_e[0] + _onehot(_prev3(ei), dt) * rot_e[1]
@@ -414,44 +423,51 @@ def box_box(g1, g2, margin):
     subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
                                           + MINVAL)
     code = jnp.where(subst, code_face, code)
+    code, separated = once(code, separated)
     is_edge = code >= 6
 
     # edge-edge contact for the winning (i, j) (dynamic indices)
     eidx = jnp.clip(code - 6, 0, 8)
-    e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod3(eidx))
+    e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod_small(eidx, 3, 3))
     e_valid = is_edge & ~separated & (e_dist <= septol)
 
     # face contact
     ref1 = code < 3
     a = jnp.where(ref1, code, code - 3)           # code < 6 wherever the face is used
     a = jnp.clip(a, 0, 2)
-    sizeref = jnp.where(ref1, s1, s2)
-    sizeinc = jnp.where(ref1, s2, s1)
-    posref = jnp.where(ref1, g1.pos, g2.pos)
+    # component lists (scalars): a stacked vector with several users or picks is a
+    # kernel of its own on CPU
+    sizeref = [jnp.where(ref1, s1[c], s2[c]) for c in range(3)]
+    sizeinc = [jnp.where(ref1, s2[c], s1[c]) for c in range(3)]
+    posoi = [jnp.where(ref1, pos21[c], pos12[c]) for c in range(3)]
+    rinc = [[jnp.where(ref1, rot[r, c], rot[c, r]) for c in range(3)] for r in range(3)]
     matref = jnp.where(ref1, g1.mat, g2.mat)
-    posoi = jnp.where(ref1, pos21, pos12)
-    rinc = jnp.where(ref1, rot, rot.T)
+    posref = jnp.where(ref1, g1.pos, g2.pos)
     sgn = jnp.where(_pick3(posoi, a) >= 0, 1.0, -1.0)
-    ra = jnp.abs(_pick3(rinc, a))
-    binc = jnp.where((ra[0] >= ra[1]) & (ra[0] >= ra[2]), 0,
-                     jnp.where(ra[1] >= ra[2], 1, 2))              # first maximum
+    ra = [jnp.abs(_pick3([rinc[0][c], rinc[1][c], rinc[2][c]], a)) for c in range(3)]
+    _, binc = _first_best(ra, [jnp.asarray(k, jnp.int32) for k in range(3)], jnp.greater)
     ax, ay = _next3(a), _prev3(a)
     bu, bv = _next3(binc), _prev3(binc)
     # the (ax, ay, a) components: picks of a traced cyclic shift
-    cyc = lambda v: jnp.stack([_pick3(v, ax), _pick3(v, ay), _pick3(v, a)])
-    rcinc = lambda bb: cyc(_pick3(rinc.T, bb))                     # rinc[(ax,ay,a), bb]
+    cyc = lambda v: [_pick3(v, ax), _pick3(v, ay), _pick3(v, a)]
+    rcinc = lambda bb: cyc([_pick3(rinc[r], bb) for r in range(3)])  # rinc[(ax,ay,a), bb]
     rb = rcinc(binc)
     tinc = jnp.where(sgn * rb[2] > 0, -1.0, 1.0)
-    cx = cyc(posoi) + tinc * _pick3(sizeinc, binc) * rb
-    du = _pick3(sizeinc, bu) * rcinc(bu)
-    dv = _pick3(sizeinc, bv) * rcinc(bv)
-    zs = jnp.asarray([1.0, 1.0, 0.0], dt) + jnp.asarray([0.0, 0.0, 1.0], dt) * sgn
+    tb = tinc * _pick3(sizeinc, binc)
+    zs = [1.0, 1.0, sgn]
     sra = _pick3(sizeref, a)
-    cx = cx * zs - jnp.asarray([0.0, 0.0, 1.0], dt) * sra
-    du, dv = du * zs, dv * zs
+    cx = [(p + tb * r) * z for p, r, z in zip(cyc(posoi), rb, zs)]
+    cx[2] = cx[2] - sra
+    su, sv = _pick3(sizeinc, bu), _pick3(sizeinc, bv)
+    du = [su * r * z for r, z in zip(rcinc(bu), zs)]
+    dv = [sv * r * z for r, z in zip(rcinc(bv), zs)]
     sx, sy = _pick3(sizeref, ax), _pick3(sizeref, ay)
-    signs = jnp.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], dt)
-    quad = cx + signs[:, :1] * du + signs[:, 1:] * dv                       # (4, 3)
+    signs = np.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], np.float64)
+    quad = (_vec3(cx)[None, :] + signs[:, :1].astype(dt) * _vec3(du)[None, :] +
+            signs[:, 1:].astype(dt) * _vec3(dv)[None, :])                    # (4, 3)
+    nsign = jnp.where(ref1, sgn, -sgn)
+    normal = nsign * _pick3(matref.T, a)
+    quad, sx, sy, sgn, sra, normal = once(quad, sx, sy, sgn, sra, normal)
     # Sutherland-Hodgman against the four side planes, in MuJoCo's pass order: the
     # clipped polygon's vertex order is the contacts' order, which the PGS solver's
     # block order (and so its iterates) depends on
@@ -478,8 +494,6 @@ def box_box(g1, g2, margin):
     earlier = jnp.tril(jnp.ones((_CLIPMAX, _CLIPMAX), bool), -1)
     dup = jnp.any(close & earlier & valid[None, :], axis=1)
     valid = valid & ~dup & ~separated & ~is_edge
-    nsign = jnp.where(ref1, sgn, -sgn)
-    normal = nsign * _pick3(matref.T, a)
     ea, eax, eay = _onehot(a, dt), _onehot(ax, dt), _onehot(ay, dt)
     posc = (cand[:, :1] * eax + cand[:, 1:2] * eay +
             (sgn * (sra + 0.5 * cand[:, 2]))[:, None] * ea)
@@ -502,16 +516,48 @@ def _prev3(i):
     return jnp.where(i >= 1, i - 1, i + 2)
 
 
-def _divmod3(k):
-    """(k // 3, k % 3) for a traced index in 0..8 by compares (see :func:`_next3`)."""
-    q = (k >= 3).astype(k.dtype) + (k >= 6).astype(k.dtype)
-    return q, k - 3 * q
+def _divmod_small(k, d, nq):
+    """(k // d, k % d) for a traced index k in 0..d * nq - 1 by compares (see
+    :func:`_next3`): integer division and remainder are 'expensive' to XLA."""
+    q = sum((k >= d * t).astype(k.dtype) for t in range(1, nq))
+    return q, k - d * q
+
+
+def _first_best(vals, items, better):
+    """(best value, its item) of the scalars ``vals`` in order, ``better(new, old)``
+    strict (ties keep the first, as MuJoCo's sequential scans); ``items`` are pytrees
+    of one structure. By selects: an argmin/argmax and a gather of the item are
+    kernels of their own on CPU."""
+    best, item = vals[0], items[0]
+    for v, it in zip(vals[1:], items[1:]):
+        win = better(v, best)
+        best = jnp.where(win, v, best)
+        item = jax.tree_util.tree_map(lambda a, b: jnp.where(win, a, b), it, item)
+    return best, item
 
 
 def _pick3(v, i):
-    """``v[i]`` of a 3-vector for a traced index, by selects (a vmapped gather is a
-    separate slow kernel on CPU)."""
+    """``v[i]`` of a 3-vector, or of a list of three scalars, for a traced index, by
+    selects (a vmapped gather is a separate slow kernel on CPU)."""
     return jnp.where(i == 0, v[0], jnp.where(i == 1, v[1], v[2]))
+
+
+def _normalize3(v):
+    """mju_normalize3 of a list of three scalars ((1, 0, 0) below mjMINVAL), safe to
+    differentiate."""
+    sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
+    ok = sq > MINVAL * MINVAL
+    n = jnp.where(ok, jnp.sqrt(jnp.where(ok, sq, 1.0)), 0.0)
+    okn = n >= MINVAL
+    inv = 1 / jnp.where(okn, n, 1.0)
+    return [jnp.where(okn, v[c] * inv, 1.0 if c == 0 else 0.0) for c in range(3)]
+
+
+def _vec3(v):
+    """A 3-vector of three scalars by selects (a stack is a concatenate: with several
+    users, a kernel of its own on CPU)."""
+    k = jnp.arange(3)
+    return jnp.where(k == 0, v[0], jnp.where(k == 1, v[1], v[2]))
 
 
 def _sdiv(a, b):
@@ -601,16 +647,15 @@ def capsule_box(g1, g2, margin):
     bestdist = jnp.where(win, d2k, bestdist)
     bsp = jnp.where(win, x2k, bsp)
     bbp = jnp.where(win, x1k, bbp)
-    # k // 4 and k % 4 (k in 0..11) by compares: integer division and remainder are
-    # 'expensive' to XLA, materialised (a kernel) for each consumer
-    jk = (k >= 4).astype(k.dtype) + (k >= 8).astype(k.dtype)
-    # corner id of edge k: its index r = k % 4 among the edges along j with a zero bit
-    # inserted at bit j (_CB_EDGE_I)
-    r = k - 4 * jk
+    # edge k's axis jk = k // 4 and its corner id: its index r = k % 4 among the edges
+    # along jk with a zero bit inserted at bit jk (_CB_EDGE_I)
+    jk, r = _divmod_small(k, 4, 3)
     ik = ((r >> jk) << (jk + 1)) | (r & ((1 << jk) - 1))
     clcorner = jnp.where(win, ik + (1 << jk) * (c1 >= 6).astype(c1.dtype), clcorner)
     cledge = jnp.where(win, jk, cledge)
     cltype = jnp.where(win, c1, cltype)
+    bsp, bbp, cltype, clface, clcorner, cledge = once(bsp, bbp, cltype, clface, clcorner,
+                                                      cledge)
 
     absha = jnp.abs(ha)
     sdiv = _sdiv
@@ -668,6 +713,7 @@ def capsule_box(g1, g2, margin):
                                  jnp.where(skipC, -4.0, spC)))
     second = jnp.where(cltype == -4, -4.0, second)
     none = cltype == -4
+    second = once(second)
 
     # both sphere-box contacts in one vmapped call
     segpos = jnp.stack([bsp, jnp.where(second > -3, second + bsp, bsp)])

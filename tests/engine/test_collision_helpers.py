@@ -1,0 +1,75 @@
+"""The small index and selection helpers of the primitive colliders (written with
+selects and compares so that XLA on CPU fuses them) against their plain numpy
+meaning, and common.once (a value computed once) as the identity, gradient included."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine.collision import primitive as P
+from simjax.engine.collision.common import MINVAL, once
+
+
+def test_once_is_identity():
+    x = jnp.asarray([[1.5, -2.25, 0.0], [3e-300, -1e300, 7.0]])
+    k = jnp.asarray([0, 5, -4, 8], jnp.int32)
+    b = jnp.asarray([True, False, True])
+    s = jnp.asarray(-0.125)
+    z = jnp.asarray([-0.0, 0.0, jnp.inf, -jnp.inf])
+    ox, ok, ob, os_, oz = jax.jit(once)(x, k, b, s, z)
+    assert ox.dtype == x.dtype and ok.dtype == k.dtype and ob.dtype == b.dtype
+    np.testing.assert_array_equal(ox, x)
+    np.testing.assert_array_equal(ok, k)
+    np.testing.assert_array_equal(ob, b)
+    assert float(os_) == -0.125
+    np.testing.assert_array_equal(oz, z)
+    np.testing.assert_array_equal(np.signbit(oz), np.signbit(z))
+    assert np.asarray(jax.jit(once)(x)).tolist() == np.asarray(x).tolist()
+    # more values than one concatenate takes (8): packed in groups
+    many = [jnp.asarray(float(i)) for i in range(19)]
+    assert [float(v) for v in jax.jit(lambda *a: once(*a))(*many)] == list(range(19))
+    g = jax.grad(lambda y: jnp.sum(once(y * y, y)[0] * 3.0 + once(y)))(x)
+    np.testing.assert_allclose(g, 6.0 * x + 1.0)
+
+
+def test_divmod_small():
+    for d, nq in ((3, 3), (4, 3), (2, 5)):
+        k = jnp.arange(d * nq, dtype=jnp.int32)
+        q, r = jax.jit(jax.vmap(lambda kk: P._divmod_small(kk, d, nq)))(k)
+        np.testing.assert_array_equal(q, np.arange(d * nq) // d)
+        np.testing.assert_array_equal(r, np.arange(d * nq) % d)
+
+
+def test_next_prev_pick3():
+    i = jnp.arange(3, dtype=jnp.int32)
+    np.testing.assert_array_equal(P._next3(i), (np.arange(3) + 1) % 3)
+    np.testing.assert_array_equal(P._prev3(i), (np.arange(3) + 2) % 3)
+    v = [jnp.asarray(10.0), jnp.asarray(-20.0), jnp.asarray(30.0)]
+    assert [float(P._pick3(v, k)) for k in range(3)] == [10.0, -20.0, 30.0]
+    np.testing.assert_array_equal(P._vec3(v), [10.0, -20.0, 30.0])
+
+
+def test_first_best_keeps_first_of_ties():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(2, 10))
+        vals = rng.integers(0, 4, n).astype(float)      # many ties
+        items = [(jnp.asarray(k, jnp.int32), jnp.asarray(-2.0 * k)) for k in range(n)]
+        for better, want in ((jnp.greater, np.argmax(vals)), (jnp.less, np.argmin(vals))):
+            best, (k, neg) = P._first_best([jnp.asarray(v) for v in vals], items, better)
+            assert int(k) == want and float(neg) == -2.0 * want
+            assert float(best) == vals[want]
+
+
+def test_normalize3():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        v = rng.standard_normal(3)
+        out = P._normalize3([jnp.asarray(x) for x in v])
+        np.testing.assert_allclose([float(x) for x in out], v / np.linalg.norm(v),
+                                   rtol=1e-15, atol=1e-15)
+    tiny = P._normalize3([jnp.asarray(0.1 * MINVAL), jnp.asarray(0.0), jnp.asarray(0.0)])
+    assert [float(x) for x in tiny] == [1.0, 0.0, 0.0]
+    g = jax.grad(lambda x: P._normalize3([x, x * 0, x * 0])[0])(jnp.asarray(0.0))
+    assert np.isfinite(float(g))
