@@ -42,7 +42,8 @@ from simjax.engine import tables, tree_linalg
 from simjax.engine.data import NISLAND
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_rows import gather as gather_rows
-from simjax.engine.solver_rows import over_chunks, row_capacity
+from simjax.engine.solver_rows import Chunked, head_chunk, rest_chunks, rest_zeros
+from simjax.engine.solver_rows import row_capacity
 from simjax.engine.solver_rows import whole as whole_rows
 from simjax.types import DisableBit, SolverType
 
@@ -541,7 +542,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     1 / trace of its block of M, and iteration count. Converged islands are frozen
     while the others iterate. ``start`` is (qacc0, M qacc0, J qacc0 - aref) (the last
     per chunk of ``rows``). Every sum over rows runs over the chunks in use
-    (:func:`simjax.engine.solver_rows.over_chunks`). Returns
+    (:func:`simjax.engine.solver_rows.head_chunk`, :func:`~simjax.engine.solver_rows.
+    rest_chunks`). Returns
     (qacc, niter, improvement, gradient), the last three (islands,): iterations, and
     the scaled improvement and gradient norm of the last iteration.
 
@@ -574,19 +576,19 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         live = ~s["done"]
         pre = _prepare_dofs(p, isl, Ma, search)
         if search_on:
-            _, rpre = over_chunks(rows, _prepare_chunk, (), extra=jaref, args=search,
-                                  jac=True)
-        else:
-            # a first pass known statically: no step (alpha 0), the rows stay where
-            # they are
-            rpre = dict(Jv=jnp.zeros_like(jaref))
+            # chunk 0's line-search coefficients; the later chunks' are recomputed
+            # where they are visited (usually never)
+            _, rpre = head_chunk(rows, _prepare_chunk, (), extra=jaref, args=search,
+                                 jac=True)
         snorm = pre["snorm"]
         small = snorm < MINVAL
         gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
         if search_on:
             def evaluate(alpha):
-                tot, _ = over_chunks(rows, _eval_chunk, jnp.zeros((nisl, 6), Ma.dtype),
-                                     extra=(jaref, rpre), args=alpha)
+                tot, _ = head_chunk(rows, _eval_chunk, jnp.zeros((nisl, 6), Ma.dtype),
+                                    extra=jaref, args=(alpha, rpre))
+                tot, _ = rest_chunks(rows, _eval_rest, tot, extra=jaref,
+                                     args=(alpha, search), jac=True)
                 return _eval_point(pre["qg"], alpha, tot)
 
             alpha, imp = _linesearch(evaluate, nisl, Ma.dtype, gtol, ls_iterations,
@@ -602,10 +604,16 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         Ma = Ma + ad * pre["Mv"]
         hess = newton and hessian
         acc = (jnp.zeros_like(qacc), M) if hess else (jnp.zeros_like(qacc),)
-        acc, jaref_new = over_chunks(rows, functools.partial(_update_chunk, hess), acc,
-                                     extra=(jaref, rpre["Jv"]),
-                                     args=(alpha, take),
-                                     jac=True)
+        # a first pass known statically makes no step (alpha 0): the rows stay where
+        # they are (no J search)
+        acc, head = head_chunk(rows, functools.partial(_update_chunk, hess), acc,
+                               extra=jaref,
+                               args=(alpha, take, rpre["Jv"] if search_on else None),
+                               jac=True)
+        acc, rest = rest_chunks(rows, functools.partial(_update_rest, hess), acc,
+                                args=(alpha, take, search if search_on else None),
+                                jac=True, state=jaref.rest)
+        jaref_new = Chunked(head, rest)
         grad = Ma - p["qfrc_smooth"] - acc[0]
         if hess:
             mgrad = spd_solve(spd_factor(acc[1]), grad)
@@ -691,19 +699,25 @@ def _prepare_chunk(spec, x, jaref, J, search, acc):
     return acc, _prepare(spec, x, J, jaref, search)
 
 
-def _eval_chunk(spec, x, e, J, alpha, acc):
-    jaref, pre = e
+def _eval_chunk(spec, x, jaref, J, args, acc):
+    alpha, pre = args
     return _eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc), ()
 
 
-def _update_chunk(hess, spec, x, e, J, args, acc):
-    """Step of the rows of a chunk: J' force added to acc[0], with ``hess`` the
-    Hessian's row terms to acc[1]; out the rows' jaref (kept on islands not taking the
-    step, ``take`` false)."""
-    jaref, Jv = e
-    alpha, take = args
+def _eval_rest(spec, x, jaref, sc, J, args, acc):
+    """:func:`_eval_chunk` on a later chunk, its coefficients recomputed."""
+    alpha, search = args
+    pre = _prepare(spec, x, J, jaref, search)
+    return _eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc), sc
+
+
+def _update_chunk(hess, spec, x, jaref, J, args, acc):
+    """Step of the rows of a chunk (``Jv`` = J search, None: no step): J' force added
+    to acc[0], with ``hess`` the Hessian's row terms to acc[1]; out the rows' jaref
+    (kept on islands not taking the step, ``take`` false)."""
+    alpha, take, Jv = args
     isl = Islands(spec.nisl, x.get("rowisl"))
-    new = jaref + isl.rx(alpha, 0.0) * Jv
+    new = jaref if Jv is None else jaref + isl.rx(alpha, 0.0) * Jv
     force, state, _ = update(spec, x, new)
     out = (acc[0] + J.T @ force,)
     if hess:
@@ -711,15 +725,45 @@ def _update_chunk(hess, spec, x, e, J, args, acc):
     return out, jnp.where(isl.rx(~take, True), jaref, new)
 
 
-def _jaref_chunk(spec, x, e, J, q, acc):
+def _update_rest(hess, spec, x, e, jaref, J, args, acc):
+    """:func:`_update_chunk` on a later chunk (its jaref the loop's state), J search
+    recomputed."""
+    alpha, take, search = args
+    Jv = None if search is None else J @ search
+    return _update_chunk(hess, spec, x, jaref, J, (alpha, take, Jv), acc)
+
+
+def _jaref_rest(spec, x, e, sc, J, q, acc):
     return acc, J @ q - x["aref"]
 
 
-def _warm_chunk(spec, x, e, J, both, acc):
-    """Constraint costs at the two columns of ``both`` added to acc (2,); out the rows'
-    J q - aref (rows, 2)."""
+def _jaref(rows, q):
+    """J q - aref of the rows in use, per chunk."""
+    head = rows.J0 @ q - rows.x0["aref"]
+    _, rest = rest_chunks(rows, _jaref_rest, (), args=q, jac=True,
+                          state=rest_zeros(rows, head))
+    return Chunked(head, rest)
+
+
+def _warm_cost(spec, x, J, both, acc):
+    """Constraint costs at the two columns of ``both`` added to acc (2,), and the
+    rows' J q - aref (rows, 2)."""
     jb = J @ both - x["aref"][:, None]
     return acc + jax.vmap(lambda jar: update(spec, x, jar)[2], 1)(jb), jb
+
+
+def _warm_head(spec, x, e, J, both, acc):
+    return _warm_cost(spec, x, J, both, acc)
+
+
+def _warm_rest(spec, x, e, sc, J, both, acc):
+    return _warm_cost(spec, x, J, both, acc)[0], sc
+
+
+def _pick_rest(spec, x, e, sc, J, args, acc):
+    both, pick = args
+    jb = J @ both - x["aref"][:, None]          # as in _warm_cost
+    return acc, jnp.where(pick, jb[:, 1], jb[:, 0])
 
 
 def _primal_start(rows, p, qs, qw, nisl):
@@ -728,12 +772,12 @@ def _primal_start(rows, p, qs, qw, nisl):
     island solves), the lower total cost of qacc_warmstart and qacc_smooth, both
     evaluated in one pass; the chosen point's products start the solver."""
     M = p["M"]
-    jar = lambda q: over_chunks(rows, _jaref_chunk, (), args=q, jac=True)[1]
     if qw is None:
-        return qs, M @ qs, jar(qs)
+        return qs, M @ qs, _jaref(rows, qs)
     both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
     Mb = M @ both
-    cost, jb = over_chunks(rows, _warm_chunk, jnp.zeros(2, qs.dtype), args=both, jac=True)
+    cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
+    cost, _ = rest_chunks(rows, _warm_rest, cost, args=both, jac=True)
     cost = cost + 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
     pick = cost[0] > cost[1]
     qacc0, Ma0, jaref0 = jax.tree_util.tree_map(
@@ -741,8 +785,11 @@ def _primal_start(rows, p, qs, qw, nisl):
     if nisl > 1:
         # dofs in no island start (and stay) at qacc_smooth
         qacc0 = jnp.where(p["dofisl"] == nisl, qs, qacc0)
-        return qacc0, M @ qacc0, jar(qacc0)
-    return qacc0, Ma0, jaref0
+        return qacc0, M @ qacc0, _jaref(rows, qacc0)
+    # the later chunks' rows at the chosen point (usually none)
+    _, rest = rest_chunks(rows, _pick_rest, (), args=(both, pick), jac=True,
+                          state=rest_zeros(rows, jaref0))
+    return qacc0, Ma0, Chunked(jaref0, rest)
 
 
 # --------------------------------------------------------------------------- entry

@@ -414,14 +414,19 @@ def test_chunks_under_vmap(monkeypatch):
 @pytest.mark.parametrize("n", [40, 1500])
 def test_first_true_matches_nonzero(n):
     """The compaction's index search (triangular product up to _TRIU_MAX rows, a scan
-    beyond) returns jnp.nonzero's first k indices, padded with n, and the count."""
+    beyond) returns jnp.nonzero's first k indices, padded with n, and the cumulative
+    count; the later chunks' search (from that count) the next k indices each."""
+    from simjax.engine.solver_rows import _chunk_positions
     from simjax.engine.solver_rows import first_true as _first_true
     rng = np.random.default_rng(n)
+    k = 32
     for p in (0.0, 0.05, 0.5, 1.0):
         a = rng.random(n) < p
-        k = 32
-        pos, cnt = jax.jit(_first_true, static_argnums=1)(jnp.asarray(a), k)
-        want = np.nonzero(a)[0][:k]
-        want = np.concatenate([want, np.full(k - len(want), n)])
-        np.testing.assert_array_equal(np.asarray(pos), want)
-        assert int(cnt) == int(a.sum())
+        pos, cs = jax.jit(_first_true, static_argnums=1)(jnp.asarray(a), k)
+        on = np.nonzero(a)[0]
+        want = np.concatenate([on, np.full(4 * k, n)])
+        np.testing.assert_array_equal(np.asarray(pos), want[:k])
+        np.testing.assert_array_equal(np.asarray(cs), np.cumsum(a))
+        for c in (1, 3):
+            got = jax.jit(lambda cs: _chunk_positions((cs,), (k, ()), c)[0])(cs)
+            np.testing.assert_array_equal(np.asarray(got), want[c * k:(c + 1) * k])
