@@ -15,9 +15,18 @@ its compile time). The iterations run on stop-gradient inputs (the solution is
 differentiated implicitly in :mod:`simjax.engine.solver`).
 
 Under ``vmap`` a loop with a batched trip count would batch its counter, and every
-chunk access would become a gather: :func:`over_chunks` is a ``custom_vmap`` whose rule
+chunk access would become a gather: :func:`rest_chunks` is a ``custom_vmap`` whose rule
 runs to the largest count of the batch with an unbatched counter (worlds with fewer
 chunks add the zero contributions of their padding rows, which are exact).
+
+The one-chunk path must cost what a single compact buffer cost: chunk 0's values are
+kept apart from the later chunks' (:class:`Chunked`), the later chunks' rows are
+searched and gathered only when visited, and only the values carried from one pass
+over the rows to the next are stored for them. Under vmap every array of the loops is
+a (worlds, ...) temporary allocated on every call whether the loop runs or not: a
+program's temporaries past glibc's largest mmap threshold (32 MiB) are mapped afresh on
+every call and their pages faulted in (system time), which cost the barkour solve 25%
+when a (worlds, rows, chunk rows) search count pushed them there.
 """
 from __future__ import annotations
 
