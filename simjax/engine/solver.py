@@ -41,6 +41,10 @@ from simjax.engine import constraint as C
 from simjax.engine import tables, tree_linalg
 from simjax.engine.data import NISLAND
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
+from simjax.engine.solver_rows import gather as gather_rows
+from simjax.engine.solver_rows import Chunked, head_chunk, rest_chunks, rest_zeros
+from simjax.engine.solver_rows import row_capacity
+from simjax.engine.solver_rows import whole as whole_rows
 from simjax.types import DisableBit, SolverType
 
 MINVAL = 1e-15
@@ -166,11 +170,11 @@ def update(spec, p, jar):
     return force, state, cost
 
 
-def _hessian(spec, p, jar, state):
-    """H = M + J' D_q J + sum of elliptic cone Hessians (MakeHessian, HessianCone)."""
-    J = p["J"]
+def _hessian(spec, p, J, jar, state, H):
+    """H + J' D_q J + sum of elliptic cone Hessians (MakeHessian, HessianCone; H = M
+    for the whole Hessian) of the rows of ``p``, Jacobian ``J``."""
     dq = jnp.where((state == C.QUADRATIC) & p["active"], p["D"], 0.0)
-    H = p["M"] + J.T @ (dq[:, None] * J)
+    H = H + J.T @ (dq[:, None] * J)
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         jr = _ell_rows(jar, start, n, dim)
         d0 = p["D"][start:start + n * dim:dim]
@@ -202,12 +206,15 @@ class Islands:
     reductions are plain sums and dot products over everything."""
 
     def __init__(self, n, row=None, dof=None):
+        # row or dof may be None where only the other side's reductions are used
         self.n = n
         if n > 1:
             ids = jnp.arange(n, dtype=jnp.int32)
             self.row, self.dof = row, dof
-            self.rmask = row[:, None] == ids                     # (nefc, n)
-            self.dmask = dof[:, None] == ids                     # (nv, n)
+            if row is not None:
+                self.rmask = row[:, None] == ids                 # (nefc, n)
+            if dof is not None:
+                self.dmask = dof[:, None] == ids                 # (nv, n)
 
     @staticmethod
     def _sum(mask, x):
@@ -267,15 +274,21 @@ class Islands:
 
 
 # --------------------------------------------------------------------------- line search
-def _prepare(spec, p, isl, Ma, jaref, search):
-    """Quadratic coefficients of the 1-D cost along ``search`` (PrimalPrepare); the
-    Gauss term ``qg`` (islands, 2) per island; ``snorm`` the norm of ``search``
-    (islands,) (the dot products with ``search`` in one reduction)."""
+def _prepare_dofs(p, isl, Ma, search):
+    """The Gauss term of the 1-D cost along ``search`` (PrimalPrepare): ``qg``
+    (islands, 2) per island, ``snorm`` the norm of ``search`` (islands,) (the dot
+    products with ``search`` in one reduction), ``Mv`` = M search."""
     Mv = p["M"] @ search
-    Jv = p["J"] @ search
-    D = p["D"]
     dots = isl.ddots(search, jnp.stack([search, Ma, p["qfrc_smooth"], Mv], 1))
     qg = jnp.stack([dots[:, 1] - dots[:, 2], 0.5 * dots[:, 3]], 1)
+    return dict(Mv=Mv, qg=qg, snorm=jnp.sqrt(dots[:, 0]))
+
+
+def _prepare(spec, p, J, jaref, search):
+    """Quadratic coefficients of the 1-D cost along ``search`` of the rows of ``p``
+    (PrimalPrepare): ``Jv``, ``quad`` (rows, 3) and the elliptic cone terms."""
+    Jv = J @ search
+    D = p["D"]
     dj0 = D * jaref
     quad = jnp.stack([0.5 * jaref * dj0, Jv * dj0, 0.5 * Jv * D * Jv], 1)
     ells = []
@@ -288,10 +301,8 @@ def _prepare(spec, p, isl, Ma, jaref, search):
         u0, v0 = ja[:, 0] * mu, jv[:, 0] * mu
         u, v = ja[:, 1:] * fr, jv[:, 1:] * fr
         ells.append(dict(q=qb, u0=u0, v0=v0, uu=jnp.sum(u * u, 1), uv=jnp.sum(u * v, 1),
-                         vv=jnp.sum(v * v, 1), dm=dd[:, 0] / (mu * mu * (1 + mu * mu)),
-                         mu=mu, isl=isl.block(start, n, dim)))
-    return dict(Mv=Mv, Jv=Jv, qg=qg, quad=quad, ells=ells, jaref=jaref,
-                snorm=jnp.sqrt(dots[:, 0]))
+                         vv=jnp.sum(v * v, 1), dm=dd[:, 0] / (mu * mu * (1 + mu * mu))))
+    return dict(Jv=Jv, quad=quad, ells=ells)
 
 
 def _fric_cost(x, f, rf, D):
@@ -343,15 +354,17 @@ def _ell_cost_dif(e, alpha):
     return jnp.stack([c, d0, d1], 1)
 
 
-def _eval(spec, p, isl, pre, alpha):
-    """(islands, 4) points (alpha, cost(alpha) - cost(0), d cost, d2 cost) (PrimalEval)
-    at one step length per island, ``alpha`` (islands,).
+def _eval(spec, p, isl, pre, start, alpha, acc):
+    """PrimalEval's sums over the rows of ``p`` (``pre`` of :func:`_prepare`, at
+    ``start`` = jaref) at one step length per island, ``alpha`` (islands,), added to
+    ``acc`` (islands, 6): quadratic coefficients (3) and cost difference and its
+    derivatives (3) (:func:`_eval_point` makes the point).
 
     Every scalar row contributes either quadratic coefficients (equality rows, active
     one-sided rows; summed before evaluation, as MuJoCo) or its cost difference and
     derivatives directly (friction loss; one-sided rows leaving the active set): one
     (rows, 6) array and a single reduction per island."""
-    quad, Jv, start = pre["quad"], pre["Jv"], pre["jaref"]
+    quad, Jv = pre["quad"], pre["Jv"]
     eq, fr, iq = spec.eq, spec.fric, spec.ineq
     x = start + isl.rx(alpha, 0.0) * Jv
     # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
@@ -369,13 +382,19 @@ def _eval(spec, p, isl, pre, alpha):
                       jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
                       jnp.where(fr, fcost, 0.0) - jnp.where(iq & ~act, cost0, 0.0),
                       jnp.where(fr, dz0, 0.0), jnp.where(fr, dz1, 0.0)], -1)
-    tot = isl.rsum(rows)                                            # (islands, 6)
-    qg = pre["qg"]
+    acc = acc + isl.rsum(rows)                                      # (islands, 6)
+    for e, (start, n, dim), mu in zip(pre["ells"], spec.ell, p["mu"]):
+        ids = isl.block(start, n, dim)
+        c = isl.bsum(ids, _ell_cost_dif(dict(e, mu=mu), isl.bx(ids, alpha)))
+        acc = acc + jnp.concatenate([jnp.zeros_like(c), c], 1)
+    return acc
+
+
+def _eval_point(qg, alpha, tot):
+    """(islands, 4) points (alpha, cost(alpha) - cost(0), d cost, d2 cost) from the row
+    sums ``tot`` of :func:`_eval` and the Gauss term ``qg`` of :func:`_prepare_dofs`."""
     q0, q1, q2 = tot[:, 0], tot[:, 1] + qg[:, 0], tot[:, 2] + qg[:, 1]
     cost, d0, d1 = tot[:, 3], tot[:, 4], tot[:, 5]
-    for e in pre["ells"]:
-        c = isl.bsum(e["isl"], _ell_cost_dif(e, isl.bx(e["isl"], alpha)))
-        cost, d0, d1 = cost + c[:, 0], d0 + c[:, 1], d1 + c[:, 2]
     cost = cost + alpha * alpha * q2 + alpha * q1 + q0
     d0 = d0 + 2 * alpha * q2 + q1
     d1 = d1 + 2 * q2
@@ -383,9 +402,10 @@ def _eval(spec, p, isl, pre, alpha):
     return jnp.stack([alpha, cost, d0, d1], -1)
 
 
-def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
+def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     """MuJoCo's PrimalSearch on every island at once, returning (alpha, improvement),
-    (islands,) each; islands in ``skip`` are not searched (alpha 0).
+    (islands,) each; islands in ``skip`` are not searched (alpha 0); ``evaluate(alpha)``
+    the (islands, 4) point at step lengths ``alpha`` (islands,) (:func:`_eval_point`).
 
     Points are (islands, 4) arrays of (alpha, cost, deriv, deriv2); ``n`` counts an
     island's evaluations as LSiter does. Written as one ``while_loop`` state machine
@@ -394,8 +414,6 @@ def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
     phase 0 alpha = 0, 1 first Newton step, 2 one-sided Newton steps, 3 Newton point of
     p1 before bracketing, 4 bracket midpoint, 5 / 6 Newton points of updated brackets.
     """
-    dtype = pre["jaref"].dtype
-    k = isl.n
     zero = jnp.zeros((k, 4), dtype)
     newton = lambda q: q[:, 0] - q[:, 2] / q[:, 3]
     i32 = lambda x: jnp.asarray(x, jnp.int32)
@@ -420,7 +438,7 @@ def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
         alpha = jnp.select([ph == 0, ph == 1, ph == 4, ph == 6],
                            [jnp.zeros(k, dtype), newton(p2), 0.5 * (p1[:, 0] + p2[:, 0]),
                             newton(p2)], newton(p1))
-        q = _eval(spec, p, isl, pre, alpha)
+        q = evaluate(alpha)
         n = s["n"] + 1
         out = dict(s, n=n)
 
@@ -515,19 +533,25 @@ def _linesearch(spec, p, isl, pre, gtol, ls_iter, skip):
 
 
 # --------------------------------------------------------------------------- primal solvers
-def _primal(spec, p, start, newton, iterations, ls_iterations):
-    """Newton / CG (mj_solPrimal), every island (``spec.nisl``, rows ``p['rowisl']``,
-    dofs ``p['dofisl']``; :class:`Islands`) solved on its own as MuJoCo 4.0.0 does:
+def _primal(rows, p, start, newton, iterations, ls_iterations):
+    """Newton / CG (mj_solPrimal) on the rows ``rows`` (:class:`simjax.engine.
+    solver_rows.Rows`) of problem ``p``, every island (``rows.spec.nisl``, rows
+    ``p['rowisl']``, dofs ``p['dofisl']``; :class:`Islands`) solved on its own as
+    MuJoCo 4.0.0 does:
     its own search direction, exact line search, CG beta, stopping rule scaled by
     1 / trace of its block of M, and iteration count. Converged islands are frozen
-    while the others iterate. ``start`` is (qacc0, M qacc0, J qacc0 - aref). Returns
+    while the others iterate. ``start`` is (qacc0, M qacc0, J qacc0 - aref) (the last
+    per chunk of ``rows``). Every sum over rows runs over the chunks in use
+    (:func:`simjax.engine.solver_rows.head_chunk`, :func:`~simjax.engine.solver_rows.
+    rest_chunks`). Returns
     (qacc, niter, improvement, gradient), the last three (islands,): iterations, and
     the scaled improvement and gradient norm of the last iteration.
 
     The initial gradient, Hessian factor and search direction are computed by a first
     pass of the loop body with no line search (alpha 0), so that the update, Hessian
     and factorisation appear once in the program."""
-    isl = Islands(spec.nisl, p.get("rowisl"), p.get("dofisl"))
+    nisl = rows.spec.nisl
+    isl = Islands(nisl, p.get("rowisl"), p.get("dofisl"))
     tol = p["tolerance"]
     M = p["M"]
     qacc0, Ma0, jaref0 = start
@@ -550,26 +574,49 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
         qacc, Ma, jaref, search = s["qacc"], s["Ma"], s["jaref"], s["search"]
         first = s["first"]
         live = ~s["done"]
-        pre = _prepare(spec, p, isl, Ma, jaref, search)
+        pre = _prepare_dofs(p, isl, Ma, search)
+        if search_on:
+            # chunk 0's line-search coefficients; the later chunks' are recomputed
+            # where they are visited (usually never)
+            _, rpre = head_chunk(rows, _prepare_chunk, (), extra=jaref, args=search,
+                                 jac=True)
         snorm = pre["snorm"]
         small = snorm < MINVAL
         gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
         if search_on:
-            alpha, imp = _linesearch(spec, p, isl, pre, gtol, ls_iterations,
+            def evaluate(alpha):
+                tot, _ = head_chunk(rows, _eval_chunk, jnp.zeros((nisl, 6), Ma.dtype),
+                                    extra=jaref, args=(alpha, rpre))
+                tot, _ = rest_chunks(rows, _eval_rest, tot, extra=jaref,
+                                     args=(alpha, search), jac=True)
+                return _eval_point(pre["qg"], alpha, tot)
+
+            alpha, imp = _linesearch(evaluate, nisl, Ma.dtype, gtol, ls_iterations,
                                      ~live | small | first)
         else:
             alpha = imp = jnp.zeros_like(snorm)
         alpha = jnp.where(small | ~live | first, 0.0, alpha)
         move = live & (alpha != 0)
+        take = move | first
         # alpha is zero on islands that do not move (their vectors stay as they are)
-        ad, ar = isl.dx(alpha, 0.0), isl.rx(alpha, 0.0)
+        ad = isl.dx(alpha, 0.0)
         qacc = qacc + ad * search
         Ma = Ma + ad * pre["Mv"]
-        jaref = jaref + ar * pre["Jv"]
-        force, state, _ = update(spec, p, jaref)
-        grad = Ma - p["qfrc_smooth"] - p["J"].T @ force
-        if newton and hessian:
-            mgrad = spd_solve(spd_factor(_hessian(spec, p, jaref, state)), grad)
+        hess = newton and hessian
+        acc = (jnp.zeros_like(qacc), M) if hess else (jnp.zeros_like(qacc),)
+        # a first pass known statically makes no step (alpha 0): the rows stay where
+        # they are (no J search)
+        acc, head = head_chunk(rows, functools.partial(_update_chunk, hess), acc,
+                               extra=jaref,
+                               args=(alpha, take, rpre["Jv"] if search_on else None),
+                               jac=True)
+        acc, rest = rest_chunks(rows, functools.partial(_update_rest, hess), acc,
+                                args=(alpha, take, search if search_on else None),
+                                jac=True, state=jaref.rest)
+        jaref_new = Chunked(head, rest)
+        grad = Ma - p["qfrc_smooth"] - acc[0]
+        if hess:
+            mgrad = spd_solve(spd_factor(acc[1]), grad)
         elif newton:
             mgrad = jnp.zeros_like(grad)
         else:
@@ -600,13 +647,12 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
             eta_k = -1.0 / jnp.maximum(MINVAL, snorm * jnp.minimum(0.01, grad_norm))
             beta = jnp.where((dy < MINVAL) | first, 0.0, jnp.maximum(eta_k, beta_hz))
             new_search = -mgrad + isl.dx(beta, 0.0) * search
-        take = move | first
         kd = isl.dx(~take, True)
         keep = lambda a, b: jnp.where(kd, a, b)
         done = jnp.where(first, conv0 | ~exists | (iterations <= 0),
                          s["done"] | ~move | conv | (it >= iterations))
         return dict(qacc=keep(s["qacc"], qacc), Ma=keep(s["Ma"], Ma),
-                    jaref=jnp.where(isl.rx(~take, True), s["jaref"], jaref),
+                    jaref=jaref_new,
                     search=keep(search, new_search), grad=keep(s["grad"], grad),
                     mgrad=keep(s["mgrad"], mgrad), iter=it, done=done,
                     imp=jnp.where(move, improvement, s["imp"]),
@@ -649,96 +695,101 @@ def _primal(spec, p, start, newton, iterations, ls_iterations):
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 
 
-# --------------------------------------------------------------------------- compaction
-# The row capacity (every row that could be active: all contact slots, both sides of
-# every limit) is many times the number of active rows in a typical state, and the
-# iterations cost O(rows) per line-search point and O(rows nv^2) per Hessian. The
-# iterative solvers therefore run on the active rows gathered into a smaller static
-# buffer (keeping their order); a state with more active rows than that buffer holds is
-# solved on the full rows instead, so the result never depends on the buffer size.
-def row_capacity(spec):
-    """Static size of the compact buffers: (scalar rows, contacts per elliptic block).
-
-    Equality rows are usually all active and are always kept; the remaining rows get a
-    quarter of their capacity (at least 16 rows / 4 contacts)."""
-    in_ell = _ell_mask(spec)
-    ns = int(np.sum(~in_ell))
-    neq = int(np.sum(spec.eq))
-    ks = min(ns, neq + max(16, -(-(ns - neq) // 4)))
-    ke = tuple(min(n, max(4, -(-n // 4))) for (_, n, _) in spec.ell)
-    return ks, ke
+def _prepare_chunk(spec, x, jaref, J, search, acc):
+    return acc, _prepare(spec, x, J, jaref, search)
 
 
-def _ell_mask(spec):
-    in_ell = np.zeros(spec.nefc, bool)
-    for start, n, dim in spec.ell:
-        in_ell[start:start + n * dim] = True
-    return in_ell
+def _eval_chunk(spec, x, jaref, J, args, acc):
+    alpha, pre = args
+    return _eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc), ()
 
 
-_TRIU_MAX = 1024     # rows up to which _first_true counts by a triangular product
+def _eval_rest(spec, x, jaref, sc, J, args, acc):
+    """:func:`_eval_chunk` on a later chunk, its coefficients recomputed."""
+    alpha, search = args
+    pre = _prepare(spec, x, J, jaref, search)
+    return _eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc), sc
 
 
-def _first_true(a, k):
-    """Indices of the first ``k`` true entries of the boolean vector ``a`` in order,
-    len(a) where there are fewer, and the number of true entries (jnp.nonzero(a,
-    size=k) without its scatter). The cumulative count is a product with a constant
-    triangular matrix (one kernel under vmap, exact in floating point below 2^24 rows;
-    an associative scan emitted ~15 kernels, for no run-time gain) and the indices a
-    binary search (a loop, so that they are materialised once: a direct count fuses
-    into every gather that uses them)."""
-    n = a.shape[0]
-    if n <= _TRIU_MAX:
-        cs = (a.astype(jnp.float32) @ np.triu(np.ones((n, n), np.float32))).astype(jnp.int32)
-    else:       # the (n, n) constant and n^2 work per world would outgrow the scan
-        cs = jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
-    pos = jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
-    return pos, cs[-1]
+def _update_chunk(hess, spec, x, jaref, J, args, acc):
+    """Step of the rows of a chunk (``Jv`` = J search, None: no step): J' force added
+    to acc[0], with ``hess`` the Hessian's row terms to acc[1]; out the rows' jaref
+    (kept on islands not taking the step, ``take`` false)."""
+    alpha, take, Jv = args
+    isl = Islands(spec.nisl, x.get("rowisl"))
+    new = jaref if Jv is None else jaref + isl.rx(alpha, 0.0) * Jv
+    force, state, _ = update(spec, x, new)
+    out = (acc[0] + J.T @ force,)
+    if hess:
+        out = out + (_hessian(spec, x, J, new, state, acc[1]),)
+    return out, jnp.where(isl.rx(~take, True), jaref, new)
 
 
-_FILL = {"J": 0.0, "aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False,
-         "efc_b": 0.0}
+def _update_rest(hess, spec, x, e, jaref, J, args, acc):
+    """:func:`_update_chunk` on a later chunk (its jaref the loop's state), J search
+    recomputed."""
+    alpha, take, search = args
+    Jv = None if search is None else J @ search
+    return _update_chunk(hess, spec, x, jaref, J, (alpha, take, Jv), acc)
 
 
-def _compact(spec, p, caps):
-    """Active rows of problem ``p`` gathered into static buffers of sizes ``caps``
-    (:func:`row_capacity`). Returns (compact spec, compact problem, overflow): padding
-    rows are inactive one-sided rows (zero Jacobian, zero force); ``overflow`` is true
-    when some active row did not fit."""
-    ks, ke = caps
-    nefc = spec.nefc
-    act = p["active"]
-    srows = np.nonzero(~_ell_mask(spec))[0]
-    a = act[srows]
-    pos, cnt = _first_true(a, ks)
-    idx = [jnp.take(jnp.asarray(srows, jnp.int32), pos, mode="fill", fill_value=nefc)]
-    overflow = cnt > ks
-    ell, mus, frs = [], [], []
-    row = ks
-    for (start, n, dim), k, mu, fr in zip(spec.ell, ke, p["mu"], p["fr"]):
-        ae = act[start:start + n * dim:dim]
-        pos, cnt = _first_true(ae, k)
-        rows = start + pos[:, None] * dim + np.arange(dim)
-        idx.append(jnp.where(pos[:, None] < n, rows, nefc).reshape(-1))
-        mus.append(jnp.take(mu, pos, mode="fill", fill_value=1.0))
-        frs.append(jnp.take(fr, pos, axis=0, mode="fill", fill_value=1.0))
-        overflow = overflow | (cnt > k)
-        ell.append((row, k, dim))
-        row += k * dim
-    # materialised once: fused into the gathers, the index search would be recomputed
-    # for every gathered element
-    idx = jax.lax.optimization_barrier(jnp.concatenate(idx))
-    take = lambda x, fill: jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
-    cp = dict(p, mu=tuple(mus), fr=tuple(frs))
-    for key, fill in _FILL.items():
-        if key in p:
-            cp[key] = take(p[key], fill)
-    if "rowisl" in p:
-        cp["rowisl"] = take(p["rowisl"], spec.nisl)
-    cspec = Spec(eq=take(jnp.asarray(spec.eq), False), fric=take(jnp.asarray(spec.fric), False),
-                 ineq=take(jnp.asarray(spec.ineq), True), ell=tuple(ell), nefc=row,
-                 nv=spec.nv, nisl=spec.nisl)
-    return cspec, cp, overflow
+def _jaref_rest(spec, x, e, sc, J, q, acc):
+    return acc, J @ q - x["aref"]
+
+
+def _jaref(rows, q):
+    """J q - aref of the rows in use, per chunk."""
+    head = rows.J0 @ q - rows.x0["aref"]
+    _, rest = rest_chunks(rows, _jaref_rest, (), args=q, jac=True,
+                          state=rest_zeros(rows, head))
+    return Chunked(head, rest)
+
+
+def _warm_cost(spec, x, J, both, acc):
+    """Constraint costs at the two columns of ``both`` added to acc (2,), and the
+    rows' J q - aref (rows, 2)."""
+    jb = J @ both - x["aref"][:, None]
+    return acc + jax.vmap(lambda jar: update(spec, x, jar)[2], 1)(jb), jb
+
+
+def _warm_head(spec, x, e, J, both, acc):
+    return _warm_cost(spec, x, J, both, acc)
+
+
+def _warm_rest(spec, x, e, sc, J, both, acc):
+    return _warm_cost(spec, x, J, both, acc)[0], sc
+
+
+def _pick_rest(spec, x, e, sc, J, args, acc):
+    both, pick = args
+    jb = J @ both - x["aref"][:, None]          # as in _warm_cost
+    return acc, jnp.where(pick, jb[:, 1], jb[:, 0])
+
+
+def _primal_start(rows, p, qs, qw, nisl):
+    """(qacc0, M qacc0, J qacc0 - aref per chunk) the primal solvers start from. With
+    ``qw`` (warmstart): one choice for all islands (MuJoCo's warmstart precedes the
+    island solves), the lower total cost of qacc_warmstart and qacc_smooth, both
+    evaluated in one pass; the chosen point's products start the solver."""
+    M = p["M"]
+    if qw is None:
+        return qs, M @ qs, _jaref(rows, qs)
+    both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
+    Mb = M @ both
+    cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
+    cost, _ = rest_chunks(rows, _warm_rest, cost, args=both, jac=True)
+    cost = cost + 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
+    pick = cost[0] > cost[1]
+    qacc0, Ma0, jaref0 = jax.tree_util.tree_map(
+        lambda x: jnp.where(pick, x[..., 1], x[..., 0]), (both, Mb, jb))
+    if nisl > 1:
+        # dofs in no island start (and stay) at qacc_smooth
+        qacc0 = jnp.where(p["dofisl"] == nisl, qs, qacc0)
+        return qacc0, M @ qacc0, _jaref(rows, qacc0)
+    # the later chunks' rows at the chosen point (usually none)
+    _, rest = rest_chunks(rows, _pick_rest, (), args=(both, pick), jac=True,
+                          state=rest_zeros(rows, jaref0))
+    return qacc0, Ma0, Chunked(jaref0, rest)
 
 
 # --------------------------------------------------------------------------- entry
@@ -833,54 +884,17 @@ def fwd_constraint(m, d):
             ps = dict(ps, rowisl=rowisl, dofisl=dofisl)
             spec = dataclasses.replace(spec, nisl=nisl)
 
-        def solve(sp, pp):
-            if warm:
-                # one choice for all islands (MuJoCo's warmstart precedes the island
-                # solves): the lower total cost of qacc_warmstart and qacc_smooth, both
-                # evaluated in one pass; the chosen point's products start the solver
-                qw = sg(d.qacc_warmstart)
-                both = jnp.stack([qw, qs], 1)                            # (nv, 2)
-                Mb = pp["M"] @ both
-                jb = pp["J"] @ both - pp["aref"][:, None]
-                cost = jax.vmap(lambda jar: update(sp, pp, jar)[2], 1)(jb)
-                cost = cost + 0.5 * jnp.sum((Mb - pp["qfrc_smooth"][:, None]) *
-                                            (both - qs[:, None]), 0)
-                pick = cost[0] > cost[1]
-                qacc0, Ma0, jaref0 = (jnp.where(pick, x[:, 1], x[:, 0])
-                                      for x in (both, Mb, jb))
-                if sp.nisl > 1:
-                    # dofs in no island start (and stay) at qacc_smooth
-                    out = pp["dofisl"] == sp.nisl
-                    qacc0 = jnp.where(out, qs, qacc0)
-                    Ma0 = pp["M"] @ qacc0
-                    jaref0 = pp["J"] @ qacc0 - pp["aref"]
-            else:
-                qacc0 = qs
-                Ma0 = pp["M"] @ qs
-                jaref0 = pp["J"] @ qs - pp["aref"]
-            # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
-            none = ~jnp.any(pp["active"])
-            qacc0 = jnp.where(none, qs, qacc0)
-            return _primal(sp, pp, (qacc0, Ma0, jaref0), solver == SolverType.NEWTON,
-                           iters, int(m.opt.ls_iterations))
-
         caps = row_capacity(spec)
         if caps[0] + sum(k * dim for k, (_, _, dim) in zip(caps[1], spec.ell)) < nefc:
-            cspec, cp, overflow = _compact(spec, ps, caps)
-            res = solve(cspec, cp)
-            arrays = {k: v for k, v in ps.items() if k != "solve_m"}
-
-            def full(c):
-                # the barrier ties the inputs to the loop flag: without it XLA hoists the
-                # loop-invariant solve out of the loop and runs it unconditionally
-                pp, _ = jax.lax.optimization_barrier((arrays, c[0]))
-                return jnp.zeros((), bool), solve(spec, dict(pp, solve_m=ps["solve_m"]))
-
-            # a while_loop as a conditional: under vmap it runs the full-size solve only
-            # when some world of the batch overflowed (a cond would run it always)
-            _, res = jax.lax.while_loop(lambda c: c[0], full, (overflow, res))
+            rows = gather_rows(spec, ps, caps)
         else:
-            res = solve(spec, ps)
+            rows = whole_rows(spec, ps)
+        qw = sg(d.qacc_warmstart) if warm else None
+        qacc0, Ma0, jaref0 = _primal_start(rows, ps, qs, qw, spec.nisl)
+        # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
+        qacc0 = jnp.where(~jnp.any(ps["active"]), qs, qacc0)
+        res = _primal(rows, ps, (qacc0, Ma0, jaref0), solver == SolverType.NEWTON, iters,
+                      int(m.opt.ls_iterations))
         qacc, niter, imp, gnorm = res
         force_solver = None
     elif solver == SolverType.PGS:

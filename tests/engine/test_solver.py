@@ -209,6 +209,25 @@ def test_islands_match_mujoco(solver, islands):
                 assert abs(float(ours) - theirs) < 1e-6 * abs(theirs), (i, ours, theirs)
 
 
+def test_islands_in_chunks(monkeypatch):
+    """Islands with the active rows in several small chunks (rows of an island in
+    different chunks): CG's iterates as MuJoCo's (the iteration count of every island)
+    and forces to 1e-10 relative, as on one chunk."""
+    from simjax.engine import solver as S
+    from simjax.engine import solver_rows as R
+    monkeypatch.setattr(S, "row_capacity",
+                        lambda spec: (4, tuple(2 for _ in spec.ell)))
+    monkeypatch.setitem(globals(), "solve_jit", jax.jit(lambda m, d: S.fwd_constraint(m, d)))
+    calls = []
+    gather = R.gather
+    monkeypatch.setattr(S, "gather_rows", lambda *a: calls.append(gather(*a)) or calls[-1])
+    mjd, slot, out = _island_solve(CG, True)
+    assert calls and calls[0].nchunk > 2 and mjd.nefc > 8     # three chunks in use at least
+    np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
+    np.testing.assert_array_equal(mjd.solver_niter[:4], ISLAND_NITER[(CG, True)])
+    check_solution(mjd, slot, out, 1e-10)
+
+
 def test_newton_one_iteration_matches_mujoco():
     """Newton with iterations=1 (the bench models' setting; simjax unrolls the first
     pass and one iteration, without the Hessian factor after it) on the four-island
@@ -343,38 +362,71 @@ def test_vmap_over_worlds():
     assert np.abs(np.asarray(out.qacc[1]) - np.asarray(other.qacc)).max() / scale < 1e-12
 
 
+@pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
 @pytest.mark.parametrize("fit", [True, False])
-def test_compact_rows(fit, monkeypatch):
-    """Newton iterates on the active rows gathered into a compact buffer: a buffer that
-    just fits them gives MuJoCo's solution, and one too small falls back to the full
-    rows (same solution)."""
+def test_compact_rows(case, fit, monkeypatch):
+    """Newton iterates on the active rows gathered into chunks: one chunk that just
+    fits them gives MuJoCo's solution, and smaller chunks (several in use) the same."""
     from simjax.engine import constraint as C
     from simjax.engine import solver as S
-    rel, edit, opts = CASES["ant_newton"]
+    from simjax.engine import solver_rows as R
+    rel, edit, opts = CASES[case]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
     lay = C.layout(m, C.slot_dims(d))
     spec = S.spec_from_layout(lay, m.nv)
-    nact = int(np.sum(np.asarray(d.efc_active)))
-    caps = (nact if fit else max(1, nact - 3), ())
-    _, _, overflow = S._compact(spec, S._problem(m, d, lay), caps)
-    assert bool(overflow) != fit
+    act = np.asarray(d.efc_active)
+    ns = int(act[~R.ell_mask(spec)].sum())
+    ne = [int(act[st:st + n * dim:dim].sum()) for st, n, dim in spec.ell]
+    less = 0 if fit else 2
+    caps = (max(1, ns - less), tuple(max(1, k - less) for k in ne))
+    assert fit or ns > 2 or any(k > 2 for k in ne)
+    rows = R.gather(spec, S._problem(m, d, lay), caps)
+    assert (int(rows.nact) == 1) == fit
     monkeypatch.setattr(S, "row_capacity", lambda spec: caps)
-    cases = {"case": CASES["ant_newton"]}
+    cases = {"case": CASES[case]}
     monkeypatch.setitem(globals(), "solve_jit", jax.jit(lambda m, d: S.fwd_constraint(m, d)))
     check_solve("case", cases)
+
+
+def test_chunks_under_vmap(monkeypatch):
+    """Worlds of a batch that use different numbers of row chunks (the chunk loop runs
+    to the largest count of the batch) each get the solution on the whole rows."""
+    from simjax.engine import solver as S
+    rel, edit, opts = CASES["ant_newton"]
+    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
+    on = np.nonzero(np.asarray(d.efc_active))[0]
+    off = on[:len(on) // 2]          # rows made inactive in the second world
+    d1 = d.replace(efc_active=d.efc_active.at[off].set(False),
+                   efc_D=d.efc_D.at[off].set(0.0), efc_J=d.efc_J.at[off].set(0.0))
+    batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), d, d1)
+    fwd = lambda m, d: S.fwd_constraint(m, d).qacc
+    monkeypatch.setattr(S, "row_capacity", lambda spec: (spec.nefc, ()))
+    want = [np.asarray(jax.jit(fwd)(m, x)) for x in (d, d1)]
+    caps = (max(1, len(on) // 3), ())
+    monkeypatch.setattr(S, "row_capacity", lambda spec: caps)
+    got = np.asarray(jax.jit(jax.vmap(fwd, in_axes=(None, 0)))(m, batch))
+    one = np.asarray(jax.jit(fwd)(m, d))
+    scale = max(1.0, np.abs(want[0]).max())
+    for w, g in zip(want + [want[0]], list(got) + [one]):
+        assert np.abs(g - w).max() / scale < 1e-12
 
 
 @pytest.mark.parametrize("n", [40, 1500])
 def test_first_true_matches_nonzero(n):
     """The compaction's index search (triangular product up to _TRIU_MAX rows, a scan
-    beyond) returns jnp.nonzero's first k indices, padded with n, and the count."""
-    from simjax.engine.solver import _first_true
+    beyond) returns jnp.nonzero's first k indices, padded with n, and the cumulative
+    count; the later chunks' search (from that count) the next k indices each."""
+    from simjax.engine.solver_rows import _chunk_positions
+    from simjax.engine.solver_rows import first_true as _first_true
     rng = np.random.default_rng(n)
+    k = 32
     for p in (0.0, 0.05, 0.5, 1.0):
         a = rng.random(n) < p
-        k = 32
-        pos, cnt = jax.jit(_first_true, static_argnums=1)(jnp.asarray(a), k)
-        want = np.nonzero(a)[0][:k]
-        want = np.concatenate([want, np.full(k - len(want), n)])
-        np.testing.assert_array_equal(np.asarray(pos), want)
-        assert int(cnt) == int(a.sum())
+        pos, cs = jax.jit(_first_true, static_argnums=1)(jnp.asarray(a), k)
+        on = np.nonzero(a)[0]
+        want = np.concatenate([on, np.full(4 * k, n)])
+        np.testing.assert_array_equal(np.asarray(pos), want[:k])
+        np.testing.assert_array_equal(np.asarray(cs), np.cumsum(a))
+        for c in (1, 3):
+            got = jax.jit(lambda cs: _chunk_positions((cs,), (k, ()), c)[0])(cs)
+            np.testing.assert_array_equal(np.asarray(got), want[c * k:(c + 1) * k])

@@ -1,0 +1,332 @@
+"""Row chunks of the primal constraint problem (Newton / CG in :mod:`simjax.engine.solver`).
+
+The row capacity (every row that could be active: all contact slots, both sides of every
+limit) is many times the number of active rows in a typical state, and the iterations
+cost O(rows) per line-search point and O(rows nv^2) per Hessian. The active rows are
+therefore gathered, in order, into ``C`` chunks of one static layout (a capacity of
+scalar rows, then a capacity of contacts per elliptic block; :func:`row_capacity`),
+enough chunks for every row, and every sum over rows runs over the chunks in use only
+(``nact``, traced): chunk 0 inline, then a loop over the other chunks holding active
+rows. A typical state fills one chunk (the loop runs no iteration), a crowded one more,
+and both run the same program: the result never depends on the chunk size, and the
+solver body is compiled once (before, a state that overflowed a single compact buffer
+was solved again on the full rows, a second copy of the solver that was about half of
+its compile time). The iterations run on stop-gradient inputs (the solution is
+differentiated implicitly in :mod:`simjax.engine.solver`).
+
+Under ``vmap`` a loop with a batched trip count would batch its counter, and every
+chunk access would become a gather: :func:`rest_chunks` is a ``custom_vmap`` whose rule
+runs to the largest count of the batch with an unbatched counter (worlds with fewer
+chunks add the zero contributions of their padding rows, which are exact).
+
+The one-chunk path must cost what a single compact buffer cost: chunk 0's values are
+kept apart from the later chunks' (:class:`Chunked`), the later chunks' rows are
+searched and gathered only when visited, and only the values carried from one pass
+over the rows to the next are stored for them. Under vmap every array of the loops is
+a (worlds, ...) temporary allocated on every call whether the loop runs or not: a
+program's temporaries past glibc's largest mmap threshold (32 MiB) are mapped afresh on
+every call and their pages faulted in (system time), which cost the barkour solve 25%
+when a (worlds, rows, chunk rows) search count pushed them there.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+
+def row_capacity(spec):
+    """Static size of a chunk: (scalar rows, contacts per elliptic block).
+
+    Equality rows are usually all active and are always kept; the remaining rows get a
+    quarter of their capacity (at least 16 rows / 4 contacts)."""
+    in_ell = ell_mask(spec)
+    ns = int(np.sum(~in_ell))
+    neq = int(np.sum(spec.eq))
+    ks = min(ns, neq + max(16, -(-(ns - neq) // 4)))
+    ke = tuple(min(n, max(4, -(-n // 4))) for (_, n, _) in spec.ell)
+    return ks, ke
+
+
+def ell_mask(spec):
+    in_ell = np.zeros(spec.nefc, bool)
+    for start, n, dim in spec.ell:
+        in_ell[start:start + n * dim] = True
+    return in_ell
+
+
+_TRIU_MAX = 1024     # rows up to which first_true counts by a triangular product
+
+
+def first_true(a, k):
+    """Indices of the first ``k`` true entries of the boolean vector ``a`` in order,
+    len(a) where there are fewer, and the cumulative count of true entries (jnp.nonzero(a,
+    size=k) without its scatter). The cumulative count is a product with a constant
+    triangular matrix (one kernel under vmap, exact in floating point below 2^24 rows;
+    an associative scan emitted ~15 kernels, for no run-time gain) and the indices a
+    binary search (a loop, so that they are materialised once: a direct count fuses
+    into every gather that uses them)."""
+    n = a.shape[0]
+    if n <= _TRIU_MAX:
+        cs = (a.astype(jnp.float32) @ np.triu(np.ones((n, n), np.float32))).astype(jnp.int32)
+    else:       # the (n, n) constant and n^2 work per world would outgrow the scan
+        cs = jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
+    pos = jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
+    return pos, cs
+
+
+#: per-row problem entries gathered into the chunks, and the value of padding rows
+#: (inactive one-sided rows: zero Jacobian, zero force)
+_FILL = {"aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False}
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class Chunked:
+    """A per-row value of the chunks: ``head`` that of chunk 0, ``rest`` those of the
+    later chunks (leading axis the chunk, nchunk - 1 of them; zero past the chunks in
+    use). Apart, chunk 0 (usually the only one in use) never reads or writes a
+    (chunk, ...) buffer: the solves of one-chunk states ran 10-20% slower with the
+    chunk values in one (nchunk, ...) array."""
+    head: object
+    rest: object
+
+    def tree_flatten(self):
+        return (self.head, self.rest), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+
+def _is_chunked(x):
+    return isinstance(x, Chunked)
+
+
+def heads(tree):
+    """``tree`` with every :class:`Chunked` value replaced by its ``head``."""
+    return jax.tree_util.tree_map(lambda c: c.head, tree, is_leaf=_is_chunked)
+
+
+def rests(tree):
+    return jax.tree_util.tree_map(lambda c: c.rest, tree, is_leaf=_is_chunked)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """The rows of a primal problem in ``nchunk`` chunks of the layout ``spec`` (a
+    :class:`simjax.engine.solver.Spec` of one chunk; its masks are per-chunk entries
+    where the rows were gathered, else static). ``x0``: the per-row problem entries of
+    chunk 0 (``mu`` / ``fr`` tuples per elliptic block) and ``J0`` its Jacobian rows,
+    gathered once; ``nact`` the chunks in use (traced, at least 1). The later chunks
+    are gathered when visited (usually never) from ``src`` (the problem's per-row
+    entries, full Jacobian ``J``), their source rows found then from ``counts`` (the
+    cumulative counts of active scalar rows and of active contacts per elliptic block;
+    :func:`_chunk_rows`): XLA CPU gathers are slow, and gathering every chunk up front
+    cost the humanoid / shadow hand solves 10-50%; searching every chunk's rows up
+    front cost the one-chunk solves about 10%."""
+    spec: object
+    nchunk: int
+    x0: dict
+    nact: object
+    J0: object
+    src: dict = None
+    counts: tuple = ()
+    layout: tuple = ()
+
+
+def _chunk_rows(layout, caps, nefc, pos):
+    """Source rows (rows,) and source contacts per elliptic block of a chunk whose
+    ``pos`` are the positions of its scalar rows among the scalar rows and of its
+    contacts in their blocks (``len`` of the source where there are fewer)."""
+    srows, ell = layout
+    ks, ke = caps
+    idx = [jnp.take(jnp.asarray(srows, jnp.int32), pos[0], mode="fill", fill_value=nefc)]
+    for (start, n, dim), ps in zip(ell, pos[1:]):
+        rows = start + ps[:, None] * dim + np.arange(dim)
+        idx.append(jnp.where(ps[:, None] < n, rows, nefc).reshape(-1))
+    return jnp.concatenate(idx), tuple(pos[1:])
+
+
+def _chunk_positions(counts, caps, c):
+    """Positions of chunk ``c``'s rows (:func:`_chunk_rows`) from the cumulative counts:
+    entry j of a chunk of capacity k is the (c k + j + 1)-th active one."""
+    ks, ke = caps
+    out = []
+    for cs, k in zip(counts, (ks,) + tuple(ke)):
+        q = c * k + jnp.arange(1, k + 1, dtype=jnp.int32)
+        # a binary search (a count (n, k) under vmap would be a (worlds, n, k) array,
+        # allocated with the program's temporaries whether the loop runs or not)
+        out.append(jnp.searchsorted(cs, q, method="scan").astype(jnp.int32))
+    return out
+
+
+def _take_chunk(nisl, src, idx, pos):
+    """Chunk entries at source rows ``idx`` and elliptic contacts ``pos`` (fill:
+    padding rows, inactive one-sided rows)."""
+    take = lambda x, fill: jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
+    x = {key: take(src[key], fill) for key, fill in _FILL.items()}
+    x.update(eq=take(src["eq"], False), fric=take(src["fric"], False),
+             ineq=take(src["ineq"], True),
+             mu=tuple(jnp.take(mu, ps, mode="fill", fill_value=1.0)
+                      for mu, ps in zip(src["mu"], pos)),
+             fr=tuple(jnp.take(fr, ps, axis=0, mode="fill", fill_value=1.0)
+                      for fr, ps in zip(src["fr"], pos)))
+    if "rowisl" in src:
+        x["rowisl"] = take(src["rowisl"], nisl)
+    return x
+
+
+def gather(spec, p, caps):
+    """The active rows of problem ``p`` (row structure ``spec``) in the chunks of
+    :class:`Rows`, chunk sizes ``caps`` (:func:`row_capacity`)."""
+    ks, ke = caps
+    nefc = spec.nefc
+    act = p["active"]
+    srows = np.nonzero(~ell_mask(spec))[0]
+    ns = len(srows)
+    nchunk = max([-(-ns // ks) if ks else 0]
+                 + [-(-n // k) for (_, n, _), k in zip(spec.ell, ke)] + [1])
+    pos, cs = first_true(act[srows], ks)
+    pos, counts = [pos], [cs]
+    nact = -(-cs[-1] // ks) if ks else jnp.zeros((), jnp.int32)
+    ell = []
+    row = ks
+    for (start, n, dim), k in zip(spec.ell, ke):
+        ps, cs = first_true(act[start:start + n * dim:dim], k)
+        pos.append(ps)
+        counts.append(cs)
+        nact = jnp.maximum(nact, -(-cs[-1] // k))
+        ell.append((row, k, dim))
+        row += k * dim
+    layout = (srows, tuple(spec.ell))
+    idx, cpos = _chunk_rows(layout, caps, nefc, pos)
+    # materialised once: fused into the gathers, the index search would be recomputed
+    # for every gathered element
+    idx, cpos = jax.lax.optimization_barrier((idx, cpos))
+    src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
+    src.update(eq=jnp.asarray(spec.eq), fric=jnp.asarray(spec.fric),
+               ineq=jnp.asarray(spec.ineq))
+    x0 = _take_chunk(spec.nisl, src, idx, cpos)
+    cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
+                                nefc=row)
+    J0 = jnp.take(p["J"], idx, axis=0, mode="fill", fill_value=0.0)
+    src["J"] = p["J"]
+    return Rows(cspec, nchunk, x0, jnp.maximum(nact, 1).astype(jnp.int32), J0, src,
+                tuple(counts), (layout, caps, nefc))
+
+
+def whole(spec, p):
+    """All rows of ``p`` as a single chunk (static masks: no gather)."""
+    x0 = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
+    return Rows(spec, 1, x0, jnp.ones((), jnp.int32), p["J"])
+
+
+def _chunk_spec(spec, x):
+    if "eq" in x:
+        spec = dataclasses.replace(spec, eq=x["eq"], fric=x["fric"], ineq=x["ineq"])
+    return spec
+
+
+# --------------------------------------------------------------------------- loops
+def _index(tree, c, axis):
+    return jax.tree_util.tree_map(
+        lambda a, ax: jax.lax.dynamic_index_in_dim(a, c, ax, keepdims=False), tree, axis)
+
+
+def _loop(fn, n, xs, args, acc, state, batch=None):
+    """acc, state = fold of fn(c, x_c, s_c, args, acc) -> (acc, s_c) over the chunks
+    1 <= c < n, x_c and s_c entry c - 1 of xs and state (leading axis the chunk), s_c
+    written back; ``batch``: None, or the batched flags of (xs, args) inside the vmap
+    rule (fn then runs vmapped over worlds, with an unbatched chunk counter; acc, state
+    batched)."""
+    if batch is None:
+        g, xaxis, cax = fn, jax.tree_util.tree_map(lambda _: 0, xs), 0
+    else:
+        xb, ab = batch
+        ax = lambda b: jax.tree_util.tree_map(lambda f: 0 if f else None, b)
+        g = jax.vmap(fn, in_axes=(None, ax(xb), 0, ax(ab), 0))
+        xaxis = jax.tree_util.tree_map(lambda f: 1 if f else 0, xb)
+        cax = 1
+
+    def body(s):
+        c, acc, state = s
+        sc = _index(state, c - 1, jax.tree_util.tree_map(lambda _: cax, state))
+        acc, sc = g(c, _index(xs, c - 1, xaxis), sc, args, acc)
+        state = jax.tree_util.tree_map(
+            lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, c - 1, cax), state, sc)
+        return c + 1, acc, state
+
+    _, acc, state = jax.lax.while_loop(lambda s: s[0] < n, body,
+                                       (jnp.ones((), jnp.int32), acc, state))
+    return acc, state
+
+
+def head_chunk(rows, fn, acc, extra=(), args=(), jac=False):
+    """``fn(spec_0, x_0, e_0, J_0, args, acc) -> (acc, out)`` on chunk 0 (the rows
+    gathered once): ``x_0`` its problem rows, ``e_0`` the heads of ``extra`` (a tree of
+    :class:`Chunked`), ``spec_0`` its row structure and ``J_0`` its Jacobian rows (None
+    unless ``jac``)."""
+    x0 = rows.x0
+    return fn(_chunk_spec(rows.spec, x0), x0, heads(extra), rows.J0 if jac else None,
+              args, acc)
+
+
+def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
+    """Fold over the chunks in use after chunk 0, 1 <= c < rows.nact: ``acc, s_c =
+    fn(spec_c, x_c, e_c, s_c, J_c, args, acc)`` as :func:`head_chunk`, with ``e_c``
+    chunk ``c`` of ``extra`` (a tree of :class:`Chunked`) and ``s_c`` chunk ``c`` of
+    ``state`` (a tree of per-chunk arrays, leading axis the chunks after chunk 0),
+    updated in place. Returns (acc, state). ``fn`` must close over no traced value:
+    pass them in ``args``.
+
+    The loop usually runs no iteration; the rows of a chunk are found and gathered
+    when it is visited. Only values carried from one pass over the rows to the next
+    (the rows' J qacc - aref) are kept per chunk, in ``state``; the others are
+    recomputed on a visit: (chunk, ...) buffers zero-filled on every pass cost the
+    one-chunk solves about 10%. (Every chunk in the loop compiles about 1 s faster on
+    the humanoid but runs the solve 2x slower: XLA CPU gathers are slow, and the loop's
+    chunk 0 needs its rows either gathered on every visit or copied out of a
+    conditional.)"""
+    spec, nchunk = rows.spec, rows.nchunk
+    if nchunk == 1:
+        return acc, state
+    src = dict(rows.src)
+    J = src.pop("J")
+    layout, caps, nefc = rows.layout
+
+    def inner(c, e, sc, a, acc):
+        user, src, J, counts = a
+        idx, pos = _chunk_rows(layout, caps, nefc, _chunk_positions(counts, caps, c))
+        x = _take_chunk(spec.nisl, src, idx, pos)
+        if J is not None:
+            J = jnp.take(J, idx, axis=0, mode="fill", fill_value=0.0)
+        return fn(_chunk_spec(spec, x), x, e, sc, J, user, acc)
+
+    a = (args, src, J if jac else None, rows.counts)
+
+    @jax.custom_batching.custom_vmap
+    def run(n, xs, a, acc, state):
+        return _loop(inner, n, xs, a, acc, state)
+
+    @run.def_vmap
+    def _rule(size, flags, n, xs, a, acc, state):
+        nb, xb, ab, accb, sb = flags
+        # the accumulators and states are updated per world: batched
+        acc, state = jax.tree_util.tree_map(
+            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
+            (acc, state), (accb, sb))
+        out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state, batch=(xb, ab))
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return run(rows.nact, rests(extra), a, acc, state)
+
+
+def rest_zeros(rows, like):
+    """Per-chunk arrays for the chunks after chunk 0 (zero), shaped as ``like``'s
+    (chunk 0's) entries."""
+    return jax.tree_util.tree_map(
+        lambda o: jnp.zeros((rows.nchunk - 1,) + o.shape, o.dtype), like)
