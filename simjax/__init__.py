@@ -8,6 +8,28 @@ the ``Model`` / ``Option`` / ``Statistic`` / ``Data`` types, the enums and the e
 import os as _os
 
 
+def _jaxlib_version():
+    """(major, minor, patch) of the installed jaxlib, or None when it cannot be read."""
+    import re
+    try:
+        from importlib.metadata import version
+        found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version("jaxlib"))
+    except Exception:
+        return None
+    return None if found is None else tuple(int(g or 0) for g in found.groups())
+
+
+def _flag_wanted(name):
+    """Whether simjax may add XLA flag ``name``: only for jaxlib 0.10 (later jaxlibs
+    dropped or renamed these flags, earlier ones lack some, and XLA aborts the process
+    on an unknown flag), only if the user has not set it, and not with
+    SIMJAX_KEEP_XLA_FLAGS=1."""
+    if _os.environ.get("SIMJAX_KEEP_XLA_FLAGS") or name in _os.environ.get("XLA_FLAGS", ""):
+        return False
+    ver = _jaxlib_version()
+    return ver is not None and ver[:2] <= (0, 10)
+
+
 def _legacy_emitters_flag():
     """Whether XLA_FLAGS should get --xla_cpu_use_fusion_emitters=false.
 
@@ -18,20 +40,32 @@ def _legacy_emitters_flag():
     jaxlib <= 0.10, only if the user has not chosen, and only before JAX's CPU backend
     starts; SIMJAX_KEEP_XLA_FLAGS=1 leaves XLA_FLAGS alone.
     """
-    if (_os.environ.get("SIMJAX_KEEP_XLA_FLAGS")
-            or "xla_cpu_use_fusion_emitters" in _os.environ.get("XLA_FLAGS", "")):
-        return False
-    try:
-        from importlib.metadata import version
-        major, minor = (int(p) for p in version("jaxlib").split(".")[:2])
-    except Exception:           # unknown jaxlib: an unknown flag would abort, so leave it
-        return False
-    return (major, minor) <= (0, 10)
+    return _flag_wanted("xla_cpu_use_fusion_emitters")
 
 
+def _ynn_reduce_flag():
+    """Whether XLA_FLAGS should get --xla_cpu_experimental_ynn_fusion_type=-reduce.
+
+    jaxlib 0.10's XLA:CPU hands reductions to the YNNPACK library by default. simjax's
+    reductions are short (3 to a few dozen terms) over large batches, where YNNPACK's
+    kernels are slower than XLA's own loops: barkour's collision stage (batch 1024)
+    ran 44-46 -> 29-34 us per world without them, and whole contact steps 15-30% faster
+    (bench/README numbers). Same conditions as :func:`_legacy_emitters_flag`, and only
+    for jaxlib 0.10.2 and later 0.10 releases: 0.10.2 knows the flag (checked), earlier
+    releases may not.
+    """
+    ver = _jaxlib_version()
+    return (ver is not None and (0, 10, 2) <= ver < (0, 11, 0)
+            and _flag_wanted("xla_cpu_experimental_ynn_fusion_type"))
+
+
+_FLAGS = []
 if _legacy_emitters_flag():
-    _os.environ["XLA_FLAGS"] = (_os.environ.get("XLA_FLAGS", "") +
-                                " --xla_cpu_use_fusion_emitters=false").strip()
+    _FLAGS.append("--xla_cpu_use_fusion_emitters=false")
+if _ynn_reduce_flag():
+    _FLAGS.append("--xla_cpu_experimental_ynn_fusion_type=-reduce")
+if _FLAGS:
+    _os.environ["XLA_FLAGS"] = " ".join([_os.environ.get("XLA_FLAGS", "")] + _FLAGS).strip()
 
 from simjax.engine import (Data, apply_ft, differentiate_pos, energy_pos, energy_vel,
                            forward, full_m, integrate_pos, jac, jac_body, jac_body_com,

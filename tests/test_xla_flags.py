@@ -23,3 +23,40 @@ def test_legacy_emitters_flag_respects_the_user(monkeypatch):
     monkeypatch.delenv("SIMJAX_KEEP_XLA_FLAGS")
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
     assert simjax._legacy_emitters_flag() is False
+
+
+@pytest.mark.parametrize("jaxlib, expected", [
+    ("0.4.38", False), ("0.10.1", False), ("0.10.2", True), ("0.10.3rc1", True),
+    ("0.11.0", False), ("garbage", False)])
+def test_ynn_reduce_flag_by_jaxlib_version(monkeypatch, jaxlib, expected):
+    monkeypatch.delenv("SIMJAX_KEEP_XLA_FLAGS", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: jaxlib)
+    assert simjax._ynn_reduce_flag() is expected
+
+
+def test_ynn_reduce_flag_respects_the_user(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.2")
+    monkeypatch.setenv("SIMJAX_KEEP_XLA_FLAGS", "1")
+    assert simjax._ynn_reduce_flag() is False
+    monkeypatch.delenv("SIMJAX_KEEP_XLA_FLAGS")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=+dot")
+    assert simjax._ynn_reduce_flag() is False
+
+
+def test_flags_set_on_import():
+    """With jaxlib 0.10.2 (the test environment's) both flags are added at import, and
+    XLA:CPU then compiles a short batched reduction as its own kernel, not YNNPACK's."""
+    import os
+
+    import jax
+    import jax.numpy as jnp
+    ver = simjax._jaxlib_version() or (0,)
+    if not (0, 10, 2) <= ver < (0, 11, 0) or os.environ.get("SIMJAX_KEEP_XLA_FLAGS"):
+        pytest.skip("the flags are added for jaxlib 0.10.2+ without SIMJAX_KEEP_XLA_FLAGS")
+    flags = os.environ.get("XLA_FLAGS", "")
+    assert "--xla_cpu_use_fusion_emitters=false" in flags
+    assert "--xla_cpu_experimental_ynn_fusion_type=-reduce" in flags
+    hlo = jax.jit(lambda x: jnp.sum(x * x, -1)).lower(
+        jnp.ones((1024, 14), jnp.float32)).compile().as_text()
+    assert "reduce" in hlo and "ynn_fusion" not in hlo
