@@ -37,7 +37,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-
 def row_capacity(spec):
     """Static size of a chunk: (scalar rows, contacts per elliptic block).
 
