@@ -19,15 +19,15 @@ def _jaxlib_version():
     return None if found is None else tuple(int(g or 0) for g in found.groups())
 
 
-def _flag_wanted(name):
-    """Whether simjax may add XLA flag ``name``: only for jaxlib 0.10 (later jaxlibs
-    dropped or renamed these flags, earlier ones lack some, and XLA aborts the process
-    on an unknown flag), only if the user has not set it, and not with
-    SIMJAX_KEEP_XLA_FLAGS=1."""
+def _flag_wanted(name, oldest=(0, 0, 0)):
+    """Whether simjax may add XLA flag ``name``: only for jaxlib ``oldest`` <= version
+    < 0.11 (later jaxlibs dropped or renamed these flags, earlier ones may lack them,
+    and XLA aborts the process on an unknown flag), only if the user has not set it,
+    and not with SIMJAX_KEEP_XLA_FLAGS=1."""
     if _os.environ.get("SIMJAX_KEEP_XLA_FLAGS") or name in _os.environ.get("XLA_FLAGS", ""):
         return False
     ver = _jaxlib_version()
-    return ver is not None and ver[:2] <= (0, 10)
+    return ver is not None and oldest <= ver < (0, 11, 0)
 
 
 def _legacy_emitters_flag():
@@ -50,13 +50,11 @@ def _ynn_reduce_flag():
     reductions are short (3 to a few dozen terms) over large batches, where YNNPACK's
     kernels are slower than XLA's own loops: barkour's collision stage (batch 1024)
     ran 44-46 -> 29-34 us per world without them, and whole contact steps 15-30% faster
-    (bench/README numbers). Same conditions as :func:`_legacy_emitters_flag`, and only
+    (README, "Using it"). Same conditions as :func:`_legacy_emitters_flag`, and only
     for jaxlib 0.10.2 and later 0.10 releases: 0.10.2 knows the flag (checked), earlier
     releases may not.
     """
-    ver = _jaxlib_version()
-    return (ver is not None and (0, 10, 2) <= ver < (0, 11, 0)
-            and _flag_wanted("xla_cpu_experimental_ynn_fusion_type"))
+    return _flag_wanted("xla_cpu_experimental_ynn_fusion_type", oldest=(0, 10, 2))
 
 
 _FLAGS = []

@@ -1,4 +1,4 @@
-"""The XLA flag simjax sets on import: only for a jaxlib that knows it."""
+"""The XLA flags simjax sets on import: only for a jaxlib that knows them."""
 import importlib.metadata
 
 import pytest
@@ -6,42 +6,43 @@ import pytest
 import simjax
 
 
-@pytest.mark.parametrize("jaxlib, expected", [
-    ("0.4.38", True), ("0.10.2", True), ("0.11.2", False), ("0.12.0", False),
-    ("1.0.0", False), ("garbage", False)])
-def test_legacy_emitters_flag_by_jaxlib_version(monkeypatch, jaxlib, expected):
+#: (flag function, {jaxlib version: whether the flag is added}, the user's own setting)
+FLAGS = {
+    "legacy_emitters": (
+        "_legacy_emitters_flag",
+        {"0.4.38": True, "0.10.2": True, "0.11.2": False, "0.12.0": False, "1.0.0": False,
+         "garbage": False},
+        "--xla_cpu_use_fusion_emitters=true"),
+    "ynn_reduce": (
+        "_ynn_reduce_flag",
+        {"0.4.38": False, "0.10.1": False, "0.10.2": True, "0.10.3rc1": True,
+         "0.11.0": False, "garbage": False},
+        "--xla_cpu_experimental_ynn_fusion_type=+dot"),
+}
+
+
+@pytest.mark.parametrize("flag, jaxlib", [(f, v) for f, (_, table, _) in FLAGS.items()
+                                          for v in table])
+def test_flag_by_jaxlib_version(monkeypatch, flag, jaxlib):
+    fn, table, _ = FLAGS[flag]
     monkeypatch.delenv("SIMJAX_KEEP_XLA_FLAGS", raising=False)
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     monkeypatch.setattr(importlib.metadata, "version", lambda name: jaxlib)
-    assert simjax._legacy_emitters_flag() is expected
+    assert getattr(simjax, fn)() is table[jaxlib]
 
 
-def test_legacy_emitters_flag_respects_the_user(monkeypatch):
+@pytest.mark.parametrize("flag", list(FLAGS))
+def test_flag_respects_the_user(monkeypatch, flag):
+    fn, _, own = FLAGS[flag]
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.2")
-    monkeypatch.setenv("SIMJAX_KEEP_XLA_FLAGS", "1")
-    assert simjax._legacy_emitters_flag() is False
-    monkeypatch.delenv("SIMJAX_KEEP_XLA_FLAGS")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
-    assert simjax._legacy_emitters_flag() is False
-
-
-@pytest.mark.parametrize("jaxlib, expected", [
-    ("0.4.38", False), ("0.10.1", False), ("0.10.2", True), ("0.10.3rc1", True),
-    ("0.11.0", False), ("garbage", False)])
-def test_ynn_reduce_flag_by_jaxlib_version(monkeypatch, jaxlib, expected):
     monkeypatch.delenv("SIMJAX_KEEP_XLA_FLAGS", raising=False)
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: jaxlib)
-    assert simjax._ynn_reduce_flag() is expected
-
-
-def test_ynn_reduce_flag_respects_the_user(monkeypatch):
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.2")
+    assert getattr(simjax, fn)() is True
     monkeypatch.setenv("SIMJAX_KEEP_XLA_FLAGS", "1")
-    assert simjax._ynn_reduce_flag() is False
+    assert getattr(simjax, fn)() is False
     monkeypatch.delenv("SIMJAX_KEEP_XLA_FLAGS")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=+dot")
-    assert simjax._ynn_reduce_flag() is False
+    monkeypatch.setenv("XLA_FLAGS", own)
+    assert getattr(simjax, fn)() is False
 
 
 def test_flags_set_on_import():
