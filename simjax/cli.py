@@ -3,7 +3,11 @@
 - ``simjax info MODEL``: sizes and options of a compiled model;
 - ``simjax rollout MODEL --batch N --steps T [--out traj.npz]``: step N perturbed copies
   of the model T steps (jit + vmap, progress bar); the .npz holds qpos, qvel, ctrl,
-  sensordata and time with shape (T, N, ...);
+  sensordata and time with shape (T, N, ...). Compiled programs are kept in JAX's
+  persistent compilation cache (``--compile-cache DIR``, default
+  ``$XDG_CACHE_HOME/simjax/xla`` or ``~/.cache/simjax/xla``; ``--no-compile-cache``
+  turns it off), so a second run of the same model and batch skips XLA's compile
+  (the trace and lowering remain);
 - ``simjax plot traj.npz [--out plot.png]``: joint trajectories and energy of world 0;
 - ``simjax bench ...``: the benchmark (``python -m bench``, from a source checkout).
 """
@@ -66,6 +70,25 @@ def _initial_batch(model, batch, seed, noise):
         jnp.asarray(qpos, dt), jnp.asarray(qvel, dt))
 
 
+def _default_cache_dir() -> str:
+    import os
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "simjax", "xla")
+
+
+def _use_compile_cache(path) -> None:
+    """Point JAX's persistent compilation cache at ``path`` (None: leave it off).
+
+    Must run before this process compiles anything: JAX decides once, at its first
+    compile, whether the cache is used. JAX's own minimum applies: only programs that
+    took at least ``jax_persistent_cache_min_compile_time_secs`` (default 1 s) to
+    compile are stored, which keeps the many tiny op-by-op programs out."""
+    if path is None:
+        return
+    import jax
+    jax.config.update("jax_compilation_cache_dir", path)
+
+
 def _rollout(args) -> int:
     import time
 
@@ -74,6 +97,7 @@ def _rollout(args) -> int:
     import numpy as np
     from tqdm import tqdm
 
+    _use_compile_cache(None if args.no_compile_cache else args.compile_cache)
     import simjax
     model = simjax.load_model(args.model)
     data = _initial_batch(model, args.batch, args.seed, args.noise)
@@ -178,6 +202,10 @@ def main(argv=None) -> int:
     p.add_argument("--noise", type=float, default=0.01, help="initial perturbation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help=".npz file for qpos, qvel, ctrl, sensordata, time")
+    p.add_argument("--compile-cache", default=_default_cache_dir(), metavar="DIR",
+                   help="JAX persistent compilation cache (default: %(default)s)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="compile without the persistent cache")
     p.set_defaults(func=_rollout)
     p = sub.add_parser("plot", help="plot a rollout .npz to PNG")
     p.add_argument("traj")

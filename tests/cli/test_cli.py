@@ -1,5 +1,7 @@
 """The simjax command: info, rollout (+ .npz), plot."""
 import os
+import subprocess
+import sys
 
 import mujoco
 import numpy as np
@@ -41,8 +43,11 @@ def test_rollout_writes_trajectory_and_plot(tmp_path, capsys):
     xml.write_text(CART)
     out = tmp_path / "traj.npz"
     # 30 steps in two chunks of 15: one compiled program, called twice
+    import jax
+    cache_dir = jax.config.jax_compilation_cache_dir
     assert main(["rollout", str(xml), "--batch", "3", "--steps", "30", "--chunk", "15",
-                 "--ctrl", "random", "--out", str(out)]) == 0
+                 "--ctrl", "random", "--out", str(out), "--no-compile-cache"]) == 0
+    assert jax.config.jax_compilation_cache_dir == cache_dir    # left as it was
     z = np.load(out)
     assert z["qpos"].shape == (30, 3, 2) and z["qvel"].shape == (30, 3, 2)
     assert z["ctrl"].shape == (30, 3, 1) and z["sensordata"].shape == (30, 3, 1)
@@ -74,3 +79,33 @@ def test_rollout_writes_trajectory_and_plot(tmp_path, capsys):
     assert main(["plot", str(out), "--out", str(png)]) == 0
     assert png.stat().st_size > 1000
     assert "steps/s" in capsys.readouterr().out
+
+
+def _run_cli(args, env):
+    r = subprocess.run([sys.executable, "-m", "simjax.cli"] + args, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_rollout_compile_cache(tmp_path):
+    """The rollout's compiled program goes to the cache directory on the first run and
+    is read back on the second (a fresh process each), with the same trajectory."""
+    xml = tmp_path / "cart.xml"
+    xml.write_text(CART)
+    cache = tmp_path / "cache"
+    # cache every program, however quick its compile (JAX's default minimum is 1 s)
+    env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    args = ["rollout", str(xml), "--batch", "2", "--steps", "10", "--chunk", "10",
+            "--compile-cache", str(cache)]
+    _run_cli(args + ["--out", str(tmp_path / "a.npz")], env)
+    first = sorted(os.listdir(cache))
+    assert any(f.startswith("jit_advance") for f in first), first
+    mtimes = {f: os.stat(cache / f).st_mtime_ns for f in first}
+    _run_cli(args + ["--out", str(tmp_path / "b.npz")], env)
+    # nothing recompiled: no new entry, and the rollout's entry was not rewritten
+    assert sorted(os.listdir(cache)) == first
+    adv = [f for f in first if f.startswith("jit_advance")][0]
+    assert os.stat(cache / adv).st_mtime_ns == mtimes[adv]
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    np.testing.assert_array_equal(a["qpos"], b["qpos"])
