@@ -411,11 +411,12 @@ def test_chunks_under_vmap(monkeypatch):
         assert np.abs(g - w).max() / scale < 1e-12
 
 
-@pytest.mark.parametrize("n", [40, 1500])
+@pytest.mark.parametrize("n", [40, 341, 1500])
 def test_first_true_matches_nonzero(n):
-    """The compaction's index search (triangular product up to _TRIU_MAX rows, a scan
-    beyond) returns jnp.nonzero's first k indices, padded with n, and the cumulative
-    count; the later chunks' search (from that count) the next k indices each."""
+    """The compaction's index search (blocked triangular products up to _TRIU_MAX rows,
+    the last block partial at 40 and 341 rows; a scan beyond) returns jnp.nonzero's
+    first k indices, padded with n, and the cumulative count; the later chunks' search
+    (from that count) the next k indices each."""
     from simjax.engine.solver_rows import _chunk_positions
     from simjax.engine.solver_rows import first_true as _first_true
     rng = np.random.default_rng(n)
