@@ -118,14 +118,16 @@ def sel(c, a, b):
 
 
 def pick3(v, i):
-    """``v[i]`` of a 3-vector, or of a list of three scalars, for a traced index ``i`` in
-    0..2 (outside: v[0] below, v[2] above), by selects (a vmapped gather is a separate
-    slow kernel on CPU): one ``lax.select_n`` where the three are arrays of one shape
-    and dtype."""
-    xs = [v[0], v[1], v[2]]
+    """``v[i]`` of a 3-vector (or (3, ...) array), or of a list of three scalars, for a
+    traced index ``i`` in 0..2 (outside: v[0] below, v[2] above), by selects (a vmapped
+    gather is a separate slow kernel on CPU): one ``lax.select_n`` where the three are
+    arrays of one shape and dtype. (Rows of an array by slices: a split into three
+    was a kernel of its own in capsule-box.)"""
     i = jnp.asarray(i)
-    if (all(isinstance(x, jax.Array) for x in xs) and len({(x.shape, x.dtype) for x in xs}) == 1
-            and jnp.issubdtype(i.dtype, jnp.integer) and i.shape in ((), xs[0].shape)):
+    xs = [v[0], v[1], v[2]]
+    if (jnp.issubdtype(i.dtype, jnp.integer) and i.shape == ()
+            and all(isinstance(x, jax.Array) for x in xs)
+            and len({(x.shape, x.dtype) for x in xs}) == 1):
         return lax.select_n(i.astype(jnp.int32), *xs)
     return jnp.where(i == 0, xs[0], jnp.where(i == 1, xs[1], xs[2]))
 
