@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 #: mjMINVAL
 MINVAL = 1e-15
@@ -94,19 +97,64 @@ def once(*xs):
     return out[0] if len(out) == 1 else tuple(out)
 
 
+def _scalar(x):
+    return isinstance(x, (bool, int, float))
+
+
+def sel(c, a, b):
+    """``jnp.where(c, a, b)``, as one ``lax.select`` where ``c`` is a bool array and ``a``,
+    ``b`` arrays of its shape and one dtype (or a Python scalar and such an array):
+    jnp.where traces as a jit of its own with converts and broadcasts, several traced
+    equations where one does (each ~1 ms of trace and lowering). Else jnp.where."""
+    if isinstance(c, jax.Array) and c.dtype == jnp.bool_:
+        if _scalar(a) and isinstance(b, jax.Array) and jnp.result_type(a, b) == b.dtype:
+            a = lax.full_like(b, a)
+        elif _scalar(b) and isinstance(a, jax.Array) and jnp.result_type(a, b) == a.dtype:
+            b = lax.full_like(a, b)
+        if (isinstance(a, jax.Array) and isinstance(b, jax.Array) and a.dtype == b.dtype
+                and a.shape == b.shape == c.shape):
+            return lax.select(c, a, b)
+    return jnp.where(c, a, b)
+
+
+def pick3(v, i):
+    """``v[i]`` of a 3-vector (or (3, ...) array), or of a list of three scalars, for a
+    traced index ``i`` in 0..2 (outside: v[0] below, v[2] above), by selects (a vmapped
+    gather is a separate slow kernel on CPU): one ``lax.select_n`` where the three are
+    arrays of one shape and dtype. (Rows of an array by slices: a split into three
+    was a kernel of its own in capsule-box.)"""
+    i = jnp.asarray(i)
+    xs = [v[0], v[1], v[2]]
+    if (jnp.issubdtype(i.dtype, jnp.integer) and i.shape == ()
+            and all(isinstance(x, jax.Array) for x in xs)
+            and len({(x.shape, x.dtype) for x in xs}) == 1):
+        return lax.select_n(i.astype(jnp.int32), *xs)
+    return jnp.where(i == 0, xs[0], jnp.where(i == 1, xs[1], xs[2]))
+
+
+def bcast(x, shape):
+    """``x`` broadcast to ``shape`` along new trailing axes (one traced equation)."""
+    return lax.broadcast_in_dim(x, shape, tuple(range(jnp.ndim(x))))
+
+
+def _unit(shape, c, dtype):
+    """Constant array of ``shape`` (..., 3) holding the unit vector e_c."""
+    return jnp.asarray(np.broadcast_to(np.eye(3)[c], shape), dtype)
+
+
 def safe_norm(v):
     """|v| with a finite gradient at v = 0."""
     sq = dot(v, v)
     ok = sq > MINVAL * MINVAL
-    return jnp.where(ok, jnp.sqrt(jnp.where(ok, sq, 1.0)), 0.0)
+    return sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
 
 
 def normalize(v):
     """(v / |v|, |v|) as mju_normalize3: (1, 0, 0) when |v| < mjMINVAL."""
     n = safe_norm(v)
     ok = n >= MINVAL
-    ex = jnp.zeros_like(v).at[..., 0].set(1.0)
-    out = jnp.where(ok[..., None], v / jnp.where(ok, n, 1.0)[..., None], ex)
+    out = sel(bcast(ok, v.shape), v / bcast(sel(ok, n, 1.0), v.shape),
+              _unit(v.shape, 0, v.dtype))
     return out, n
 
 
@@ -115,11 +163,10 @@ def make_frame(normal, tangent):
     orthogonal to the normal, or (0, 1, 0) / (0, 0, 1) when ``tangent`` is ~zero."""
     n, _ = normalize(normal)
     small = dot(tangent, tangent) < 0.25
-    ey = jnp.zeros_like(n).at[..., 1].set(1.0)
-    ez = jnp.zeros_like(n).at[..., 2].set(1.0)
-    alt = jnp.where((jnp.abs(n[..., 1]) < 0.5)[..., None], ey, ez)
-    t = jnp.where(small[..., None], alt, tangent)
-    t = t - n * dot(n, t)[..., None]
+    ey, ez = _unit(n.shape, 1, n.dtype), _unit(n.shape, 2, n.dtype)
+    alt = sel(bcast(jnp.abs(n[..., 1]) < 0.5, n.shape), ey, ez)
+    t = sel(bcast(small, n.shape), alt, tangent)
+    t = t - n * bcast(dot(n, t), n.shape)
     t, _ = normalize(t)
     return jnp.stack([n, t, cross(n, t)], axis=-2)
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, once,
-                                            one, safe_norm, stack)
+                                            one, pick3, safe_norm, sel, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
 
 
@@ -67,14 +67,14 @@ def plane_cylinder(g1, g2, margin):
     axis = g2.mat[:, 2]
     prjaxis = dot(normal, axis)
     flip = prjaxis > 0
-    axis = jnp.where(flip, -axis, axis)
-    prjaxis = jnp.where(flip, -prjaxis, prjaxis)
+    axis = sel(flip, -axis, axis)
+    prjaxis = sel(flip, -prjaxis, prjaxis)
     dist0 = dot(g2.pos - g1.pos, normal)
     vec = axis * prjaxis - normal
     lsq = dot(vec, vec)
     general = lsq >= MINVAL * MINVAL
     rad = g2.size[0]
-    vec = jnp.where(general, vec * (rad / jnp.sqrt(jnp.where(general, lsq, 1.0))),
+    vec = sel(general, vec * (rad / jnp.sqrt(sel(general, lsq, 1.0))),
                     g2.mat[:, 0] * rad)
     prjvec = dot(vec, normal)
     axis = axis * g2.size[1]
@@ -129,7 +129,7 @@ def _sphere_sphere_raw(p1, m1, r1, p2, m2, r2, margin):
     n, ln = normalize(p2 - p1)
     # coincident centres: normal = z1 x z2 (or x when parallel), as MuJoCo
     alt, _ = normalize(cross(m1[:, 2], m2[:, 2]))
-    n = jnp.where(ln < MINVAL, alt, n)
+    n = sel(ln < MINVAL, alt, n)
     pos = p1 + n * (r1 + dist / 2)
     return dist, pos, n, valid
 
@@ -161,28 +161,28 @@ def sphere_cylinder(g1, g2, margin):
     deep = side & cap
     pn = safe_norm(p_proj)
     cap_first = (height - jnp.abs(x)) < (radius - pn)
-    side = jnp.where(deep, ~cap_first, side)
-    cap = jnp.where(deep, cap_first, cap)
+    side = sel(deep, ~cap_first, side)
+    cap = sel(deep, cap_first, cap)
 
     r1 = g1.size[0]
     ds, ps, ns, vs = _sphere_sphere_raw(g1.pos, g1.mat, r1, a_proj + g2.pos, g2.mat, radius,
                                         margin)
     flipmat = g2.mat * jnp.asarray([-1.0, 1.0, -1.0], g2.mat.dtype)
     top = x > 0
-    pos_cap = g2.pos + axis * jnp.where(top, height, -height)
-    mat_cap = jnp.where(top, g2.mat, flipmat)
+    pos_cap = g2.pos + axis * sel(top, height, -height)
+    mat_cap = sel(top, g2.mat, flipmat)
     dc, pc, nc, vc = _plane_sphere_raw(pos_cap, mat_cap, g1.pos, r1, margin)
     nc = -nc
-    scale = radius / jnp.where(pn > 0, pn, 1.0)
-    corner = p_proj * scale + axis * jnp.where(top, height, -height) + g2.pos
+    scale = radius / sel(pn > 0, pn, 1.0)
+    corner = p_proj * scale + axis * sel(top, height, -height) + g2.pos
     dk, pk, nk, vk = _sphere_sphere_raw(g1.pos, g1.mat, r1, corner, g2.mat, 0.0, margin)
 
-    def sel(a, b, c):
+    def pick(a, b, c):
         cs = jnp.broadcast_to(side, jnp.shape(a)) if jnp.ndim(a) else side
         cc = jnp.broadcast_to(cap, jnp.shape(a)) if jnp.ndim(a) else cap
         return jnp.where(cs, a, jnp.where(cc, b, c))
 
-    return one(sel(ds, dc, dk), sel(ps, pc, pk), sel(ns, nc, nk), sel(vs, vc, vk))
+    return one(pick(ds, dc, dk), pick(ps, pc, pk), pick(ns, nc, nk), pick(vs, vc, vk))
 
 
 def sphere_box(g1, g2, margin):
@@ -200,13 +200,13 @@ def sphere_box(g1, g2, margin):
     face = jnp.abs(sgn * jnp.repeat(size, 2) - jnp.repeat(center, 2))
     k = jnp.argmin(face)
     closest = face[k]
-    nearest = jnp.where(jnp.arange(3) == k // 2, jnp.where(k % 2 == 1, -1.0, 1.0),
+    nearest = sel(jnp.arange(3) == k // 2, sel(k % 2 == 1, -1.0, 1.0),
                         0.0).astype(center.dtype)
     pos_in = center + nearest * ((r - closest) / 2)
     pos_out = 0.5 * clamped + 0.5 * (center + tmp * r)
-    pos = jnp.where(inside, pos_in, pos_out)
-    normal = _rot(g2.mat, jnp.where(inside, nearest, tmp))
-    d = jnp.where(inside, -closest, dist) - r
+    pos = sel(inside, pos_in, pos_out)
+    normal = _rot(g2.mat, sel(inside, nearest, tmp))
+    d = sel(inside, -closest, dist) - r
     return one(d, _rot(g2.mat, pos) + g2.pos, normal, valid)
 
 
@@ -221,13 +221,13 @@ def capsule_capsule(g1, g2, margin):
     u, v = -dot(axis1, dif), dot(axis2, dif)
     det = ma * mc - mb * mb
     general = jnp.abs(det) >= MINVAL
-    sdet = jnp.where(general, det, 1.0)
+    sdet = sel(general, det, 1.0)
     x1 = (mc * u - mb * v) / sdet
     x2 = (ma * v - mb * u) / sdet
-    x2 = jnp.where(x1 > 1, (v - mb) / mc, jnp.where(x1 < -1, (v + mb) / mc, x2))
+    x2 = sel(x1 > 1, (v - mb) / mc, sel(x1 < -1, (v + mb) / mc, x2))
     x1 = jnp.clip(x1, -1, 1)
-    x1 = jnp.where(x2 > 1, jnp.clip((u - mb) / ma, -1, 1),
-                   jnp.where(x2 < -1, jnp.clip((u + mb) / ma, -1, 1), x1))
+    x1 = sel(x2 > 1, jnp.clip((u - mb) / ma, -1, 1),
+                   sel(x2 < -1, jnp.clip((u + mb) / ma, -1, 1), x1))
     x2 = jnp.clip(x2, -1, 1)
     r1, r2 = g1.size[0], g2.size[0]
 
@@ -238,10 +238,10 @@ def capsule_capsule(g1, g2, margin):
     # against 1 (up to two contacts): four sphere-sphere tests in one vmapped call (one
     # set of kernels instead of four), the first the general one or the first end
     gen1, gen2 = g1.pos + axis1 * x1, g2.pos + axis2 * x2
-    c1 = jnp.stack([jnp.where(general, gen1, g1.pos + axis1), g1.pos - axis1,
+    c1 = jnp.stack([sel(general, gen1, g1.pos + axis1), g1.pos - axis1,
                     g1.pos + axis1 * jnp.clip((u - mb) / ma, -1, 1),
                     g1.pos + axis1 * jnp.clip((u + mb) / ma, -1, 1)])
-    c2 = jnp.stack([jnp.where(general, gen2, g2.pos + axis2 * jnp.clip((v - mb) / mc, -1, 1)),
+    c2 = jnp.stack([sel(general, gen2, g2.pos + axis2 * jnp.clip((v - mb) / mc, -1, 1)),
                     g2.pos + axis2 * jnp.clip((v + mb) / mc, -1, 1), g2.pos + axis2,
                     g2.pos - axis2])
     dist, pos, nrm, v4 = jax.vmap(ss)(c1, c2)
@@ -250,7 +250,7 @@ def capsule_capsule(g1, g2, margin):
     v3 = v3 & (c12 < 2)
     v4 = v4 & (c12 + v3 < 2)
     vpar = jnp.stack([v1, v2, v3, v4])
-    valid = jnp.where(general, jnp.arange(4) == 0, True) & vpar
+    valid = sel(general, jnp.arange(4) == 0, True) & vpar
     return Pre(dist, pos, nrm, jnp.zeros_like(pos), valid)
 
 
@@ -274,44 +274,44 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     i1, i2, j1, j2 = _next3(i), _prev3(i), _next3(j), _prev3(j)
     d2 = [_pick3(R[r], j) for r in range(3)]                          # rot[:, j]
     u, v = -_pick3(d2, i2), _pick3(d2, i1)
-    ax = [jnp.where(i1 == c, u, jnp.where(i2 == c, v, 0.0)) for c in range(3)]
+    ax = [sel(i1 == c, u, sel(i2 == c, v, 0.0)) for c in range(3)]
     ax = _normalize3(ax)
     flip = ax[0] * p21[0] + ax[1] * p21[1] + ax[2] * p21[2] < 0
-    ax = [jnp.where(flip, -x, x) for x in ax]
+    ax = [sel(flip, -x, x) for x in ax]
     a2 = [R[0][c] * ax[0] + R[1][c] * ax[1] + R[2][c] * ax[2] for c in range(3)]
-    amb1 = jnp.where(jnp.abs(_pick3(ax, i1)) < _SGNEPS, i1,
-                     jnp.where(jnp.abs(_pick3(ax, i2)) < _SGNEPS, i2, -1))
-    amb2 = jnp.where(jnp.abs(_pick3(a2, j1)) < _SGNEPS, j1,
-                     jnp.where(jnp.abs(_pick3(a2, j2)) < _SGNEPS, j2, -1))
+    amb1 = sel(jnp.abs(_pick3(ax, i1)) < _SGNEPS, i1,
+                     sel(jnp.abs(_pick3(ax, i2)) < _SGNEPS, i2, -1))
+    amb2 = sel(jnp.abs(_pick3(a2, j1)) < _SGNEPS, j1,
+                     sel(jnp.abs(_pick3(a2, j2)) < _SGNEPS, j2, -1))
     b = _pick3(d2, i)
     small = 1 - b * b < MINVAL
-    idenom = 1 / jnp.where(small, 1.0, 1 - b * b)
-    c1 = [jnp.where(i == c, 0.0, jnp.where(ax[c] >= 0, s1[c], -s1[c])) for c in range(3)]
-    cc = [jnp.where(j == c, 0.0, jnp.where(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
+    idenom = 1 / sel(small, 1.0, 1 - b * b)
+    c1 = [sel(i == c, 0.0, sel(ax[c] >= 0, s1[c], -s1[c])) for c in range(3)]
+    cc = [sel(j == c, 0.0, sel(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
     s1i, s2j = _pick3(s1, i), _pick3(s2, j)
     # the four candidate edge pairs (the ambiguous corner of either edge flipped or
     # not); first minimum of the gap in MuJoCo's order
     gaps, ends = [], []
     for k in range(4):
         f1, f2 = k >= 2, k % 2 == 1
-        c1v = [jnp.where(amb1 == c, -c1[c], c1[c]) if f1 else c1[c] for c in range(3)]
-        ccv = [jnp.where(amb2 == c, -cc[c], cc[c]) if f2 else cc[c] for c in range(3)]
+        c1v = [sel(amb1 == c, -c1[c], c1[c]) if f1 else c1[c] for c in range(3)]
+        ccv = [sel(amb2 == c, -cc[c], cc[c]) if f2 else cc[c] for c in range(3)]
         c2 = [R[r][0] * ccv[0] + R[r][1] * ccv[1] + R[r][2] * ccv[2] + p21[r]
               for r in range(3)]
         e = [c2[c] - c1v[c] for c in range(3)]
         d1e, d2e = _pick3(e, i), e[0] * d2[0] + e[1] * d2[1] + e[2] * d2[2]
-        sp = jnp.where(small, 0.0, (d1e - b * d2e) * idenom)
+        sp = sel(small, 0.0, (d1e - b * d2e) * idenom)
         sp = jnp.clip(sp, -s1i, s1i)
         t = jnp.clip(b * sp - d2e, -s2j, s2j)
         sp = jnp.clip(d1e + b * t, -s1i, s1i)
-        p1 = [c1v[c] + jnp.where(i == c, sp, 0.0) for c in range(3)]
+        p1 = [c1v[c] + sel(i == c, sp, 0.0) for c in range(3)]
         p2 = [c2[c] + d2[c] * t for c in range(3)]
         dp = [p2[c] - p1[c] for c in range(3)]
         gap2 = dp[0] * dp[0] + dp[1] * dp[1] + dp[2] * dp[2]
         if f1 or f2:                # a flipped corner exists only where ambiguous
             okv = (amb1 >= 0) & (amb2 >= 0) if f1 and f2 else (amb1 >= 0 if f1 else
                                                                   amb2 >= 0)
-            gap2 = jnp.where(okv, gap2, jnp.inf)
+            gap2 = sel(okv, gap2, jnp.inf)
         gaps.append(gap2)
         ends.append((p1, p2))
     _, (w1, w2) = _first_best(gaps, ends, jnp.less)
@@ -336,11 +336,11 @@ def _clip_half_plane(poly, n, coord, sign, lim):
     live = k < n
     d = sign * (coord * poly[:, 0] + (1 - coord) * poly[:, 1]) - lim
     last = k == n - 1
-    q = jnp.where(last[:, None], poly[:1], jnp.roll(poly, -1, axis=0))
-    dq = jnp.where(last, d[0], jnp.roll(d, -1))
+    q = sel(last[:, None], poly[:1], jnp.roll(poly, -1, axis=0))
+    dq = sel(last, d[0], jnp.roll(d, -1))
     keep = live & (d <= 0)
     cross = live & (((d < 0) & (dq > 0)) | ((d > 0) & (dq < 0)))
-    t = d / jnp.where(cross, d - dq, 1.0)
+    t = d / sel(cross, d - dq, 1.0)
     x = poly + t[:, None] * (q - poly)
     cnt = keep.astype(jnp.int32) + cross.astype(jnp.int32)
     slot_p = jnp.cumsum(cnt) - cnt
@@ -392,7 +392,7 @@ def box_box(g1, g2, margin):
     ax1, ax2 = -rot2, rot1
     n2 = ax1 * ax1 + ax2 * ax2
     use = n2 >= _PAREPS
-    inv = 1 / jnp.sqrt(jnp.where(use, n2, 1.0))
+    inv = 1 / jnp.sqrt(sel(use, n2, 1.0))
     ax1, ax2 = ax1 * inv, ax2 * inv
     r1 = up(s1, 1, 0)[:, None] * jnp.abs(ax1) + up(s1, 2, 0)[:, None] * jnp.abs(ax2)
     b1 = ax1 * up(rot1, 1, 1) + ax2 * up(rot2, 1, 1)
@@ -405,24 +405,24 @@ def box_box(g1, g2, margin):
     adj = sep - _EDGEBIAS * jnp.abs(sep)
     for k in range(9):          # sequential: each winner raises the bar for the next
         win = use[k] & (adj[k] > sep_best) & (sep[k] > sep_face)
-        sep_best = jnp.where(win, sep[k], sep_best)
-        code = jnp.where(win, 6 + k, code)
+        sep_best = sel(win, sep[k], sep_best)
+        code = sel(win, 6 + k, code)
     code, code_face, sep_best, sep_face, separated = once(code, code_face, sep_best,
                                                           sep_face, separated)
 
     # edge axis nearly parallel to the best face axis: prefer the face
     is_edge = code >= 6
-    ei, ej = _divmod_small(jnp.where(is_edge, code - 6, 0), 3, 3)
+    ei, ej = _divmod_small(sel(is_edge, code - 6, 0), 3, 3)
     rcol = _pick3(rot.T, ej)
     rot_e = _pick3(rcol, _prev3(ei)), _pick3(rcol, _next3(ei))
     eaxis = _onehot(_next3(ei), dt) * -rot_e[0] + _onehot(_prev3(ei), dt) * rot_e[1]
     eaxis, _ = normalize(eaxis)
-    cf = jnp.where(code_face < 3, code_face, code_face - 3)
-    face_dot = jnp.where(code_face < 3, jnp.abs(_pick3(eaxis, cf)),
+    cf = sel(code_face < 3, code_face, code_face - 3)
+    face_dot = sel(code_face < 3, jnp.abs(_pick3(eaxis, cf)),
                          jnp.abs(dot(eaxis, _pick3(rot.T, cf))))
     subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
                                           + MINVAL)
-    code = jnp.where(subst, code_face, code)
+    code = sel(subst, code_face, code)
     code, separated = once(code, separated)
     is_edge = code >= 6
 
@@ -433,17 +433,17 @@ def box_box(g1, g2, margin):
 
     # face contact
     ref1 = code < 3
-    a = jnp.where(ref1, code, code - 3)           # code < 6 wherever the face is used
+    a = sel(ref1, code, code - 3)           # code < 6 wherever the face is used
     a = jnp.clip(a, 0, 2)
     # component lists (scalars): a stacked vector with several users or picks is a
     # kernel of its own on CPU
-    sizeref = [jnp.where(ref1, s1[c], s2[c]) for c in range(3)]
-    sizeinc = [jnp.where(ref1, s2[c], s1[c]) for c in range(3)]
-    posoi = [jnp.where(ref1, pos21[c], pos12[c]) for c in range(3)]
-    rinc = [[jnp.where(ref1, rot[r, c], rot[c, r]) for c in range(3)] for r in range(3)]
-    matref = jnp.where(ref1, g1.mat, g2.mat)
-    posref = jnp.where(ref1, g1.pos, g2.pos)
-    sgn = jnp.where(_pick3(posoi, a) >= 0, 1.0, -1.0)
+    sizeref = [sel(ref1, s1[c], s2[c]) for c in range(3)]
+    sizeinc = [sel(ref1, s2[c], s1[c]) for c in range(3)]
+    posoi = [sel(ref1, pos21[c], pos12[c]) for c in range(3)]
+    rinc = [[sel(ref1, rot[r, c], rot[c, r]) for c in range(3)] for r in range(3)]
+    matref = sel(ref1, g1.mat, g2.mat)
+    posref = sel(ref1, g1.pos, g2.pos)
+    sgn = sel(_pick3(posoi, a) >= 0, 1.0, -1.0)
     ra = [jnp.abs(_pick3([rinc[0][c], rinc[1][c], rinc[2][c]], a)) for c in range(3)]
     _, binc = _first_best(ra, [jnp.asarray(k, jnp.int32) for k in range(3)], jnp.greater)
     ax, ay = _next3(a), _prev3(a)
@@ -452,7 +452,7 @@ def box_box(g1, g2, margin):
     cyc = lambda v: [_pick3(v, ax), _pick3(v, ay), _pick3(v, a)]
     rcinc = lambda bb: cyc([_pick3(rinc[r], bb) for r in range(3)])  # rinc[(ax,ay,a), bb]
     rb = rcinc(binc)
-    tinc = jnp.where(sgn * rb[2] > 0, -1.0, 1.0)
+    tinc = sel(sgn * rb[2] > 0, -1.0, 1.0)
     tb = tinc * _pick3(sizeinc, binc)
     zs = [1.0, 1.0, sgn]
     sra = _pick3(sizeref, a)
@@ -465,7 +465,7 @@ def box_box(g1, g2, margin):
     signs = np.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], np.float64)
     quad = (_vec3(cx)[None, :] + signs[:, :1].astype(dt) * _vec3(du)[None, :] +
             signs[:, 1:].astype(dt) * _vec3(dv)[None, :])                    # (4, 3)
-    nsign = jnp.where(ref1, sgn, -sgn)
+    nsign = sel(ref1, sgn, -sgn)
     normal = nsign * _pick3(matref.T, a)
     quad, sx, sy, sgn, sra, normal = once(quad, sx, sy, sgn, sra, normal)
     # Sutherland-Hodgman against the four side planes, in MuJoCo's pass order: the
@@ -508,12 +508,12 @@ def _next3(i):
     """(i + 1) % 3 for a traced index in 0..2 by a select: an integer remainder is an
     'expensive' op to XLA, which then materialises it (a kernel) for every consumer
     instead of fusing it into each."""
-    return jnp.where(i >= 2, i - 2, i + 1)
+    return sel(i >= 2, i - 2, i + 1)
 
 
 def _prev3(i):
     """(i + 2) % 3 for a traced index in 0..2 (see :func:`_next3`)."""
-    return jnp.where(i >= 1, i - 1, i + 2)
+    return sel(i >= 1, i - 1, i + 2)
 
 
 def _divmod_small(k, d, nq):
@@ -531,15 +531,12 @@ def _first_best(vals, items, better):
     best, item = vals[0], items[0]
     for v, it in zip(vals[1:], items[1:]):
         win = better(v, best)
-        best = jnp.where(win, v, best)
-        item = jax.tree_util.tree_map(lambda a, b: jnp.where(win, a, b), it, item)
+        best = sel(win, v, best)
+        item = jax.tree_util.tree_map(lambda a, b: sel(win, a, b), it, item)
     return best, item
 
 
-def _pick3(v, i):
-    """``v[i]`` of a 3-vector, or of a list of three scalars, for a traced index, by
-    selects (a vmapped gather is a separate slow kernel on CPU)."""
-    return jnp.where(i == 0, v[0], jnp.where(i == 1, v[1], v[2]))
+_pick3 = pick3
 
 
 def _normalize3(v):
@@ -547,26 +544,26 @@ def _normalize3(v):
     differentiate."""
     sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
     ok = sq > MINVAL * MINVAL
-    n = jnp.where(ok, jnp.sqrt(jnp.where(ok, sq, 1.0)), 0.0)
+    n = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
     okn = n >= MINVAL
-    inv = 1 / jnp.where(okn, n, 1.0)
-    return [jnp.where(okn, v[c] * inv, 1.0 if c == 0 else 0.0) for c in range(3)]
+    inv = 1 / sel(okn, n, 1.0)
+    return [sel(okn, v[c] * inv, 1.0 if c == 0 else 0.0) for c in range(3)]
 
 
 def _vec3(v):
     """A 3-vector of three scalars by selects (a stack is a concatenate: with several
     users, a kernel of its own on CPU)."""
     k = jnp.arange(3)
-    return jnp.where(k == 0, v[0], jnp.where(k == 1, v[1], v[2]))
+    return sel(k == 0, v[0], sel(k == 1, v[1], v[2]))
 
 
 def _sdiv(a, b):
     """a / b with MuJoCo's IEEE semantics for b = 0 (+-inf, or nan for 0/0), safe to
     differentiate (the b = 0 branch is constant)."""
     ok = b != 0
-    q = a / jnp.where(ok, b, 1.0)
-    inf = jnp.where(a > 0, jnp.inf, jnp.where(a < 0, -jnp.inf, jnp.nan))
-    return jnp.where(ok, q, inf)
+    q = a / sel(ok, b, 1.0)
+    inf = sel(a > 0, jnp.inf, sel(a < 0, -jnp.inf, jnp.nan))
+    return sel(ok, q, inf)
 
 
 _CB_EDGES = [(j, i) for j in range(3) for i in range(8) if not i & (1 << j)]
@@ -605,13 +602,13 @@ def capsule_box(g1, g2, margin):
         clamped = jnp.clip(t, -size, size)
         nclamp = (out[0].astype(jnp.int32) + out[1].astype(jnp.int32) +
                   out[2].astype(jnp.int32))
-        c2 = jnp.where(out[2], 2, jnp.where(out[1], 1, jnp.where(out[0], 0, -1)))
+        c2 = sel(out[2], 2, sel(out[1], 1, sel(out[0], 0, -1)))
         dist = dot(clamped - t, clamped - t)
         win = (nclamp <= 1) & (dist < bestdist)
-        bestdist = jnp.where(win, dist, bestdist)
-        bsp = jnp.where(win, float(i), bsp)
-        cltype = jnp.where(win, -2 + i, cltype)
-        clface = jnp.where(win, c2, clface)
+        bestdist = sel(win, dist, bestdist)
+        bsp = sel(win, float(i), bsp)
+        cltype = sel(win, -2 + i, cltype)
+        clface = sel(win, c2, clface)
     # segment against the 12 edges (vectorised; the first strict minimum wins, the face
     # test wins ties as in MuJoCo's sequential scan)
     # edges by axis j (4 each): per-edge values by repeat, not gathers
@@ -626,35 +623,35 @@ def capsule_box(g1, g2, margin):
     v = dot(dif, ha)
     det = ma * mc - mb * mb
     okd = jnp.abs(det) >= MINVAL
-    idet = 1 / jnp.where(okd, det, 1.0)
+    idet = 1 / sel(okd, det, 1.0)
     x1 = (mc * u - mb * v) * idet
     x2 = (ma * v - mb * u) * idet
-    s1 = jnp.where(x1 > 1, 2, jnp.where(x1 < -1, 0, 1))
-    x2 = jnp.where(x1 > 1, (v - mb) / mc, jnp.where(x1 < -1, (v + mb) / mc, x2))
+    s1 = sel(x1 > 1, 2, sel(x1 < -1, 0, 1))
+    x2 = sel(x1 > 1, (v - mb) / mc, sel(x1 < -1, (v + mb) / mc, x2))
     x1 = jnp.clip(x1, -1, 1)
-    s2 = jnp.where(x2 > 1, 2, jnp.where(x2 < -1, 0, 1))
+    s2 = sel(x2 > 1, 2, sel(x2 < -1, 0, 1))
     reclamp = (x2 > 1) | (x2 < -1)
-    x1n = jnp.where(x2 > 1, (u - mb) / ma, (u + mb) / ma)
-    s1 = jnp.where(reclamp, jnp.where(x1n > 1, 2, jnp.where(x1n < -1, 0, s1)), s1)
-    x1 = jnp.where(reclamp, jnp.clip(x1n, -1, 1), x1)
+    x1n = sel(x2 > 1, (u - mb) / ma, (u + mb) / ma)
+    s1 = sel(reclamp, sel(x1n > 1, 2, sel(x1n < -1, 0, s1)), s1)
+    x1 = sel(reclamp, jnp.clip(x1n, -1, 1), x1)
     x2 = jnp.clip(x2, -1, 1)
     d = dif - ha * x2[:, None] + jnp.asarray(np.eye(3)[J], dt) * (sj * x1)[:, None]
-    d2 = jnp.where(okd, dot(d, d), jnp.inf)
+    d2 = sel(okd, dot(d, d), jnp.inf)
     k = jnp.argmin(d2)
     # one gather for the winner's values
     d2k, x2k, x1k, c1k = jnp.stack([d2, x2, x1, (s1 * 3 + s2).astype(dt)], -1)[k]
     win = d2k < bestdist - MINVAL
     c1 = c1k.astype(jnp.int32)
-    bestdist = jnp.where(win, d2k, bestdist)
-    bsp = jnp.where(win, x2k, bsp)
-    bbp = jnp.where(win, x1k, bbp)
+    bestdist = sel(win, d2k, bestdist)
+    bsp = sel(win, x2k, bsp)
+    bbp = sel(win, x1k, bbp)
     # edge k's axis jk = k // 4 and its corner id: its index r = k % 4 among the edges
     # along jk with a zero bit inserted at bit jk (_CB_EDGE_I)
     jk, r = _divmod_small(k, 4, 3)
     ik = ((r >> jk) << (jk + 1)) | (r & ((1 << jk) - 1))
-    clcorner = jnp.where(win, ik + (1 << jk) * (c1 >= 6).astype(c1.dtype), clcorner)
-    cledge = jnp.where(win, jk, cledge)
-    cltype = jnp.where(win, c1, cltype)
+    clcorner = sel(win, ik + (1 << jk) * (c1 >= 6).astype(c1.dtype), clcorner)
+    cledge = sel(win, jk, cledge)
+    cltype = sel(win, c1, cltype)
     bsp, bbp, cltype, clface, clcorner, cledge = once(bsp, bbp, cltype, clface, clcorner,
                                                       cledge)
 
@@ -666,16 +663,16 @@ def capsule_box(g1, g2, margin):
     # case A: a box corner is closest
     cA = axisdir ^ clcorner
     flip = (cA == 3) | (cA == 5) | (cA == 6)
-    mulA = jnp.where(flip, -1.0, 1.0)
-    cA2 = jnp.where(flip, 7 - cA, cA)
-    deA = jnp.where(flip, 1 + bsp, 1 - bsp)
-    dpA = jnp.where(flip, 1 - bsp, 1 + bsp)
-    axA = jnp.where(cA2 == 1, 0, jnp.where(cA2 == 2, 1, 2))
+    mulA = sel(flip, -1.0, 1.0)
+    cA2 = sel(flip, 7 - cA, cA)
+    deA = sel(flip, 1 + bsp, 1 - bsp)
+    dpA = sel(flip, 1 - bsp, 1 + bsp)
+    axA = sel(cA2 == 1, 0, sel(cA2 == 2, 1, 2))
     ax1A, ax2A = _next3(axA), _prev3(axA)
     along = _pick3(axis, axA) * _pick3(axis, axA) > 0.5
     spA_edge = jnp.minimum(deA, _pick3(q2, axA)) * mulA
     spA_face = jnp.minimum(jnp.minimum(dpA, _pick3(q2, ax1A)), _pick3(q2, ax2A)) * -mulA
-    spA = jnp.where(along, spA_edge, spA_face)
+    spA = sel(along, spA_edge, spA_face)
     skipA = (cA == 0) | (cA == 7)
 
     # case B: the middle of a box edge is closest
@@ -683,17 +680,17 @@ def capsule_box(g1, g2, margin):
     skipB = ~((cB == 1) | (cB == 2) | (cB == 4))
     axB = cledge
     ax1B, ax2B = _next3(axB), _prev3(axB)
-    ax1B = jnp.where(jnp.abs(_pick3(axis, ax1B)) > jnp.abs(_pick3(axis, ax2B)), ax2B, ax1B)
+    ax1B = sel(jnp.abs(_pick3(axis, ax1B)) > jnp.abs(_pick3(axis, ax2B)), ax2B, ax1B)
     ax2B = 3 - axB - ax1B
     bit = (cB & (1 << ax2B)) != 0
-    mulB = jnp.where(bit, 1.0, -1.0)
-    spB = jnp.where(bit, 1 - bsp, 1 + bsp)
+    mulB = sel(bit, 1.0, -1.0)
+    spB = sel(bit, 1 - bsp, 1 + bsp)
     spB = jnp.minimum(spB, _pick3(q2, ax2B))
-    e2 = jnp.where(((axisdir & (1 << axB)) != 0) == bit, 1 - bbp, 1 + bbp)
+    e2 = sel(((axisdir & (1 << axB)) != 0) == bit, 1 - bbp, 1 + bbp)
     spB = jnp.minimum(spB, sdiv(_pick3(size, axB) * e2, _pick3(absha, axB))) * mulB
 
     # case C: a capsule end is closest to a box face
-    mulC = jnp.where(cltype == -3, 1.0, -1.0)
+    mulC = sel(cltype == -3, 1.0, -1.0)
     t1 = pos - mulC * ha
     spC = jnp.asarray(2.0, dt)
     # the six face crossings in one division (scanned in MuJoCo's order below)
@@ -702,22 +699,22 @@ def capsule_box(g1, g2, margin):
         for si, sgn in enumerate((1.0, -1.0)):
             e1 = e1s[si, i]
             use = (i != clface) & (e1 > 0) & (e1 < spC)
-            spC = jnp.where(use, e1, spC)
+            spC = sel(use, e1, spC)
     spC = spC * mulC
     skipC = clface == -1
 
     mid = (cltype >= 3) & (cltype < 6)              # cltype // 3 == 1 (cltype in 0..8)
     caseA = (cltype >= 0) & ~mid
     caseB = mid
-    second = jnp.where(caseA, jnp.where(skipA, -4.0, spA),
-                       jnp.where(caseB, jnp.where(skipB, -4.0, spB),
-                                 jnp.where(skipC, -4.0, spC)))
-    second = jnp.where(cltype == -4, -4.0, second)
+    second = sel(caseA, sel(skipA, -4.0, spA),
+                       sel(caseB, sel(skipB, -4.0, spB),
+                                 sel(skipC, -4.0, spC)))
+    second = sel(cltype == -4, -4.0, second)
     none = cltype == -4
     second = once(second)
 
     # both sphere-box contacts in one vmapped call
-    segpos = jnp.stack([bsp, jnp.where(second > -3, second + bsp, bsp)])
+    segpos = jnp.stack([bsp, sel(second > -3, second + bsp, bsp)])
     c = _rot(g2.mat, pos + ha * segpos[:, None]) + g2.pos
     out = jax.vmap(lambda ci: sphere_box(Geom(ci, g1.mat, g1.size), g2, margin))(c)
     out = Pre(*(x[:, 0] for x in out))
