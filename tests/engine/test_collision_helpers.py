@@ -46,7 +46,7 @@ def test_next_prev_pick3():
     np.testing.assert_array_equal(P._next3(i), (np.arange(3) + 1) % 3)
     np.testing.assert_array_equal(P._prev3(i), (np.arange(3) + 2) % 3)
     v = [jnp.asarray(10.0), jnp.asarray(-20.0), jnp.asarray(30.0)]
-    assert [float(P._pick3(v, k)) for k in range(3)] == [10.0, -20.0, 30.0]
+    assert [float(P.pick3(v, k)) for k in range(3)] == [10.0, -20.0, 30.0]
     np.testing.assert_array_equal(P._vec3(v), [10.0, -20.0, 30.0])
 
 

@@ -105,7 +105,7 @@ def sel(c, a, b):
     """``jnp.where(c, a, b)``, as one ``lax.select`` where ``c`` is a bool array and ``a``,
     ``b`` arrays of its shape and one dtype (or a Python scalar and such an array):
     jnp.where traces as a jit of its own with converts and broadcasts, several traced
-    equations where one does (each ~1 ms of trace and lowering). Else jnp.where."""
+    equations where one does (trace and lowering cost per equation). Else jnp.where."""
     if isinstance(c, jax.Array) and c.dtype == jnp.bool_:
         if _scalar(a) and isinstance(b, jax.Array) and jnp.result_type(a, b) == b.dtype:
             a = lax.full_like(b, a)

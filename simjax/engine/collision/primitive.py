@@ -75,7 +75,7 @@ def plane_cylinder(g1, g2, margin):
     general = lsq >= MINVAL * MINVAL
     rad = g2.size[0]
     vec = sel(general, vec * (rad / jnp.sqrt(sel(general, lsq, 1.0))),
-                    g2.mat[:, 0] * rad)
+              g2.mat[:, 0] * rad)
     prjvec = dot(vec, normal)
     axis = axis * g2.size[1]
     prjaxis = prjaxis * g2.size[1]
@@ -201,7 +201,7 @@ def sphere_box(g1, g2, margin):
     k = jnp.argmin(face)
     closest = face[k]
     nearest = sel(jnp.arange(3) == k // 2, sel(k % 2 == 1, -1.0, 1.0),
-                        0.0).astype(center.dtype)
+                  0.0).astype(center.dtype)
     pos_in = center + nearest * ((r - closest) / 2)
     pos_out = 0.5 * clamped + 0.5 * (center + tmp * r)
     pos = sel(inside, pos_in, pos_out)
@@ -227,7 +227,7 @@ def capsule_capsule(g1, g2, margin):
     x2 = sel(x1 > 1, (v - mb) / mc, sel(x1 < -1, (v + mb) / mc, x2))
     x1 = jnp.clip(x1, -1, 1)
     x1 = sel(x2 > 1, jnp.clip((u - mb) / ma, -1, 1),
-                   sel(x2 < -1, jnp.clip((u + mb) / ma, -1, 1), x1))
+             sel(x2 < -1, jnp.clip((u + mb) / ma, -1, 1), x1))
     x2 = jnp.clip(x2, -1, 1)
     r1, r2 = g1.size[0], g2.size[0]
 
@@ -265,30 +265,30 @@ def _onehot(i, dtype):
 def _box_edge(g1, g2, rot, pos21, i, j):
     """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal).
     Written on component lists (scalars): picks of traced components by selects
-    (:func:`_pick3`), no stacked vectors (on CPU a stacked vector with several users, or
+    (:func:`pick3`), no stacked vectors (on CPU a stacked vector with several users, or
     a vmapped gather, is a kernel of its own)."""
     s1 = [g1.size[c] for c in range(3)]
     s2 = [g2.size[c] for c in range(3)]
     R = [[rot[r, c] for c in range(3)] for r in range(3)]
     p21 = [pos21[c] for c in range(3)]
     i1, i2, j1, j2 = _next3(i), _prev3(i), _next3(j), _prev3(j)
-    d2 = [_pick3(R[r], j) for r in range(3)]                          # rot[:, j]
-    u, v = -_pick3(d2, i2), _pick3(d2, i1)
+    d2 = [pick3(R[r], j) for r in range(3)]                          # rot[:, j]
+    u, v = -pick3(d2, i2), pick3(d2, i1)
     ax = [sel(i1 == c, u, sel(i2 == c, v, 0.0)) for c in range(3)]
     ax = _normalize3(ax)
     flip = ax[0] * p21[0] + ax[1] * p21[1] + ax[2] * p21[2] < 0
     ax = [sel(flip, -x, x) for x in ax]
     a2 = [R[0][c] * ax[0] + R[1][c] * ax[1] + R[2][c] * ax[2] for c in range(3)]
-    amb1 = sel(jnp.abs(_pick3(ax, i1)) < _SGNEPS, i1,
-                     sel(jnp.abs(_pick3(ax, i2)) < _SGNEPS, i2, -1))
-    amb2 = sel(jnp.abs(_pick3(a2, j1)) < _SGNEPS, j1,
-                     sel(jnp.abs(_pick3(a2, j2)) < _SGNEPS, j2, -1))
-    b = _pick3(d2, i)
+    amb1 = sel(jnp.abs(pick3(ax, i1)) < _SGNEPS, i1,
+               sel(jnp.abs(pick3(ax, i2)) < _SGNEPS, i2, -1))
+    amb2 = sel(jnp.abs(pick3(a2, j1)) < _SGNEPS, j1,
+               sel(jnp.abs(pick3(a2, j2)) < _SGNEPS, j2, -1))
+    b = pick3(d2, i)
     small = 1 - b * b < MINVAL
     idenom = 1 / sel(small, 1.0, 1 - b * b)
     c1 = [sel(i == c, 0.0, sel(ax[c] >= 0, s1[c], -s1[c])) for c in range(3)]
     cc = [sel(j == c, 0.0, sel(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
-    s1i, s2j = _pick3(s1, i), _pick3(s2, j)
+    s1i, s2j = pick3(s1, i), pick3(s2, j)
     # the four candidate edge pairs (the ambiguous corner of either edge flipped or
     # not); first minimum of the gap in MuJoCo's order
     gaps, ends = [], []
@@ -299,7 +299,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
         c2 = [R[r][0] * ccv[0] + R[r][1] * ccv[1] + R[r][2] * ccv[2] + p21[r]
               for r in range(3)]
         e = [c2[c] - c1v[c] for c in range(3)]
-        d1e, d2e = _pick3(e, i), e[0] * d2[0] + e[1] * d2[1] + e[2] * d2[2]
+        d1e, d2e = pick3(e, i), e[0] * d2[0] + e[1] * d2[1] + e[2] * d2[2]
         sp = sel(small, 0.0, (d1e - b * d2e) * idenom)
         sp = jnp.clip(sp, -s1i, s1i)
         t = jnp.clip(b * sp - d2e, -s2j, s2j)
@@ -413,13 +413,13 @@ def box_box(g1, g2, margin):
     # edge axis nearly parallel to the best face axis: prefer the face
     is_edge = code >= 6
     ei, ej = _divmod_small(sel(is_edge, code - 6, 0), 3, 3)
-    rcol = _pick3(rot.T, ej)
-    rot_e = _pick3(rcol, _prev3(ei)), _pick3(rcol, _next3(ei))
+    rcol = pick3(rot.T, ej)
+    rot_e = pick3(rcol, _prev3(ei)), pick3(rcol, _next3(ei))
     eaxis = _onehot(_next3(ei), dt) * -rot_e[0] + _onehot(_prev3(ei), dt) * rot_e[1]
     eaxis, _ = normalize(eaxis)
     cf = sel(code_face < 3, code_face, code_face - 3)
-    face_dot = sel(code_face < 3, jnp.abs(_pick3(eaxis, cf)),
-                         jnp.abs(dot(eaxis, _pick3(rot.T, cf))))
+    face_dot = sel(code_face < 3, jnp.abs(pick3(eaxis, cf)),
+                   jnp.abs(dot(eaxis, pick3(rot.T, cf))))
     subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
                                           + MINVAL)
     code = sel(subst, code_face, code)
@@ -443,30 +443,30 @@ def box_box(g1, g2, margin):
     rinc = [[sel(ref1, rot[r, c], rot[c, r]) for c in range(3)] for r in range(3)]
     matref = sel(ref1, g1.mat, g2.mat)
     posref = sel(ref1, g1.pos, g2.pos)
-    sgn = sel(_pick3(posoi, a) >= 0, 1.0, -1.0)
-    ra = [jnp.abs(_pick3([rinc[0][c], rinc[1][c], rinc[2][c]], a)) for c in range(3)]
+    sgn = sel(pick3(posoi, a) >= 0, 1.0, -1.0)
+    ra = [jnp.abs(pick3([rinc[0][c], rinc[1][c], rinc[2][c]], a)) for c in range(3)]
     _, binc = _first_best(ra, [jnp.asarray(k, jnp.int32) for k in range(3)], jnp.greater)
     ax, ay = _next3(a), _prev3(a)
     bu, bv = _next3(binc), _prev3(binc)
     # the (ax, ay, a) components: picks of a traced cyclic shift
-    cyc = lambda v: [_pick3(v, ax), _pick3(v, ay), _pick3(v, a)]
-    rcinc = lambda bb: cyc([_pick3(rinc[r], bb) for r in range(3)])  # rinc[(ax,ay,a), bb]
+    cyc = lambda v: [pick3(v, ax), pick3(v, ay), pick3(v, a)]
+    rcinc = lambda bb: cyc([pick3(rinc[r], bb) for r in range(3)])  # rinc[(ax,ay,a), bb]
     rb = rcinc(binc)
     tinc = sel(sgn * rb[2] > 0, -1.0, 1.0)
-    tb = tinc * _pick3(sizeinc, binc)
+    tb = tinc * pick3(sizeinc, binc)
     zs = [1.0, 1.0, sgn]
-    sra = _pick3(sizeref, a)
+    sra = pick3(sizeref, a)
     cx = [(p + tb * r) * z for p, r, z in zip(cyc(posoi), rb, zs)]
     cx[2] = cx[2] - sra
-    su, sv = _pick3(sizeinc, bu), _pick3(sizeinc, bv)
+    su, sv = pick3(sizeinc, bu), pick3(sizeinc, bv)
     du = [su * r * z for r, z in zip(rcinc(bu), zs)]
     dv = [sv * r * z for r, z in zip(rcinc(bv), zs)]
-    sx, sy = _pick3(sizeref, ax), _pick3(sizeref, ay)
+    sx, sy = pick3(sizeref, ax), pick3(sizeref, ay)
     signs = np.asarray([[1, 1], [-1, 1], [-1, -1], [1, -1]], np.float64)
     quad = (_vec3(cx)[None, :] + signs[:, :1].astype(dt) * _vec3(du)[None, :] +
             signs[:, 1:].astype(dt) * _vec3(dv)[None, :])                    # (4, 3)
     nsign = sel(ref1, sgn, -sgn)
-    normal = nsign * _pick3(matref.T, a)
+    normal = nsign * pick3(matref.T, a)
     quad, sx, sy, sgn, sra, normal = once(quad, sx, sy, sgn, sra, normal)
     # Sutherland-Hodgman against the four side planes, in MuJoCo's pass order: the
     # clipped polygon's vertex order is the contacts' order, which the PGS solver's
@@ -535,8 +535,6 @@ def _first_best(vals, items, better):
         item = jax.tree_util.tree_map(lambda a, b: sel(win, a, b), it, item)
     return best, item
 
-
-_pick3 = pick3
 
 
 def _normalize3(v):
@@ -669,9 +667,9 @@ def capsule_box(g1, g2, margin):
     dpA = sel(flip, 1 - bsp, 1 + bsp)
     axA = sel(cA2 == 1, 0, sel(cA2 == 2, 1, 2))
     ax1A, ax2A = _next3(axA), _prev3(axA)
-    along = _pick3(axis, axA) * _pick3(axis, axA) > 0.5
-    spA_edge = jnp.minimum(deA, _pick3(q2, axA)) * mulA
-    spA_face = jnp.minimum(jnp.minimum(dpA, _pick3(q2, ax1A)), _pick3(q2, ax2A)) * -mulA
+    along = pick3(axis, axA) * pick3(axis, axA) > 0.5
+    spA_edge = jnp.minimum(deA, pick3(q2, axA)) * mulA
+    spA_face = jnp.minimum(jnp.minimum(dpA, pick3(q2, ax1A)), pick3(q2, ax2A)) * -mulA
     spA = sel(along, spA_edge, spA_face)
     skipA = (cA == 0) | (cA == 7)
 
@@ -680,14 +678,14 @@ def capsule_box(g1, g2, margin):
     skipB = ~((cB == 1) | (cB == 2) | (cB == 4))
     axB = cledge
     ax1B, ax2B = _next3(axB), _prev3(axB)
-    ax1B = sel(jnp.abs(_pick3(axis, ax1B)) > jnp.abs(_pick3(axis, ax2B)), ax2B, ax1B)
+    ax1B = sel(jnp.abs(pick3(axis, ax1B)) > jnp.abs(pick3(axis, ax2B)), ax2B, ax1B)
     ax2B = 3 - axB - ax1B
     bit = (cB & (1 << ax2B)) != 0
     mulB = sel(bit, 1.0, -1.0)
     spB = sel(bit, 1 - bsp, 1 + bsp)
-    spB = jnp.minimum(spB, _pick3(q2, ax2B))
+    spB = jnp.minimum(spB, pick3(q2, ax2B))
     e2 = sel(((axisdir & (1 << axB)) != 0) == bit, 1 - bbp, 1 + bbp)
-    spB = jnp.minimum(spB, sdiv(_pick3(size, axB) * e2, _pick3(absha, axB))) * mulB
+    spB = jnp.minimum(spB, sdiv(pick3(size, axB) * e2, pick3(absha, axB))) * mulB
 
     # case C: a capsule end is closest to a box face
     mulC = sel(cltype == -3, 1.0, -1.0)
@@ -707,8 +705,8 @@ def capsule_box(g1, g2, margin):
     caseA = (cltype >= 0) & ~mid
     caseB = mid
     second = sel(caseA, sel(skipA, -4.0, spA),
-                       sel(caseB, sel(skipB, -4.0, spB),
-                                 sel(skipC, -4.0, spC)))
+                 sel(caseB, sel(skipB, -4.0, spB),
+                     sel(skipC, -4.0, spC)))
     second = sel(cltype == -4, -4.0, second)
     none = cltype == -4
     second = once(second)
