@@ -418,16 +418,36 @@ ADVANCED_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart", "plugin_stat
                    "history")
 
 
+#: Rank of each state check, in mj_step's order of precedence (a bad qacc is seen
+#: first: see :func:`step`), and the warning each counts.
+_CHECKS = ((3, WARN_BADQACC), (2, WARN_BADQPOS), (1, WARN_BADQVEL))
+
+
+def _first_bad(d: Data, with_qacc: bool):
+    """The rank (``_CHECKS``) of the first failing state check, 0 if none: a bad qacc
+    (mj_checkAcc, only ``with_qacc``), else a bad qpos (mj_checkPos), else a bad qvel
+    (mj_checkVel). One reduction: every entry is given the rank of its check if it is
+    bad (mju_isBad), and the largest wins."""
+    def rank(x, r):
+        return (jnp.isnan(x) | (jnp.abs(x) > MAXVAL)).astype(jnp.int32) * np.int32(r)
+    arrays = ((d.qacc, 3),) if with_qacc else ()
+    parts = [rank(x, r) for x, r in arrays + ((d.qpos, 2), (d.qvel, 1)) if x.size]
+    if not parts:
+        return jnp.zeros((), jnp.int32)
+    return jnp.max(jnp.concatenate(parts))
+
+
 def _select_fields(pred, a, b, names):
     """``b`` with the fields ``names`` replaced by ``where(pred, a, b)``, ``pred`` a
-    scalar.
+    scalar; ``a``: a Data or a dict of arrays by name.
 
     lax.select on an explicit broadcast traces to two operations per field, where
     jnp.where adds a nested jit with its own promotions and broadcasts per field.
     """
     out = {}
     for name in names:
-        x, y = getattr(a, name), getattr(b, name)
+        x = a[name] if isinstance(a, dict) else getattr(a, name)
+        y = getattr(b, name)
         if y.size:
             out[name] = jax.lax.select(jnp.broadcast_to(pred, y.shape),
                                        jnp.broadcast_to(x.astype(y.dtype), y.shape), y)
@@ -465,22 +485,18 @@ def step(m, d: Data) -> Data:
     world only ADVANCED_FIELDS, so no pass over the derived arrays is needed.
     """
     autoreset = not (m.opt.disableflags & DisableBit.AUTORESET)
-    dtype = d.qpos.dtype
-    ncon_max = d.contact.dist.shape[0]
-    bada_in = _is_bad(d.qacc) if autoreset else jnp.zeros((), bool)
-    badq = jnp.logical_and(~bada_in, _is_bad(d.qpos))
-    badv = ~bada_in & ~badq & _is_bad(d.qvel)
+    first = _first_bad(d, autoreset)
     if autoreset:
-        base = io.make_data(m, dtype=dtype, ncon_max=ncon_max)
-        warn = jnp.arange(base.warning.shape[0])
-        fresh = base.replace(warning=((bada_in & (warn == WARN_BADQACC)) |
-                                      (badq & (warn == WARN_BADQPOS)) |
-                                      (badv & (warn == WARN_BADQVEL))).astype(
-                                          base.warning.dtype))
-        d = _select_fields(bada_in | badq | badv, fresh, d, RESET_FIELDS)
+        base = io.reset_fields(m, RESET_FIELDS, d.qpos.dtype)
+        # the warning counters cleared but the one of the failed check
+        slot_rank = np.zeros(base["warning"].shape, np.int32)
+        for rank, slot in _CHECKS:
+            slot_rank[slot] = rank
+        base["warning"] = (slot_rank == first).astype(base["warning"].dtype)
+        d = _select_fields(first > 0, base, d, RESET_FIELDS)
     else:
-        warning = d.warning.at[WARN_BADQPOS].add(badq.astype(jnp.int32))
-        d = d.replace(warning=warning.at[WARN_BADQVEL].add(badv.astype(jnp.int32)))
+        warning = d.warning.at[WARN_BADQPOS].add((first == 2).astype(jnp.int32))
+        d = d.replace(warning=warning.at[WARN_BADQVEL].add((first == 1).astype(jnp.int32)))
     if m.opt.integrator == IntegratorType.RK4:
         # forward runs as the first stage of the RK4 scan (traced once, not twice)
         new, bada = _rk4(m, d, evaluate_first=True, autoreset=autoreset)

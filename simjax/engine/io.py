@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint
-from simjax.engine.data import DATA_FIELDS, Data, field_shape
+from simjax.engine.data import DATA_FIELD_NAMES, DATA_FIELDS, Data, field_shape
 
 
 def _float_dtype(model, dtype=None):
@@ -34,31 +34,45 @@ def make_data(model, dtype=None, ncon_max=None) -> Data:
     ``Data.contact``); default :func:`simjax.engine.collision.contact_capacity`.
     """
     ftype = _float_dtype(model, dtype)
-    kw = {}
-    for name, shape, kind in DATA_FIELDS:
-        dt = {"f": ftype, "i": jnp.int32, "b": jnp.bool_}[kind]
-        kw[name] = jnp.zeros(field_shape(model, shape), dt)
-    kw["qpos"] = jnp.asarray(model.qpos0, ftype).reshape(model.nq)
-    if getattr(model, "nactuator", 0):
-        from simjax.engine.actuation import initial_ctrl
-        kw["ctrl"] = initial_ctrl(model, ftype)
-    if model.nmocap:
-        bodies = _mocap_bodies(model)
-        kw["mocap_pos"] = jnp.asarray(model.body_pos, ftype)[bodies]
-        kw["mocap_quat"] = jnp.asarray(model.body_quat, ftype)[bodies]
-    if model.neq:
-        kw["eq_active"] = jnp.asarray(model.eq_active0, jnp.bool_)
-    if getattr(model, "npluginstate", 0):
-        from simjax.plugins.engine import init_state
-        kw["plugin_state"] = init_state(model, ftype)
+    kw = {name: jnp.asarray(x) for name, x in
+          reset_fields(model, DATA_FIELD_NAMES, ftype).items()}
     from simjax.engine.collision import make_contacts
     kw["contact"] = make_contacts(model, ncon_max, ftype)
-    if getattr(model, "nhistory", 0):
-        from simjax.engine import history
-        kw["history"] = history.init(model, ftype)
     kw["ncon"] = jnp.zeros((), jnp.int32)
     kw.update(constraint.make_efc(model, kw["contact"].slot_dim, ftype))
     return Data(**kw)
+
+
+def reset_fields(model, names, dtype=None) -> dict:
+    """The values :func:`make_data` gives the DATA_FIELDS entries ``names`` (mj_resetData),
+    only those: a reset inside a traced step builds no other field. Zero fields are
+    NumPy arrays (constants: no traced operation); the others are computed from the
+    model's arrays (traced if those are)."""
+    ftype = _float_dtype(model, dtype)
+    kinds = {name: (shape, kind) for name, shape, kind in DATA_FIELDS}
+    out = {}
+    for name in names:
+        shape, kind = kinds[name]
+        dt = {"f": ftype, "i": np.int32, "b": np.bool_}[kind]
+        out[name] = np.zeros(field_shape(model, shape), dt)
+    if "qpos" in out:
+        out["qpos"] = jnp.asarray(model.qpos0, ftype).reshape(model.nq)
+    if "ctrl" in out and getattr(model, "nactuator", 0):
+        from simjax.engine.actuation import initial_ctrl
+        out["ctrl"] = initial_ctrl(model, ftype)
+    if model.nmocap and ("mocap_pos" in out or "mocap_quat" in out):
+        bodies = _mocap_bodies(model)
+        out["mocap_pos"] = jnp.asarray(model.body_pos, ftype)[bodies]
+        out["mocap_quat"] = jnp.asarray(model.body_quat, ftype)[bodies]
+    if "eq_active" in out and model.neq:
+        out["eq_active"] = jnp.asarray(model.eq_active0, jnp.bool_)
+    if "plugin_state" in out and getattr(model, "npluginstate", 0):
+        from simjax.plugins.engine import init_state
+        out["plugin_state"] = init_state(model, ftype)
+    if "history" in out and getattr(model, "nhistory", 0):
+        from simjax.engine import history
+        out["history"] = history.init(model, ftype)
+    return {name: out[name] for name in names}
 
 
 def reset_keyframe(model, data: Data, key_id) -> Data:
