@@ -46,8 +46,8 @@ def _node_transforms(m, d):
 
     body_nodes = np.nonzero(kind == 1)[0]
     if len(body_nodes):
-        pos = _f(m.body_pos, dtype)
-        quat = _f(m.body_quat, dtype)
+        pos = _const(m.body_pos, dtype)
+        quat = _const(m.body_quat, dtype)
         if m.nmocap:
             bodies = _mocap_bodies(m)
             srcb = np.arange(m.nbody)
@@ -68,9 +68,9 @@ def _node_transforms(m, d):
         j = src[jnodes]
         jk = kind[jnodes]
         qadr = np.asarray(m.jnt_qposadr)[j]
-        axis = _f(m.jnt_axis, dtype)[j]
-        jpos = math.unstack(_f(m.jnt_pos, dtype)[j])
-        dq = d.qpos[qadr] - _f(m.qpos0, dtype)[qadr]
+        axis = _const(m.jnt_axis, dtype)[j]
+        jpos = math.unstack(_const(m.jnt_pos, dtype)[j])
+        dq = d.qpos[qadr] - _const(m.qpos0, dtype)[qadr]
         qloc = math.axis_angle_to_quat(axis, dq)                      # hinge
         if np.any(jk == 4):                                           # ball
             bidx = np.minimum(qadr[:, None] + np.arange(4), m.nq - 1)
@@ -138,7 +138,8 @@ def _quat_mat(q):
     """Rotation matrices (n, 3, 3) of component unit quaternions q (4 arrays (n,)) as a
     sum of broadcast products with constant matrices: elementwise, one fused kernel
     (stacking nine components costs XLA CPU concatenations and recomputation)."""
-    coefs = jnp.asarray(_QUAT_COEFS, q[0].dtype)
+    # NumPy coefficients: each term's matrix is a constant, not a traced slice
+    coefs = _QUAT_COEFS.astype(q[0].dtype)
     return sum((q[a] * q[b])[:, None, None] * coefs[t]
                for t, (a, b) in enumerate(_QUAT_PAIRS))
 
@@ -162,7 +163,17 @@ def _local_rot(lquat, dtype):
                     2 * (x * y + w * z), w * w - x * x + y * y - z * z, 2 * (y * z - w * x),
                     2 * (x * z - w * y), 2 * (y * z + w * x), w * w - x * x - y * y + z * z],
                    -1)
-    return _f(mat.reshape(-1, 3, 3), dtype)
+    # a NumPy constant: slicing it in the caller traces nothing
+    return mat.reshape(-1, 3, 3).astype(dtype)
+
+
+def _const(x, dtype):
+    """``x`` as a NumPy array of ``dtype`` when it is concrete (a model constant, as
+    usual: slices of it trace nothing), else as a traced array."""
+    try:
+        return np.asarray(x).astype(dtype)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return jnp.asarray(x, dtype)
 
 
 def _rows(x, idx):
@@ -187,7 +198,7 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
     """
     dtype = d.xpos.dtype
     bpos, bmat = _rows(d.xpos, bodyid), _rows(d.xmat, bodyid)
-    lpos = jnp.asarray(lpos, dtype)
+    lpos = _const(lpos, dtype)
     lmat = _local_rot(lquat, dtype)
     gpos = bpos + sum(bmat[:, :, k] * lpos[:, k:k + 1] for k in range(3))
     gmat = sum(bmat[:, :, k:k + 1] * lmat[:, k:k + 1, :] for k in range(3))
@@ -256,9 +267,9 @@ def kinematics(m, d):
         # CPU slices, reductions and concatenations per element
         before = math.unstack(frames[tab.jnt_pred])
         qn = math.c_quat_normalize(before[3:])
-        xaxis = math.stack(math.c_rot(qn, math.unstack(_f(m.jnt_axis, dtype))))
+        xaxis = math.stack(math.c_rot(qn, math.unstack(_const(m.jnt_axis, dtype))))
         xanchor = math.stack(math.c_add(before[:3], math.c_rot(
-            qn, math.unstack(_f(m.jnt_pos, dtype)))))
+            qn, math.unstack(_const(m.jnt_pos, dtype)))))
         free = np.asarray(m.jnt_type) == JointType.FREE
         if free.any():
             jb = np.asarray(m.jnt_bodyid)
@@ -308,7 +319,7 @@ def com_pos(m, d):
                             moment / jnp.where(small, 1.0, smass)[:, None])
     root = np.asarray(m.body_rootid)
     cinert = math.inert_com(_f(m.body_inertia, dtype), d.ximat, d.xipos - subtree_com[root],
-                        mass)
+                            mass)
     out = dict(subtree_com=subtree_com, cinert=cinert)
     if m.nv:
         cand = [jnp.swapaxes(d.xmat, -1, -2).reshape(m.nbody * 3, 3), jnp.eye(3, dtype=dtype)]
@@ -423,7 +434,7 @@ def crb(m, d):
     if not m.nv:
         return d.replace(crb=crb_)
     f = math.stack(math.c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]),
-                                math.unstack(d.cdof)))
+                                    math.unstack(d.cdof)))
     low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
     # mirror the lower triangle and add armature on the diagonal with static masks
     # (elementwise, one kernel; jnp.diag of a traced matrix adds a conditional)
