@@ -301,7 +301,7 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
             bad = first & _is_bad(d.qacc)
             bada = bada | bad
             if not autoreset:
-                d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bad.astype(jnp.int32)))
+                d = d.replace(warning=_count_warning(d.warning, WARN_BADQACC, bad))
             keep = jax.tree_util.tree_map(lambda x, k: jnp.where(first, x, k),
                                           (d.sensordata, d.energy), keep)
             if m.nhistory:
@@ -423,18 +423,33 @@ ADVANCED_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart", "plugin_stat
 _CHECKS = ((3, WARN_BADQACC), (2, WARN_BADQPOS), (1, WARN_BADQVEL))
 
 
+def _count_warning(warning, slot, flag):
+    """``warning`` with ``flag`` (a bool scalar) added to counter ``slot``: an
+    elementwise add of a constant one-hot (``.at[slot].add`` is a scatter, which XLA
+    compiles with a bounds check of its own)."""
+    onehot = np.arange(warning.shape[-1]) == slot
+    return warning + onehot.astype(warning.dtype) * flag.astype(warning.dtype)
+
+
 def _first_bad(d: Data, with_qacc: bool):
     """The rank (``_CHECKS``) of the first failing state check, 0 if none: a bad qacc
     (mj_checkAcc, only ``with_qacc``), else a bad qpos (mj_checkPos), else a bad qvel
     (mj_checkVel). One reduction: every entry is given the rank of its check if it is
-    bad (mju_isBad), and the largest wins."""
+    bad (mju_isBad), and the largest wins. The arrays' ranks meet in an elementwise
+    maximum of zero-padded copies, not a concatenation, which XLA would split into a
+    reduction per array (each a large kernel to compile)."""
     def rank(x, r):
         return (jnp.isnan(x) | (jnp.abs(x) > MAXVAL)).astype(jnp.int32) * np.int32(r)
     arrays = ((d.qacc, 3),) if with_qacc else ()
     parts = [rank(x, r) for x, r in arrays + ((d.qpos, 2), (d.qvel, 1)) if x.size]
     if not parts:
         return jnp.zeros((), jnp.int32)
-    return jnp.max(jnp.concatenate(parts))
+    n = max(p.shape[0] for p in parts)
+    ranks = [jnp.pad(p, (0, n - p.shape[0])) if p.shape[0] < n else p for p in parts]
+    first = ranks[0]
+    for r in ranks[1:]:
+        first = jnp.maximum(first, r)
+    return jnp.max(first)
 
 
 def _select_fields(pred, a, b, names):
@@ -495,8 +510,8 @@ def step(m, d: Data) -> Data:
         base["warning"] = (slot_rank == first).astype(base["warning"].dtype)
         d = _select_fields(first > 0, base, d, RESET_FIELDS)
     else:
-        warning = d.warning.at[WARN_BADQPOS].add((first == 2).astype(jnp.int32))
-        d = d.replace(warning=warning.at[WARN_BADQVEL].add((first == 1).astype(jnp.int32)))
+        warning = _count_warning(d.warning, WARN_BADQPOS, first == 2)
+        d = d.replace(warning=_count_warning(warning, WARN_BADQVEL, first == 1))
     if m.opt.integrator == IntegratorType.RK4:
         # forward runs as the first stage of the RK4 scan (traced once, not twice)
         new, bada = _rk4(m, d, evaluate_first=True, autoreset=autoreset)
@@ -505,7 +520,7 @@ def step(m, d: Data) -> Data:
     if not autoreset:
         return new
     new = _select_fields(bada, d, new, ADVANCED_FIELDS)
-    return new.replace(warning=new.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
+    return new.replace(warning=_count_warning(new.warning, WARN_BADQACC, bada))
 
 
 def _forward_integrate(m, d: Data, autoreset: bool):
@@ -513,5 +528,5 @@ def _forward_integrate(m, d: Data, autoreset: bool):
     d = forward(m, d)
     bada = _is_bad(d.qacc)
     if not autoreset:
-        d = d.replace(warning=d.warning.at[WARN_BADQACC].add(bada.astype(jnp.int32)))
+        d = d.replace(warning=_count_warning(d.warning, WARN_BADQACC, bada))
     return _integrate(m, d), bada
