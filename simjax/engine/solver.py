@@ -603,15 +603,15 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         qacc = qacc + ad * search
         Ma = Ma + ad * pre["Mv"]
         hess = newton and hessian
-        # the later chunks' Hessian terms are summed apart (chunk 0's are added to M
-        # where the factor is remade)
-        acc = ((jnp.zeros_like(qacc), jnp.zeros_like(M)) if hess and rows.nchunk > 1
-               else (jnp.zeros_like(qacc),))
+        # the later chunks' Hessian terms are added to M in the pass, chunk 0's where
+        # the factor is remade (or in the pass, on a first pass known statically, where
+        # every factor is made: M is then not copied into the later chunks' loop)
+        acc = (jnp.zeros_like(qacc), M) if hess else (jnp.zeros_like(qacc),)
         # a first pass known statically makes no step (alpha 0): the rows stay where
         # they are (no J search)
         acc, (head, hstate, changed) = head_chunk(
-            rows, _update_head, acc, extra=jaref,
-            args=(alpha, take, rpre["Jv"] if search_on else None), jac=True)
+            rows, functools.partial(_update_head, hess and not search_on), acc,
+            extra=jaref, args=(alpha, take, rpre["Jv"] if search_on else None), jac=True)
         acc, rest = rest_chunks(rows, functools.partial(_update_rest, hess), acc,
                                 args=(alpha, take, search if search_on else None),
                                 jac=True, state=jaref.rest)
@@ -624,9 +624,12 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             # factor is remade are computed apart (where_needed): a world's last
             # iterations usually change no state
             need = first | changed | (rows.nact > 1)
-            hx = (M, rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate,
-                  acc[1] if rows.nchunk > 1 else None)
-            lowt = where_needed(functools.partial(_factor, rows.spec), need, hx, s["lowt"])
+            hx = (acc[1], rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate)
+            if search_on:
+                lowt = where_needed(functools.partial(_factor, rows.spec), need, hx,
+                                    s["lowt"])
+            else:
+                lowt = jnp.swapaxes(spd_factor(acc[1]), -1, -2)
             mgrad = spd_solve(jnp.swapaxes(lowt, -1, -2), grad)
         elif newton:
             mgrad = jnp.zeros_like(grad)
@@ -747,10 +750,10 @@ def _update_chunk(hess, spec, x, jaref, J, args, acc):
     return out, jnp.where(isl.rx(~take, True), jaref, new)
 
 
-def _update_head(spec, x, jaref, J, args, acc):
-    """:func:`_update_chunk` on chunk 0 with no Hessian term; out (jaref, the rows'
-    new states, whether a state changed)."""
-    acc, out = _update_chunk(False, spec, x, jaref, J, args, acc)
+def _update_head(hess, spec, x, jaref, J, args, acc):
+    """:func:`_update_chunk` on chunk 0; out (jaref, the rows' new states, whether a
+    state changed)."""
+    acc, out = _update_chunk(hess, spec, x, jaref, J, args, acc)
     state = update(spec, x, out)[1]
     changed = jnp.any(state != update(spec, x, jaref)[1])
     if spec.ell:
@@ -763,14 +766,13 @@ def _update_head(spec, x, jaref, J, args, acc):
 _HESS_KEYS = ("D", "active", "mu", "fr")
 
 
-def _factor(spec, M, J, x, jaref, state, rest):
-    """Transposed factor of the Hessian (:func:`spd_factor`): M plus chunk 0's row
-    terms at ``jaref`` / ``state`` (rows ``x``, Jacobian ``J``), plus ``rest`` (the later
-    chunks' terms; None: none). Transposed, LAPACK's column-major factor is a row-major
+def _factor(spec, H, J, x, jaref, state):
+    """Transposed factor of the Hessian (:func:`spd_factor`): ``H`` (M plus the later
+    chunks' row terms) plus chunk 0's row terms at ``jaref`` / ``state`` (rows ``x``,
+    Jacobian ``J``). Transposed, LAPACK's column-major factor is a row-major
     array, the layout XLA gives loop-carried and conditional values: as it is, it was
     transposed to and from LAPACK's layout on every pass."""
-    H = _hessian(spec, x, J, jaref, state, M)
-    return jnp.swapaxes(spd_factor(H if rest is None else H + rest), -1, -2)
+    return jnp.swapaxes(spd_factor(_hessian(spec, x, J, jaref, state, H)), -1, -2)
 
 
 def _update_rest(hess, spec, x, e, jaref, J, args, acc):
