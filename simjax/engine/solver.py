@@ -549,7 +549,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
 
     The initial gradient, Hessian factor and search direction are computed by a first
     pass of the loop body with no line search (alpha 0), so that the update, Hessian
-    and factorisation appear once in the program."""
+    and factorisation appear once in the program. Newton's factor is carried from pass
+    to pass and remade only where a row changed state (:func:`_update_head`)."""
     nisl = rows.spec.nisl
     isl = Islands(nisl, p.get("rowisl"), p.get("dofisl"))
     tol = p["tolerance"]
@@ -671,8 +672,6 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
                    imp=jnp.where(move, improvement, s["imp"]),
                    gnorm=jnp.where(take, gnorm, s["gnorm"]), first=jnp.zeros((), bool))
         if newton:
-            # islands not taking the step keep their search direction: the factor is
-            # only used where one is taken (as before, where it was remade every pass)
             out["lowt"] = lowt if hess else s["lowt"]
         return out
 
