@@ -735,10 +735,11 @@ def _eval_rest(spec, x, jaref, sc, J, args, acc):
     return _eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc), sc
 
 
-def _update_chunk(hess, spec, x, jaref, J, args, acc):
+def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False):
     """Step of the rows of a chunk (``Jv`` = J search, None: no step): J' force added
     to acc[0], with ``hess`` the Hessian's row terms to acc[1]; out the rows' jaref
-    (kept on islands not taking the step, ``take`` false)."""
+    (kept on islands not taking the step, ``take`` false), with ``states`` and the rows'
+    states after the step (on islands not taking it, those of jaref)."""
     alpha, take, Jv = args
     isl = Islands(spec.nisl, x.get("rowisl"))
     new = jaref if Jv is None else jaref + isl.rx(alpha, 0.0) * Jv
@@ -746,14 +747,14 @@ def _update_chunk(hess, spec, x, jaref, J, args, acc):
     out = (acc[0] + J.T @ force,) + acc[1:]
     if hess:
         out = out[:1] + (_hessian(spec, x, J, new, state, acc[1]),)
-    return out, jnp.where(isl.rx(~take, True), jaref, new)
+    kept = jnp.where(isl.rx(~take, True), jaref, new)
+    return out, ((kept, state) if states else kept)
 
 
 def _update_head(hess, spec, x, jaref, J, args, acc):
     """:func:`_update_chunk` on chunk 0; out (jaref, the rows' new states, whether a
     state changed)."""
-    acc, out = _update_chunk(hess, spec, x, jaref, J, args, acc)
-    state = update(spec, x, out)[1]
+    acc, (out, state) = _update_chunk(hess, spec, x, jaref, J, args, acc, states=True)
     changed = jnp.any(state != update(spec, x, jaref)[1])
     if spec.ell:
         # the cone Hessians follow jaref
