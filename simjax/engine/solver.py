@@ -43,7 +43,7 @@ from simjax.engine.data import NISLAND
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_rows import gather as gather_rows
 from simjax.engine.solver_rows import Chunked, head_chunk, rest_chunks, rest_zeros
-from simjax.engine.solver_rows import row_capacity
+from simjax.engine.solver_rows import row_capacity, where_needed
 from simjax.engine.solver_rows import whole as whole_rows
 from simjax.types import DisableBit, SolverType
 
@@ -549,7 +549,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
 
     The initial gradient, Hessian factor and search direction are computed by a first
     pass of the loop body with no line search (alpha 0), so that the update, Hessian
-    and factorisation appear once in the program."""
+    and factorisation appear once in the program. Newton's factor is carried from pass
+    to pass and remade only where a row changed state (:func:`_update_head`)."""
     nisl = rows.spec.nisl
     isl = Islands(nisl, p.get("rowisl"), p.get("dofisl"))
     tol = p["tolerance"]
@@ -603,20 +604,34 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         qacc = qacc + ad * search
         Ma = Ma + ad * pre["Mv"]
         hess = newton and hessian
+        # the later chunks' Hessian terms are added to M in the pass, chunk 0's where
+        # the factor is remade (or in the pass, on a first pass known statically, where
+        # every factor is made: M is then not copied into the later chunks' loop)
         acc = (jnp.zeros_like(qacc), M) if hess else (jnp.zeros_like(qacc),)
         # a first pass known statically makes no step (alpha 0): the rows stay where
         # they are (no J search)
-        acc, head = head_chunk(rows, functools.partial(_update_chunk, hess), acc,
-                               extra=jaref,
-                               args=(alpha, take, rpre["Jv"] if search_on else None),
-                               jac=True)
+        acc, (head, hstate, changed) = head_chunk(
+            rows, functools.partial(_update_head, hess and not search_on), acc,
+            extra=jaref, args=(alpha, take, rpre["Jv"] if search_on else None), jac=True)
         acc, rest = rest_chunks(rows, functools.partial(_update_rest, hess), acc,
                                 args=(alpha, take, search if search_on else None),
                                 jac=True, state=jaref.rest)
         jaref_new = Chunked(head, rest)
         grad = Ma - p["qfrc_smooth"] - acc[0]
         if hess:
-            mgrad = spd_solve(spd_factor(acc[1]), grad)
+            # the Hessian is a function of the rows' states (and of the cone rows'
+            # jaref): where no state changed and no row is in a cone, the factor in
+            # hand is that of the new Hessian, bit for bit. Worlds (under vmap) whose
+            # factor is remade are computed apart (where_needed): a world's last
+            # iterations usually change no state
+            need = first | changed | (rows.nact > 1)
+            hx = (acc[1], rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate)
+            if search_on:
+                lowt = where_needed(functools.partial(_factor, rows.spec), need, hx,
+                                    s["lowt"])
+            else:
+                lowt = jnp.swapaxes(spd_factor(acc[1]), -1, -2)
+            mgrad = spd_solve(jnp.swapaxes(lowt, -1, -2), grad)
         elif newton:
             mgrad = jnp.zeros_like(grad)
         else:
@@ -651,13 +666,14 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         keep = lambda a, b: jnp.where(kd, a, b)
         done = jnp.where(first, conv0 | ~exists | (iterations <= 0),
                          s["done"] | ~move | conv | (it >= iterations))
-        return dict(qacc=keep(s["qacc"], qacc), Ma=keep(s["Ma"], Ma),
-                    jaref=jaref_new,
-                    search=keep(search, new_search), grad=keep(s["grad"], grad),
-                    mgrad=keep(s["mgrad"], mgrad), iter=it, done=done,
-                    imp=jnp.where(move, improvement, s["imp"]),
-                    gnorm=jnp.where(take, gnorm, s["gnorm"]),
-                    first=jnp.zeros((), bool))
+        out = dict(qacc=keep(s["qacc"], qacc), Ma=keep(s["Ma"], Ma), jaref=jaref_new,
+                   search=keep(search, new_search), grad=keep(s["grad"], grad),
+                   mgrad=keep(s["mgrad"], mgrad), iter=it, done=done,
+                   imp=jnp.where(move, improvement, s["imp"]),
+                   gnorm=jnp.where(take, gnorm, s["gnorm"]), first=jnp.zeros((), bool))
+        if newton:
+            out["lowt"] = lowt if hess else s["lowt"]
+        return out
 
     # the loop carries three arrays instead of eleven (the (nv,) vectors stacked; the
     # per-island statistics, iteration counts and flags stacked as floats, small
@@ -668,21 +684,29 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
 
     def pack(s):
         first = jnp.broadcast_to(s["first"], s["imp"].shape)
+        # Newton's Hessian factor is carried apart: stacked with the vectors, it was
+        # transposed to and from LAPACK's layout on every pass
         return (jnp.stack([s[key] for key in vecs]), s["jaref"],
                 jnp.stack([s["imp"], s["gnorm"], s["iter"].astype(fdt),
-                           s["done"].astype(fdt), first.astype(fdt)]))
+                           s["done"].astype(fdt), first.astype(fdt)]),
+                s["lowt"] if newton else ())
 
     def unpack(c):
-        v, jaref, st = c
-        return dict({key: v[j] for j, key in enumerate(vecs)}, jaref=jaref, imp=st[0],
-                    gnorm=st[1], iter=st[2].astype(jnp.int32), done=st[3] != 0,
-                    first=st[4, 0] != 0)
+        v, jaref, st, low = c
+        out = dict({key: v[j] for j, key in enumerate(vecs)}, jaref=jaref, imp=st[0],
+                   gnorm=st[1], iter=st[2].astype(jnp.int32), done=st[3] != 0,
+                   first=st[4, 0] != 0)
+        if newton:
+            out["lowt"] = low
+        return out
 
     zv = jnp.zeros_like(qacc0)
     s = dict(qacc=qacc0, Ma=Ma0, jaref=jaref0, search=zv, grad=zv, mgrad=zv,
              iter=jnp.zeros(isl.n, jnp.int32), done=jnp.zeros(isl.n, bool),
              imp=jnp.zeros(isl.n, qacc0.dtype), gnorm=jnp.zeros(isl.n, qacc0.dtype),
              first=jnp.ones((), bool))
+    if newton:
+        s["lowt"] = jnp.zeros_like(M)
     if newton and iterations == 1:
         # one iteration at most: the first pass, then one pass whose Hessian factor
         # nothing uses (every island is done after it), unrolled without a loop;
@@ -711,18 +735,44 @@ def _eval_rest(spec, x, jaref, sc, J, args, acc):
     return _eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc), sc
 
 
-def _update_chunk(hess, spec, x, jaref, J, args, acc):
+def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False):
     """Step of the rows of a chunk (``Jv`` = J search, None: no step): J' force added
     to acc[0], with ``hess`` the Hessian's row terms to acc[1]; out the rows' jaref
-    (kept on islands not taking the step, ``take`` false)."""
+    (kept on islands not taking the step, ``take`` false), with ``states`` and the rows'
+    states after the step (on islands not taking it, those of jaref)."""
     alpha, take, Jv = args
     isl = Islands(spec.nisl, x.get("rowisl"))
     new = jaref if Jv is None else jaref + isl.rx(alpha, 0.0) * Jv
     force, state, _ = update(spec, x, new)
-    out = (acc[0] + J.T @ force,)
+    out = (acc[0] + J.T @ force,) + acc[1:]
     if hess:
-        out = out + (_hessian(spec, x, J, new, state, acc[1]),)
-    return out, jnp.where(isl.rx(~take, True), jaref, new)
+        out = out[:1] + (_hessian(spec, x, J, new, state, acc[1]),)
+    kept = jnp.where(isl.rx(~take, True), jaref, new)
+    return out, ((kept, state) if states else kept)
+
+
+def _update_head(hess, spec, x, jaref, J, args, acc):
+    """:func:`_update_chunk` on chunk 0; out (jaref, the rows' new states, whether a
+    state changed)."""
+    acc, (out, state) = _update_chunk(hess, spec, x, jaref, J, args, acc, states=True)
+    changed = jnp.any(state != update(spec, x, jaref)[1])
+    if spec.ell:
+        # the cone Hessians follow jaref
+        changed = changed | jnp.any(state == C.CONE)
+    return acc, (out, state, changed)
+
+
+#: the per-row entries of the Hessian's row terms (:func:`_hessian`)
+_HESS_KEYS = ("D", "active", "mu", "fr")
+
+
+def _factor(spec, H, J, x, jaref, state):
+    """Transposed factor of the Hessian (:func:`spd_factor`): ``H`` (M plus the later
+    chunks' row terms) plus chunk 0's row terms at ``jaref`` / ``state`` (rows ``x``,
+    Jacobian ``J``). Transposed, LAPACK's column-major factor is a row-major
+    array, the layout XLA gives loop-carried and conditional values: as it is, it was
+    transposed to and from LAPACK's layout on every pass."""
+    return jnp.swapaxes(spd_factor(_hessian(spec, x, J, jaref, state, H)), -1, -2)
 
 
 def _update_rest(hess, spec, x, e, jaref, J, args, acc):
