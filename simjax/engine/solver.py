@@ -13,8 +13,9 @@ cost for elliptic contacts). Newton and CG are MuJoCo's primal solvers with its 
 line search (PrimalSearch: Newton steps on the piecewise-quadratic 1-D cost, then a
 bracketed search), run on every constraint island (mj_island) separately as MuJoCo
 4.0.0 does (:class:`simjax.engine.solver_islands.Islands`); PGS
-(:mod:`simjax.engine.pgs`) is MuJoCo's projected Gauss-Seidel on the dual with Nesterov momentum and gradient restarts, per island,
-visiting the blocks in MuJoCo's seeded shuffled order (same iterates as MuJoCo).
+(:mod:`simjax.engine.pgs`) is MuJoCo's projected Gauss-Seidel on the dual with Nesterov
+momentum and gradient restarts, per island, visiting the blocks in MuJoCo's seeded
+shuffled order (same iterates as MuJoCo).
 
 Differentiation (reverse and forward): the solution is differentiated implicitly. The
 optimum satisfies g(qacc*, theta) = M qacc* - qfrc_smooth - J' f(J qacc* - aref) = 0, so
