@@ -286,10 +286,10 @@ def _seg_seg(a0, a1, b0, b1):
     den = aa * ee - bb * bb
     safe = lambda x: sel(jnp.abs(x) > MINVAL, x, 1.0)
     s = sel(den > MINVAL * jnp.maximum(aa * ee, MINVAL),
-                  jnp.clip((bb * f - c * ee) / safe(den), 0.0, 1.0), 0.0)
+            jnp.clip((bb * f - c * ee) / safe(den), 0.0, 1.0), 0.0)
     t = (bb * s + f) / safe(ee)
     s = sel(t < 0, jnp.clip(-c / safe(aa), 0.0, 1.0),
-                  sel(t > 1, jnp.clip((bb - c) / safe(aa), 0.0, 1.0), s))
+            sel(t > 1, jnp.clip((bb - c) / safe(aa), 0.0, 1.0), s))
     t = jnp.clip(t, 0.0, 1.0)
     return a0 + s * d1, b0 + t * d2
 
@@ -490,7 +490,7 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
 
     def basis(n):
         a = sel(jnp.abs(n[0]) < 0.6, jnp.asarray([1.0, 0, 0], dt),
-                      jnp.asarray([0, 1.0, 0], dt))
+                jnp.asarray([0, 1.0, 0], dt))
         t1, _ = normalize(cross(n, a))
         return jnp.stack([t1, cross(n, t1)], -1)           # (3, 2)
 
