@@ -700,15 +700,24 @@ def narrow_group(m, d, p, grp, det_margin, split):
         def skip():
             return jnp.zeros(z.shape, z.dtype), jnp.zeros(nrow, bool), jnp.asarray(idx,
                                                                                  jnp.int32)
-        out, rows, sel = jax.lax.cond(batch_max(count) == 0, skip,
-                                      lambda: _chunked(grp.fn, args(), ok, count))
+        out, rows, sel = jax.lax.cond(batch_max(count) == 0, skip, _branch(
+            lambda: _chunked(grp.fn, args(), ok, count)))
         return unpack(out), rows, count, no, sel
     # the branches return the collider output packed in one array: the skip branch is
     # one zero fill, not one per output leaf
     z, unpack = _pack(_pre_zeros(grp.fn, args()))
     out = jax.lax.cond(batch_max(count) == 0, lambda: jnp.zeros(z.shape, z.dtype),
-                       lambda: _pack(run())[0])
+                       _branch(lambda: _pack(run())[0]))
     return unpack(out), ok, count, no, None
+
+
+def _branch(f):
+    """The branch ``f`` of a ``lax.cond`` whose predicate stays unbatched under ``vmap``
+    (:func:`batch_max`), as a jit call (XLA inlines it: the same program): vmap of
+    such a cond batches each branch twice (once to find which outputs are batched,
+    then with them), a second pass over the collider's equations; a jit call in the
+    branch is batched once, the second pass finds it in JAX's cache."""
+    return lambda: jax.jit(f)()
 
 
 #: pairs per chunk of a costly collider group of more than CHUNK_MIN candidates
@@ -768,7 +777,7 @@ def _chunked(fn, args, ok, count):
 
     def body(_, xs):
         c, idx = xs
-        run = lambda: _pack(jax.vmap(fn)(*take(idx)))[0]
+        run = _branch(lambda: _pack(jax.vmap(fn)(*take(idx)))[0])
         return None, jax.lax.cond(most > c * CHUNK, run, lambda: z_packed)
 
     _, out = jax.lax.scan(body, None, (jnp.arange(nch), sel.reshape(nch, CHUNK)))
