@@ -701,21 +701,24 @@ def _run_or_skip(pred, run, skip):
     pytree of run's outputs, for a ``pred`` that stays unbatched under ``vmap``
     (:func:`batch_max`). lax.cond traces its true branch first: run's output types are
     recorded there (no trace of the collider for its shapes alone); were the order
-    otherwise, ``jax.eval_shape`` of run gives them. run is a jit call (XLA inlines it:
-    the same program): vmap of such a cond batches each branch twice (once to find
-    which outputs are batched, then with them), a second pass over the collider's
-    equations; a jit call in the branch is batched once, the second pass finds it in
-    JAX's cache."""
-    jrun = jax.jit(run)
+    otherwise, ``jax.eval_shape`` of run gives them.
+
+    run is staged as one ``jax.checkpoint`` equation: vmap of such a cond batches each
+    branch twice (once to find which outputs are batched, then with them), and the
+    checkpoint's batched jaxpr is cached, so the collider's equations are batched once.
+    Without CSE prevention the checkpoint lowers inline (the same program), and saving
+    every residual keeps reverse mode from recomputing the collider."""
+    run_ck = jax.checkpoint(run, prevent_cse=False,
+                            policy=jax.checkpoint_policies.everything_saveable)
     seen = []
 
     def run_branch():
-        out = jrun()
+        out = run_ck()
         seen.append(jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                            out))
         return out
     return jax.lax.cond(pred, run_branch,
-                        lambda: skip(seen[0] if seen else jax.eval_shape(jrun)))
+                        lambda: skip(seen[0] if seen else jax.eval_shape(run)))
 
 
 def _zeros(types):
