@@ -698,22 +698,13 @@ def narrow_group(m, d, p, grp, det_margin, split):
 
 def _run_or_skip(pred, run, skip):
     """``lax.cond(pred, run, lambda: skip(types))`` with ``types`` the ``ShapeDtypeStruct``
-    pytree of run's outputs, for a ``pred`` that stays unbatched under ``vmap``
-    (:func:`batch_max`). lax.cond traces its true branch first: run's output types are
-    recorded there (no trace of the collider for its shapes alone); were the order
-    otherwise, ``jax.eval_shape`` of run gives them.
-
-    run is staged as one ``jax.checkpoint`` equation: vmap of such a cond batches each
-    branch twice (once to find which outputs are batched, then with them), and the
-    checkpoint's batched jaxpr is cached, so the collider's equations are batched once.
-    Without CSE prevention the checkpoint lowers inline (the same program), and saving
-    every residual keeps reverse mode from recomputing the collider."""
-    run_ck = jax.checkpoint(run, prevent_cse=False,
-                            policy=jax.checkpoint_policies.everything_saveable)
+    pytree of run's outputs: lax.cond traces its true branch first, run's output types
+    are recorded there (no trace of the collider for its shapes alone); were the order
+    otherwise, ``jax.eval_shape`` of run gives them."""
     seen = []
 
     def run_branch():
-        out = run_ck()
+        out = run()
         seen.append(jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                            out))
         return out
