@@ -591,7 +591,7 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
         fn = lambda v: _convex_prism(t2, g2.size, vert, lmat, lpos, mesh, v, s3)
     dist, pos, n = jax.vmap(fn)(prisms)
     valid = pok & (dist < margin)
-    if prisms.shape[0] > MAXCONPAIR:
+    if prisms.shape[0] > MAXCONPAIR:     # else the cap cannot bind (one contact a prism)
         valid = valid & (jnp.cumsum(valid) <= MAXCONPAIR)
     k = min(MAXCONPAIR, prisms.shape[0])
     if k < prisms.shape[0]:
