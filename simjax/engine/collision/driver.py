@@ -595,28 +595,10 @@ def _box_filter(m, d, g1, g2, margin, pose1=None, pose2=None, size1=None, size2=
     return ~sep
 
 
-_SHAPES: dict = {}
-
-
 def _group_args(m, d, fn, g1, g2, dm, ftype):
     """The collider's arguments for every pair of a group (geoms with their mesh data)."""
     return _pose_args(m, fn, g1, g2, dm, (d.geom_xpos[g1], d.geom_xmat[g1]),
                       (d.geom_xpos[g2], d.geom_xmat[g2]), ftype)
-
-
-def _pre_zeros(fn, args):
-    """Invalid (all-zero) collider output for the pairs of ``args``: shapes from one
-    abstract evaluation of the collider on a single pair (cached per collider and input
-    shapes)."""
-    n = args[2].shape[0]
-    one_pair = lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
-    args = jax.tree_util.tree_map(one_pair, args)
-    leaves, tree = jax.tree_util.tree_flatten(args)
-    key = (fn, tree, tuple((x.shape, str(x.dtype)) for x in leaves))
-    shapes = _SHAPES.get(key)
-    if shapes is None:
-        shapes = _SHAPES[key] = jax.eval_shape(fn, *args)
-    return jax.tree_util.tree_map(lambda s: jnp.zeros((n,) + s.shape, s.dtype), shapes)
 
 
 def _pair_cap(m, p, grp, split):
@@ -694,21 +676,45 @@ def narrow_group(m, d, p, grp, det_margin, split):
         nrow = -(-len(grp.cand) // CHUNK) * CHUNK
         idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
 
-        z, unpack = _pack(_pre_zeros(grp.fn, jax.tree_util.tree_map(lambda x: x[idx],
-                                                                    args())))
+        found = {}
 
-        def skip():
-            return jnp.zeros(z.shape, z.dtype), jnp.zeros(nrow, bool), jnp.asarray(idx,
-                                                                                 jnp.int32)
-        out, rows, sel = jax.lax.cond(batch_max(count) == 0, skip,
-                                      lambda: _chunked(grp.fn, args(), ok, count))
-        return unpack(out), rows, count, no, sel
+        def skip(types):
+            return (jnp.zeros(types[0].shape, types[0].dtype), jnp.zeros(nrow, bool),
+                    jnp.asarray(idx, jnp.int32))
+        out, rows, sel = _run_or_skip(batch_max(count) > 0,
+                                      lambda: _chunked(grp.fn, args(), ok, count, found),
+                                      skip)
+        return found["unpack"](out), rows, count, no, sel
     # the branches return the collider output packed in one array: the skip branch is
     # one zero fill, not one per output leaf
-    z, unpack = _pack(_pre_zeros(grp.fn, args()))
-    out = jax.lax.cond(batch_max(count) == 0, lambda: jnp.zeros(z.shape, z.dtype),
-                       lambda: _pack(run())[0])
-    return unpack(out), ok, count, no, None
+    found = {}
+
+    def packed():
+        out, found["unpack"] = _pack(run())
+        return out
+    out = _run_or_skip(batch_max(count) > 0, packed, _zeros)
+    return found["unpack"](out), ok, count, no, None
+
+
+def _run_or_skip(pred, run, skip):
+    """``lax.cond(pred, run, lambda: skip(types))`` with ``types`` the ``ShapeDtypeStruct``
+    pytree of run's outputs: lax.cond traces its true branch first, run's output types
+    are recorded there (no trace of the collider for its shapes alone); were the order
+    otherwise, ``jax.eval_shape`` of run gives them."""
+    seen = []
+
+    def run_branch():
+        out = run()
+        seen.append(jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                           out))
+        return out
+    return jax.lax.cond(pred, run_branch,
+                        lambda: skip(seen[0] if seen else jax.eval_shape(run)))
+
+
+def _zeros(types):
+    """Zeros of the ``ShapeDtypeStruct`` pytree ``types``."""
+    return jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), types)
 
 
 #: pairs per chunk of a costly collider group of more than CHUNK_MIN candidates
@@ -747,7 +753,7 @@ def _pack(tree):
     return packed, unpack
 
 
-def _chunked(fn, args, ok, count):
+def _chunked(fn, args, ok, count, found):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over
     the chunks of the passing pairs (compacted in order by :func:`first_k`), each a
     ``lax.cond`` on whether any world has a passing pair in it (:func:`batch_max`), so
@@ -756,7 +762,8 @@ def _chunked(fn, args, ok, count):
     group's arguments packed side by side (:func:`_pack`: one gather kernel, not one
     per argument; the pairs' poses are gathered up front anyway, for the bounding-box
     filter); its output leaves one packed array. Returns (the packed collider output,
-    which rows are passing pairs, the group-local pair of each row)."""
+    which rows are passing pairs, the group-local pair of each row); sets
+    ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
     ar = np.arange(n)
@@ -764,12 +771,14 @@ def _chunked(fn, args, ok, count):
     most = batch_max(count)
     packed, unpack = _pack(args)
     take = lambda idx: unpack(packed[idx])
-    z_packed, _ = _pack(_pre_zeros(fn, take(np.arange(CHUNK))))
 
     def body(_, xs):
         c, idx = xs
-        run = lambda: _pack(jax.vmap(fn)(*take(idx)))[0]
-        return None, jax.lax.cond(most > c * CHUNK, run, lambda: z_packed)
+
+        def run():
+            out, found["unpack"] = _pack(jax.vmap(fn)(*take(idx)))
+            return out
+        return None, _run_or_skip(most > c * CHUNK, run, _zeros)
 
     _, out = jax.lax.scan(body, None, (jnp.arange(nch), sel.reshape(nch, CHUNK)))
     return out.reshape(nch * CHUNK, -1), jnp.arange(nch * CHUNK) < count, sel

@@ -58,7 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.collision.common import MINVAL, Pre, cross, dot, normalize, safe_norm
+from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, safe_norm,
+                                            sel)
 from simjax.types import EnableBit
 from simjax.types import GeomType as GT
 
@@ -171,7 +172,7 @@ def _support(t, size, vert, mat, pos, d):
         loc = u * size[0]
     elif t == GT.CAPSULE:
         u, _ = normalize(ld)
-        loc = u * size[0] + jnp.asarray([0, 0, 1.0], d.dtype) * jnp.where(
+        loc = u * size[0] + jnp.asarray([0, 0, 1.0], d.dtype) * sel(
             ld[..., 2:3] >= 0, size[1], -size[1])
     elif t == GT.ELLIPSOID:
         u, _ = normalize(ld * size)
@@ -179,11 +180,11 @@ def _support(t, size, vert, mat, pos, d):
     elif t == GT.CYLINDER:
         xy = ld * jnp.asarray([1.0, 1.0, 0.0], d.dtype)
         u, n = normalize(xy)
-        u = jnp.where((n > MINVAL)[..., None], u, 0.0)
-        loc = u * size[0] + jnp.asarray([0, 0, 1.0], d.dtype) * jnp.where(
+        u = sel((n > MINVAL)[..., None], u, 0.0)
+        loc = u * size[0] + jnp.asarray([0, 0, 1.0], d.dtype) * sel(
             ld[..., 2:3] >= 0, size[1], -size[1])
     elif t == GT.BOX:
-        loc = jnp.where(ld >= 0, size, -size)
+        loc = sel(ld >= 0, size, -size)
     elif t == GT.MESH:
         pr = ld @ vert.T
         loc = vert[jnp.argmax(pr, axis=-1)]
@@ -221,7 +222,7 @@ def _prism_planes(v, base):
     t = v[3:]
     dt = v.dtype
     ntop = cross(t[1] - t[0], t[2] - t[0])
-    ntop = jnp.where(ntop[2] < 0, -ntop, ntop)
+    ntop = sel(ntop[2] < 0, -ntop, ntop)
     ntop, _ = normalize(ntop)
     nbot = jnp.asarray([0.0, 0.0, -1.0], dt)
     e = jnp.roll(t, -1, axis=0) - t                         # edges i -> i+1
@@ -229,7 +230,7 @@ def _prism_planes(v, base):
     side, _ = normalize(side)
     cen = (t[0] + t[1] + t[2]) / 3
     out = dot(side, cen - t) > 0
-    side = jnp.where(out[:, None], -side, side)
+    side = sel(out[:, None], -side, side)
     nrm = jnp.concatenate([ntop[None], nbot[None], side])
     off = jnp.concatenate([dot(ntop, t[0])[None], jnp.asarray(base, dt)[None],
                            dot(side, t)])
@@ -249,7 +250,7 @@ def _seg_closest(p, a, b):
     """Closest point of segment ab to points p (..., 3)."""
     ab = b - a
     den = dot(ab, ab)
-    s = jnp.clip(dot(p - a, ab) / jnp.where(den > MINVAL, den, 1.0), 0.0, 1.0)
+    s = jnp.clip(dot(p - a, ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
     return a + s[..., None] * ab
 
 
@@ -266,15 +267,15 @@ def _point_prism(p, v, nrm, off):
     # viol[f, j]: projection on face f against plane j (0 on f itself)
     viol = (q[:, None, 0] * nrm[None, :, 0] + q[:, None, 1] * nrm[None, :, 1] +
             q[:, None, 2] * nrm[None, :, 2]) - off[None, :]
-    viol = jnp.where(jnp.eye(5, dtype=bool), -1.0, viol)
+    viol = sel(jnp.eye(5, dtype=bool), -1.0, viol)
     inface = (s > 0) & jnp.all(viol <= 0, axis=1)
     edges = _prism_edges(v)
     qe = _seg_closest(p, edges[:, 0], edges[:, 1])              # (9, 3)
     cand = jnp.concatenate([q, qe])
     dc = cand - p
-    d2 = jnp.where(jnp.concatenate([inface, jnp.ones(9, bool)]), dot(dc, dc), jnp.inf)
+    d2 = sel(jnp.concatenate([inface, jnp.ones(9, bool)]), dot(dc, dc), jnp.inf)
     pick = jnp.arange(14) == jnp.argmin(d2)
-    return jnp.sum(jnp.where(pick[:, None], cand, 0.0), 0)
+    return jnp.sum(sel(pick[:, None], cand, 0.0), 0)
 
 
 def _seg_seg(a0, a1, b0, b1):
@@ -283,12 +284,12 @@ def _seg_seg(a0, a1, b0, b1):
     aa, ee, f = dot(d1, d1), dot(d2, d2), dot(d2, r)
     c, bb = dot(d1, r), dot(d1, d2)
     den = aa * ee - bb * bb
-    safe = lambda x: jnp.where(jnp.abs(x) > MINVAL, x, 1.0)
-    s = jnp.where(den > MINVAL * jnp.maximum(aa * ee, MINVAL),
-                  jnp.clip((bb * f - c * ee) / safe(den), 0.0, 1.0), 0.0)
+    safe = lambda x: sel(jnp.abs(x) > MINVAL, x, 1.0)
+    s = sel(den > MINVAL * jnp.maximum(aa * ee, MINVAL),
+            jnp.clip((bb * f - c * ee) / safe(den), 0.0, 1.0), 0.0)
     t = (bb * s + f) / safe(ee)
-    s = jnp.where(t < 0, jnp.clip(-c / safe(aa), 0.0, 1.0),
-                  jnp.where(t > 1, jnp.clip((bb - c) / safe(aa), 0.0, 1.0), s))
+    s = sel(t < 0, jnp.clip(-c / safe(aa), 0.0, 1.0),
+            sel(t > 1, jnp.clip((bb - c) / safe(aa), 0.0, 1.0), s))
     t = jnp.clip(t, 0.0, 1.0)
     return a0 + s * d1, b0 + t * d2
 
@@ -302,8 +303,8 @@ def _sphere_prism(v, base, c, r):
     inside = s[k] <= 0
     q = _point_prism(c, v, nrm, off)
     n_out, dd = normalize(c - q)
-    n = jnp.where(inside, nrm[k], n_out)
-    dist = jnp.where(inside, s[k], dd) - r
+    n = sel(inside, nrm[k], n_out)
+    dist = sel(inside, s[k], dd) - r
     pos = c - n * (r + 0.5 * dist)
     return dist, pos, n
 
@@ -321,7 +322,7 @@ def _capsule_prism(v, base, a0, a1, r):
     seg = a1 - a0
     ed = edges[:, 1] - edges[:, 0]
     cr, ln = normalize(cross(ed, seg))
-    cr = jnp.where((ln > 1e-9)[:, None], cr, nrm[:1])
+    cr = sel((ln > 1e-9)[:, None], cr, nrm[:1])
     axes = jnp.concatenate([nrm, cr, -cr])
     lo = jnp.minimum(axes @ a0, axes @ a1)
     s = _sep_axes(axes, v, lo)
@@ -338,15 +339,15 @@ def _capsule_prism(v, base, a0, a1, r):
     n_out, dd = normalize(xs[j] - ys[j])
     # crossing: witness on the segment along the best axis
     is_face = k < 5
-    e_lo = jnp.where(dot(n_sat, a0) <= dot(n_sat, a1), 0, 1)
-    xf = jnp.where(e_lo == 0, a0, a1)
-    ke = jnp.where(k >= 5 + 9, k - 14, k - 5)
+    e_lo = sel(dot(n_sat, a0) <= dot(n_sat, a1), 0, 1)
+    xf = sel(e_lo == 0, a0, a1)
+    ke = sel(k >= 5 + 9, k - 14, k - 5)
     kc = jnp.clip(ke, 0, 8)
     xc, _ = _seg_seg(a0, a1, edges[kc, 0], edges[kc, 1])
-    xin = jnp.where(is_face, xf, xc)
-    n = jnp.where(crossing, n_sat, n_out)
-    dist = jnp.where(crossing, s_sat, dd) - r
-    x = jnp.where(crossing, xin, xs[j])
+    xin = sel(is_face, xf, xc)
+    n = sel(crossing, n_sat, n_out)
+    dist = sel(crossing, s_sat, dd) - r
+    x = sel(crossing, xin, xs[j])
     pos = x - n * (r + 0.5 * dist)
     return dist, pos, n
 
@@ -394,7 +395,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     dirs = [nrm, gf, -gf]
     if ge.shape[0]:
         c, ln = normalize(cross(pdir[:, None, :], ge[None, :, :]).reshape(-1, 3))
-        c = jnp.where((ln > 1e-9)[:, None], c, nrm[:1])
+        c = sel((ln > 1e-9)[:, None], c, nrm[:1])
         dirs += [c, -c]
     cdif, _ = normalize(pos - jnp.mean(v, 0))
     dirs += [cdif[None], jnp.asarray(_FIXED_DIRS, dt), mat.T, -mat.T]
@@ -419,8 +420,8 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
             trial, _ = normalize(n + eta * gt)
             st = sep(trial)
             better = st > sb
-            return (jnp.where(better, trial, n), jnp.where(better, st, sb),
-                    jnp.where(better, eta * 1.5, eta * 0.3)), None
+            return (sel(better, trial, n), sel(better, st, sb),
+                    sel(better, eta * 1.5, eta * 0.3)), None
 
         (n, sb, _), _ = jax.lax.scan(body, (n, sb, 1.0 / scale), None, length=REFINE_ITERS)
         if t == GT.ELLIPSOID:      # polish from the refined and the top-face normals
@@ -451,7 +452,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
             (safe_norm(ld[:2]) * size[0] > tol)
     a = v[jnp.argmax(v @ n)]
     use_a = prism_unique & ~geom_unique
-    return dist, jnp.where(use_a, a + n * (0.5 * dist), pos_b), n
+    return dist, sel(use_a, a + n * (0.5 * dist), pos_b), n
 
 
 def _point_cylinder_dir(p, c, a, r, h):
@@ -466,8 +467,8 @@ def _point_cylinder_dir(p, c, a, r, h):
     q = c + jnp.clip(z, -h, h) * a + jnp.minimum(rho, r) * rdir
     n_out, _ = normalize(q - p)
     cap = jnp.abs(z) - h > rho - r
-    n_in = jnp.where(cap, -jnp.sign(z) * a, -rdir)
-    return jnp.where(outside, n_out, n_in)
+    n_in = sel(cap, -jnp.sign(z) * a, -rdir)
+    return sel(outside, n_out, n_in)
 
 
 def _ellipsoid_polish(size, mat, pos, v, n0, sep):
@@ -488,8 +489,8 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
         return grad, hess
 
     def basis(n):
-        a = jnp.where(jnp.abs(n[0]) < 0.6, jnp.asarray([1.0, 0, 0], dt),
-                      jnp.asarray([0, 1.0, 0], dt))
+        a = sel(jnp.abs(n[0]) < 0.6, jnp.asarray([1.0, 0, 0], dt),
+                jnp.asarray([0, 1.0, 0], dt))
         t1, _ = normalize(cross(n, a))
         return jnp.stack([t1, cross(n, t1)], -1)           # (3, 2)
 
@@ -504,8 +505,8 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
             det = ht[0, 0] * ht[1, 1] - ht[0, 1] * ht[1, 0]
             nd = (ht[0, 0] < 0) & (det > MINVAL)
             inv = jnp.stack([jnp.stack([ht[1, 1], -ht[0, 1]]),
-                             jnp.stack([-ht[1, 0], ht[0, 0]])]) / jnp.where(nd, det, 1.0)
-            dlt = jnp.where(nd, -inv @ gt, gt * 0.1)
+                             jnp.stack([-ht[1, 0], ht[0, 0]])]) / sel(nd, det, 1.0)
+            dlt = sel(nd, -inv @ gt, gt * 0.1)
             ln = safe_norm(dlt)
             dlt = dlt * jnp.minimum(1.0, 0.5 / jnp.maximum(ln, MINVAL))
             out, _ = normalize(n + tb @ dlt)
@@ -518,7 +519,7 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
         w = pos - va
         u, _ = normalize(vb - va)
         p0, ok = normalize(n0 - u * dot(n0, u))
-        p0 = jnp.where(ok > 1e-9, p0, basis(u)[:, 0])
+        p0 = sel(ok > 1e-9, p0, basis(u)[:, 0])
         q0 = cross(u, p0)
 
         def step(th, _):
@@ -527,7 +528,7 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
             grad, hess = parts(w, n)
             g1 = dot(grad, dn)
             g2 = dn @ hess @ dn - dot(grad, n)
-            dth = jnp.where(g2 < -MINVAL, -g1 / jnp.where(g2 < -MINVAL, g2, -1.0), 0.1 * g1)
+            dth = sel(g2 < -MINVAL, -g1 / sel(g2 < -MINVAL, g2, -1.0), 0.1 * g1)
             return th + jnp.clip(dth, -0.5, 0.5), None
 
         th, _ = jax.lax.scan(step, jnp.zeros((), dt), None, length=12)
@@ -559,8 +560,8 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
     rmin = jnp.maximum(0, jnp.floor((lo[1] - margin + s1) * fy).astype(jnp.int32))
     rmax = jnp.minimum(nrow - 1, jnp.ceil((hi[1] + margin + s1) * fy).astype(jnp.int32))
     # cells of the static window in MuJoCo's order (rows, then columns)
-    rr = rmin + jnp.repeat(jnp.arange(nr), nc)
-    cc = cmin + jnp.tile(jnp.arange(nc), nr)
+    rr = rmin + np.repeat(np.arange(nr, dtype=np.int32), nc)
+    cc = cmin + np.tile(np.arange(nc, dtype=np.int32), nr)
     cell_ok = ok & (rr < rmax) & (cc < cmax)
     r0 = jnp.clip(rr, 0, nrow - 2)
     c0 = jnp.clip(cc, 0, ncol - 2)
@@ -590,13 +591,14 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
         fn = lambda v: _convex_prism(t2, g2.size, vert, lmat, lpos, mesh, v, s3)
     dist, pos, n = jax.vmap(fn)(prisms)
     valid = pok & (dist < margin)
-    valid = valid & (jnp.cumsum(valid) <= MAXCONPAIR)
+    if prisms.shape[0] > MAXCONPAIR:     # else the cap cannot bind (one contact a prism)
+        valid = valid & (jnp.cumsum(valid) <= MAXCONPAIR)
     k = min(MAXCONPAIR, prisms.shape[0])
     if k < prisms.shape[0]:
         idx = jnp.nonzero(valid, size=k, fill_value=0)[0]
-        sel = jnp.arange(k) < jnp.sum(valid)
+        keep = jnp.arange(k) < jnp.sum(valid)
         dist, pos, n = dist[idx], pos[idx], n[idx]
-        valid = sel
+        valid = keep
     pos = pos @ hm.T + g1.pos
     n = n @ hm.T
     return Pre(dist, pos, n, jnp.zeros_like(pos), valid)
