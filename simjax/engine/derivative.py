@@ -111,8 +111,8 @@ def fluid_vel(m, d, symmetrize):
     bodies (MuJoCo does this for implicitfast).
     """
     dtype = d.qpos.dtype
-    dens = passive._concrete(m.opt.density)
-    visc = passive._concrete(m.opt.viscosity)
+    dens = tables.concrete(m.opt.density)
+    visc = tables.concrete(m.opt.viscosity)
     if dens is not None and visc is not None and dens == 0 and visc == 0:
         return jnp.zeros((m.nv, m.nv), dtype)
     total = jnp.zeros((m.nv, m.nv), dtype)

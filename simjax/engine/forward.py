@@ -30,7 +30,7 @@ from simjax.engine import support
 from simjax.engine import tables
 from simjax.engine import tendon
 from simjax.engine import tree_linalg
-from simjax.engine.data import (DATA_FIELD_NAMES, WARN_BADQACC, WARN_BADQPOS,
+from simjax.engine.data import (DATA_FIELD_NAMES, NWARNING, WARN_BADQACC, WARN_BADQPOS,
                                 WARN_BADQVEL, Data)
 from simjax.errors import UnsupportedFeatureError
 from simjax.plugins import engine as plugins
@@ -174,13 +174,6 @@ def _advance(m, d: Data, act_dot, qacc, qvel=None, hist=None) -> Data:
     return d
 
 
-def _concrete(x):
-    try:
-        return np.asarray(x)
-    except Exception:
-        return None
-
-
 def _euler_damped(m):
     """Whether mj_Euler integrates damping implicitly: True/False when decidable at trace
     time, else None (damping parameters are traced)."""
@@ -188,7 +181,7 @@ def _euler_damped(m):
         return False
     if np.any(np.asarray(m.jnt_actuatorid)[np.asarray(m.dof_jntid)] != -1):
         return True
-    damping, poly = _concrete(m.dof_damping), _concrete(m.dof_dampingpoly)
+    damping, poly = tables.concrete(m.dof_damping), tables.concrete(m.dof_dampingpoly)
     if damping is None or poly is None:
         return None
     return bool(np.any(damping > 0) or np.any(poly != 0))
@@ -428,6 +421,10 @@ ADVANCED_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart", "plugin_stat
 #: Rank of each state check, in mj_step's order of precedence (a bad qacc is seen
 #: first: see :func:`step`), and the warning each counts.
 _CHECKS = ((3, WARN_BADQACC), (2, WARN_BADQPOS), (1, WARN_BADQVEL))
+#: (NWARNING,) the rank of the check each warning counter belongs to (0: none)
+_SLOT_RANK = np.zeros(NWARNING, np.int32)
+for _rank, _slot in _CHECKS:
+    _SLOT_RANK[_slot] = _rank
 
 
 def _count_warning(warning, slot, flag):
@@ -513,10 +510,7 @@ def step(m, d: Data) -> Data:
     if autoreset:
         base = io.reset_fields(m, RESET_FIELDS, d.qpos.dtype)
         # the warning counters cleared but the one of the failed check
-        slot_rank = np.zeros(base["warning"].shape, np.int32)
-        for rank, slot in _CHECKS:
-            slot_rank[slot] = rank
-        base["warning"] = (slot_rank == first).astype(base["warning"].dtype)
+        base["warning"] = (_SLOT_RANK == first).astype(base["warning"].dtype)
         d = _select_fields(first > 0, base, d, RESET_FIELDS)
     else:
         warning = _count_warning(d.warning, WARN_BADQPOS, first == 2)

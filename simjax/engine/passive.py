@@ -17,6 +17,7 @@ import numpy as np
 from simjax.engine import math
 from simjax.engine import smooth
 from simjax.engine import support
+from simjax.engine import tables
 from simjax.types import DisableBit, GeomType, JointType
 
 
@@ -58,7 +59,7 @@ def _joint_spring_dofs(m, qpos, dtype):
     # joints whose stiffness is known (not traced) to be zero have no spring: skip
     # them statically (a free joint's quaternion difference is costly)
     live = np.ones(m.njnt, bool)
-    ks, kp = _concrete(m.jnt_stiffness), _concrete(m.jnt_stiffnesspoly)
+    ks, kp = tables.concrete(m.jnt_stiffness), tables.concrete(m.jnt_stiffnesspoly)
     if ks is not None and kp is not None:
         live = (ks != 0) | np.any(kp.reshape(m.njnt, 2) != 0, axis=1)
     jtype = np.where(live, jtype, -1)
@@ -261,14 +262,6 @@ def _max_moment(size, k):
     return 8.0 / 15.0 * jnp.pi * d0 * jnp.maximum(d1, d2) ** 4
 
 
-def _concrete(x):
-    """numpy value of x if it is concrete (not traced), else None."""
-    try:
-        return np.asarray(x)
-    except Exception:
-        return None
-
-
 def fluid_plan(m):
     """Which elements use which fluid model.
 
@@ -281,7 +274,7 @@ def fluid_plan(m):
     everywhere and the weights select them.
     """
     gb = np.asarray(m.geom_bodyid)
-    gf = _concrete(m.geom_fluid)
+    gf = tables.concrete(m.geom_fluid)
     if gf is not None:
         coef = gf.reshape(m.ngeom, 12)[:, 0]
         use_ell = np.zeros(m.nbody, bool)
@@ -368,7 +361,7 @@ def fluid(m, d):
     traced, a ``lax.cond`` on them skips the work at run time.
     """
     dtype = d.qpos.dtype
-    dens, visc = _concrete(m.opt.density), _concrete(m.opt.viscosity)
+    dens, visc = tables.concrete(m.opt.density), tables.concrete(m.opt.viscosity)
     if dens is not None and visc is not None and not (dens != 0 or visc != 0):
         return jnp.zeros(m.nv, dtype)
 

@@ -12,7 +12,6 @@ in the world frame about the subtree centre of mass of the body's kinematic tree
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -152,11 +151,10 @@ def _stack_mat(c):
 def _local_rot(lquat, dtype):
     """Rotation matrices (n, 3, 3) of the local quaternions of frames: computed once in
     NumPy when the model's quaternions are concrete (as usual), else traced."""
-    try:
-        q = np.asarray(lquat, np.float64)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        # traced model parameters (jit argument, vmap over Model fields)
+    q = tables.concrete(lquat)
+    if q is None:
         return math.quat_to_mat(math.quat_normalize(jnp.asarray(lquat, dtype)))
+    q = q.astype(np.float64)
     q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), math.MINVAL)
     w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
     mat = np.stack([w * w + x * x - y * y - z * z, 2 * (x * y - w * z), 2 * (x * z + w * y),
@@ -170,10 +168,8 @@ def _local_rot(lquat, dtype):
 def _const(x, dtype):
     """``x`` as a NumPy array of ``dtype`` when it is concrete (a model constant, as
     usual: slices of it trace nothing), else as a traced array."""
-    try:
-        return np.asarray(x).astype(dtype)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return jnp.asarray(x, dtype)
+    c = tables.concrete(x)
+    return jnp.asarray(x, dtype) if c is None else c.astype(dtype)
 
 
 def _rows(x, idx):

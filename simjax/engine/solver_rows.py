@@ -371,9 +371,11 @@ def where_needed(fn, need, args, old):
 
     @run.def_vmap
     def _rule(size, flags, need, args, old):
-        _, ab, ob = flags
-        old = jax.tree_util.tree_map(
-            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape), old, ob)
+        nb, ab, ob = flags
+        # an unbatched flag (the same for every world) is spread like the rest
+        need, old = jax.tree_util.tree_map(
+            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
+            (need, old), (nb, ob))
         axes = jax.tree_util.tree_map(lambda f: 0 if f else None, ab)
         vfn = jax.vmap(fn, in_axes=tuple(axes))
         count = jnp.sum(need.astype(jnp.int32))

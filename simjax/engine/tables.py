@@ -22,11 +22,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+import jax
 import numpy as np
 
 from simjax.types import JointType, WrapType
 
 _CACHE: dict = {}
+
+
+def concrete(x):
+    """NumPy value of ``x`` where it is concrete (a model constant, as usual), else None:
+    traced model parameters (``step`` with the Model as a jit argument, vmap over Model
+    fields) give None."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
 
 # JAX (0.10) converts a numpy array used inside a traced function through a cache keyed
 # weakly by the array object, not by the precision mode: an int64 / float64 array first

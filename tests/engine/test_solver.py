@@ -453,6 +453,9 @@ def test_where_needed_under_vmap(size):
         need = rng.random(size) < p
         got = np.asarray(run(jnp.asarray(need), a, old))
         np.testing.assert_array_equal(got, np.where(need[:, None], full, np.asarray(old)))
+    # the same flag for every world (not batched)
+    same = jax.jit(jax.vmap(lambda x, o: R.where_needed(fn, jnp.asarray(True), (x, b), o)))
+    np.testing.assert_array_equal(np.asarray(same(a, old)), full)
     one = jax.jit(lambda n, x, o: R.where_needed(fn, n, (x, b), o))
     np.testing.assert_array_equal(np.asarray(one(True, a[0], old[0])), full[0])
     np.testing.assert_array_equal(np.asarray(one(False, a[0], old[0])), np.asarray(old[0]))

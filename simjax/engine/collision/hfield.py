@@ -60,6 +60,7 @@ import numpy as np
 
 from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, safe_norm,
                                             sel)
+from simjax.engine.tables import concrete
 from simjax.types import EnableBit
 from simjax.types import GeomType as GT
 
@@ -85,23 +86,16 @@ MAXCON = {hfield_convex: MAXCONPAIR}
 
 
 # --------------------------------------------------------------------------- static plan
-def _concrete(x):
-    try:
-        return np.asarray(x)
-    except Exception:
-        return None
-
-
 def _static_margin(m, g1, g2, ipair):
     """Detection margin (margin + gap) of the pair when the parameters are concrete,
     else None."""
     if m.opt.enableflags & EnableBit.OVERRIDE:
-        om = _concrete(m.opt.o_margin)
+        om = concrete(m.opt.o_margin)
         return None if om is None else float(om)
     if ipair >= 0:
-        pm, pg = _concrete(m.pair_margin), _concrete(m.pair_gap)
+        pm, pg = concrete(m.pair_margin), concrete(m.pair_gap)
         return None if pm is None or pg is None else float(pm[ipair] + pg[ipair])
-    gm, gg = _concrete(m.geom_margin), _concrete(m.geom_gap)
+    gm, gg = concrete(m.geom_margin), concrete(m.geom_gap)
     if gm is None or gg is None:
         return None
     return float(gm[g1] + gm[g2] + gg[g1] + gg[g2])
@@ -610,9 +604,9 @@ def margin_key(m) -> bytes:
     parts = []
     for name in ("geom_margin", "geom_gap", "pair_margin", "pair_gap"):
         x = getattr(m, name, None)
-        a = None if x is None else _concrete(x)
+        a = None if x is None else concrete(x)
         parts.append(b"none" if x is None else b"traced" if a is None
                      else np.asarray(a, np.float64).tobytes())
-    om = _concrete(m.opt.o_margin)
+    om = concrete(m.opt.o_margin)
     parts.append(b"traced" if om is None else np.asarray(om, np.float64).tobytes())
     return b"|".join(parts)
