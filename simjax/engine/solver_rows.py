@@ -362,7 +362,8 @@ def where_needed(fn, need, args, old):
     ``custom_vmap`` rule) the worlds that need it are found, gathered in blocks of
     _WORLD_BLOCK and computed block by block, their results scattered into ``old``:
     the work follows the number of worlds in need, not the batch size, and every world's
-    result is computed as the vmapped fn computes it (the same bits). Where most worlds
+    result is computed as the vmapped fn computes it (the same bits on a CPU; on a GPU
+    a block's kernels may round the last bit differently). Where most worlds
     need it, fn runs on the whole batch instead (gathering and scattering them cost
     about a third of fn's work for a Newton Hessian factorisation)."""
     @jax.custom_batching.custom_vmap

@@ -437,8 +437,18 @@ def test_first_true_matches_nonzero(n):
 def test_where_needed_under_vmap(size):
     """where_needed under vmap: fn's result on the worlds in need (gathered in blocks, a
     batch not a multiple of the block, or the whole batch where most need it), the old
-    value elsewhere, bit for bit as the vmapped fn; one world: a conditional."""
+    value elsewhere, bit for bit as the vmapped fn on a CPU; one world: a conditional.
+    On a GPU the kernels picked for a block of worlds and for the whole batch can round
+    differently (the last bit of a float64 product, seen on an H200), so there the
+    values are compared to rounding."""
     from simjax.engine import solver_rows as R
+
+    def same(got, want):
+        if jax.default_backend() == "cpu":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-14, atol=0)
+
     rng = np.random.default_rng(size)
     a = jnp.asarray(rng.standard_normal((size, 6, 6)))
     b = jnp.asarray(rng.standard_normal(6))
@@ -452,12 +462,12 @@ def test_where_needed_under_vmap(size):
     for p in (0.0, 0.02, 0.5, 0.9, 1.0):
         need = rng.random(size) < p
         got = np.asarray(run(jnp.asarray(need), a, old))
-        np.testing.assert_array_equal(got, np.where(need[:, None], full, np.asarray(old)))
+        same(got, np.where(need[:, None], full, np.asarray(old)))
     # the same flag for every world (not batched)
-    same = jax.jit(jax.vmap(lambda x, o: R.where_needed(fn, jnp.asarray(True), (x, b), o)))
-    np.testing.assert_array_equal(np.asarray(same(a, old)), full)
+    all_on = jax.jit(jax.vmap(lambda x, o: R.where_needed(fn, jnp.asarray(True), (x, b), o)))
+    same(np.asarray(all_on(a, old)), full)
     one = jax.jit(lambda n, x, o: R.where_needed(fn, n, (x, b), o))
-    np.testing.assert_array_equal(np.asarray(one(True, a[0], old[0])), full[0])
+    same(np.asarray(one(True, a[0], old[0])), full[0])
     np.testing.assert_array_equal(np.asarray(one(False, a[0], old[0])), np.asarray(old[0]))
 
 
