@@ -45,7 +45,7 @@ from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_or
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import gather as gather_rows
 from simjax.engine.solver_rows import Chunked, head_chunk, rest_chunks, rest_zeros
-from simjax.engine.solver_rows import row_capacity, where_needed
+from simjax.engine.solver_rows import any_world, row_capacity, where_needed
 from simjax.engine.solver_rows import whole as whole_rows
 from simjax.types import DisableBit, SolverType
 
@@ -635,8 +635,11 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         # islands done after the first pass are left alone by the second
         s = body(body(s, search_on=False), hessian=False)
     else:
-        c = jax.lax.while_loop(lambda c: (c[2][4, 0] != 0) | jnp.any(c[2][3] == 0),
-                               lambda c: pack(body(unpack(c))), pack(s))
+        # a world whose islands are all done is left as it is by the body: the flag
+        # is unbatched (any_world)
+        c = jax.lax.while_loop(
+            lambda c: any_world((c[2][4, 0] != 0) | jnp.any(c[2][3] == 0)),
+            lambda c: pack(body(unpack(c))), pack(s))
         s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 
