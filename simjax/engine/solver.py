@@ -45,7 +45,7 @@ from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_or
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import gather as gather_rows
 from simjax.engine.solver_rows import Chunked, head_chunk, rest_chunks, rest_zeros
-from simjax.engine.solver_rows import row_capacity, where_needed
+from simjax.engine.solver_rows import any_world, row_capacity, where_needed
 from simjax.engine.solver_rows import whole as whole_rows
 from simjax.types import DisableBit, SolverType
 
@@ -144,13 +144,17 @@ def _ell_mid_cost(jar, D0, mu, fr):
 def update(spec, p, jar):
     """Forces, states and constraint cost at jar = J qacc - aref (mj_constraintUpdate)."""
     D, R, fl = p["D"], p["R"], p["floss"]
-    force = -D * jar
+    # negations fall on the values at jar, not on the rows' constants (the same bits): a
+    # negated constant is hoisted out of the solver loops, one more (worlds, rows) array
+    # kept through the solve
+    force = -(D * jar)
     cost_row = 0.5 * D * jar * jar
     state = jnp.full(jar.shape, C.QUADRATIC, jnp.int32)
     # friction loss (Huber)
-    neg = spec.fric & (jar <= -R * fl)
-    posv = spec.fric & ~neg & (jar >= R * fl)
-    force = jnp.where(neg, fl, jnp.where(posv, -fl, force))
+    rf = R * fl
+    neg = spec.fric & (-jar >= rf)
+    posv = spec.fric & ~neg & (jar >= rf)
+    force = jnp.where(neg | posv, fl * jnp.where(neg, 1.0, -1.0), force)
     cost_row = jnp.where(neg, -0.5 * R * fl * fl - fl * jar,
                          jnp.where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
     state = jnp.where(neg, C.LINEARNEG, jnp.where(posv, C.LINEARPOS, state))
@@ -228,8 +232,9 @@ def _prepare(spec, p, J, jaref, search):
 
 
 def _fric_cost(x, f, rf, D):
-    return jnp.where((-rf < x) & (x < rf), 0.5 * D * x * x,
-                     jnp.where(x <= -rf, f * (-0.5 * rf - x), f * (-0.5 * rf + x)))
+    # -x, not -rf (the same bits; see update)
+    return jnp.where((-x < rf) & (x < rf), 0.5 * D * x * x,
+                     jnp.where(-x >= rf, f * (-0.5 * rf - x), f * (-0.5 * rf + x)))
 
 
 def _zone(n0, tsq, mu):
@@ -292,9 +297,9 @@ def _eval(spec, p, isl, pre, start, alpha, acc):
     # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
     f, D = p["floss"], p["D"]
     rf = p["R"] * f
-    quadz = (-rf < x) & (x < rf)
+    quadz = (-x < rf) & (x < rf)
     fcost = _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D)
-    dz0 = jnp.where(quadz, D * x * Jv, jnp.where(x <= -rf, -f * Jv, f * Jv))
+    dz0 = jnp.where(quadz, D * x * Jv, jnp.where(-x >= rf, -(f * Jv), f * Jv))
     dz1 = jnp.where(quadz, D * Jv * Jv, 0.0)
     # one-sided rows: quadratic where active at alpha, minus their cost at 0
     cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
@@ -635,8 +640,11 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         # islands done after the first pass are left alone by the second
         s = body(body(s, search_on=False), hessian=False)
     else:
-        c = jax.lax.while_loop(lambda c: (c[2][4, 0] != 0) | jnp.any(c[2][3] == 0),
-                               lambda c: pack(body(unpack(c))), pack(s))
+        # a world whose islands are all done is left as it is by the body: the flag
+        # is unbatched (any_world)
+        c = jax.lax.while_loop(
+            lambda c: any_world((c[2][4, 0] != 0) | jnp.any(c[2][3] == 0)),
+            lambda c: pack(body(unpack(c))), pack(s))
         s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 

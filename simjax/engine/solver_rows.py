@@ -411,3 +411,20 @@ def where_needed(fn, need, args, old):
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return run(need, args, old)
+
+
+def any_world(flag):
+    """A loop's continue flag, made unbatched under ``vmap``: true while it is true for
+    any world. For a loop whose body leaves a world's carried values as they are once
+    its flag is false, the loop is then the same, world by world: with the flag batched,
+    vmap would instead select, every trip, between the body's outputs and its inputs for
+    every carried value (all of them, the Newton factor included)."""
+    @jax.custom_batching.custom_vmap
+    def run(flag):
+        return flag
+
+    @run.def_vmap
+    def _rule(size, flags, flag):
+        return (jnp.any(flag) if flags[0] else flag), False
+
+    return run(flag)

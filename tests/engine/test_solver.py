@@ -471,6 +471,29 @@ def test_where_needed_under_vmap(size):
     np.testing.assert_array_equal(np.asarray(one(False, a[0], old[0])), np.asarray(old[0]))
 
 
+def test_any_world_loop():
+    """any_world: a loop flag true while any world's is (unbatched under vmap, nested
+    vmaps included); a loop whose body leaves finished worlds as they are then gives
+    every world the result of its own loop."""
+    from simjax.engine import solver_rows as R
+
+    def count(n):
+        # doubles x until it passes n; the body leaves x alone once it has
+        def body(x):
+            return jnp.where(x > n, x, 2.0 * x)
+        return jax.lax.while_loop(lambda x: R.any_world(x <= n), body, jnp.ones(()))
+
+    n = jnp.asarray([0.5, 3.0, 100.0, 7.0])
+    want = np.asarray([1.0, 4.0, 128.0, 8.0])
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(count))(n)), want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(count)(n[2])), want[2])
+    nested = jax.jit(jax.vmap(jax.vmap(count)))(n.reshape(2, 2))
+    np.testing.assert_array_equal(np.asarray(nested), want.reshape(2, 2))
+    flags = jax.jit(jax.vmap(R.any_world))(jnp.asarray([False, True, False]))
+    assert np.asarray(flags).all()
+    assert not np.asarray(jax.jit(jax.vmap(R.any_world))(jnp.zeros(3, bool))).any()
+
+
 @pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
 def test_newton_factor_under_vmap(case):
     """Newton keeps its Hessian factor where no row changed state and remakes it under
