@@ -21,12 +21,13 @@ chunks add the zero contributions of their padding rows, which are exact).
 
 The one-chunk path must cost what a single compact buffer cost: chunk 0's values are
 kept apart from the later chunks' (:class:`Chunked`), the later chunks' rows are
-searched and gathered only when visited, and only the values carried from one pass
-over the rows to the next are stored for them. Under vmap every array of the loops is
-a (worlds, ...) temporary allocated on every call whether the loop runs or not: a
-program's temporaries past glibc's largest mmap threshold (32 MiB) are mapped afresh on
-every call and their pages faulted in (system time), which cost the barkour solve 25%
-when a (worlds, rows, chunk rows) search count pushed them there.
+searched once per solve by a loop over the chunks in use and gathered only when
+visited, and only the values carried from one pass over the rows to the next are
+stored for them. Under vmap every array of the loops is a (worlds, ...) temporary
+allocated on every call whether the loop runs or not: a program's temporaries past
+glibc's largest mmap threshold (32 MiB) are mapped afresh on every call and their pages
+faulted in (system time), which cost the barkour solve 25% when a (worlds, rows, chunk
+rows) search count pushed them there.
 """
 from __future__ import annotations
 
@@ -221,6 +222,7 @@ def gather(spec, p, caps):
         row += k * dim
     layout = (srows, tuple(spec.ell))
     idx, cpos = _chunk_rows(layout, caps, nefc, pos)
+    nact = jnp.maximum(nact, 1).astype(jnp.int32)
     rest = _rest_rows(nchunk, nact, (layout, caps, nefc), tuple(counts), (idx, cpos))
     # materialised once: fused into the gathers, the index search would be recomputed
     # for every gathered element
@@ -233,7 +235,7 @@ def gather(spec, p, caps):
                                 nefc=row)
     J0 = jnp.take(p["J"], idx, axis=0, mode="fill", fill_value=0.0)
     src["J"] = p["J"]
-    return Rows(cspec, nchunk, x0, jnp.maximum(nact, 1).astype(jnp.int32), J0, src, rest)
+    return Rows(cspec, nchunk, x0, nact, J0, src, rest)
 
 
 def _rest_rows(nchunk, nact, where, counts, like):
