@@ -21,12 +21,13 @@ chunks add the zero contributions of their padding rows, which are exact).
 
 The one-chunk path must cost what a single compact buffer cost: chunk 0's values are
 kept apart from the later chunks' (:class:`Chunked`), the later chunks' rows are
-searched and gathered only when visited, and only the values carried from one pass
-over the rows to the next are stored for them. Under vmap every array of the loops is
-a (worlds, ...) temporary allocated on every call whether the loop runs or not: a
-program's temporaries past glibc's largest mmap threshold (32 MiB) are mapped afresh on
-every call and their pages faulted in (system time), which cost the barkour solve 25%
-when a (worlds, rows, chunk rows) search count pushed them there.
+searched once per solve by a loop over the chunks in use and gathered only when
+visited, and only the values carried from one pass over the rows to the next are
+stored for them. Under vmap every array of the loops is a (worlds, ...) temporary
+allocated on every call whether the loop runs or not: a program's temporaries past
+glibc's largest mmap threshold (32 MiB) are mapped afresh on every call and their pages
+faulted in (system time), which cost the barkour solve 25% when a (worlds, rows, chunk
+rows) search count pushed them there.
 """
 from __future__ import annotations
 
@@ -142,19 +143,17 @@ class Rows:
     chunk 0 (``mu`` / ``fr`` tuples per elliptic block) and ``J0`` its Jacobian rows,
     gathered once; ``nact`` the chunks in use (traced, at least 1). The later chunks
     are gathered when visited (usually never) from ``src`` (the problem's per-row
-    entries, full Jacobian ``J``), their source rows found then from ``counts`` (the
-    cumulative counts of active scalar rows and of active contacts per elliptic block;
-    :func:`_chunk_rows`): XLA CPU gathers are slow, and gathering every chunk up front
-    cost the humanoid / shadow hand solves 10-50%; searching every chunk's rows up
-    front cost the one-chunk solves about 10%."""
+    entries, full Jacobian ``J``) at their source rows ``rest`` (:func:`_rest_rows`):
+    XLA CPU gathers are slow, and gathering every chunk up front cost the humanoid /
+    shadow hand solves 10-50%; searching every chunk's rows up front cost the
+    one-chunk solves about 10%."""
     spec: object
     nchunk: int
     x0: dict
     nact: object
     J0: object
     src: dict = None
-    counts: tuple = ()
-    layout: tuple = ()
+    rest: tuple = ()
 
 
 def _chunk_rows(layout, caps, nefc, pos):
@@ -223,6 +222,8 @@ def gather(spec, p, caps):
         row += k * dim
     layout = (srows, tuple(spec.ell))
     idx, cpos = _chunk_rows(layout, caps, nefc, pos)
+    nact = jnp.maximum(nact, 1).astype(jnp.int32)
+    rest = _rest_rows(nchunk, nact, (layout, caps, nefc), tuple(counts), (idx, cpos))
     # materialised once: fused into the gathers, the index search would be recomputed
     # for every gathered element
     idx, cpos = jax.lax.optimization_barrier((idx, cpos))
@@ -234,8 +235,41 @@ def gather(spec, p, caps):
                                 nefc=row)
     J0 = jnp.take(p["J"], idx, axis=0, mode="fill", fill_value=0.0)
     src["J"] = p["J"]
-    return Rows(cspec, nchunk, x0, jnp.maximum(nact, 1).astype(jnp.int32), J0, src,
-                tuple(counts), (layout, caps, nefc))
+    return Rows(cspec, nchunk, x0, nact, J0, src, rest)
+
+
+def _rest_rows(nchunk, nact, where, counts, like):
+    """Source rows and elliptic contacts (:func:`_chunk_rows`) of the chunks after chunk
+    0, leading axis the chunk (nchunk - 1 of them), found once per solve by a loop over
+    the chunks in use (usually none) and read by every :func:`rest_chunks` loop: each
+    of the solver's loops searching them on its visits compiled binary searches (each
+    a loop) of its own. Entries of chunks past the batch's largest ``nact`` stay zero:
+    no loop reaches them. ``where``: (layout, caps, nefc) of :func:`_chunk_rows`;
+    ``like``: chunk 0's (rows, positions), for shapes."""
+    if nchunk == 1:
+        return ()
+    layout, caps, nefc = where
+
+    def find(c, e, sc, a, acc):
+        return acc, _chunk_rows(layout, caps, nefc, _chunk_positions(a, caps, c))
+
+    state = jax.tree_util.tree_map(lambda o: jnp.zeros((nchunk - 1,) + o.shape, o.dtype),
+                                   like)
+
+    @jax.custom_batching.custom_vmap
+    def run(n, counts, state):
+        return _loop(find, n, (), counts, (), state)[1]
+
+    @run.def_vmap
+    def _rule(size, flags, n, counts, state):
+        nb, cb, sb = flags
+        state = jax.tree_util.tree_map(
+            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape), state, sb)
+        out = _loop(find, jnp.max(n) if nb else n, (), counts, (), state,
+                    batch=((), cb))[1]
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return run(nact, counts, state)
 
 
 def whole(spec, p):
@@ -315,17 +349,16 @@ def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         return acc, state
     src = dict(rows.src)
     J = src.pop("J")
-    layout, caps, nefc = rows.layout
 
     def inner(c, e, sc, a, acc):
-        user, src, J, counts = a
-        idx, pos = _chunk_rows(layout, caps, nefc, _chunk_positions(counts, caps, c))
+        user, src, J = a
+        e, (idx, pos) = e
         x = _take_chunk(spec.nisl, src, idx, pos)
         if J is not None:
             J = jnp.take(J, idx, axis=0, mode="fill", fill_value=0.0)
         return fn(_chunk_spec(spec, x), x, e, sc, J, user, acc)
 
-    a = (args, src, J if jac else None, rows.counts)
+    a = (args, src, J if jac else None)
 
     @jax.custom_batching.custom_vmap
     def run(n, xs, a, acc, state):
@@ -341,7 +374,7 @@ def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state, batch=(xb, ab))
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
-    return run(rows.nact, rests(extra), a, acc, state)
+    return run(rows.nact, (rests(extra), rows.rest), a, acc, state)
 
 
 def rest_zeros(rows, like):
