@@ -65,6 +65,10 @@ if _ynn_reduce_flag():
 if _FLAGS:
     _os.environ["XLA_FLAGS"] = " ".join([_os.environ.get("XLA_FLAGS", "")] + _FLAGS).strip()
 
+# XLA:CPU's temporaries freed and reused without page faults (simjax._malloc)
+from simjax import _malloc  # noqa: E402
+_malloc.at_import()
+
 from simjax.engine import (Data, apply_ft, differentiate_pos, energy_pos, energy_vel,
                            forward, full_m, integrate_pos, jac, jac_body, jac_body_com,
                            jac_geom, jac_site, jac_subtree_com, make_data, mul_m, reset,
