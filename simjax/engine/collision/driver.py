@@ -45,6 +45,7 @@ from simjax.engine.collision import convex, hfield, primitive
 from simjax.engine.collision.common import dot, make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
+from simjax.engine.tables import concrete
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, GeomType as GT
 
@@ -477,23 +478,34 @@ def _broadphase(m, d, g1, g2, margin, rows=None):
 
 
 def _pair_table(m, d, g1, g2, ftype):
-    """(2n, 16) rows of both geoms of every pair (g1's rows, then g2's): xpos, xmat,
-    size, rbound, by one gather of a per-geom table (one kernel instead of one per
-    array and geom side); :func:`_pair_rows` slices them. Pass this array, not its
-    slices, into a branch or loop (their operands are stored, one kernel each)."""
+    """Rows of both geoms of every pair (g1's rows, then g2's): ((2n, 12) xpos, xmat
+    by one gather of a per-geom table (one kernel instead of one per array and geom
+    side), (2n, 4) size, rbound); :func:`_pair_rows` slices them. The sizes are NumPy
+    constants where the model's are concrete: gathered with the poses, they were
+    broadcast over the batch and doubled the gather's run time. Pass this pair, not
+    its slices, into a branch or loop (their operands are stored, one kernel each)."""
     ng = d.geom_xpos.shape[0]
-    table = jnp.concatenate([
-        d.geom_xpos, d.geom_xmat.reshape(ng, 9),
-        jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3)),
-        jnp.broadcast_to(jnp.asarray(m.geom_rbound, ftype), (ng,))[:, None]], 1)
-    return table[np.concatenate([g1, g2])]
+    idx = np.concatenate([g1, g2])
+    pose = jnp.concatenate([d.geom_xpos, d.geom_xmat.reshape(ng, 9)], 1)[idx]
+    size, rbound = concrete(m.geom_size), concrete(m.geom_rbound)
+    if size is not None and rbound is not None:
+        static = np.concatenate([np.asarray(size, ftype).reshape(-1, 3)[idx],
+                                 np.asarray(rbound, ftype).reshape(-1, 1)[idx]], 1)
+    else:
+        static = jnp.concatenate([
+            jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3)),
+            jnp.broadcast_to(jnp.asarray(m.geom_rbound, ftype), (ng,))[:, None]], 1)[idx]
+    return pose, static
 
 
 def _pair_rows(table):
     """((xpos, xmat, size, rbound) of geom 1, the same of geom 2) from :func:`_pair_table`."""
-    n = table.shape[0] // 2
-    part = lambda r: (r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], r[:, 15])
-    return part(table[:n]), part(table[n:])
+    pose, static = table
+    n = pose.shape[0] // 2
+
+    def part(r, s):
+        return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), s[:, :3], s[:, 3]
+    return part(pose[:n], static[:n]), part(pose[n:], static[n:])
 
 
 def _geoms(m, d, g, sel, ftype):
@@ -614,6 +626,7 @@ def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sel=None, sizes=None):
     if sizes is None:
         size = jnp.asarray(m.geom_size, ftype)
         sizes = size[g1], size[g2]
+    sizes = tuple(jnp.asarray(x) for x in sizes)
     if sel is not None:
         pick = lambda x: x[sel]
         return (Geom(*map(pick, pose1), pick(sizes[0])),
