@@ -690,6 +690,10 @@ def narrow_group(m, d, p, grp, det_margin, split):
         r1, r2 = _pair_rows(table)
         return _pose_args(m, grp.fn, g1, g2, dm, r1[:2], r2[:2], ftype,
                           sizes=(r1[2], r2[2]))
+
+    def take(idx):       # the arguments of pairs idx (a collider without mesh data)
+        r1, r2 = _pair_rows(table, idx)
+        return Geom(*r1[:3]), Geom(*r2[:3]), dm[idx]
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
@@ -720,7 +724,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
             return (jnp.zeros(types[0].shape, types[0].dtype), jnp.zeros(nrow, bool),
                     jnp.asarray(idx, jnp.int32))
         out, rows, sel = _run_or_skip(batch_max(count) > 0,
-                                      lambda: _chunked(grp.fn, args(), ok, count, found),
+                                      lambda: _chunked(grp.fn, take, ok, count, found),
                                       skip)
         return found["unpack"](out), rows, count, no, sel
     # the branches return the collider output packed in one array: the skip branch is
@@ -791,24 +795,22 @@ def _pack(tree):
     return packed, unpack
 
 
-def _chunked(fn, args, ok, count, found):
+def _chunked(fn, take, ok, count, found):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over
     the chunks of the passing pairs (compacted in order by :func:`first_k`), each a
     ``lax.cond`` on whether any world has a passing pair in it (:func:`batch_max`), so
     that the collider is compiled once and runs only on chunks that hold passing
-    pairs. A chunk's arguments are gathered inside its branch by one gather of the
-    group's arguments packed side by side (:func:`_pack`: one gather kernel, not one
-    per argument; the pairs' poses are gathered up front anyway, for the bounding-box
-    filter); its output leaves one packed array. Returns (the packed collider output,
-    which rows are passing pairs, the group-local pair of each row); sets
-    ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
+    pairs. A chunk's arguments are gathered inside its branch (``take(idx)``: the
+    collider's arguments for group-local pairs idx; from the component-major pair table,
+    a few columns, where packing every pair's arguments into rows first wrote the whole
+    group each step); its output leaves one packed array (:func:`_pack`). Returns (the
+    packed collider output, which rows are passing pairs, the group-local pair of each
+    row); sets ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
     ar = np.arange(n)
     sel = jnp.minimum(first_k(jnp.where(ok, ar, n + ar), nch * CHUNK), n - 1)
     most = batch_max(count)
-    packed, unpack = _pack(args)
-    take = lambda idx: unpack(packed[idx])
 
     def body(_, xs):
         c, idx = xs
