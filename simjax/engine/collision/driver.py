@@ -483,17 +483,22 @@ def _broadphase(m, d, g1, g2, margin, cols=None):
 
 
 def _pair_table(m, d, g1, g2, ftype):
-    """Both geoms of every pair (g1's, then g2's): ((12, 2n) xpos, xmat (row-major) as
-    rows, one column per geom, by one gather of a per-geom table (one kernel instead of
-    one per array and geom side), (2n, 4) size, rbound); :func:`_pair_cols` and
+    """Both geoms of every pair (g1's, then g2's): ((15, 2n) xpos, xmat (row-major),
+    size as rows, one column per geom, by one gather of a per-geom table (one kernel
+    instead of one per array and geom side); (2n, 4) size, rbound for the broadphase,
+    NumPy constants where the model's are concrete); :func:`_pair_cols` and
     :func:`_pair_rows` slice them. Component-major: vmapped, the gather and the
-    broadphase's arithmetic run along the pairs (gathering (2n, 12) rows was ~10x
-    slower on CPU). The sizes are NumPy constants where the model's are concrete (not
-    broadcast over the batch). Pass this pair, not its slices, into a branch or loop
-    (their operands are stored, one kernel each)."""
+    broadphase's arithmetic run along the pairs (gathering (2n, 16) rows was ~10x
+    slower on CPU). The colliders take their sizes from the gathered rows: as
+    constants XLA folds them into the colliders' arithmetic (a division by a size
+    becomes a product with its reciprocal), which moved a contact point on a flat
+    patch. Pass this pair, not its slices, into a branch or loop (their operands are
+    stored, one kernel each)."""
     ng = d.geom_xpos.shape[0]
     idx = np.concatenate([g1, g2])
-    pose = jnp.concatenate([d.geom_xpos, d.geom_xmat.reshape(ng, 9)], 1).T[:, idx]
+    pose = jnp.concatenate([
+        d.geom_xpos, d.geom_xmat.reshape(ng, 9),
+        jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3))], 1).T[:, idx]
     size, rbound = concrete(m.geom_size), concrete(m.geom_rbound)
     if size is not None and rbound is not None:
         static = np.concatenate([np.asarray(size, ftype).reshape(-1, 3)[idx],
@@ -536,7 +541,7 @@ def _pair_rows(table, sel=None):
     rows = pose.T
 
     def part(r, st):
-        return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), st[:, :3], st[:, 3]
+        return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], st[:, 3]
     return part(rows[:n], static[:n]), part(rows[n:], static[n:])
 
 
