@@ -652,17 +652,12 @@ def _pair_cap(m, p, grp, split):
     return PAIRS_PER_SLOT * nslot + 16
 
 
-def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sel=None, sizes=None):
-    """The collider's arguments from the pairs' gathered poses (rows ``sel`` if given)
-    and sizes (``sizes``: (size1, size2) when already gathered)."""
+def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sizes=None):
+    """The collider's arguments from the pairs' gathered poses and sizes (``sizes``:
+    (size1, size2) when already gathered)."""
     if sizes is None:
         size = jnp.asarray(m.geom_size, ftype)
         sizes = size[g1], size[g2]
-    sizes = tuple(jnp.asarray(x) for x in sizes)
-    if sel is not None:
-        pick = lambda x: x[sel]
-        return (Geom(*map(pick, pose1), pick(sizes[0])),
-                Geom(*map(pick, pose2), pick(sizes[1])), dm[sel])
     geo1, geo2 = Geom(*pose1, sizes[0]), Geom(*pose2, sizes[1])
     geo1, geo2 = convex.attach_meshes(m, fn, geo1, geo2, jnp.asarray(g1), jnp.asarray(g2),
                                       ftype, geoms=(g1, g2))
