@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision import primitive as P
-from simjax.engine.collision.common import MINVAL, once
+from simjax.engine.collision.common import MINVAL, argmax, argmin, once
 
 
 def test_once_is_identity():
@@ -31,6 +31,24 @@ def test_once_is_identity():
     assert [float(v) for v in jax.jit(lambda *a: once(*a))(*many)] == list(range(19))
     g = jax.grad(lambda y: jnp.sum(once(y * y, y)[0] * 3.0 + once(y)))(x)
     np.testing.assert_allclose(g, 6.0 * x + 1.0)
+
+
+def test_argmin_argmax_as_jnp():
+    """common.argmin / argmax (a reduction, then the first index reaching it) give
+    jnp.argmin / argmax's index: first of ties, NaN first, -0.0 equal to 0.0, under
+    jit and vmap."""
+    rng = np.random.default_rng(3)
+    vals = np.asarray([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 2.0])
+    x = np.concatenate([rng.choice(vals, size=(300, 9)), rng.standard_normal((50, 9))])
+    x[0] = [np.nan, 1.0, np.nan, -np.inf, 0, 0, 0, 0, 0]
+    x[1] = [-0.0, 0.0, -0.0, 0.0, 1, 1, 1, -1, -1]
+    for dt in (jnp.float32, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32):
+        xj = jnp.asarray(x, dt)
+        np.testing.assert_array_equal(jax.jit(jax.vmap(argmin))(xj), jnp.argmin(xj, -1))
+        np.testing.assert_array_equal(jax.jit(jax.vmap(argmax))(xj), jnp.argmax(xj, -1))
+        np.testing.assert_array_equal(argmin(xj), jnp.argmin(xj, -1))
+    assert int(argmin(jnp.asarray(x[0]))) == 0 and int(argmax(jnp.asarray(x[0]))) == 0
+    assert int(argmax(jnp.asarray(x[1]))) == 4 and int(argmin(jnp.asarray(x[1]))) == 7
 
 
 def test_divmod_small():

@@ -132,6 +132,34 @@ def pick3(v, i):
     return jnp.where(i == 0, xs[0], jnp.where(i == 1, xs[1], xs[2]))
 
 
+def _first(x, best):
+    """Index of the first entry of ``x`` (last axis) equal to ``best`` (its minimum or
+    maximum, kept dims) or NaN: jnp.argmin / jnp.argmax exactly (a NaN counts as the
+    extreme), as two plain reductions. XLA on CPU runs the (value, index) pair
+    reduction of argmin over a minor axis as a scalar loop, several times slower."""
+    n = x.shape[-1]
+    hit = (x == best) | (x != x)
+    iota = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    i = jnp.min(lax.select(hit, iota, lax.full_like(iota, n)), axis=-1)
+    return jnp.minimum(i, n - 1)
+
+
+def argmin(x):
+    """``jnp.argmin(x, axis=-1)`` of a float array (first minimum; NaN first), faster
+    on CPU (:func:`_first`)."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.argmin(x, axis=-1)
+    return _first(x, jnp.min(x, axis=-1, keepdims=True))
+
+
+def argmax(x):
+    """``jnp.argmax(x, axis=-1)`` of a float array (first maximum; NaN first), faster
+    on CPU (:func:`_first`)."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.argmax(x, axis=-1)
+    return _first(x, jnp.max(x, axis=-1, keepdims=True))
+
+
 def bcast(x, shape):
     """``x`` broadcast to ``shape`` along new trailing axes (one traced equation)."""
     return lax.broadcast_in_dim(x, shape, tuple(range(jnp.ndim(x))))

@@ -89,7 +89,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.collision.common import Pre, cross, dot, normalize, one, safe_norm
+from simjax.engine.collision.common import (Pre, argmax, argmin, cross, dot, normalize, one,
+                                            safe_norm)
 from simjax.types import GeomType as GT
 
 #: refinement iterations for curved pairs
@@ -482,7 +483,7 @@ def local_support(t, geo, d):
         return jnp.where(d >= 0, s, -s)
     if t == GT.MESH:
         pr = d @ geo.vert.T if d.ndim > 1 else geo.vert @ d
-        k = jnp.argmax(pr, axis=-1)
+        k = argmax(pr)
         return geo.vert[k]
     raise ValueError(t)
 
@@ -525,9 +526,9 @@ def plane_convex(g1, g2, margin, t2=None):
     if t2 != GT.MESH:
         return first
     loc = normal @ g2.mat
-    k = jnp.argmax(g2.vert @ -loc)
+    k = argmax(g2.vert @ -loc)
     pn = g2.extra["pnorm"][k]                                    # (PV, 3)
-    best = jnp.argmin(jnp.where(g2.extra["pquad"][k, :, 0] >= 0, pn @ loc, jnp.inf))
+    best = argmin(jnp.where(g2.extra["pquad"][k, :, 0] >= 0, pn @ loc, jnp.inf))
     quad = g2.extra["pquad"][k, best]                            # (3,)
     world = g2.vert[jnp.maximum(quad, 0)] @ g2.mat.T + g2.pos
     d2 = (world - g1.pos) @ normal
@@ -553,7 +554,7 @@ def mesh_support(vert, mat, pos, d):
     products (lax.map), so memory stays bounded for large hulls and many directions;
     the points are those of the unchunked argmax."""
     def idx(dk):
-        return jnp.argmax((dk @ mat) @ vert.T, axis=-1)
+        return argmax((dk @ mat) @ vert.T)
     if d.shape[0] * vert.shape[0] <= SUPPORT_CHUNK:
         k = idx(d)
     else:
@@ -656,8 +657,6 @@ def _refine(t1, g1, t2, g2, n, s, scale):
     return n, s
 
 
-
-
 # --------------------------------------------------------------------------- multi-contact
 #: MuJoCo's feature alignment tolerances (engine_collision_gjk.h): faces facing each
 #: other (cosine), and an edge lying in a face (|cosine| with the face normal)
@@ -738,7 +737,7 @@ def _first(mask, score=None):
     if score is None:
         k = jnp.argmax(flat)
     else:
-        k = jnp.argmin(jnp.where(flat, score.reshape(-1), jnp.inf))
+        k = argmin(jnp.where(flat, score.reshape(-1), jnp.inf))
     return jnp.unravel_index(k, mask.shape), flat[k]
 
 
@@ -941,7 +940,7 @@ def convex_convex(g1, g2, margin, t1=None, t2=None):
     """Convex-convex contact (see the module docstring). Returns 1 slot for curved
     pairs, 5 slots (at most 4 valid) for box/mesh pairs."""
     dirs, s = _candidates(t1, g1, t2, g2)
-    k = jnp.argmax(s)
+    k = argmax(s)
     n, sbest = dirs[k], s[k]
     poly = t1 in _POLY and t2 in _POLY
     if not poly:

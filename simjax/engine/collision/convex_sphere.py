@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.collision.common import dot, normalize, one
+from simjax.engine.collision.common import argmax, argmin, dot, normalize, one
 from simjax.types import GeomType as GT
 
 #: a projection within this distance (m) outside a triangle's edge still counts inside
@@ -99,16 +99,16 @@ def _select(c, tplane, tedge, edge):
            >= -INSIDE_TOL)                                     # (T, 3)
     inside = ein[:, 0] & ein[:, 1] & ein[:, 2]
     dface = jnp.where(inside & (s >= 0), s, jnp.inf)
-    tf = jnp.argmin(dface)
+    tf = argmin(dface)
     w = c - edge[:, :3]
     d = edge[:, 3:6]
     t = jnp.clip(dot(w, d) * edge[:, 6], 0.0, 1.0)
     r = w - t[:, None] * d
     d2 = dot(r, r)
-    te = jnp.argmin(d2)
+    te = argmin(d2)
     outside = smax > 0
     face = ~outside | (dface[tf] * dface[tf] <= d2[te])
-    tri = jnp.where(outside, tf, jnp.argmax(s))
+    tri = jnp.where(outside, tf, argmax(s))
     return face, tri, te
 
 

@@ -42,9 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision import convex, hfield, primitive
-from simjax.engine.collision.common import dot, make_frame
+from simjax.engine.collision.common import make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
+from simjax.engine.tables import concrete
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, GeomType as GT
 
@@ -460,40 +461,88 @@ def _check_adhesion(m):
 
 
 # --------------------------------------------------------------------------- run time
-def _broadphase(m, d, g1, g2, margin, rows=None):
-    """mj_filterSphere: bounding spheres, or plane vs bounding sphere. ``rows``: the
-    pairs' geoms as gathered by :func:`_pair_rows`, when they are."""
+def _dot3(a, b):
+    """Dot products of 3-vectors given as lists of three component arrays (written out
+    in :func:`common.dot`'s order)."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+def _broadphase(m, d, g1, g2, margin, cols=None):
+    """mj_filterSphere: bounding spheres, or plane vs bounding sphere. ``cols``: the
+    pairs' geoms as gathered by :func:`_pair_cols`, when they are."""
     gtype = np.asarray(m.geom_type)
-    if rows is None:
-        rows = _pair_rows(_pair_table(m, d, g1, g2, d.geom_xpos.dtype))
-    (p1, mat1, _, r1), (p2, _, _, r2) = rows
-    dif = p1 - p2
-    sphere = dot(dif, dif) <= (r1 + r2 + margin) ** 2
-    n1 = mat1[:, :, 2]
-    plane1 = dot(p2 - p1, n1) <= margin + r2
+    if cols is None:
+        cols = _pair_cols(_pair_table(m, d, g1, g2, d.geom_xpos.dtype))
+    (p1, mat1, _, r1), (p2, _, _, r2) = cols
+    dif = [p1[i] - p2[i] for i in range(3)]
+    sphere = _dot3(dif, dif) <= (r1 + r2 + margin) ** 2
+    plane1 = _dot3([p2[i] - p1[i] for i in range(3)], _col(mat1, 2)) <= margin + r2
     out = jnp.where((r1 > 0) & (r2 > 0), sphere, jnp.where(
         jnp.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
     return out
 
 
 def _pair_table(m, d, g1, g2, ftype):
-    """(2n, 16) rows of both geoms of every pair (g1's rows, then g2's): xpos, xmat,
-    size, rbound, by one gather of a per-geom table (one kernel instead of one per
-    array and geom side); :func:`_pair_rows` slices them. Pass this array, not its
-    slices, into a branch or loop (their operands are stored, one kernel each)."""
+    """Both geoms of every pair (g1's, then g2's): ((15, 2n) xpos, xmat (row-major),
+    size as rows, one column per geom, by one gather of a per-geom table (one kernel
+    instead of one per array and geom side); (2n, 4) size, rbound for the broadphase,
+    NumPy constants where the model's are concrete); :func:`_pair_cols` and
+    :func:`_pair_rows` slice them. Component-major: vmapped, the gather and the
+    broadphase's arithmetic run along the pairs (gathering (2n, 16) rows was ~10x
+    slower on CPU). The colliders take their sizes from the gathered rows: as
+    constants XLA folds them into the colliders' arithmetic (a division by a size
+    becomes a product with its reciprocal), which moved a contact point on a flat
+    patch. Pass this pair, not its slices, into a branch or loop (their operands are
+    stored, one kernel each)."""
     ng = d.geom_xpos.shape[0]
-    table = jnp.concatenate([
+    idx = np.concatenate([g1, g2])
+    pose = jnp.concatenate([
         d.geom_xpos, d.geom_xmat.reshape(ng, 9),
-        jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3)),
-        jnp.broadcast_to(jnp.asarray(m.geom_rbound, ftype), (ng,))[:, None]], 1)
-    return table[np.concatenate([g1, g2])]
+        jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3))], 1).T[:, idx]
+    size, rbound = concrete(m.geom_size), concrete(m.geom_rbound)
+    if size is not None and rbound is not None:
+        static = np.concatenate([np.asarray(size, ftype).reshape(-1, 3)[idx],
+                                 np.asarray(rbound, ftype).reshape(-1, 1)[idx]], 1)
+    else:
+        static = jnp.concatenate([
+            jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3)),
+            jnp.broadcast_to(jnp.asarray(m.geom_rbound, ftype), (ng,))[:, None]], 1)[idx]
+    return pose, static
 
 
-def _pair_rows(table):
-    """((xpos, xmat, size, rbound) of geom 1, the same of geom 2) from :func:`_pair_table`."""
-    n = table.shape[0] // 2
-    part = lambda r: (r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], r[:, 15])
-    return part(table[:n]), part(table[n:])
+def _col(mat, j):
+    """Column j of 3x3 matrices given as a list of their 9 row-major entries."""
+    return [mat[j], mat[3 + j], mat[6 + j]]
+
+
+def _pair_cols(table):
+    """((xpos, xmat, size, rbound) of geom 1, the same of geom 2) from
+    :func:`_pair_table`, component-major: lists of (n,) arrays (3 for xpos and size,
+    the 9 row-major entries for xmat) and (n,) rbound."""
+    pose, static = table
+    n = pose.shape[1] // 2
+
+    def part(k):
+        r, st = pose[:, k * n:(k + 1) * n], static[k * n:(k + 1) * n]
+        return ([r[i] for i in range(3)], [r[3 + i] for i in range(9)],
+                [st[:, i] for i in range(3)], st[:, 3])
+    return part(0), part(1)
+
+
+def _pair_rows(table, sel=None):
+    """((xpos (n, 3), xmat (n, 3, 3), size (n, 3), rbound (n,)) of geom 1, the same of
+    geom 2) from :func:`_pair_table`: of the pairs ``sel`` (traced) when given."""
+    pose, static = table
+    n = pose.shape[1] // 2
+    if sel is not None:
+        both = jnp.concatenate([sel, sel + n])
+        pose, static = pose[:, both], jnp.asarray(static)[both]
+        n = sel.shape[0]
+    rows = pose.T
+
+    def part(r, st):
+        return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], st[:, 3]
+    return part(rows[:n], static[:n]), part(rows[n:], static[n:])
 
 
 def _geoms(m, d, g, sel, ftype):
@@ -541,57 +590,52 @@ CHEAP = (P.plane_sphere, P.plane_capsule, P.sphere_sphere, P.sphere_capsule, P.s
 _BOXED = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
 
 
-def _half_extent(m, d, g, ftype, pose=None, size=None):
-    """(center (n, 3) world, half sizes (n, 3) geom frame) of the geoms' bounding
-    boxes: from geom_size for primitives (exact), geom_aabb for meshes. ``pose``,
-    ``size``: the geoms' (xpos, xmat) and sizes when already gathered."""
+def _half_extent(m, g, ftype, pos, mat, size):
+    """(center, half sizes (geom frame)) of the geoms' bounding boxes, component-major
+    as :func:`_pair_cols` (lists of three (n,) arrays): from geom_size for primitives
+    (exact), geom_aabb for meshes. ``pos``, ``mat``, ``size``: the geoms' xpos, xmat
+    and size, component-major."""
     gtype = np.asarray(m.geom_type)[g]
-    size = jnp.asarray(m.geom_size, ftype)[g] if size is None else size
-    r = size[:, :1]
+    r = size[0]
     # sphere (r, r, r), capsule (r, r, r + h), cylinder (r, r, h), ellipsoid/box sizes
-    hs = jnp.where(jnp.asarray(gtype == GT.SPHERE)[:, None], jnp.broadcast_to(r, size.shape),
-                   size)
-    hs = jnp.where(jnp.asarray(gtype == GT.CAPSULE)[:, None],
-                   jnp.concatenate([r, r, r + size[:, 1:2]], 1), hs)
-    hs = jnp.where(jnp.asarray(gtype == GT.CYLINDER)[:, None],
-                   jnp.concatenate([r, r, size[:, 1:2]], 1), hs)
-    pos, mat = (d.geom_xpos[g], d.geom_xmat[g]) if pose is None else pose
+    sph, cap, cyl = (jnp.asarray(gtype == t) for t in (GT.SPHERE, GT.CAPSULE, GT.CYLINDER))
+    hs = [jnp.where(sph, r, size[i]) for i in range(3)]
+    hs = [jnp.where(cap, x, h) for x, h in zip((r, r, r + size[1]), hs)]
+    hs = [jnp.where(cyl, x, h) for x, h in zip((r, r, size[1]), hs)]
     if np.any(gtype == GT.MESH):
         aabb = jnp.asarray(m.geom_aabb, ftype)[g]
-        mesh = jnp.asarray(gtype == GT.MESH)[:, None]
-        hs = jnp.where(mesh, aabb[:, 3:], hs)
-        off = jnp.where(mesh, aabb[:, :3], 0.0)
-        pos = pos + off[:, :1] * mat[:, :, 0] + off[:, 1:2] * mat[:, :, 1] + \
-            off[:, 2:] * mat[:, :, 2]
-    return pos, mat, hs
+        mesh = jnp.asarray(gtype == GT.MESH)
+        hs = [jnp.where(mesh, aabb[:, 3 + i], hs[i]) for i in range(3)]
+        off = [jnp.where(mesh, aabb[:, i], 0.0) for i in range(3)]
+        pos = [pos[i] + off[0] * mat[3 * i] + off[1] * mat[3 * i + 1] +
+               off[2] * mat[3 * i + 2] for i in range(3)]
+    return pos, hs
 
 
-def _box_filter(m, d, g1, g2, margin, pose1=None, pose2=None, size1=None, size2=None):
+def _box_filter(m, d, g1, g2, margin, cols=None):
     """Separating-axis test of the two geoms' bounding boxes on their 6 face axes:
     False only when a face axis separates them by more than ``margin`` plus a 1e-3
     relative allowance (rounding, collider tolerances), so a rejected pair has no
-    contact. Pairs with a geom without a box bound pass."""
+    contact. Pairs with a geom without a box bound pass. ``cols``: the pairs' geoms as
+    gathered by :func:`_pair_cols`, when they are."""
     ftype = d.geom_xpos.dtype
-    c1, m1, h1 = _half_extent(m, d, g1, ftype, pose1, size1)
-    c2, m2, h2 = _half_extent(m, d, g2, ftype, pose2, size2)
-    dc = c2 - c1
-    # rot[p, i, j] = m1[:, i] . m2[:, j], written out (see common.dot)
-    col = lambda mat, j: mat[:, :, j]
-    rows = []
-    for i in range(3):
-        a = col(m1, i)
-        rows.append(jnp.stack([dot(a, col(m2, j)) for j in range(3)], -1))
-    rabs = jnp.abs(jnp.stack(rows, 1))                             # (n, 3, 3)
-    t1 = jnp.stack([dot(dc, col(m1, i)) for i in range(3)], -1)
-    t2 = jnp.stack([dot(dc, col(m2, j)) for j in range(3)], -1)
-    r12 = (rabs[:, :, 0] * h2[:, :1] + rabs[:, :, 1] * h2[:, 1:2] +
-           rabs[:, :, 2] * h2[:, 2:])                               # h2 on box1 axes
-    r21 = (rabs[:, 0, :] * h1[:, :1] + rabs[:, 1, :] * h1[:, 1:2] +
-           rabs[:, 2, :] * h1[:, 2:])                               # h1 on box2 axes
-    mg = margin[:, None]
-    s1 = jnp.abs(t1) - h1 - r12 > mg + 1e-3 * (jnp.abs(t1) + h1 + r12)
-    s2 = jnp.abs(t2) - h2 - r21 > mg + 1e-3 * (jnp.abs(t2) + h2 + r21)
-    sep = (s1[:, 0] | s1[:, 1] | s1[:, 2] | s2[:, 0] | s2[:, 1] | s2[:, 2])
+    if cols is None:
+        cols = _pair_cols(_pair_table(m, d, g1, g2, ftype))
+    (p1, m1, s1_, _), (p2, m2, s2_, _) = cols
+    c1, h1 = _half_extent(m, g1, ftype, p1, m1, s1_)
+    c2, h2 = _half_extent(m, g2, ftype, p2, m2, s2_)
+    dc = [c2[i] - c1[i] for i in range(3)]
+    # rabs[i][j] = |m1[:, i] . m2[:, j]|
+    rabs = [[jnp.abs(_dot3(_col(m1, i), _col(m2, j))) for j in range(3)] for i in range(3)]
+    t1 = [_dot3(dc, _col(m1, i)) for i in range(3)]
+    t2 = [_dot3(dc, _col(m2, j)) for j in range(3)]
+    r12 = [rabs[i][0] * h2[0] + rabs[i][1] * h2[1] + rabs[i][2] * h2[2]
+           for i in range(3)]                                       # h2 on box1 axes
+    r21 = [rabs[0][j] * h1[0] + rabs[1][j] * h1[1] + rabs[2][j] * h1[2]
+           for j in range(3)]                                       # h1 on box2 axes
+    sep = jnp.zeros(margin.shape, bool)
+    for t, h, r in zip(t1 + t2, h1 + h2, r12 + r21):
+        sep = sep | (jnp.abs(t) - h - r > margin + 1e-3 * (jnp.abs(t) + h + r))
     return ~sep
 
 
@@ -608,16 +652,12 @@ def _pair_cap(m, p, grp, split):
     return PAIRS_PER_SLOT * nslot + 16
 
 
-def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sel=None, sizes=None):
-    """The collider's arguments from the pairs' gathered poses (rows ``sel`` if given)
-    and sizes (``sizes``: (size1, size2) when already gathered)."""
+def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sizes=None):
+    """The collider's arguments from the pairs' gathered poses and sizes (``sizes``:
+    (size1, size2) when already gathered)."""
     if sizes is None:
         size = jnp.asarray(m.geom_size, ftype)
         sizes = size[g1], size[g2]
-    if sel is not None:
-        pick = lambda x: x[sel]
-        return (Geom(*map(pick, pose1), pick(sizes[0])),
-                Geom(*map(pick, pose2), pick(sizes[1])), dm[sel])
     geo1, geo2 = Geom(*pose1, sizes[0]), Geom(*pose2, sizes[1])
     geo1, geo2 = convex.attach_meshes(m, fn, geo1, geo2, jnp.asarray(g1), jnp.asarray(g2),
                                       ftype, geoms=(g1, g2))
@@ -643,15 +683,17 @@ def narrow_group(m, d, p, grp, det_margin, split):
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
     dm = det_margin[grp.cand]
     table = _pair_table(m, d, g1, g2, ftype)
-    rows = _pair_rows(table)
-    ok = _broadphase(m, d, g1, g2, dm, rows)
-    pose1, pose2 = rows[0][:2], rows[1][:2]
-    sizes = rows[0][2], rows[1][2]
+    cols = _pair_cols(table)
+    ok = _broadphase(m, d, g1, g2, dm, cols)
 
     def args():          # sliced where used (inside the branches below)
         r1, r2 = _pair_rows(table)
         return _pose_args(m, grp.fn, g1, g2, dm, r1[:2], r2[:2], ftype,
                           sizes=(r1[2], r2[2]))
+
+    def take(idx):       # the arguments of pairs idx (a collider without mesh data)
+        r1, r2 = _pair_rows(table, idx)
+        return Geom(*r1[:3]), Geom(*r2[:3]), dm[idx]
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
@@ -663,12 +705,12 @@ def narrow_group(m, d, p, grp, det_margin, split):
             return run(), ok, count, no, None
         ar = np.arange(n)
         sel = first_k(jnp.where(ok, ar, n + ar), cap)    # passing pairs, in order
-        pre = jax.vmap(grp.fn)(*_pose_args(m, grp.fn, g1, g2, dm, pose1, pose2, ftype, sel,
-                                           sizes))
+        r1, r2 = _pair_rows(table, sel)
+        pre = jax.vmap(grp.fn)(Geom(*r1[:3]), Geom(*r2[:3]), dm[sel])
         return pre, jnp.arange(cap) < count, count, count > cap, sel
     gtype = np.asarray(m.geom_type)
     if np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)):
-        ok = ok & _box_filter(m, d, g1, g2, dm, pose1, pose2, *sizes)
+        ok = ok & _box_filter(m, d, g1, g2, dm, cols)
     count = jnp.sum(ok)
     if _chunks(grp.fn, len(grp.cand)):
         # the chunk scan skipped whole when no world has a passing pair: its skipped
@@ -682,7 +724,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
             return (jnp.zeros(types[0].shape, types[0].dtype), jnp.zeros(nrow, bool),
                     jnp.asarray(idx, jnp.int32))
         out, rows, sel = _run_or_skip(batch_max(count) > 0,
-                                      lambda: _chunked(grp.fn, args(), ok, count, found),
+                                      lambda: _chunked(grp.fn, take, ok, count, found),
                                       skip)
         return found["unpack"](out), rows, count, no, sel
     # the branches return the collider output packed in one array: the skip branch is
@@ -753,24 +795,22 @@ def _pack(tree):
     return packed, unpack
 
 
-def _chunked(fn, args, ok, count, found):
+def _chunked(fn, take, ok, count, found):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over
     the chunks of the passing pairs (compacted in order by :func:`first_k`), each a
     ``lax.cond`` on whether any world has a passing pair in it (:func:`batch_max`), so
     that the collider is compiled once and runs only on chunks that hold passing
-    pairs. A chunk's arguments are gathered inside its branch by one gather of the
-    group's arguments packed side by side (:func:`_pack`: one gather kernel, not one
-    per argument; the pairs' poses are gathered up front anyway, for the bounding-box
-    filter); its output leaves one packed array. Returns (the packed collider output,
-    which rows are passing pairs, the group-local pair of each row); sets
-    ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
+    pairs. A chunk's arguments are gathered inside its branch (``take(idx)``: the
+    collider's arguments for group-local pairs idx; from the component-major pair table,
+    a few columns, where packing every pair's arguments into rows first wrote the whole
+    group each step); its output leaves one packed array (:func:`_pack`). Returns (the
+    packed collider output, which rows are passing pairs, the group-local pair of each
+    row); sets ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
     ar = np.arange(n)
     sel = jnp.minimum(first_k(jnp.where(ok, ar, n + ar), nch * CHUNK), n - 1)
     most = batch_max(count)
-    packed, unpack = _pack(args)
-    take = lambda idx: unpack(packed[idx])
 
     def body(_, xs):
         c, idx = xs

@@ -58,8 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, safe_norm,
-                                            sel)
+from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot,
+                                            normalize, rot, safe_norm, sel)
 from simjax.engine.tables import concrete
 from simjax.types import EnableBit
 from simjax.types import GeomType as GT
@@ -181,7 +181,7 @@ def _support(t, size, vert, mat, pos, d):
         loc = sel(ld >= 0, size, -size)
     elif t == GT.MESH:
         pr = ld @ vert.T
-        loc = vert[jnp.argmax(pr, axis=-1)]
+        loc = vert[argmax(pr)]
     else:
         raise ValueError(t)
     return loc @ mat.T + pos
@@ -268,7 +268,7 @@ def _point_prism(p, v, nrm, off):
     cand = jnp.concatenate([q, qe])
     dc = cand - p
     d2 = sel(jnp.concatenate([inface, jnp.ones(9, bool)]), dot(dc, dc), jnp.inf)
-    pick = jnp.arange(14) == jnp.argmin(d2)
+    pick = jnp.arange(14) == argmin(d2)
     return jnp.sum(sel(pick[:, None], cand, 0.0), 0)
 
 
@@ -293,7 +293,7 @@ def _sphere_prism(v, base, c, r):
     """(dist, pos, normal) of a sphere (centre c, radius r) against prism v (6, 3)."""
     nrm, off = _prism_planes(v, base)
     s = nrm @ c - off
-    k = jnp.argmax(s)
+    k = argmax(s)
     inside = s[k] <= 0
     q = _point_prism(c, v, nrm, off)
     n_out, dd = normalize(c - q)
@@ -320,7 +320,7 @@ def _capsule_prism(v, base, a0, a1, r):
     axes = jnp.concatenate([nrm, cr, -cr])
     lo = jnp.minimum(axes @ a0, axes @ a1)
     s = _sep_axes(axes, v, lo)
-    k = jnp.argmax(s)
+    k = argmax(s)
     n_sat, s_sat = axes[k], s[k]
     crossing = s_sat <= 0
     # separated: closest points of the segment and the prism boundary
@@ -329,7 +329,7 @@ def _capsule_prism(v, base, a0, a1, r):
     xs = jnp.concatenate([a0[None], a1[None], xe])
     ys = jnp.concatenate([qa0[None], qa1[None], ye])
     dxy = xs - ys
-    j = jnp.argmin(dot(dxy, dxy))
+    j = argmin(dot(dxy, dxy))
     n_out, dd = normalize(xs[j] - ys[j])
     # crossing: witness on the segment along the best axis
     is_face = k < 5
@@ -400,7 +400,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
         return dot(b, n) - jnp.max(n @ v.T, -1)
 
     s = _mesh_sep(vert, mat, pos, mesh, v, dirs, nrm.shape[0]) if t == GT.MESH else sep(dirs)
-    k = jnp.argmax(s)
+    k = argmax(s)
     n, sb = dirs[k], s[k]
     if t not in (GT.BOX, GT.MESH):
         scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
@@ -408,7 +408,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
         def body(carry, _):
             n, sb, eta = carry
             b = _support(t, size, vert, mat, pos, -n)
-            a = v[jnp.argmax(v @ n)]
+            a = v[argmax(v @ n)]
             g = b - a
             gt = g - n * dot(g, n)
             trial, _ = normalize(n + eta * gt)
@@ -421,11 +421,11 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
         if t == GT.ELLIPSOID:      # polish from the refined and the top-face normals
             starts = jnp.concatenate([n[None], nrm[:1]])
             cands = jax.vmap(lambda n0: _ellipsoid_polish(size, mat, pos, v, n0, sep))(starts)
-            n = cands[jnp.argmax(sep(cands))]
+            n = cands[argmax(sep(cands))]
         else:       # cylinder: exact optimum of each prism vertex alone
             cands = jnp.concatenate([n[None], jax.vmap(
                 lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
-            n = cands[jnp.argmax(sep(cands))]
+            n = cands[argmax(sep(cands))]
     b = _support(t, size, vert, mat, pos, -n)
     dist = sep(n)
     pos_b = b - n * (0.5 * dist)
@@ -444,7 +444,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     else:
         geom_unique = (jnp.abs(ld[2]) * size[1] > tol) & \
             (safe_norm(ld[:2]) * size[0] > tol)
-    a = v[jnp.argmax(v @ n)]
+    a = v[argmax(v @ n)]
     use_a = prism_unique & ~geom_unique
     return dist, sel(use_a, a + n * (0.5 * dist), pos_b), n
 
@@ -532,7 +532,7 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
     cands = jnp.concatenate([n0[None], jax.vmap(vertex)(v),
                              jax.vmap(edge)(ends[:, 0], ends[:, 1])])
     s = sep(cands)
-    return cands[jnp.argmax(s)]
+    return cands[argmax(s)]
 
 
 # --------------------------------------------------------------------------- collider
@@ -593,8 +593,10 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
         keep = jnp.arange(k) < jnp.sum(valid)
         dist, pos, n = dist[idx], pos[idx], n[idx]
         valid = keep
-    pos = pos @ hm.T + g1.pos
-    n = n @ hm.T
+    # written out: vmapped, a product of (k, 3) rows with a 3x3 matrix is a slow
+    # batched matrix kernel on CPU
+    pos = rot(hm, pos) + g1.pos
+    n = rot(hm, n)
     return Pre(dist, pos, n, jnp.zeros_like(pos), valid)
 
 

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.collision.common import (MINVAL, Pre, cross, dot, normalize, once,
-                                            one, pick3, safe_norm, sel, stack)
+from simjax.engine.collision.common import (MINVAL, Pre, argmin, cross, dot, normalize,
+                                            once, one, pick3, safe_norm, sel, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
 
 
@@ -198,7 +198,7 @@ def sphere_box(g1, g2, margin):
     # inside: nearest face (first minimum in the order -x, +x, -y, +y, -z, +z)
     sgn = jnp.asarray([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0], center.dtype)
     face = jnp.abs(sgn * jnp.repeat(size, 2) - jnp.repeat(center, 2))
-    k = jnp.argmin(face)
+    k = argmin(face)
     closest = face[k]
     nearest = sel(jnp.arange(3) == k // 2, sel(k % 2 == 1, -1.0, 1.0),
                   0.0).astype(center.dtype)
@@ -635,7 +635,7 @@ def capsule_box(g1, g2, margin):
     x2 = jnp.clip(x2, -1, 1)
     d = dif - ha * x2[:, None] + jnp.asarray(np.eye(3)[J], dt) * (sj * x1)[:, None]
     d2 = sel(okd, dot(d, d), jnp.inf)
-    k = jnp.argmin(d2)
+    k = argmin(d2)
     # one gather for the winner's values
     d2k, x2k, x1k, c1k = jnp.stack([d2, x2, x1, (s1 * 3 + s2).astype(dt)], -1)[k]
     win = d2k < bestdist - MINVAL
