@@ -182,44 +182,19 @@ def _chunk_positions(counts, caps, c):
     return out
 
 
-#: per-row entries of the source table (:func:`_table`) after ``_FILL``'s
-_MASKS = {"eq": False, "fric": False, "ineq": True}
-
-
-def _table(spec, p):
-    """The per-row problem entries as one (rows + 1, entries) table in the problem's
-    dtype (masks and island ids as exact small numbers), its last row the padding
-    row's entries, and per elliptic block (mu, friction) as a (contacts + 1, dim) table
-    (last row: padding, 1): a chunk's rows are then one gather, and every loop over the
-    later chunks compiled one gather kernel per entry (about 10) before."""
-    dtype = p["aref"].dtype
-    cols = [p[key] for key in _FILL] + [jnp.asarray(getattr(spec, key)) for key in _MASKS]
-    fill = list(_FILL.values()) + list(_MASKS.values())
-    if "rowisl" in p:
-        cols.append(p["rowisl"])
-        fill.append(spec.nisl)
-    tab = jnp.concatenate([jnp.stack([c.astype(dtype) for c in cols], 1),
-                           jnp.asarray(fill, dtype)[None]])
-    ell = tuple(jnp.concatenate([jnp.concatenate([mu[:, None], fr], 1),
-                                 jnp.ones((1, fr.shape[1] + 1), dtype)])
-                for mu, fr in zip(p["mu"], p["fr"]))
-    out = dict(tab=tab, ell=ell)
-    if "rowisl" in p:
-        out["isl"] = jnp.zeros(0, p["rowisl"].dtype)     # the island ids' dtype
-    return out
-
-
-def _take_chunk(src, idx, pos):
-    """Chunk entries at source rows ``idx`` and elliptic contacts ``pos`` (the tables'
-    padding rows where past the source: padding rows, inactive one-sided rows)."""
-    rows = src["tab"].at[idx].get(mode="promise_in_bounds")
-    x = {}
-    for j, (key, fill) in enumerate(list(_FILL.items()) + list(_MASKS.items())):
-        x[key] = rows[:, j] if isinstance(fill, float) else rows[:, j] != 0
-    if "isl" in src:
-        x["rowisl"] = rows[:, -1].astype(src["isl"].dtype)
-    ell = [t.at[ps].get(mode="promise_in_bounds") for t, ps in zip(src["ell"], pos)]
-    x.update(mu=tuple(e[:, 0] for e in ell), fr=tuple(e[:, 1:] for e in ell))
+def _take_chunk(nisl, src, idx, pos):
+    """Chunk entries at source rows ``idx`` and elliptic contacts ``pos`` (fill:
+    padding rows, inactive one-sided rows)."""
+    take = lambda x, fill: jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
+    x = {key: take(src[key], fill) for key, fill in _FILL.items()}
+    x.update(eq=take(src["eq"], False), fric=take(src["fric"], False),
+             ineq=take(src["ineq"], True),
+             mu=tuple(jnp.take(mu, ps, mode="fill", fill_value=1.0)
+                      for mu, ps in zip(src["mu"], pos)),
+             fr=tuple(jnp.take(fr, ps, axis=0, mode="fill", fill_value=1.0)
+                      for fr, ps in zip(src["fr"], pos)))
+    if "rowisl" in src:
+        x["rowisl"] = take(src["rowisl"], nisl)
     return x
 
 
@@ -252,8 +227,10 @@ def gather(spec, p, caps):
     # materialised once: fused into the gathers, the index search would be recomputed
     # for every gathered element
     idx, cpos = jax.lax.optimization_barrier((idx, cpos))
-    src = _table(spec, p)
-    x0 = _take_chunk(src, idx, cpos)
+    src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
+    src.update(eq=jnp.asarray(spec.eq), fric=jnp.asarray(spec.fric),
+               ineq=jnp.asarray(spec.ineq))
+    x0 = _take_chunk(spec.nisl, src, idx, cpos)
     cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
                                 nefc=row)
     J0 = jnp.take(p["J"], idx, axis=0, mode="fill", fill_value=0.0)
@@ -376,7 +353,7 @@ def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     def inner(c, e, sc, a, acc):
         user, src, J = a
         e, (idx, pos) = e
-        x = _take_chunk(src, idx, pos)
+        x = _take_chunk(spec.nisl, src, idx, pos)
         if J is not None:
             J = jnp.take(J, idx, axis=0, mode="fill", fill_value=0.0)
         return fn(_chunk_spec(spec, x), x, e, sc, J, user, acc)
