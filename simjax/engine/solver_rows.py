@@ -204,20 +204,19 @@ _MASKS = {"eq": False, "fric": False, "ineq": True}
 
 def _take_rest(nisl, src, idx, pos, J):
     """:func:`_take_chunk` (and the Jacobian rows, unless ``J`` is None) on a later
-    chunk: the per-row entries (masks and island ids as exact small numbers) and
-    Jacobian are stacked into one table, its last row the padding row's entries, and
-    the chunk's rows are one gather from it, (mu, friction) one per elliptic block.
-    Built inside the loop over the later chunks, the table costs nothing where the loop
-    runs no iteration; a gather per entry compiled about 10 kernels per loop."""
+    chunk: the per-row entries (masks and island ids as exact small numbers) are
+    stacked into one table, its last row the padding row's entries, and the chunk's
+    rows are one gather from it, (mu, friction) one per elliptic block. Built inside
+    the loop over the later chunks, the table costs nothing where the loop runs no
+    iteration; a gather per entry compiled about 10 kernels per loop. (With the
+    Jacobian in the table as well, XLA built the whole table on every visit: the
+    solves with several chunks in use ran 25% slower.)"""
     dtype = src["aref"].dtype
     keys = list(_FILL.items()) + list(_MASKS.items())
     if "rowisl" in src:
         keys.append(("rowisl", nisl))
     cols = [src[key].astype(dtype)[:, None] for key, _ in keys]
     fill = [float(v) for _, v in keys]
-    if J is not None:
-        cols.append(J)
-        fill += [0.0] * J.shape[1]
     tab = jnp.concatenate([jnp.concatenate(cols, 1), jnp.asarray(fill, dtype)[None]])
     rows = tab.at[idx].get(mode="promise_in_bounds")
     x = {}
@@ -233,7 +232,9 @@ def _take_rest(nisl, src, idx, pos, J):
                            ).at[ps].get(mode="promise_in_bounds")
            for mu, fr, ps in zip(src["mu"], src["fr"], pos)]
     x.update(mu=tuple(e[:, 0] for e in ell), fr=tuple(e[:, 1:] for e in ell))
-    return x, (None if J is None else rows[:, len(keys):])
+    if J is not None:
+        J = jnp.take(J, idx, axis=0, mode="fill", fill_value=0.0)
+    return x, J
 
 
 def gather(spec, p, caps):
