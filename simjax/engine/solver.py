@@ -44,7 +44,7 @@ from simjax.engine.data import NISLAND
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import gather as gather_rows
-from simjax.engine.solver_rows import Chunked, head_chunk, rest_chunks, rest_zeros
+from simjax.engine.solver_rows import Chunked, find_chunks, head_chunk, rest_chunks, rest_zeros
 from simjax.engine.solver_rows import any_world, row_capacity, where_needed
 from simjax.engine.solver_rows import whole as whole_rows
 from simjax.types import DisableBit, SolverType
@@ -720,9 +720,9 @@ def _jaref_rest(spec, x, e, sc, J, q, acc):
 def _jaref(rows, q):
     """J q - aref of the rows in use, per chunk."""
     head = rows.J0 @ q - rows.x0["aref"]
-    _, rest = rest_chunks(rows, _jaref_rest, (), args=q, jac=True,
-                          state=rest_zeros(rows, head))
-    return Chunked(head, rest)
+    _, rest, rows = find_chunks(rows, _jaref_rest, (), args=q, jac=True,
+                                state=rest_zeros(rows, head))
+    return Chunked(head, rest), rows
 
 
 def _warm_cost(spec, x, J, both, acc):
@@ -737,39 +737,40 @@ def _warm_head(spec, x, e, J, both, acc):
 
 
 def _warm_rest(spec, x, e, sc, J, both, acc):
-    return _warm_cost(spec, x, J, both, acc)[0], sc
-
-
-def _pick_rest(spec, x, e, sc, J, args, acc):
-    both, pick = args
-    jb = J @ both - x["aref"][:, None]          # as in _warm_cost
-    return acc, jnp.where(pick, jb[:, 1], jb[:, 0])
+    """:func:`_warm_cost` on a later chunk; its rows kept unless ``sc`` is () (no
+    state: the rows are remade at the chosen point)."""
+    acc, jb = _warm_cost(spec, x, J, both, acc)
+    return acc, (sc if isinstance(sc, tuple) else jb)
 
 
 def _primal_start(rows, p, qs, qw, nisl):
-    """(qacc0, M qacc0, J qacc0 - aref per chunk) the primal solvers start from. With
+    """((qacc0, M qacc0, J qacc0 - aref per chunk), rows with the later chunks found)
+    the primal solvers start from. With
     ``qw`` (warmstart): one choice for all islands (MuJoCo's warmstart precedes the
     island solves), the lower total cost of qacc_warmstart and qacc_smooth, both
-    evaluated in one pass; the chosen point's products start the solver."""
+    evaluated in one pass; the chosen point's products start the solver (the later
+    chunks' rows at both points are kept from that pass: a second loop over the chunks
+    to remake them at the chosen point compiled its own gathers)."""
     M = p["M"]
     if qw is None:
-        return qs, M @ qs, _jaref(rows, qs)
+        jaref, rows = _jaref(rows, qs)
+        return (qs, M @ qs, jaref), rows
     both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
     Mb = M @ both
     cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
-    cost, _ = rest_chunks(rows, _warm_rest, cost, args=both, jac=True)
+    rest = rest_zeros(rows, jb) if nisl == 1 else ()
+    cost, rest, rows = find_chunks(rows, _warm_rest, cost, args=both, jac=True,
+                                   state=rest)
     cost = cost + 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
     pick = cost[0] > cost[1]
-    qacc0, Ma0, jaref0 = jax.tree_util.tree_map(
-        lambda x: jnp.where(pick, x[..., 1], x[..., 0]), (both, Mb, jb))
+    qacc0, Ma0, jaref0, rest = jax.tree_util.tree_map(
+        lambda x: jnp.where(pick, x[..., 1], x[..., 0]), (both, Mb, jb, rest))
     if nisl > 1:
         # dofs in no island start (and stay) at qacc_smooth
         qacc0 = jnp.where(p["dofisl"] == nisl, qs, qacc0)
-        return qacc0, M @ qacc0, _jaref(rows, qacc0)
-    # the later chunks' rows at the chosen point (usually none)
-    _, rest = rest_chunks(rows, _pick_rest, (), args=(both, pick), jac=True,
-                          state=rest_zeros(rows, jaref0))
-    return qacc0, Ma0, Chunked(jaref0, rest)
+        jaref, rows = _jaref(rows, qacc0)
+        return (qacc0, M @ qacc0, jaref), rows
+    return (qacc0, Ma0, Chunked(jaref0, rest)), rows
 
 
 # --------------------------------------------------------------------------- entry
@@ -870,7 +871,7 @@ def fwd_constraint(m, d):
         else:
             rows = whole_rows(spec, ps)
         qw = sg(d.qacc_warmstart) if warm else None
-        qacc0, Ma0, jaref0 = _primal_start(rows, ps, qs, qw, spec.nisl)
+        (qacc0, Ma0, jaref0), rows = _primal_start(rows, ps, qs, qw, spec.nisl)
         # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
         qacc0 = jnp.where(~jnp.any(ps["active"]), qs, qacc0)
         res = _primal(rows, ps, (qacc0, Ma0, jaref0), solver == SolverType.NEWTON, iters,

@@ -143,10 +143,12 @@ class Rows:
     chunk 0 (``mu`` / ``fr`` tuples per elliptic block) and ``J0`` its Jacobian rows,
     gathered once; ``nact`` the chunks in use (traced, at least 1). The later chunks
     are gathered when visited (usually never) from ``src`` (the problem's per-row
-    entries, full Jacobian ``J``) at their source rows ``rest`` (:func:`_rest_rows`):
-    XLA CPU gathers are slow, and gathering every chunk up front cost the humanoid /
-    shadow hand solves 10-50%; searching every chunk's rows up front cost the
-    one-chunk solves about 10%."""
+    entries, full Jacobian ``J``) at their source rows ``rest`` (leading axis the
+    chunk; () until the first loop over the later chunks has found them from ``find``:
+    the rows' (layout, caps, nefc) of :func:`_chunk_rows`, their cumulative counts and
+    chunk 0's (rows, positions), for shapes; :func:`find_chunks`): XLA CPU gathers are
+    slow, and gathering every chunk up front cost the humanoid / shadow hand solves
+    10-50%; searching every chunk's rows up front cost the one-chunk solves about 10%."""
     spec: object
     nchunk: int
     x0: dict
@@ -154,6 +156,7 @@ class Rows:
     J0: object
     src: dict = None
     rest: tuple = ()
+    find: tuple = ()
 
 
 def _chunk_rows(layout, caps, nefc, pos):
@@ -198,6 +201,45 @@ def _take_chunk(nisl, src, idx, pos):
     return x
 
 
+#: the row masks of a later chunk's table (:func:`_take_rest`) and their padding
+_MASKS = {"eq": False, "fric": False, "ineq": True}
+
+
+def _take_rest(nisl, src, idx, pos, J):
+    """:func:`_take_chunk` (and the Jacobian rows, unless ``J`` is None) on a later
+    chunk: the per-row entries (masks and island ids as exact small numbers) are
+    stacked into one table, its last row the padding row's entries, and the chunk's
+    rows are one gather from it, (mu, friction) one per elliptic block. Built inside
+    the loop over the later chunks, the table costs nothing where the loop runs no
+    iteration; a gather per entry compiled about 10 kernels per loop. (With the
+    Jacobian in the table as well, XLA built the whole table on every visit: the
+    solves with several chunks in use ran 25% slower.)"""
+    dtype = src["aref"].dtype
+    keys = list(_FILL.items()) + list(_MASKS.items())
+    if "rowisl" in src:
+        keys.append(("rowisl", nisl))
+    cols = [src[key].astype(dtype)[:, None] for key, _ in keys]
+    fill = [float(v) for _, v in keys]
+    tab = jnp.concatenate([jnp.concatenate(cols, 1), jnp.asarray(fill, dtype)[None]])
+    rows = tab.at[idx].get(mode="promise_in_bounds")
+    x = {}
+    for j, (key, v) in enumerate(keys):
+        if isinstance(v, bool):
+            x[key] = rows[:, j] != 0
+        elif key == "rowisl":
+            x[key] = rows[:, j].astype(src["rowisl"].dtype)
+        else:
+            x[key] = rows[:, j]
+    ell = [jnp.concatenate([jnp.concatenate([mu[:, None], fr], 1),
+                            jnp.ones((1, fr.shape[1] + 1), dtype)]
+                           ).at[ps].get(mode="promise_in_bounds")
+           for mu, fr, ps in zip(src["mu"], src["fr"], pos)]
+    x.update(mu=tuple(e[:, 0] for e in ell), fr=tuple(e[:, 1:] for e in ell))
+    if J is not None:
+        J = jnp.take(J, idx, axis=0, mode="fill", fill_value=0.0)
+    return x, J
+
+
 def gather(spec, p, caps):
     """The active rows of problem ``p`` (row structure ``spec``) in the chunks of
     :class:`Rows`, chunk sizes ``caps`` (:func:`row_capacity`)."""
@@ -223,7 +265,9 @@ def gather(spec, p, caps):
     layout = (srows, tuple(spec.ell))
     idx, cpos = _chunk_rows(layout, caps, nefc, pos)
     nact = jnp.maximum(nact, 1).astype(jnp.int32)
-    rest = _rest_rows(nchunk, nact, (layout, caps, nefc), tuple(counts), (idx, cpos))
+    # the later chunks' rows are found by the first loop over them (find_chunks)
+    like = (idx, cpos) if nchunk > 1 else ()
+    find = ((layout, caps, nefc), tuple(counts), like) if nchunk > 1 else ()
     # materialised once: fused into the gathers, the index search would be recomputed
     # for every gathered element
     idx, cpos = jax.lax.optimization_barrier((idx, cpos))
@@ -235,41 +279,7 @@ def gather(spec, p, caps):
                                 nefc=row)
     J0 = jnp.take(p["J"], idx, axis=0, mode="fill", fill_value=0.0)
     src["J"] = p["J"]
-    return Rows(cspec, nchunk, x0, nact, J0, src, rest)
-
-
-def _rest_rows(nchunk, nact, where, counts, like):
-    """Source rows and elliptic contacts (:func:`_chunk_rows`) of the chunks after chunk
-    0, leading axis the chunk (nchunk - 1 of them), found once per solve by a loop over
-    the chunks in use (usually none) and read by every :func:`rest_chunks` loop: each
-    of the solver's loops searching them on its visits compiled binary searches (each
-    a loop) of its own. Entries of chunks past the batch's largest ``nact`` stay zero:
-    no loop reaches them. ``where``: (layout, caps, nefc) of :func:`_chunk_rows`;
-    ``like``: chunk 0's (rows, positions), for shapes."""
-    if nchunk == 1:
-        return ()
-    layout, caps, nefc = where
-
-    def find(c, e, sc, a, acc):
-        return acc, _chunk_rows(layout, caps, nefc, _chunk_positions(a, caps, c))
-
-    state = jax.tree_util.tree_map(lambda o: jnp.zeros((nchunk - 1,) + o.shape, o.dtype),
-                                   like)
-
-    @jax.custom_batching.custom_vmap
-    def run(n, counts, state):
-        return _loop(find, n, (), counts, (), state)[1]
-
-    @run.def_vmap
-    def _rule(size, flags, n, counts, state):
-        nb, cb, sb = flags
-        state = jax.tree_util.tree_map(
-            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape), state, sb)
-        out = _loop(find, jnp.max(n) if nb else n, (), counts, (), state,
-                    batch=((), cb))[1]
-        return out, jax.tree_util.tree_map(lambda _: True, out)
-
-    return run(nact, counts, state)
+    return Rows(cspec, nchunk, x0, nact, J0, src, (), find)
 
 
 def whole(spec, p):
@@ -329,12 +339,19 @@ def head_chunk(rows, fn, acc, extra=(), args=(), jac=False):
 
 
 def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
+    """:func:`find_chunks` without the rows: (acc, state)."""
+    return find_chunks(rows, fn, acc, extra, args, jac, state)[:2]
+
+
+def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     """Fold over the chunks in use after chunk 0, 1 <= c < rows.nact: ``acc, s_c =
     fn(spec_c, x_c, e_c, s_c, J_c, args, acc)`` as :func:`head_chunk`, with ``e_c``
     chunk ``c`` of ``extra`` (a tree of :class:`Chunked`) and ``s_c`` chunk ``c`` of
     ``state`` (a tree of per-chunk arrays, leading axis the chunks after chunk 0),
-    updated in place. Returns (acc, state). ``fn`` must close over no traced value:
-    pass them in ``args``.
+    updated in place. Returns (acc, state, rows), ``rows`` with the later chunks'
+    source rows: the first loop over the chunks finds them (binary searches on the
+    cumulative counts) for the loops after it (a loop of its own compiled its own
+    bookkeeping). ``fn`` must close over no traced value: pass them in ``args``.
 
     The loop usually runs no iteration; the rows of a chunk are found and gathered
     when it is visited. Only values carried from one pass over the rows to the next
@@ -346,19 +363,33 @@ def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     conditional.)"""
     spec, nchunk = rows.spec, rows.nchunk
     if nchunk == 1:
-        return acc, state
+        return acc, state, rows
     src = dict(rows.src)
     J = src.pop("J")
+    finding = not rows.rest
+    if finding:
+        where, counts, like = rows.find
+        state = (state, jax.tree_util.tree_map(
+            lambda o: jnp.zeros((nchunk - 1,) + o.shape, o.dtype), like))
+    else:
+        counts = ()
 
     def inner(c, e, sc, a, acc):
-        user, src, J = a
-        e, (idx, pos) = e
-        x = _take_chunk(spec.nisl, src, idx, pos)
-        if J is not None:
-            J = jnp.take(J, idx, axis=0, mode="fill", fill_value=0.0)
-        return fn(_chunk_spec(spec, x), x, e, sc, J, user, acc)
+        user, src, J, counts = a
+        e, found = e
+        if finding:
+            layout, caps, nefc = where
+            found = _chunk_rows(layout, caps, nefc, _chunk_positions(counts, caps, c))
+            sc = sc[0]
+        idx, pos = found
+        # the table is made to depend on the chunk: XLA would otherwise build it
+        # before the loop (loop-invariant), on every call (one-chunk solves 15% slower)
+        src, _ = jax.lax.optimization_barrier((src, idx))
+        x, J = _take_rest(spec.nisl, src, idx, pos, J)
+        acc, sc = fn(_chunk_spec(spec, x), x, e, sc, J, user, acc)
+        return acc, ((sc, found) if finding else sc)
 
-    a = (args, src, J if jac else None)
+    a = (args, src, J if jac else None, counts)
 
     @jax.custom_batching.custom_vmap
     def run(n, xs, a, acc, state):
@@ -374,7 +405,12 @@ def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state, batch=(xb, ab))
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
-    return run(rows.nact, (rests(extra), rows.rest), a, acc, state)
+    acc, state = run(rows.nact, (rests(extra), () if finding else rows.rest), a, acc,
+                     state)
+    if finding:
+        state, found = state
+        return acc, state, dataclasses.replace(rows, rest=found)
+    return acc, state, rows
 
 
 def rest_zeros(rows, like):
