@@ -34,7 +34,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from bench.profiling import _NOT_KERNELS, _kernel_lines, _stack_frames  # noqa: E402
+from bench.profiling import _kernel_lines, kernel_ops  # noqa: E402
 
 _CHILD = """
 import sys, jax, jax.numpy as jnp
@@ -95,22 +95,15 @@ def profile(name, batch, top):
     for key, names in fns.items():
         for f in names:
             fn_ms[f] = fn_ms.get(f, 0.0) + ms.get(key, 0.0) / max(1, len(names))
-    chain = _stack_frames(text)
     comps, inner = _kernel_lines(text)
     rows = []
-    for cname, ops in comps.items():
-        if cname in inner:
-            continue
-        for op, line in ops:
-            if op in _NOT_KERNELS:
-                continue
-            kn = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)", line).group(1)
-            cost = next((fn_ms[c] for c in (kn, kn + "_kernel", kn + "_elemental_kernel")
-                         if c in fn_ms), 0.0)
-            sf = re.search(r"stack_frame_id=(\d+)", line)
-            frames = [(f.split("simjax/")[-1].replace("engine/", "")[:-3], fn, ln)
-                      for f, fn, ln in (chain(int(sf.group(1))) if sf else []) if "simjax/" in f]
-            rows.append((cost, kn, op, frames))
+    for op, line, chain in kernel_ops(text):
+        kn = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)", line).group(1)
+        cost = next((fn_ms[c] for c in (kn, kn + "_kernel", kn + "_elemental_kernel")
+                     if c in fn_ms), 0.0)
+        frames = [(f.split("simjax/")[-1].replace("engine/", "")[:-3], fn, ln)
+                  for f, fn, ln in chain if "simjax/" in f]
+        rows.append((cost, kn, op, frames))
     total = sum(ms.values())
     print(f"== {name}: {len(rows)} kernels, LLVM {total / 1e3:.2f} s in {len(ms)} modules "
           f"(per-kernel modules; per-thread time)")

@@ -122,25 +122,15 @@ def profile_groups(m, d, pre_b, repeat):
 def kernel_lines(text, top):
     """Print the kernels of optimised HLO ``text`` by innermost simjax source line."""
     import collections
-    import re
-    from bench.profiling import _NOT_KERNELS, _kernel_lines, _stack_frames, hlo_stats
-    chain = _stack_frames(text)
+    from bench.profiling import hlo_stats, kernel_ops
 
-    def innermost(fid):
-        for f, fn, ln in reversed(chain(fid)):
+    def innermost(chain):
+        for f, fn, ln in reversed(chain):
             tail = f.split("simjax/")[-1]
             if "simjax/" in f and not tail.startswith("bench"):
                 return f"{tail}:{fn}:{ln}"
         return "(no simjax frame)"
-    comps, inner = _kernel_lines(text)
-    cnt = collections.Counter()
-    for cname, ops in comps.items():
-        if cname in inner:
-            continue
-        for op, line in ops:
-            if op not in _NOT_KERNELS:
-                sf = re.search(r"stack_frame_id=(\d+)", line)
-                cnt[(innermost(int(sf.group(1))) if sf else "(no frame)", op)] += 1
+    cnt = collections.Counter((innermost(chain), op) for op, _, chain in kernel_ops(text))
     print(f"  collision kernels: {hlo_stats(text)['kernels']}")
     for (where, op), v in cnt.most_common(top):
         print(f"  {v:5d} {op:14s} {where}")

@@ -81,21 +81,15 @@ def hlo_stats(text):
     fusion counts one; parameters, constants, tuples and bitcasts do not; reducers and
     fused computations are inside their op. ``fusions``: fusion instructions among them;
     ``whiles``: while loops; ``top``: the most frequent kernel opcodes."""
-    comps, inner = _kernel_lines(text)
-    comps = {k: [op for op, _ in v] for k, v in comps.items()}
+    comps, _ = _kernel_lines(text)
     ops = sum(len(v) for v in comps.values())
     kernels = fusions = whiles = 0
     top = {}
-    for name, oplist in comps.items():
-        if name in inner:
-            continue
-        for op in oplist:
-            if op in _NOT_KERNELS:
-                continue
-            kernels += 1
-            fusions += op == "fusion"
-            whiles += op == "while"
-            top[op] = top.get(op, 0) + 1
+    for op, _, _ in kernel_ops(text):
+        kernels += 1
+        fusions += op == "fusion"
+        whiles += op == "while"
+        top[op] = top.get(op, 0) + 1
     top = dict(sorted(top.items(), key=lambda kv: -kv[1])[:6])
     return dict(ops=ops, kernels=kernels, fusions=fusions, whiles=whiles, top=top)
 
@@ -156,6 +150,22 @@ def _stack_frames(text):
     return chain
 
 
+def kernel_ops(text):
+    """The kernels of optimised HLO ``text`` (those :func:`hlo_stats` counts) as
+    (opcode, instruction line, source frames): frames [(file, function, line), ...]
+    outermost first, [] where the instruction names no stack frame."""
+    chain = _stack_frames(text)
+    comps, inner = _kernel_lines(text)
+    for name, ops in comps.items():
+        if name in inner:
+            continue
+        for op, line in ops:
+            if op in _NOT_KERNELS:
+                continue
+            sf = re.search(r"stack_frame_id=(\d+)", line)
+            yield op, line, chain(int(sf.group(1))) if sf else []
+
+
 def hlo_attribution(text, package="simjax", skip_modules=("forward",)):
     """Kernels of an optimised HLO module attributed to source functions.
 
@@ -165,24 +175,16 @@ def hlo_attribution(text, package="simjax", skip_modules=("forward",)):
     innermost module of ``package`` on the stack). Returns (by_stage, by_stage_leaf),
     Counters of kernels."""
     import collections
-    chain = _stack_frames(text)
-    comps, inner = _kernel_lines(text)
     stage, leaf = collections.Counter(), collections.Counter()
-    for name, ops in comps.items():
-        if name in inner:
-            continue
-        for op, line in ops:
-            if op in _NOT_KERNELS:
-                continue
-            sf = re.search(r"stack_frame_id=(\d+)", line)
-            frames = [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn) for f, fn, _ in
-                      (chain(int(sf.group(1))) if sf else []) if package in f]
-            st = next((f"{mod}.{fn}" for mod, fn in frames
-                       if not any(mod.endswith(s) or s.endswith(mod) for s in skip_modules)),
-                      None)
-            if st is None:
-                st = f"{frames[-1][0]}.{frames[-1][1]}" if frames else "(no source frame)"
-            stage[st] += 1
-            if frames:
-                leaf[(st, frames[-1][0])] += 1
+    for _, _, chain in kernel_ops(text):
+        frames = [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn)
+                  for f, fn, _ in chain if package in f]
+        st = next((f"{mod}.{fn}" for mod, fn in frames
+                   if not any(mod.endswith(s) or s.endswith(mod) for s in skip_modules)),
+                  None)
+        if st is None:
+            st = f"{frames[-1][0]}.{frames[-1][1]}" if frames else "(no source frame)"
+        stage[st] += 1
+        if frames:
+            leaf[(st, frames[-1][0])] += 1
     return stage, leaf
