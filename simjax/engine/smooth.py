@@ -110,39 +110,6 @@ def _sameframe_codes(arr):
     return arr.astype(np.int64)
 
 
-def _quat_coefs():
-    """(pairs, coefficients): the rotation matrix of unit quaternion q is the sum over
-    the pairs (a, b) of q[a] q[b] times a constant 3x3 matrix (mju_quat2Mat)."""
-    w, x, y, z = range(4)
-    terms = {  # (a, b): {(row, col): coefficient}
-        (w, w): {(0, 0): 1, (1, 1): 1, (2, 2): 1},
-        (x, x): {(0, 0): 1, (1, 1): -1, (2, 2): -1},
-        (y, y): {(0, 0): -1, (1, 1): 1, (2, 2): -1},
-        (z, z): {(0, 0): -1, (1, 1): -1, (2, 2): 1},
-        (x, y): {(0, 1): 2, (1, 0): 2}, (w, z): {(0, 1): -2, (1, 0): 2},
-        (x, z): {(0, 2): 2, (2, 0): 2}, (w, y): {(0, 2): 2, (2, 0): -2},
-        (y, z): {(1, 2): 2, (2, 1): 2}, (w, x): {(1, 2): -2, (2, 1): 2},
-    }
-    coefs = np.zeros((len(terms), 3, 3))
-    for t, entries in enumerate(terms.values()):
-        for (i, j), c in entries.items():
-            coefs[t, i, j] = c
-    return tuple(terms), coefs
-
-
-_QUAT_PAIRS, _QUAT_COEFS = _quat_coefs()
-
-
-def _quat_mat(q):
-    """Rotation matrices (n, 3, 3) of component unit quaternions q (4 arrays (n,)) as a
-    sum of broadcast products with constant matrices: elementwise, one fused kernel
-    (stacking nine components costs XLA CPU concatenations and recomputation)."""
-    # NumPy coefficients: each term's matrix is a constant, not a traced slice
-    coefs = _QUAT_COEFS.astype(q[0].dtype)
-    return sum((q[a] * q[b])[:, None, None] * coefs[t]
-               for t, (a, b) in enumerate(_QUAT_PAIRS))
-
-
 def _stack_mat(c):
     """(..., 3, 3) matrix from 9 row-major component arrays."""
     return jnp.stack([jnp.stack(c[3 * i:3 * i + 3], -1) for i in range(3)], -2)
@@ -255,7 +222,7 @@ def kinematics(m, d):
     qn = math.c_quat_normalize(math.unstack(body[:, 3:]))
     xquat = math.stack(qn)
     xpos = body[:, :3]
-    out = dict(xpos=xpos, xquat=xquat, xmat=_quat_mat(qn))
+    out = dict(xpos=xpos, xquat=xquat, xmat=_stack_mat(math.c_quat_to_mat(qn)))
     if m.njnt:
         # joint axis and anchor in the frame of the node before the joint; a free
         # joint's anchor is the body position and its axis is left unrotated
