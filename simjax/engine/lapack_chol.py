@@ -57,19 +57,25 @@ def _chunk(n: int) -> int:
 def _chunked(fn, flat, *extra):
     """``fn`` over the matrices of ``flat`` (total, n, n) in chunks of at most
     ``_chunk(n)``, by one sequential loop; ``extra`` arrays (total, ...) are sliced
-    alongside and passed after the chunk. The last chunk starts early enough to end at
-    ``total`` (it repeats a few matrices of the one before) so that no padded copy of
-    the batch is made; each chunk is read and written in place."""
+    alongside and passed after the chunk. Each chunk is read from and written back to
+    the loop's buffer, which starts as ``flat`` (no zero-filled output buffer: it cost
+    a pass over the batch, and a copy of it per loop). The last chunk starts early
+    enough to end at ``total`` (no padded copy of the batch is made); its first rows,
+    done by the chunk before, are kept as they are."""
     total, n = flat.shape[0], flat.shape[-1]
     c = _chunk(n)
     if total <= c:
         return fn(flat, *extra)
+    rows = np.arange(c)
 
     def body(i, out):
         start = jnp.minimum(i * c, total - c)
-        y = fn(*(lax.dynamic_slice_in_dim(x, start, c) for x in (flat,) + extra))
-        return lax.dynamic_update_slice_in_dim(out, y, start, 0)
-    return lax.fori_loop(0, -(-total // c), body, jnp.zeros_like(flat))
+        x = lax.dynamic_slice_in_dim(out, start, c)
+        y = fn(x, *(lax.dynamic_slice_in_dim(e, start, c) for e in extra))
+        new = (start + rows >= i * c).reshape((c,) + (1,) * (flat.ndim - 1))
+        return lax.dynamic_update_slice_in_dim(out, lax.select(
+            jnp.broadcast_to(new, y.shape), y, x), start, 0)
+    return lax.fori_loop(0, -(-total // c), body, flat)
 
 
 @jax.custom_batching.custom_vmap
