@@ -222,6 +222,8 @@ def kinematics(m, d):
     qn = math.c_quat_normalize(math.unstack(body[:, 3:]))
     xquat = math.stack(qn)
     xpos = body[:, :3]
+    # the nine entries of mju_quat2Mat, stacked: as a sum of ten products with constant
+    # 3x3 matrices (every entry computing all ten) the kernel ran 3-7x slower on XLA CPU
     out = dict(xpos=xpos, xquat=xquat, xmat=_stack_mat(math.c_quat_to_mat(qn)))
     if m.njnt:
         # joint axis and anchor in the frame of the node before the joint; a free
