@@ -289,20 +289,6 @@ def _seg_seg(a0, a1, b0, b1):
 
 
 # --------------------------------------------------------------------------- per prism
-def _sphere_prism(v, base, c, r):
-    """(dist, pos, normal) of a sphere (centre c, radius r) against prism v (6, 3)."""
-    nrm, off = _prism_planes(v, base)
-    s = nrm @ c - off
-    k = argmax(s)
-    inside = s[k] <= 0
-    q = _point_prism(c, v, nrm, off)
-    n_out, dd = normalize(c - q)
-    n = sel(inside, nrm[k], n_out)
-    dist = sel(inside, s[k], dd) - r
-    pos = c - n * (r + 0.5 * dist)
-    return dist, pos, n
-
-
 # component-major sphere maths: 3-vectors as tuples of (P,) arrays (one entry per prism),
 # where an entry may be the Python float 0.0 (a static zero: its terms are skipped)
 def _z(x):
@@ -394,9 +380,9 @@ def _materialise(parts):
 
 def _sphere_prisms(t, base, c, r):
     """(dist, pos, normal) of a sphere (centre c, radius r) against P prisms at once:
-    top vertices ``t`` (three 3-tuples of (P,) arrays), bottom at -base. The maths of
-    :func:`_sphere_prism` with the closest boundary point of :func:`_point_prism`,
-    written per component (vmapped over prisms, its (P, 5, 3) and (P, 14, 3) arrays
+    top vertices ``t`` (three 3-tuples of (P,) arrays), bottom at -base: centre
+    inside, the nearest face; outside, the closest boundary point as in
+    :func:`_point_prism`. Written per component (vmapped over prisms, its (P, 5, 3) and (P, 14, 3) arrays
     have minor axes of 3: slow slices and concatenations on CPU), in stages whose
     results are materialised (:func:`_materialise`). Outputs (P,) and (P, 3)."""
     like = t[0][0]
