@@ -451,13 +451,14 @@ def _sphere_prisms(t, base, c, r):
         q = _vsel(pick == j, qj, q)
     vals = _materialise(list(q) + list(nk) + [sk])
     q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
-    # stage 4: contact
+    # stage 4: the contact (materialised: the driver packs it into one array)
     inside = sk <= 0
     n_out, dd = _vnormalize(_vsub(cc, q), like)
     n = _vsel(inside, nk, n_out)
     dist = sel(inside, sk, dd) - r
     pos = tuple(cc[i] - n[i] * (r + 0.5 * dist) for i in range(3))
-    return dist, jnp.stack(pos, -1), jnp.stack(n, -1)
+    vals = _materialise([dist, *pos, *n])
+    return vals[0], jnp.stack(vals[1:4], -1), jnp.stack(vals[4:], -1)
 
 
 def _sep_axes(axes, v, lo):
