@@ -366,25 +366,35 @@ def _height(n, off, p):
     return -off + h if _z(h) else h - off
 
 
+#: parts per stack of :func:`_materialise`
+_STACK = 8
+
+
 def _materialise(parts):
     """The (P,) arrays ``parts`` computed once. On CPU, XLA fuses a whole expression DAG
     into its consumer and a concatenation (or several outputs) of it evaluates the DAG
     again per operand; a matrix product is not fused, so stacking the parts and
     multiplying by the identity ends the fusion. Exact for finite values (a product by
-    one plus zeros)."""
+    one plus zeros). In stacks of at most ``_STACK`` parts: XLA fuses the operands of
+    such a concatenation into it (one kernel), of a longer one it makes a kernel each."""
     shape = max((jnp.shape(p) for p in parts), key=len)
-    x = jnp.stack([jnp.broadcast_to(p, shape) for p in parts], -1)
-    x = x @ jnp.eye(len(parts), dtype=x.dtype)
-    return [x[:, i] for i in range(len(parts))]
+    parts = [jnp.broadcast_to(p, shape) for p in parts]
+    out = []
+    for i in range(0, len(parts), _STACK):
+        x = jnp.stack(parts[i:i + _STACK], -1)
+        x = x @ jnp.eye(x.shape[-1], dtype=x.dtype)
+        out += [x[:, j] for j in range(x.shape[-1])]
+    return out
 
 
 def _sphere_prisms(t, base, c, r):
     """(dist, pos, normal) of a sphere (centre c, radius r) against P prisms at once:
     top vertices ``t`` (three 3-tuples of (P,) arrays), bottom at -base: centre
     inside, the nearest face; outside, the closest boundary point as in
-    :func:`_point_prism`. Written per component (vmapped over prisms, its (P, 5, 3) and (P, 14, 3) arrays
-    have minor axes of 3: slow slices and concatenations on CPU), in stages whose
-    results are materialised (:func:`_materialise`). Outputs (P,) and (P, 3)."""
+    :func:`_point_prism`. Written per component (vmapped over prisms, the (P, 5, 3)
+    and (P, 14, 3) arrays have minor axes of 3: slow slices and concatenations on
+    CPU), in stages whose results are materialised (:func:`_materialise`). Outputs
+    (P,) and (P, 3)."""
     like = t[0][0]
     cc = tuple(c[i] for i in range(3))
     # stage 1: the five face planes (the bottom's is static, the sides' z is zero)
