@@ -419,11 +419,13 @@ def _sphere_prisms(t, base, c, r):
     def face_point(f, sf):
         return _vsub(cc, _vscale(faces[f][0], sf))
 
-    def edge_point(a, b):
+    def edge_param(a, b):
         ab = _vsub(b, a)
         den = _vdot(ab, ab)
-        u = jnp.clip(_vdot(_vsub(cc, a), ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
-        return tuple(x if _z(y) else x + y * u for x, y in zip(a, ab))
+        return jnp.clip(_vdot(_vsub(cc, a), ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
+
+    def edge_point(a, b, u):
+        return tuple(x if _z(y) else x + y * u for x, y in zip(a, _vsub(b, a)))
 
     def d2(q):
         dc = _vsub(_vfull(q, like), cc)
@@ -437,10 +439,15 @@ def _sphere_prisms(t, base, c, r):
             if j != f:
                 ok = ok & (_height(nj, offj, q) <= 0)
         inface.append(ok.astype(like.dtype))
-    dist2 = [d2(face_point(f, s[f])) for f in range(5)] + [d2(edge_point(a, b))
-                                                           for a, b in edges]
-    vals = _materialise(s + inface + dist2)
-    s, inface, dist2 = vals[:5], vals[5:10], vals[10:]
+    u = [edge_param(a, b) for a, b in edges]
+    dist2 = [d2(face_point(f, s[f])) for f in range(5)] + [
+        d2(edge_point(a, b, ue)) for (a, b), ue in zip(edges, u)]
+    # the edge parameters too (their divisions are not fused into two consumers); each
+    # edge's parameter and distance in one stack
+    vals = _materialise([x for e in range(9) for x in (u[e], dist2[5 + e])] +
+                        s + inface + dist2[:5])
+    u, dist2 = vals[0:18:2], vals[28:33] + vals[1:18:2]
+    s, inface = vals[18:23], vals[23:28]
     # stage 3: the nearest face (first maximum, argmax) and the closest candidate
     # (first minimum, argmin), its point recomputed from the stage-1 planes
     sk, nk = s[0], _vfull(faces[0][0], like)
@@ -457,7 +464,8 @@ def _sphere_prisms(t, base, c, r):
         pick = sel(closer, jnp.full_like(pick, j), pick)
     q = _vfull(face_point(0, s[0]), like)
     for j in range(1, 14):
-        qj = _vfull(face_point(j, s[j]) if j < 5 else edge_point(*edges[j - 5]), like)
+        qj = _vfull(face_point(j, s[j]) if j < 5 else edge_point(*edges[j - 5], u[j - 5]),
+                    like)
         q = _vsel(pick == j, qj, q)
     vals = _materialise(list(q) + list(nk) + [sk])
     q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
@@ -745,9 +753,11 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
     prisms = jnp.concatenate([bot, top], 1)                        # (P, 6, 3)
 
     if t2 == GT.SPHERE:
-        # prism p = 2 cell + triangle; vertex i of each as (P,) components
-        t = [tuple(jnp.stack([a[:, i], a[:, 3 + i]], -1).reshape(-1) for a in (xs, ys, zs))
-             for i in range(3)]
+        # prism p = 2 cell + triangle; vertex i of each as (P,) components (one
+        # transposed array, its rows sliced)
+        tv = jnp.stack([xs, ys, zs]).reshape(3, -1, 2, 3).transpose(3, 0, 1, 2)
+        tv = tv.reshape(3, 3, -1)                                  # (vertex, xyz, P)
+        t = [tuple(tv[i, k] for k in range(3)) for i in range(3)]
         fn = None
         dist, pos, n = _sphere_prisms(t, s3, lpos, g2.size[0])
     elif t2 == GT.CAPSULE:
