@@ -449,24 +449,21 @@ def _sphere_prisms(t, base, c, r):
     u, dist2 = vals[0:18:2], vals[28:33] + vals[1:18:2]
     s, inface = vals[18:23], vals[23:28]
     # stage 3: the nearest face (first maximum, argmax) and the closest candidate
-    # (first minimum, argmin), its point recomputed from the stage-1 planes
+    # (first minimum, argmin), its point recomputed from the planes and edge parameters
     sk, nk = s[0], _vfull(faces[0][0], like)
     for f in range(1, 5):
         better = s[f] > sk
         sk = sel(better, s[f], sk)
         nk = _vsel(better, _vfull(faces[f][0], like), nk)
     best = sel(inface[0] > 0, dist2[0], jnp.inf)
-    pick = jnp.zeros(like.shape, jnp.int32)
-    for j in range(1, 14):
-        dj = sel(inface[j] > 0, dist2[j], jnp.inf) if j < 5 else dist2[j]
-        closer = dj < best
-        best = sel(closer, dj, best)
-        pick = sel(closer, jnp.full_like(pick, j), pick)
     q = _vfull(face_point(0, s[0]), like)
     for j in range(1, 14):
+        dj = sel(inface[j] > 0, dist2[j], jnp.inf) if j < 5 else dist2[j]
         qj = _vfull(face_point(j, s[j]) if j < 5 else edge_point(*edges[j - 5], u[j - 5]),
                     like)
-        q = _vsel(pick == j, qj, q)
+        closer = dj < best
+        best = sel(closer, dj, best)
+        q = _vsel(closer, qj, q)
     vals = _materialise(list(q) + list(nk) + [sk])
     q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
     # stage 4: the contact (materialised: the driver packs it into one array)
