@@ -15,8 +15,9 @@ simjax evaluates the same prisms with static shapes: the sub-grid window has a s
 number of cells per axis (from the geom's bounding radius, the margin and the cell
 size, decided at trace time; cells beyond MuJoCo's sub-grid are masked), all prisms of
 the window are collided at once (vmap; spheres elementwise over (P,) component arrays),
-and the first 50 valid contacts in MuJoCo's order are kept. Per prism (contact normal from the height field to the geom, distance
-negative in penetration, position midway between the two surfaces):
+and the first 50 valid contacts in MuJoCo's order are kept. Per prism (contact normal
+from the height field to the geom, distance negative in penetration, position midway
+between the two surfaces):
 
 - spheres: exact. Outside the prism: closest point on the prism (triangles of its five
   faces); centre inside: the nearest face. Same as MuJoCo's GJK result when the centre
