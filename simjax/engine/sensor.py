@@ -397,14 +397,18 @@ def _contact_ext(m, d):
     ok = con.valid & (con.efc_address >= 0) & (con.geom[:, 0] >= 0) & (con.geom[:, 1] >= 0)
     b1, b2 = _contact_bodies(m, con)
     root = jnp.asarray(np.asarray(m.body_rootid), jnp.int32)
-    # one-hot rows of the candidate bodies only (a product with a one-hot matrix sums
-    # the contacts in slot order)
+    # per candidate body, the contacts' wrenches added in slot order, written out:
+    # vmapped, a product with a one-hot matrix is a slow batched kernel on CPU
     ids = jnp.asarray(cand, jnp.int32)
     acc = jnp.zeros((len(cand), 6), dtype)
     for b, sign in ((b1, -1.0), (b2, 1.0)):
         w = transform_force(cfrc, d.subtree_com[root[b]], con.pos)
-        onehot = ((b[:, None] == ids[None, :]) & ok[:, None]).astype(dtype)
-        acc = acc + sign * (onehot.T @ w)
+        hit = (b[:, None] == ids[None, :]) & ok[:, None]
+        term = jnp.where(hit[:, :, None], w[:, None, :], 0.0)          # (n, K, 6)
+        part = term[0]
+        for k in range(1, n):
+            part = part + term[k]
+        acc = acc + sign * part
     row = np.zeros(m.nbody, np.int64)
     row[cand] = 1 + np.arange(len(cand))
     return jnp.concatenate([jnp.zeros((1, 6), dtype), acc])[row]
