@@ -404,10 +404,11 @@ def _contact_ext(m, d):
     for b, sign in ((b1, -1.0), (b2, 1.0)):
         w = transform_force(cfrc, d.subtree_com[root[b]], con.pos)
         hit = (b[:, None] == ids[None, :]) & ok[:, None]
-        term = jnp.where(hit[:, :, None], w[:, None, :], 0.0)          # (n, K, 6)
-        part = term[0]
-        for k in range(1, n):
-            part = part + term[k]
+        terms = jnp.split(jnp.where(hit[:, :, None], w[:, None, :], 0.0), n)  # (1, K, 6)
+        part = terms[0]
+        for t in terms[1:]:
+            part = part + t
+        part = part[0]
         acc = acc + sign * part
     row = np.zeros(m.nbody, np.int64)
     row[cand] = 1 + np.arange(len(cand))
