@@ -313,36 +313,48 @@ def _vscale(a, k):
     return tuple(x if _z(x) else x * k for x in a)
 
 
-def _vsel(c, a, b):
+class _Like:
+    """Constant (P,) arrays of one shape and dtype, made once per value (vmapped, each
+    new constant is a broadcast equation)."""
+
+    def __init__(self, a):
+        self.shape, self.dtype, self._c = a.shape, a.dtype, {}
+
+    def full(self, v):
+        if v not in self._c:
+            self._c[v] = jnp.full(self.shape, v, self.dtype)
+        return self._c[v]
+
+
+def _vsel(c, a, b, like):
     return tuple(x if _z(x) and _z(y) else
-                 sel(c, jnp.zeros_like(c, y.dtype) if _z(x) else x,
-                     jnp.zeros_like(c, x.dtype) if _z(y) else y) for x, y in zip(a, b))
+                 sel(c, like.full(0.0) if _z(x) else x, like.full(0.0) if _z(y) else y)
+                 for x, y in zip(a, b))
 
 
 def _vnormalize(a, like):
-    """(a / |a|, |a|) as :func:`normalize` ((1, 0, 0) below mjMINVAL); ``like`` gives
-    the shape and dtype of the components."""
+    """(a / |a|, |a|) as :func:`normalize` ((1, 0, 0) below mjMINVAL); ``like``: the
+    components' :class:`_Like`."""
     sq = _vdot(a, a)
     ok = sq > MINVAL * MINVAL
-    n = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
+    n = sel(ok, jnp.sqrt(sel(ok, sq, like.full(1.0))), like.full(0.0))
     ok = n >= MINVAL
-    den = sel(ok, n, 1.0)
+    den = sel(ok, n, like.full(1.0))
     unit = (1.0, 0.0, 0.0)
     out = tuple(x if _z(x) and u == 0 else
-                sel(ok, jnp.zeros_like(like) if _z(x) else x / den,
-                    jnp.full_like(like, u)) for x, u in zip(a, unit))
+                sel(ok, like.full(0.0) if _z(x) else x / den, like.full(u))
+                for x, u in zip(a, unit))
     return out, n
 
 
 def _vfull(a, like):
-    return tuple(jnp.zeros_like(like) if _z(x) else jnp.full_like(like, x)
-                 if isinstance(x, float) else x for x in a)
+    return tuple(like.full(x) if isinstance(x, float) else x for x in a)
 
 
 def _prism_planes_cm(t, base):
     """:func:`_prism_planes` for P prisms at once: top vertices ``t`` (three 3-tuples of
     (P,) arrays); returns the five faces as (normal 3-tuple, offset)."""
-    like = t[0][0]
+    like = _Like(t[0][0])
     ntop = _vcross(_vsub(t[1], t[0]), _vsub(t[2], t[0]))
     flip = ntop[2] < 0
     ntop, _ = _vnormalize(tuple(sel(flip, -x, x) for x in ntop), like)
@@ -383,8 +395,8 @@ def _materialise(parts):
     out = []
     for i in range(0, len(parts), _STACK):
         x = jnp.stack(parts[i:i + _STACK], -1)
-        x = x @ jnp.eye(x.shape[-1], dtype=x.dtype)
-        out += [x[:, j] for j in range(x.shape[-1])]
+        x = x @ jnp.asarray(np.eye(x.shape[-1]), x.dtype)
+        out += [y[:, 0] for y in jnp.split(x, x.shape[-1], axis=-1)]
     return out
 
 
@@ -396,8 +408,9 @@ def _sphere_prisms(t, base, c, r):
     and (P, 14, 3) arrays have minor axes of 3: slow slices and concatenations on
     CPU), in stages whose results are materialised (:func:`_materialise`). Outputs
     (P,) and (P, 3)."""
-    like = t[0][0]
-    cc = tuple(c[i] for i in range(3))
+    like = _Like(t[0][0])
+    # the centre broadcast once (vmapped, every scalar meeting a (P,) array would be)
+    cc = tuple(jnp.broadcast_to(x[0], like.shape) for x in jnp.split(c, 3))
     # stage 1: the five face planes (the bottom's is static, the sides' z is zero)
     faces = _prism_planes_cm(t, base)
     vals = list(faces[0][0]) + [faces[0][1]]
@@ -423,7 +436,8 @@ def _sphere_prisms(t, base, c, r):
     def edge_param(a, b):
         ab = _vsub(b, a)
         den = _vdot(ab, ab)
-        return jnp.clip(_vdot(_vsub(cc, a), ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
+        return jnp.clip(_vdot(_vsub(cc, a), ab) / sel(den > MINVAL, den, like.full(1.0)),
+                        0.0, 1.0)
 
     def edge_point(a, b, u):
         return tuple(x if _z(y) else x + y * u for x, y in zip(a, _vsub(b, a)))
@@ -455,22 +469,22 @@ def _sphere_prisms(t, base, c, r):
     for f in range(1, 5):
         better = s[f] > sk
         sk = sel(better, s[f], sk)
-        nk = _vsel(better, _vfull(faces[f][0], like), nk)
-    best = sel(inface[0] > 0, dist2[0], jnp.inf)
+        nk = _vsel(better, _vfull(faces[f][0], like), nk, like)
+    best = sel(inface[0] > 0, dist2[0], like.full(np.inf))
     q = _vfull(face_point(0, s[0]), like)
     for j in range(1, 14):
-        dj = sel(inface[j] > 0, dist2[j], jnp.inf) if j < 5 else dist2[j]
+        dj = sel(inface[j] > 0, dist2[j], like.full(np.inf)) if j < 5 else dist2[j]
         qj = _vfull(face_point(j, s[j]) if j < 5 else edge_point(*edges[j - 5], u[j - 5]),
                     like)
         closer = dj < best
         best = sel(closer, dj, best)
-        q = _vsel(closer, qj, q)
+        q = _vsel(closer, qj, q, like)
     vals = _materialise(list(q) + list(nk) + [sk])
     q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
     # stage 4: the contact (materialised: the driver packs it into one array)
     inside = sk <= 0
     n_out, dd = _vnormalize(_vsub(cc, q), like)
-    n = _vsel(inside, nk, n_out)
+    n = _vsel(inside, nk, n_out, like)
     dist = sel(inside, sk, dd) - r
     pos = tuple(cc[i] - n[i] * (r + 0.5 * dist) for i in range(3))
     vals = _materialise([dist, *pos, *n])
