@@ -369,11 +369,27 @@ def rne_post_constraint(m, d):
     return d.replace(cacc=cacc, cfrc_ext=ext, cfrc_int=cfrc_int)
 
 
+def _contact_body_set(m):
+    """Bodies (> 0, static) that a contact's geom can belong to: those of geoms with a
+    nonzero contype or conaffinity and of explicit pairs (MuJoCo collides no other
+    geom); every body > 0 when these fields are traced."""
+    ct, ca = tables.concrete(m.geom_contype), tables.concrete(m.geom_conaffinity)
+    if ct is None or ca is None or m.ngeom == 0:
+        return np.arange(1, m.nbody)
+    can = (np.asarray(ct) != 0) | (np.asarray(ca) != 0)
+    if m.npair:
+        can[np.asarray(m.pair_geom1)] = True
+        can[np.asarray(m.pair_geom2)] = True
+    bodies = np.unique(np.asarray(m.geom_bodyid)[can])
+    return bodies[bodies > 0]
+
+
 def _contact_ext(m, d):
     dtype = d.qpos.dtype
     con = d.contact
     n = con.dist.shape[0]
-    if n == 0 or not _contacts_possible(m):
+    cand = _contact_body_set(m)
+    if n == 0 or not _contacts_possible(m) or not len(cand):
         return jnp.zeros((m.nbody, 6), dtype)
     lfrc = contact_force(m, d)
     frame = con.frame
@@ -381,13 +397,22 @@ def _contact_ext(m, d):
     ok = con.valid & (con.efc_address >= 0) & (con.geom[:, 0] >= 0) & (con.geom[:, 1] >= 0)
     b1, b2 = _contact_bodies(m, con)
     root = jnp.asarray(np.asarray(m.body_rootid), jnp.int32)
-    ids = jnp.arange(m.nbody)
-    out = jnp.zeros((m.nbody, 6), dtype)
+    # per candidate body, the contacts' wrenches added in slot order, written out:
+    # vmapped, a product with a one-hot matrix is a slow batched kernel on CPU
+    ids = jnp.asarray(cand, jnp.int32)
+    acc = jnp.zeros((len(cand), 6), dtype)
     for b, sign in ((b1, -1.0), (b2, 1.0)):
         w = transform_force(cfrc, d.subtree_com[root[b]], con.pos)
-        onehot = ((b[:, None] == ids[None, :]) & ok[:, None] & (b[:, None] > 0)).astype(dtype)
-        out = out + sign * (onehot.T @ w)
-    return out
+        hit = (b[:, None] == ids[None, :]) & ok[:, None]
+        terms = jnp.split(jnp.where(hit[:, :, None], w[:, None, :], 0.0), n)  # (1, K, 6)
+        part = terms[0]
+        for t in terms[1:]:
+            part = part + t
+        part = part[0]
+        acc = acc + sign * part
+    row = np.zeros(m.nbody, np.int64)
+    row[cand] = 1 + np.arange(len(cand))
+    return jnp.concatenate([jnp.zeros((1, 6), dtype), acc])[row]
 
 
 def _weld_torque(m, d, ids, data, lam):

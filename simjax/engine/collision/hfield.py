@@ -14,9 +14,10 @@ three top vertices all lie below the geom's lowest point (minus the margin) are 
 simjax evaluates the same prisms with static shapes: the sub-grid window has a static
 number of cells per axis (from the geom's bounding radius, the margin and the cell
 size, decided at trace time; cells beyond MuJoCo's sub-grid are masked), all prisms of
-the window are collided at once (vmap), and the first 50 valid contacts in MuJoCo's
-order are kept. Per prism (contact normal from the height field to the geom, distance
-negative in penetration, position midway between the two surfaces):
+the window are collided at once (vmap; spheres elementwise over (P,) component arrays),
+and the first 50 valid contacts in MuJoCo's order are kept. Per prism (contact normal
+from the height field to the geom, distance negative in penetration, position midway
+between the two surfaces):
 
 - spheres: exact. Outside the prism: closest point on the prism (triangles of its five
   faces); centre inside: the nearest face. Same as MuJoCo's GJK result when the centre
@@ -289,18 +290,205 @@ def _seg_seg(a0, a1, b0, b1):
 
 
 # --------------------------------------------------------------------------- per prism
-def _sphere_prism(v, base, c, r):
-    """(dist, pos, normal) of a sphere (centre c, radius r) against prism v (6, 3)."""
-    nrm, off = _prism_planes(v, base)
-    s = nrm @ c - off
-    k = argmax(s)
-    inside = s[k] <= 0
-    q = _point_prism(c, v, nrm, off)
-    n_out, dd = normalize(c - q)
-    n = sel(inside, nrm[k], n_out)
-    dist = sel(inside, s[k], dd) - r
-    pos = c - n * (r + 0.5 * dist)
-    return dist, pos, n
+# component-major sphere maths: 3-vectors as tuples of (P,) arrays (one entry per prism),
+# where an entry may be the Python float 0.0 (a static zero: its terms are skipped)
+def _z(x):
+    return isinstance(x, float) and x == 0.0
+
+
+def _vsub(a, b):
+    return tuple(0.0 if x is y else x if _z(y) else -y if _z(x) else x - y
+                 for x, y in zip(a, b))
+
+
+def _vdot(a, b):
+    terms = [x * y for x, y in zip(a, b) if not (_z(x) or _z(y))]
+    out = terms[0]
+    for t in terms[1:]:
+        out = out + t
+    return out
+
+
+def _vscale(a, k):
+    return tuple(x if _z(x) else x * k for x in a)
+
+
+class _Like:
+    """Constant (P,) arrays of one shape and dtype, made once per value (vmapped, each
+    new constant is a broadcast equation)."""
+
+    def __init__(self, a):
+        self.shape, self.dtype, self._c = a.shape, a.dtype, {}
+
+    def full(self, v):
+        if v not in self._c:
+            self._c[v] = jnp.full(self.shape, v, self.dtype)
+        return self._c[v]
+
+
+def _vsel(c, a, b, like):
+    return tuple(x if _z(x) and _z(y) else
+                 sel(c, like.full(0.0) if _z(x) else x, like.full(0.0) if _z(y) else y)
+                 for x, y in zip(a, b))
+
+
+def _vnormalize(a, like):
+    """(a / |a|, |a|) as :func:`normalize` ((1, 0, 0) below mjMINVAL); ``like``: the
+    components' :class:`_Like`."""
+    sq = _vdot(a, a)
+    ok = sq > MINVAL * MINVAL
+    n = sel(ok, jnp.sqrt(sel(ok, sq, like.full(1.0))), like.full(0.0))
+    ok = n >= MINVAL
+    den = sel(ok, n, like.full(1.0))
+    unit = (1.0, 0.0, 0.0)
+    out = tuple(x if _z(x) and u == 0 else
+                sel(ok, like.full(0.0) if _z(x) else x / den, like.full(u))
+                for x, u in zip(a, unit))
+    return out, n
+
+
+def _vfull(a, like):
+    return tuple(like.full(x) if isinstance(x, float) else x for x in a)
+
+
+def _prism_planes_cm(t, base):
+    """:func:`_prism_planes` for P prisms at once: top vertices ``t`` (three 3-tuples of
+    (P,) arrays); returns the five faces as (normal 3-tuple, offset)."""
+    like = _Like(t[0][0])
+    ntop = _vcross(_vsub(t[1], t[0]), _vsub(t[2], t[0]))
+    flip = ntop[2] < 0
+    ntop, _ = _vnormalize(tuple(sel(flip, -x, x) for x in ntop), like)
+    faces = [(ntop, _vdot(ntop, t[0])), ((0.0, 0.0, -1.0), base)]
+    cen = tuple((t[0][i] + t[1][i] + t[2][i]) / 3 for i in range(3))
+    for i in range(3):
+        e = _vsub(t[(i + 1) % 3], t[i])
+        side, _ = _vnormalize((e[1], -e[0], 0.0), like)
+        out = _vdot(side, _vsub(cen, t[i])) > 0
+        side = tuple(x if _z(x) else sel(out, -x, x) for x in side)
+        faces.append((side, _vdot(side, t[i])))
+    return faces
+
+
+def _vcross(a, b):
+    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+
+
+def _height(n, off, p):
+    """Signed height of point p above the plane (n, off): n.p - off."""
+    h = _vdot(n, p)
+    return -off + h if _z(h) else h - off
+
+
+#: parts per stack of :func:`_materialise`
+_STACK = 8
+
+
+def _materialise(parts):
+    """The (P,) arrays ``parts`` computed once. On CPU, XLA fuses a whole expression DAG
+    into its consumer and a concatenation (or several outputs) of it evaluates the DAG
+    again per operand; a matrix product is not fused, so stacking the parts and
+    multiplying by the identity ends the fusion. Exact for finite values (a product by
+    one plus zeros). In stacks of at most ``_STACK`` parts: XLA fuses the operands of
+    such a concatenation into it (one kernel), of a longer one it makes a kernel each."""
+    shape = max((jnp.shape(p) for p in parts), key=len)
+    parts = [jnp.broadcast_to(p, shape) for p in parts]
+    out = []
+    for i in range(0, len(parts), _STACK):
+        x = jnp.stack(parts[i:i + _STACK], -1)
+        x = x @ jnp.asarray(np.eye(x.shape[-1]), x.dtype)
+        out += [y[:, 0] for y in jnp.split(x, x.shape[-1], axis=-1)]
+    return out
+
+
+def _sphere_prisms(t, base, c, r):
+    """(dist, pos, normal) of a sphere (centre c, radius r) against P prisms at once:
+    top vertices ``t`` (three 3-tuples of (P,) arrays), bottom at -base: centre
+    inside, the nearest face; outside, the closest boundary point as in
+    :func:`_point_prism`. Written per component (vmapped over prisms, the (P, 5, 3)
+    and (P, 14, 3) arrays have minor axes of 3: slow slices and concatenations on
+    CPU), in stages whose results are materialised (:func:`_materialise`). Outputs
+    (P,) and (P, 3)."""
+    like = _Like(t[0][0])
+    # the centre broadcast once (vmapped, every scalar meeting a (P,) array would be)
+    cc = tuple(jnp.broadcast_to(x[0], like.shape) for x in jnp.split(c, 3))
+    # stage 1: the five face planes (the bottom's is static, the sides' z is zero)
+    faces = _prism_planes_cm(t, base)
+    vals = list(faces[0][0]) + [faces[0][1]]
+    for f in (2, 3, 4):
+        vals += [faces[f][0][0], faces[f][0][1], faces[f][1]]
+    vals = _materialise(vals)
+    faces = [(tuple(vals[:3]), vals[3]), faces[1]]
+    for i in range(3):
+        x, y, o = vals[4 + 3 * i:7 + 3 * i]
+        faces.append(((x, y, 0.0), o))
+    # stage 2: heights of the centre over the planes; squared distances to the 14
+    # candidates of the closest boundary point (face projections inside their face,
+    # then the edges) and the in-face flags
+    s = [_height(n, off, cc) for n, off in faces]
+    bot = [(t[i][0], t[i][1], -base) for i in range(3)]
+    edges = ([(t[i], t[(i + 1) % 3]) for i in range(3)] +
+             [(bot[i], bot[(i + 1) % 3]) for i in range(3)] +
+             [(bot[i], t[i]) for i in range(3)])
+
+    def face_point(f, sf):
+        return _vsub(cc, _vscale(faces[f][0], sf))
+
+    def edge_param(a, b):
+        ab = _vsub(b, a)
+        den = _vdot(ab, ab)
+        return jnp.clip(_vdot(_vsub(cc, a), ab) / sel(den > MINVAL, den, like.full(1.0)),
+                        0.0, 1.0)
+
+    def edge_point(a, b, u):
+        return tuple(x if _z(y) else x + y * u for x, y in zip(a, _vsub(b, a)))
+
+    def d2(q):
+        dc = _vsub(_vfull(q, like), cc)
+        return _vdot(dc, dc)
+
+    inface = []
+    for f in range(5):
+        q = face_point(f, s[f])
+        ok = s[f] > 0
+        for j, (nj, offj) in enumerate(faces):
+            if j != f:
+                ok = ok & (_height(nj, offj, q) <= 0)
+        inface.append(ok.astype(like.dtype))
+    u = [edge_param(a, b) for a, b in edges]
+    dist2 = [d2(face_point(f, s[f])) for f in range(5)] + [
+        d2(edge_point(a, b, ue)) for (a, b), ue in zip(edges, u)]
+    # the edge parameters too (their divisions are not fused into two consumers); each
+    # edge's parameter and distance in one stack
+    vals = _materialise([x for e in range(9) for x in (u[e], dist2[5 + e])] +
+                        s + inface + dist2[:5])
+    u, dist2 = vals[0:18:2], vals[28:33] + vals[1:18:2]
+    s, inface = vals[18:23], vals[23:28]
+    # stage 3: the nearest face (first maximum, argmax) and the closest candidate
+    # (first minimum, argmin), its point recomputed from the planes and edge parameters
+    sk, nk = s[0], _vfull(faces[0][0], like)
+    for f in range(1, 5):
+        better = s[f] > sk
+        sk = sel(better, s[f], sk)
+        nk = _vsel(better, _vfull(faces[f][0], like), nk, like)
+    best = sel(inface[0] > 0, dist2[0], like.full(np.inf))
+    q = _vfull(face_point(0, s[0]), like)
+    for j in range(1, 14):
+        dj = sel(inface[j] > 0, dist2[j], like.full(np.inf)) if j < 5 else dist2[j]
+        qj = _vfull(face_point(j, s[j]) if j < 5 else edge_point(*edges[j - 5], u[j - 5]),
+                    like)
+        closer = dj < best
+        best = sel(closer, dj, best)
+        q = _vsel(closer, qj, q, like)
+    vals = _materialise(list(q) + list(nk) + [sk])
+    q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
+    # stage 4: the contact (materialised: the driver packs it into one array)
+    inside = sk <= 0
+    n_out, dd = _vnormalize(_vsub(cc, q), like)
+    n = _vsel(inside, nk, n_out, like)
+    dist = sel(inside, sk, dd) - r
+    pos = tuple(cc[i] - n[i] * (r + 0.5 * dist) for i in range(3))
+    vals = _materialise([dist, *pos, *n])
+    return vals[0], jnp.stack(vals[1:4], -1), jnp.stack(vals[4:], -1)
 
 
 def _sep_axes(axes, v, lo):
@@ -577,13 +765,20 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
     prisms = jnp.concatenate([bot, top], 1)                        # (P, 6, 3)
 
     if t2 == GT.SPHERE:
-        fn = lambda v: _sphere_prism(v, s3, lpos, g2.size[0])
+        # prism p = 2 cell + triangle; vertex i of each as (P,) components (one
+        # transposed array, its rows sliced)
+        tv = jnp.stack([xs, ys, zs]).reshape(3, -1, 2, 3).transpose(3, 0, 1, 2)
+        tv = tv.reshape(3, 3, -1)                                  # (vertex, xyz, P)
+        t = [tuple(tv[i, k] for k in range(3)) for i in range(3)]
+        fn = None
+        dist, pos, n = _sphere_prisms(t, s3, lpos, g2.size[0])
     elif t2 == GT.CAPSULE:
         ax = lmat[:, 2] * g2.size[1]
         fn = lambda v: _capsule_prism(v, s3, lpos - ax, lpos + ax, g2.size[0])
     else:
         fn = lambda v: _convex_prism(t2, g2.size, vert, lmat, lpos, mesh, v, s3)
-    dist, pos, n = jax.vmap(fn)(prisms)
+    if fn is not None:
+        dist, pos, n = jax.vmap(fn)(prisms)
     valid = pok & (dist < margin)
     if prisms.shape[0] > MAXCONPAIR:     # else the cap cannot bind (one contact a prism)
         valid = valid & (jnp.cumsum(valid) <= MAXCONPAIR)
