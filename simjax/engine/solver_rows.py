@@ -449,34 +449,32 @@ def where_needed(fn, need, args, old):
         axes = jax.tree_util.tree_map(lambda f: 0 if f else None, ab)
         vfn = jax.vmap(fn, in_axes=tuple(axes))
         count = jnp.sum(need.astype(jnp.int32))
+        blk = min(_WORLD_BLOCK, size)
+        nblk = -(-size // blk)
+        # where most worlds need it every world is computed, block after block (the
+        # positions past the batch are not written)
+        every = 5 * count > 3 * size
+        pos = jnp.where(every, jnp.arange(nblk * blk, dtype=jnp.int32),
+                        first_true(need, nblk * blk)[0])
+        todo = jnp.where(every, size, count)
 
-        def whole():
-            def keep(n, o):
-                return jnp.where(need.reshape((size,) + (1,) * (o.ndim - 1)), n, o)
+        def body(c):
+            b, out = c
+            ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
+            # padding entries (index size) read the last world and are not written
+            sub = jax.tree_util.tree_map(
+                lambda a, f: jnp.take(a, ids, axis=0, mode="clip") if f else a, args, ab)
+            keep = jnp.take(need, ids, mode="clip")
 
-            return jax.tree_util.tree_map(keep, vfn(*args), old)
+            def put(o, n):
+                on = jnp.take(o, ids, axis=0, mode="clip")
+                n = jnp.where(keep.reshape((blk,) + (1,) * (n.ndim - 1)), n, on)
+                return o.at[ids].set(n, mode="drop")
 
-        def blocks():
-            blk = min(_WORLD_BLOCK, size)
-            nblk = -(-size // blk)
-            pos = first_true(need, nblk * blk)[0]
+            return b + 1, jax.tree_util.tree_map(put, out, vfn(*sub))
 
-            def body(c):
-                b, out = c
-                ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
-                # padding entries (index size) read the last world and are not written
-                sub = jax.tree_util.tree_map(
-                    lambda a, f: jnp.take(a, ids, axis=0, mode="clip") if f else a,
-                    args, ab)
-                new = vfn(*sub)
-                out = jax.tree_util.tree_map(
-                    lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
-                return b + 1, out
-
-            return jax.lax.while_loop(lambda c: c[0] * blk < count, body,
-                                      (jnp.zeros((), jnp.int32), old))[1]
-
-        out = jax.lax.cond(5 * count > 3 * size, whole, blocks)
+        out = jax.lax.while_loop(lambda c: c[0] * blk < todo, body,
+                                 (jnp.zeros((), jnp.int32), old))[1]
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return run(need, args, old)
