@@ -45,7 +45,7 @@ from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_or
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import gather as gather_rows
 from simjax.engine.solver_rows import Chunked, find_chunks, head_chunk, rest_chunks, rest_zeros
-from simjax.engine.solver_rows import any_world, row_capacity, where_needed
+from simjax.engine.solver_rows import any_world, batched_like, row_capacity, where_needed
 from simjax.engine.solver_rows import whole as whole_rows
 from simjax.types import DisableBit, SolverType
 
@@ -644,7 +644,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         # is unbatched (any_world)
         c = jax.lax.while_loop(
             lambda c: any_world((c[2][4, 0] != 0) | jnp.any(c[2][3] == 0)),
-            lambda c: pack(body(unpack(c))), pack(s))
+            lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0))
         s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 

@@ -452,29 +452,23 @@ def where_needed(fn, need, args, old):
         count = jnp.sum(need.astype(jnp.int32))
         blk = min(_WORLD_BLOCK, size)
         nblk = -(-size // blk)
-        # where most worlds need it every world is computed, block after block (the
-        # positions past the batch are not written)
-        every = 5 * count > 3 * size
-        pos = jnp.where(every, jnp.arange(nblk * blk, dtype=jnp.int32),
-                        first_true(need, nblk * blk)[0])
-        todo = jnp.where(every, size, count)
+        # the worlds in need, in order (a stable sort: one kernel, where a count and a
+        # binary search compiled ~13), then padding (index size: not written)
+        pos = jnp.argsort(~need, stable=True).astype(jnp.int32)
+        pos = jnp.concatenate([pos, jnp.full(nblk * blk - size, size, jnp.int32)])
+        pos = jnp.where(jnp.arange(nblk * blk) < count, pos, size)
 
         def body(c):
             b, out = c
             ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
-            # padding entries (index size) read the last world and are not written
+            # padding entries read the last world and are not written
             sub = jax.tree_util.tree_map(
                 lambda a, f: jnp.take(a, ids, axis=0, mode="clip") if f else a, args, ab)
-            keep = jnp.take(need, ids, mode="clip")
+            new = vfn(*sub)
+            return b + 1, jax.tree_util.tree_map(
+                lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
 
-            def put(o, n):
-                on = jnp.take(o, ids, axis=0, mode="clip")
-                n = jnp.where(keep.reshape((blk,) + (1,) * (n.ndim - 1)), n, on)
-                return o.at[ids].set(n, mode="drop")
-
-            return b + 1, jax.tree_util.tree_map(put, out, vfn(*sub))
-
-        out = jax.lax.while_loop(lambda c: c[0] * blk < todo, body,
+        out = jax.lax.while_loop(lambda c: c[0] * blk < count, body,
                                  (jnp.zeros((), jnp.int32), old))[1]
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
@@ -496,3 +490,25 @@ def any_world(flag):
         return (jnp.any(flag) if flags[0] else flag), False
 
     return run(flag)
+
+
+def batched_like(tree, like):
+    """``tree`` as it is; under ``vmap``, where ``like`` is batched, every leaf batched
+    (broadcast over the worlds). For a loop's initial values: vmap batches a loop body
+    again for every round in which an unbatched initial value is found to become
+    batched in the body (Newton's loop: four rounds, each one re-tracing the
+    conditionals and custom rules inside); with every value batched from the start,
+    one."""
+    @jax.custom_batching.custom_vmap
+    def run(tree, like):
+        return tree
+
+    @run.def_vmap
+    def _rule(size, flags, tree, like):
+        out = jax.tree_util.tree_map(
+            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + jnp.shape(v)), tree,
+            flags[0])
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return run(tree, like)
+
