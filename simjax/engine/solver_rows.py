@@ -511,4 +511,3 @@ def batched_like(tree, like):
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return run(tree, like)
-
