@@ -215,21 +215,25 @@ def _take_rest(nisl, src, idx, pos, J):
     Jacobian in the table as well, XLA built the whole table on every visit: the
     solves with several chunks in use ran 25% slower.)"""
     dtype = src["aref"].dtype
-    keys = list(_FILL.items()) + list(_MASKS.items())
-    if "rowisl" in src:
-        keys.append(("rowisl", nisl))
-    cols = [src[key].astype(dtype)[:, None] for key, _ in keys]
-    fill = [float(v) for _, v in keys]
+    keys = list(_FILL.items())
+    # the static masks as one constant column of codes, eq + 2 fric + 4 ineq
+    code = sum(np.asarray(src[key]).astype(np.float32) * 2.0 ** j
+               for j, key in enumerate(_MASKS))
+    pad = sum(float(v) * 2.0 ** j for j, v in enumerate(_MASKS.values()))
+    cols = [src[key].astype(dtype)[:, None] for key, _ in keys] + [code.astype(dtype)[:, None]]
+    fill = [float(v) for _, v in keys] + [pad]
     tab = jnp.concatenate([jnp.concatenate(cols, 1), jnp.asarray(fill, dtype)[None]])
     rows = tab.at[idx].get(mode="promise_in_bounds")
     x = {}
     for j, (key, v) in enumerate(keys):
-        if isinstance(v, bool):
-            x[key] = rows[:, j] != 0
-        elif key == "rowisl":
-            x[key] = rows[:, j].astype(src["rowisl"].dtype)
-        else:
-            x[key] = rows[:, j]
+        x[key] = rows[:, j] != 0 if isinstance(v, bool) else rows[:, j]
+    bits = rows[:, len(keys)].astype(jnp.int32)
+    for j, key in enumerate(_MASKS):
+        x[key] = (bits & (1 << j)) != 0
+    if "rowisl" in src:
+        # apart: an integer column made the table a kernel of its own (not fused into
+        # the gather), with its conversions
+        x["rowisl"] = jnp.take(src["rowisl"], idx, mode="fill", fill_value=nisl)
     ell = [jnp.concatenate([jnp.concatenate([mu[:, None], fr], 1),
                             jnp.ones((1, fr.shape[1] + 1), dtype)]
                            ).at[ps].get(mode="promise_in_bounds")
@@ -272,8 +276,11 @@ def gather(spec, p, caps):
     # for every gathered element
     idx, cpos = jax.lax.optimization_barrier((idx, cpos))
     src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
-    src.update(eq=jnp.asarray(spec.eq), fric=jnp.asarray(spec.fric),
-               ineq=jnp.asarray(spec.ineq))
+    # the static masks stay numpy: the later chunks' loops close over them as
+    # constants (as loop operands they were broadcast over the worlds and converted on
+    # every visit, three kernels per loop)
+    src.update(eq=np.asarray(spec.eq), fric=np.asarray(spec.fric),
+               ineq=np.asarray(spec.ineq))
     x0 = _take_chunk(spec.nisl, src, idx, cpos)
     cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
                                 nefc=row)
@@ -366,6 +373,8 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         return acc, state, rows
     src = dict(rows.src)
     J = src.pop("J")
+    static = {key: v for key, v in src.items() if isinstance(v, np.ndarray)}
+    src = {key: v for key, v in src.items() if key not in static}
     finding = not rows.rest
     if finding:
         where, counts, like = rows.find
@@ -385,6 +394,7 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         # the table is made to depend on the chunk: XLA would otherwise build it
         # before the loop (loop-invariant), on every call (one-chunk solves 15% slower)
         src, _ = jax.lax.optimization_barrier((src, idx))
+        src = dict(src, **static)
         x, J = _take_rest(spec.nisl, src, idx, pos, J)
         acc, sc = fn(_chunk_spec(spec, x), x, e, sc, J, user, acc)
         return acc, ((sc, found) if finding else sc)
