@@ -207,11 +207,14 @@ _MASKS = {"eq": False, "fric": False, "ineq": True}
 
 def _take_rest(nisl, src, idx, pos, J):
     """:func:`_take_chunk` (and the Jacobian rows, unless ``J`` is None) on a later
-    chunk: the per-row entries (masks and island ids as exact small numbers) are
-    stacked into one table, its last row the padding row's entries, and the chunk's
-    rows are one gather from it, (mu, friction) one per elliptic block. Built inside
-    the loop over the later chunks, the table costs nothing where the loop runs no
-    iteration; a gather per entry compiled about 10 kernels per loop. (With the
+    chunk: the per-row entries (the static masks as one constant column of codes,
+    exact small numbers) are stacked into one table, its last row the padding row's
+    entries, and the chunk's rows are one gather from it (XLA fuses the table into
+    it), (mu, friction) one per elliptic block, the island ids one. Built inside the
+    loop over the later chunks, the table costs nothing where the loop runs no
+    iteration; a gather per entry compiled about 10 kernels per loop, and an integer
+    column or three broadcast masks in the table made it a kernel of its own with
+    their conversions (shadow hand: 27 kernels over its five loops). (With the
     Jacobian in the table as well, XLA built the whole table on every visit: the
     solves with several chunks in use ran 25% slower.)"""
     dtype = src["aref"].dtype
@@ -231,8 +234,6 @@ def _take_rest(nisl, src, idx, pos, J):
     for j, key in enumerate(_MASKS):
         x[key] = (bits & (1 << j)) != 0
     if "rowisl" in src:
-        # apart: an integer column made the table a kernel of its own (not fused into
-        # the gather), with its conversions
         x["rowisl"] = jnp.take(src["rowisl"], idx, mode="fill", fill_value=nisl)
     ell = [jnp.concatenate([jnp.concatenate([mu[:, None], fr], 1),
                             jnp.ones((1, fr.shape[1] + 1), dtype)]
