@@ -277,9 +277,8 @@ def gather(spec, p, caps):
     # for every gathered element
     idx, cpos = jax.lax.optimization_barrier((idx, cpos))
     src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
-    # the static masks stay numpy: the later chunks' loops close over them as
-    # constants (as loop operands they were broadcast over the worlds and converted on
-    # every visit, three kernels per loop)
+    # the static masks stay numpy: the later chunks' loops close over them and gather
+    # them as one constant column of codes (_take_rest)
     src.update(eq=np.asarray(spec.eq), fric=np.asarray(spec.fric),
                ineq=np.asarray(spec.ineq))
     x0 = _take_chunk(spec.nisl, src, idx, cpos)
