@@ -502,7 +502,11 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         qacc, Ma, jaref, search = s["qacc"], s["Ma"], s["jaref"], s["search"]
         first = s["first"]
         live = ~s["done"]
-        pre = _prepare_dofs(p, isl, Ma, search)
+        if search_on:
+            pre = _prepare_dofs(p, isl, Ma, search)
+        else:
+            # the search direction is zero: so are M search and its norm
+            pre = dict(Mv=jnp.zeros_like(Ma), snorm=jnp.zeros(isl.n, Ma.dtype))
         if search_on:
             # chunk 0's line-search coefficients; the later chunks' are recomputed
             # where they are visited (usually never)
