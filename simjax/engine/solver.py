@@ -11,8 +11,8 @@ with s the sum of per-row costs (quadratic for equality rows, Huber for friction
 one-sided quadratic for limits and pyramidal / frictionless contacts, the elliptic cone
 cost for elliptic contacts). Newton and CG are MuJoCo's primal solvers with its exact
 line search (PrimalSearch: Newton steps on the piecewise-quadratic 1-D cost, then a
-bracketed search; :mod:`simjax.engine.solver_search`), run on every constraint island (mj_island) separately as MuJoCo
-4.0.0 does (:class:`simjax.engine.solver_islands.Islands`); PGS
+bracketed search; :mod:`simjax.engine.solver_search`), run on every constraint island
+(mj_island) separately as MuJoCo 4.0.0 does (:class:`simjax.engine.solver_islands.Islands`); PGS
 (:mod:`simjax.engine.pgs`) is MuJoCo's projected Gauss-Seidel on the dual with Nesterov
 momentum and gradient restarts, per island, visiting the blocks in MuJoCo's seeded
 shuffled order (same iterates as MuJoCo).
