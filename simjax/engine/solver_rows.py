@@ -459,14 +459,16 @@ def where_needed(fn, need, args, old):
             (need, old), (nb, ob))
         axes = jax.tree_util.tree_map(lambda f: 0 if f else None, ab)
         vfn = jax.vmap(fn, in_axes=tuple(axes))
-        count = jnp.sum(need.astype(jnp.int32))
         blk = min(_WORLD_BLOCK, size)
         nblk = -(-size // blk)
         # the worlds in need, in order (a stable sort: one kernel, where a count and a
-        # binary search compiled ~13), then padding (index size: not written)
-        pos = jnp.argsort(~need, stable=True).astype(jnp.int32)
-        pos = jnp.concatenate([pos, jnp.full(nblk * blk - size, size, jnp.int32)])
-        pos = jnp.where(jnp.arange(nblk * blk) < count, pos, size)
+        # binary search compiled ~13), then padding (index size: not written); no
+        # count of them (a reduction: two kernels), the sorted flags tell where they end
+        rest, pos = jax.lax.sort((~need, jnp.arange(size, dtype=jnp.int32)), num_keys=1,
+                                 is_stable=True)
+        pad = nblk * blk - size
+        rest = jnp.concatenate([rest, jnp.ones(pad, bool)])
+        pos = jnp.where(rest, size, jnp.concatenate([pos, jnp.zeros(pad, jnp.int32)]))
 
         def body(c):
             b, out = c
@@ -478,8 +480,11 @@ def where_needed(fn, need, args, old):
             return b + 1, jax.tree_util.tree_map(
                 lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
 
-        out = jax.lax.while_loop(lambda c: c[0] * blk < count, body,
-                                 (jnp.zeros((), jnp.int32), old))[1]
+        def more(c):
+            # a block that starts with a world in need
+            return (c[0] < nblk) & ~rest[jnp.minimum(c[0], nblk - 1) * blk]
+
+        out = jax.lax.while_loop(more, body, (jnp.zeros((), jnp.int32), old))[1]
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return run(need, args, old)
