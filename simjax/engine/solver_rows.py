@@ -442,10 +442,10 @@ def where_needed(fn, need, args, old):
     _WORLD_BLOCK and computed block by block, their results scattered into ``old``:
     the work follows the number of worlds in need, not the batch size, and every world's
     result is computed as the vmapped fn computes it (the same bits on a CPU; on a GPU
-    a block's kernels may round the last bit differently). Where most worlds need it,
-    every world is computed, block after block: fn appears once in the program (a
-    conditional between the whole batch and the blocks compiled it twice, ~10 kernels
-    for a Newton Hessian factorisation; the solves ran as fast within noise)."""
+    a block's kernels may round the last bit differently). Where every world needs it,
+    the whole batch is computed block by block as well: fn appears once in the program
+    (a conditional between the whole batch and the blocks compiled it twice, ~10
+    kernels for a Newton Hessian factorisation; the solves ran as fast within noise)."""
     @jax.custom_batching.custom_vmap
     def run(need, args, old):
         return jax.lax.cond(need, lambda: fn(*args), lambda: old)
