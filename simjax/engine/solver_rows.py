@@ -442,13 +442,12 @@ def where_needed(fn, need, args, old):
     _WORLD_BLOCK and computed block by block, their results scattered into ``old``:
     the work follows the number of worlds in need, not the batch size, and every world's
     result is computed as the vmapped fn computes it (the same bits on a CPU; on a GPU
-    a block's kernels may round the last bit differently). Where most worlds need it,
-    every world is computed, in consecutive blocks: fn appears once in the program (a
-    conditional between the whole batch and the blocks compiled it twice, ~10 kernels
-    for a Newton Hessian factorisation; the solves ran as fast within noise). (The
-    worlds in need found by a stable sort of the flags compiled 13 kernels fewer than
-    the count and binary search, but ran the humanoid's solves with several row chunks
-    in use about 10% slower.)"""
+    a block's kernels may round the last bit differently). Where most worlds
+    need it, fn runs on the whole batch instead (gathering and scattering them cost
+    about a third of fn's work for a Newton Hessian factorisation). fn is compiled in
+    both branches (~10 kernels for a Newton Hessian factorisation); computing every
+    world in consecutive blocks instead compiled it once, but ran the humanoid's solves
+    with several row chunks in use (every world in need on every pass) 5-10% slower."""
     @jax.custom_batching.custom_vmap
     def run(need, args, old):
         return jax.lax.cond(need, lambda: fn(*args), lambda: old)
@@ -463,32 +462,34 @@ def where_needed(fn, need, args, old):
         axes = jax.tree_util.tree_map(lambda f: 0 if f else None, ab)
         vfn = jax.vmap(fn, in_axes=tuple(axes))
         count = jnp.sum(need.astype(jnp.int32))
-        blk = min(_WORLD_BLOCK, size)
-        nblk = -(-size // blk)
-        # where most worlds need it every world is computed, block after block (the
-        # positions past the batch are not written)
-        every = 5 * count > 3 * size
-        pos = jnp.where(every, jnp.arange(nblk * blk, dtype=jnp.int32),
-                        first_true(need, nblk * blk)[0])
-        todo = jnp.where(every, size, count)
 
-        def body(c):
-            b, out = c
-            ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
-            # padding entries (index size) read the last world and are not written
-            sub = jax.tree_util.tree_map(
-                lambda a, f: jnp.take(a, ids, axis=0, mode="clip") if f else a, args, ab)
-            keep = jnp.take(need, ids, mode="clip")
+        def whole():
+            def keep(n, o):
+                return jnp.where(need.reshape((size,) + (1,) * (o.ndim - 1)), n, o)
 
-            def put(o, n):
-                on = jnp.take(o, ids, axis=0, mode="clip")
-                n = jnp.where(keep.reshape((blk,) + (1,) * (n.ndim - 1)), n, on)
-                return o.at[ids].set(n, mode="drop")
+            return jax.tree_util.tree_map(keep, vfn(*args), old)
 
-            return b + 1, jax.tree_util.tree_map(put, out, vfn(*sub))
+        def blocks():
+            blk = min(_WORLD_BLOCK, size)
+            nblk = -(-size // blk)
+            pos = first_true(need, nblk * blk)[0]
 
-        out = jax.lax.while_loop(lambda c: c[0] * blk < todo, body,
-                                 (jnp.zeros((), jnp.int32), old))[1]
+            def body(c):
+                b, out = c
+                ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
+                # padding entries (index size) read the last world and are not written
+                sub = jax.tree_util.tree_map(
+                    lambda a, f: jnp.take(a, ids, axis=0, mode="clip") if f else a,
+                    args, ab)
+                new = vfn(*sub)
+                out = jax.tree_util.tree_map(
+                    lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
+                return b + 1, out
+
+            return jax.lax.while_loop(lambda c: c[0] * blk < count, body,
+                                      (jnp.zeros((), jnp.int32), old))[1]
+
+        out = jax.lax.cond(5 * count > 3 * size, whole, blocks)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return run(need, args, old)
