@@ -261,7 +261,11 @@ def _islands(inc, active):
         new = jnp.where(live, new, big)
         return new, jnp.any(new != lab)
 
-    lab, _ = jax.lax.while_loop(lambda c: c[1], step, (lab0, jnp.ones((), bool)))
+    if ntree <= 2:
+        # one step reaches the fixpoint (every tree is next to every other one): no loop
+        lab, _ = step((lab0, jnp.ones((), bool)))
+    else:
+        lab, _ = jax.lax.while_loop(lambda c: c[1], step, (lab0, jnp.ones((), bool)))
     root = live & (lab == jnp.arange(ntree))
     rank = jnp.cumsum(root.astype(jnp.int32)) - 1
     tree_isl = jnp.where(live, rank[jnp.clip(lab, 0, ntree - 1)], big)

@@ -11,8 +11,8 @@ with s the sum of per-row costs (quadratic for equality rows, Huber for friction
 one-sided quadratic for limits and pyramidal / frictionless contacts, the elliptic cone
 cost for elliptic contacts). Newton and CG are MuJoCo's primal solvers with its exact
 line search (PrimalSearch: Newton steps on the piecewise-quadratic 1-D cost, then a
-bracketed search), run on every constraint island (mj_island) separately as MuJoCo
-4.0.0 does (:class:`simjax.engine.solver_islands.Islands`); PGS
+bracketed search; :mod:`simjax.engine.solver_search`), run on every constraint island
+(mj_island) separately as MuJoCo 4.0.0 does (:class:`simjax.engine.solver_islands.Islands`); PGS
 (:mod:`simjax.engine.pgs`) is MuJoCo's projected Gauss-Seidel on the dual with Nesterov
 momentum and gradient restarts, per island, visiting the blocks in MuJoCo's seeded
 shuffled order (same iterates as MuJoCo).
@@ -45,11 +45,11 @@ from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_or
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import gather as gather_rows
 from simjax.engine.solver_rows import Chunked, find_chunks, head_chunk, rest_chunks, rest_zeros
-from simjax.engine.solver_rows import any_world, row_capacity, where_needed
+from simjax.engine.solver_rows import any_world, batched_like, row_capacity, where_needed
 from simjax.engine.solver_rows import whole as whole_rows
+from simjax.engine.solver_search import MINVAL, _ell_rows, _eval, _eval_point, _linesearch
+from simjax.engine.solver_search import _prepare, _prepare_dofs
 from simjax.types import DisableBit, SolverType
-
-MINVAL = 1e-15
 
 
 # --------------------------------------------------------------------------- dense algebra
@@ -104,10 +104,6 @@ def spec_from_layout(lay, nv):
     return Spec(eq=t == C.EQUALITY, fric=(t == C.FRICTION_DOF) | (t == C.FRICTION_TENDON),
                 ineq=(t >= C.LIMIT_JOINT) & (t != C.CONTACT_ELLIPTIC), ell=ell,
                 nefc=len(t), nv=nv)
-
-
-def _ell_rows(x, start, n, dim):
-    return x[start:start + n * dim].reshape(n, dim)
 
 
 def _ell_update(jar, D, mu, fr):
@@ -199,266 +195,6 @@ def gradient(spec, p, qacc):
     return p["M"] @ qacc - p["qfrc_smooth"] - p["J"].T @ force
 
 
-# --------------------------------------------------------------------------- line search
-def _prepare_dofs(p, isl, Ma, search):
-    """The Gauss term of the 1-D cost along ``search`` (PrimalPrepare): ``qg``
-    (islands, 2) per island, ``snorm`` the norm of ``search`` (islands,) (the dot
-    products with ``search`` in one reduction), ``Mv`` = M search."""
-    Mv = p["M"] @ search
-    dots = isl.ddots(search, jnp.stack([search, Ma, p["qfrc_smooth"], Mv], 1))
-    qg = jnp.stack([dots[:, 1] - dots[:, 2], 0.5 * dots[:, 3]], 1)
-    return dict(Mv=Mv, qg=qg, snorm=jnp.sqrt(dots[:, 0]))
-
-
-def _prepare(spec, p, J, jaref, search):
-    """Quadratic coefficients of the 1-D cost along ``search`` of the rows of ``p``
-    (PrimalPrepare): ``Jv``, ``quad`` (rows, 3) and the elliptic cone terms."""
-    Jv = J @ search
-    D = p["D"]
-    dj0 = D * jaref
-    quad = jnp.stack([0.5 * jaref * dj0, Jv * dj0, 0.5 * Jv * D * Jv], 1)
-    ells = []
-    for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
-        ja = _ell_rows(jaref, start, n, dim)
-        jv = _ell_rows(Jv, start, n, dim)
-        dd = _ell_rows(D, start, n, dim)
-        qb = jnp.stack([0.5 * jnp.sum(ja * dd * ja, 1), jnp.sum(jv * dd * ja, 1),
-                        0.5 * jnp.sum(jv * dd * jv, 1)], 1)
-        u0, v0 = ja[:, 0] * mu, jv[:, 0] * mu
-        u, v = ja[:, 1:] * fr, jv[:, 1:] * fr
-        ells.append(dict(q=qb, u0=u0, v0=v0, uu=jnp.sum(u * u, 1), uv=jnp.sum(u * v, 1),
-                         vv=jnp.sum(v * v, 1), dm=dd[:, 0] / (mu * mu * (1 + mu * mu))))
-    return dict(Jv=Jv, quad=quad, ells=ells)
-
-
-def _fric_cost(x, f, rf, D):
-    # -x, not -rf (the same bits; see update)
-    return jnp.where((-x < rf) & (x < rf), 0.5 * D * x * x,
-                     jnp.where(-x >= rf, f * (-0.5 * rf - x), f * (-0.5 * rf + x)))
-
-
-def _zone(n0, tsq, mu):
-    pos = tsq > 0
-    t = jnp.sqrt(jnp.where(pos, tsq, 1.0)) * pos
-    top = jnp.where(pos, n0 >= mu * t, n0 >= 0)
-    bottom = jnp.where(pos, ~top & (mu * n0 + t <= 0), n0 < 0)
-    return jnp.where(top, 1, jnp.where(bottom, 2, 3)), t
-
-
-def _ell_cost_dif(e, alpha):
-    """cost(alpha) - cost(0) of elliptic cones (ellipticCostDif), and derivatives, per
-    contact: (contacts, 3)."""
-    mu, dm, q = e["mu"], e["dm"], e["q"]
-    z0, t0 = _zone(e["u0"], e["uu"], mu)
-    nn = e["u0"] + alpha * e["v0"]
-    tsq = e["uu"] + alpha * (2 * e["uv"] + alpha * e["vv"])
-    za, ta = _zone(nn, tsq, mu)
-    quadv = alpha * alpha * q[:, 2] + alpha * q[:, 1]
-    tdel = alpha * (2 * e["uv"] + alpha * e["vv"]) / jnp.where(ta + t0 > 0, ta + t0, 1.0)
-    rdel = alpha * e["v0"] - mu * tdel
-    r0 = e["u0"] - mu * t0
-    ra = nn - mu * ta
-    b0 = mu * e["u0"] + t0
-    ba = mu * nn + ta
-    c = jnp.zeros_like(nn)
-    c = jnp.where((z0 == 2) & (za == 2), quadv, c)
-    c = jnp.where((z0 == 3) & (za == 3), 0.5 * dm * rdel * (2 * r0 + rdel), c)
-    c = jnp.where((z0 == 3) & (za == 2), quadv + 0.5 * dm * b0 * b0, c)
-    c = jnp.where((z0 == 2) & (za == 3), quadv - 0.5 * dm * ba * ba, c)
-    c = jnp.where((z0 == 1) & (za == 2), quadv + q[:, 0], c)
-    c = jnp.where((z0 == 1) & (za == 3), 0.5 * dm * ra * ra, c)
-    c = jnp.where((z0 == 3) & (za == 1), -0.5 * dm * r0 * r0, c)
-    c = jnp.where((z0 == 2) & (za == 1), -q[:, 0], c)
-    # derivatives
-    tsafe = jnp.where(ta > 0, ta, 1.0)
-    n1 = e["v0"]
-    t1 = (e["uv"] + alpha * e["vv"]) / tsafe
-    t2 = e["vv"] / tsafe - (e["uv"] + alpha * e["vv"]) * t1 / (tsafe * tsafe)
-    d0 = jnp.where(za == 2, 2 * alpha * q[:, 2] + q[:, 1],
-                   jnp.where(za == 3, dm * ra * (n1 - mu * t1), 0.0))
-    d1 = jnp.where(za == 2, 2 * q[:, 2],
-                   jnp.where(za == 3, dm * ((n1 - mu * t1) ** 2 + ra * (-mu * t2)), 0.0))
-    return jnp.stack([c, d0, d1], 1)
-
-
-def _eval(spec, p, isl, pre, start, alpha, acc):
-    """PrimalEval's sums over the rows of ``p`` (``pre`` of :func:`_prepare`, at
-    ``start`` = jaref) at one step length per island, ``alpha`` (islands,), added to
-    ``acc`` (islands, 6): quadratic coefficients (3) and cost difference and its
-    derivatives (3) (:func:`_eval_point` makes the point).
-
-    Every scalar row contributes either quadratic coefficients (equality rows, active
-    one-sided rows; summed before evaluation, as MuJoCo) or its cost difference and
-    derivatives directly (friction loss; one-sided rows leaving the active set): one
-    (rows, 6) array and a single reduction per island."""
-    quad, Jv = pre["quad"], pre["Jv"]
-    eq, fr, iq = spec.eq, spec.fric, spec.ineq
-    x = start + isl.rx(alpha, 0.0) * Jv
-    # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
-    f, D = p["floss"], p["D"]
-    rf = p["R"] * f
-    quadz = (-x < rf) & (x < rf)
-    fcost = _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D)
-    dz0 = jnp.where(quadz, D * x * Jv, jnp.where(-x >= rf, -(f * Jv), f * Jv))
-    dz1 = jnp.where(quadz, D * Jv * Jv, 0.0)
-    # one-sided rows: quadratic where active at alpha, minus their cost at 0
-    cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
-    act = iq & (x < 0)
-    qrow = eq | act
-    rows = jnp.stack([jnp.where(act, quad[:, 0] - cost0, 0.0),
-                      jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
-                      jnp.where(fr, fcost, 0.0) - jnp.where(iq & ~act, cost0, 0.0),
-                      jnp.where(fr, dz0, 0.0), jnp.where(fr, dz1, 0.0)], -1)
-    acc = acc + isl.rsum(rows)                                      # (islands, 6)
-    for e, (start, n, dim), mu in zip(pre["ells"], spec.ell, p["mu"]):
-        ids = isl.block(start, n, dim)
-        c = isl.bsum(ids, _ell_cost_dif(dict(e, mu=mu), isl.bx(ids, alpha)))
-        acc = acc + jnp.concatenate([jnp.zeros_like(c), c], 1)
-    return acc
-
-
-def _eval_point(qg, alpha, tot):
-    """(islands, 4) points (alpha, cost(alpha) - cost(0), d cost, d2 cost) from the row
-    sums ``tot`` of :func:`_eval` and the Gauss term ``qg`` of :func:`_prepare_dofs`."""
-    q0, q1, q2 = tot[:, 0], tot[:, 1] + qg[:, 0], tot[:, 2] + qg[:, 1]
-    cost, d0, d1 = tot[:, 3], tot[:, 4], tot[:, 5]
-    cost = cost + alpha * alpha * q2 + alpha * q1 + q0
-    d0 = d0 + 2 * alpha * q2 + q1
-    d1 = d1 + 2 * q2
-    d1 = jnp.where(d1 <= 0, MINVAL, d1)
-    return jnp.stack([alpha, cost, d0, d1], -1)
-
-
-def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
-    """MuJoCo's PrimalSearch on every island at once, returning (alpha, improvement),
-    (islands,) each; islands in ``skip`` are not searched (alpha 0); ``evaluate(alpha)``
-    the (islands, 4) point at step lengths ``alpha`` (islands,) (:func:`_eval_point`).
-
-    Points are (islands, 4) arrays of (alpha, cost, deriv, deriv2); ``n`` counts an
-    island's evaluations as LSiter does. Written as one ``while_loop`` state machine
-    that evaluates exactly one point per island per iteration (so the cost evaluation
-    appears once in the program) until every island has finished its own search:
-    phase 0 alpha = 0, 1 first Newton step, 2 one-sided Newton steps, 3 Newton point of
-    p1 before bracketing, 4 bracket midpoint, 5 / 6 Newton points of updated brackets.
-    """
-    zero = jnp.zeros((k, 4), dtype)
-    newton = lambda q: q[:, 0] - q[:, 2] / q[:, 3]
-    i32 = lambda x: jnp.asarray(x, jnp.int32)
-    col = lambda c: c[:, None]
-
-    def last_bracket(p1, p2):
-        c1 = (p1[:, 1] <= p2[:, 1]) & (p1[:, 1] < 0)
-        c2 = (p2[:, 1] <= p1[:, 1]) & (p2[:, 1] < 0)
-        return jnp.where(col(c1), p1, jnp.where(col(c2), p2, zero))
-
-    def upd(pb, cands):
-        flag = jnp.zeros(k, bool)
-        for cand in cands:
-            neg = (pb[:, 2] < 0) & (cand[:, 2] < 0) & (pb[:, 2] < cand[:, 2])
-            posd = ~neg & (pb[:, 2] > 0) & (cand[:, 2] > 0) & (pb[:, 2] > cand[:, 2])
-            pb = jnp.where(col(neg | posd), cand, pb)
-            flag = flag | neg | posd
-        return pb, flag
-
-    def body(s):
-        ph, p1, p2, p1n, p2n = s["ph"], s["p1"], s["p2"], s["p1n"], s["p2n"]
-        alpha = jnp.select([ph == 0, ph == 1, ph == 4, ph == 6],
-                           [jnp.zeros(k, dtype), newton(p2), 0.5 * (p1[:, 0] + p2[:, 0]),
-                            newton(p2)], newton(p1))
-        q = evaluate(alpha)
-        n = s["n"] + 1
-        out = dict(s, n=n)
-
-        def go(cond, **kw):
-            for key, v in kw.items():
-                out[key] = jnp.where(cond if out[key].ndim == 1 else col(cond), v, out[key])
-
-        def finish(cond, res):
-            go(cond, res=res, done=jnp.ones(k, bool))
-
-        # decide after a Newton step of the one-sided search
-        def one_sided(cond, p1new, direction):
-            more = (p1new[:, 2] * direction <= -gtol) & (n < ls_iter)
-            go(cond & more, ph=i32(2))
-            finish(cond & ~more & (n >= ls_iter), p1new)
-            go(cond & ~more & (n < ls_iter), ph=i32(3), p2n=p1new)
-
-        # phase 0: p0 is kept in p2 (MuJoCo starts the bracket with p2 = p0)
-        go(ph == 0, p2=q, ph=i32(1))
-        # phase 1
-        c1 = ph == 1
-        init_ok = (jnp.abs(q[:, 2]) < gtol) & ((q[:, 0] == 0) | (q[:, 1] < 0))
-        direction = jnp.where(q[:, 2] < 0, 1.0, -1.0).astype(dtype)
-        go(c1, p1=q, dir=direction)
-        finish(c1 & init_ok, q)
-        one_sided(c1 & ~init_ok, q, direction)
-        # phase 2
-        c2 = ph == 2
-        ok2 = (jnp.abs(q[:, 2]) < gtol) & (q[:, 1] < 0)
-        go(c2, p1=q, p2=p1)
-        finish(c2 & ok2, q)
-        one_sided(c2 & ~ok2, q, s["dir"])
-        # phase 3: first Newton point of p1, then bracketed search
-        c3 = ph == 3
-        go(c3, p1n=q, ph=i32(4))
-        finish(c3 & (n >= ls_iter), last_bracket(p1, p2))
-        # phase 4: midpoint, convergence check over candidates, bracket update
-        c4 = ph == 4
-        cands = (p1n, p2n, q)
-        best, bestc, found = q, jnp.zeros(k, dtype), jnp.zeros(k, bool)
-        for cand in cands:
-            ok = (jnp.abs(cand[:, 2]) < gtol) & (~found | (cand[:, 1] < bestc))
-            best = jnp.where(col(ok), cand, best)
-            bestc = jnp.where(ok, cand[:, 1], bestc)
-            found = found | ok
-        p1u, f1 = upd(p1, cands)
-        p2u, f2 = upd(p2, cands)
-        finish(c4 & found, best)
-        finish(c4 & ~found & ~f1 & ~f2, q)
-        go(c4 & ~found, p1=p1u, p2=p2u, f2=f2,
-           ph=jnp.where(f1, i32(5), i32(6)))
-        # phases 5 / 6: Newton points of the updated brackets
-        c5 = ph == 5
-        go(c5, p1n=q, ph=jnp.where(s["f2"], i32(6), i32(4)))
-        c6 = ph == 6
-        go(c6, p2n=q, ph=i32(4))
-        back = (c5 & ~s["f2"]) | c6
-        finish(back & (n >= ls_iter), last_bracket(p1, p2))
-        if k == 1:
-            return out
-        # islands that finished earlier stay as they are
-        return {key: jnp.where(s["done"] if v.ndim == 1 else col(s["done"]), s[key], v)
-                for key, v in out.items()}
-
-    # the loop carries one array: the points, and the direction, phase, evaluation count
-    # and flags as floats (small integers, exact). Every loop-carried array costs a copy
-    # and its own update kernel per iteration, and the small per-island predicates
-    # feeding several update kernels were each a kernel of their own (one carried array
-    # instead of three: 23 -> 15 kernels per iteration on the humanoid)
-    pts = ("p1", "p2", "p1n", "p2n", "res")
-
-    def pack(s):
-        meta = jnp.stack([s["dir"], s["ph"].astype(dtype), s["n"].astype(dtype),
-                          jnp.zeros(k, dtype), s["f2"].astype(dtype),
-                          s["done"].astype(dtype), jnp.zeros(k, dtype),
-                          jnp.zeros(k, dtype)], 1).reshape(k, 2, 4)
-        return jnp.concatenate([jnp.stack([s[key] for key in pts], 1), meta], 1)
-
-    def unpack(f):
-        s = {key: f[:, j] for j, key in enumerate(pts)}
-        meta = f[:, len(pts):].reshape(k, 8)
-        return dict(s, dir=meta[:, 0], ph=meta[:, 1].astype(jnp.int32),
-                    n=meta[:, 2].astype(jnp.int32), f2=meta[:, 4] != 0, done=meta[:, 5] != 0)
-
-    s = dict(ph=jnp.zeros(k, jnp.int32), p1=zero, p2=zero, p1n=zero, p2n=zero,
-             n=jnp.zeros(k, jnp.int32), dir=jnp.ones(k, dtype), f2=jnp.zeros(k, bool),
-             res=zero, done=skip)
-    c = jax.lax.while_loop(lambda f: jnp.any(f[:, len(pts) + 1, 1] == 0),
-                           lambda f: pack(body(unpack(f))), pack(s))
-    res = c[:, pts.index("res")]
-    return res[:, 0], -res[:, 1]
-
-
 # --------------------------------------------------------------------------- primal solvers
 def _primal(rows, p, start, newton, iterations, ls_iterations):
     """Newton / CG (mj_solPrimal) on the rows ``rows`` (:class:`simjax.engine.
@@ -502,7 +238,11 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         qacc, Ma, jaref, search = s["qacc"], s["Ma"], s["jaref"], s["search"]
         first = s["first"]
         live = ~s["done"]
-        pre = _prepare_dofs(p, isl, Ma, search)
+        if search_on:
+            pre = _prepare_dofs(p, isl, Ma, search)
+        else:
+            # the search direction is zero: so are M search and its norm
+            pre = dict(Mv=jnp.zeros_like(Ma), snorm=jnp.zeros(isl.n, Ma.dtype))
         if search_on:
             # chunk 0's line-search coefficients; the later chunks' are recomputed
             # where they are visited (usually never)
@@ -644,7 +384,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         # is unbatched (any_world)
         c = jax.lax.while_loop(
             lambda c: any_world((c[2][4, 0] != 0) | jnp.any(c[2][3] == 0)),
-            lambda c: pack(body(unpack(c))), pack(s))
+            lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0))
         s = unpack(c)
     return s["qacc"], s["iter"], s["imp"], s["gnorm"]
 

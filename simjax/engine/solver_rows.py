@@ -207,29 +207,34 @@ _MASKS = {"eq": False, "fric": False, "ineq": True}
 
 def _take_rest(nisl, src, idx, pos, J):
     """:func:`_take_chunk` (and the Jacobian rows, unless ``J`` is None) on a later
-    chunk: the per-row entries (masks and island ids as exact small numbers) are
-    stacked into one table, its last row the padding row's entries, and the chunk's
-    rows are one gather from it, (mu, friction) one per elliptic block. Built inside
-    the loop over the later chunks, the table costs nothing where the loop runs no
-    iteration; a gather per entry compiled about 10 kernels per loop. (With the
+    chunk: the per-row entries (the static masks as one constant column of codes,
+    exact small numbers) are stacked into one table, its last row the padding row's
+    entries, and the chunk's rows are one gather from it (XLA fuses the table into
+    it), (mu, friction) one per elliptic block, the island ids one. Built inside the
+    loop over the later chunks, the table costs nothing where the loop runs no
+    iteration; a gather per entry compiled about 10 kernels per loop, and an integer
+    column or three broadcast masks in the table made it a kernel of its own with
+    their conversions (shadow hand: 27 kernels over its five loops). (With the
     Jacobian in the table as well, XLA built the whole table on every visit: the
     solves with several chunks in use ran 25% slower.)"""
     dtype = src["aref"].dtype
-    keys = list(_FILL.items()) + list(_MASKS.items())
-    if "rowisl" in src:
-        keys.append(("rowisl", nisl))
-    cols = [src[key].astype(dtype)[:, None] for key, _ in keys]
-    fill = [float(v) for _, v in keys]
+    keys = list(_FILL.items())
+    # the static masks as one constant column of codes, eq + 2 fric + 4 ineq
+    code = sum(np.asarray(src[key]).astype(np.float32) * 2.0 ** j
+               for j, key in enumerate(_MASKS))
+    pad = sum(float(v) * 2.0 ** j for j, v in enumerate(_MASKS.values()))
+    cols = [src[key].astype(dtype)[:, None] for key, _ in keys] + [code.astype(dtype)[:, None]]
+    fill = [float(v) for _, v in keys] + [pad]
     tab = jnp.concatenate([jnp.concatenate(cols, 1), jnp.asarray(fill, dtype)[None]])
     rows = tab.at[idx].get(mode="promise_in_bounds")
     x = {}
     for j, (key, v) in enumerate(keys):
-        if isinstance(v, bool):
-            x[key] = rows[:, j] != 0
-        elif key == "rowisl":
-            x[key] = rows[:, j].astype(src["rowisl"].dtype)
-        else:
-            x[key] = rows[:, j]
+        x[key] = rows[:, j] != 0 if isinstance(v, bool) else rows[:, j]
+    bits = rows[:, len(keys)].astype(jnp.int32)
+    for j, key in enumerate(_MASKS):
+        x[key] = (bits & (1 << j)) != 0
+    if "rowisl" in src:
+        x["rowisl"] = jnp.take(src["rowisl"], idx, mode="fill", fill_value=nisl)
     ell = [jnp.concatenate([jnp.concatenate([mu[:, None], fr], 1),
                             jnp.ones((1, fr.shape[1] + 1), dtype)]
                            ).at[ps].get(mode="promise_in_bounds")
@@ -272,8 +277,10 @@ def gather(spec, p, caps):
     # for every gathered element
     idx, cpos = jax.lax.optimization_barrier((idx, cpos))
     src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
-    src.update(eq=jnp.asarray(spec.eq), fric=jnp.asarray(spec.fric),
-               ineq=jnp.asarray(spec.ineq))
+    # the static masks stay numpy: the later chunks' loops close over them and gather
+    # them as one constant column of codes (_take_rest)
+    src.update(eq=np.asarray(spec.eq), fric=np.asarray(spec.fric),
+               ineq=np.asarray(spec.ineq))
     x0 = _take_chunk(spec.nisl, src, idx, cpos)
     cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
                                 nefc=row)
@@ -366,6 +373,8 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         return acc, state, rows
     src = dict(rows.src)
     J = src.pop("J")
+    static = {key: v for key, v in src.items() if isinstance(v, np.ndarray)}
+    src = {key: v for key, v in src.items() if key not in static}
     finding = not rows.rest
     if finding:
         where, counts, like = rows.find
@@ -385,6 +394,7 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         # the table is made to depend on the chunk: XLA would otherwise build it
         # before the loop (loop-invariant), on every call (one-chunk solves 15% slower)
         src, _ = jax.lax.optimization_barrier((src, idx))
+        src = dict(src, **static)
         x, J = _take_rest(spec.nisl, src, idx, pos, J)
         acc, sc = fn(_chunk_spec(spec, x), x, e, sc, J, user, acc)
         return acc, ((sc, found) if finding else sc)
@@ -434,7 +444,10 @@ def where_needed(fn, need, args, old):
     result is computed as the vmapped fn computes it (the same bits on a CPU; on a GPU
     a block's kernels may round the last bit differently). Where most worlds
     need it, fn runs on the whole batch instead (gathering and scattering them cost
-    about a third of fn's work for a Newton Hessian factorisation)."""
+    about a third of fn's work for a Newton Hessian factorisation). fn is compiled in
+    both branches (~10 kernels for a Newton Hessian factorisation); computing every
+    world in consecutive blocks instead compiled it once, but ran the humanoid's solves
+    with several row chunks in use (every world in need on every pass) 5-10% slower."""
     @jax.custom_batching.custom_vmap
     def run(need, args, old):
         return jax.lax.cond(need, lambda: fn(*args), lambda: old)
@@ -497,3 +510,24 @@ def any_world(flag):
         return (jnp.any(flag) if flags[0] else flag), False
 
     return run(flag)
+
+
+def batched_like(tree, like):
+    """``tree`` as it is; under ``vmap``, where ``like`` is batched, every leaf batched
+    (broadcast over the worlds). For a loop's initial values: vmap batches a loop body
+    again for every round in which an unbatched initial value is found to become
+    batched in the body (Newton's loop: four rounds, each one re-tracing the
+    conditionals and custom rules inside); with every value batched from the start,
+    one."""
+    @jax.custom_batching.custom_vmap
+    def run(tree, like):
+        return tree
+
+    @run.def_vmap
+    def _rule(size, flags, tree, like):
+        out = jax.tree_util.tree_map(
+            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + jnp.shape(v)), tree,
+            flags[0])
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return run(tree, like)
