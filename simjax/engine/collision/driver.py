@@ -578,8 +578,8 @@ def narrow_group(m, d, p, grp, det_margin, split):
         ok = ok & _box_filter(m, d, g1, g2, dm, cols)
     count = jnp.sum(ok)
     if _chunks(grp.fn, len(grp.cand)):
-        # the chunk scan skipped whole when no world has a passing pair: its skipped
-        # chunks still write their zero rows into the scan's stacked output
+        # the chunk scan skipped whole when no world has a passing pair (its rows
+        # are then zeros, and those of the pairs past the passing ones the last pair)
         nrow = -(-len(grp.cand) // CHUNK) * CHUNK
         idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
 
@@ -590,7 +590,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
                     jnp.asarray(idx, jnp.int32))
         out, rows, sel = _run_or_skip(batch_max(count) > 0,
                                       lambda: _chunked(grp.fn, take, ok, count, found,
-                                                       11 * grp.maxcon, ftype),
+                                                       ftype),
                                       skip)
         return found["unpack"](out), rows, count, no, sel
     # the branches return the collider output packed in one array: the skip branch is
@@ -661,7 +661,13 @@ def _pack(tree):
     return packed, unpack
 
 
-def _chunked(fn, take, ok, count, found, width, ftype):
+#: packed output columns of a chunk of a collider (:func:`_chunked`), by (collider,
+#: float dtype): its shape traced once per process (the slot count of a collider's
+#: ``Pre`` can exceed its valid-contact bound, e.g. box-box 9 slots for 8)
+_WIDTH: dict = {}
+
+
+def _chunked(fn, take, ok, count, found, ftype):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over
     the chunks of the passing pairs (compacted in order by ``solver_rows.first_true``:
     a cumulative count and a binary search, where :func:`first_k` of all n keys is a
@@ -674,15 +680,18 @@ def _chunked(fn, take, ok, count, found, width, ftype):
     (:func:`_pack`), is written into the rows of the group's output that the scan
     carries (zeros first): a skipped chunk writes nothing (stacked as the scan's
     outputs, every chunk wrote its rows, zeros when skipped, and the stack was copied
-    out). ``width``: the packed output's columns (a contact ``Pre`` of the collider's
-    slots, 11 per slot), so that the buffer is made without tracing the collider for
-    its shape. Returns (the packed collider output, which rows are passing pairs, the
-    group-local pair of each row: past the passing pairs, the last pair); sets
-    ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
+    out; its width from :data:`_WIDTH`). Returns (the packed collider output, which
+    rows are passing pairs, the group-local pair of each row: past the passing pairs,
+    the last pair); sets ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
     sel = jnp.minimum(first_true(ok, nch * CHUNK)[0], n - 1).astype(jnp.int32)
     most = batch_max(count)
+    key = (fn, jnp.dtype(ftype))
+    if key not in _WIDTH:
+        _WIDTH[key] = jax.eval_shape(
+            lambda: _pack(jax.vmap(fn)(*take(sel[:CHUNK])))[0]).shape[1]
+    width = _WIDTH[key]
 
     def body(buf, c):
         idx = jax.lax.dynamic_slice_in_dim(sel, c * CHUNK, CHUNK)
@@ -691,7 +700,7 @@ def _chunked(fn, take, ok, count, found, width, ftype):
             out, found["unpack"] = _pack(jax.vmap(fn)(*take(idx)))
             if out.shape[1:] != buf.shape[1:] or out.dtype != buf.dtype:
                 raise TypeError(f"collider {fn} returned {out.shape[1:]} {out.dtype} "
-                                f"packed, not a Pre of {width // 11} slots")
+                                f"packed, not ({width},) {ftype}")
             return jax.lax.dynamic_update_slice_in_dim(buf, out, c * CHUNK, 0)
         return jax.lax.cond(most > c * CHUNK, run, lambda: buf), None
 
