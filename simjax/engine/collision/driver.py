@@ -42,10 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision import convex, hfield, primitive
+from simjax.engine.collision.broadphase import (  # noqa: F401 (also driver.<name>)
+    _BOXED, _box_filter, _broadphase, _pair_cols, _pair_rows, _pair_table)
 from simjax.engine.collision.common import make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
-from simjax.engine.tables import concrete
+from simjax.engine.solver_rows import first_true
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, GeomType as GT
 
@@ -461,90 +463,6 @@ def _check_adhesion(m):
 
 
 # --------------------------------------------------------------------------- run time
-def _dot3(a, b):
-    """Dot products of 3-vectors given as lists of three component arrays (written out
-    in :func:`common.dot`'s order)."""
-    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
-
-
-def _broadphase(m, d, g1, g2, margin, cols=None):
-    """mj_filterSphere: bounding spheres, or plane vs bounding sphere. ``cols``: the
-    pairs' geoms as gathered by :func:`_pair_cols`, when they are."""
-    gtype = np.asarray(m.geom_type)
-    if cols is None:
-        cols = _pair_cols(_pair_table(m, d, g1, g2, d.geom_xpos.dtype))
-    (p1, mat1, _, r1), (p2, _, _, r2) = cols
-    dif = [p1[i] - p2[i] for i in range(3)]
-    sphere = _dot3(dif, dif) <= (r1 + r2 + margin) ** 2
-    plane1 = _dot3([p2[i] - p1[i] for i in range(3)], _col(mat1, 2)) <= margin + r2
-    out = jnp.where((r1 > 0) & (r2 > 0), sphere, jnp.where(
-        jnp.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
-    return out
-
-
-def _pair_table(m, d, g1, g2, ftype):
-    """Both geoms of every pair (g1's, then g2's): ((15, 2n) xpos, xmat (row-major),
-    size as rows, one column per geom, by one gather of a per-geom table (one kernel
-    instead of one per array and geom side); (2n, 4) size, rbound for the broadphase,
-    NumPy constants where the model's are concrete); :func:`_pair_cols` and
-    :func:`_pair_rows` slice them. Component-major: vmapped, the gather and the
-    broadphase's arithmetic run along the pairs (gathering (2n, 16) rows was ~10x
-    slower on CPU). The colliders take their sizes from the gathered rows: as
-    constants XLA folds them into the colliders' arithmetic (a division by a size
-    becomes a product with its reciprocal), which moved a contact point on a flat
-    patch. Pass this pair, not its slices, into a branch or loop (their operands are
-    stored, one kernel each)."""
-    ng = d.geom_xpos.shape[0]
-    idx = np.concatenate([g1, g2])
-    pose = jnp.concatenate([
-        d.geom_xpos, d.geom_xmat.reshape(ng, 9),
-        jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3))], 1).T[:, idx]
-    size, rbound = concrete(m.geom_size), concrete(m.geom_rbound)
-    if size is not None and rbound is not None:
-        static = np.concatenate([np.asarray(size, ftype).reshape(-1, 3)[idx],
-                                 np.asarray(rbound, ftype).reshape(-1, 1)[idx]], 1)
-    else:
-        static = jnp.concatenate([
-            jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3)),
-            jnp.broadcast_to(jnp.asarray(m.geom_rbound, ftype), (ng,))[:, None]], 1)[idx]
-    return pose, static
-
-
-def _col(mat, j):
-    """Column j of 3x3 matrices given as a list of their 9 row-major entries."""
-    return [mat[j], mat[3 + j], mat[6 + j]]
-
-
-def _pair_cols(table):
-    """((xpos, xmat, size, rbound) of geom 1, the same of geom 2) from
-    :func:`_pair_table`, component-major: lists of (n,) arrays (3 for xpos and size,
-    the 9 row-major entries for xmat) and (n,) rbound."""
-    pose, static = table
-    n = pose.shape[1] // 2
-
-    def part(k):
-        r, st = pose[:, k * n:(k + 1) * n], static[k * n:(k + 1) * n]
-        return ([r[i] for i in range(3)], [r[3 + i] for i in range(9)],
-                [st[:, i] for i in range(3)], st[:, 3])
-    return part(0), part(1)
-
-
-def _pair_rows(table, sel=None):
-    """((xpos (n, 3), xmat (n, 3, 3), size (n, 3), rbound (n,)) of geom 1, the same of
-    geom 2) from :func:`_pair_table`: of the pairs ``sel`` (traced) when given."""
-    pose, static = table
-    n = pose.shape[1] // 2
-    if sel is not None:
-        both = jnp.concatenate([sel, sel + n])
-        pose, static = pose[:, both], jnp.asarray(static)[both]
-        n = sel.shape[0]
-    rows = pose.T
-
-    def part(r, st):
-        return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], st[:, 3]
-    return part(rows[:n], static[:n]), part(rows[n:], static[n:])
-
-
 def _geoms(m, d, g, sel, ftype):
     """Geom tuples of the geoms ``g[sel]``."""
     gg = jnp.asarray(g)[sel]
@@ -584,59 +502,6 @@ def _batch_max_rule(axis_size, in_batched, x):
 PAIRS_PER_SLOT = 2
 CHEAP = (P.plane_sphere, P.plane_capsule, P.sphere_sphere, P.sphere_capsule, P.sphere_box,
          P.capsule_capsule)
-
-
-#: geom types with a box bound (geom frame): size-based for primitives, geom_aabb for meshes
-_BOXED = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
-
-
-def _half_extent(m, g, ftype, pos, mat, size):
-    """(center, half sizes (geom frame)) of the geoms' bounding boxes, component-major
-    as :func:`_pair_cols` (lists of three (n,) arrays): from geom_size for primitives
-    (exact), geom_aabb for meshes. ``pos``, ``mat``, ``size``: the geoms' xpos, xmat
-    and size, component-major."""
-    gtype = np.asarray(m.geom_type)[g]
-    r = size[0]
-    # sphere (r, r, r), capsule (r, r, r + h), cylinder (r, r, h), ellipsoid/box sizes
-    sph, cap, cyl = (jnp.asarray(gtype == t) for t in (GT.SPHERE, GT.CAPSULE, GT.CYLINDER))
-    hs = [jnp.where(sph, r, size[i]) for i in range(3)]
-    hs = [jnp.where(cap, x, h) for x, h in zip((r, r, r + size[1]), hs)]
-    hs = [jnp.where(cyl, x, h) for x, h in zip((r, r, size[1]), hs)]
-    if np.any(gtype == GT.MESH):
-        aabb = jnp.asarray(m.geom_aabb, ftype)[g]
-        mesh = jnp.asarray(gtype == GT.MESH)
-        hs = [jnp.where(mesh, aabb[:, 3 + i], hs[i]) for i in range(3)]
-        off = [jnp.where(mesh, aabb[:, i], 0.0) for i in range(3)]
-        pos = [pos[i] + off[0] * mat[3 * i] + off[1] * mat[3 * i + 1] +
-               off[2] * mat[3 * i + 2] for i in range(3)]
-    return pos, hs
-
-
-def _box_filter(m, d, g1, g2, margin, cols=None):
-    """Separating-axis test of the two geoms' bounding boxes on their 6 face axes:
-    False only when a face axis separates them by more than ``margin`` plus a 1e-3
-    relative allowance (rounding, collider tolerances), so a rejected pair has no
-    contact. Pairs with a geom without a box bound pass. ``cols``: the pairs' geoms as
-    gathered by :func:`_pair_cols`, when they are."""
-    ftype = d.geom_xpos.dtype
-    if cols is None:
-        cols = _pair_cols(_pair_table(m, d, g1, g2, ftype))
-    (p1, m1, s1_, _), (p2, m2, s2_, _) = cols
-    c1, h1 = _half_extent(m, g1, ftype, p1, m1, s1_)
-    c2, h2 = _half_extent(m, g2, ftype, p2, m2, s2_)
-    dc = [c2[i] - c1[i] for i in range(3)]
-    # rabs[i][j] = |m1[:, i] . m2[:, j]|
-    rabs = [[jnp.abs(_dot3(_col(m1, i), _col(m2, j))) for j in range(3)] for i in range(3)]
-    t1 = [_dot3(dc, _col(m1, i)) for i in range(3)]
-    t2 = [_dot3(dc, _col(m2, j)) for j in range(3)]
-    r12 = [rabs[i][0] * h2[0] + rabs[i][1] * h2[1] + rabs[i][2] * h2[2]
-           for i in range(3)]                                       # h2 on box1 axes
-    r21 = [rabs[0][j] * h1[0] + rabs[1][j] * h1[1] + rabs[2][j] * h1[2]
-           for j in range(3)]                                       # h1 on box2 axes
-    sep = jnp.zeros(margin.shape, bool)
-    for t, h, r in zip(t1 + t2, h1 + h2, r12 + r21):
-        sep = sep | (jnp.abs(t) - h - r > margin + 1e-3 * (jnp.abs(t) + h + r))
-    return ~sep
 
 
 def _group_args(m, d, fn, g1, g2, dm, ftype):
@@ -713,8 +578,8 @@ def narrow_group(m, d, p, grp, det_margin, split):
         ok = ok & _box_filter(m, d, g1, g2, dm, cols)
     count = jnp.sum(ok)
     if _chunks(grp.fn, len(grp.cand)):
-        # the chunk scan skipped whole when no world has a passing pair: its skipped
-        # chunks still write their zero rows into the scan's stacked output
+        # the chunk scan skipped whole when no world has a passing pair (its rows
+        # are then zeros, and those of the pairs past the passing ones the last pair)
         nrow = -(-len(grp.cand) // CHUNK) * CHUNK
         idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
 
@@ -724,7 +589,8 @@ def narrow_group(m, d, p, grp, det_margin, split):
             return (jnp.zeros(types[0].shape, types[0].dtype), jnp.zeros(nrow, bool),
                     jnp.asarray(idx, jnp.int32))
         out, rows, sel = _run_or_skip(batch_max(count) > 0,
-                                      lambda: _chunked(grp.fn, take, ok, count, found),
+                                      lambda: _chunked(grp.fn, take, ok, count, found,
+                                                       ftype),
                                       skip)
         return found["unpack"](out), rows, count, no, sel
     # the branches return the collider output packed in one array: the skip branch is
@@ -795,33 +661,52 @@ def _pack(tree):
     return packed, unpack
 
 
-def _chunked(fn, take, ok, count, found):
+#: packed output columns of a chunk of a collider (:func:`_chunked`), by (collider,
+#: float dtype): its shape traced once per process (the slot count of a collider's
+#: ``Pre`` can exceed its valid-contact bound, e.g. box-box 9 slots for 8)
+_WIDTH: dict = {}
+
+
+def _chunked(fn, take, ok, count, found, ftype):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over
-    the chunks of the passing pairs (compacted in order by :func:`first_k`), each a
-    ``lax.cond`` on whether any world has a passing pair in it (:func:`batch_max`), so
-    that the collider is compiled once and runs only on chunks that hold passing
-    pairs. A chunk's arguments are gathered inside its branch (``take(idx)``: the
-    collider's arguments for group-local pairs idx; from the component-major pair table,
-    a few columns, where packing every pair's arguments into rows first wrote the whole
-    group each step); its output leaves one packed array (:func:`_pack`). Returns (the
-    packed collider output, which rows are passing pairs, the group-local pair of each
-    row); sets ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
+    the chunks of the passing pairs (compacted in order by ``solver_rows.first_true``:
+    a cumulative count and a binary search, where :func:`first_k` of all n keys is a
+    full sort), each a ``lax.cond`` on whether any world has a passing pair in it
+    (:func:`batch_max`), so that the collider is compiled once and runs only on chunks
+    that hold passing pairs. A chunk's arguments are gathered inside its branch
+    (``take(idx)``: the collider's arguments for group-local pairs idx; from the
+    component-major pair table, a few columns, where packing every pair's arguments into
+    rows first wrote the whole group each step); its output, one packed array
+    (:func:`_pack`), is written into the rows of the group's output that the scan
+    carries (zeros first): a skipped chunk writes nothing (stacked as the scan's
+    outputs, every chunk wrote its rows, zeros when skipped, and the stack was copied
+    out; its width from :data:`_WIDTH`). Returns (the packed collider output, which
+    rows are passing pairs, the group-local pair of each row: past the passing pairs,
+    the last pair); sets ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
-    ar = np.arange(n)
-    sel = jnp.minimum(first_k(jnp.where(ok, ar, n + ar), nch * CHUNK), n - 1)
+    sel = jnp.minimum(first_true(ok, nch * CHUNK)[0], n - 1).astype(jnp.int32)
     most = batch_max(count)
+    key = (fn, jnp.dtype(ftype))
+    if key not in _WIDTH:
+        _WIDTH[key] = jax.eval_shape(
+            lambda: _pack(jax.vmap(fn)(*take(sel[:CHUNK])))[0]).shape[1]
+    width = _WIDTH[key]
 
-    def body(_, xs):
-        c, idx = xs
+    def body(buf, c):
+        idx = jax.lax.dynamic_slice_in_dim(sel, c * CHUNK, CHUNK)
 
         def run():
             out, found["unpack"] = _pack(jax.vmap(fn)(*take(idx)))
-            return out
-        return None, _run_or_skip(most > c * CHUNK, run, _zeros)
+            if out.shape[1:] != buf.shape[1:] or out.dtype != buf.dtype:
+                raise TypeError(f"collider {fn} returned {out.shape[1:]} {out.dtype} "
+                                f"packed, not ({width},) {ftype}")
+            return jax.lax.dynamic_update_slice_in_dim(buf, out, c * CHUNK, 0)
+        return jax.lax.cond(most > c * CHUNK, run, lambda: buf), None
 
-    _, out = jax.lax.scan(body, None, (jnp.arange(nch), sel.reshape(nch, CHUNK)))
-    return out.reshape(nch * CHUNK, -1), jnp.arange(nch * CHUNK) < count, sel
+    buf = jnp.zeros((nch * CHUNK, width), ftype)
+    out, _ = jax.lax.scan(body, buf, jnp.arange(nch))
+    return out, jnp.arange(nch * CHUNK) < count, sel
 
 
 def first_k(key, k):
@@ -990,4 +875,3 @@ def contact_order(m, d):
     g = jnp.where(valid[:, None], d.contact.geom, 0)
     rank = jnp.where(valid, jnp.asarray(table)[g[:, 0], g[:, 1]], len(p.g1))
     return jnp.lexsort((slots, rank)).astype(jnp.int32)
-

@@ -1,0 +1,148 @@
+"""Broadphase of the collision driver (:mod:`simjax.engine.collision.driver`): the
+geom poses of every candidate pair gathered into one component-major table, the
+bounding-sphere / plane test of mj_filterSphere and a separating-axis test of the two
+geoms' bounding boxes. All of it vectorised over a collider group's pairs."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine.tables import concrete
+from simjax.types import GeomType as GT
+
+
+def _dot3(a, b):
+    """Dot products of 3-vectors given as lists of three component arrays (written out
+    in :func:`common.dot`'s order)."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+def _broadphase(m, d, g1, g2, margin, cols=None):
+    """mj_filterSphere: bounding spheres, or plane vs bounding sphere. ``cols``: the
+    pairs' geoms as gathered by :func:`_pair_cols`, when they are."""
+    gtype = np.asarray(m.geom_type)
+    if cols is None:
+        cols = _pair_cols(_pair_table(m, d, g1, g2, d.geom_xpos.dtype))
+    (p1, mat1, _, r1), (p2, _, _, r2) = cols
+    dif = [p1[i] - p2[i] for i in range(3)]
+    sphere = _dot3(dif, dif) <= (r1 + r2 + margin) ** 2
+    plane1 = _dot3([p2[i] - p1[i] for i in range(3)], _col(mat1, 2)) <= margin + r2
+    out = jnp.where((r1 > 0) & (r2 > 0), sphere, jnp.where(
+        jnp.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
+    return out
+
+
+def _pair_table(m, d, g1, g2, ftype):
+    """Both geoms of every pair (g1's, then g2's): ((15, 2n) xpos, xmat (row-major),
+    size as rows, one column per geom, by one gather of a per-geom table (one kernel
+    instead of one per array and geom side); (2n, 4) size, rbound for the broadphase,
+    NumPy constants where the model's are concrete); :func:`_pair_cols` and
+    :func:`_pair_rows` slice them. Component-major: vmapped, the gather and the
+    broadphase's arithmetic run along the pairs (gathering (2n, 16) rows was ~10x
+    slower on CPU). The colliders take their sizes from the gathered rows: as
+    constants XLA folds them into the colliders' arithmetic (a division by a size
+    becomes a product with its reciprocal), which moved a contact point on a flat
+    patch. Pass this pair, not its slices, into a branch or loop (their operands are
+    stored, one kernel each)."""
+    ng = d.geom_xpos.shape[0]
+    idx = np.concatenate([g1, g2])
+    pose = jnp.concatenate([
+        d.geom_xpos, d.geom_xmat.reshape(ng, 9),
+        jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3))], 1).T[:, idx]
+    size, rbound = concrete(m.geom_size), concrete(m.geom_rbound)
+    if size is not None and rbound is not None:
+        static = np.concatenate([np.asarray(size, ftype).reshape(-1, 3)[idx],
+                                 np.asarray(rbound, ftype).reshape(-1, 1)[idx]], 1)
+    else:
+        static = jnp.concatenate([
+            jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3)),
+            jnp.broadcast_to(jnp.asarray(m.geom_rbound, ftype), (ng,))[:, None]], 1)[idx]
+    return pose, static
+
+
+def _col(mat, j):
+    """Column j of 3x3 matrices given as a list of their 9 row-major entries."""
+    return [mat[j], mat[3 + j], mat[6 + j]]
+
+
+def _pair_cols(table):
+    """((xpos, xmat, size, rbound) of geom 1, the same of geom 2) from
+    :func:`_pair_table`, component-major: lists of (n,) arrays (3 for xpos and size,
+    the 9 row-major entries for xmat) and (n,) rbound."""
+    pose, static = table
+    n = pose.shape[1] // 2
+
+    def part(k):
+        r, st = pose[:, k * n:(k + 1) * n], static[k * n:(k + 1) * n]
+        return ([r[i] for i in range(3)], [r[3 + i] for i in range(9)],
+                [st[:, i] for i in range(3)], st[:, 3])
+    return part(0), part(1)
+
+
+def _pair_rows(table, sel=None):
+    """((xpos (n, 3), xmat (n, 3, 3), size (n, 3), rbound (n,)) of geom 1, the same of
+    geom 2) from :func:`_pair_table`: of the pairs ``sel`` (traced) when given."""
+    pose, static = table
+    n = pose.shape[1] // 2
+    if sel is not None:
+        both = jnp.concatenate([sel, sel + n])
+        pose, static = pose[:, both], jnp.asarray(static)[both]
+        n = sel.shape[0]
+    rows = pose.T
+
+    def part(r, st):
+        return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], st[:, 3]
+    return part(rows[:n], static[:n]), part(rows[n:], static[n:])
+
+
+#: geom types with a box bound (geom frame): size-based for primitives, geom_aabb for meshes
+_BOXED = (GT.SPHERE, GT.CAPSULE, GT.ELLIPSOID, GT.CYLINDER, GT.BOX, GT.MESH)
+
+
+def _half_extent(m, g, ftype, pos, mat, size):
+    """(center, half sizes (geom frame)) of the geoms' bounding boxes, component-major
+    as :func:`_pair_cols` (lists of three (n,) arrays): from geom_size for primitives
+    (exact), geom_aabb for meshes. ``pos``, ``mat``, ``size``: the geoms' xpos, xmat
+    and size, component-major."""
+    gtype = np.asarray(m.geom_type)[g]
+    r = size[0]
+    # sphere (r, r, r), capsule (r, r, r + h), cylinder (r, r, h), ellipsoid/box sizes
+    sph, cap, cyl = (jnp.asarray(gtype == t) for t in (GT.SPHERE, GT.CAPSULE, GT.CYLINDER))
+    hs = [jnp.where(sph, r, size[i]) for i in range(3)]
+    hs = [jnp.where(cap, x, h) for x, h in zip((r, r, r + size[1]), hs)]
+    hs = [jnp.where(cyl, x, h) for x, h in zip((r, r, size[1]), hs)]
+    if np.any(gtype == GT.MESH):
+        aabb = jnp.asarray(m.geom_aabb, ftype)[g]
+        mesh = jnp.asarray(gtype == GT.MESH)
+        hs = [jnp.where(mesh, aabb[:, 3 + i], hs[i]) for i in range(3)]
+        off = [jnp.where(mesh, aabb[:, i], 0.0) for i in range(3)]
+        pos = [pos[i] + off[0] * mat[3 * i] + off[1] * mat[3 * i + 1] +
+               off[2] * mat[3 * i + 2] for i in range(3)]
+    return pos, hs
+
+
+def _box_filter(m, d, g1, g2, margin, cols=None):
+    """Separating-axis test of the two geoms' bounding boxes on their 6 face axes:
+    False only when a face axis separates them by more than ``margin`` plus a 1e-3
+    relative allowance (rounding, collider tolerances), so a rejected pair has no
+    contact. Pairs with a geom without a box bound pass. ``cols``: the pairs' geoms as
+    gathered by :func:`_pair_cols`, when they are."""
+    ftype = d.geom_xpos.dtype
+    if cols is None:
+        cols = _pair_cols(_pair_table(m, d, g1, g2, ftype))
+    (p1, m1, s1_, _), (p2, m2, s2_, _) = cols
+    c1, h1 = _half_extent(m, g1, ftype, p1, m1, s1_)
+    c2, h2 = _half_extent(m, g2, ftype, p2, m2, s2_)
+    dc = [c2[i] - c1[i] for i in range(3)]
+    # rabs[i][j] = |m1[:, i] . m2[:, j]|
+    rabs = [[jnp.abs(_dot3(_col(m1, i), _col(m2, j))) for j in range(3)] for i in range(3)]
+    t1 = [_dot3(dc, _col(m1, i)) for i in range(3)]
+    t2 = [_dot3(dc, _col(m2, j)) for j in range(3)]
+    r12 = [rabs[i][0] * h2[0] + rabs[i][1] * h2[1] + rabs[i][2] * h2[2]
+           for i in range(3)]                                       # h2 on box1 axes
+    r21 = [rabs[0][j] * h1[0] + rabs[1][j] * h1[1] + rabs[2][j] * h1[2]
+           for j in range(3)]                                       # h1 on box2 axes
+    sep = jnp.zeros(margin.shape, bool)
+    for t, h, r in zip(t1 + t2, h1 + h2, r12 + r21):
+        sep = sep | (jnp.abs(t) - h - r > margin + 1e-3 * (jnp.abs(t) + h + r))
+    return ~sep
