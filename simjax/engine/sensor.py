@@ -370,17 +370,14 @@ def rne_post_constraint(m, d):
 
 
 def _contact_body_set(m):
-    """Bodies (> 0, static) that a contact's geom can belong to: those of geoms with a
-    nonzero contype or conaffinity and of explicit pairs (MuJoCo collides no other
-    geom); every body > 0 when these fields are traced."""
-    ct, ca = tables.concrete(m.geom_contype), tables.concrete(m.geom_conaffinity)
-    if ct is None or ca is None or m.ngeom == 0:
+    """Bodies (> 0, static) that a contact's geom can belong to: those of the geom pairs
+    the collision driver may test (``candidate_pairs``); every body > 0 when the
+    geoms' contype or conaffinity are traced."""
+    from simjax.engine.collision.driver import candidate_pairs
+    if tables.concrete(m.geom_contype) is None or tables.concrete(m.geom_conaffinity) is None:
         return np.arange(1, m.nbody)
-    can = (np.asarray(ct) != 0) | (np.asarray(ca) != 0)
-    if m.npair:
-        can[np.asarray(m.pair_geom1)] = True
-        can[np.asarray(m.pair_geom2)] = True
-    bodies = np.unique(np.asarray(m.geom_bodyid)[can])
+    g1, g2, _ = candidate_pairs(m)
+    bodies = np.unique(np.asarray(m.geom_bodyid)[np.concatenate([g1, g2])])
     return bodies[bodies > 0]
 
 

@@ -61,6 +61,7 @@ import numpy as np
 
 from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot,
                                             normalize, rot, safe_norm, sel)
+from simjax.engine.math import c_cross
 from simjax.engine.tables import concrete
 from simjax.types import EnableBit
 from simjax.types import GeomType as GT
@@ -355,7 +356,7 @@ def _prism_planes_cm(t, base):
     """:func:`_prism_planes` for P prisms at once: top vertices ``t`` (three 3-tuples of
     (P,) arrays); returns the five faces as (normal 3-tuple, offset)."""
     like = _Like(t[0][0])
-    ntop = _vcross(_vsub(t[1], t[0]), _vsub(t[2], t[0]))
+    ntop = c_cross(_vsub(t[1], t[0]), _vsub(t[2], t[0]))
     flip = ntop[2] < 0
     ntop, _ = _vnormalize(tuple(sel(flip, -x, x) for x in ntop), like)
     faces = [(ntop, _vdot(ntop, t[0])), ((0.0, 0.0, -1.0), base)]
@@ -367,10 +368,6 @@ def _prism_planes_cm(t, base):
         side = tuple(x if _z(x) else sel(out, -x, x) for x in side)
         faces.append((side, _vdot(side, t[i])))
     return faces
-
-
-def _vcross(a, b):
-    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
 
 
 def _height(n, off, p):
