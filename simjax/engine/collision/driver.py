@@ -28,8 +28,9 @@ Three steps:
    ``Data.warning[WARN_CONTACTFULL]``.
 
 Capacity: ``contact_capacity(model)`` gives the default (sized for moving geoms resting
-on partners, far below the sum of per-pair maxima); ``make_data(model, ncon_max=...)``
-overrides it.
+on partners, far below the sum of per-pair maxima, and at most the model's custom
+numeric ``max_contact_points`` per contact dim when it declares one, as MJX reads it);
+``make_data(model, ncon_max=...)`` overrides it.
 """
 from __future__ import annotations
 
