@@ -439,6 +439,32 @@ def test_capacity_override_and_overflow():
     pytest.fail("no state with more than 2 contacts")
 
 
+def test_capacity_max_contact_points():
+    """A model's custom numeric max_contact_points (MJX's contact budget per contact
+    dim) caps the default capacity; without it the default is unchanged."""
+    import simjax
+    xml = """
+<mujoco>
+  <custom><numeric name="max_contact_points" data="{n}"/></custom>
+  <worldbody>
+    <geom type="plane" size="5 5 .1"/>
+    {bodies}
+  </worldbody>
+</mujoco>"""
+    bodies = "".join(f'<body pos="{i} 0 1"><freejoint/><geom type="box" size=".1 .1 .1"/>'
+                     f'<geom type="sphere" size=".1" condim="1" pos="0 0 .3"/></body>'
+                     for i in range(4))
+    plain = simjax.load_model(xml.replace('<custom><numeric name="max_contact_points" '
+                                          'data="{n}"/></custom>', "").format(bodies=bodies))
+    split = driver._default_split(plain)
+    assert split[3] > 5 and split[1] > 5
+    m = simjax.load_model(xml.format(n=5, bodies=bodies))
+    assert driver._default_split(m) == {1: 5, 3: 5}
+    assert io.make_data(m).contact.dist.shape[0] == driver.contact_capacity(m) == 10
+    big = simjax.load_model(xml.format(n=1000, bodies=bodies))
+    assert driver._default_split(big) == split
+
+
 def test_sdf_capacity():
     """Every SDF pair gets its opt.sdf_initpoints slots (MuJoCo reports ~200 contacts on
     the torus scene, beyond the per-geom bound of other pairs)."""

@@ -28,8 +28,9 @@ Three steps:
    ``Data.warning[WARN_CONTACTFULL]``.
 
 Capacity: ``contact_capacity(model)`` gives the default (sized for moving geoms resting
-on partners, far below the sum of per-pair maxima); ``make_data(model, ncon_max=...)``
-overrides it.
+on partners, far below the sum of per-pair maxima, and at most the model's custom
+numeric ``max_contact_points`` per contact dim when it declares one, as MJX reads it);
+``make_data(model, ncon_max=...)`` overrides it.
 """
 from __future__ import annotations
 
@@ -321,7 +322,11 @@ def contact_capacity(m) -> int:
     geoms (floor, terrain) at its largest per-pair contact count there, plus half of
     the moving geoms resting on another moving geom (the sum over moving geoms of their
     largest per-pair count against moving partners, halved); at least ``MIN_CAPACITY``,
-    at most the sum of per-pair maxima. SDF pairs always get their full
+    at most the sum of per-pair maxima. A model that declares its contact budget, the
+    custom numeric ``max_contact_points`` that MJX reads (contacts per contact dim; e.g.
+    15 in MJX's shadow hand), gets at most that many slots per dim (MJX keeps the
+    deepest contacts past it, simjax the first in MuJoCo's order, with
+    WARN_CONTACTFULL). SDF pairs always get their full
     ``sdf.slots`` each (``opt.sdf_initpoints``; a mesh against an SDF: min(50,
     nface * sdf_initpoints)) (a resting SDF contact patch fills many of them: MuJoCo
     reports ~200 for the torus scene). Contacts beyond the capacity raise
@@ -334,6 +339,7 @@ def _default_split(m) -> dict:
     """Default slots per contact dim (see :func:`contact_capacity`)."""
     p = plan(m)
     moving = np.asarray(m.body_weldid)[np.asarray(m.geom_bodyid)] != 0
+    budget = _numeric(m, "max_contact_points")
     out = {}
     for dim in p.dims:
         on_static = np.zeros(m.ngeom, np.int64)
@@ -351,7 +357,20 @@ def _default_split(m) -> dict:
             np.maximum.at(on_static, np.where(moving[a], a, b)[~both], grp.maxcon)
         need = int(np.sum(on_static)) + int(np.sum(on_moving)) // 2
         out[dim] = min(p.full[dim] - sdf, max(MIN_CAPACITY, need)) + sdf
+        if budget >= 0:
+            out[dim] = min(out[dim], budget)
     return out
+
+
+def _numeric(m, name) -> int:
+    """First value of the model's custom numeric ``name`` as an int, or -1 when absent
+    (MJX's ``collision_driver._numeric``)."""
+    if not getattr(m, "nnumeric", 0):
+        return -1
+    i = m.name2id("numeric", name)
+    if i < 0:
+        return -1
+    return int(np.asarray(m.numeric_data)[int(np.asarray(m.numeric_adr)[i])])
 
 
 def dim_split(m, ncon_max) -> dict:
