@@ -10,7 +10,8 @@ update written as a sum of k outer products (elementwise, fused) and no scatters
 solves run one level at a time as well, or (:func:`solve_ld` on deep trees) one dof at a
 time in a scan. Everything here is pure JAX, so it batches and differentiates;
 :func:`factor_ld` may instead factorise with LAPACK (see ``lapack_chol``) or, for a few
-dofs, entry by entry.
+dofs, entry by entry; :func:`factor_ld_pair` factorises two matrices of a CPU batch
+together, one height level per kernel with the worlds on the minor axis.
 
 Matrices are dense (nv, nv) with the tree sparsity of ``tables.m_mask`` (and its
 transpose); entries outside it are ignored.
