@@ -43,16 +43,28 @@ MAXVAL = 1e10
 # --------------------------------------------------------------------------- stages
 def fwd_position(m, d: Data) -> Data:
     """Position-dependent stage (mj_fwdPosition, without constraints)."""
+    return _fwd_position(m, d)[0]
+
+
+def _fwd_position(m, d: Data, euler_diag=None):
+    """:func:`fwd_position`; with ``euler_diag`` (nv,) also the factor of
+    qM + diag(euler_diag) that mj_Euler will need, computed with qLD (one program for
+    both factorisations, see tree_linalg.factor_ld_pair): (Data, that factor or None)."""
     d = smooth.kinematics(m, d)
     d = smooth.com_pos(m, d)
     d = smooth.camlight(m, d)
     d = smooth.tendon(m, d)
     d = smooth.crb(m, d)
-    d = smooth.factor_m(m, d)
+    qld_euler = None
+    if euler_diag is None:
+        d = smooth.factor_m(m, d)
+    else:
+        qld, qld_euler = tree_linalg.factor_ld_pair(m, d.qM, euler_diag)
+        d = d.replace(qLD=qld)
     d = collision.collision(m, d)
     d = constraint.make_constraint(m, d)
     d = actuation.transmission(m, d)
-    return d
+    return d, qld_euler
 
 
 def fwd_velocity(m, d: Data) -> Data:
@@ -118,6 +130,12 @@ def _forward(m, d: Data, sensors) -> Data:
 
     ``sensors`` may also be a traced boolean scalar (the first RK4 stage of a scan):
     the sensor stages then run under ``lax.cond`` (one branch executed at run time)."""
+    return _forward_parts(m, d, sensors)[0]
+
+
+def _forward_parts(m, d: Data, sensors, euler_diag=None):
+    """:func:`_forward`, and with ``euler_diag`` the factor mj_Euler needs (see
+    :func:`_fwd_position`): (Data, factor or None)."""
     def run(fn, d):
         if sensors is False:
             return d
@@ -125,7 +143,10 @@ def _forward(m, d: Data, sensors) -> Data:
             return fn(m, d)
         return jax.lax.cond(sensors, lambda x: fn(m, x), lambda x: x, d)
 
-    d = fwd_position(m, d)
+    if euler_diag is None:
+        d, qld_euler = fwd_position(m, d), None
+    else:
+        d, qld_euler = _fwd_position(m, d, euler_diag)
     d = run(sensor.sensor_pos, d)
     d = fwd_velocity(m, d)
     d = run(sensor.sensor_vel, d)
@@ -133,7 +154,7 @@ def _forward(m, d: Data, sensors) -> Data:
     d = fwd_actuation(m, d)
     d = fwd_acceleration(m, d)
     d = fwd_constraint(m, d)
-    return run(sensor.sensor_acc, d)
+    return run(sensor.sensor_acc, d), qld_euler
 
 
 def _sensors_off(m):
@@ -187,19 +208,24 @@ def _euler_damped(m):
     return bool(np.any(damping > 0) or np.any(poly != 0))
 
 
-def euler(m, d: Data) -> Data:
+def _euler_diag(m, d: Data):
+    """h diag(dB/dv) (nv,): what mj_Euler adds to qM for implicit dof damping."""
+    dtype = d.qpos.dtype
+    damping, poly = passive.dof_damping(m, dtype)
+    return (jnp.asarray(m.opt.timestep, dtype) *
+            passive.poly_force_deriv(damping, poly, d.qvel, True))
+
+
+def euler(m, d: Data, qld=None) -> Data:
     """Semi-implicit Euler step with implicit dof damping (mj_Euler).
 
     With dof damping B: (M + h diag(dB/dv)) qacc = qfrc_smooth + qfrc_constraint.
+    ``qld``: the factor of that matrix if already computed (:func:`step` makes it with
+    qLD), else it is factorised here.
     """
-    dtype = d.qpos.dtype
-    h = jnp.asarray(m.opt.timestep, dtype)
-
     def damped(d):
-        damping, poly = passive.dof_damping(m, dtype)
-        diag = passive.poly_force_deriv(damping, poly, d.qvel, True)
-        qld = tree_linalg.factor_ld(m, d.qM, add_diag=h * diag)
-        return tree_linalg.solve_ld(m, qld, d.qfrc_smooth + d.qfrc_constraint)
+        q = tree_linalg.factor_ld(m, d.qM, add_diag=_euler_diag(m, d)) if qld is None else qld
+        return tree_linalg.solve_ld(m, q, d.qfrc_smooth + d.qfrc_constraint)
 
     flag = _euler_damped(m)
     if flag is None:
@@ -528,8 +554,19 @@ def step(m, d: Data) -> Data:
 
 def _forward_integrate(m, d: Data, autoreset: bool):
     """forward, the bad-qacc check and the integrator (not RK4): (Data, bad flag)."""
-    d = forward(m, d)
+    if (m.opt.integrator == IntegratorType.EULER and _euler_damped(m) is True
+            and _PAIR_FACTOR):
+        # mj_Euler's damped matrix is known before forward runs (qM and qvel): both
+        # factorisations run together where qLD is made
+        d, qld = _forward_parts(m, d, True, _euler_diag(m, d))
+    else:
+        d, qld = forward(m, d), None
     bada = _is_bad(d.qacc)
     if not autoreset:
         d = d.replace(warning=_count_warning(d.warning, WARN_BADQACC, bada))
-    return _integrate(m, d), bada
+    return (euler(m, d, qld) if qld is not None else _integrate(m, d)), bada
+
+
+#: whether step factorises mj_Euler's damped matrix together with qM (read at trace
+#: time; False: after forward, as :func:`euler` alone does)
+_PAIR_FACTOR = True
