@@ -1,0 +1,247 @@
+"""Where the compile of the bench's batched rollout goes, and what LLVM options trade.
+
+Usage: python bench/profile_compile.py [--models humanoid,ant] [--batch N] [--runs R]
+       python bench/profile_compile.py --llvm-options=xla_cpu_disable_loop_unrolling
+                                       [--models ant] [--rounds 10]
+       (write --llvm-options=-some-llvm-option=value: with '=' since LLVM options
+       start with '-')
+
+Without --llvm-options: for each model, R fresh child processes (models alternated) compile
+the rollout the bench times (bench.backends: jit(vmap(fori_loop(step))) at ``--batch``,
+float32, 4 steps) and report, in process CPU and wall seconds: the trace (jax's
+``trace``), the lowering to StableHLO, and XLA's compile, split into XLA's HLO passes
+(one thread), and XLA's LLVM work (``llvm_thread_s``: the per-module LLVM compile
+times XLA logs, summed over its compile threads, so on 2 idle cores about twice the wall
+time it takes). Also Python's cyclic garbage collector during trace and lowering: full
+(generation 2) collections and the wall seconds spent in all collections.
+
+Measured on the 2-core machine (loaded, so walls are inflated): shadow hand trace 3.3-4.2
+s and lowering 0.7-1.0 s CPU, during which 4 full collections of 200-400 thousand objects
+took 1.0-1.3 s wall; with the collector off over trace and lowering, those two took
+0.6-1.4 s less CPU (fresh processes), but a gc.disable() scoped to simjax.step did not
+pay (the collections then come when it returns). A second trace and lowering in the
+same process takes 2.8-3.0 s instead of about 4 s (jax's nested-jit traces and
+lowering caches are warm: 1081 nested jit traces in the first, 2 in the second). Ant:
+trace 1.4, lowering 0.8, HLO passes 1.2 (the "simplification" fixpoint 0.54 s of it, 16
+iterations of while-loop constant sinking and simplification), LLVM about 4.4
+thread-seconds.
+
+With --llvm-options: one process per model compiles the rollout twice, as usual (A) and
+with the given ``xla_backend_extra_options`` (B: comma-separated ``key`` or ``key=value``;
+XLA's own keys such as ``xla_cpu_disable_loop_unrolling`` / ``xla_cpu_optimize_for_size``,
+or LLVM command-line options such as ``-force-vector-interleave=1``), then alternates
+timed calls of A and B (process CPU per world-step) and reports both compile CPU times,
+the run-time ratio B/A and the largest output difference. jax's ``compiler_options``
+cannot set that DebugOptions map, and XLA_FLAGS is read once per process, so B's
+options are appended to the serialised CompileOptions proto (field numbers of XLA's
+xla.proto: CompileOptionsProto.executable_build_options = 3,
+ExecutableBuildOptionsProto.debug_options = 3, DebugOptions.xla_backend_extra_options =
+500); an unknown LLVM option makes XLA exit with "Unknown command line argument",
+which shows the options reach LLVM.
+
+What the options traded (batch 1024, float32, 2 loaded cores; compile CPU A -> B, run
+B/A paired): ``xla_cpu_disable_loop_unrolling`` ant 6.4 -> 5.7 s and 6.1 -> 4.6 s, run
+1.05-1.06; shadow hand 12.2 -> 10.1 s, run 1.22 (outputs not bit-identical).
+``-force-vector-interleave=1`` and ``-unroll-runtime=false,-unroll-allow-partial=false``:
+compile and run unchanged (bit-identical). Whole-pipeline settings, one fresh process
+each (ant): ``xla_backend_optimization_level`` 0: compile 6.4 -> 2.4 s, run 4.8x slower;
+1: 5.2 s, run 1.44x; 2: about the same compile, run 1.4x; XLA_FLAGS
+``--xla_backend_extra_options=xla_cpu_optimize_for_size`` (no loop vectorizer): 5.6 -> 5.1
+s, run 1.37x; ``xla_llvm_disable_expensive_passes``, ``xla_cpu_prefer_vector_width=128``,
+``xla_cpu_max_isa=AVX2``, split counts 4 and 128, ``-post-RA-scheduler=false``,
+``-enable-misched=false``: no compile gain seen. In a perf profile of the ant's compile
+(LLVM threads) SelectionDAG instruction selection took 17% of the LLVM samples, the loop
+vectorizer 12%, InstCombine 8.5%, GVN 4%, IndVarSimplify 4%, the machine schedulers 6%.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+
+
+def _rollout(key, batch):
+    """The bench's simjax backend for ``key`` (its ``_roll`` is the jitted rollout)."""
+    sys.path.insert(0, ROOT)
+    from bench import backends
+    from bench.models import MODELS, mj_model
+    spec = MODELS[key]
+    return backends.SimJax(mj_model(spec), batch, 4, spec.path, spec.disableflags)
+
+
+def _child(key, batch):
+    """One breakdown in this (fresh) process; prints one JSON line."""
+    import gc
+    b = _rollout(key, batch)
+    gcs = {"full": 0, "s": 0.0}
+    started = [0.0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        gcs["s"] += time.perf_counter() - started[0]
+        gcs["full"] += info["generation"] == 2
+
+    gc.callbacks.append(on_gc)
+    c0, w0 = time.process_time(), time.perf_counter()
+    traced = b._roll.trace(b.data)
+    c1, w1 = time.process_time(), time.perf_counter()
+    lowered = traced.lower()
+    c2, w2 = time.process_time(), time.perf_counter()
+    gc.callbacks.remove(on_gc)
+    lowered.compile()
+    c3, w3 = time.process_time(), time.perf_counter()
+    print("ROW " + json.dumps(dict(
+        model=key, trace_cpu=c1 - c0, trace_wall=w1 - w0, lower_cpu=c2 - c1,
+        lower_wall=w2 - w1, xla_cpu=c3 - c2, xla_wall=w3 - w2, gc_full=gcs["full"],
+        gc_s=gcs["s"])), flush=True)
+
+
+def _xla_log(log):
+    """(HLO pass seconds, LLVM thread-seconds) of the last (largest) program in an XLA
+    VLOG (cpu_compiler=1, ir_compiler=1) log."""
+    start = log.rfind("Compiling: jit_roll")
+    hlo = re.findall(r"Running HLO passes on \[jit_roll\] for CPU time: [^(]*\((\d+) us", log)
+    llvm = re.findall(r"Compiled LLVM module: \S+ time: [^(]*\((\d+) us", log[start:])
+    return (int(hlo[-1]) / 1e6 if hlo else float("nan"),
+            sum(int(u) for u in llvm) / 1e6)
+
+
+def breakdown(models, batch, runs):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0",
+               TF_CPP_VMODULE="cpu_compiler=1,ir_compiler=1")
+    rows = {k: [] for k in models}
+    for _ in range(runs):
+        for key in models:
+            p = subprocess.run([sys.executable, __file__, "--child", key, "--batch",
+                                str(batch)], env=env, capture_output=True, text=True)
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
+            if not line:
+                print(key, "failed:", p.stderr[-2000:])
+                continue
+            row = json.loads(line[-1][4:])
+            row["hlo_passes_s"], row["llvm_thread_s"] = _xla_log(p.stderr)
+            row["load"] = os.getloadavg()[0]
+            rows[key].append(row)
+            print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in row.items()), flush=True)
+    print("\nmedians (s):")
+    cols = ["trace_cpu", "lower_cpu", "gc_s", "xla_cpu", "xla_wall", "hlo_passes_s",
+            "llvm_thread_s"]
+    print(f"{'model':12s} " + " ".join(f"{c:>13s}" for c in cols))
+    for key, rs in rows.items():
+        if rs:
+            print(f"{key:12s} " + " ".join(f"{statistics.median(r[c] for r in rs):13.2f}"
+                                           for c in cols))
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number, payload):
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+@contextlib.contextmanager
+def backend_extra_options(options):
+    """Compiles inside this context get ``options`` ({key: value}) added to their
+    DebugOptions.xla_backend_extra_options (see the module docstring)."""
+    from jax._src import compiler
+    original = compiler.get_compile_options
+    entries = b"".join(_field(500, _field(1, k.encode()) + _field(2, v.encode()))
+                       for k, v in options.items())
+    extra = _field(3, _field(3, entries))
+
+    def patched(*args, **kwargs):
+        opts = original(*args, **kwargs)
+        return type(opts).ParseFromString(opts.SerializeAsString() + extra)
+
+    compiler.get_compile_options = patched
+    try:
+        yield
+    finally:
+        compiler.get_compile_options = original
+
+
+def paired_options(key, batch, options, rounds):
+    """Compile A (as usual) and B (with ``options``) in this process; alternate runs."""
+    import jax
+    import numpy as np
+    b = _rollout(key, batch)
+    lowered = b._roll.lower(b.data)
+    c0 = time.process_time()
+    exe_a = lowered.compile()
+    c1 = time.process_time()
+    with backend_extra_options(options):
+        # a no-op option (its default value) so that jax's compile cache misses
+        exe_b = lowered.compile(compiler_options={"xla_cpu_enable_fast_min_max": True})
+    c2 = time.process_time()
+    d = b.data
+    for _ in range(5):                              # settle into contact
+        d = jax.block_until_ready(exe_a(d))
+
+    def timed(exe, reps=3):
+        t = time.process_time()
+        for _ in range(reps):
+            jax.block_until_ready(exe(d))
+        return (time.process_time() - t) / reps / (batch * 4) * 1e6
+
+    timed(exe_a), timed(exe_b)
+    ta, tb = [], []
+    for r in range(rounds):
+        pair = (exe_b, exe_a) if r % 2 else (exe_a, exe_b)
+        got = {id(e): timed(e) for e in pair}
+        ta.append(got[id(exe_a)])
+        tb.append(got[id(exe_b)])
+    ratio = [y / x for x, y in zip(ta, tb)]
+    diff = 0.0
+    for x, y in zip(jax.tree_util.tree_leaves(exe_a(d)), jax.tree_util.tree_leaves(exe_b(d))):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.size and np.issubdtype(x.dtype, np.number):
+            diff = max(diff, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))))
+    print(f"{key}: options {options}: compile CPU A {c1 - c0:.2f} s, B {c2 - c1:.2f} s; "
+          f"run A {statistics.median(ta):.1f}, B {statistics.median(tb):.1f} us/world-step, "
+          f"B/A median {statistics.median(ratio):.3f} (range {min(ratio):.3f}-"
+          f"{max(ratio):.3f}, {rounds} rounds); max output difference {diff:.3g}; "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="humanoid,ant,barkour,shadow_hand")
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--llvm-options", default=None)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sys.path.insert(0, ROOT)
+    if args.child:
+        return _child(args.child, args.batch)
+    models = args.models.split(",")
+    if args.llvm_options is None:
+        return breakdown(models, args.batch, args.runs)
+    options = dict((kv.split("=", 1) + [""])[:2] for kv in args.llvm_options.split(",") if kv)
+    for key in models:
+        paired_options(key, args.batch, options, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
