@@ -315,7 +315,9 @@ def contact_force(m, d):
     if nefc == 0:
         return out
     ok = con.valid & (con.efc_address >= 0)
-    f = d.efc_force[jnp.clip(con.efc_address[:, None] + r, 0, nefc - 1)]        # (n, 10)
+    f = _static_rows(m, d)
+    if f is None:
+        f = d.efc_force[jnp.clip(con.efc_address[:, None] + r, 0, nefc - 1)]    # (n, 10)
     if m.opt.cone == ConeType.PYRAMIDAL:
         # pyramid edges come in pairs per friction direction (mju_decodePyramid)
         nrow = jnp.where(dim == 1, 1, 2 * (dim - 1))
@@ -328,6 +330,33 @@ def contact_force(m, d):
         out = jnp.where(r[:6] < dim, f[:, :6], 0.0)
     out = out.at[:, 0].add(-con.adhesion)
     return jnp.where(ok[:, None], out, 0.0)
+
+
+def _static_rows(m, d):
+    """Every contact slot's efc_force rows (ncon_max, 10), zero past the slot's rows,
+    as static slices of efc_force when the rows of each slot are fixed by the row
+    layout (make_constraint's blocks of contact slots); None when they are not (a
+    gather at efc_address then). Entries of slots without rows are masked by the
+    caller."""
+    from simjax.engine import constraint
+    try:
+        lay = constraint.layout(m, constraint.slot_dims(d))
+    except UnsupportedFeatureError:
+        return None
+    n = d.contact.dist.shape[0]
+    blocks = [b for b in lay.blocks if b.kind in constraint.CONTACT_KINDS]
+    if d.efc_force.shape[0] != lay.nefc or sum(b.n for b in blocks) != n:
+        return None
+    parts, slots = [], []
+    for b in blocks:
+        rows = d.efc_force[b.start:b.start + b.n * b.k].reshape(b.n, b.k)
+        parts.append(jnp.pad(rows[:, :10], ((0, 0), (0, 10 - min(b.k, 10)))))
+        slots.append(np.asarray(b.ids))
+    order = np.concatenate(slots)
+    f = jnp.concatenate(parts)
+    if not np.array_equal(order, np.arange(n)):
+        f = f[np.argsort(order)]
+    return f
 
 
 def _contact_bodies(m, con):
@@ -369,15 +398,17 @@ def rne_post_constraint(m, d):
     return d.replace(cacc=cacc, cfrc_ext=ext, cfrc_int=cfrc_int)
 
 
-def _contact_body_set(m):
+def _contact_body_set(m, side=None):
     """Bodies (> 0, static) that a contact's geom can belong to: those of the geom pairs
-    the collision driver may test (``candidate_pairs``); every body > 0 when the
+    the collision driver may test (``candidate_pairs``; with ``side`` 0 or 1, those of
+    the pairs' first or second geom, the contact's geom[side]); every body > 0 when the
     geoms' contype or conaffinity are traced."""
     from simjax.engine.collision.driver import candidate_pairs
     if tables.concrete(m.geom_contype) is None or tables.concrete(m.geom_conaffinity) is None:
         return np.arange(1, m.nbody)
     g1, g2, _ = candidate_pairs(m)
-    bodies = np.unique(np.asarray(m.geom_bodyid)[np.concatenate([g1, g2])])
+    g = np.concatenate([g1, g2]) if side is None else (g1, g2)[side]
+    bodies = np.unique(np.asarray(m.geom_bodyid)[g])
     return bodies[bodies > 0]
 
 
@@ -398,7 +429,11 @@ def _contact_ext(m, d):
     # vmapped, a product with a one-hot matrix is a slow batched kernel on CPU
     ids = jnp.asarray(cand, jnp.int32)
     acc = jnp.zeros((len(cand), 6), dtype)
-    for b, sign in ((b1, -1.0), (b2, 1.0)):
+    for side, b, sign in ((0, b1, -1.0), (1, b2, 1.0)):
+        # a side whose geoms all belong to the world (a floor, a height field: the
+        # first geom of its pairs) adds nothing to the bodies > 0
+        if not len(_contact_body_set(m, side)):
+            continue
         w = transform_force(cfrc, d.subtree_com[root[b]], con.pos)
         hit = (b[:, None] == ids[None, :]) & ok[:, None]
         terms = jnp.split(jnp.where(hit[:, :, None], w[:, None, :], 0.0), n)  # (1, K, 6)

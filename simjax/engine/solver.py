@@ -46,6 +46,7 @@ from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import gather as gather_rows
 from simjax.engine.solver_rows import Chunked, find_chunks, head_chunk, rest_chunks, rest_zeros
 from simjax.engine.solver_rows import any_world, batched_like, row_capacity, where_needed
+from simjax.engine.solver_rows import spread as spread_rows
 from simjax.engine.solver_rows import whole as whole_rows
 from simjax.engine.solver_search import MINVAL, _ell_rows, _eval, _eval_point, _linesearch
 from simjax.engine.solver_search import _prepare, _prepare_dofs
@@ -207,8 +208,12 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     per chunk of ``rows``). Every sum over rows runs over the chunks in use
     (:func:`simjax.engine.solver_rows.head_chunk`, :func:`~simjax.engine.solver_rows.
     rest_chunks`). Returns
-    (qacc, niter, improvement, gradient), the last three (islands,): iterations, and
-    the scaled improvement and gradient norm of the last iteration.
+    (qacc, niter, improvement, gradient, jaref, qfrc): niter, improvement and gradient
+    per island (islands,): iterations, and the scaled improvement and gradient norm of
+    the last iteration; jaref the rows' J qacc - aref (:class:`~simjax.engine.
+    solver_rows.Chunked`, kept up to date by the steps as MuJoCo's Jaref is), and qfrc
+    J' force at it (nv,) where the last pass computed it (one iteration at most),
+    else None.
 
     The initial gradient, Hessian factor and search direction are computed by a first
     pass of the loop body with no line search (alpha 0), so that the update, Hessian
@@ -337,7 +342,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
                    search=keep(search, new_search), grad=keep(s["grad"], grad),
                    mgrad=keep(s["mgrad"], mgrad), iter=it, done=done,
                    imp=jnp.where(move, improvement, s["imp"]),
-                   gnorm=jnp.where(take, gnorm, s["gnorm"]), first=jnp.zeros((), bool))
+                   gnorm=jnp.where(take, gnorm, s["gnorm"]), first=jnp.zeros((), bool),
+                   qfrc=acc[0])
         if newton:
             out["lowt"] = lowt if hess else s["lowt"]
         return out
@@ -379,6 +385,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         # nothing uses (every island is done after it), unrolled without a loop;
         # islands done after the first pass are left alone by the second
         s = body(body(s, search_on=False), hessian=False)
+        qfrc = s["qfrc"]
     else:
         # a world whose islands are all done is left as it is by the body: the flag
         # is unbatched (any_world)
@@ -386,7 +393,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             lambda c: any_world((c[2][4, 0] != 0) | jnp.any(c[2][3] == 0)),
             lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0))
         s = unpack(c)
-    return s["qacc"], s["iter"], s["imp"], s["gnorm"]
+        qfrc = None
+    return s["qacc"], s["iter"], s["imp"], s["gnorm"], s["jaref"], qfrc
 
 
 def _prepare_chunk(spec, x, jaref, J, search, acc):
@@ -484,8 +492,9 @@ def _warm_rest(spec, x, e, sc, J, both, acc):
 
 
 def _primal_start(rows, p, qs, qw, nisl):
-    """((qacc0, M qacc0, J qacc0 - aref per chunk), rows with the later chunks found)
-    the primal solvers start from. With
+    """((qacc0, M qacc0, J qacc0 - aref per chunk), rows with the later chunks found,
+    J qacc_smooth - aref per chunk or None where it was not kept) the primal solvers
+    start from. With
     ``qw`` (warmstart): one choice for all islands (MuJoCo's warmstart precedes the
     island solves), the lower total cost of qacc_warmstart and qacc_smooth, both
     evaluated in one pass; the chosen point's products start the solver (the later
@@ -494,7 +503,7 @@ def _primal_start(rows, p, qs, qw, nisl):
     M = p["M"]
     if qw is None:
         jaref, rows = _jaref(rows, qs)
-        return (qs, M @ qs, jaref), rows
+        return (qs, M @ qs, jaref), rows, jaref
     both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
     Mb = M @ both
     cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
@@ -503,14 +512,16 @@ def _primal_start(rows, p, qs, qw, nisl):
                                    state=rest)
     cost = cost + 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
     pick = cost[0] > cost[1]
+    smooth = Chunked(jb[..., 1], jax.tree_util.tree_map(lambda x: x[..., 1], rest))
     qacc0, Ma0, jaref0, rest = jax.tree_util.tree_map(
         lambda x: jnp.where(pick, x[..., 1], x[..., 0]), (both, Mb, jb, rest))
     if nisl > 1:
         # dofs in no island start (and stay) at qacc_smooth
         qacc0 = jnp.where(p["dofisl"] == nisl, qs, qacc0)
         jaref, rows = _jaref(rows, qacc0)
-        return (qacc0, M @ qacc0, jaref), rows
-    return (qacc0, Ma0, Chunked(jaref0, rest)), rows
+        # (the later chunks' rows at qacc_smooth are not kept)
+        return (qacc0, M @ qacc0, jaref), rows, smooth if rows.nchunk == 1 else None
+    return (qacc0, Ma0, Chunked(jaref0, rest)), rows, smooth
 
 
 # --------------------------------------------------------------------------- entry
@@ -581,8 +592,7 @@ def fwd_constraint(m, d):
     lay = C.layout(m, C.slot_dims(d))
     spec = spec_from_layout(lay, m.nv)
     p = _problem(m, d, lay)
-    efc_b = jnp.where(d.efc_active, d.efc_J @ d.qacc_smooth - d.efc_aref, 0.0)
-    p["efc_b"] = efc_b
+    p["efc_b"] = jnp.where(d.efc_active, d.efc_J @ d.qacc_smooth - d.efc_aref, 0.0)
     # the iterations run on constants: nothing differentiates through the loops
     sg = jax.lax.stop_gradient
     ps = {k: jax.tree_util.tree_map(sg, v) for k, v in p.items() if k != "solve_m"}
@@ -590,6 +600,7 @@ def fwd_constraint(m, d):
     ps["solve_m"] = lambda x: tree_linalg.solve_ld(m, qld, x)
     solver = m.opt.solver
     iters = int(m.opt.iterations)
+    fast = None
     warm = not (m.opt.disableflags & DisableBit.WARMSTART)
     qs = sg(d.qacc_smooth)
     islands = solver == SolverType.PGS or m.opt.noslip_iterations > 0
@@ -611,13 +622,15 @@ def fwd_constraint(m, d):
         else:
             rows = whole_rows(spec, ps)
         qw = sg(d.qacc_warmstart) if warm else None
-        (qacc0, Ma0, jaref0), rows = _primal_start(rows, ps, qs, qw, spec.nisl)
+        (qacc0, Ma0, jaref0), rows, jb_smooth = _primal_start(rows, ps, qs, qw, spec.nisl)
         # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
         qacc0 = jnp.where(~jnp.any(ps["active"]), qs, qacc0)
         res = _primal(rows, ps, (qacc0, Ma0, jaref0), solver == SolverType.NEWTON, iters,
                       int(m.opt.ls_iterations))
-        qacc, niter, imp, gnorm = res
+        qacc, niter, imp, gnorm, jaref, qfrc_rows = res
         force_solver = None
+        if m.opt.noslip_iterations == 0:
+            fast = _rows_outputs(spec, ps, rows, jaref, qfrc_rows, jb_smooth)
     elif solver == SolverType.PGS:
         f0 = jnp.zeros(nefc, qs.dtype)
         if warm:
@@ -635,6 +648,21 @@ def fwd_constraint(m, d):
     # differentiable solution (implicit function theorem), then forces from it
     diff = {k: p[k] for k in _DIFF_KEYS}
     qacc = _implicit(spec, diff, sg(qacc))
+    if fast is not None:
+        force, state, qfrc, b = fast
+        full = functools.partial(_full_outputs, spec, b is not None)
+        args = (diff, qacc, d.qacc_smooth, d.efc_active)
+        if b is None:
+            force, qfrc = _value_as(full, args, (force, qfrc))
+            efc_b = p["efc_b"]
+        else:
+            force, qfrc, efc_b = _value_as(full, args, (force, qfrc, b))
+        niter = jnp.where(jnp.any(d.efc_active), _per_island(niter), 0)
+        return d.replace(qacc=qacc, efc_force=force, efc_state=state,
+                         qfrc_constraint=qfrc, efc_b=efc_b,
+                         solver_niter=niter.astype(jnp.int32),
+                         solver_improvement=_per_island(imp),
+                         solver_gradient=_per_island(gnorm))
     jar = d.efc_J @ qacc - d.efc_aref
     force, state, _ = update(spec, p, jar)
     if force_solver is not None:
@@ -650,8 +678,56 @@ def fwd_constraint(m, d):
     # MuJoCo returns before the solver when no row is active: no iterations
     niter = jnp.where(jnp.any(d.efc_active), niter, 0)
     return d.replace(qacc=qacc, efc_force=force, efc_state=state, qfrc_constraint=qfrc,
-                     efc_b=efc_b, solver_niter=niter.astype(jnp.int32),
+                     efc_b=p["efc_b"], solver_niter=niter.astype(jnp.int32),
                      solver_improvement=imp, solver_gradient=gnorm)
+
+
+def _rows_outputs(spec, p, rows, jaref, qfrc, jb_smooth):
+    """efc_force, efc_state, qfrc_constraint and efc_b (where ``jb_smooth`` is given)
+    from the primal solver's rows (no derivative: :func:`_value_as` gives them that of
+    :func:`_full_outputs`); None where the rows cannot be spread back
+    (:func:`simjax.engine.solver_rows.spread`). The rows' J qacc - aref are those the
+    solver kept up to date step by step (as MuJoCo's efc_force comes from its Jaref),
+    and J' force was summed over the rows in use by the last pass: neither is made
+    again over every row of the capacity."""
+    vals = [jaref] + ([jb_smooth] if jb_smooth is not None else [])
+    full = spread_rows(rows, p["active"], vals)
+    if full is None:
+        return None
+    active = p["active"]
+    force, state, _ = update(spec, p, full[:, 0])
+    force = jnp.where(active, force, 0.0)
+    if qfrc is None:
+        qfrc = p["J"].T @ force
+    b = full[:, 1] if jb_smooth is not None else None
+    return force, state, qfrc, b
+
+
+def _full_outputs(spec, with_b, diff, qacc, qs, active):
+    """efc_force, qfrc_constraint (and efc_b) of solution ``qacc`` over every row."""
+    J, aref = diff["J"], diff["aref"]
+    force, _, _ = update(spec, dict(diff, active=active), J @ qacc - aref)
+    force = jnp.where(active, force, 0.0)
+    out = (force, J.T @ force)
+    if with_b:
+        out = out + (jnp.where(active, J @ qs - aref, 0.0),)
+    return out
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _value_as(fn, args, value):
+    """``value``, computed another way than ``fn(*args)`` and equal to it up to
+    rounding, with the derivatives of ``fn(*args)``: the forward pass does not
+    evaluate ``fn``."""
+    return value
+
+
+@_value_as.defjvp
+def _value_as_jvp(fn, primals, tangents):
+    args, value = primals
+    dargs, _ = tangents
+    _, t = jax.jvp(lambda *a: fn(*a), args, dargs)
+    return value, t
 
 
 def _per_island(x):

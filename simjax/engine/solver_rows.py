@@ -99,7 +99,8 @@ def first_true(a, k):
 
 
 #: per-row problem entries gathered into the chunks, and the value of padding rows
-#: (inactive one-sided rows: zero Jacobian, zero force)
+#: (inactive one-sided rows with D = 0: zero force, cost and Hessian terms whatever
+#: their Jacobian rows, :func:`_take_J`)
 _FILL = {"aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False}
 
 
@@ -148,7 +149,9 @@ class Rows:
     the rows' (layout, caps, nefc) of :func:`_chunk_rows`, their cumulative counts and
     chunk 0's (rows, positions), for shapes; :func:`find_chunks`): XLA CPU gathers are
     slow, and gathering every chunk up front cost the humanoid / shadow hand solves
-    10-50%; searching every chunk's rows up front cost the one-chunk solves about 10%."""
+    10-50%; searching every chunk's rows up front cost the one-chunk solves about 10%.
+    ``rank``: the cumulative count of active rows over the scalar rows (None: the
+    whole rows in one chunk, :func:`whole`), for :func:`spread`."""
     spec: object
     nchunk: int
     x0: dict
@@ -157,6 +160,42 @@ class Rows:
     src: dict = None
     rest: tuple = ()
     find: tuple = ()
+    rank: object = None
+
+
+def spread(rows, active, vals):
+    """Per-row values of the chunks (a list of :class:`Chunked`, or of plain arrays for
+    whole rows) at the problem's rows: (nefc, len(vals)), zero on inactive rows.
+    Without elliptic blocks the active rows fill the chunks in row order, so an active
+    row's entry is entry ``rank - 1`` of the chunks laid end to end (``rank``: the
+    cumulative count of active rows, :func:`gather`): one gather, the rows' products
+    not made again at their full capacity. None where the chunks hold elliptic
+    contacts."""
+    if rows.rank is None:
+        if isinstance(vals[0], Chunked):
+            vals = [v.head for v in vals]
+        return jnp.where(active[:, None], jnp.stack(vals, 1), 0.0)
+    if rows.spec.ell:
+        return None
+
+    def take(cols, in_table):
+        tab = jnp.stack(cols, 1)
+        n = tab.shape[0]
+        # a zero row for the rows not in the table: in bounds, no fill select
+        tab = jnp.concatenate([tab, jnp.zeros((1, len(vals)), tab.dtype)])
+        idx = jnp.where(in_table, rows.rank - 1, n)
+        return tab.at[idx].get(mode="promise_in_bounds")
+
+    head = [v.head for v in vals]
+    ks = head[0].shape[0]
+    if rows.nchunk == 1:
+        return take(head, active)
+    # the later chunks only where a world uses them (usually none): their values laid
+    # after chunk 0's are a table of every chunk's rows to copy
+    return jax.lax.cond(
+        any_world(rows.nact > 1),
+        lambda: take([jnp.concatenate([v.head, v.rest.reshape(-1)]) for v in vals], active),
+        lambda: take(head, active & (rows.rank <= ks)))
 
 
 def _chunk_rows(layout, caps, nefc, pos):
@@ -241,8 +280,17 @@ def _take_rest(nisl, src, idx, pos, J):
            for mu, fr, ps in zip(src["mu"], src["fr"], pos)]
     x.update(mu=tuple(e[:, 0] for e in ell), fr=tuple(e[:, 1:] for e in ell))
     if J is not None:
-        J = jnp.take(J, idx, axis=0, mode="fill", fill_value=0.0)
+        J = _take_J(J, idx)
     return x, J
+
+
+def _take_J(J, idx):
+    """Jacobian rows at ``idx`` (padding entries past the last row). A padding row is
+    the last row's copy, not zero: with D = 0 (and inactive, :data:`_FILL`) its force,
+    cost, Hessian and line-search terms are exactly zero whatever its Jacobian, and a
+    clamped gather needs no select of the fill value (a kernel as long as the gather
+    on CPU)."""
+    return jnp.take(J, idx, axis=0, mode="clip")
 
 
 def gather(spec, p, caps):
@@ -284,9 +332,9 @@ def gather(spec, p, caps):
     x0 = _take_chunk(spec.nisl, src, idx, cpos)
     cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
                                 nefc=row)
-    J0 = jnp.take(p["J"], idx, axis=0, mode="fill", fill_value=0.0)
+    J0 = _take_J(p["J"], idx)
     src["J"] = p["J"]
-    return Rows(cspec, nchunk, x0, nact, J0, src, (), find)
+    return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0])
 
 
 def whole(spec, p):
