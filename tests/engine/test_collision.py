@@ -416,9 +416,18 @@ def test_contact_disabled():
         assert int(collide_fn(m)(d).ncon) == 0
 
 
+def _deepest(mjd, k, dim=None):
+    """MuJoCo's contacts (of contact dim ``dim``) that the overflow rule keeps in ``k``
+    slots: the ``k`` deepest (smallest dist, ties by MuJoCo's order), in MuJoCo's
+    order."""
+    ids = [i for i in range(mjd.ncon) if dim is None or mjd.contact.dim[i] == dim]
+    keep = sorted(ids, key=lambda i: (mjd.contact.dist[i], i))[:k]
+    return sorted(keep)
+
+
 def test_capacity_override_and_overflow():
     """make_data(ncon_max=...) sets the capacity; contacts beyond it raise
-    WARN_CONTACTFULL and the kept ones are MuJoCo's first contacts."""
+    WARN_CONTACTFULL and the kept ones are MuJoCo's deepest contacts, in its order."""
     mjm, m = load("gym_ant/ant.xml", constraints=True)
     full = io.make_data(m)
     assert full.contact.dist.shape[0] == driver.contact_capacity(m)
@@ -433,8 +442,9 @@ def test_capacity_override_and_overflow():
         if mjd.ncon > 2:
             assert int(d.warning[WARN_CONTACTFULL]) == 1
             assert int(d.ncon) == 2
-            for i in range(2):
-                assert np.linalg.norm(mjd.contact.pos[i] - np.asarray(d.contact.pos[i])) < 1e-9
+            for i, j in enumerate(_deepest(mjd, 2)):
+                assert np.linalg.norm(mjd.contact.pos[j] - np.asarray(d.contact.pos[i])) < 1e-9
+                assert abs(mjd.contact.dist[j] - float(d.contact.dist[i])) < 1e-9
             return
     pytest.fail("no state with more than 2 contacts")
 
@@ -475,6 +485,63 @@ def test_sdf_capacity():
     nsdf = sum(len(g.cand) for g in p.groups if g.fn is driver.sdf_pair)
     assert nsdf > 0
     assert driver.contact_capacity(m) >= nsdf * int(m.opt.sdf_initpoints) >= 197
+
+
+def test_overflow_keeps_deepest():
+    """With more contacts than slots (max_contact_points 5 per contact dim, dims 1 and
+    3), each dim keeps MuJoCo's deepest contacts in MuJoCo's order, per world of a batch
+    (worlds without overflow keep all their contacts), with WARN_CONTACTFULL only where
+    a dim overflows."""
+    import simjax
+    xml = """
+<mujoco>
+  <custom><numeric name="max_contact_points" data="5"/></custom>
+  <worldbody>
+    <geom type="plane" size="5 5 .1"/>
+    {bodies}
+  </worldbody>
+</mujoco>"""
+    bodies = "".join(f'<body pos="{i} 0 1"><freejoint/><geom type="box" size=".1 .1 .1"/>'
+                     f'<geom type="sphere" size=".1" condim="1" pos="0 0 .3"/></body>'
+                     for i in range(4))
+    xml = xml.format(bodies=bodies)
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    m = simjax.load_model(xml)
+    d0 = io.make_data(m)
+    dims = np.asarray(d0.contact.slot_dim)
+    assert driver.dim_split(m, dims.size) == {1: 5, 3: 5}
+    rng = np.random.default_rng(3)
+    mjd = mujoco.MjData(mjm)
+    states, want = [], []
+    for s in range(12):
+        q = mjm.qpos0.copy()
+        nbox = 1 + s % 4               # boxes pushed into the floor: 4 contacts each
+        for b in range(4):
+            a = 7 * b
+            q[a + 2] = 0.09 if b < nbox else 1.0
+            if s % 3 == 2:             # spheres down too (condim 1 contacts)
+                q[a + 2] = -0.2 - 0.02 * rng.uniform()
+            ang = 0.1 * rng.uniform(-1, 1, 3)
+            q[a + 3:a + 7] = np.r_[1, ang] / np.linalg.norm(np.r_[1, ang])
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        states.append(poses(d0, mjd))
+        want.append({dim: [(mjd.contact.pos[j].copy(), mjd.contact.dist[j])
+                           for j in _deepest(mjd, 5, dim)] for dim in (1, 3)}
+                    | {"over": any(np.sum(mjd.contact.dim[:mjd.ncon] == dim) > 5
+                                   for dim in (1, 3))})
+    assert sum(w["over"] for w in want) >= 4 and sum(not w["over"] for w in want) >= 2
+    batch = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *states)
+    out = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))(batch)
+    for w, want_w in enumerate(want):
+        assert int(out.warning[w, WARN_CONTACTFULL]) == int(want_w["over"])
+        valid = np.asarray(out.contact.valid[w])
+        for dim in (1, 3):
+            slots = np.flatnonzero((dims == dim) & valid)
+            assert len(slots) == len(want_w[dim])
+            for s_, (pos, dist) in zip(slots, want_w[dim]):
+                assert np.linalg.norm(pos - np.asarray(out.contact.pos[w, s_])) < 1e-6
+                assert abs(dist - float(out.contact.dist[w, s_])) < 1e-6
 
 
 @pytest.mark.slow

@@ -24,8 +24,9 @@ Three steps:
    mj_setContact) and are compacted into ``Data.contact``: slots grouped by static
    contact dimension, valid slots first in each group, in MuJoCo's contact order
    (mj_collision's order of pairs, :func:`mujoco_rank`; :func:`contact_order` merges
-   the dims), ``Data.ncon`` valid in all. Contacts that do not fit raise
-   ``Data.warning[WARN_CONTACTFULL]``.
+   the dims), ``Data.ncon`` valid in all. When a world's valid contacts of a dim exceed
+   its slots, the deepest ones (smallest dist, as MJX keeps them) fill the slots, still
+   in MuJoCo's order, and ``Data.warning[WARN_CONTACTFULL]`` is raised.
 
 Capacity: ``contact_capacity(model)`` gives the default (sized for moving geoms resting
 on partners, far below the sum of per-pair maxima, and at most the model's custom
@@ -324,14 +325,13 @@ def contact_capacity(m) -> int:
     largest per-pair count against moving partners, halved); at least ``MIN_CAPACITY``,
     at most the sum of per-pair maxima. A model that declares its contact budget, the
     custom numeric ``max_contact_points`` that MJX reads (contacts per contact dim; e.g.
-    15 in MJX's shadow hand), gets at most that many slots per dim (MJX keeps the
-    deepest contacts past it, simjax the first in MuJoCo's order, with
-    WARN_CONTACTFULL). SDF pairs always get their full
-    ``sdf.slots`` each (``opt.sdf_initpoints``; a mesh against an SDF: min(50,
-    nface * sdf_initpoints)) (a resting SDF contact patch fills many of them: MuJoCo
-    reports ~200 for the torus scene). Contacts beyond the capacity raise
-    ``Data.warning[WARN_CONTACTFULL]`` (the last ones in MuJoCo's order are dropped);
-    ``make_data(model, ncon_max=...)`` sets any capacity."""
+    15 in MJX's shadow hand), gets at most that many slots per dim. SDF pairs always
+    get their full ``sdf.slots`` each (``opt.sdf_initpoints``; a mesh against an SDF:
+    min(50, nface * sdf_initpoints)) (a resting SDF contact patch fills many of them:
+    MuJoCo reports ~200 for the torus scene). A world with more valid contacts of a
+    dim than its slots keeps the deepest ones (smallest dist; MJX's rule), in MuJoCo's
+    order, and raises ``Data.warning[WARN_CONTACTFULL]``; ``make_data(model,
+    ncon_max=...)`` sets any capacity."""
     return int(sum(_default_split(m).values()))
 
 
@@ -742,6 +742,29 @@ def first_k(key, k):
     return jax.lax.top_k(kf, k)[1]
 
 
+def _select(pos, mine, dist, over, k):
+    """Indices of the ``k`` entries of a contact dim that fill its slots, in MuJoCo's
+    order: ``pos`` (E,) the entries' table positions (distinct ints below 2**24, the
+    dim's valid entries ``mine`` first), ``dist`` (E,) their depths, ``over`` whether the
+    dim's valid entries exceed its ``k`` slots. Without overflow: the ``k`` smallest
+    positions (:func:`first_k`). With overflow (MJX's rule): the ``k`` deepest valid
+    entries (smallest dist; a tie by entry order, which is MuJoCo's order within a
+    collider group), then sorted by position. One ``top_k`` over the entries either way
+    (its key picked per world) and one over the ``k`` picks; without overflow the picks
+    already are in position order, so the output is the :func:`first_k` one. Invalid
+    entries get key -inf and are never picked with overflow (more than ``k`` valid);
+    a NaN depth of a valid entry counts as the largest depth."""
+    if k >= pos.shape[-1]:          # no overflow possible
+        return first_k(pos, k)
+    kt = dist.dtype if dist.dtype == jnp.float64 else jnp.float32
+    big = jnp.finfo(kt).max
+    depth = jax.lax.stop_gradient(dist).astype(kt)
+    depth = jnp.where(jnp.isnan(depth), big, jnp.clip(depth, -big, big))
+    kf = jnp.where(over, -jnp.where(mine, depth, jnp.inf), -pos.astype(kt))
+    idx = jax.lax.top_k(kf, k)[1]
+    return idx[first_k(pos[idx], k)]
+
+
 def _table_start(p, parts):
     """Start of every candidate pair's run of entries in a table laid out in MuJoCo's
     pair order (:func:`mujoco_rank`; run length: its collider's slot count), and the
@@ -758,16 +781,19 @@ def _table_start(p, parts):
 
 def _entries(p, parts):
     """Concatenated candidate contacts of all groups (entry ``e``): (fields (E, 10):
-    dist, pos, normal, tangent; valid (E,); table position (E,); contact dim (E,)
-    (None with one dim); candidate pair (E,)), numpy where static."""
+    dist, pos, normal, tangent; dist (E,) again, its own concatenation (a second
+    consumer of ``fields`` would materialise all E rows where the slots' gather reads
+    only theirs); valid (E,); table position (E,); contact dim (E,) (None with one dim);
+    candidate pair (E,)), numpy where static."""
     start, total = _table_start(p, parts)
     one_dim = len(np.unique(p.dim)) == 1
-    fields, valids, keys, dims, cands = [], [], [], [], []
+    fields, depths, valids, keys, dims, cands = [], [], [], [], [], []
     for pre, vd, cand, members in parts:
         n, k = vd.shape
         fields.append(jnp.concatenate([pre.dist.reshape(n * k, 1), pre.pos.reshape(-1, 3),
                                        pre.normal.reshape(-1, 3),
                                        pre.tangent.reshape(-1, 3)], axis=1))
+        depths.append(pre.dist.reshape(n * k))
         valids.append(vd.reshape(-1))
         lib = np if isinstance(cand, np.ndarray) else jnp
         keys.append((lib.asarray(start)[cand][:, None] + np.arange(k)).reshape(-1))
@@ -778,8 +804,8 @@ def _entries(p, parts):
             dims.append(lib.broadcast_to(lib.asarray(p.dim)[cand][:, None],
                                          (n, k)).reshape(-1))
         cands.append(lib.broadcast_to(cand[:, None], (n, k)).reshape(-1))
-    return (jnp.concatenate(fields), jnp.concatenate(valids), _cat(keys),
-            None if one_dim else _cat(dims), _cat(cands), total)
+    return (jnp.concatenate(fields), jnp.concatenate(depths), jnp.concatenate(valids),
+            _cat(keys), None if one_dim else _cat(dims), _cat(cands), total)
 
 
 def _cat(xs):
@@ -818,9 +844,10 @@ def collision(m, d):
     contact adhesion.
 
     Every group's candidate contacts go into one entry table; per contact dim, the
-    valid entries of the dim with the smallest table positions (MuJoCo's pair order,
-    slot order within a pair) fill the dim's slots in that order (:func:`first_k`),
-    then one gather takes their fields and one their pair parameters.
+    valid entries of the dim fill the dim's slots ordered by table position (MuJoCo's
+    pair order, slot order within a pair); in a world with more of them than slots,
+    the deepest ones (:func:`_select`). Then one gather takes their fields and one
+    their pair parameters.
     """
     ftype = d.geom_xpos.dtype
     cap = d.contact.dist.shape[0]
@@ -845,7 +872,7 @@ def collision(m, d):
             m_ = mine[:, None] if sel is None else jnp.asarray(mine)[sel][:, None]
             vd = vd & m_
         parts.append((pre, vd, cand, grp.cand[mine]))
-    fields, valid, key, dim, cand, total = _entries(p, parts)
+    fields, depth, valid, key, dim, cand, total = _entries(p, parts)
     nent = valid.shape[0]
     ar = np.arange(nent)
     idx, vtake = [], []
@@ -854,7 +881,8 @@ def collision(m, d):
         mine = valid if dim is None else valid & (dim == dm)
         count = jnp.sum(mine)
         overflow = overflow | (count > nslot)
-        idx.append(first_k(jnp.where(mine, key, total + ar), nslot))
+        idx.append(_select(jnp.where(mine, key, total + ar), mine, depth,
+                           count > nslot, nslot))
         vtake.append(jnp.arange(nslot) < count)
     idx = jnp.minimum(jnp.concatenate(idx), nent - 1)
     valid = jnp.concatenate(vtake)
