@@ -449,29 +449,29 @@ def test_capacity_override_and_overflow():
     pytest.fail("no state with more than 2 contacts")
 
 
+def _budget_xml(n):
+    """Four free bodies (a box, and a condim-1 sphere above it) over a plane, with
+    custom numeric max_contact_points ``n`` (none when ``n`` is None)."""
+    custom = "" if n is None else (
+        f'<custom><numeric name="max_contact_points" data="{n}"/></custom>')
+    bodies = "".join(f'<body pos="{i} 0 1"><freejoint/><geom type="box" size=".1 .1 .1"/>'
+                     f'<geom type="sphere" size=".1" condim="1" pos="0 0 .3"/></body>'
+                     for i in range(4))
+    return (f'<mujoco>{custom}<worldbody><geom type="plane" size="5 5 .1"/>{bodies}'
+            '</worldbody></mujoco>')
+
+
 def test_capacity_max_contact_points():
     """A model's custom numeric max_contact_points (MJX's contact budget per contact
     dim) caps the default capacity; without it the default is unchanged."""
     import simjax
-    xml = """
-<mujoco>
-  <custom><numeric name="max_contact_points" data="{n}"/></custom>
-  <worldbody>
-    <geom type="plane" size="5 5 .1"/>
-    {bodies}
-  </worldbody>
-</mujoco>"""
-    bodies = "".join(f'<body pos="{i} 0 1"><freejoint/><geom type="box" size=".1 .1 .1"/>'
-                     f'<geom type="sphere" size=".1" condim="1" pos="0 0 .3"/></body>'
-                     for i in range(4))
-    plain = simjax.load_model(xml.replace('<custom><numeric name="max_contact_points" '
-                                          'data="{n}"/></custom>', "").format(bodies=bodies))
+    plain = simjax.load_model(_budget_xml(None))
     split = driver._default_split(plain)
     assert split[3] > 5 and split[1] > 5
-    m = simjax.load_model(xml.format(n=5, bodies=bodies))
+    m = simjax.load_model(_budget_xml(5))
     assert driver._default_split(m) == {1: 5, 3: 5}
     assert io.make_data(m).contact.dist.shape[0] == driver.contact_capacity(m) == 10
-    big = simjax.load_model(xml.format(n=1000, bodies=bodies))
+    big = simjax.load_model(_budget_xml(1000))
     assert driver._default_split(big) == split
 
 
@@ -493,18 +493,7 @@ def test_overflow_keeps_deepest():
     (worlds without overflow keep all their contacts), with WARN_CONTACTFULL only where
     a dim overflows."""
     import simjax
-    xml = """
-<mujoco>
-  <custom><numeric name="max_contact_points" data="5"/></custom>
-  <worldbody>
-    <geom type="plane" size="5 5 .1"/>
-    {bodies}
-  </worldbody>
-</mujoco>"""
-    bodies = "".join(f'<body pos="{i} 0 1"><freejoint/><geom type="box" size=".1 .1 .1"/>'
-                     f'<geom type="sphere" size=".1" condim="1" pos="0 0 .3"/></body>'
-                     for i in range(4))
-    xml = xml.format(bodies=bodies)
+    xml = _budget_xml(5)
     mjm = mujoco.MjModel.from_xml_string(xml)
     m = simjax.load_model(xml)
     d0 = io.make_data(m)
