@@ -5,6 +5,10 @@ Usage: python bench/profile_compile.py [--models humanoid,ant] [--batch N] [--ru
                                        [--models ant] [--rounds 10]
        (write --llvm-options=-some-llvm-option=value: with '=' since LLVM options
        start with '-')
+       python bench/profile_compile.py --compile-options='{"xla_disable_hlo_passes":
+                                       "while-loop-invariant-code-motion"}' [--models ant]
+                                       [--compile-rounds 4] [--rounds 12]
+       python bench/profile_compile.py --passes [--models ant] [--top 25]
 
 Without --llvm-options: for each model, R fresh child processes (models alternated) compile
 the rollout the bench times (bench.backends: jit(vmap(fori_loop(step))) at ``--batch``,
@@ -52,6 +56,46 @@ s, run 1.37x; ``xla_llvm_disable_expensive_passes``, ``xla_cpu_prefer_vector_wid
 ``-enable-misched=false``: no compile gain seen. In a perf profile of the ant's compile
 (LLVM threads) SelectionDAG instruction selection took 17% of the LLVM samples, the loop
 vectorizer 12%, InstCombine 8.5%, GVN 4%, IndVarSimplify 4%, the machine schedulers 6%.
+
+With --compile-options (a JSON dict of DebugOptions fields, as jax's ``compiler_options``
+takes them): one process per model compiles the rollout as usual (A) and with the options
+(B), alternately, ``--compile-rounds`` times each (every compile gets its own
+``xla_dump_max_hlo_modules`` value, a no-op without a dump directory, so that jax's
+compile cache misses), and reports the process CPU of each and the per-pair ratio B/A;
+then the paired run times (as --llvm-options) and the output differences per field. On a
+loaded 2-core machine compile CPU varies by 10-20% between fresh processes, more than
+the effects sought; alternated pairs in one process vary less (ratios within about +-5%).
+
+With --passes: the rollout is compiled in a child process with XLA's pass pipeline
+logged (hlo_pass_pipeline, VLOG 1) and the time per HLO pass (summed over its runs) is
+printed for the rollout's module. Ant: HLO passes 2.9 s wall (logging and
+load included), the "simplification" fixpoint (15 rounds on the ant) 1.5 s of it:
+simplify-while-loops 0.56 s, algsimp 0.38 s, while-loop-invariant-code-motion 0.35 s,
+while-loop-constant-sinking 0.10 s; the HLO verifier, run after each outer pass that
+changed the module, 0.56 s.
+
+What HLO-pass and XLA:CPU settings traded (batch 1024, float32, 2 cores at load 5-10;
+compile CPU B/A medians of alternated pairs in one process, run B/A paired over 12
+rounds):
+``xla_disable_hlo_passes=while-loop-invariant-code-motion``: compile barkour 0.884 and
+0.952 (3 and 4 pairs), humanoid 0.935 (3), ant 0.989 (4), shadow hand 1.076 and 1.056
+(3 and 4); run humanoid 0.943 [0.84, 1.00], barkour 0.956 [0.87, 1.20], ant 0.979
+[0.93, 1.08], shadow hand 0.940 [0.85, 1.08]; outputs after 4 steps + forward (batch 32)
+bit-identical in float32 on humanoid, ant and barkour, shadow hand qacc 1.2e-3; float64
+at most 2.4e-11 (humanoid qacc). Kernels 752 -> 742 (humanoid), 669 -> 639 (barkour),
+652 -> 660 (ant), 859 -> 848 (shadow hand). Fresh processes (3-4 each, alternated)
+could not tell the compiles apart (medians within their 10-20% spread). Adding
+while-loop-constant-sinking to the disabled passes: barkour compile 1.003 more.
+``xla_disable_hlo_passes=tree_reduction_rewriter`` (reductions over more than 32
+entries stay one reduce instead of a reduce-window and a reduce): 12-43 fewer kernels
+(shadow hand 859 -> 816), but compile ant 1.027, shadow hand 1.019 (2 and 4 pairs), the
+reduce kernels cost what the reduce-windows did; run inconclusive (ant 0.998, shadow hand
+0.927 [0.84, 1.11], barkour 1.088 [0.74, 1.41], 8 rounds at load 6-7), float32 outputs
+not bit-identical. ``xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE``: ant 652 -> 1120
+kernels, compile 7.0 -> 12.3 s, run 1.35x. ``xla_cpu_emitter_verification_level=0``:
+no change. Backend extra options ``xla_cpu_disable_slp_vectorizer``: compile 7.7 -> 8.2 s
+(B second), run 1.02, bit-identical; ``xla_cpu_use_multi_output_fusion=true``: 338 ->
+312 fusions, 652 -> 656 kernels, compile 9.2 -> 9.8 s.
 """
 from __future__ import annotations
 
@@ -223,6 +267,85 @@ def paired_options(key, batch, options, rounds):
           f"load {os.getloadavg()[0]:.1f}", flush=True)
 
 
+def paired_compile(key, batch, options, compile_rounds, rounds):
+    """Alternate compiles as usual (A) and with ``options`` (B) in this process, then
+    alternate timed runs (see the module docstring)."""
+    import jax
+    import numpy as np
+    b = _rollout(key, batch)
+    lowered = b._roll.lower(b.data)
+    lowered.compile(compiler_options={"xla_dump_max_hlo_modules": 999})   # warm-up
+    cpu = {"A": [], "B": []}
+    exe = {}
+    for r in range(compile_rounds):
+        for v in ("AB" if r % 2 == 0 else "BA"):
+            opts = {"xla_dump_max_hlo_modules": 1000 + 2 * r + (v == "B")}
+            if v == "B":
+                opts.update(options)
+            c = time.process_time()
+            exe[v] = lowered.compile(compiler_options=opts)
+            cpu[v].append(time.process_time() - c)
+    ratio = [y / x for x, y in zip(cpu["A"], cpu["B"])]
+    d = b.data
+    for _ in range(5):                              # settle into contact
+        d = jax.block_until_ready(exe["A"](d))
+
+    def timed(e, reps=3):
+        t = time.process_time()
+        for _ in range(reps):
+            jax.block_until_ready(e(d))
+        return (time.process_time() - t) / reps / (batch * 4) * 1e6
+
+    timed(exe["A"]), timed(exe["B"])
+    ta, tb = [], []
+    for r in range(rounds):
+        for v in ("AB" if r % 2 == 0 else "BA"):
+            (ta if v == "A" else tb).append(timed(exe[v]))
+    run = [y / x for x, y in zip(ta, tb)]
+    diffs = {}
+    out_a, out_b = exe["A"](d), exe["B"](d)
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(out_a)[0],
+                            jax.tree_util.tree_leaves(out_b)):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.size and np.issubdtype(x.dtype, np.number):
+            diff = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+            if diff:
+                diffs[jax.tree_util.keystr(path)] = diff
+    top = sorted(diffs.items(), key=lambda kv: -kv[1])[:6]
+    print(f"{key}: options {options}: compile CPU A {statistics.median(cpu['A']):.2f} s, "
+          f"B {statistics.median(cpu['B']):.2f} s, B/A median {statistics.median(ratio):.3f}"
+          f" (range {min(ratio):.3f}-{max(ratio):.3f}, {compile_rounds} pairs); run A "
+          f"{statistics.median(ta):.1f}, B {statistics.median(tb):.1f} us/world-step, B/A "
+          f"median {statistics.median(run):.3f} (range {min(run):.3f}-{max(run):.3f}, "
+          f"{rounds} rounds); load {os.getloadavg()[0]:.1f}", flush=True)
+    print("  output differences:", ", ".join(f"{k} {v:.3g}" for k, v in top)
+          if top else "none (bit-identical)", flush=True)
+
+
+def pass_times(key, batch, top):
+    """Time per HLO pass of the rollout's module (summed over its runs), from XLA's log.
+    A nested pipeline (the "simplification" fixpoint) is listed as a pass too, its time
+    including that of the passes it ran."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="hlo_pass_pipeline=1")
+    p = subprocess.run([sys.executable, __file__, "--child", key, "--batch", str(batch)],
+                       env=env, capture_output=True, text=True)
+    passes, count = {}, {}
+    module = None
+    for ln in p.stderr.splitlines():
+        mt = re.search(r"Running HLO pass pipeline on module (\S+):", ln)
+        if mt:
+            module = mt.group(1)
+            continue
+        mt = re.search(r"HLO pass: (\S+) time: .*?\((\d+) us\)", ln)
+        if mt and module and module.startswith("jit_roll"):
+            passes[mt.group(1)] = passes.get(mt.group(1), 0) + int(mt.group(2))
+            count[mt.group(1)] = count.get(mt.group(1), 0) + 1
+    print(f"== {key}: HLO passes of the rollout (wall ms, one thread; load "
+          f"{os.getloadavg()[0]:.1f})")
+    for name, us in sorted(passes.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {us / 1e3:8.1f} ms  {count[name]:3d} runs  {name}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="humanoid,ant,barkour,shadow_hand")
@@ -230,12 +353,25 @@ def main():
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--llvm-options", default=None)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--compile-options", default=None)
+    ap.add_argument("--compile-rounds", type=int, default=4)
+    ap.add_argument("--passes", action="store_true")
+    ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, ROOT)
     if args.child:
         return _child(args.child, args.batch)
     models = args.models.split(",")
+    if args.passes:
+        for key in models:
+            pass_times(key, args.batch, args.top)
+        return
+    if args.compile_options is not None:
+        options = json.loads(args.compile_options)
+        for key in models:
+            paired_compile(key, args.batch, options, args.compile_rounds, args.rounds)
+        return
     if args.llvm_options is None:
         return breakdown(models, args.batch, args.runs)
     options = dict((kv.split("=", 1) + [""])[:2] for kv in args.llvm_options.split(",") if kv)
