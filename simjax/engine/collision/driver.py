@@ -49,7 +49,7 @@ from simjax.engine.collision.broadphase import (  # noqa: F401 (also driver.<nam
 from simjax.engine.collision.common import make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
-from simjax.engine.solver_rows import first_true
+from simjax.engine.solver_rows import batched_like, first_true
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, GeomType as GT
 
@@ -746,7 +746,9 @@ def _chunked(fn, take, ok, count, found, ftype):
             return jax.lax.dynamic_update_slice_in_dim(buf, out, c * CHUNK, 0)
         return jax.lax.cond(most > c * CHUNK, run, lambda: buf), None
 
-    buf = jnp.zeros((nch * CHUNK, width), ftype)
+    # batched from the start under vmap (batched_like): found batched in the body, it
+    # made vmap batch the body, the collider's included, a second time
+    buf = batched_like(jnp.zeros((nch * CHUNK, width), ftype), ok)
     out, _ = jax.lax.scan(body, buf, jnp.arange(nch))
     return out, jnp.arange(nch * CHUNK) < count, sel
 
