@@ -49,7 +49,7 @@ from simjax.engine.collision.broadphase import (  # noqa: F401 (also driver.<nam
 from simjax.engine.collision.common import make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
-from simjax.engine.solver_rows import first_true
+from simjax.engine.solver_rows import batched_like, first_true
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, GeomType as GT
 
@@ -680,10 +680,33 @@ def _pack(tree):
     return packed, unpack
 
 
-#: packed output columns of a chunk of a collider (:func:`_chunked`), by (collider,
-#: float dtype): its shape traced once per process (the slot count of a collider's
-#: ``Pre`` can exceed its valid-contact bound, e.g. box-box 9 slots for 8)
-_WIDTH: dict = {}
+#: a collider's chunk, packed (:func:`_pack`), as an inlined ``jax.jit`` per collider
+#: (:func:`_packed_chunk`), and the unpacking of its output by (collider, argument
+#: types): :func:`_chunked` needs the packed width before the scan whose body calls the
+#: collider; the jit's trace gives it, and the call in the body reuses that trace
+#: (jit's trace cache; inlined, so the program is as if traced in place) where an
+#: ``eval_shape`` traced the collider a second time
+_PACKED: dict = {}
+_UNPACK: dict = {}
+
+
+def _packed_chunk(fn):
+    """``fn`` vmapped over a chunk's pairs and packed: an inlined jit, one per ``fn``,
+    whose trace (once per argument types) records the unpacking in ``_UNPACK``."""
+    jf = _PACKED.get(fn)
+    if jf is None:
+        def packed(*args):
+            out, unpack = _pack(jax.vmap(fn)(*args))
+            _UNPACK[(fn, _types(args))] = unpack
+            return out
+        jf = _PACKED[fn] = jax.jit(packed, inline=True)
+    return jf
+
+
+def _types(tree):
+    leaves, tdef = jax.tree_util.tree_flatten(tree)
+    return tdef, tuple((x.shape, jnp.dtype(x.dtype), getattr(x, "weak_type", False))
+                       for x in leaves)
 
 
 def _chunked(fn, take, ok, count, found, ftype):
@@ -699,31 +722,33 @@ def _chunked(fn, take, ok, count, found, ftype):
     (:func:`_pack`), is written into the rows of the group's output that the scan
     carries (zeros first): a skipped chunk writes nothing (stacked as the scan's
     outputs, every chunk wrote its rows, zeros when skipped, and the stack was copied
-    out; its width from :data:`_WIDTH`). Returns (the packed collider output, which
+    out; its width from the trace of :func:`_packed_chunk`, which the body reuses).
+    Returns (the packed collider output, which
     rows are passing pairs, the group-local pair of each row: past the passing pairs,
     the last pair); sets ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
     sel = jnp.minimum(first_true(ok, nch * CHUNK)[0], n - 1).astype(jnp.int32)
     most = batch_max(count)
-    key = (fn, jnp.dtype(ftype))
-    if key not in _WIDTH:
-        _WIDTH[key] = jax.eval_shape(
-            lambda: _pack(jax.vmap(fn)(*take(sel[:CHUNK])))[0]).shape[1]
-    width = _WIDTH[key]
+    jf = _packed_chunk(fn)
+    width = jf.trace(*take(sel[:CHUNK])).out_info.shape[1]
 
     def body(buf, c):
         idx = jax.lax.dynamic_slice_in_dim(sel, c * CHUNK, CHUNK)
 
         def run():
-            out, found["unpack"] = _pack(jax.vmap(fn)(*take(idx)))
+            args = take(idx)
+            out = jf(*args)
+            found["unpack"] = _UNPACK[(fn, _types(args))]
             if out.shape[1:] != buf.shape[1:] or out.dtype != buf.dtype:
                 raise TypeError(f"collider {fn} returned {out.shape[1:]} {out.dtype} "
                                 f"packed, not ({width},) {ftype}")
             return jax.lax.dynamic_update_slice_in_dim(buf, out, c * CHUNK, 0)
         return jax.lax.cond(most > c * CHUNK, run, lambda: buf), None
 
-    buf = jnp.zeros((nch * CHUNK, width), ftype)
+    # batched from the start under vmap (batched_like): found batched in the body, it
+    # made vmap batch the body, the collider's included, a second time
+    buf = batched_like(jnp.zeros((nch * CHUNK, width), ftype), ok)
     out, _ = jax.lax.scan(body, buf, jnp.arange(nch))
     return out, jnp.arange(nch * CHUNK) < count, sel
 
