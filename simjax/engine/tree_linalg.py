@@ -11,7 +11,7 @@ solves run one level at a time as well, or (:func:`solve_ld` on deep trees) one 
 time in a scan. Everything here is pure JAX, so it batches and differentiates;
 :func:`factor_ld` may instead factorise with LAPACK (see ``lapack_chol``) or, for a few
 dofs, entry by entry; :func:`factor_ld_pair` factorises two matrices of a CPU batch
-together, one height level per kernel with the worlds on the minor axis.
+together, one group of rows of a height level per kernel, worlds on the minor axis.
 
 Matrices are dense (nv, nv) with the tree sparsity of ``tables.m_mask`` (and its
 transpose); entries outside it are ignored.
@@ -347,17 +347,28 @@ _LANES = 8
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _LevelPlan:
-    depth: np.ndarray       # (nv,) number of proper ancestors
-    chain: tuple            # per dof: its ancestors from the root, then itself
-    desc: tuple             # per dof: its proper descendants
-    levels: tuple           # dofs by height (leaves first)
-    where: dict             # dof -> (level, offset of its packed row in that level)
+    groups: tuple           # per group: (dofs, width, terms); see _level_plan
+    offsets: tuple          # each group's first packed entry
     src: np.ndarray         # packed entry -> index into the flattened (nv * nv) matrix
-    start: dict             # dof -> offset of its packed row in ``src``
-    dense: np.ndarray       # (nv * nv,) dense entry -> packed state index (last: zero)
+    real: np.ndarray        # packed entry -> whether it is a tree entry (else padding)
+    dense: np.ndarray       # (nv * nv,) dense entry -> packed entry (last: zero)
+    pairs: int              # (dof, proper descendant) pairs: the factorisation's terms
 
 
 def _level_plan(m) -> _LevelPlan:
+    """The groups of rows :func:`_level_ld_blocks` eliminates together.
+
+    A group is a run of dofs of one height level whose proper descendants line up: the
+    t-th descendant (index order) of every dof of the group lies in one earlier group,
+    in consecutive rows, the same number of levels of depth below it (as for the
+    isomorphic limbs of a body). Each row holds the tree entries of its dof (ancestors
+    from the root, then the dof) right-aligned in the group's width, zero-padded on the
+    left: a dof's pivot is in the last column, its entry for the ancestor ``delta``
+    levels up in column ``width - 1 - delta``, so every term of a group is a slice of
+    an earlier group's block. Widths are raised where needed for those slices to stay
+    inside the blocks. A group's packed entries go column by column, its rows side by
+    side within a column (the block layout of :func:`_level_ld_blocks`).
+    """
     parent = np.asarray(m.dof_parentid)
     key = ("level", parent.tobytes())
     plan = _CACHE.get(key)
@@ -377,63 +388,82 @@ def _level_plan(m) -> _LevelPlan:
     for k in range(n - 1, -1, -1):
         if parent[k] >= 0:
             height[parent[k]] = max(height[parent[k]], height[k] + 1)
-    levels = tuple(np.nonzero(height == h)[0] for h in range(height.max() + 1))
-    where, start, src, offs = {}, {}, [], [0]
-    for h, rows in enumerate(levels):
-        off = 0
-        for i in rows:
-            where[i], start[i] = (h, off), len(src)
-            off += depth[i] + 1
-            src += [i * n + c for c in chain[i]]
-        offs.append(offs[-1] + off)
-    dense = np.full(n * n, len(src))
-    for i in range(n):
-        h, off = where[i]
-        for p, c in enumerate(chain[i]):
-            dense[i * n + c] = offs[h] + off + p
-    plan = _LevelPlan(depth=depth, chain=tuple(chain), desc=tuple(map(tuple, desc)),
-                      levels=levels, where=where, src=np.asarray(src), start=start,
-                      dense=dense)
+    # groups, leaves first: their dofs and terms [(source group, first row, delta)]
+    rows, terms, where = [], [], {}
+    for h in range(height.max() + 1):
+        follow = None                     # the signature that continues the group
+        for i in np.nonzero(height == h)[0]:
+            sig = [(where[k][0], where[k][1], int(depth[k] - depth[i])) for k in desc[i]]
+            if sig != follow:
+                rows.append([])
+                terms.append(sig)
+            where[i] = (len(rows) - 1, len(rows[-1]))
+            rows[-1].append(int(i))
+            follow = [(g, r + 1, dl) for g, r, dl in sig]
+    width = [int(max(depth[i] for i in r)) + 1 for r in rows]
+    for g in range(len(rows) - 1, -1, -1):                 # sources are earlier groups
+        for s, _, dl in terms[g]:
+            width[s] = max(width[s], width[g] + dl)
+    offsets, src, real = [], [], []
+    dense = np.full(n * n, -1)
+    for r, w in zip(rows, width):
+        offsets.append(len(src))
+        for p in range(w):
+            for i in r:
+                pad = w - 1 - depth[i]
+                c = chain[i][p - pad] if p >= pad else i
+                if p >= pad:
+                    dense[i * n + c] = len(src)
+                src.append(i * n + c)
+                real.append(p >= pad)
+    dense[dense < 0] = len(src)
+    groups = tuple((tuple(r), w, tuple(t)) for r, w, t in zip(rows, width, terms))
+    plan = _LevelPlan(groups=groups, offsets=tuple(offsets), src=np.asarray(src),
+                      real=np.asarray(real), dense=dense, pairs=sum(map(len, desc)))
     _CACHE[key] = plan
     return plan
 
 
 def _level_ld_blocks(plan, pk):
-    """MuJoCo's L'DL of packed matrices ``pk`` (G, S, W): S the tree entries of every
-    row (row i: its ancestors from the root, then i) in the plan's level order, W worlds
-    side by side (the minor axis, so that every operation below is a vector operation
-    over the W worlds). Returns the packed qLD (G, S + 1, W): L's entries, D in each
-    row's last entry, and a trailing zero entry.
+    """MuJoCo's L'DL of packed matrices ``pk`` (G, S, W): S the plan's packed entries,
+    W worlds side by side (the minor axis). Returns the packed qLD (G, S + 1, W): L's
+    entries, D in each row's last column, padding, and a trailing zero.
 
-    Left-looking, one height level at a time (leaves first): with L'DL = M, the
+    Left-looking, one group of rows at a time (leaves first): with L'DL = M, the
     entries of row i are R_i = M_i - sum over descendants k of L_ki D_k L_k (the
-    ancestors' part of row k, a contiguous prefix of its packed row), D_i the last of
-    them and L_i = R_i / D_i. A level reads only the finished rows of the levels before
-    it (static slices), and its rows end in one division: XLA does not duplicate an
-    expensive operation into its several consumers, so every level is one kernel and
-    no level is computed twice.
+    ancestors' part of row k), D_i the last of them and L_i = R_i / D_i (padding stays
+    zero). A group of k rows is a (G, width, k W) block, its rows' worlds side by side
+    on the minor axis: every term is one slice of an earlier block (see
+    :func:`_level_plan`), so a group is one elementwise XLA kernel without
+    concatenation whose minor loop (k W long) LLVM vectorises. Rows of a level computed
+    separately and concatenated, as before, made XLA emit scalar kernels that took
+    several times as long to compile. Each block ends in a division, which XLA does not
+    duplicate into its consumers, so no group is computed twice. Written with ``lax``
+    operations, which trace faster than ``jnp`` indexing.
     """
-    depth, where = plan.depth, plan.where
-    arrays = []
-    for rows in plan.levels:
-        nums, dens = [], []
-        for i in rows:
-            d = depth[i]
-            num = pk[:, plan.start[i]:plan.start[i] + d + 1]                 # (G, d+1, W)
-            for k in plan.desc[i]:
-                lk, off = where[k]
-                q = arrays[lk]
-                coef = q[:, off + d:off + d + 1] * q[:, off + depth[k]:off + depth[k] + 1]
-                num = num - coef * q[:, off:off + d + 1]
-            # the pivot spread over the row but 1 at the pivot itself (D stays as is);
-            # a select, not a broadcast, so that XLA keeps one division per entry
-            # instead of a reciprocal kernel per row
-            last = jnp.asarray((np.arange(d + 1) == d)[None, :, None])
-            nums.append(num)
-            dens.append(jnp.where(last, 1, num[:, d:d + 1]))
-        arrays.append(jnp.concatenate(nums, 1) / jnp.concatenate(dens, 1))
     g, w = pk.shape[0], pk.shape[2]
-    return jnp.concatenate(arrays + [jnp.zeros((g, 1, w), pk.dtype)], 1)
+    blocks = []
+    for (dofs, width, terms), off in zip(plan.groups, plan.offsets):
+        k = len(dofs)
+        shape = (g, width, k * w)
+        num = lax.slice_in_dim(pk, off, off + k * width, axis=1).reshape(shape)
+        for s, r0, dl in terms:
+            q = blocks[s]
+            ws = q.shape[1]
+            q = lax.slice_in_dim(q, r0 * w, (r0 + k) * w, axis=2)
+            coef = lax.mul(lax.slice_in_dim(q, ws - 1 - dl, ws - dl, axis=1),
+                           lax.slice_in_dim(q, ws - 1, ws, axis=1))
+            vec = lax.slice_in_dim(q, ws - dl - width, ws - dl, axis=1)
+            num = lax.sub(num, lax.mul(lax.broadcast_in_dim(coef, shape, (0, 1, 2)), vec))
+        # the pivot spread over the row but 1 at the pivot itself (D stays as is); a
+        # select, not a broadcast, so that XLA keeps one division per entry instead of
+        # a reciprocal kernel per row
+        last = lax.broadcast_in_dim(np.arange(width) == width - 1, shape, (1,))
+        piv = lax.broadcast_in_dim(lax.slice_in_dim(num, width - 1, width, axis=1), shape,
+                                   (0, 1, 2))
+        blocks.append(lax.div(num, lax.select(last, jnp.ones(shape, num.dtype), piv)))
+    flat = [b.reshape(g, -1, w) for b in blocks]
+    return jnp.concatenate(flat + [jnp.zeros((g, 1, w), pk.dtype)], 1)
 
 
 def _level_pair_batched(plan, n, a, diag):
@@ -446,8 +476,9 @@ def _level_pair_batched(plan, n, a, diag):
         diag = jnp.concatenate([diag, jnp.zeros((pad, n), diag.dtype)])
     g = (b + pad) // w
     # pack the tree entries with the worlds of a block on the minor axis
-    pk = a.reshape(g, w, n * n).transpose(0, 2, 1)[:, plan.src]             # (g, S, w)
-    isdiag = jnp.asarray((plan.src % (n + 1) == 0)[None, :, None])
+    real = jnp.asarray(plan.real[None, :, None])
+    pk = jnp.where(real, a.reshape(g, w, n * n).transpose(0, 2, 1)[:, plan.src], 0)
+    isdiag = jnp.asarray((plan.real & (plan.src % (n + 1) == 0))[None, :, None])
     dg = diag.reshape(g, w, n).transpose(0, 2, 1)[:, plan.src // n]
     q = _level_ld_blocks(plan, jnp.concatenate([pk, pk + jnp.where(isdiag, dg, 0)]))
 
@@ -504,23 +535,24 @@ def factor_ld_pair(m, a, add_diag):
     of kernels for the two). MuJoCo's tree L'DL does about sum(depth^2) operations per
     matrix where LAPACK's dense Cholesky does nv^3/3, and LAPACK's small-matrix call
     costs about 1.5 us for nv = 27; the level factorisation vectorises over the worlds.
-    Its XLA program (one kernel per height level, plus packing and unpacking) takes
-    longer to compile than the LAPACK loop, so it is used where it serves two
-    factorisations. Same results as two :func:`factor_ld` calls up to rounding.
+    Its XLA program (one kernel per group of rows, see :func:`_level_plan`, plus
+    packing and unpacking) takes longer to compile than the LAPACK loop, so it is used
+    where it serves two factorisations. Same results as two :func:`factor_ld` calls up
+    to rounding.
     """
     dtype = a.dtype
     add_diag = add_diag.astype(dtype)
     if m.nv > _UNROLL_NV and lapack_chol.enabled(m.nv):
         plan = _level_plan(m)
-        if (len(plan.levels) <= _LEVEL_MAX_LEVELS and
-                sum(map(len, plan.desc)) <= _LEVEL_MAX_TERMS):
+        if len(plan.groups) <= _LEVEL_MAX_LEVELS and plan.pairs <= _LEVEL_MAX_TERMS:
             return _level_pair_bound(m)(a, add_diag)
     return factor_ld(m, a), factor_ld(m, a, add_diag=add_diag)
 
 
 #: bounds on the trees :func:`factor_ld_pair` factorises level by level: its program
-#: has a kernel per height level and a vector term per (dof, descendant) pair, and its
-#: compile time grows with both (MuJoCo's humanoid, 15 levels and 216 pairs: about
-#: 0.6 s of CPU more than two LAPACK factorisations); deeper or larger trees keep LAPACK
+#: has a kernel per group of rows (at least one per height level) and a vector term
+#: per group and descendant, and its compile time grows with both (MuJoCo's humanoid:
+#: 15 groups, 195 terms for 216 (dof, descendant) pairs); deeper or larger trees keep
+#: LAPACK
 _LEVEL_MAX_LEVELS = 16
 _LEVEL_MAX_TERMS = 512
