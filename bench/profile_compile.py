@@ -224,21 +224,11 @@ def backend_extra_options(options):
         compiler.get_compile_options = original
 
 
-def paired_options(key, batch, options, rounds):
-    """Compile A (as usual) and B (with ``options``) in this process; alternate runs."""
+def _paired_runs(exe_a, exe_b, d, batch, rounds):
+    """Settle ``d`` into contact with ``exe_a``, then time both executables alternately
+    (process CPU, us per world-step of the 4-step rollout): (times A, times B, state)."""
     import jax
-    import numpy as np
-    b = _rollout(key, batch)
-    lowered = b._roll.lower(b.data)
-    c0 = time.process_time()
-    exe_a = lowered.compile()
-    c1 = time.process_time()
-    with backend_extra_options(options):
-        # a no-op option (its default value) so that jax's compile cache misses
-        exe_b = lowered.compile(compiler_options={"xla_cpu_enable_fast_min_max": True})
-    c2 = time.process_time()
-    d = b.data
-    for _ in range(5):                              # settle into contact
+    for _ in range(5):
         d = jax.block_until_ready(exe_a(d))
 
     def timed(exe, reps=3):
@@ -250,16 +240,40 @@ def paired_options(key, batch, options, rounds):
     timed(exe_a), timed(exe_b)
     ta, tb = [], []
     for r in range(rounds):
-        pair = (exe_b, exe_a) if r % 2 else (exe_a, exe_b)
-        got = {id(e): timed(e) for e in pair}
-        ta.append(got[id(exe_a)])
-        tb.append(got[id(exe_b)])
-    ratio = [y / x for x, y in zip(ta, tb)]
-    diff = 0.0
-    for x, y in zip(jax.tree_util.tree_leaves(exe_a(d)), jax.tree_util.tree_leaves(exe_b(d))):
+        for v in ("AB" if r % 2 == 0 else "BA"):
+            (ta if v == "A" else tb).append(timed(exe_a if v == "A" else exe_b))
+    return ta, tb, d
+
+
+def _output_diffs(out_a, out_b):
+    """Max absolute difference per numeric field of two outputs (fields that differ)."""
+    import jax
+    import numpy as np
+    diffs = {}
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(out_a)[0],
+                            jax.tree_util.tree_leaves(out_b)):
         x, y = np.asarray(x), np.asarray(y)
         if x.size and np.issubdtype(x.dtype, np.number):
-            diff = max(diff, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))))
+            diff = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+            if diff:
+                diffs[jax.tree_util.keystr(path)] = diff
+    return diffs
+
+
+def paired_options(key, batch, options, rounds):
+    """Compile A (as usual) and B (with ``options``) in this process; alternate runs."""
+    b = _rollout(key, batch)
+    lowered = b._roll.lower(b.data)
+    c0 = time.process_time()
+    exe_a = lowered.compile()
+    c1 = time.process_time()
+    with backend_extra_options(options):
+        # a no-op option (its default value) so that jax's compile cache misses
+        exe_b = lowered.compile(compiler_options={"xla_cpu_enable_fast_min_max": True})
+    c2 = time.process_time()
+    ta, tb, d = _paired_runs(exe_a, exe_b, b.data, batch, rounds)
+    ratio = [y / x for x, y in zip(ta, tb)]
+    diff = max(_output_diffs(exe_a(d), exe_b(d)).values(), default=0.0)
     print(f"{key}: options {options}: compile CPU A {c1 - c0:.2f} s, B {c2 - c1:.2f} s; "
           f"run A {statistics.median(ta):.1f}, B {statistics.median(tb):.1f} us/world-step, "
           f"B/A median {statistics.median(ratio):.3f} (range {min(ratio):.3f}-"
@@ -270,8 +284,6 @@ def paired_options(key, batch, options, rounds):
 def paired_compile(key, batch, options, compile_rounds, rounds):
     """Alternate compiles as usual (A) and with ``options`` (B) in this process, then
     alternate timed runs (see the module docstring)."""
-    import jax
-    import numpy as np
     b = _rollout(key, batch)
     lowered = b._roll.lower(b.data)
     lowered.compile(compiler_options={"xla_dump_max_hlo_modules": 999})   # warm-up
@@ -286,31 +298,9 @@ def paired_compile(key, batch, options, compile_rounds, rounds):
             exe[v] = lowered.compile(compiler_options=opts)
             cpu[v].append(time.process_time() - c)
     ratio = [y / x for x, y in zip(cpu["A"], cpu["B"])]
-    d = b.data
-    for _ in range(5):                              # settle into contact
-        d = jax.block_until_ready(exe["A"](d))
-
-    def timed(e, reps=3):
-        t = time.process_time()
-        for _ in range(reps):
-            jax.block_until_ready(e(d))
-        return (time.process_time() - t) / reps / (batch * 4) * 1e6
-
-    timed(exe["A"]), timed(exe["B"])
-    ta, tb = [], []
-    for r in range(rounds):
-        for v in ("AB" if r % 2 == 0 else "BA"):
-            (ta if v == "A" else tb).append(timed(exe[v]))
+    ta, tb, d = _paired_runs(exe["A"], exe["B"], b.data, batch, rounds)
     run = [y / x for x, y in zip(ta, tb)]
-    diffs = {}
-    out_a, out_b = exe["A"](d), exe["B"](d)
-    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(out_a)[0],
-                            jax.tree_util.tree_leaves(out_b)):
-        x, y = np.asarray(x), np.asarray(y)
-        if x.size and np.issubdtype(x.dtype, np.number):
-            diff = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
-            if diff:
-                diffs[jax.tree_util.keystr(path)] = diff
+    diffs = _output_diffs(exe["A"](d), exe["B"](d))
     top = sorted(diffs.items(), key=lambda kv: -kv[1])[:6]
     print(f"{key}: options {options}: compile CPU A {statistics.median(cpu['A']):.2f} s, "
           f"B {statistics.median(cpu['B']):.2f} s, B/A median {statistics.median(ratio):.3f}"

@@ -544,7 +544,7 @@ def factor_ld_pair(m, a, add_diag):
     add_diag = add_diag.astype(dtype)
     if m.nv > _UNROLL_NV and lapack_chol.enabled(m.nv):
         plan = _level_plan(m)
-        if len(plan.groups) <= _LEVEL_MAX_LEVELS and plan.pairs <= _LEVEL_MAX_TERMS:
+        if len(plan.groups) <= _LEVEL_MAX_GROUPS and plan.pairs <= _LEVEL_MAX_TERMS:
             return _level_pair_bound(m)(a, add_diag)
     return factor_ld(m, a), factor_ld(m, a, add_diag=add_diag)
 
@@ -554,5 +554,5 @@ def factor_ld_pair(m, a, add_diag):
 #: per group and descendant, and its compile time grows with both (MuJoCo's humanoid:
 #: 15 groups, 195 terms for 216 (dof, descendant) pairs); deeper or larger trees keep
 #: LAPACK
-_LEVEL_MAX_LEVELS = 16
+_LEVEL_MAX_GROUPS = 16
 _LEVEL_MAX_TERMS = 512
