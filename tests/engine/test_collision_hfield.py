@@ -160,13 +160,51 @@ def test_barkour_contacts(barkour):
 
 
 def test_barkour_capacity(barkour):
-    """Each foot-terrain pair has a 2 x 2 cell window (8 prisms, 8 contact slots)."""
+    """Each foot-terrain pair has a 2 x 2 cell window (8 prisms) of which a foot (radius
+    1.4 cm, cells 14 x 17 cm) meets at most the 6 triangles around one grid vertex: 6
+    contact slots per pair."""
     mjm, m, _ = barkour
     p = driver.plan(m)
     hf = [g for g in p.groups if getattr(g.fn, "hfield", False)]
     assert len(hf) == 1 and len(hf[0].cand) == 4
-    assert hf[0].maxcon == 8
+    assert hf[0].maxcon == 6
     assert hfield.window(m, 0, int(p.g2[hf[0].cand[0]])) == (2, 2)
+    assert driver.contact_capacity(m) == 24
+
+
+def test_disc_cover():
+    """Triangles a disc meets, at most: 6 around a vertex for a small disc; a disc of
+    the cell's half diagonal (unit cells) reaches past the cell's neighbours; the bound
+    is at least the count at sampled centres computed directly."""
+    assert hfield.disc_cover(1.0, 1.0, 0.0) == 6
+    assert hfield.disc_cover(0.1441, 0.1674, 0.014) == 6
+    assert hfield.disc_cover(1.0, 1.0, 0.5) >= 10
+    rng = np.random.default_rng(0)
+    for rho in (0.1, 0.3, 0.7, 1.2):
+        bound = hfield.disc_cover(1.0, 1.3, rho)
+        for _ in range(200):
+            c = rng.uniform(0, 1, 2) * (1.0, 1.3)
+            n = 0
+            for i in range(-3, 4):
+                for j in range(-3, 4):
+                    for tri in ([(0, 1), (0, 0), (1, 1)], [(0, 0), (1, 1), (1, 0)]):
+                        v = (np.array(tri, float) + (i, j)) * (1.0, 1.3)
+                        n += _tri_dist(c, v) <= rho
+            assert n <= bound
+
+
+def _tri_dist(p, v):
+    """Distance of 2-d point p to the triangle v (3, 2) (0 inside)."""
+    cr = lambda a, b: a[0] * b[1] - a[1] * b[0]
+    s = [cr(v[(k + 1) % 3] - v[k], p - v[k]) for k in range(3)]
+    if all(x >= 0 for x in s) or all(x <= 0 for x in s):
+        return 0.0
+    out = np.inf
+    for k in range(3):
+        a, b = v[k], v[(k + 1) % 3]
+        t = np.clip(np.dot(p - a, b - a) / np.dot(b - a, b - a), 0, 1)
+        out = min(out, np.linalg.norm(p - a - t * (b - a)))
+    return out
 
 
 # --------------------------------------------------------------------------- touch_grid

@@ -14,10 +14,10 @@ three top vertices all lie below the geom's lowest point (minus the margin) are 
 simjax evaluates the same prisms with static shapes: the sub-grid window has a static
 number of cells per axis (from the geom's bounding radius, the margin and the cell
 size, decided at trace time; cells beyond MuJoCo's sub-grid are masked), all prisms of
-the window are collided at once (vmap; spheres elementwise over (P,) component arrays),
-and the first 50 valid contacts in MuJoCo's order are kept. Per prism (contact normal
-from the height field to the geom, distance negative in penetration, position midway
-between the two surfaces):
+the window are collided at once (vmap; spheres elementwise over (P,) component arrays,
+each prism in its triangle's canonical frame), and the first 50 valid contacts in
+MuJoCo's order are kept. Per prism (contact normal from the height field to the geom,
+distance negative in penetration, position midway between the two surfaces):
 
 - spheres: exact. Outside the prism: closest point on the prism (triangles of its five
   faces); centre inside: the nearest face. Same as MuJoCo's GJK result when the centre
@@ -61,7 +61,6 @@ import numpy as np
 
 from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot,
                                             normalize, rot, safe_norm, sel)
-from simjax.engine.math import c_cross
 from simjax.engine.tables import concrete
 from simjax.types import EnableBit
 from simjax.types import GeomType as GT
@@ -130,9 +129,11 @@ def collider_for(m, g1, g2, ipair=-1):
     g2 (static hfield data, geom type, mesh hull and sub-grid window closed over;
     cached, so pairs with equal static data share one collider and one vmap).
     ``fn.maxcon``, the pair's share of the default contact capacity, is min(50, prisms
-    in the margin-free window): static data only, so capacities and their split by
-    contact dimension do not depend on whether the margins are traced. More contacts
-    than the capacity raise WARN_CONTACTFULL."""
+    in the margin-free window, triangles a disc of the geom's bounding radius can meet
+    (:func:`disc_cover`; e.g. 6 around one grid vertex for a small sphere)): static
+    data only, so capacities and their split by contact dimension do not depend on
+    whether the margins are traced. More contacts than the capacity raise
+    WARN_CONTACTFULL."""
     hid = int(np.asarray(m.geom_dataid)[g1])
     t2 = int(np.asarray(m.geom_type)[g2])
     nrow, ncol = int(np.asarray(m.hfield_nrow)[hid]), int(np.asarray(m.hfield_ncol)[hid])
@@ -153,10 +154,59 @@ def collider_for(m, g1, g2, ipair=-1):
     if fn is None:
         fn = functools.partial(_collide, t2=t2, data=data, nrow=nrow, ncol=ncol,
                                size=size, nc=nc, nr=nr, mesh=mesh)
+        dx, dy = 2 * size[0] / (ncol - 1), 2 * size[1] / (nrow - 1)
         fn.maxcon = min(MAXCONPAIR, 2 * nc0 * nr0)
+        if fn.maxcon <= _COVER_MAX:
+            rb = float(np.asarray(m.geom_rbound)[g2])
+            fn.maxcon = min(fn.maxcon, disc_cover(dx, dy, rb))
         fn.hfield = True
         _COLLIDERS[key] = fn
     return fn
+
+
+#: windows of at most this many prisms get the disc bound of :func:`disc_cover`
+#: (larger ones reach MAXCONPAIR either way)
+_COVER_MAX = 64
+#: sample points per cell side in :func:`disc_cover`
+_COVER_SAMPLES = 32
+
+
+def disc_cover(dx, dy, rho):
+    """Most triangles of a height-field grid of cells dx x dy (each cut along the
+    diagonal from vertex (r, c) to (r + 1, c + 1)) that a disc of radius rho meets,
+    wherever it lies: an upper bound. A geom of bounding radius rho meets a prism
+    (distance below zero) only where its horizontal projection, within the disc,
+    meets the prism's triangle. The grid repeats per cell, so disc centres are sampled
+    over one cell, ``_COVER_SAMPLES`` per side; a disc centred anywhere in the cell
+    lies within the disc of radius rho + h (h: half the sample diagonal) about the
+    nearest sample, so the count of triangles within rho + h of a sample, maximised
+    over the samples, bounds the count of any disc (with a relative allowance for
+    rounding of the contact distance)."""
+    n = _COVER_SAMPLES
+    h = 0.5 * np.hypot(dx, dy) / n
+    r = (rho + h) * (1 + 1e-6) + 1e-12 * max(dx, dy)
+    k = int(np.ceil(r / min(dx, dy))) + 1
+    # triangles (x, y) vertices, per cell (i, j) at (i dx, j dy): (0, 1), (0, 0), (1, 1)
+    # and (0, 0), (1, 1), (1, 0) in cell units (the two triangles of _collide)
+    unit = np.array([[[0, 1], [0, 0], [1, 1]], [[0, 0], [1, 1], [1, 0]]], np.float64)
+    ij = np.array([(i, j) for i in range(-k, k + 1) for j in range(-k, k + 1)], np.float64)
+    tri = (unit[None] + ij[:, None, None, :]).reshape(-1, 3, 2) * np.array([dx, dy])
+    u = np.linspace(0.0, 1.0, n + 1)
+    pts = np.stack(np.meshgrid(u * dx, u * dy, indexing="ij"), -1).reshape(-1, 1, 2)
+    a, b = tri, np.roll(tri, -1, axis=1)                   # edges a -> b, (T, 3, 2)
+    ab = b - a
+    # signed side of each edge (triangles counter-clockwise or not: compare with the
+    # opposite vertex), inside when on the opposite vertex's side of all three edges
+    opp = np.roll(tri, 1, axis=1)
+    cr = lambda e, v: e[..., 0] * v[..., 1] - e[..., 1] * v[..., 0]
+    inside = np.all(cr(ab[None], pts[:, :, None] - a[None]) * cr(ab, opp - a)[None] >= 0,
+                    axis=2)
+    t = np.clip(np.sum((pts[:, :, None] - a[None]) * ab[None], -1) /
+                np.sum(ab * ab, -1)[None], 0.0, 1.0)
+    near = a[None] + t[..., None] * ab[None]
+    dist = np.min(np.linalg.norm(pts[:, :, None] - near, axis=-1), axis=2)
+    meets = inside | (dist <= r)
+    return int(np.max(np.sum(meets, axis=1)))
 
 
 # --------------------------------------------------------------------------- supports
@@ -310,10 +360,6 @@ def _vdot(a, b):
     return out
 
 
-def _vscale(a, k):
-    return tuple(x if _z(x) else x * k for x in a)
-
-
 class _Like:
     """Constant (P,) arrays of one shape and dtype, made once per value (vmapped, each
     new constant is a broadcast equation)."""
@@ -348,34 +394,6 @@ def _vnormalize(a, like):
     return out, n
 
 
-def _vfull(a, like):
-    return tuple(like.full(x) if isinstance(x, float) else x for x in a)
-
-
-def _prism_planes_cm(t, base):
-    """:func:`_prism_planes` for P prisms at once: top vertices ``t`` (three 3-tuples of
-    (P,) arrays); returns the five faces as (normal 3-tuple, offset)."""
-    like = _Like(t[0][0])
-    ntop = c_cross(_vsub(t[1], t[0]), _vsub(t[2], t[0]))
-    flip = ntop[2] < 0
-    ntop, _ = _vnormalize(tuple(sel(flip, -x, x) for x in ntop), like)
-    faces = [(ntop, _vdot(ntop, t[0])), ((0.0, 0.0, -1.0), base)]
-    cen = tuple((t[0][i] + t[1][i] + t[2][i]) / 3 for i in range(3))
-    for i in range(3):
-        e = _vsub(t[(i + 1) % 3], t[i])
-        side, _ = _vnormalize((e[1], -e[0], 0.0), like)
-        out = _vdot(side, _vsub(cen, t[i])) > 0
-        side = tuple(x if _z(x) else sel(out, -x, x) for x in side)
-        faces.append((side, _vdot(side, t[i])))
-    return faces
-
-
-def _height(n, off, p):
-    """Signed height of point p above the plane (n, off): n.p - off."""
-    h = _vdot(n, p)
-    return -off + h if _z(h) else h - off
-
-
 #: parts per stack of :func:`_materialise`
 _STACK = 8
 
@@ -397,95 +415,113 @@ def _materialise(parts):
     return out
 
 
-def _sphere_prisms(t, base, c, r):
-    """(dist, pos, normal) of a sphere (centre c, radius r) against P prisms at once:
-    top vertices ``t`` (three 3-tuples of (P,) arrays), bottom at -base: centre
-    inside, the nearest face; outside, the closest boundary point as in
-    :func:`_point_prism`. Written per component (vmapped over prisms, the (P, 5, 3)
-    and (P, 14, 3) arrays have minor axes of 3: slow slices and concatenations on
-    CPU), in stages whose results are materialised (:func:`_materialise`). Outputs
-    (P,) and (P, 3)."""
-    like = _Like(t[0][0])
-    # the centre broadcast once (vmapped, every scalar meeting a (P,) array would be)
-    cc = tuple(jnp.broadcast_to(x[0], like.shape) for x in jnp.split(c, 3))
-    # stage 1: the five face planes (the bottom's is static, the sides' z is zero)
-    faces = _prism_planes_cm(t, base)
-    vals = list(faces[0][0]) + [faces[0][1]]
-    for f in (2, 3, 4):
-        vals += [faces[f][0][0], faces[f][0][1], faces[f][1]]
-    vals = _materialise(vals)
-    faces = [(tuple(vals[:3]), vals[3]), faces[1]]
-    for i in range(3):
-        x, y, o = vals[4 + 3 * i:7 + 3 * i]
-        faces.append(((x, y, 0.0), o))
-    # stage 2: heights of the centre over the planes; squared distances to the 14
-    # candidates of the closest boundary point (face projections inside their face,
-    # then the edges) and the in-face flags
-    s = [_height(n, off, cc) for n, off in faces]
-    bot = [(t[i][0], t[i][1], -base) for i in range(3)]
-    edges = ([(t[i], t[(i + 1) % 3]) for i in range(3)] +
-             [(bot[i], bot[(i + 1) % 3]) for i in range(3)] +
-             [(bot[i], t[i]) for i in range(3)])
+def _sphere_canon(z, p, dx, dy, base, r):
+    """(dist, pos, normal) of a sphere of radius r against P prisms in the canonical
+    frame of their triangle: top vertices A = (0, dy, z[0]), B = (0, 0, z[1]),
+    C = (dx, dy, z[2]) (the first triangle of a cell in the cell's frame; the second,
+    turned half a turn about the cell's centre, is the same), bottom at -base; ``z``
+    three (P,) arrays, ``p`` the centre as three (P,) arrays in each prism's frame.
+    The method of :func:`_point_prism` (centre outside: the closest of the five face
+    projections that fall in their face and the nine edges' closest points; inside:
+    the nearest face), with the static parts of the planes and edges (the sides are
+    the planes x = 0, y = dy and the diagonal, the bottom z = -base) written out. In
+    stages whose results are materialised (:func:`_materialise`). Outputs (P,) and
+    three-tuples of (P,) arrays, in the canonical frame."""
+    za, zb, zc = z
+    px, py, pz = p
+    L = float(np.hypot(dx, dy))
+    a3, b3 = dy / L, dx / L                       # diagonal side's normal (a3, -b3, 0)
+    one = jnp.ones_like(za)
+    pb = pz + base                                # centre above the bottom
+    # stage 1: the top plane (normal (tx, ty, tz), offset to), the centre's height over
+    # it and the vertical edges' parameters
+    ex, ey = -dy * (zc - za), dx * (zb - za)
+    ez = dx * dy
+    nn = jnp.sqrt(ex * ex + ey * ey + ez * ez)
+    tx, ty, tz = ex / nn, ey / nn, ez / nn
+    to = ty * dy + tz * za
+    s0 = tx * px + ty * py + tz * pz - to
 
-    def face_point(f, sf):
-        return _vsub(cc, _vscale(faces[f][0], sf))
+    def vert_u(zv):
+        den = zv + base
+        return jnp.clip(pb / jnp.where(den > MINVAL, den, one), 0.0, 1.0)
+    tx, ty, tz, to, s0, u6, u7, u8 = _materialise([tx, ty, tz, to, s0, vert_u(za),
+                                                   vert_u(zb), vert_u(zc)])
+    top = lambda qx, qy, qz: tx * qx + ty * qy + tz * qz - to
+    # stage 2: heights over the other faces, the face projections inside their face,
+    # the top edges' parameters, squared distances of the 14 candidates
+    s1, s2, s3, s4 = -pb, -px, a3 * px - b3 * py, py - dy
+    q0 = (px - s0 * tx, py - s0 * ty, pz - s0 * tz)
+    q3x, q3y = px - s3 * a3, py + s3 * b3
+    in0 = ((s0 > 0) & (-q0[2] - base <= 0) & (-q0[0] <= 0) &
+           (a3 * q0[0] - b3 * q0[1] <= 0) & (q0[1] - dy <= 0))
+    in1 = (s1 > 0) & (top(px, py, -base) <= 0) & (s2 <= 0) & (s3 <= 0) & (s4 <= 0)
+    in2 = (s2 > 0) & (top(0.0, py, pz) <= 0) & (s1 <= 0) & (-b3 * py <= 0) & (s4 <= 0)
+    in3 = (s3 > 0) & (top(q3x, q3y, pz) <= 0) & (s1 <= 0) & (-q3x <= 0) & (q3y - dy <= 0)
+    in4 = ((s4 > 0) & (top(px, dy, pz) <= 0) & (s1 <= 0) & (s2 <= 0) &
+           (a3 * px - b3 * dy <= 0))
+    # a projection outside its face: the largest finite value (an inf would not
+    # survive the identity product of _materialise: inf * 0 is nan)
+    big = jnp.full_like(za, np.finfo(za.dtype).max)
+    dface = [jnp.where(ok, sf * sf, big) for ok, sf in
+             ((in0, s0), (in1, s1), (in2, s2), (in3, s3), (in4, s4))]
 
-    def edge_param(a, b):
-        ab = _vsub(b, a)
-        den = _vdot(ab, ab)
-        return jnp.clip(_vdot(_vsub(cc, a), ab) / sel(den > MINVAL, den, like.full(1.0)),
-                        0.0, 1.0)
+    def seg_u(ax, ay, az, bx, by, bz):          # parameter of the closest point
+        den = bx * bx + by * by + bz * bz
+        num = (px - ax) * bx + (py - ay) * by + (pz - az) * bz
+        return jnp.clip(num / jnp.where(den > MINVAL, den, one), 0.0, 1.0)
+    # top edges A -> B, B -> C, C -> A as (start, direction)
+    tedge = [((0.0, dy, za), (0.0, -dy, zb - za)), ((0.0, 0.0, zb), (dx, dy, zc - zb)),
+             ((dx, dy, zc), (-dx, 0.0, za - zc))]
+    u0, u1, u2 = (seg_u(*a, *b) for a, b in tedge)
+    # bottom edges A' -> B', B' -> C', C' -> A' (horizontal, at -base)
+    u3 = jnp.clip((dy - py) / dy, 0.0, 1.0)
+    u4 = jnp.clip((px * dx + py * dy) / (dx * dx + dy * dy), 0.0, 1.0)
+    u5 = jnp.clip((dx - px) / dx, 0.0, 1.0)
 
-    def edge_point(a, b, u):
-        return tuple(x if _z(y) else x + y * u for x, y in zip(a, _vsub(b, a)))
+    def points(u):        # the nine edges' closest points (x, y, z) for parameters u
+        out = [(a[0] + u[i] * b[0], a[1] + u[i] * b[1], a[2] + u[i] * b[2])
+               for i, (a, b) in enumerate(tedge)]
+        out += [(0.0, dy - u[3] * dy, -base), (u[4] * dx, u[4] * dy, -base),
+                (dx - u[5] * dx, dy, -base)]
+        out += [(x, y, -base + u[6 + i] * (zv + base))
+                for i, (x, y, zv) in enumerate(((0.0, dy, za), (0.0, 0.0, zb),
+                                                (dx, dy, zc)))]
+        return out
 
     def d2(q):
-        dc = _vsub(_vfull(q, like), cc)
-        return _vdot(dc, dc)
-
-    inface = []
-    for f in range(5):
-        q = face_point(f, s[f])
-        ok = s[f] > 0
-        for j, (nj, offj) in enumerate(faces):
-            if j != f:
-                ok = ok & (_height(nj, offj, q) <= 0)
-        inface.append(ok.astype(like.dtype))
-    u = [edge_param(a, b) for a, b in edges]
-    dist2 = [d2(face_point(f, s[f])) for f in range(5)] + [
-        d2(edge_point(a, b, ue)) for (a, b), ue in zip(edges, u)]
-    # the edge parameters too (their divisions are not fused into two consumers); each
-    # edge's parameter and distance in one stack
-    vals = _materialise([x for e in range(9) for x in (u[e], dist2[5 + e])] +
-                        s + inface + dist2[:5])
-    u, dist2 = vals[0:18:2], vals[28:33] + vals[1:18:2]
-    s, inface = vals[18:23], vals[23:28]
-    # stage 3: the nearest face (first maximum, argmax) and the closest candidate
-    # (first minimum, argmin), its point recomputed from the planes and edge parameters
-    sk, nk = s[0], _vfull(faces[0][0], like)
+        ox, oy, oz = px - q[0], py - q[1], pz - q[2]
+        return ox * ox + oy * oy + oz * oz
+    dedge = [d2(q) for q in points((u0, u1, u2, u3, u4, u5, u6, u7, u8))]
+    vals = _materialise([u0, u1, u2] + dface + dedge)
+    u0, u1, u2, dist2 = vals[0], vals[1], vals[2], vals[3:]
+    # stage 3: the nearest face (first maximum) and the closest candidate (first
+    # minimum), its point recomputed from the heights and edge parameters
+    fn = [(tx, ty, tz), (0.0, 0.0, -1.0), (-1.0, 0.0, 0.0), (a3, -b3, 0.0), (0.0, 1.0, 0.0)]
+    sf = [s0, s1, s2, s3, s4]
+    fq = [q0, (px, py, -base), (0.0, py, pz), (q3x, q3y, pz), (px, dy, pz)]
+    cand = fq + points((u0, u1, u2, u3, u4, u5, u6, u7, u8))
+    full = lambda v: v if not isinstance(v, float) else jnp.full_like(za, v)
+    sk, nk = sf[0], tuple(full(x) for x in fn[0])
     for f in range(1, 5):
-        better = s[f] > sk
-        sk = sel(better, s[f], sk)
-        nk = _vsel(better, _vfull(faces[f][0], like), nk, like)
-    best = sel(inface[0] > 0, dist2[0], like.full(np.inf))
-    q = _vfull(face_point(0, s[0]), like)
+        better = sf[f] > sk
+        sk = jnp.where(better, sf[f], sk)
+        nk = tuple(jnp.where(better, full(a), b) for a, b in zip(fn[f], nk))
+    best, q = dist2[0], tuple(full(x) for x in cand[0])
     for j in range(1, 14):
-        dj = sel(inface[j] > 0, dist2[j], like.full(np.inf)) if j < 5 else dist2[j]
-        qj = _vfull(face_point(j, s[j]) if j < 5 else edge_point(*edges[j - 5], u[j - 5]),
-                    like)
-        closer = dj < best
-        best = sel(closer, dj, best)
-        q = _vsel(closer, qj, q, like)
+        closer = dist2[j] < best
+        best = jnp.where(closer, dist2[j], best)
+        q = tuple(jnp.where(closer, full(a), b) for a, b in zip(cand[j], q))
     vals = _materialise(list(q) + list(nk) + [sk])
     q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
-    # stage 4: the contact (materialised: the driver packs it into one array)
+    # stage 4: the contact
+    like = _Like(za)
     inside = sk <= 0
-    n_out, dd = _vnormalize(_vsub(cc, q), like)
+    n_out, dd = _vnormalize(_vsub((px, py, pz), q), like)
     n = _vsel(inside, nk, n_out, like)
-    dist = sel(inside, sk, dd) - r
-    pos = tuple(cc[i] - n[i] * (r + 0.5 * dist) for i in range(3))
-    vals = _materialise([dist, *pos, *n])
-    return vals[0], jnp.stack(vals[1:4], -1), jnp.stack(vals[4:], -1)
+    dist = jnp.where(inside, sk, dd) - r
+    pos = tuple(c - n[i] * (r + 0.5 * dist) for i, c in enumerate((px, py, pz)))
+    return dist, pos, n
 
 
 def _sep_axes(axes, v, lo):
@@ -762,13 +798,21 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
     prisms = jnp.concatenate([bot, top], 1)                        # (P, 6, 3)
 
     if t2 == GT.SPHERE:
-        # prism p = 2 cell + triangle; vertex i of each as (P,) components (one
-        # transposed array, its rows sliced)
-        tv = jnp.stack([xs, ys, zs]).reshape(3, -1, 2, 3).transpose(3, 0, 1, 2)
-        tv = tv.reshape(3, 3, -1)                                  # (vertex, xyz, P)
-        t = [tuple(tv[i, k] for k in range(3)) for i in range(3)]
+        # prism p = 2 cell + triangle, each in its triangle's canonical frame
+        # (_sphere_canon): the first triangle of a cell moved by -(x0, y0), the second
+        # turned half a turn about the cell's centre, (x1, y1) to the origin; results
+        # back in the height-field frame (exact: sign flips)
         fn = None
-        dist, pos, n = _sphere_prisms(t, s3, lpos, g2.size[0])
+        pair = lambda a, b: jnp.stack([a, b], -1).reshape(-1)
+        sgn = np.tile(np.array([1.0, -1.0], dt), x0.shape[0])
+        ox, oy = pair(x0, x1), pair(y0, y1)
+        z = (pair(h[:, 2], h[:, 1]), pair(h[:, 0], h[:, 3]), pair(h[:, 3], h[:, 0]))
+        pl = (sgn * (lpos[0] - ox), sgn * (lpos[1] - oy),
+              jnp.broadcast_to(lpos[2], ox.shape))
+        dist, pc, nc_ = _sphere_canon(z, pl, dx, dy, s3, g2.size[0])
+        vals = _materialise([dist, ox + sgn * pc[0], oy + sgn * pc[1], pc[2],
+                             sgn * nc_[0], sgn * nc_[1], nc_[2]])
+        dist, pos, n = vals[0], jnp.stack(vals[1:4], -1), jnp.stack(vals[4:], -1)
     elif t2 == GT.CAPSULE:
         ax = lmat[:, 2] * g2.size[1]
         fn = lambda v: _capsule_prism(v, s3, lpos - ax, lpos + ax, g2.size[0])
