@@ -148,17 +148,18 @@ def collider_for(m, g1, g2, ipair=-1):
         mid = int(np.asarray(m.geom_dataid)[g2])
         tab = convex.mesh_table(m, [mid])          # this mesh only: no padding
         mesh = (tab["vert"][0], tab["normal"][0], tab["edge"][0], tab["hface"][0])
-    key = (t2, nrow, ncol, tuple(size), nc, nr, nc0, nr0, hash(data.tobytes()),
+    maxcon = min(MAXCONPAIR, 2 * nc0 * nr0)
+    if maxcon <= _COVER_MAX:
+        dx, dy = 2 * size[0] / (ncol - 1), 2 * size[1] / (nrow - 1)
+        maxcon = min(maxcon, disc_cover(dx, dy, float(np.asarray(m.geom_rbound)[g2])))
+    # the capacity is in the key: geoms of one window size can differ in disc cover
+    key = (t2, nrow, ncol, tuple(size), nc, nr, nc0, nr0, maxcon, hash(data.tobytes()),
            None if mesh is None else tuple(hash(a.tobytes()) for a in mesh))
     fn = _COLLIDERS.get(key)
     if fn is None:
         fn = functools.partial(_collide, t2=t2, data=data, nrow=nrow, ncol=ncol,
                                size=size, nc=nc, nr=nr, mesh=mesh)
-        dx, dy = 2 * size[0] / (ncol - 1), 2 * size[1] / (nrow - 1)
-        fn.maxcon = min(MAXCONPAIR, 2 * nc0 * nr0)
-        if fn.maxcon <= _COVER_MAX:
-            rb = float(np.asarray(m.geom_rbound)[g2])
-            fn.maxcon = min(fn.maxcon, disc_cover(dx, dy, rb))
+        fn.maxcon = maxcon
         fn.hfield = True
         _COLLIDERS[key] = fn
     return fn
