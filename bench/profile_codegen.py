@@ -40,11 +40,21 @@ _CHILD = """
 import sys, jax, jax.numpy as jnp
 sys.path.insert(0, {root!r})
 import simjax
+from bench import models as bench_models
 from bench.profile_contact import MODELS
-m = simjax.load_model(MODELS.get({name!r}, {name!r}))
-d0 = simjax.make_data(m)
-b = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, ({batch},) + x.shape), d0)
-exe = jax.jit(jax.vmap(lambda d: simjax.step(m, d))).lower(b).compile()
+name = {name!r}
+if name in bench_models.MODELS:
+    # a bench model (disableflags applied): the rollout the bench compiles
+    from bench import backends
+    spec = bench_models.MODELS[name]
+    b = backends.SimJax(bench_models.mj_model(spec), {batch}, 4, spec.path,
+                        spec.disableflags)
+    exe = b._roll.lower(b.data).compile()
+else:
+    m = simjax.load_model(MODELS.get(name, name))
+    d0 = simjax.make_data(m)
+    b = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, ({batch},) + x.shape), d0)
+    exe = jax.jit(jax.vmap(lambda d: simjax.step(m, d))).lower(b).compile()
 open({out!r}, "w").write(exe.as_text())
 """
 
@@ -56,7 +66,7 @@ def _compile_logged(name, batch, tmp):
                XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""),
                                    "--xla_cpu_parallel_codegen_split_count=1000",
                                    f"--xla_dump_to={dump}",
-                                   "--xla_dump_hlo_module_re=.*lambda.*"]).strip())
+                                   "--xla_dump_hlo_module_re=.*(lambda|roll).*"]).strip())
     code = _CHILD.format(root=os.path.join(HERE, ".."), name=name, batch=batch, out=hlo)
     log = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stderr
@@ -65,8 +75,8 @@ def _compile_logged(name, batch, tmp):
                           log):
         ms[mt.group(1)] = int(mt.group(2)) / 1000     # the step is the last module compiled
     fns = {}
-    for f in glob.glob(os.path.join(dump, "*jit__lambda.*.ir-with-opt.ll")):
-        key = re.search(r"jit__lambda\.(.*)\.ir-with-opt\.ll", os.path.basename(f)).group(1)
+    for f in glob.glob(os.path.join(dump, "*jit_*.ir-with-opt.ll")):
+        key = re.search(r"jit__?(?:lambda|roll)\.(.*)\.ir-with-opt\.ll", os.path.basename(f)).group(1)
         fns[key] = [re.search(r"@([\w.\-\"]+)\(", ln).group(1) for ln in open(f)
                     if ln.startswith("define ") and "@llvm." not in ln]
     return open(hlo).read(), ms, fns
@@ -88,7 +98,7 @@ def _duplicates(comps, inner):
     return {k: v for k, v in groups.items() if len(v) > 1}
 
 
-def profile(name, batch, top):
+def profile(name, batch, top, only=None):
     with tempfile.TemporaryDirectory() as tmp:
         text, ms, fns = _compile_logged(name, batch, tmp)
     fn_ms = {}
@@ -117,6 +127,8 @@ def profile(name, batch, top):
         print(f"  {v:7.0f}  {count[key]:7d}  {key}")
     print("  -- costliest kernels: ms, kernel, opcode, innermost frames")
     for cost, kn, op, fr in sorted(rows, key=lambda r: -r[0])[:top]:
+        if only and not (fr and only in f"{fr[-1][0]}.{fr[-1][1]}"):
+            continue
         where = " < ".join(f"{a}.{b}:{c}" for a, b, c in fr[::-1][:2])
         print(f"  {cost:7.1f}  {kn:32s} {op:14s} {where}")
     ops = collections.Counter(op for _, _, op, _ in rows)
@@ -131,9 +143,10 @@ def main():
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--models", default="humanoid")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--only", help="list the costliest kernels of this function only")
     args = ap.parse_args()
     for name in args.models.split(","):
-        profile(name, args.batch, args.top)
+        profile(name, args.batch, args.top, args.only)
 
 
 if __name__ == "__main__":

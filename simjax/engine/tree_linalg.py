@@ -353,6 +353,10 @@ class _LevelPlan:
     real: np.ndarray        # packed entry -> whether it is a tree entry (else padding)
     dense: np.ndarray       # (nv * nv,) dense entry -> packed entry (last: zero)
     pairs: int              # (dof, proper descendant) pairs: the factorisation's terms
+    chain: int = 0          # trailing groups that are the root's chain of single dofs
+    # the other rows below the chain: runs of rows of one group whose entries for the
+    # chain are in the same columns (see _chain_plan)
+    chain_runs: tuple = ()
 
 
 def _level_plan(m) -> _LevelPlan:
@@ -419,9 +423,80 @@ def _level_plan(m) -> _LevelPlan:
     dense[dense < 0] = len(src)
     groups = tuple((tuple(r), w, tuple(t)) for r, w, t in zip(rows, width, terms))
     plan = _LevelPlan(groups=groups, offsets=tuple(offsets), src=np.asarray(src),
-                      real=np.asarray(real), dense=dense, pairs=sum(map(len, desc)))
+                      real=np.asarray(real), dense=dense, pairs=sum(map(len, desc)),
+                      **_chain_plan(parent, depth, chain, rows, width))
     _CACHE[key] = plan
     return plan
+
+
+def _chain_plan(parent, depth, chain, rows, width):
+    """The root chain of :func:`_level_plan`'s groups (see :func:`_chain_schur`): the
+    trailing groups of one dof each, every dof the parent of the one in the group
+    before, starting at a root (the humanoid's free joint and abdomen: 9 dofs, with
+    180 of its 195 terms); {} when there is none worth it."""
+    ng = len(rows)
+    c = 0
+    while (c < ng and len(rows[ng - 1 - c]) == 1 and depth[rows[ng - 1 - c][0]] == c
+           and width[ng - 1 - c] == c + 1
+           and (c == 0 or parent[rows[ng - 1 - c][0]] == rows[ng - c][0])):
+        c += 1
+    if c < _CHAIN_MIN or c == ng:
+        return {}
+    ids = [rows[ng - 1 - p][0] for p in range(c)]             # by depth
+    # the other rows below the chain, as runs of rows of a group sharing their chain
+    # entries' columns: (group, first row, end row, first column, chain ancestors)
+    runs = []
+    for j in range(ng - c):
+        for r, i in enumerate(rows[j]):
+            a = sum(d in ids for d in chain[i][:-1])
+            if not a:
+                continue
+            col0 = int(width[j] - 1 - depth[i])
+            if runs and runs[-1][0] == j and runs[-1][2] == r and runs[-1][3:] == (col0, a):
+                runs[-1] = (j, runs[-1][1], r + 1, col0, a)
+            else:
+                runs.append((j, r, r + 1, col0, a))
+    if not runs:
+        return {}
+    return dict(chain=c, chain_runs=tuple(runs))
+
+
+#: shortest root chain :func:`_chain_schur` takes over
+_CHAIN_MIN = 3
+
+
+def _chain_schur(plan, blocks, w):
+    """The terms of the rows below the root chain (of :func:`_level_plan`) that are
+    not in it, in the chain's rows: sum over such dofs k of L_kp D_k L_kq for chain
+    depths p, q, (G, chain, chain, W) (the full square; rows use their lower part).
+
+    ``blocks``: the finished blocks of the groups before the chain. The chain's own
+    groups then only subtract each other's terms. One term per chain row and
+    descendant (as the other groups have) was most of the humanoid's program (180 of
+    195 terms, in 9 of its 15 group kernels, 12 to 26 terms each: about 1300 of the
+    step's 3800 jaxpr equations). Here the rows' entries for the chain are gathered
+    once (a kernel XLA does not recompute for each of the square's entries, which it
+    did for a gather per entry, 0.6x slower) and multiplied and summed in one
+    reduction kernel, whose result XLA does not recompute in the chain's kernels
+    (slices and concatenations of the blocks in place of the gather made XLA write
+    out every slice separately)."""
+    g = blocks[0].shape[0]
+    c = plan.chain
+    nother = len(plan.groups) - c
+    flat = jnp.concatenate([b.reshape(g, -1, w) for b in blocks[:nother]] +
+                           [jnp.zeros((g, 1, w), blocks[0].dtype)], 1)
+    # a group's entry (column col, row r of its k rows) is at base + col * k + r
+    base = np.cumsum([0] + [b.shape[1] * b.shape[2] // w for b in blocks[:nother]])
+    zero = base[-1]
+    li, di = [], []
+    for j, r0, r1, col0, a in plan.chain_runs:
+        k, ws = len(plan.groups[j][0]), plan.groups[j][1]
+        for r in range(r0, r1):
+            li.append([base[j] + (col0 + p) * k + r if p < a else zero for p in range(c)])
+            di.append(base[j] + (ws - 1) * k + r)
+    lk = flat[:, np.asarray(li)]                          # (G, K, c, W)
+    dk = flat[:, np.asarray(di)][:, :, None]              # (G, K, 1, W): pivots
+    return jnp.sum((lk * dk)[:, :, :, None] * lk[:, :, None, :], 1)
 
 
 def _level_ld_blocks(plan, pk):
@@ -439,14 +514,25 @@ def _level_ld_blocks(plan, pk):
     separately and concatenated, as before, made XLA emit scalar kernels that took
     several times as long to compile. Each block ends in a division, which XLA does not
     duplicate into its consumers, so no group is computed twice. Written with ``lax``
-    operations, which trace faster than ``jnp`` indexing.
+    operations, which trace faster than ``jnp`` indexing. The rows of a root chain
+    (a free joint's dofs and the single hinges below it) subtract the terms of the
+    other dofs below them in one piece (:func:`_chain_schur`); their sum is then
+    added up in another order than MuJoCo's (same results up to rounding).
     """
     g, w = pk.shape[0], pk.shape[2]
     blocks = []
-    for (dofs, width, terms), off in zip(plan.groups, plan.offsets):
+    first = len(plan.groups) - plan.chain if plan.chain and _CHAIN else len(plan.groups)
+    for j, ((dofs, width, terms), off) in enumerate(zip(plan.groups, plan.offsets)):
         k = len(dofs)
         shape = (g, width, k * w)
         num = lax.slice_in_dim(pk, off, off + k * width, axis=1).reshape(shape)
+        if j >= first:
+            # a row of the root chain (depth width - 1): the terms of the dofs below
+            # it that are not in the chain at once (_chain_schur), then the chain's
+            if j == first:
+                schur = _chain_schur(plan, blocks, w)
+            num = lax.sub(num, schur[:, width - 1, :width])
+            terms = [t for t in terms if t[0] >= first]
         for s, r0, dl in terms:
             q = blocks[s]
             ws = q.shape[1]
@@ -556,3 +642,5 @@ def factor_ld_pair(m, a, add_diag):
 #: LAPACK
 _LEVEL_MAX_GROUPS = 16
 _LEVEL_MAX_TERMS = 512
+#: whether the root chain's rows start from :func:`_chain_schur` (read at trace time)
+_CHAIN = True
