@@ -145,9 +145,12 @@ def _eval_point(qg, alpha, tot):
 
 
 def _transitions():
-    """The line search's transitions (:func:`_linesearch`): per transition, the source of
-    the new p1, p2, p1n, p2n, res (0-4 the old points, 5 the new point q, 6 zero), the
-    new phase, whether the island is done, the new f2 flag (-1: unchanged)."""
+    """The line search's transitions (:func:`_linesearch`), (41, 8) int32: per
+    transition, the source of the new p1, p2, p1n, p2n, res (0-4 the old points, 5 the
+    new point q, 6 zero), the new phase (-1: unchanged), whether the island is done,
+    the new f2 flag (-1: unchanged). Phase 4's updates (15-30) are 15 + (p1's source
+    among p1, p1n, p2n, q) + 4 (p2's among p2, p1n, p2n, q); 15 itself (neither
+    moves) does not occur (14 is taken)."""
     P1, P2, P1N, P2N, RES, Q, ZERO = range(7)
     rows = []
 
@@ -195,6 +198,15 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     appears once in the program) until every island has finished its own search:
     phase 0 alpha = 0, 1 first Newton step, 2 one-sided Newton steps, 3 Newton point of
     p1 before bracketing, 4 bracket midpoint, 5 / 6 Newton points of updated brackets.
+
+    An iteration's outcome per island is one transition (a row of ``_TRANSITIONS``),
+    picked by one integer ``t``: every new point is one of the old points, the new
+    point or zero, taken by index. The decisions are so computed once per island; as
+    a select per point slot, XLA's CPU fusion evaluated them again in every slot of
+    the packed state's concatenation (one kernel of 630-980 ms of LLVM time per model;
+    a gather's indices are not fused into it, so ``t`` is computed once). The same
+    comparisons in the same order as MuJoCo's, and only selections: the results are
+    those of the per-slot selects.
     """
     zero = jnp.zeros((k, 4), dtype)
     newton = lambda q: q[:, 0] - q[:, 2] / q[:, 3]
@@ -209,7 +221,8 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
         q = evaluate(alpha)
         n = s["n"] + 1
         stop = n >= ls_iter
-        # phases 1 and 2: Newton steps of the one-sided search
+        # phases 1 and 2 (first and one-sided Newton steps; phase 1 sets the direction):
+        # finished (converged, or out of evaluations), one more step, or to bracketing
         direction = jnp.where(q[:, 2] < 0, 1.0, -1.0).astype(dtype)
         init_ok = (jnp.abs(q[:, 2]) < gtol) & ((q[:, 0] == 0) | (q[:, 1] < 0))
         ok2 = (jnp.abs(q[:, 2]) < gtol) & (q[:, 1] < 0)
@@ -241,18 +254,22 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
             return j
 
         u1, u2 = upd(p1), upd(p2)
-        t4 = jnp.where(found, 11 + best, jnp.where((u1 == 0) & (u2 == 0), 14, 15 + u1 + 4 * u2))
+        # phase 4: converged (res = the best candidate); no bracket end moves (res = q);
+        # else the ends move. Phases 3, 5, 6 store their Newton point and go on, or stop
+        # out of evaluations (res = LastBracket); phase 5 with f2 goes to phase 6 first
+        t4 = jnp.where(found, 11 + best,
+                       jnp.where((u1 == 0) & (u2 == 0), 14, 15 + u1 + 4 * u2))
         t5 = jnp.where(s["f2"], 31, jnp.where(stop, 33 + lb, 32))
         t6 = jnp.where(stop, 37 + lb, 36)
         t3 = jnp.where(stop, 8 + lb, 7)
-        t = jnp.select([ph == 0, ph <= 2, ph == 3, ph == 4, ph == 5], [i32(0), t12, t3, t4, t5],
-                       t6)
+        t = jnp.select([ph == 0, ph <= 2, ph == 3, ph == 4, ph == 5],
+                       [i32(0), t12, t3, t4, t5], t6)
         if k > 1:
             # islands that finished earlier stay as they are
             t = jnp.where(s["done"], 40, t)
             n = jnp.where(s["done"], s["n"], n)
             sdir = jnp.where(s["done"], s["dir"], sdir)
-        row = table[t]
+        row = table[t]                   # t is a gather index: XLA computes it once
         sources = jnp.concatenate([f[:, :len(pts)], q[:, None], zero[:, None]], 1)
         points = jnp.take_along_axis(sources, row[:, :len(pts), None], 1)
         out = dict(dir=sdir, n=n, ph=jnp.where(row[:, 5] < 0, ph, row[:, 5]),
