@@ -203,10 +203,11 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     picked by one integer ``t``: every new point is one of the old points, the new
     point or zero, taken by index. The decisions are so computed once per island; as
     a select per point slot, XLA's CPU fusion evaluated them again in every slot of
-    the packed state's concatenation (one kernel of 630-980 ms of LLVM time per model;
-    a gather's indices are not fused into it, so ``t`` is computed once). The same
-    comparisons in the same order as MuJoCo's, and only selections: the results are
-    those of the per-slot selects.
+    the packed state's concatenation (one kernel of 630-980 ms of LLVM time per model).
+    The table row of ``t`` is the index operand of the points' gather, which XLA's
+    CPU fusion materialises (one small kernel computes ``t`` and its row) instead of
+    fusing it into every slot. The same comparisons in the same order as MuJoCo's,
+    and only selections: the results are those of the per-slot selects.
     """
     zero = jnp.zeros((k, 4), dtype)
     newton = lambda q: q[:, 0] - q[:, 2] / q[:, 3]
@@ -269,7 +270,7 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
             t = jnp.where(s["done"], 40, t)
             n = jnp.where(s["done"], s["n"], n)
             sdir = jnp.where(s["done"], s["dir"], sdir)
-        row = table[t]                   # t is a gather index: XLA computes it once
+        row = table[t]                  # the points' gather indices: computed once
         sources = jnp.concatenate([f[:, :len(pts)], q[:, None], zero[:, None]], 1)
         points = jnp.take_along_axis(sources, row[:, :len(pts), None], 1)
         out = dict(dir=sdir, n=n, ph=jnp.where(row[:, 5] < 0, ph, row[:, 5]),
