@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 MINVAL = 1e-15
 
@@ -143,6 +144,49 @@ def _eval_point(qg, alpha, tot):
     return jnp.stack([alpha, cost, d0, d1], -1)
 
 
+def _transitions():
+    """The line search's transitions (:func:`_linesearch`), (41, 8) int32: per
+    transition, the source of the new p1, p2, p1n, p2n, res (0-4 the old points, 5 the
+    new point q, 6 zero), the new phase (-1: unchanged), whether the island is done,
+    the new f2 flag (-1: unchanged). Phase 4's updates (15-30) are 15 + (p1's source
+    among p1, p1n, p2n, q) + 4 (p2's among p2, p1n, p2n, q); 15 itself (neither
+    moves) does not occur (14 is taken)."""
+    P1, P2, P1N, P2N, RES, Q, ZERO = range(7)
+    rows = []
+
+    def row(ph, done=0, f2=-1, **src):
+        r = [src.get(key, j) for j, key in enumerate(("p1", "p2", "p1n", "p2n", "res"))]
+        rows.append(r + [ph, done, f2])
+
+    lbs = (P1, P2, ZERO)
+    row(1, p2=Q)                                                    # 0: phase 0
+    for ph, extra in ((1, {}), (2, dict(p2=P1))):                   # 1-3, 4-6
+        row(ph, 1, p1=Q, res=Q, **extra)                            # finished
+        row(2, p1=Q, **extra)                                       # one more step
+        row(3, p1=Q, p2n=Q, **extra)                                # to bracketing
+    row(4, p1n=Q)                                                   # 7: phase 3
+    for lb in lbs:                                                  # 8-10
+        row(4, 1, p1n=Q, res=lb)
+    for best in (P1N, P2N, Q):                                      # 11-13: phase 4
+        row(4, 1, res=best)
+    row(6, 1, 0, res=Q)                                             # 14: no update
+    for u2 in (P2, P1N, P2N, Q):                                    # 15-30: update
+        for u1 in (P1, P1N, P2N, Q):
+            row(5 if u1 != P1 else 6, 0, int(u2 != P2), p1=u1, p2=u2)
+    row(6, p1n=Q)                                                   # 31: phase 5
+    row(4, p1n=Q)                                                   # 32
+    for lb in lbs:                                                  # 33-35
+        row(4, 1, p1n=Q, res=lb)
+    row(4, p2n=Q)                                                   # 36: phase 6
+    for lb in lbs:                                                  # 37-39
+        row(4, 1, p2n=Q, res=lb)
+    row(-1)                                                         # 40: done earlier
+    return np.asarray(rows, np.int32)
+
+
+_TRANSITIONS = _transitions()
+
+
 def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     """MuJoCo's PrimalSearch on every island at once, returning (alpha, improvement),
     (islands,) each; islands in ``skip`` are not searched (alpha 0); ``evaluate(alpha)``
@@ -154,95 +198,85 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     appears once in the program) until every island has finished its own search:
     phase 0 alpha = 0, 1 first Newton step, 2 one-sided Newton steps, 3 Newton point of
     p1 before bracketing, 4 bracket midpoint, 5 / 6 Newton points of updated brackets.
+
+    An iteration's outcome per island is one transition (a row of ``_TRANSITIONS``),
+    picked by one integer ``t``: every new point is one of the old points, the new
+    point or zero, taken by index. The decisions are so computed once per island; as
+    a select per point slot, XLA's CPU fusion evaluated them again in every slot of
+    the packed state's concatenation (one kernel of 630-980 ms of LLVM time per model).
+    The table row of ``t`` is the index operand of the points' gather, which XLA's
+    CPU fusion materialises (one small kernel computes ``t`` and its row) instead of
+    fusing it into every slot. The same comparisons in the same order as MuJoCo's,
+    and only selections: the results are those of the per-slot selects.
     """
     zero = jnp.zeros((k, 4), dtype)
     newton = lambda q: q[:, 0] - q[:, 2] / q[:, 3]
     i32 = lambda x: jnp.asarray(x, jnp.int32)
-    col = lambda c: c[:, None]
+    table = jnp.asarray(_TRANSITIONS)
 
-    def last_bracket(p1, p2):
-        c1 = (p1[:, 1] <= p2[:, 1]) & (p1[:, 1] < 0)
-        c2 = (p2[:, 1] <= p1[:, 1]) & (p2[:, 1] < 0)
-        return jnp.where(col(c1), p1, jnp.where(col(c2), p2, zero))
-
-    def upd(pb, cands):
-        flag = jnp.zeros(k, bool)
-        for cand in cands:
-            neg = (pb[:, 2] < 0) & (cand[:, 2] < 0) & (pb[:, 2] < cand[:, 2])
-            posd = ~neg & (pb[:, 2] > 0) & (cand[:, 2] > 0) & (pb[:, 2] > cand[:, 2])
-            pb = jnp.where(col(neg | posd), cand, pb)
-            flag = flag | neg | posd
-        return pb, flag
-
-    def body(s):
+    def body(s, f):
         ph, p1, p2, p1n, p2n = s["ph"], s["p1"], s["p2"], s["p1n"], s["p2n"]
         alpha = jnp.select([ph == 0, ph == 1, ph == 4, ph == 6],
                            [jnp.zeros(k, dtype), newton(p2), 0.5 * (p1[:, 0] + p2[:, 0]),
                             newton(p2)], newton(p1))
         q = evaluate(alpha)
         n = s["n"] + 1
-        out = dict(s, n=n)
-
-        def go(cond, **kw):
-            for key, v in kw.items():
-                out[key] = jnp.where(cond if out[key].ndim == 1 else col(cond), v, out[key])
-
-        def finish(cond, res):
-            go(cond, res=res, done=jnp.ones(k, bool))
-
-        # decide after a Newton step of the one-sided search
-        def one_sided(cond, p1new, direction):
-            more = (p1new[:, 2] * direction <= -gtol) & (n < ls_iter)
-            go(cond & more, ph=i32(2))
-            finish(cond & ~more & (n >= ls_iter), p1new)
-            go(cond & ~more & (n < ls_iter), ph=i32(3), p2n=p1new)
-
-        # phase 0: p0 is kept in p2 (MuJoCo starts the bracket with p2 = p0)
-        go(ph == 0, p2=q, ph=i32(1))
-        # phase 1
-        c1 = ph == 1
-        init_ok = (jnp.abs(q[:, 2]) < gtol) & ((q[:, 0] == 0) | (q[:, 1] < 0))
+        stop = n >= ls_iter
+        # phases 1 and 2 (first and one-sided Newton steps; phase 1 sets the direction):
+        # finished (converged, or out of evaluations), one more step, or to bracketing
         direction = jnp.where(q[:, 2] < 0, 1.0, -1.0).astype(dtype)
-        go(c1, p1=q, dir=direction)
-        finish(c1 & init_ok, q)
-        one_sided(c1 & ~init_ok, q, direction)
-        # phase 2
-        c2 = ph == 2
+        init_ok = (jnp.abs(q[:, 2]) < gtol) & ((q[:, 0] == 0) | (q[:, 1] < 0))
         ok2 = (jnp.abs(q[:, 2]) < gtol) & (q[:, 1] < 0)
-        go(c2, p1=q, p2=p1)
-        finish(c2 & ok2, q)
-        one_sided(c2 & ~ok2, q, s["dir"])
-        # phase 3: first Newton point of p1, then bracketed search
-        c3 = ph == 3
-        go(c3, p1n=q, ph=i32(4))
-        finish(c3 & (n >= ls_iter), last_bracket(p1, p2))
-        # phase 4: midpoint, convergence check over candidates, bracket update
-        c4 = ph == 4
+        sdir = jnp.where(ph == 1, direction, s["dir"])
+        more = (q[:, 2] * sdir <= -gtol) & ~stop
+        fin12 = jnp.where(ph == 1, init_ok, ok2) | (~more & stop)
+        t12 = jnp.where(fin12, 0, jnp.where(more, 1, 2)) + jnp.where(ph == 1, 1, 4)
+        # the bracket's last point (LastBracket): p1, p2 or zero
+        lb1 = (p1[:, 1] <= p2[:, 1]) & (p1[:, 1] < 0)
+        lb2 = (p2[:, 1] <= p1[:, 1]) & (p2[:, 1] < 0)
+        lb = jnp.where(lb1, 0, jnp.where(lb2, 1, 2))
+        # phase 4: convergence over the candidates p1n, p2n, q and the bracket updates
         cands = (p1n, p2n, q)
-        best, bestc, found = q, jnp.zeros(k, dtype), jnp.zeros(k, bool)
-        for cand in cands:
+        best, bestc, found = i32(0), jnp.zeros(k, dtype), jnp.zeros(k, bool)
+        for j, cand in enumerate(cands):
             ok = (jnp.abs(cand[:, 2]) < gtol) & (~found | (cand[:, 1] < bestc))
-            best = jnp.where(col(ok), cand, best)
+            best = jnp.where(ok, j, best)
             bestc = jnp.where(ok, cand[:, 1], bestc)
             found = found | ok
-        p1u, f1 = upd(p1, cands)
-        p2u, f2 = upd(p2, cands)
-        finish(c4 & found, best)
-        finish(c4 & ~found & ~f1 & ~f2, q)
-        go(c4 & ~found, p1=p1u, p2=p2u, f2=f2,
-           ph=jnp.where(f1, i32(5), i32(6)))
-        # phases 5 / 6: Newton points of the updated brackets
-        c5 = ph == 5
-        go(c5, p1n=q, ph=jnp.where(s["f2"], i32(6), i32(4)))
-        c6 = ph == 6
-        go(c6, p2n=q, ph=i32(4))
-        back = (c5 & ~s["f2"]) | c6
-        finish(back & (n >= ls_iter), last_bracket(p1, p2))
-        if k == 1:
-            return out
-        # islands that finished earlier stay as they are
-        return {key: jnp.where(s["done"] if v.ndim == 1 else col(s["done"]), s[key], v)
-                for key, v in out.items()}
+
+        def upd(pb):
+            # the candidate (1 + its position; 0: pb itself) that replaces pb
+            j, d = i32(0), pb[:, 2]
+            for c, cand in enumerate(cands):
+                neg = (d < 0) & (cand[:, 2] < 0) & (d < cand[:, 2])
+                posd = ~neg & (d > 0) & (cand[:, 2] > 0) & (d > cand[:, 2])
+                j = jnp.where(neg | posd, c + 1, j)
+                d = jnp.where(neg | posd, cand[:, 2], d)
+            return j
+
+        u1, u2 = upd(p1), upd(p2)
+        # phase 4: converged (res = the best candidate); no bracket end moves (res = q);
+        # else the ends move. Phases 3, 5, 6 store their Newton point and go on, or stop
+        # out of evaluations (res = LastBracket); phase 5 with f2 goes to phase 6 first
+        t4 = jnp.where(found, 11 + best,
+                       jnp.where((u1 == 0) & (u2 == 0), 14, 15 + u1 + 4 * u2))
+        t5 = jnp.where(s["f2"], 31, jnp.where(stop, 33 + lb, 32))
+        t6 = jnp.where(stop, 37 + lb, 36)
+        t3 = jnp.where(stop, 8 + lb, 7)
+        t = jnp.select([ph == 0, ph <= 2, ph == 3, ph == 4, ph == 5],
+                       [i32(0), t12, t3, t4, t5], t6)
+        if k > 1:
+            # islands that finished earlier stay as they are
+            t = jnp.where(s["done"], 40, t)
+            n = jnp.where(s["done"], s["n"], n)
+            sdir = jnp.where(s["done"], s["dir"], sdir)
+        row = table[t]                  # the points' gather indices: computed once
+        sources = jnp.concatenate([f[:, :len(pts)], q[:, None], zero[:, None]], 1)
+        points = jnp.take_along_axis(sources, row[:, :len(pts), None], 1)
+        out = dict(dir=sdir, n=n, ph=jnp.where(row[:, 5] < 0, ph, row[:, 5]),
+                   done=s["done"] | (row[:, 6] == 1),
+                   f2=jnp.where(row[:, 7] < 0, s["f2"], row[:, 7] == 1))
+        return pack_meta(out, points)
 
     # the loop carries one array: the points, and the direction, phase, evaluation count
     # and flags as floats (small integers, exact). Every loop-carried array costs a copy
@@ -251,12 +285,15 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     # instead of three: 23 -> 15 kernels per iteration on the humanoid)
     pts = ("p1", "p2", "p1n", "p2n", "res")
 
-    def pack(s):
+    def pack_meta(s, points):
         meta = jnp.stack([s["dir"], s["ph"].astype(dtype), s["n"].astype(dtype),
                           jnp.zeros(k, dtype), s["f2"].astype(dtype),
                           s["done"].astype(dtype), jnp.zeros(k, dtype),
                           jnp.zeros(k, dtype)], 1).reshape(k, 2, 4)
-        return jnp.concatenate([jnp.stack([s[key] for key in pts], 1), meta], 1)
+        return jnp.concatenate([points, meta], 1)
+
+    def pack(s):
+        return pack_meta(s, jnp.stack([s[key] for key in pts], 1))
 
     def unpack(f):
         s = {key: f[:, j] for j, key in enumerate(pts)}
@@ -268,6 +305,6 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
              n=jnp.zeros(k, jnp.int32), dir=jnp.ones(k, dtype), f2=jnp.zeros(k, bool),
              res=zero, done=skip)
     c = jax.lax.while_loop(lambda f: jnp.any(f[:, len(pts) + 1, 1] == 0),
-                           lambda f: pack(body(unpack(f))), pack(s))
+                           lambda f: body(unpack(f), f), pack(s))
     res = c[:, pts.index("res")]
     return res[:, 0], -res[:, 1]
