@@ -114,13 +114,16 @@ def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
     set, usually zero: the humanoid's line search ran 0.87x."""
     quad, Jv = pre["quad"], pre["Jv"]
     eq, fr, iq = spec.eq, spec.fric, spec.ineq
-    x = start + isl.rx(alpha, 0.0) * Jv
-    # one-sided rows: quadratic where active at alpha, minus their cost at 0
-    cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
-    act = iq & (x < 0)
-    qrow = eq | act
+
+    def one_sided():
+        x = start + isl.rx(alpha, 0.0) * Jv
+        # one-sided rows: quadratic where active at alpha, minus their cost at 0
+        cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
+        act = iq & (x < 0)
+        return x, cost0, act, eq | act
 
     def with_fric():
+        x, cost0, act, qrow = one_sided()
         # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
         f, D = p["floss"], p["D"]
         rf = p["R"] * f
@@ -135,6 +138,7 @@ def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
         return isl.rsum(rows)                                       # (islands, 6)
 
     def without():
+        x, cost0, act, qrow = one_sided()
         rows = jnp.stack([jnp.where(act, quad[:, 0] - cost0, 0.0),
                           jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
                           -jnp.where(iq & ~act, cost0, 0.0)], -1)
