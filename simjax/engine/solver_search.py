@@ -111,10 +111,13 @@ def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
     choosing at run time. Without them the Huber terms, about half of the work per
     row, are not evaluated (the same sums: a friction-loss term is zero on every other
     row). Models declare friction-loss rows for every dof whose friction loss could be
-    set, usually zero: the humanoid's line search ran 0.87x."""
+    set, usually zero: the humanoid's solve ran 0.86x (batch 1024, float32)."""
     quad, Jv = pre["quad"], pre["Jv"]
     eq, fr, iq = spec.eq, spec.fric, spec.ineq
 
+    # each branch computes the step and the one-sided rows' terms itself: computed once
+    # outside the branches they were materialised apart from the sums, and rounded
+    # differently from one fused evaluation (ant, shadow hand: 2e-7 in qacc, float32)
     def one_sided():
         x = start + isl.rx(alpha, 0.0) * Jv
         # one-sided rows: quadratic where active at alpha, minus their cost at 0
