@@ -236,6 +236,11 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         exists = isl.rsum(p["active"].astype(jnp.int32)) > 0
     solve_m = p["solve_m"]
     gtol_base = tol * p["ls_tolerance"]
+    # the line search evaluates the friction-loss rows' Huber terms only where a row of
+    # the batch is one (the flag is the same for every world: any_world)
+    fric_rows = rows.src["fric"] if rows.src is not None else rows.spec.fric
+    fric = (any_world(jnp.any(p["active"] & fric_rows)) if np.any(fric_rows)
+            else False)
 
     def body(s, search_on=True, hessian=True):
         # search_on False: a first pass known statically (no line search); hessian
@@ -259,9 +264,9 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         if search_on:
             def evaluate(alpha):
                 tot, _ = head_chunk(rows, _eval_chunk, jnp.zeros((nisl, 6), Ma.dtype),
-                                    extra=jaref, args=(alpha, rpre))
+                                    extra=jaref, args=(alpha, rpre, fric))
                 tot, _ = rest_chunks(rows, _eval_rest, tot, extra=jaref,
-                                     args=(alpha, search), jac=True)
+                                     args=(alpha, search, fric), jac=True)
                 return _eval_point(pre["qg"], alpha, tot)
 
             alpha, imp = _linesearch(evaluate, nisl, Ma.dtype, gtol, ls_iterations,
@@ -402,15 +407,17 @@ def _prepare_chunk(spec, x, jaref, J, search, acc):
 
 
 def _eval_chunk(spec, x, jaref, J, args, acc):
-    alpha, pre = args
-    return _eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc), ()
+    alpha, pre, fric = args
+    return (_eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc,
+                  fric), ())
 
 
 def _eval_rest(spec, x, jaref, sc, J, args, acc):
     """:func:`_eval_chunk` on a later chunk, its coefficients recomputed."""
-    alpha, search = args
+    alpha, search, fric = args
     pre = _prepare(spec, x, J, jaref, search)
-    return _eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc), sc
+    return (_eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc,
+                  fric), sc)
 
 
 def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False):

@@ -96,7 +96,7 @@ def _ell_cost_dif(e, alpha):
     return jnp.stack([c, d0, d1], 1)
 
 
-def _eval(spec, p, isl, pre, start, alpha, acc):
+def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
     """PrimalEval's sums over the rows of ``p`` (``pre`` of :func:`_prepare`, at
     ``start`` = jaref) at one step length per island, ``alpha`` (islands,), added to
     ``acc`` (islands, 6): quadratic coefficients (3) and cost difference and its
@@ -105,26 +105,54 @@ def _eval(spec, p, isl, pre, start, alpha, acc):
     Every scalar row contributes either quadratic coefficients (equality rows, active
     one-sided rows; summed before evaluation, as MuJoCo) or its cost difference and
     derivatives directly (friction loss; one-sided rows leaving the active set): one
-    (rows, 6) array and a single reduction per island."""
+    (rows, 6) array and a single reduction per island.
+
+    ``fric``: whether friction-loss rows may be among the rows: True, False (static),
+    or a traced flag (unbatched under vmap: :func:`simjax.engine.solver_rows.any_world`)
+    choosing at run time. Without them the Huber terms, about half of the work per
+    row, are not evaluated (the same sums: a friction-loss term is zero on every other
+    row). Models declare friction-loss rows for every dof whose friction loss could be
+    set, usually zero: the humanoid's solve ran 0.86x (batch 1024, float32)."""
     quad, Jv = pre["quad"], pre["Jv"]
     eq, fr, iq = spec.eq, spec.fric, spec.ineq
-    x = start + isl.rx(alpha, 0.0) * Jv
-    # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
-    f, D = p["floss"], p["D"]
-    rf = p["R"] * f
-    quadz = (-x < rf) & (x < rf)
-    fcost = _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D)
-    dz0 = jnp.where(quadz, D * x * Jv, jnp.where(-x >= rf, -(f * Jv), f * Jv))
-    dz1 = jnp.where(quadz, D * Jv * Jv, 0.0)
-    # one-sided rows: quadratic where active at alpha, minus their cost at 0
-    cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
-    act = iq & (x < 0)
-    qrow = eq | act
-    rows = jnp.stack([jnp.where(act, quad[:, 0] - cost0, 0.0),
-                      jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
-                      jnp.where(fr, fcost, 0.0) - jnp.where(iq & ~act, cost0, 0.0),
-                      jnp.where(fr, dz0, 0.0), jnp.where(fr, dz1, 0.0)], -1)
-    acc = acc + isl.rsum(rows)                                      # (islands, 6)
+
+    # each branch computes the step and the one-sided rows' terms itself: computed once
+    # outside the branches they were materialised apart from the sums, and rounded
+    # differently from one fused evaluation (ant, shadow hand: 2e-7 in qacc, float32)
+    def one_sided():
+        x = start + isl.rx(alpha, 0.0) * Jv
+        # one-sided rows: quadratic where active at alpha, minus their cost at 0
+        cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
+        act = iq & (x < 0)
+        return x, cost0, act, eq | act
+
+    def with_fric():
+        x, cost0, act, qrow = one_sided()
+        # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
+        f, D = p["floss"], p["D"]
+        rf = p["R"] * f
+        quadz = (-x < rf) & (x < rf)
+        fcost = _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D)
+        dz0 = jnp.where(quadz, D * x * Jv, jnp.where(-x >= rf, -(f * Jv), f * Jv))
+        dz1 = jnp.where(quadz, D * Jv * Jv, 0.0)
+        rows = jnp.stack([jnp.where(act, quad[:, 0] - cost0, 0.0),
+                          jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
+                          jnp.where(fr, fcost, 0.0) - jnp.where(iq & ~act, cost0, 0.0),
+                          jnp.where(fr, dz0, 0.0), jnp.where(fr, dz1, 0.0)], -1)
+        return isl.rsum(rows)                                       # (islands, 6)
+
+    def without():
+        x, cost0, act, qrow = one_sided()
+        rows = jnp.stack([jnp.where(act, quad[:, 0] - cost0, 0.0),
+                          jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
+                          -jnp.where(iq & ~act, cost0, 0.0)], -1)
+        tot = isl.rsum(rows)
+        return jnp.concatenate([tot, jnp.zeros_like(tot[:, :2])], -1)
+
+    if isinstance(fric, bool):
+        acc = acc + (with_fric() if fric else without())
+    else:
+        acc = acc + jax.lax.cond(fric, with_fric, without)
     for e, (start, n, dim), mu in zip(pre["ells"], spec.ell, p["mu"]):
         ids = isl.block(start, n, dim)
         c = isl.bsum(ids, _ell_cost_dif(dict(e, mu=mu), isl.bx(ids, alpha)))
