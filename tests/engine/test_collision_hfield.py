@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import load, geom_poses
+import simjax
 from simjax.engine import io
 from simjax.engine.collision import driver, hfield
 from simjax.engine.data import WARN_CONTACTFULL
@@ -517,3 +518,17 @@ def test_contact_limit_and_order():
         compare(c, mjd, lambda key: 0.15)
         full += mjd.ncon == hfield.MAXCONPAIR
     assert full >= 1
+
+
+def test_capacity_per_radius():
+    """Two spheres with one window size (2 x 2 cells) but different bounding radii keep
+    their own disc-cover capacities (6 and 7), whichever collider was made first."""
+    xml = """<mujoco><asset><hfield name="h" nrow="6" ncol="6" size="0.35 0.35 0.1 0.05"
+     elevation="%s"/></asset><worldbody><geom type="hfield" hfield="h"/>
+     <body pos="0 0 0.2"><freejoint/><geom type="sphere" size="0.014"/></body>
+     <body pos="0.1 0 0.2"><freejoint/><geom type="sphere" size="0.05"/></body>
+    </worldbody></mujoco>""" % " ".join(["0"] * 36)
+    m = simjax.load_model(xml)
+    assert hfield.window(m, 0, 1, margin=False) == hfield.window(m, 0, 2, margin=False)
+    assert hfield.collider_for(m, 0, 1).maxcon == 6
+    assert hfield.collider_for(m, 0, 2).maxcon == 7
