@@ -120,14 +120,18 @@ def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
     # outside the branches they were materialised apart from the sums, and rounded
     # differently from one fused evaluation (ant, shadow hand: 2e-7 in qacc, float32)
     def one_sided():
+        # one-sided rows: quadratic where active at alpha, minus their cost at 0; the
+        # step x, the three quadratic columns and the cost of rows leaving the set
         x = start + isl.rx(alpha, 0.0) * Jv
-        # one-sided rows: quadratic where active at alpha, minus their cost at 0
         cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
         act = iq & (x < 0)
-        return x, cost0, act, eq | act
+        qrow = eq | act
+        cols = [jnp.where(act, quad[:, 0] - cost0, 0.0),
+                jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0)]
+        return x, cols, jnp.where(iq & ~act, cost0, 0.0)
 
     def with_fric():
-        x, cost0, act, qrow = one_sided()
+        x, cols, leave = one_sided()
         # friction loss: cost(alpha) - cost(0) and derivatives of the Huber cost
         f, D = p["floss"], p["D"]
         rf = p["R"] * f
@@ -135,18 +139,13 @@ def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
         fcost = _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D)
         dz0 = jnp.where(quadz, D * x * Jv, jnp.where(-x >= rf, -(f * Jv), f * Jv))
         dz1 = jnp.where(quadz, D * Jv * Jv, 0.0)
-        rows = jnp.stack([jnp.where(act, quad[:, 0] - cost0, 0.0),
-                          jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
-                          jnp.where(fr, fcost, 0.0) - jnp.where(iq & ~act, cost0, 0.0),
-                          jnp.where(fr, dz0, 0.0), jnp.where(fr, dz1, 0.0)], -1)
+        rows = jnp.stack(cols + [jnp.where(fr, fcost, 0.0) - leave, jnp.where(fr, dz0, 0.0),
+                                 jnp.where(fr, dz1, 0.0)], -1)
         return isl.rsum(rows)                                       # (islands, 6)
 
     def without():
-        x, cost0, act, qrow = one_sided()
-        rows = jnp.stack([jnp.where(act, quad[:, 0] - cost0, 0.0),
-                          jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0),
-                          -jnp.where(iq & ~act, cost0, 0.0)], -1)
-        tot = isl.rsum(rows)
+        _, cols, leave = one_sided()
+        tot = isl.rsum(jnp.stack(cols + [-leave], -1))
         return jnp.concatenate([tot, jnp.zeros_like(tot[:, :2])], -1)
 
     if isinstance(fric, bool):
