@@ -58,12 +58,15 @@ def _fwd_position(m, d: Data, euler_diag=None):
     d = smooth.com_pos(m, d)
     d = smooth.camlight(m, d)
     d = smooth.tendon(m, d)
-    d = smooth.crb(m, d)
     qld_euler = None
     if euler_diag is None:
+        d = smooth.crb(m, d)
         d = smooth.factor_m(m, d)
     else:
-        qld, qld_euler = tree_linalg.factor_ld_pair(m, d.qM, euler_diag)
+        d, lower = smooth.crb_lower(m, d)
+        if not _LOWER:
+            lower = None
+        qld, qld_euler = tree_linalg.factor_ld_pair(m, d.qM, euler_diag, lower=lower)
         d = d.replace(qLD=qld)
     d = collision.collision(m, d)
     d = constraint.make_constraint(m, d)
@@ -621,3 +624,6 @@ def _forward_integrate(m, d: Data, autoreset: bool):
 #: whether step factorises mj_Euler's damped matrix together with qM (read at trace
 #: time; False: after forward, as :func:`euler` alone does)
 _PAIR_FACTOR = True
+#: whether that pair factorisation reads qM's lower triangle from smooth.crb_lower
+#: (read at trace time; False: from qM)
+_LOWER = True

@@ -393,19 +393,31 @@ def crb(m, d):
     crb (nbody, 10); qM (nv, nv) full symmetric, armature included (joint, actuator and
     tendon armature as MuJoCo adds them: tendon terms only within the tree sparsity).
     """
+    return crb_lower(m, d)[0]
+
+
+def crb_lower(m, d):
+    """:func:`crb`, and an (nv, nv) matrix equal to qM on and below the diagonal (zero
+    above it), or None where qM has tendon terms (Data, that matrix).
+
+    A factorisation that reads only qM's lower triangle (tree_linalg.factor_ld_pair)
+    can take it in place of qM: XLA fuses qM's expression into its reader, and qM's
+    lower entries read the product's transpose as well (its strictly upper, masked
+    entries), a second strided read per entry that the lower matrix does without."""
     tab = tables.get(m)
     dtype = d.qpos.dtype
     crb_ = jnp.asarray(tab.desc_noworld, dtype) @ d.cinert
     if not m.nv:
-        return d.replace(crb=crb_)
+        return d.replace(crb=crb_), None
     f = math.stack(math.c_inert_mul(math.unstack(crb_[np.asarray(m.dof_bodyid)]),
                                     math.unstack(d.cdof)))
     low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
     # mirror the lower triangle and add armature on the diagonal with static masks
     # (elementwise, one kernel; jnp.diag of a traced matrix adds a conditional)
     eye = np.eye(m.nv)
-    qm = (low + low.T * jnp.asarray(1.0 - eye, dtype) +
-          jnp.asarray(eye, dtype) * dof_armature(m, dtype)[:, None])
+    arm = jnp.asarray(eye, dtype) * dof_armature(m, dtype)[:, None]
+    qm = low + low.T * jnp.asarray(1.0 - eye, dtype) + arm
+    lower = low + arm
     if m.ntendon:
         arm = _f(m.tendon_armature, dtype)
         share = _actuator_share(m, "tendon")
@@ -413,12 +425,14 @@ def crb(m, d):
             arm = arm + jnp.asarray(share, dtype) @ (_f(m.actuator_armature, dtype) *
                                                      _gear2(m, dtype))
         elif _all_zero(m.tendon_armature):
-            return d.replace(crb=crb_, qM=qm)      # MuJoCo skips tendons without armature
+            # MuJoCo skips tendons without armature
+            return d.replace(crb=crb_, qM=qm), lower
         # MuJoCo adds the tendon terms only where M's tree sparsity has room (dof pairs
         # on one ancestor chain); a tendon coupling two branches gets no cross term
         tree = tab.m_mask + tab.m_mask.T - np.eye(m.nv)
         qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, arm, d.ten_J) * jnp.asarray(tree, dtype)
-    return d.replace(crb=crb_, qM=qm)
+        return d.replace(crb=crb_, qM=qm), None
+    return d.replace(crb=crb_, qM=qm), lower
 
 
 def factor_m(m, d):

@@ -586,23 +586,26 @@ def _level_pair_bound(m):
     eye = np.eye(n)
 
     @jax.custom_batching.custom_vmap
-    def pair(a, diag):
+    def pair(a, lower, diag):
         # unbatched: one matrix is not worth a lane block
         return factor_ld(m, a), factor_ld(m, a, add_diag=diag)
 
     @pair.def_vmap
-    def _pair_vmap(axis_size, in_batched, a, diag):
-        a = a if in_batched[0] else jnp.broadcast_to(a, (axis_size,) + a.shape)
-        diag = diag if in_batched[1] else jnp.broadcast_to(diag, (axis_size,) + diag.shape)
-        return _level_pair_batched(plan, n, a, diag), (True, True)
+    def _pair_vmap(axis_size, in_batched, a, lower, diag):
+        # the level factorisation reads only tree entries (on and below the diagonal):
+        # those of ``lower``, whose expression may be cheaper than a's
+        lower = lower if in_batched[1] else jnp.broadcast_to(lower, (axis_size,) + lower.shape)
+        diag = diag if in_batched[2] else jnp.broadcast_to(diag, (axis_size,) + diag.shape)
+        return _level_pair_batched(plan, n, lower, diag), (True, True)
 
     fn = jax.custom_jvp(pair)
 
     @fn.defjvp
     def _jvp(primals, tangents):
-        a, diag = primals
-        da, ddiag = tangents
-        out = fn(a, diag)
+        # ``lower`` equals ``a`` where it is read: the derivative is a's
+        a, lower, diag = primals
+        da, _, ddiag = tangents
+        out = fn(a, lower, diag)
         e = jnp.asarray(eye, a.dtype)
         _, d0 = jax.jvp(lambda x: _factor_ld_pure(m, x), (a,), (da,))
         _, d1 = jax.jvp(lambda x, y: _factor_ld_pure(m, x + e * y[:, None]), (a, diag),
@@ -612,9 +615,11 @@ def _level_pair_bound(m):
     return fn
 
 
-def factor_ld_pair(m, a, add_diag):
+def factor_ld_pair(m, a, add_diag, lower=None):
     """(qLD of ``a``, qLD of ``a + diag(add_diag)``): mj_factorM and the factorisation
-    of mj_Euler's implicit damping, in one program.
+    of mj_Euler's implicit damping, in one program. ``lower``, if given, equals ``a``
+    on and below the diagonal; the batched level factorisation reads it instead of
+    ``a`` (see smooth.crb_lower).
 
     On CPU, for trees where :func:`factor_ld` would call LAPACK, a batch (under
     ``vmap``) is factorised level by level in pure JAX, both matrices together (one set
@@ -631,7 +636,8 @@ def factor_ld_pair(m, a, add_diag):
     if m.nv > _UNROLL_NV and lapack_chol.enabled(m.nv):
         plan = _level_plan(m)
         if len(plan.groups) <= _LEVEL_MAX_GROUPS and plan.pairs <= _LEVEL_MAX_TERMS:
-            return _level_pair_bound(m)(a, add_diag)
+            return _level_pair_bound(m)(a, a if lower is None else lower.astype(dtype),
+                                        add_diag)
     return factor_ld(m, a), factor_ld(m, a, add_diag=add_diag)
 
 
