@@ -131,6 +131,9 @@ def _dot_general(eqn, vals, flags, nb):
     (lc, rc), (lbd, rbd) = eqn.params["dimension_numbers"]
     lhs, rhs = vals
     la, ra = eqn.invars[0].aval, eqn.invars[1].aval
+    if (_DOT_FREE_AS_BATCH and flags[1] and not flags[0] and not lbd
+            and rhs.ndim - 1 - len(rc) > 0):
+        return _dot_free_as_batch(eqn, lhs, rhs, nb), True
     if not (flags[0] and flags[1]):
         # the batch comes out last when it is the right operand's, else it is moved
         # there (a multiply-and-sum here would fuse the operand's whole expression
@@ -166,6 +169,33 @@ def _dot_general(eqn, vals, flags, nb):
     prod = x * y
     out = jnp.sum(prod, axis=tuple(pos_c)) if nc else prod
     return out, True
+
+
+def _dot_free_as_batch(eqn, lhs, rhs, nb):
+    """An unbatched ``lhs`` times a batched ``rhs`` with free dimensions of its own
+    (e.g. a constant tree matrix times (nbody, 6) vectors): those free dimensions
+    become a batch dimension of the product, so that the kernel making ``rhs`` writes
+    it in its own shape. As one free dimension with the worlds, XLA flattens them
+    together for the matrix product and emits rhs's kernel over the flattened shape,
+    an operand choice per entry of a concatenation (scalar code)."""
+    (lc, rc), _ = eqn.params["dimension_numbers"]
+    la = eqn.invars[0].aval
+    rf = [i for i in range(rhs.ndim - 1) if i not in rc]
+    lf = [i for i in range(la.ndim) if i not in lc]
+    fshape = [rhs.shape[i] for i in rf]
+    nf = int(np.prod(fshape))
+    # rhs as (free, contracted..., worlds); lhs repeated over the free entries
+    x = lax.transpose(rhs, tuple(rf) + tuple(rc) + (rhs.ndim - 1,))
+    x = lax.reshape(x, (nf,) + tuple(rhs.shape[i] for i in rc) + (nb,))
+    y = lax.broadcast_in_dim(lhs, (nf,) + tuple(la.shape), tuple(range(1, la.ndim + 1)))
+    nc = len(rc)
+    dims = (((tuple(i + 1 for i in lc)), tuple(range(1, nc + 1))), ((0,), (0,)))
+    dtype = eqn.outvars[0].aval.dtype
+    out = lax.dot_general(y, x, dims, preferred_element_type=dtype)   # (nf, lf..., nb)
+    out = lax.reshape(out, tuple(fshape) + tuple(la.shape[i] for i in lf) + (nb,))
+    nrf, nlf = len(fshape), len(lf)
+    perm = tuple(range(nrf, nrf + nlf)) + tuple(range(nrf)) + (nrf + nlf,)
+    return lax.transpose(out, perm).astype(dtype)
 
 
 def _gather(eqn, vals, flags, nb):
@@ -439,3 +469,7 @@ def batch_minor(fn):
         return jax.jvp(fn, primals, tangents)
 
     return functools.wraps(fn)(wrapped)
+
+#: whether a constant times batched vectors makes their free dimensions a batch
+#: dimension of the product (read at trace time)
+_DOT_FREE_AS_BATCH = True
