@@ -173,10 +173,15 @@ def update(spec, p, jar):
     return force, state, cost
 
 
+def _quad_weights(p, state):
+    """D_q: the rows' D where quadratic (and active), else 0 (MakeHessian)."""
+    return jnp.where((state == C.QUADRATIC) & p["active"], p["D"], 0.0)
+
+
 def _hessian(spec, p, J, jar, state, H):
     """H + J' D_q J + sum of elliptic cone Hessians (MakeHessian, HessianCone; H = M
     for the whole Hessian) of the rows of ``p``, Jacobian ``J``."""
-    dq = jnp.where((state == C.QUADRATIC) & p["active"], p["D"], 0.0)
+    dq = _quad_weights(p, state)
     H = H + J.T @ (dq[:, None] * J)
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         jr = _ell_rows(jar, start, n, dim)
@@ -302,10 +307,16 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             # factor is remade are computed apart (where_needed): a world's last
             # iterations usually change no state
             need = first | changed | (rows.nact > 1)
-            hx = (acc[1], rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate)
+            if rows.spec.ell:
+                fx = functools.partial(_factor, rows.spec)
+                hx = (acc[1], rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate)
+            else:
+                # no cone rows: the rows enter by their quadratic weights alone, one
+                # (rows,) array for where_needed to gather per block, not three
+                fx = _factor_quad
+                hx = (acc[1], rows.J0, _quad_weights(rows.x0, hstate))
             if search_on:
-                lowt = where_needed(functools.partial(_factor, rows.spec), need, hx,
-                                    s["lowt"])
+                lowt = where_needed(fx, need, hx, s["lowt"])
             else:
                 lowt = jnp.swapaxes(spd_factor(acc[1]), -1, -2)
             mgrad = spd_solve(jnp.swapaxes(lowt, -1, -2), grad)
@@ -458,6 +469,12 @@ def _factor(spec, H, J, x, jaref, state):
     array, the layout XLA gives loop-carried and conditional values: as it is, it was
     transposed to and from LAPACK's layout on every pass."""
     return jnp.swapaxes(spd_factor(_hessian(spec, x, J, jaref, state, H)), -1, -2)
+
+
+def _factor_quad(H, J, dq):
+    """:func:`_factor` of rows without cone rows, by their quadratic weights ``dq``
+    (:func:`_quad_weights`)."""
+    return jnp.swapaxes(spd_factor(H + J.T @ (dq[:, None] * J)), -1, -2)
 
 
 def _update_rest(hess, spec, x, e, jaref, J, args, acc):

@@ -482,6 +482,21 @@ def rest_zeros(rows, like):
 _WORLD_BLOCK = 128   # worlds per block of :func:`where_needed`
 
 
+def _first_worlds(need, k):
+    """Indices of the true entries of ``need`` (n,) in order, then n, k of them: one
+    sort of keys that put the true entries first, each keeping its index. For the
+    worlds of a batch (one vector, not under vmap) the sort is 3 kernels where
+    :func:`first_true`'s count and binary search were 18 (the humanoid's step 653 ->
+    638 kernels), in the same time at 1024 worlds (27 us); over each world's rows
+    (under vmap) it ran 2x slower than first_true (232 rows: 3.8 against 1.8 us per
+    world)."""
+    n = need.shape[0]
+    ids = jnp.arange(n, dtype=jnp.int32)
+    key = jnp.sort(jnp.where(need, ids, n + ids))
+    pos = jnp.where(key < n, key, n)
+    return jnp.concatenate([pos, jnp.full((k - n,), n, jnp.int32)]) if k > n else pos[:k]
+
+
 def where_needed(fn, need, args, old):
     """``fn(*args)`` where ``need``, else ``old`` (a tree shaped as fn's output).
 
@@ -520,7 +535,7 @@ def where_needed(fn, need, args, old):
         def blocks():
             blk = min(_WORLD_BLOCK, size)
             nblk = -(-size // blk)
-            pos = first_true(need, nblk * blk)[0]
+            pos = _first_worlds(need, nblk * blk)
 
             def body(c):
                 b, out = c
