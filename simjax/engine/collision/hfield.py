@@ -411,6 +411,9 @@ def _vnormalize(a, like):
 
 #: materialise by a product with the identity (the former way; for paired measurements)
 _MAT_DOT = False
+#: stage 3 of :func:`_sphere_canon` picks by materialised indices (not bit-identical in
+#: float64: ~1e-16 in contact frames)
+_PICK_INDEX = True
 #: parts per stack of :func:`_materialise`
 _STACK = 8
 
@@ -524,18 +527,41 @@ def _sphere_canon(z, p, dx, dy, base, r):
     fq = [q0, (px, py, -base), (0.0, py, pz), (q3x, q3y, pz), (px, dy, pz)]
     cand = fq + points((u0, u1, u2, u3, u4, u5, u6, u7, u8))
     full = lambda v: v if not isinstance(v, float) else jnp.full_like(za, v)
-    sk, nk = sf[0], tuple(full(x) for x in fn[0])
-    for f in range(1, 5):
-        better = sf[f] > sk
-        sk = jnp.where(better, sf[f], sk)
-        nk = tuple(jnp.where(better, full(a), b) for a, b in zip(fn[f], nk))
-    best, q = dist2[0], tuple(full(x) for x in cand[0])
-    for j in range(1, 14):
-        closer = dist2[j] < best
-        best = jnp.where(closer, dist2[j], best)
-        q = tuple(jnp.where(closer, full(a), b) for a, b in zip(cand[j], q))
-    vals = _materialise(list(q) + list(nk) + [sk])
-    q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
+    if _PICK_INDEX:
+        # the two choices once (their indices materialised), then the picked values:
+        # in one stack with them, every output repeated the comparison chains
+        sk, fi = sf[0], jnp.zeros_like(za)
+        for f in range(1, 5):
+            better = sf[f] > sk
+            sk = jnp.where(better, sf[f], sk)
+            fi = jnp.where(better, float(f), fi)
+        best, ji = dist2[0], jnp.zeros_like(za)
+        for j in range(1, 14):
+            closer = dist2[j] < best
+            best = jnp.where(closer, dist2[j], best)
+            ji = jnp.where(closer, float(j), ji)
+        fi, ji, sk = _materialise([fi, ji, sk])
+        nk = tuple(full(x) for x in fn[0])
+        for f in range(1, 5):
+            nk = tuple(jnp.where(fi == f, full(a), b) for a, b in zip(fn[f], nk))
+        q = tuple(full(x) for x in cand[0])
+        for j in range(1, 14):
+            q = tuple(jnp.where(ji == j, full(a), b) for a, b in zip(cand[j], q))
+        vals = _materialise(list(q) + list(nk))
+        q, nk = tuple(vals[:3]), tuple(vals[3:6])
+    else:
+        sk, nk = sf[0], tuple(full(x) for x in fn[0])
+        for f in range(1, 5):
+            better = sf[f] > sk
+            sk = jnp.where(better, sf[f], sk)
+            nk = tuple(jnp.where(better, full(a), b) for a, b in zip(fn[f], nk))
+        best, q = dist2[0], tuple(full(x) for x in cand[0])
+        for j in range(1, 14):
+            closer = dist2[j] < best
+            best = jnp.where(closer, dist2[j], best)
+            q = tuple(jnp.where(closer, full(a), b) for a, b in zip(cand[j], q))
+        vals = _materialise(list(q) + list(nk) + [sk])
+        q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
     # stage 4: the contact
     like = _Like(za)
     inside = sk <= 0
