@@ -173,6 +173,25 @@ def test_barkour_capacity(barkour):
     assert driver.contact_capacity(m) == 24
 
 
+def test_barkour_bound(barkour):
+    """With concrete zero margins a foot (exact sphere collider) has at most 6 valid
+    contacts: the four pairs' 24 fit the 24 default slots, so the slots are filled
+    without the overflow rule (one top_k); with 12 slots the overflow rule stays. A
+    sphere with a margin gets the bound of its grown disc (more than its capacity)."""
+    mjm, m, _ = barkour
+    fn = [g.fn for g in driver.plan(m).groups if getattr(g.fn, "hfield", False)][0]
+    assert fn.bound == 6
+    topk = lambda d: str(jax.make_jaxpr(lambda d: driver.collision(m, d))(d)).count("top_k")
+    assert topk(io.make_data(m)) == 1
+    assert topk(io.make_data(m, ncon_max=12)) == 2
+    xml = """<mujoco><asset><hfield name="h" nrow="6" ncol="6" size="0.35 0.35 0.1 0.05"
+     elevation="%s"/></asset><worldbody><geom type="hfield" hfield="h"/>
+     <body pos="0 0 0.2"><freejoint/><geom type="sphere" size="0.014" margin="0.1"/>
+     </body></worldbody></mujoco>""" % " ".join(["0"] * 36)
+    fn = hfield.collider_for(simjax.load_model(xml), 0, 1)
+    assert fn.maxcon == 6 and fn.bound > 6
+
+
 def test_disc_cover():
     """Triangles a disc meets, at most: 6 around a vertex for a small disc; a disc of
     the cell's half diagonal (unit cells) reaches past the cell's neighbours; the bound

@@ -612,6 +612,11 @@ def narrow_group(m, d, p, grp, det_margin, split):
                                                        ftype),
                                       skip)
         return found["unpack"](out), rows, count, no, sel
+    if getattr(grp.fn, "hfield", False) and not _PACK_HFIELD:
+        # height-field colliders return their leaves as they are (a zero fill each when
+        # skipped): packed, the concatenation of the leaves was one kernel that cost
+        # barkour's collision about a third of its time
+        return _run_or_skip(batch_max(count) > 0, run, _zeros), ok, count, no, None
     # the branches return the collider output packed in one array: the skip branch is
     # one zero fill, not one per output leaf
     found = {}
@@ -621,6 +626,10 @@ def narrow_group(m, d, p, grp, det_margin, split):
         return out
     out = _run_or_skip(batch_max(count) > 0, packed, _zeros)
     return found["unpack"](out), ok, count, no, None
+
+
+#: pack height-field colliders' outputs too (the former way; for paired measurements)
+_PACK_HFIELD = False
 
 
 def _run_or_skip(pred, run, skip):
@@ -767,7 +776,12 @@ def first_k(key, k):
     return jax.lax.top_k(kf, k)[1]
 
 
-def _select(pos, mine, dist, over, k):
+#: use the collider's proven bound on valid contacts (``fn.bound``) to take the
+#: selection without overflow when a dim's valid entries can never exceed its slots
+_PROVEN = True
+
+
+def _select(pos, mine, dist, over, k, fits=False):
     """Indices of the ``k`` entries of a contact dim that fill its slots, in MuJoCo's
     order: ``pos`` (E,) the entries' table positions (distinct ints below 2**24, the
     dim's valid entries ``mine`` first), ``dist`` (E,) their depths, ``over`` whether the
@@ -778,8 +792,10 @@ def _select(pos, mine, dist, over, k):
     (its key picked per world) and one over the ``k`` picks; without overflow the picks
     already are in position order, so the output is the :func:`first_k` one. Invalid
     entries get key -inf and are never picked with overflow (more than ``k`` valid);
-    a NaN depth of a valid entry counts as the largest depth."""
-    if k >= pos.shape[-1]:          # no overflow possible
+    a NaN depth of a valid entry counts as the largest depth. ``fits`` (static): the
+    dim's valid entries can never exceed ``k`` (a bound from the colliders, e.g. the
+    height-field disc cover), so the selection without overflow is taken."""
+    if k >= pos.shape[-1] or (fits and _PROVEN):          # no overflow possible
         return first_k(pos, k)
     kt = dist.dtype if dist.dtype == jnp.float64 else jnp.float32
     big = jnp.finfo(kt).max
@@ -885,6 +901,7 @@ def collision(m, d):
     det_margin = prm["margin"] + prm["gap"]
     overflow = jnp.zeros((), bool)
     parts = []
+    most = {}               # contact dim -> most valid entries (static)
     for grp in p.groups:
         pre, ok, _, over, sel = narrow_group(m, d, p, grp, det_margin, split)
         overflow = overflow | over
@@ -897,6 +914,9 @@ def collision(m, d):
             m_ = mine[:, None] if sel is None else jnp.asarray(mine)[sel][:, None]
             vd = vd & m_
         parts.append((pre, vd, cand, grp.cand[mine]))
+        per = min(vd.shape[1], getattr(grp.fn, "bound", vd.shape[1]))
+        for dm, nd in zip(*np.unique(p.dim[grp.cand[mine]], return_counts=True)):
+            most[int(dm)] = most.get(int(dm), 0) + per * min(int(nd), vd.shape[0])
     fields, depth, valid, key, dim, cand, total = _entries(p, parts)
     nent = valid.shape[0]
     ar = np.arange(nent)
@@ -907,7 +927,7 @@ def collision(m, d):
         count = jnp.sum(mine)
         overflow = overflow | (count > nslot)
         idx.append(_select(jnp.where(mine, key, total + ar), mine, depth,
-                           count > nslot, nslot))
+                           count > nslot, nslot, most.get(dm, 0) <= nslot))
         vtake.append(jnp.arange(nslot) < count)
     idx = jnp.minimum(jnp.concatenate(idx), nent - 1)
     valid = jnp.concatenate(vtake)

@@ -133,7 +133,10 @@ def collider_for(m, g1, g2, ipair=-1):
     (:func:`disc_cover`; e.g. 6 around one grid vertex for a small sphere)): static
     data only, so capacities and their split by contact dimension do not depend on
     whether the margins are traced. More contacts than the capacity raise
-    WARN_CONTACTFULL."""
+    WARN_CONTACTFULL. ``fn.bound``: most valid contacts the collider can return for
+    this pair (its slots; for a sphere with a concrete margin, at most the triangles
+    the disc of radius rbound + margin meets, :func:`disc_cover`), so that the
+    driver can prove a contact dim never overflows its slots."""
     hid = int(np.asarray(m.geom_dataid)[g1])
     t2 = int(np.asarray(m.geom_type)[g2])
     nrow, ncol = int(np.asarray(m.hfield_nrow)[hid]), int(np.asarray(m.hfield_ncol)[hid])
@@ -148,18 +151,29 @@ def collider_for(m, g1, g2, ipair=-1):
         mid = int(np.asarray(m.geom_dataid)[g2])
         tab = convex.mesh_table(m, [mid])          # this mesh only: no padding
         mesh = (tab["vert"][0], tab["normal"][0], tab["edge"][0], tab["hface"][0])
+    dx, dy = 2 * size[0] / (ncol - 1), 2 * size[1] / (nrow - 1)
+    rb = float(np.asarray(m.geom_rbound)[g2])
     maxcon = min(MAXCONPAIR, 2 * nc0 * nr0)
     if maxcon <= _COVER_MAX:
-        dx, dy = 2 * size[0] / (ncol - 1), 2 * size[1] / (nrow - 1)
-        maxcon = min(maxcon, disc_cover(dx, dy, float(np.asarray(m.geom_rbound)[g2])))
+        maxcon = min(maxcon, disc_cover(dx, dy, rb))
+    bound = min(MAXCONPAIR, 2 * nc * nr)
+    mg = _static_margin(m, g1, g2, ipair)
+    if t2 == GT.SPHERE and mg is not None and bound <= _COVER_MAX:
+        # the sphere collider is exact: a contact (distance below the margin) is a
+        # prism whose triangle meets the disc of radius rbound + margin (grown by
+        # float32 rounding of coordinates as large as the field's)
+        slack = 8 * float(np.finfo(np.float32).eps) * (float(np.sum(size)) + rb)
+        bound = min(bound, disc_cover(dx, dy, rb + max(mg, 0.0) + slack))
     # the capacity is in the key: geoms of one window size can differ in disc cover
-    key = (t2, nrow, ncol, tuple(size), nc, nr, nc0, nr0, maxcon, hash(data.tobytes()),
+    key = (t2, nrow, ncol, tuple(size), nc, nr, nc0, nr0, maxcon, bound,
+           hash(data.tobytes()),
            None if mesh is None else tuple(hash(a.tobytes()) for a in mesh))
     fn = _COLLIDERS.get(key)
     if fn is None:
         fn = functools.partial(_collide, t2=t2, data=data, nrow=nrow, ncol=ncol,
                                size=size, nc=nc, nr=nr, mesh=mesh)
         fn.maxcon = maxcon
+        fn.bound = bound
         fn.hfield = True
         _COLLIDERS[key] = fn
     return fn
@@ -395,6 +409,11 @@ def _vnormalize(a, like):
     return out, n
 
 
+#: materialise by a product with the identity (the former way; for paired measurements)
+_MAT_DOT = False
+#: stage 3 of :func:`_sphere_canon` picks by materialised indices (not bit-identical in
+#: float64: ~1e-16 in contact frames)
+_PICK_INDEX = True
 #: parts per stack of :func:`_materialise`
 _STACK = 8
 
@@ -402,16 +421,21 @@ _STACK = 8
 def _materialise(parts):
     """The (P,) arrays ``parts`` computed once. On CPU, XLA fuses a whole expression DAG
     into its consumer and a concatenation (or several outputs) of it evaluates the DAG
-    again per operand; a matrix product is not fused, so stacking the parts and
-    multiplying by the identity ends the fusion. Exact for finite values (a product by
-    one plus zeros). In stacks of at most ``_STACK`` parts: XLA fuses the operands of
-    such a concatenation into it (one kernel), of a longer one it makes a kernel each."""
+    again per operand; a reduction is a fusion root whose result is stored, so the
+    maximum of the stacked parts and -inf over a new axis of two ends the fusion in one
+    kernel per stack, with exactly the values (as :func:`common.once`; the former
+    product with the identity took a concatenation kernel and a matrix kernel per
+    stack). In stacks of at most ``_STACK`` parts: XLA fuses the operands of such a
+    concatenation into it (one kernel), of a longer one it makes a kernel each."""
     shape = max((jnp.shape(p) for p in parts), key=len)
     parts = [jnp.broadcast_to(p, shape) for p in parts]
     out = []
     for i in range(0, len(parts), _STACK):
         x = jnp.stack(parts[i:i + _STACK], -1)
-        x = x @ jnp.asarray(np.eye(x.shape[-1]), x.dtype)
+        if _MAT_DOT:
+            x = x @ jnp.asarray(np.eye(x.shape[-1]), x.dtype)
+        else:
+            x = jnp.max(jnp.stack([x, jnp.full_like(x, -jnp.inf)]), axis=0)
         out += [y[:, 0] for y in jnp.split(x, x.shape[-1], axis=-1)]
     return out
 
@@ -503,18 +527,41 @@ def _sphere_canon(z, p, dx, dy, base, r):
     fq = [q0, (px, py, -base), (0.0, py, pz), (q3x, q3y, pz), (px, dy, pz)]
     cand = fq + points((u0, u1, u2, u3, u4, u5, u6, u7, u8))
     full = lambda v: v if not isinstance(v, float) else jnp.full_like(za, v)
-    sk, nk = sf[0], tuple(full(x) for x in fn[0])
-    for f in range(1, 5):
-        better = sf[f] > sk
-        sk = jnp.where(better, sf[f], sk)
-        nk = tuple(jnp.where(better, full(a), b) for a, b in zip(fn[f], nk))
-    best, q = dist2[0], tuple(full(x) for x in cand[0])
-    for j in range(1, 14):
-        closer = dist2[j] < best
-        best = jnp.where(closer, dist2[j], best)
-        q = tuple(jnp.where(closer, full(a), b) for a, b in zip(cand[j], q))
-    vals = _materialise(list(q) + list(nk) + [sk])
-    q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
+    if _PICK_INDEX:
+        # the two choices once (their indices materialised), then the picked values:
+        # in one stack with them, every output repeated the comparison chains
+        sk, fi = sf[0], jnp.zeros_like(za)
+        for f in range(1, 5):
+            better = sf[f] > sk
+            sk = jnp.where(better, sf[f], sk)
+            fi = jnp.where(better, float(f), fi)
+        best, ji = dist2[0], jnp.zeros_like(za)
+        for j in range(1, 14):
+            closer = dist2[j] < best
+            best = jnp.where(closer, dist2[j], best)
+            ji = jnp.where(closer, float(j), ji)
+        fi, ji, sk = _materialise([fi, ji, sk])
+        nk = tuple(full(x) for x in fn[0])
+        for f in range(1, 5):
+            nk = tuple(jnp.where(fi == f, full(a), b) for a, b in zip(fn[f], nk))
+        q = tuple(full(x) for x in cand[0])
+        for j in range(1, 14):
+            q = tuple(jnp.where(ji == j, full(a), b) for a, b in zip(cand[j], q))
+        vals = _materialise(list(q) + list(nk))
+        q, nk = tuple(vals[:3]), tuple(vals[3:6])
+    else:
+        sk, nk = sf[0], tuple(full(x) for x in fn[0])
+        for f in range(1, 5):
+            better = sf[f] > sk
+            sk = jnp.where(better, sf[f], sk)
+            nk = tuple(jnp.where(better, full(a), b) for a, b in zip(fn[f], nk))
+        best, q = dist2[0], tuple(full(x) for x in cand[0])
+        for j in range(1, 14):
+            closer = dist2[j] < best
+            best = jnp.where(closer, dist2[j], best)
+            q = tuple(jnp.where(closer, full(a), b) for a, b in zip(cand[j], q))
+        vals = _materialise(list(q) + list(nk) + [sk])
+        q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
     # stage 4: the contact
     like = _Like(za)
     inside = sk <= 0
