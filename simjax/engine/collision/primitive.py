@@ -12,6 +12,7 @@ same slots are selected by masks.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -351,6 +352,22 @@ def _clip_half_plane(poly, n, coord, sign, lim):
     return out, jnp.minimum(jnp.sum(cnt), _CLIPMAX).astype(n.dtype)
 
 
+def _once_scalars(*xs):
+    """:func:`once` of scalars (ints and bools exactly, as small whole numbers), packed
+    side by side by selects on an index: XLA on CPU evaluates each operand of a
+    concatenate in a branch of its own, so values the scalars share (here the whole
+    separating-axis test) are evaluated again per scalar; behind selects, once."""
+    dt = next((x.dtype for x in xs if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32)
+    k = jax.lax.iota(jnp.int32, len(xs))
+    flat = [jnp.asarray(x).astype(dt) for x in xs]
+    acc = jax.lax.broadcast(flat[-1], (len(xs),))
+    for j in range(len(xs) - 2, -1, -1):
+        acc = jax.lax.select(k == j, jax.lax.broadcast(flat[j], (len(xs),)), acc)
+    acc = once(acc)
+    return tuple(acc[j] > 0.5 if x.dtype == jnp.bool_ else acc[j].astype(x.dtype)
+                 for j, x in enumerate(xs))
+
+
 def box_box(g1, g2, margin):
     """Box-box (mjc_BoxBox, MuJoCo 4.0): separating-axis test over 15 axes with face
     preference; a face axis clips the incident face against the reference face (up to
@@ -371,7 +388,9 @@ def box_box(g1, g2, margin):
     sep1 = jnp.abs(pos21) - s1 - _rot(rabs, s2)
     sep2 = jnp.abs(pos12) - s2 - _rot_t(rabs, s1)
     seps = jnp.concatenate([sep1, sep2])
-    separated = jnp.any(seps > septol)
+    # ORs of scalars, not a reduction: a reduction is a kernel of its own that
+    # evaluates the separations again
+    separated = functools.reduce(jnp.logical_or, [seps[k] > septol for k in range(6)])
     sep_face, code = _first_best([seps[k] for k in range(6)],
                                  [jnp.asarray(k, jnp.int32) for k in range(6)], jnp.greater)
     code_face = code
@@ -401,14 +420,17 @@ def box_box(g1, g2, margin):
     sep = (jnp.abs(ax1 * up(pos21, 1, 0)[:, None] + ax2 * up(pos21, 2, 0)[:, None]) - r1 -
            r2)
     use, sep = use.reshape(9), sep.reshape(9)                  # k = 3 i + j
-    separated = separated | jnp.any(use & (sep > septol))
-    adj = sep - _EDGEBIAS * jnp.abs(sep)
+    separated = functools.reduce(jnp.logical_or, [use[k] & (sep[k] > septol)
+                                                  for k in range(9)], separated)
     for k in range(9):          # sequential: each winner raises the bar for the next
-        win = use[k] & (adj[k] > sep_best) & (sep[k] > sep_face)
+        # the biased separation per scalar: as a (9,) array it was a kernel of its own
+        # that evaluated the separations again
+        adj = sep[k] - _EDGEBIAS * jnp.abs(sep[k])
+        win = use[k] & (adj > sep_best) & (sep[k] > sep_face)
         sep_best = sel(win, sep[k], sep_best)
         code = sel(win, 6 + k, code)
-    code, code_face, sep_best, sep_face, separated = once(code, code_face, sep_best,
-                                                          sep_face, separated)
+    code, code_face, sep_best, sep_face, separated = _once_scalars(
+        code, code_face, sep_best, sep_face, separated)
 
     # edge axis nearly parallel to the best face axis: prefer the face
     is_edge = code >= 6
@@ -429,6 +451,10 @@ def box_box(g1, g2, margin):
     # edge-edge contact for the winning (i, j) (dynamic indices)
     eidx = jnp.clip(code - 6, 0, 8)
     e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod_small(eidx, 3, 3))
+    # stored once (:func:`once`): each field of the packed output (driver._pack)
+    # evaluated the edge search again
+    e = once(e_dist, *[e_pos[c] for c in range(3)], *[e_nrm[c] for c in range(3)])
+    e_dist, e_pos, e_nrm = e[0], _vec3(e[1:4]), _vec3(e[4:7])
     e_valid = is_edge & ~separated & (e_dist <= septol)
 
     # face contact
