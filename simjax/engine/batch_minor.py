@@ -470,6 +470,7 @@ def batch_minor(fn):
 
     return functools.wraps(fn)(wrapped)
 
+
 #: whether a constant times batched vectors makes their free dimensions a batch
 #: dimension of the product (read at trace time)
 _DOT_FREE_AS_BATCH = True
