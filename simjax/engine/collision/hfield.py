@@ -409,11 +409,6 @@ def _vnormalize(a, like):
     return out, n
 
 
-#: materialise by a product with the identity (the former way; for paired measurements)
-_MAT_DOT = False
-#: stage 3 of :func:`_sphere_canon` picks by materialised indices (not bit-identical in
-#: float64: ~1e-16 in contact frames)
-_PICK_INDEX = True
 #: parts per stack of :func:`_materialise`
 _STACK = 8
 
@@ -432,10 +427,7 @@ def _materialise(parts):
     out = []
     for i in range(0, len(parts), _STACK):
         x = jnp.stack(parts[i:i + _STACK], -1)
-        if _MAT_DOT:
-            x = x @ jnp.asarray(np.eye(x.shape[-1]), x.dtype)
-        else:
-            x = jnp.max(jnp.stack([x, jnp.full_like(x, -jnp.inf)]), axis=0)
+        x = jnp.max(jnp.stack([x, jnp.full_like(x, -jnp.inf)]), axis=0)
         out += [y[:, 0] for y in jnp.split(x, x.shape[-1], axis=-1)]
     return out
 
@@ -485,8 +477,8 @@ def _sphere_canon(z, p, dx, dy, base, r):
     in3 = (s3 > 0) & (top(q3x, q3y, pz) <= 0) & (s1 <= 0) & (-q3x <= 0) & (q3y - dy <= 0)
     in4 = ((s4 > 0) & (top(px, dy, pz) <= 0) & (s1 <= 0) & (s2 <= 0) &
            (a3 * px - b3 * dy <= 0))
-    # a projection outside its face: the largest finite value (an inf would not
-    # survive the identity product of _materialise: inf * 0 is nan)
+    # a projection outside its face: the largest finite value, never nearer than a
+    # projection inside its face
     big = jnp.full_like(za, np.finfo(za.dtype).max)
     dface = [jnp.where(ok, sf * sf, big) for ok, sf in
              ((in0, s0), (in1, s1), (in2, s2), (in3, s3), (in4, s4))]
@@ -527,41 +519,27 @@ def _sphere_canon(z, p, dx, dy, base, r):
     fq = [q0, (px, py, -base), (0.0, py, pz), (q3x, q3y, pz), (px, dy, pz)]
     cand = fq + points((u0, u1, u2, u3, u4, u5, u6, u7, u8))
     full = lambda v: v if not isinstance(v, float) else jnp.full_like(za, v)
-    if _PICK_INDEX:
-        # the two choices once (their indices materialised), then the picked values:
-        # in one stack with them, every output repeated the comparison chains
-        sk, fi = sf[0], jnp.zeros_like(za)
-        for f in range(1, 5):
-            better = sf[f] > sk
-            sk = jnp.where(better, sf[f], sk)
-            fi = jnp.where(better, float(f), fi)
-        best, ji = dist2[0], jnp.zeros_like(za)
-        for j in range(1, 14):
-            closer = dist2[j] < best
-            best = jnp.where(closer, dist2[j], best)
-            ji = jnp.where(closer, float(j), ji)
-        fi, ji, sk = _materialise([fi, ji, sk])
-        nk = tuple(full(x) for x in fn[0])
-        for f in range(1, 5):
-            nk = tuple(jnp.where(fi == f, full(a), b) for a, b in zip(fn[f], nk))
-        q = tuple(full(x) for x in cand[0])
-        for j in range(1, 14):
-            q = tuple(jnp.where(ji == j, full(a), b) for a, b in zip(cand[j], q))
-        vals = _materialise(list(q) + list(nk))
-        q, nk = tuple(vals[:3]), tuple(vals[3:6])
-    else:
-        sk, nk = sf[0], tuple(full(x) for x in fn[0])
-        for f in range(1, 5):
-            better = sf[f] > sk
-            sk = jnp.where(better, sf[f], sk)
-            nk = tuple(jnp.where(better, full(a), b) for a, b in zip(fn[f], nk))
-        best, q = dist2[0], tuple(full(x) for x in cand[0])
-        for j in range(1, 14):
-            closer = dist2[j] < best
-            best = jnp.where(closer, dist2[j], best)
-            q = tuple(jnp.where(closer, full(a), b) for a, b in zip(cand[j], q))
-        vals = _materialise(list(q) + list(nk) + [sk])
-        q, nk, sk = tuple(vals[:3]), tuple(vals[3:6]), vals[6]
+    # the two choices once (their indices materialised), then the picked values:
+    # in one stack with them, every output repeated the comparison chains
+    sk, fi = sf[0], jnp.zeros_like(za)
+    for f in range(1, 5):
+        better = sf[f] > sk
+        sk = jnp.where(better, sf[f], sk)
+        fi = jnp.where(better, float(f), fi)
+    best, ji = dist2[0], jnp.zeros_like(za)
+    for j in range(1, 14):
+        closer = dist2[j] < best
+        best = jnp.where(closer, dist2[j], best)
+        ji = jnp.where(closer, float(j), ji)
+    fi, ji, sk = _materialise([fi, ji, sk])
+    nk = tuple(full(x) for x in fn[0])
+    for f in range(1, 5):
+        nk = tuple(jnp.where(fi == f, full(a), b) for a, b in zip(fn[f], nk))
+    q = tuple(full(x) for x in cand[0])
+    for j in range(1, 14):
+        q = tuple(jnp.where(ji == j, full(a), b) for a, b in zip(cand[j], q))
+    vals = _materialise(list(q) + list(nk))
+    q, nk = tuple(vals[:3]), tuple(vals[3:6])
     # stage 4: the contact
     like = _Like(za)
     inside = sk <= 0
