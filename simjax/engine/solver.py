@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint as C
-from simjax.engine import tables, tree_linalg
+from simjax.engine import lapack_chol, tables, tree_linalg
 from simjax.engine.data import NISLAND
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_islands import Islands
@@ -67,6 +67,49 @@ def spd_factor(a):
     solver loops cost more than the factorisation."""
     t = lambda x: jnp.swapaxes(x, -1, -2)
     return jax.lax.linalg.cholesky(t(0.5 * (a + t(a))), symmetrize_input=False)
+
+
+def _potrf(a):
+    """(U, LAPACK info): the upper Cholesky factor U (row-major, U' U = a) of the
+    exactly symmetric ``a`` (..., n, n) by LAPACK potrf (CPU). potrf writes the lower
+    factor L column-major over its input, the same memory as L' = U row-major: the
+    buffers are declared row-major, ``a`` being its own transpose; U's strictly lower
+    triangle is the input's."""
+    from jaxlib import lapack
+    call = jax.ffi.ffi_call(
+        lapack.prepare_lapack_call("potrf_ffi", a.dtype),
+        (jax.ShapeDtypeStruct(a.shape, a.dtype),
+         jax.ShapeDtypeStruct(a.shape[:-2], jnp.int32)),
+        input_output_aliases={0: 0})
+    return call(a, uplo=np.uint8(ord("L")))
+
+
+@jax.custom_batching.custom_vmap
+def _potrf_v(a):
+    """:func:`_potrf`; under ``vmap`` one call on the batch (LAPACK loops over it)."""
+    return _potrf(a)
+
+
+@_potrf_v.def_vmap
+def _potrf_rule(size, flags, a):
+    return _potrf_v(a), (flags[0], flags[0])
+
+
+def factor_t(a):
+    """:func:`spd_factor` of ``a`` (..., n, n) transposed: the upper factor U = L',
+    row-major (the layout XLA gives loop-carried and conditional values), NaN in U[0, 0]
+    where the factorisation failed (:func:`spd_solve` then gives NaN). On CPU LAPACK is
+    called directly (:func:`_potrf`): jax's cholesky zeroes the upper triangle and
+    selects NaN on failure in the factor's column-major layout, and XLA made those
+    selects two transposing passes over the factors (kernels slow to compile as well);
+    U's strictly lower triangle is not zeroed (:func:`spd_solve` reads U's upper
+    triangle, L's lower, only). The same bits as :func:`spd_factor`."""
+    t = lambda x: jnp.swapaxes(x, -1, -2)
+    if not lapack_chol.enabled(a.shape[-1]):
+        return t(spd_factor(a))
+    up, info = _potrf_v(0.5 * (a + t(a)))
+    # failure marked by one NaN on the diagonal (a whole NaN factor is a pass of its own)
+    return up.at[..., 0, 0].set(jnp.where(info == 0, up[..., 0, 0], jnp.nan))
 
 
 def spd_solve(low, b):
@@ -318,7 +361,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             if search_on:
                 lowt = where_needed(fx, need, hx, s["lowt"])
             else:
-                lowt = jnp.swapaxes(spd_factor(acc[1]), -1, -2)
+                lowt = factor_t(acc[1])
             mgrad = spd_solve(jnp.swapaxes(lowt, -1, -2), grad)
         elif newton:
             mgrad = jnp.zeros_like(grad)
@@ -367,7 +410,10 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     # the loop carries three arrays instead of eleven (the (nv,) vectors stacked; the
     # per-island statistics, iteration counts and flags stacked as floats, small
     # integers being exact): every loop-carried array costs a copy and its own update
-    # kernel per iteration
+    # kernel per iteration. Both are stacked on their last axis: stacked on the first,
+    # the kernels writing them (a concatenation across a wider minor axis, that LLVM
+    # unswitches and vectorises per operand) took 5-10x the compile time (humanoid:
+    # 0.47 of 0.81 s of the loop's LLVM time in two kernels)
     vecs = ("qacc", "Ma", "search", "grad", "mgrad")
     fdt = qacc0.dtype
 
@@ -375,16 +421,16 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         first = jnp.broadcast_to(s["first"], s["imp"].shape)
         # Newton's Hessian factor is carried apart: stacked with the vectors, it was
         # transposed to and from LAPACK's layout on every pass
-        return (jnp.stack([s[key] for key in vecs]), s["jaref"],
+        return (jnp.stack([s[key] for key in vecs], 1), s["jaref"],
                 jnp.stack([s["imp"], s["gnorm"], s["iter"].astype(fdt),
-                           s["done"].astype(fdt), first.astype(fdt)]),
+                           s["done"].astype(fdt), first.astype(fdt)], 1),
                 s["lowt"] if newton else ())
 
     def unpack(c):
         v, jaref, st, low = c
-        out = dict({key: v[j] for j, key in enumerate(vecs)}, jaref=jaref, imp=st[0],
-                   gnorm=st[1], iter=st[2].astype(jnp.int32), done=st[3] != 0,
-                   first=st[4, 0] != 0)
+        out = dict({key: v[:, j] for j, key in enumerate(vecs)}, jaref=jaref,
+                   imp=st[:, 0], gnorm=st[:, 1], iter=st[:, 2].astype(jnp.int32),
+                   done=st[:, 3] != 0, first=st[0, 4] != 0)
         if newton:
             out["lowt"] = low
         return out
@@ -406,7 +452,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         # a world whose islands are all done is left as it is by the body: the flag
         # is unbatched (any_world)
         c = jax.lax.while_loop(
-            lambda c: any_world((c[2][4, 0] != 0) | jnp.any(c[2][3] == 0)),
+            lambda c: any_world((c[2][0, 4] != 0) | jnp.any(c[2][:, 3] == 0)),
             lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0))
         s = unpack(c)
         qfrc = None
@@ -426,6 +472,10 @@ def _eval_chunk(spec, x, jaref, J, args, acc):
 def _eval_rest(spec, x, jaref, sc, J, args, acc):
     """:func:`_eval_chunk` on a later chunk, its coefficients recomputed."""
     alpha, search, fric = args
+    # a traced flag is taken as true: the loop usually runs no iteration, and the
+    # conditional between the two sums compiled both and materialised their operands
+    # (15 kernels on the humanoid); the sums are the same without friction-loss rows
+    fric = fric if isinstance(fric, bool) else True
     pre = _prepare(spec, x, J, jaref, search)
     return (_eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc,
                   fric), sc)
@@ -468,13 +518,13 @@ def _factor(spec, H, J, x, jaref, state):
     Jacobian ``J``). Transposed, LAPACK's column-major factor is a row-major
     array, the layout XLA gives loop-carried and conditional values: as it is, it was
     transposed to and from LAPACK's layout on every pass."""
-    return jnp.swapaxes(spd_factor(_hessian(spec, x, J, jaref, state, H)), -1, -2)
+    return factor_t(_hessian(spec, x, J, jaref, state, H))
 
 
 def _factor_quad(H, J, dq):
     """:func:`_factor` of rows without cone rows, by their quadratic weights ``dq``
     (:func:`_quad_weights`)."""
-    return jnp.swapaxes(spd_factor(H + J.T @ (dq[:, None] * J)), -1, -2)
+    return factor_t(H + J.T @ (dq[:, None] * J))
 
 
 def _update_rest(hess, spec, x, e, jaref, J, args, acc):

@@ -211,6 +211,21 @@ def _chunk_rows(layout, caps, nefc, pos):
     return jnp.concatenate(idx), tuple(pos[1:])
 
 
+def _count_below(cs, q):
+    """Entries of the sorted ``cs`` (n,) below each of ``q`` (k,) (int32; searchsorted's
+    left positions): a count over blocks of 32 entries, summed. With every reduction at
+    most 32 long (XLA CPU splits longer ones into a reduce-window, whose input is
+    materialised: a (worlds, n, k) array) the comparisons fuse into one reduction;
+    the binary search (a loop) compiled 9 kernels in the loop over the later chunks."""
+    n = cs.shape[0]
+    nb = -(-n // 32)
+    big = jnp.iinfo(jnp.int32).max
+    blocks = jnp.pad(cs, (0, nb * 32 - n), constant_values=big).reshape(nb, 32)
+    per = jnp.sum((blocks[None] < q[:, None, None]).astype(jnp.int32), -1,
+                  dtype=jnp.int32)
+    return jnp.sum(per, -1, dtype=jnp.int32)
+
+
 def _chunk_positions(counts, caps, c):
     """Positions of chunk ``c``'s rows (:func:`_chunk_rows`) from the cumulative counts:
     entry j of a chunk of capacity k is the (c k + j + 1)-th active one."""
@@ -218,9 +233,7 @@ def _chunk_positions(counts, caps, c):
     out = []
     for cs, k in zip(counts, (ks,) + tuple(ke)):
         q = c * k + jnp.arange(1, k + 1, dtype=jnp.int32)
-        # a binary search (a count (n, k) under vmap would be a (worlds, n, k) array,
-        # allocated with the program's temporaries whether the loop runs or not)
-        out.append(jnp.searchsorted(cs, q, method="scan").astype(jnp.int32))
+        out.append(_count_below(cs, q))
     return out
 
 
@@ -404,7 +417,7 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     chunk ``c`` of ``extra`` (a tree of :class:`Chunked`) and ``s_c`` chunk ``c`` of
     ``state`` (a tree of per-chunk arrays, leading axis the chunks after chunk 0),
     updated in place. Returns (acc, state, rows), ``rows`` with the later chunks'
-    source rows: the first loop over the chunks finds them (binary searches on the
+    source rows: the first loop over the chunks finds them (counts on the
     cumulative counts) for the loops after it (a loop of its own compiled its own
     bookkeeping). ``fn`` must close over no traced value: pass them in ``args``.
 
