@@ -11,7 +11,8 @@ solves run one level at a time as well, or (:func:`solve_ld` on deep trees) one 
 time in a scan. Everything here is pure JAX, so it batches and differentiates;
 :func:`factor_ld` may instead factorise with LAPACK (see ``lapack_chol``) or, for a few
 dofs, entry by entry; :func:`factor_ld_pair` factorises two matrices of a CPU batch
-together, one group of rows of a height level per kernel, worlds on the minor axis.
+together, one group of rows of a height level per kernel, worlds on the minor axis,
+and :func:`solve_ld_pair` solves with both factors in that layout.
 
 Matrices are dense (nv, nv) with the tree sparsity of ``tables.m_mask`` (and its
 transpose); entries outside it are ignored.
