@@ -45,7 +45,8 @@ import numpy as np
 
 from simjax.engine.collision import convex, hfield, primitive
 from simjax.engine.collision.broadphase import (  # noqa: F401 (also driver.<name>)
-    _BOXED, _box_filter, _broadphase, _pair_cols, _pair_rows, _pair_table)
+    _BOXED, _box_filter, _broadphase, _geom_cols, _geom_rows, _geom_table, _pair_cols,
+    _pair_rows, _pair_table)
 from simjax.engine.collision.common import make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
@@ -562,38 +563,60 @@ def narrow_group(m, d, p, grp, det_margin, split):
     dropped, and the group-local pair of each row when compacted (traced; else None:
     one row per candidate in ``grp.cand`` order). The group gathers its own geom
     poses: gathered once for all groups and sliced, they cost run time (humanoid
-    collision ~2x)."""
+    collision ~2x). A pair table (:func:`_pair_table`) is written for a collider that
+    runs on every pair; for a group of geoms with box bounds whose collider runs on few
+    pairs (compacted, chunked or skipped) the broadphase gathers from the per-geom
+    poses (fused into its arithmetic) and the collider takes the rows of the pairs it
+    runs on from the per-geom table (:func:`_geom_table`; shadow_hand's step ~0.9x:
+    its 120-pair capsule-box table was written every step)."""
     ftype = d.geom_xpos.dtype
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
     dm = det_margin[grp.cand]
-    table = _pair_table(m, d, g1, g2, ftype)
-    cols = _pair_cols(table)
+    n = len(grp.cand)
+    every = grp.fn is sdf_pair or (grp.fn in CHEAP and _pair_cap(m, p, grp, split) >= n)
+    gtype = np.asarray(m.geom_type)
+    boxed = bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)))
+    if every or not boxed or not _GEOM_ROWS:
+        # the collider runs on every pair: the pair table feeds it and the broadphase.
+        # So do groups with a plane or height field: plane-box through the per-geom
+        # table gave wrong reverse-mode contact derivatives when compiled with
+        # --xla_backend_optimization_level=0 (right at the default level; the cause
+        # was not found), test_collision.test_grad_vs_finite_differences
+        table = _pair_table(m, d, g1, g2, ftype)
+        cols = _pair_cols(table)
+        rows = lambda sel=None: _pair_rows(table, sel)
+    else:
+        # it runs on few pairs (compacted, or skipped when none passes): the broadphase
+        # gathers its operands itself (fused, no pair table) and the collider its pairs'
+        # rows from the per-geom table (passed whole into branches and loops)
+        gtable = _geom_table(m, d, ftype)
+        cols = _geom_cols(m, d, g1, g2, ftype)
+        rows = lambda sel=None: _geom_rows(gtable, g1, g2, sel)
     ok = _broadphase(m, d, g1, g2, dm, cols)
 
     def args():          # sliced where used (inside the branches below)
-        r1, r2 = _pair_rows(table)
+        r1, r2 = rows()
         return _pose_args(m, grp.fn, g1, g2, dm, r1[:2], r2[:2], ftype,
                           sizes=(r1[2], r2[2]))
 
     def take(idx):       # the arguments of pairs idx (a collider without mesh data)
-        r1, r2 = _pair_rows(table, idx)
+        r1, r2 = rows(idx)
         return Geom(*r1[:3]), Geom(*r2[:3]), dm[idx]
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
     run = lambda: jax.vmap(grp.fn)(*args())
     if grp.fn in CHEAP:
-        n, cap = len(grp.cand), _pair_cap(m, p, grp, split)
+        cap = _pair_cap(m, p, grp, split)
         count = jnp.sum(ok)
         if cap >= n:
             return run(), ok, count, no, None
         ar = np.arange(n)
         sel = first_k(jnp.where(ok, ar, n + ar), cap)    # passing pairs, in order
-        r1, r2 = _pair_rows(table, sel)
+        r1, r2 = rows(sel)
         pre = jax.vmap(grp.fn)(Geom(*r1[:3]), Geom(*r2[:3]), dm[sel])
         return pre, jnp.arange(cap) < count, count, count > cap, sel
-    gtype = np.asarray(m.geom_type)
-    if np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)):
+    if boxed:
         ok = ok & _box_filter(m, d, g1, g2, dm, cols)
     count = jnp.sum(ok)
     if _chunks(grp.fn, len(grp.cand)):
@@ -627,6 +650,10 @@ def narrow_group(m, d, p, grp, det_margin, split):
     out = _run_or_skip(batch_max(count) > 0, packed, _zeros)
     return found["unpack"](out), ok, count, no, None
 
+
+#: boxed groups whose collider runs on few pairs gather from the per-geom table, not a
+#: pair table (off: the pair table for every group; for paired measurements)
+_GEOM_ROWS = True
 
 #: pack height-field colliders' outputs too (the former way; for paired measurements)
 _PACK_HFIELD = False
