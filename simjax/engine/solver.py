@@ -221,11 +221,15 @@ def _quad_weights(p, state):
     return jnp.where((state == C.QUADRATIC) & p["active"], p["D"], 0.0)
 
 
+def _quad_hessian(H, J, dq):
+    """H + J' diag(dq) J: the quadratic rows' part of :func:`_hessian`."""
+    return H + J.T @ (dq[:, None] * J)
+
+
 def _hessian(spec, p, J, jar, state, H):
     """H + J' D_q J + sum of elliptic cone Hessians (MakeHessian, HessianCone; H = M
     for the whole Hessian) of the rows of ``p``, Jacobian ``J``."""
-    dq = _quad_weights(p, state)
-    H = H + J.T @ (dq[:, None] * J)
+    H = _quad_hessian(H, J, _quad_weights(p, state))
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         jr = _ell_rows(jar, start, n, dim)
         d0 = p["D"][start:start + n * dim:dim]
@@ -524,7 +528,7 @@ def _factor(spec, H, J, x, jaref, state):
 def _factor_quad(H, J, dq):
     """:func:`_factor` of rows without cone rows, by their quadratic weights ``dq``
     (:func:`_quad_weights`)."""
-    return factor_t(H + J.T @ (dq[:, None] * J))
+    return factor_t(_quad_hessian(H, J, dq))
 
 
 def _update_rest(hess, spec, x, e, jaref, J, args, acc):

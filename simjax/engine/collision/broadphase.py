@@ -44,20 +44,9 @@ def _pair_table(m, d, g1, g2, ftype):
     becomes a product with its reciprocal), which moved a contact point on a flat
     patch. Pass this pair, not its slices, into a branch or loop (their operands are
     stored, one kernel each)."""
-    ng = d.geom_xpos.shape[0]
     idx = np.concatenate([g1, g2])
-    pose = jnp.concatenate([
-        d.geom_xpos, d.geom_xmat.reshape(ng, 9),
-        jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3))], 1).T[:, idx]
-    size, rbound = concrete(m.geom_size), concrete(m.geom_rbound)
-    if size is not None and rbound is not None:
-        static = np.concatenate([np.asarray(size, ftype).reshape(-1, 3)[idx],
-                                 np.asarray(rbound, ftype).reshape(-1, 1)[idx]], 1)
-    else:
-        static = jnp.concatenate([
-            jnp.broadcast_to(jnp.asarray(m.geom_size, ftype), (ng, 3)),
-            jnp.broadcast_to(jnp.asarray(m.geom_rbound, ftype), (ng,))[:, None]], 1)[idx]
-    return pose, static
+    rows, static = _geom_table(m, d, ftype)
+    return rows.T[:, idx], static[idx]
 
 
 def _col(mat, j):
@@ -89,10 +78,13 @@ def _pair_rows(table, sel=None):
         pose, static = pose[:, both], jnp.asarray(static)[both]
         n = sel.shape[0]
     rows = pose.T
+    return _split_rows(rows[:n], static[:n]), _split_rows(rows[n:], static[n:])
 
-    def part(r, st):
-        return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], st[:, 3]
-    return part(rows[:n], static[:n]), part(rows[n:], static[n:])
+
+def _split_rows(r, st):
+    """(xpos (n, 3), xmat (n, 3, 3), size (n, 3), rbound (n,)) of pose rows ``r``
+    (n, 15) and static rows ``st`` (n, 4) (:func:`_geom_table`'s columns)."""
+    return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], st[:, 3]
 
 
 def _geom_static(m, ng, ftype):
@@ -143,9 +135,8 @@ def _geom_rows(gtable, g1, g2, sel=None):
         g1, g2 = jnp.asarray(g1)[sel], jnp.asarray(g2)[sel]
 
     def part(g):
-        r = rows[g]
         st = static[g] if isinstance(g, np.ndarray) else jnp.asarray(static)[g]
-        return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], st[:, 3]
+        return _split_rows(rows[g], st)
     return part(g1), part(g2)
 
 

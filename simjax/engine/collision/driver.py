@@ -573,7 +573,8 @@ def narrow_group(m, d, p, grp, det_margin, split):
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
     dm = det_margin[grp.cand]
     n = len(grp.cand)
-    every = grp.fn is sdf_pair or (grp.fn in CHEAP and _pair_cap(m, p, grp, split) >= n)
+    cap = _pair_cap(m, p, grp, split) if grp.fn in CHEAP else None
+    every = grp.fn is sdf_pair or (cap is not None and cap >= n)
     gtype = np.asarray(m.geom_type)
     boxed = bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)))
     if every or not boxed or not _GEOM_ROWS:
@@ -607,7 +608,6 @@ def narrow_group(m, d, p, grp, det_margin, split):
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
     run = lambda: jax.vmap(grp.fn)(*args())
     if grp.fn in CHEAP:
-        cap = _pair_cap(m, p, grp, split)
         count = jnp.sum(ok)
         if cap >= n:
             return run(), ok, count, no, None
