@@ -22,6 +22,7 @@ from simjax.engine import batch_minor
 from simjax.engine import collision
 from simjax.engine import constraint
 from simjax.engine import derivative
+from simjax.engine import gc_pause
 from simjax.engine import history
 from simjax.engine import io
 from simjax.engine import math
@@ -123,6 +124,7 @@ def energy(m, d: Data) -> Data:
     return d.replace(energy=jnp.stack([support.energy_pos(m, d), support.energy_vel(m, d)]))
 
 
+@gc_pause.gc_paused
 def forward(m, d: Data) -> Data:
     """Forward dynamics (mj_forward): everything in Data from the state and inputs.
 
@@ -513,6 +515,7 @@ def _select_fields(pred, a, b, names):
     return b.replace(**out)
 
 
+@gc_pause.gc_paused
 def step(m, d: Data) -> Data:
     """Advance the simulation by one timestep (mj_step).
 
