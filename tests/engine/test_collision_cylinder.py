@@ -215,3 +215,46 @@ def test_patch_gradients(free, size):
             fd[i, j] = (f(jnp.asarray(x + e)) - f(jnp.asarray(x - e))) / 2e-6
     assert np.isfinite(g).all()
     assert np.abs(g - fd).max() < 1e-6
+
+
+def test_capsule_across_cylinder_side():
+    """A horizontal capsule pressed against an upright cylinder's side (a crank pin on
+    its rod: the slider crank's pair): the normal lies across both axes, so the sign of
+    its axial part is rounding (|c| ~ 1e-15); contact within EPA's tolerance of
+    MuJoCo's, at heights along the cylinder's side and on its rims. (The case where two
+    kernels took that sign differently, fixed in ``_rim_point``, showed only in the
+    slider crank's whole collision program: the slow ``test_contacts_wide_states``.)"""
+    xml = """<mujoco><worldbody>
+      <geom type="cylinder" size=".006 .025" pos="0 .2 .025"/>
+      <body><freejoint/><geom type="capsule" size=".01 .075"/></body>
+    </worldbody></mujoco>"""
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    rng = np.random.default_rng(3)
+    checked = 0
+    for k in range(12):
+        yaw = rng.uniform(0, 2 * np.pi)
+        across = np.array([np.cos(yaw), np.sin(yaw), 0.0])     # capsule axis
+        out = np.array([-np.sin(yaw), np.cos(yaw), 0.0])       # from cylinder to capsule
+        z = (0.0, 0.05, 0.025, rng.uniform(0, 0.05))[k % 4]
+        centre = (np.array([0, 0.2, z]) + out * rng.uniform(0.010, 0.0155)
+                  + across * rng.uniform(-0.05, 0.05))
+        # the capsule's local z along `across`: a quarter turn about y, then the yaw
+        mjd.qpos[:3] = centre
+        # and a tilt of ~1e-15 rad, as the crank's chain of rotations leaves it
+        tilt = _quat(out, rng.choice([-1, 1]) * rng.uniform(1e-16, 1e-14))
+        lying = _qmul(_quat([0, 0, 1], yaw), _quat([0, 1, 0], np.pi / 2))
+        mjd.qpos[3:] = _qmul(tilt, lying)
+        mujoco.mj_forward(mjm, mjd)
+        assert np.abs(mjd.geom_xmat[1].reshape(3, 3)[:, 2] - across).max() < 1e-12
+        c = jax.tree_util.tree_map(np.asarray, _collide(m, geom_poses(d0, mjd)).contact)
+        idx = np.nonzero(c.valid)[0]
+        assert len(idx) == mjd.ncon == 1, (k, mjd.ncon)
+        mc, i = mjd.contact[0], idx[0]
+        err = (np.linalg.norm(c.pos[i] - mc.pos), abs(c.dist[i] - mc.dist),
+               np.abs(c.frame[i].ravel()[:3] - mc.frame[:3]).max())
+        assert all(e < t for e, t in zip(err, EPA_TOL)), (k, err)
+        checked += 1
+    assert checked == 12
