@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine.collision import common as C
 from simjax.engine.collision import primitive as P
 from simjax.engine.collision.common import MINVAL, argmax, argmin, once
 
@@ -34,21 +35,47 @@ def test_once_is_identity():
 
 
 def test_argmin_argmax_as_jnp():
-    """common.argmin / argmax (a reduction, then the first index reaching it) give
-    jnp.argmin / argmax's index: first of ties, NaN first, -0.0 equal to 0.0, under
-    jit and vmap."""
+    """common.argmin / argmax (short axes: jnp's; long: the values stored once, a
+    reduction, then the first index reaching it) give jnp.argmin / argmax's index:
+    first of ties, NaN first, -0.0 equal to 0.0, under jit and vmap, also of an
+    expression fused into the search."""
     rng = np.random.default_rng(3)
     vals = np.asarray([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 2.0])
-    x = np.concatenate([rng.choice(vals, size=(300, 9)), rng.standard_normal((50, 9))])
-    x[0] = [np.nan, 1.0, np.nan, -np.inf, 0, 0, 0, 0, 0]
-    x[1] = [-0.0, 0.0, -0.0, 0.0, 1, 1, 1, -1, -1]
-    for dt in (jnp.float32, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32):
-        xj = jnp.asarray(x, dt)
-        np.testing.assert_array_equal(jax.jit(jax.vmap(argmin))(xj), jnp.argmin(xj, -1))
-        np.testing.assert_array_equal(jax.jit(jax.vmap(argmax))(xj), jnp.argmax(xj, -1))
-        np.testing.assert_array_equal(argmin(xj), jnp.argmin(xj, -1))
-    assert int(argmin(jnp.asarray(x[0]))) == 0 and int(argmax(jnp.asarray(x[0]))) == 0
-    assert int(argmax(jnp.asarray(x[1]))) == 4 and int(argmin(jnp.asarray(x[1]))) == 7
+    for w in (9, 40):
+        assert (w > C.SHORT_ARG) == (w == 40)
+        x = np.concatenate([rng.choice(vals, size=(300, w)), rng.standard_normal((50, w))])
+        x[0, :9] = [np.nan, 1.0, np.nan, -np.inf, 0, 0, 0, 0, 0]
+        x[1, :9] = [-0.0, 0.0, -0.0, 0.0, 1, 1, 1, -1, -1]
+        x[1, 9:] = 1.0
+        for dt in (jnp.float32, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32):
+            xj = jnp.asarray(x, dt)
+            np.testing.assert_array_equal(jax.jit(jax.vmap(argmin))(xj), jnp.argmin(xj, -1))
+            np.testing.assert_array_equal(jax.jit(jax.vmap(argmax))(xj), jnp.argmax(xj, -1))
+            np.testing.assert_array_equal(argmin(xj), jnp.argmin(xj, -1))
+            ex = lambda a: jnp.abs(a) * 2.0 - a[::-1]         # exact: fused or not
+            np.testing.assert_array_equal(jax.jit(jax.vmap(lambda a: argmin(ex(a))))(xj),
+                                          jnp.argmin(jax.jit(jax.vmap(ex))(xj), -1))
+        assert int(argmin(jnp.asarray(x[0]))) == 0 and int(argmax(jnp.asarray(x[0]))) == 0
+        assert int(argmax(jnp.asarray(x[1]))) == 4 and int(argmin(jnp.asarray(x[1]))) == 7
+
+
+def test_first_where():
+    """common.first_where: (index, any) of the True entry with the least score, else of
+    the first True entry in row-major order; (0, 0) and False when none."""
+    rng = np.random.default_rng(4)
+    for shape in ((3, 4), (6, 7)):
+        mask = rng.random((40,) + shape) < 0.1
+        score = jnp.asarray(rng.choice([0.5, -1.0, 2.0, np.inf], size=(40,) + shape))
+        for sc in (None, score):
+            (i, j), hit = jax.jit(jax.vmap(lambda m, s: C.first_where(
+                m, None if sc is None else s)))(jnp.asarray(mask), score)
+            for b in range(40):
+                flat = np.where(mask[b].reshape(-1),
+                                np.zeros(mask[b].size) if sc is None
+                                else np.asarray(score[b]).reshape(-1), np.inf)
+                k = int(np.argmin(flat)) if (sc is not None or mask[b].any()) else 0
+                assert (int(i[b]), int(j[b])) == np.unravel_index(k, shape)
+                assert bool(hit[b]) == bool(mask[b].reshape(-1)[k])
 
 
 def test_divmod_small():

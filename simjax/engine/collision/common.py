@@ -132,11 +132,20 @@ def pick3(v, i):
     return jnp.where(i == 0, xs[0], jnp.where(i == 1, xs[1], xs[2]))
 
 
+#: last-axis length up to which :func:`argmin` / :func:`argmax` use XLA's (value, index)
+#: reduction: short, its scalar loop is cheaper than the stored copy and two reductions
+SHORT_ARG = 16
+
+
 def _first(x, best):
     """Index of the first entry of ``x`` (last axis) equal to ``best`` (its minimum or
     maximum, kept dims) or NaN: jnp.argmin / jnp.argmax exactly (a NaN counts as the
-    extreme), as two plain reductions. XLA on CPU runs the (value, index) pair
-    reduction of argmin over a minor axis as a scalar loop, several times slower."""
+    extreme), as two plain reductions, provided both read the same values: ``x`` must be
+    stored (:func:`once`, a reduction's output, an argument), not an expression that
+    XLA would fuse into both reductions and compute twice (the two kernels may round
+    differently, e.g. one contracts a multiply-add and the other not; then no entry
+    equals ``best``). XLA on CPU runs the (value, index) pair reduction of argmin over
+    a minor axis as a scalar loop, several times slower on long axes."""
     n = x.shape[-1]
     hit = (x == best) | (x != x)
     iota = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
@@ -144,20 +153,36 @@ def _first(x, best):
     return jnp.minimum(i, n - 1)
 
 
+def _arg(x, reduce, pair):
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.shape[-1] <= SHORT_ARG:
+        return pair(x, axis=-1)
+    x = once(x)
+    return _first(x, reduce(x, axis=-1, keepdims=True))
+
+
 def argmin(x):
-    """``jnp.argmin(x, axis=-1)`` of a float array (first minimum; NaN first), faster
-    on CPU (:func:`_first`)."""
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        return jnp.argmin(x, axis=-1)
-    return _first(x, jnp.min(x, axis=-1, keepdims=True))
+    """``jnp.argmin(x, axis=-1)`` (first minimum; NaN first), exactly whatever XLA
+    fuses; on long float axes faster on CPU: ``x`` stored once, then two plain
+    reductions (:func:`_first`)."""
+    return _arg(x, jnp.min, jnp.argmin)
 
 
 def argmax(x):
-    """``jnp.argmax(x, axis=-1)`` of a float array (first maximum; NaN first), faster
-    on CPU (:func:`_first`)."""
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        return jnp.argmax(x, axis=-1)
-    return _first(x, jnp.max(x, axis=-1, keepdims=True))
+    """``jnp.argmax(x, axis=-1)`` (first maximum; NaN first), as :func:`argmin`."""
+    return _arg(x, jnp.max, jnp.argmax)
+
+
+def first_where(mask, score=None):
+    """(index, any) of the True entry of a 2-d mask with the smallest score (the first
+    in row-major order without a score; index (0, 0) when none)."""
+    flat = mask.reshape(-1)
+    if score is None:
+        # one reduction gives both: the mask is computed once
+        n = flat.shape[0]
+        k = jnp.min(sel(flat, lax.iota(jnp.int32, n), n))
+        return jnp.unravel_index(jnp.where(k < n, k, 0), mask.shape), k < n
+    k = argmin(sel(flat, score.reshape(-1), jnp.inf))
+    return jnp.unravel_index(k, mask.shape), flat[k]
 
 
 def bcast(x, shape):

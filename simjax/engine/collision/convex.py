@@ -91,6 +91,7 @@ import numpy as np
 
 from simjax.engine.collision.common import (Pre, argmax, argmin, cross, dot, normalize, one,
                                             safe_norm)
+from simjax.engine.collision.common import first_where as _first
 from simjax.types import GeomType as GT
 
 #: refinement iterations for curved pairs
@@ -730,17 +731,6 @@ def _feature_edges(poly, idx, dim):
     return e, end, ok
 
 
-def _first(mask, score=None):
-    """(index, any) of the True entry of a 2-d mask with the smallest score (the first
-    in row-major order without a score)."""
-    flat = mask.reshape(-1)
-    if score is None:
-        k = jnp.argmax(flat)
-    else:
-        k = argmin(jnp.where(flat, score.reshape(-1), jnp.inf))
-    return jnp.unravel_index(k, mask.shape), flat[k]
-
-
 def _clip(ref, kref, nref, inc, kinc, size, margin=0.0):
     """Sutherland-Hodgman clipping of polygon ``inc`` (kinc vertices) by the side planes
     of polygon ``ref`` (kref vertices, normal nref), then only points at most ``margin``
@@ -839,7 +829,7 @@ def _farthest2(poly, n):
     d2 = dot(dp, dp)
     i, j = jnp.arange(P)[:, None], jnp.arange(P)[None]
     d2 = jnp.where((i < j) & (j < n), d2, -1.0)
-    (a, b), _ = _first(d2 == jnp.max(d2))
+    a, b = jnp.unravel_index(argmax(d2.reshape(-1)), d2.shape)
     return jnp.stack([a, b])
 
 
