@@ -108,13 +108,19 @@ def first_true(a, k):
     triangular matrices (:func:`_cumcount`; an associative scan emitted ~15 kernels,
     for no run-time gain) and the indices a binary search (a loop, so that they are
     materialised once: a direct count fuses into every gather that uses them)."""
-    n = a.shape[0]
-    if n <= _TRIU_MAX:
-        cs = _cumcount(a)
-    else:       # the constants and work per world would outgrow the scan
-        cs = jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
+    cs = cumcount(a)
     pos = jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
     return pos, cs
+
+
+def cumcount(a):
+    """Cumulative count (int32) of the true entries of the boolean vector ``a``, as
+    :func:`first_true` takes it (its binary search for the k-th true entry is
+    ``searchsorted(cumcount(a), k)``)."""
+    if a.shape[0] <= _TRIU_MAX:
+        return _cumcount(a)
+    # the constants and work per world would outgrow the scan
+    return jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
 
 
 #: per-row problem entries gathered into the chunks, and the value of padding rows

@@ -187,7 +187,49 @@ def _box_filter(m, d, g1, g2, margin, cols=None):
            for i in range(3)]                                       # h2 on box1 axes
     r21 = [rabs[0][j] * h1[0] + rabs[1][j] * h1[1] + rabs[2][j] * h1[2]
            for j in range(3)]                                       # h1 on box2 axes
+    cap = np.asarray(m.geom_type)[g1] == GT.CAPSULE
+    seg = _SEGMENT_AXES and bool(np.any(cap))
+    if seg:
+        # a capsule's own extent along box2's axes, r + h |a . b_j| (its box bound's
+        # is larger, up to (r + h) |a . b_j| + r (|x . b_j| + |y . b_j|))
+        capj = jnp.asarray(cap)
+        r, hl = s1_[0], s1_[1]
+        r21 = [jnp.where(capj, r + hl * rabs[2][j], r21[j]) for j in range(3)]
     sep = jnp.zeros(margin.shape, bool)
     for t, h, r in zip(t1 + t2, h1 + h2, r12 + r21):
         sep = sep | (jnp.abs(t) - h - r > margin + 1e-3 * (jnp.abs(t) + h + r))
+    if seg:
+        sep = sep | (capj & _segment_cross_sep(m1, m2, dc, s1_, h2, rabs, margin))
     return ~sep
+
+
+#: capsule pairs in :func:`_box_filter`: the capsule's exact extent on the other box's
+#: axes and the three axes across the capsule's (off: its bounding box's face axes
+#: alone; for paired measurements)
+_SEGMENT_AXES = True
+
+
+def _segment_cross_sep(m1, m2, dc, s1, h2, rabs, margin):
+    """Whether an axis a x b_j (a: the capsule axis, column 2 of ``m1``; b_j: box2's
+    axes) separates capsule 1 (a segment of half length s1[1], radius s1[0]) from box 2
+    (half sizes ``h2``, centre offset ``dc``) by more than ``margin`` (a 1e-3 relative
+    allowance, taken on the centre offset too). Along a unit axis L the separation is
+    at most the distance of the two, so a pair with a contact is never rejected. Axes
+    nearly parallel to a (|a x b_j| < 0.01) are not tested (rounding). Component-major
+    lists as :func:`_box_filter`'s."""
+    a = _col(m1, 2)
+    # dc . (a x b_j) = (dc x a) . b_j; b_k . (a x b_j) = +-a . b_i for {i, j, k} = 0..2
+    w = [dc[1] * a[2] - dc[2] * a[1], dc[2] * a[0] - dc[0] * a[2],
+         dc[0] * a[1] - dc[1] * a[0]]
+    tol = jnp.abs(dc[0]) + jnp.abs(dc[1]) + jnp.abs(dc[2])
+    sep = jnp.zeros(margin.shape, bool)
+    for j in range(3):
+        j1, j2 = (j + 1) % 3, (j + 2) % 3
+        ln2 = 1 - rabs[2][j] * rabs[2][j]               # |a x b_j|^2
+        use = ln2 > 1e-4
+        ln = jnp.sqrt(jnp.where(use, ln2, 1.0))
+        t = jnp.abs(_dot3(w, _col(m2, j)))
+        e = h2[j1] * rabs[2][j2] + h2[j2] * rabs[2][j1]  # box2 extent, times ln
+        gap = t - e - s1[0] * ln
+        sep = sep | (use & (gap > margin * ln + 1e-3 * (t + e + (s1[0] + tol) * ln)))
+    return sep
