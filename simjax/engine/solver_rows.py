@@ -17,7 +17,9 @@ differentiated implicitly in :mod:`simjax.engine.solver`).
 Under ``vmap`` a loop with a batched trip count would batch its counter, and every
 chunk access would become a gather: :func:`rest_chunks` is a ``custom_vmap`` whose rule
 runs to the largest count of the batch with an unbatched counter (worlds with fewer
-chunks add the zero contributions of their padding rows, which are exact).
+chunks add the zero contributions of their padding rows, which are exact), on the
+whole batch or, where chunk 0 is small (:attr:`Rows.blocks`), on blocks of the worlds
+that use the later chunks (:func:`_needy_loop`).
 
 The one-chunk path must cost what a single compact buffer cost: chunk 0's values are
 kept apart from the later chunks' (:class:`Chunked`), the later chunks' rows are
@@ -38,8 +40,18 @@ import jax.numpy as jnp
 import numpy as np
 
 
-#: 3/8 of the rows (at most 3 per dof) where a quarter is under 2 per dof
-_FEW_ROWS = True
+#: where a quarter of the rows is under two per dof: the later chunks run on the worlds
+#: that use them (:func:`_needy_loop`); False: chunk 0 takes 3/8 of the rows there
+#: instead, and the later chunks run on the whole batch (kept to compare the two)
+_BLOCKS = True
+
+
+def _few_rows(spec):
+    """Whether a quarter of the rows that are not equality rows is under two rows per
+    dof (fewer than 8 rows per dof: barkour 7.7, shadow hand 4.6): such a chunk 0
+    overflows in states in motion (:func:`row_capacity`)."""
+    rest = int(np.sum(~ell_mask(spec))) - int(np.sum(spec.eq))
+    return -(-rest // 4) < 2 * spec.nv
 
 
 def row_capacity(spec):
@@ -53,21 +65,23 @@ def row_capacity(spec):
     was 86 rows (nv 30) for 14 active rows, and every row of a chunk costs work in
     every pass (the Hessian's rows nv^2) and memory, in use or not (shadow hand at 60
     rows: solve 120 -> 90 us per world, batch 1024). States with more rows run more
-    chunks (same solution, up to rounding), and one world past chunk 0 runs the later
-    chunks' loops for the whole batch. Where a quarter is under two rows per dof (fewer
-    than 8 rows per dof: barkour 7.7, shadow hand 4.6, whose quarter is 35 rows), it
-    was too small for a batch: in bench rollouts (batch 1024) some worlds reach 49
-    active rows (2.7 nv) on barkour and 51 on the hand, about 1% of the worlds pass 35
-    on every step, and barkour's step ran 13-17% slower, the hand's 8%, than with 52
-    rows; such models take 3/8 of their rows, at most three per dof. A trade: batches
-    that never pass the quarter (resting, MuJoCo-settled states) run 6-8% slower with
-    the larger chunk (barkour, shadow hand)."""
+    chunks (same solution, up to rounding). Where a quarter is under two rows per dof
+    (:func:`_few_rows`; barkour, shadow hand: 35 rows) bench rollouts (batch 1024)
+    reach 49 active rows on barkour and 51 on the hand, and about 1% of the worlds
+    pass 35 on every step: the later chunks run on those worlds only
+    (:func:`_needy_loop`). With the later chunks on the whole batch, one world past
+    chunk 0 cost barkour's step 13-17%, the hand's 8%, and 3/8 of the rows (52) were
+    taken instead, which cost 6-8% on batches that never pass 35 (MuJoCo-settled
+    states). Against that, the blocks ran barkour's step 0.93x (settled states) and
+    0.96x (bench states), the hand's 0.95x and 0.99x (paired, batch 1024, float32,
+    loaded machine: ranges of +-15%), for more kernels: barkour 525 -> 635 (compile
+    7.5-8.0 -> 8.8-9.9 s CPU), shadow hand 781 -> 917 (13.9 -> 15.0 s)."""
     in_ell = ell_mask(spec)
     ns = int(np.sum(~in_ell))
     neq = int(np.sum(spec.eq))
     rest, nv = ns - neq, spec.nv
     quarter = -(-rest // 4)
-    if _FEW_ROWS and quarter < 2 * nv:
+    if not _BLOCKS and _few_rows(spec):
         # fewer than 8 rows per dof: 3/8 of them, at most 3 per dof
         cap = min(-(-3 * rest // 8), 3 * nv)
     else:
@@ -170,7 +184,9 @@ class Rows:
     slow, and gathering every chunk up front cost the humanoid / shadow hand solves
     10-50%; searching every chunk's rows up front cost the one-chunk solves about 10%.
     ``rank``: the cumulative count of active rows over the scalar rows (None: the
-    whole rows in one chunk, :func:`whole`), for :func:`spread`."""
+    whole rows in one chunk, :func:`whole`), for :func:`spread`. ``blocks``: under
+    vmap the later chunks run on the worlds that use them (:func:`_needy_loop`), else
+    on the whole batch."""
     spec: object
     nchunk: int
     x0: dict
@@ -180,6 +196,7 @@ class Rows:
     rest: tuple = ()
     find: tuple = ()
     rank: object = None
+    blocks: bool = False
 
 
 def spread(rows, active, vals):
@@ -366,7 +383,8 @@ def gather(spec, p, caps):
                                 nefc=row)
     J0 = _take_J(p["J"], idx)
     src["J"] = p["J"]
-    return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0])
+    return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0],
+                _BLOCKS and _few_rows(spec))
 
 
 def whole(spec, p):
@@ -492,7 +510,11 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         acc, state = jax.tree_util.tree_map(
             lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
             (acc, state), (accb, sb))
-        out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state, batch=(xb, ab))
+        if nb and rows.blocks:
+            out = _needy_loop(inner, size, n, xs, a, acc, state, (xb, ab))
+        else:
+            out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state,
+                        batch=(xb, ab))
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     acc, state = run(rows.nact, (rests(extra), () if finding else rows.rest), a, acc,
@@ -501,6 +523,64 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
         state, found = state
         return acc, state, dataclasses.replace(rows, rest=found)
     return acc, state, rows
+
+
+_CHUNK_BLOCK = 32    # worlds per block of :func:`_needy_loop`
+
+
+def _put_rows(full, ids, rows):
+    """``full`` (a tree, leading axis the worlds) with entry ``ids[j]`` replaced by
+    ``rows``' entry j where ``ids[j]`` is a world (not past the last): one loop of
+    in-place row updates for every leaf (a scatter is a loop of its own per leaf on
+    XLA CPU)."""
+    size = jax.tree_util.tree_leaves(full)[0].shape[0]
+
+    def put(j, full):
+        w = ids[j]
+        ok = w < size
+        wc = jnp.minimum(w, size - 1)
+
+        def one(f, r):
+            old = jax.lax.dynamic_index_in_dim(f, wc, 0, keepdims=True)
+            new = jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True)
+            return jax.lax.dynamic_update_index_in_dim(f, jnp.where(ok, new, old), wc, 0)
+
+        return jax.tree_util.tree_map(one, full, rows)
+
+    return jax.lax.fori_loop(0, ids.shape[0], put, full)
+
+
+def _needy_loop(inner, size, n, xs, a, acc, state, batch):
+    """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only
+    (``n`` > 1): gathered in blocks of _CHUNK_BLOCK worlds (every input of theirs:
+    the rows' entries, Jacobian, accumulators, states), looped to the block's largest
+    count, their (acc, state) written back (:func:`_put_rows`); the other worlds' are
+    left as they are (a loop over no chunk), and the work follows the number of worlds
+    in need (bench rollouts: about 1% of them), not the batch size. A batch with no
+    such world runs no block (no copy of the accumulators). The results are those of
+    the loop on the whole batch, bit for bit (float32, barkour). The loop body is
+    compiled once: a conditional between one block and the whole batch compiled it
+    twice (barkour's step 729 kernels against 635; 525 with the whole batch alone)."""
+    xb, ab = batch
+    need = n > 1
+    count = jnp.sum(need.astype(jnp.int32))
+    blk = min(_CHUNK_BLOCK, size)
+    nblk = -(-size // blk)
+    pos = _first_worlds(need, nblk * blk)
+
+    def body(c):
+        b, acc, state = c
+        ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
+        # padding entries (index size) read the last world and are not written
+        take = lambda v: jnp.take(v, ids, axis=0, mode="clip")
+        sub = lambda t, f: jax.tree_util.tree_map(lambda v, g: take(v) if g else v, t, f)
+        nn = jnp.max(jnp.where(ids < size, take(n), 1))
+        out = _loop(inner, nn, sub(xs, xb), sub(a, ab),
+                    *jax.tree_util.tree_map(take, (acc, state)), batch=batch)
+        return (b + 1,) + _put_rows((acc, state), ids, out)
+
+    return jax.lax.while_loop(lambda c: c[0] * blk < count, body,
+                              (jnp.zeros((), jnp.int32), acc, state))[1:]
 
 
 def rest_zeros(rows, like):
