@@ -388,10 +388,15 @@ def test_compact_rows(case, fit, monkeypatch):
     check_solve("case", cases)
 
 
-def test_chunks_under_vmap(monkeypatch):
+@pytest.mark.parametrize("blocks", [False, True])
+def test_chunks_under_vmap(monkeypatch, blocks):
     """Worlds of a batch that use different numbers of row chunks (the chunk loop runs
-    to the largest count of the batch) each get the solution on the whole rows."""
+    to the largest count of the batch, or of a block of the worlds that use the later
+    chunks, here one world per block) each get the solution on the whole rows."""
     from simjax.engine import solver as S
+    from simjax.engine import solver_rows as R
+    monkeypatch.setattr(R, "_few_rows", lambda spec: blocks)
+    monkeypatch.setattr(R, "_CHUNK_BLOCK", 1)
     rel, edit, opts = CASES["ant_newton"]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
     on = np.nonzero(np.asarray(d.efc_active))[0]
