@@ -558,9 +558,11 @@ def _needy_loop(inner, size, n, xs, a, acc, state, batch):
     left as they are (a loop over no chunk), and the work follows the number of worlds
     in need (bench rollouts: about 1% of them), not the batch size. A batch with no
     such world runs no block (no copy of the accumulators). The results are those of
-    the loop on the whole batch, bit for bit (float32, barkour). The loop body is
-    compiled once: a conditional between one block and the whole batch compiled it
-    twice (barkour's step 729 kernels against 635; 525 with the whole batch alone)."""
+    the loop on the whole batch up to rounding (barkour: bit for bit in float32, qacc
+    within 1e-11 in float64, where the block's kernels round differently). The loop
+    body is compiled once: a conditional between one block and the whole batch
+    compiled it twice (barkour's step 729 kernels against 635; 525 with the whole
+    batch alone)."""
     xb, ab = batch
     need = n > 1
     count = jnp.sum(need.astype(jnp.int32))
