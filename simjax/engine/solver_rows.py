@@ -558,8 +558,10 @@ def _needy_loop(inner, size, n, xs, a, acc, state, batch):
     left as they are (a loop over no chunk), and the work follows the number of worlds
     in need (bench rollouts: about 1% of them), not the batch size. A batch with no
     such world runs no block (no copy of the accumulators). The results are those of
-    the loop on the whole batch up to rounding (barkour: bit for bit in float32, qacc
-    within 1e-11 in float64, where the block's kernels round differently). The loop
+    the loop on the whole batch up to rounding, the block's kernels rounding
+    differently (4 steps, 12 or 10 rows per chunk: barkour bit for bit in float32,
+    qacc within 9e-12 in float64; shadow hand float32 qacc within 0.1, where changing
+    the chunk size moves it 0.4). The loop
     body is compiled once: a conditional between one block and the whole batch
     compiled it twice (barkour's step 729 kernels against 635; 525 with the whole
     batch alone)."""
