@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.forward import step as _step
+from simjax.engine.gc_pause import gc_paused
 
 
 class Trajectory(NamedTuple):
@@ -32,6 +33,7 @@ class Trajectory(NamedTuple):
     sensordata: Any  # (nstep, nsensordata)
 
 
+@gc_paused
 def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=False):
     """Step ``data`` ``nstep`` times, applying ``ctrl[t]`` before step t (mj_step each).
 

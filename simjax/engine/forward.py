@@ -16,12 +16,14 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from simjax.engine import actuation
 from simjax.engine import batch_minor
 from simjax.engine import collision
 from simjax.engine import constraint
 from simjax.engine import derivative
+from simjax.engine import gc_pause
 from simjax.engine import history
 from simjax.engine import io
 from simjax.engine import math
@@ -53,12 +55,13 @@ def fwd_position(m, d: Data) -> Data:
 def _fwd_position(m, d: Data, euler_diag=None):
     """:func:`fwd_position`; with ``euler_diag`` (nv,) also the factor of
     qM + diag(euler_diag) that mj_Euler will need, computed with qLD (one program for
-    both factorisations, see tree_linalg.factor_ld_pair): (Data, that factor or None)."""
+    both factorisations, see tree_linalg.factor_ld_pair): (Data, that factor or None,
+    both factors packed for tree_linalg.solve_ld_pair or None)."""
     d = smooth.kinematics(m, d)
     d = smooth.com_pos(m, d)
     d = smooth.camlight(m, d)
     d = smooth.tendon(m, d)
-    qld_euler = None
+    qld_euler = packed = None
     if euler_diag is None:
         d = smooth.crb(m, d)
         d = smooth.factor_m(m, d)
@@ -66,12 +69,13 @@ def _fwd_position(m, d: Data, euler_diag=None):
         d, lower = smooth.crb_lower(m, d)
         if not _LOWER:
             lower = None
-        qld, qld_euler = tree_linalg.factor_ld_pair(m, d.qM, euler_diag, lower=lower)
+        qld, qld_euler, packed = tree_linalg.factor_ld_pair_packed(m, d.qM, euler_diag,
+                                                                   lower=lower)
         d = d.replace(qLD=qld)
     d = collision.collision(m, d)
     d = constraint.make_constraint(m, d)
     d = actuation.transmission(m, d)
-    return d, qld_euler
+    return d, qld_euler, packed
 
 
 def fwd_velocity(m, d: Data) -> Data:
@@ -104,11 +108,21 @@ def fwd_actuation(m, d: Data) -> Data:
 
 def fwd_acceleration(m, d: Data) -> Data:
     """Smooth acceleration (mj_fwdAcceleration): qfrc_smooth and qacc_smooth = M^-1 f."""
+    return _fwd_acceleration(m, d)[0]
+
+
+def _fwd_acceleration(m, d: Data, pair=None):
+    """:func:`fwd_acceleration`; with ``pair`` (packed factors, the Euler factor) also
+    mj_Euler's acceleration for a step without constraint forces, solved together
+    with qacc_smooth (tree_linalg.solve_ld_pair): (Data, that acceleration or None)."""
     qfrc = d.qfrc_passive - d.qfrc_bias + d.qfrc_applied + d.qfrc_actuator
     if m.nbody > 1 and m.nv:
         qfrc = qfrc + support.xfrc_accumulate(m, d)
+    if pair is not None:
+        qacc, qacc_euler = tree_linalg.solve_ld_pair(m, pair[0], d.qLD, pair[1], qfrc)
+        return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc), qacc_euler
     qacc = smooth.solve_m(m, d, qfrc) if m.nv else qfrc
-    return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc)
+    return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc), None
 
 
 def fwd_constraint(m, d: Data) -> Data:
@@ -123,6 +137,7 @@ def energy(m, d: Data) -> Data:
     return d.replace(energy=jnp.stack([support.energy_pos(m, d), support.energy_vel(m, d)]))
 
 
+@gc_pause.gc_paused
 def forward(m, d: Data) -> Data:
     """Forward dynamics (mj_forward): everything in Data from the state and inputs.
 
@@ -141,8 +156,11 @@ def _forward(m, d: Data, sensors) -> Data:
 
 
 def _forward_parts(m, d: Data, sensors, euler_diag=None):
-    """:func:`_forward`, and with ``euler_diag`` the factor mj_Euler needs (see
-    :func:`_fwd_position`): (Data, factor or None)."""
+    """:func:`_forward`, and with ``euler_diag`` what mj_Euler needs (see
+    :func:`_fwd_position`): (Data, its factor or None, its acceleration or None). The
+    acceleration comes where the step has no constraint rows (qfrc_constraint is zero,
+    so mj_Euler solves for qfrc_smooth as mj_fwdAcceleration does) and the factors
+    are packed: both solves then run together."""
     def run(fn, d):
         if sensors is False:
             return d
@@ -151,17 +169,20 @@ def _forward_parts(m, d: Data, sensors, euler_diag=None):
         return jax.lax.cond(sensors, lambda x: fn(m, x), lambda x: x, d)
 
     if euler_diag is None:
-        d, qld_euler = fwd_position(m, d), None
+        d, qld_euler, packed = fwd_position(m, d), None, None
     else:
-        d, qld_euler = _fwd_position(m, d, euler_diag)
+        d, qld_euler, packed = _fwd_position(m, d, euler_diag)
+    pair = None
+    if packed is not None and not d.efc_J.shape[-2] and _SOLVE_PAIR:
+        pair = (packed, qld_euler)
     d = run(sensor.sensor_pos, d)
     d = fwd_velocity(m, d)
     d = run(sensor.sensor_vel, d)
     d = energy(m, d)
     d = fwd_actuation(m, d)
-    d = fwd_acceleration(m, d)
+    d, qacc_euler = _fwd_acceleration(m, d, pair)
     d = fwd_constraint(m, d)
-    return run(sensor.sensor_acc, d), qld_euler
+    return run(sensor.sensor_acc, d), qld_euler, qacc_euler
 
 
 def _sensors_off(m):
@@ -481,8 +502,10 @@ def _first_bad(d: Data, with_qacc: bool):
     maximum of zero-padded copies (to a multiple of ``_ROW``), not a concatenation,
     which XLA would split into a reduction per array (each a large kernel to
     compile)."""
-    def rank(x, r):
-        return (jnp.isnan(x) | (jnp.abs(x) > MAXVAL)).astype(jnp.int32) * np.int32(r)
+    def rank(x, r):     # lax, not jnp: the same operations, traced faster
+        bad = lax.bitwise_or(lax.ne(x, x), lax.gt(lax.abs(x), lax.full_like(x, MAXVAL)))
+        return lax.mul(lax.convert_element_type(bad, np.int32),
+                       lax.full_like(x, r, np.int32))
     arrays = ((d.qacc, 3),) if with_qacc else ()
     parts = [rank(x, r) for x, r in arrays + ((d.qpos, 2), (d.qvel, 1)) if x.size]
     if not parts:
@@ -513,6 +536,7 @@ def _select_fields(pred, a, b, names):
     return b.replace(**out)
 
 
+@gc_pause.gc_paused
 def step(m, d: Data) -> Data:
     """Advance the simulation by one timestep (mj_step).
 
@@ -612,12 +636,15 @@ def _forward_integrate(m, d: Data, autoreset: bool):
             and _PAIR_FACTOR):
         # mj_Euler's damped matrix is known before forward runs (qM and qvel): both
         # factorisations run together where qLD is made
-        d, qld = _forward_parts(m, d, True, _euler_diag(m, d))
+        d, qld, qacc = _forward_parts(m, d, True, _euler_diag(m, d))
     else:
-        d, qld = forward(m, d), None
+        d, qld, qacc = forward(m, d), None, None
     bada = _is_bad(d.qacc)
     if not autoreset:
         d = d.replace(warning=_count_warning(d.warning, WARN_BADQACC, bada))
+    if qacc is not None:
+        # mj_Euler's solve, done with mj_fwdAcceleration's (see _forward_parts)
+        return _advance(m, d, d.act_dot, qacc), bada
     return (euler(m, d, qld) if qld is not None else _integrate(m, d)), bada
 
 
@@ -627,3 +654,6 @@ _PAIR_FACTOR = True
 #: whether that pair factorisation reads qM's lower triangle from smooth.crb_lower
 #: (read at trace time; False: from qM)
 _LOWER = True
+#: whether, without constraint rows, mj_Euler's solve runs with mj_fwdAcceleration's
+#: on the packed pair of factors (tree_linalg.solve_ld_pair; read at trace time)
+_SOLVE_PAIR = True

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import derivative
+from simjax.engine import gc_pause
 from simjax.engine import passive
 from simjax.engine import sensor
 from simjax.engine import smooth
@@ -139,6 +140,7 @@ def inv_constraint(m, d: Data) -> Data:
     return fn(m, d)
 
 
+@gc_pause.gc_paused
 def inverse(m, d: Data) -> Data:
     """Inverse dynamics (mj_inverse): qfrc_inverse (nv,) from qpos, qvel and qacc.
 

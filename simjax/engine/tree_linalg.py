@@ -11,7 +11,8 @@ solves run one level at a time as well, or (:func:`solve_ld` on deep trees) one 
 time in a scan. Everything here is pure JAX, so it batches and differentiates;
 :func:`factor_ld` may instead factorise with LAPACK (see ``lapack_chol``) or, for a few
 dofs, entry by entry; :func:`factor_ld_pair` factorises two matrices of a CPU batch
-together, one group of rows of a height level per kernel, worlds on the minor axis.
+together, one group of rows of a height level per kernel, worlds on the minor axis,
+and :func:`solve_ld_pair` solves with both factors in that layout.
 
 Matrices are dense (nv, nv) with the tree sparsity of ``tables.m_mask`` (and its
 transpose); entries outside it are ignored.
@@ -566,12 +567,279 @@ def _level_pair_batched(plan, n, a, diag):
     pk = jnp.where(real, a.reshape(g, w, n * n).transpose(0, 2, 1)[:, plan.src], 0)
     isdiag = jnp.asarray((plan.real & (plan.src % (n + 1) == 0))[None, :, None])
     dg = diag.reshape(g, w, n).transpose(0, 2, 1)[:, plan.src // n]
-    q = _level_ld_blocks(plan, jnp.concatenate([pk, pk + jnp.where(isdiag, dg, 0)]))
+    pk = jnp.concatenate([pk, pk + jnp.where(isdiag, dg, 0)])
+    q = _level_ld_blocks(plan, pk)
+    # the packed factors per world (B, 2, S + 1): a layout change that
+    # :func:`solve_ld_pair`'s batched rule undoes, so that XLA removes both where the
+    # solve is their only reader
+    packed = q.reshape(2, g, q.shape[1], w).transpose(1, 3, 0, 2).reshape(g * w, 2, -1)
 
     def dense(part):      # packed -> dense (B, n, n), worlds back on the major axis
         out = part[:, plan.dense].transpose(0, 2, 1).reshape(g * w, n, n)
         return out[:b] if pad else out
-    return dense(q[:g]), dense(q[g:])
+    return dense(q[:g]), dense(q[g:]), (packed[:b] if pad else packed)
+
+
+def _pack_world(plan, qld):
+    """One world's packed factor (S + 1,) from its dense qLD (n, n): the layout of
+    :func:`_level_ld_blocks`'s output (padding and the trailing entry zero)."""
+    vals = qld.reshape(-1)[plan.src]
+    return jnp.concatenate([jnp.where(plan.real, vals, 0), jnp.zeros(1, qld.dtype)])
+
+
+def _chain_steps(c):
+    """The steps of :func:`_chain_lanes` for a chain of c dofs: rows (index into its
+    vectors, dof k, 1 for the division by D else 0)."""
+    steps = ([(k, 0) for k in range(c - 1, 0, -1)] + [(0, 1)] +
+             [(k, 0) for k in range(c - 1)])
+    return np.asarray([(i, k, dv) for i, (k, dv) in enumerate(steps)], np.int32)
+
+
+def _chain_vectors(lidx):
+    """Indices (into a packed factor) of :func:`_chain_lanes`'s vectors, (steps, c),
+    from the chain's dense index ``lidx`` (c, c) (strictly lower; the packed zero
+    elsewhere): row k of L for the steps of L' x = b (its entries for k's ancestors),
+    zeros for the division, column k of L for the steps of L x = y (the entries of
+    k's descendants)."""
+    c = lidx.shape[0]
+    zero = lidx[0, 0]
+    return np.concatenate([lidx[k][None] for k in range(c - 1, 0, -1)] +
+                          [np.full((1, c), zero)] +
+                          [lidx[:, k][None] for k in range(c - 1)])
+
+
+def _chain_lanes(vecs, diag, b):
+    """Solve L' diag(D) L x = b for the dense root chain in lane blocks: ``vecs``
+    (G, steps, c, W) the vector of each step (:func:`_chain_vectors`), diag (G, c,
+    W), b (G, c, W). :func:`_solve_ld_scan`'s steps (the same operations) in one
+    loop: L' x = b leaves first, the division by D, L x = y root first (a second loop
+    is a second set of XLA kernels). The vectors are zero outside the entries a step
+    uses, so a step reads one vector and needs no mask."""
+    def step(x, ikd):
+        i, k, dv = ikd[0], ikd[1], ikd[2]
+        vec = lax.dynamic_index_in_dim(vecs, i, 1, keepdims=False)
+        xk = lax.broadcast_in_dim(lax.dynamic_index_in_dim(x, k, 1), x.shape, (0, 1, 2))
+        y = lax.sub(x, lax.mul(vec, xk))
+        return lax.select(lax.broadcast_in_dim(dv == 1, x.shape, ()), lax.div(x, diag),
+                          y), None
+
+    return lax.scan(step, b, _chain_steps(b.shape[1]))[0]
+
+
+def _solve_tables(m, plan):
+    """Static index tables of :func:`_level_solve_blocks` (cached per tree)."""
+    key = ("solve_tables", _CHAIN, np.asarray(m.dof_parentid).tobytes())
+    out = _CACHE.get(key)
+    if out is not None:
+        return out
+    parent = np.asarray(m.dof_parentid)
+    chain = []
+    for i in range(len(parent)):
+        chain.append((chain[parent[i]] if parent[i] >= 0 else ()) + (i,))
+    groups = plan.groups
+    ng = len(groups)
+    c = plan.chain if _CHAIN else 0
+    first = ng - c
+    ids = [groups[ng - 1 - p][0][0] for p in range(c)]      # the chain's dofs by depth
+    out = dict(first=first, ids=np.asarray(ids, np.int64))
+    # the root chain's dense block from the packed factor: row q (group ng - 1 - q,
+    # width q + 1) has its entry for depth p at offset + p; D at p = q
+    if c:
+        off = [plan.offsets[ng - 1 - q] for q in range(c)]
+        lidx = np.full((c, c), plan.src.size)                 # the trailing zero
+        for q in range(c):
+            lidx[q, :q] = off[q] + np.arange(q)
+        out["chain_vecs"] = _chain_vectors(lidx)
+        out["chain_diag"] = np.asarray([off[q] + q for q in range(c)])
+        # rows below the chain: their entries for the chain and pivots (in the packed
+        # factor) and their u values (in the non-chain groups' u, concatenated)
+        ubase = np.cumsum([0] + [len(groups[j][0]) for j in range(first)])
+        li, di, ui = [], [], []
+        for j, r0, r1, col0, na in plan.chain_runs:
+            k, width = len(groups[j][0]), groups[j][1]
+            for r in range(r0, r1):
+                li.append([plan.offsets[j] + (col0 + p) * k + r if p < na
+                           else plan.src.size for p in range(c)])
+                di.append(plan.offsets[j] + (width - 1) * k + r)
+                ui.append(ubase[j] + r)
+        out.update(below_low=np.asarray(li), below_diag=np.asarray(di),
+                   below_u=np.asarray(ui))
+    # the down pass: per non-chain group, its rows' ancestors in a pool of x values
+    # (the chain by depth, then the later groups' rows, then a zero)
+    where = {}
+    for j in range(first):
+        for r, i in enumerate(groups[j][0]):
+            where[int(i)] = (j, r)
+    anc = []
+    for j in range(first):
+        dofs, width, _ = groups[j]
+        later = list(range(first - 1, j, -1))
+        base = dict(zip(later, c + np.cumsum([0] + [len(groups[t][0]) for t in later])))
+        zero = c + sum(len(groups[t][0]) for t in later)
+        idx = np.full((width - 1, len(dofs)), zero)
+        for r, i in enumerate(dofs):
+            up = chain[i][:-1]
+            for col, a in enumerate(up):
+                if a in where:
+                    ja, ra = where[a]
+                    src = base[ja] + ra
+                else:
+                    src = ids.index(a)
+                idx[width - 1 - len(up) + col, r] = src
+        anc.append(idx if width > 1 else None)
+    out["anc"] = tuple(anc)
+    _CACHE[key] = out
+    return out
+
+
+def _level_solve_blocks(plan, tabs, q, b):
+    """Solve with packed factors, worlds on the minor axis: q (G, S + 1, W) from
+    :func:`_level_ld_blocks`, b (G / r, n, W) the right-hand sides of each of the r
+    factorisations stacked in q; returns x (G, n, W), rows in the order of
+    :func:`_solve_order`.
+
+    The groups below the root chain one at a time, as the factorisation (a small
+    kernel each, no loop), reading only the tree's entries: L' w = b leaves first,
+    every term a slice of an earlier group's block, with w_k = D_k u_k of the finished
+    groups and u = w / D (the division ends each group's kernel, so XLA does not
+    recompute it in the later ones). The root chain (see :func:`_chain_plan`): the
+    terms of the rows below it in one reduction, then its dense block solved with
+    :func:`_chain_lanes`. Then L x = u for the other groups root first, x_i = u_i -
+    sum_a L_ia x_a over the row's ancestors, gathered from the finished groups and
+    summed in one reduction per group (whose result XLA does not recompute either).
+    Written with ``lax`` operations: with jnp's operators (91 for the humanoid) it took
+    a fifth of the smooth step's trace, 3.6 times what it takes now. Same results as
+    :func:`solve_ld` up to rounding."""
+    g, w = q.shape[0], q.shape[2]
+    first = tabs["first"]
+    groups = plan.groups[:first]
+    nrep = g // b.shape[0]
+
+    def rep(x):           # b's worlds for each of the factorisations in q
+        return lax.concatenate([x] * nrep, 0) if nrep > 1 else x
+    blocks, rhs = [], []
+    for (dofs, width, _), off in zip(groups, plan.offsets):
+        k = len(dofs)
+        blk = lax.slice_in_dim(q, off, off + k * width, axis=1)
+        blocks.append(blk.reshape(g, width, k * w))
+        rhs.append(rep(b[:, np.asarray(dofs)].reshape(-1, k * w)))
+    cols = {}
+
+    def column(j, c):     # column c of group j's block (G, k W)
+        if (j, c) not in cols:
+            cols[j, c] = lax.index_in_dim(blocks[j], c, 1, keepdims=False)
+        return cols[j, c]
+
+    def rows(x, r0, k):
+        if r0 == 0 and k * w == x.shape[1]:
+            return x
+        return lax.slice_in_dim(x, r0 * w, (r0 + k) * w, axis=1)
+    u = []
+    for j, (dofs, width, terms) in enumerate(groups):                  # L' w = b
+        k = len(dofs)
+        acc = rhs[j]
+        for s, r0, dl in terms:
+            ws = blocks[s].shape[1]
+            acc = lax.sub(acc, lax.mul(rows(column(s, ws - 1 - dl), r0, k), lax.mul(
+                rows(column(s, ws - 1), r0, k), rows(u[s], r0, k))))
+        u.append(lax.div(acc, column(j, width - 1)))
+    ids = tabs["ids"]
+    c = len(ids)
+    xc = None
+    if c:
+        flat_u = lax.concatenate([v.reshape(g, -1, w) for v in u], 1)
+        wk = lax.mul(q[:, tabs["below_diag"]], flat_u[:, tabs["below_u"]])  # (G, K, W)
+        low = q[:, tabs["below_low"]]                                      # (G, K, c, W)
+        terms = _sum1(lax.mul(low, lax.broadcast_in_dim(wk, low.shape, (0, 1, 3))))
+        xc = _chain_lanes(q[:, tabs["chain_vecs"]], q[:, tabs["chain_diag"]],
+                          lax.sub(rep(b[:, ids]), terms))
+    x = [None] * first
+    for j in range(first - 1, -1, -1):                                  # L x = u
+        dofs, width, _ = groups[j]
+        idx = tabs["anc"][j]
+        if idx is None:
+            x[j] = u[j]
+            continue
+        later = [x[t].reshape(g, -1, w) for t in range(first - 1, j, -1)]
+        pool = lax.concatenate(([xc] if c else []) + later +
+                               [lax.full((g, 1, w), 0, q.dtype)], 1)
+        xa = pool[:, idx.reshape(-1)].reshape(g, width - 1, len(dofs) * w)
+        x[j] = lax.sub(u[j], _sum1(lax.mul(
+            lax.slice_in_dim(blocks[j], 0, width - 1, axis=1), xa)))
+    return lax.concatenate([xv.reshape(g, -1, w) for xv in x] + ([xc] if c else []), 1)
+
+
+def _sum1(x):
+    """``x`` summed over axis 1 (jnp.sum's reduction, traced without jnp)."""
+    return lax.reduce(x, np.zeros((), x.dtype), lax.add, (1,))
+
+
+def _solve_order(plan, tabs):
+    """The dofs of :func:`_level_solve_blocks`'s output rows."""
+    groups = plan.groups[:tabs["first"]]
+    return np.concatenate([np.asarray(dofs) for dofs, _, _ in groups] + [tabs["ids"]])
+
+
+def _solve_pair_bound(m):
+    """:func:`solve_ld_pair` for model ``m``: a custom_vmap (lane blocks) inside a
+    custom_jvp (the derivative is the dense solves')."""
+    key = ("solve_pair", np.asarray(m.dof_parentid).tobytes())
+    fn = _CACHE.get(key)
+    if fn is not None:
+        return fn
+    plan, n = _level_plan(m), m.nv
+
+    # one solve, jitted: traced once for both factors (the unbatched program is traced
+    # even where only the batched rule runs)
+    one = jax.jit(lambda q, b: solve_ld(m, q, b))
+
+    def dense(q0, q1, b):
+        return one(q0, b), one(q1, b)
+
+    @jax.custom_batching.custom_vmap
+    def pair(packed, q0, q1, b):
+        return dense(q0, q1, b)
+
+    @pair.def_vmap
+    def _pair_vmap(axis_size, in_batched, packed, q0, q1, b):
+        if not in_batched[0]:
+            axes = [0 if f else None for f in in_batched[1:]]
+            return jax.vmap(dense, in_axes=axes)(q0, q1, b), (True, True)
+        w = _LANES
+        pad = -axis_size % w
+        g = (axis_size + pad) // w
+        b = b if in_batched[3] else jnp.broadcast_to(b, (axis_size,) + b.shape)
+        if pad:
+            # worlds of ones (unit factors) and zero right-hand sides: finite, unread
+            packed = jnp.pad(packed, ((0, pad), (0, 0), (0, 0)), constant_values=1)
+            b = jnp.pad(b, ((0, pad), (0, 0)))
+        q = packed.reshape(g, w, 2, -1).transpose(2, 0, 3, 1).reshape(2 * g, -1, w)
+        bl = b.reshape(g, w, n).transpose(0, 2, 1)
+        tabs = _solve_tables(m, plan)
+        x = _level_solve_blocks(plan, tabs, q, bl)
+        # worlds back on the major axis, then the dofs in order (a gather of rows)
+        x = x.reshape(2, g, n, w).transpose(0, 1, 3, 2).reshape(2, g * w, n)
+        x = x[:, :axis_size, np.argsort(_solve_order(plan, tabs))]
+        return (x[0], x[1]), (True, True)
+
+    fn = jax.custom_jvp(pair)
+
+    @fn.defjvp
+    def _jvp(primals, tangents):
+        # ``packed`` is q0 and q1 repacked: the derivative is the dense solves'
+        _, q0, q1, b = primals
+        _, dq0, dq1, db = tangents
+        return fn(*primals), jax.jvp(dense, (q0, q1, b), (dq0, dq1, db))[1]
+    _CACHE[key] = fn
+    return fn
+
+
+def solve_ld_pair(m, packed, qld0, qld1, b):
+    """(qM^-1 b, (qM + diag)^-1 b) from :func:`factor_ld_pair_packed`'s outputs (its
+    packed factors and the dense ones, qld0 and qld1); b (nv,). Batched (under vmap),
+    both solves run together on the packed factors with the worlds on the minor axis
+    (:func:`_level_solve_blocks`); unbatched, as :func:`solve_ld`."""
+    return _solve_pair_bound(m)(packed, qld0, qld1, b.astype(qld0.dtype))
 
 
 def _level_pair_bound(m):
@@ -585,10 +853,17 @@ def _level_pair_bound(m):
     plan, n = _level_plan(m), m.nv
     eye = np.eye(n)
 
+    # one factorisation and one packing, jitted: traced once for both matrices (the
+    # unbatched program is traced even where only the batched rule runs); factor_ld
+    # adds a zero diagonal where none is given
+    one = jax.jit(lambda a, diag: factor_ld(m, a, add_diag=diag))
+    pack = jax.jit(lambda q: _pack_world(plan, q))
+
     @jax.custom_batching.custom_vmap
     def pair(a, lower, diag):
         # unbatched: one matrix is not worth a lane block
-        return factor_ld(m, a), factor_ld(m, a, add_diag=diag)
+        q0, q1 = one(a, jnp.zeros_like(diag)), one(a, diag)
+        return q0, q1, jnp.stack([pack(q0), pack(q1)])
 
     @pair.def_vmap
     def _pair_vmap(axis_size, in_batched, a, lower, diag):
@@ -596,7 +871,7 @@ def _level_pair_bound(m):
         # those of ``lower``, whose expression may be cheaper than a's
         lower = lower if in_batched[1] else jnp.broadcast_to(lower, (axis_size,) + lower.shape)
         diag = diag if in_batched[2] else jnp.broadcast_to(diag, (axis_size,) + diag.shape)
-        return _level_pair_batched(plan, n, lower, diag), (True, True)
+        return _level_pair_batched(plan, n, lower, diag), (True, True, True)
 
     fn = jax.custom_jvp(pair)
 
@@ -610,7 +885,7 @@ def _level_pair_bound(m):
         _, d0 = jax.jvp(lambda x: _factor_ld_pure(m, x), (a,), (da,))
         _, d1 = jax.jvp(lambda x, y: _factor_ld_pure(m, x + e * y[:, None]), (a, diag),
                         (da, ddiag))
-        return out, (d0, d1)
+        return out, (d0, d1, jnp.stack([_pack_world(plan, d0), _pack_world(plan, d1)]))
     _CACHE[key] = fn
     return fn
 
@@ -631,6 +906,13 @@ def factor_ld_pair(m, a, add_diag, lower=None):
     where it serves two factorisations. Same results as two :func:`factor_ld` calls up
     to rounding.
     """
+    return factor_ld_pair_packed(m, a, add_diag, lower)[:2]
+
+
+def factor_ld_pair_packed(m, a, add_diag, lower=None):
+    """:func:`factor_ld_pair`, and both factors packed for :func:`solve_ld_pair`
+    ((2, S + 1) per matrix pair), or None where the pair is not factorised level by
+    level: (qLD, qLD of a + diag(add_diag), packed or None)."""
     dtype = a.dtype
     add_diag = add_diag.astype(dtype)
     if m.nv > _UNROLL_NV and lapack_chol.enabled(m.nv):
@@ -638,7 +920,7 @@ def factor_ld_pair(m, a, add_diag, lower=None):
         if len(plan.groups) <= _LEVEL_MAX_GROUPS and plan.pairs <= _LEVEL_MAX_TERMS:
             return _level_pair_bound(m)(a, a if lower is None else lower.astype(dtype),
                                         add_diag)
-    return factor_ld(m, a), factor_ld(m, a, add_diag=add_diag)
+    return factor_ld(m, a), factor_ld(m, a, add_diag=add_diag), None
 
 
 #: bounds on the trees :func:`factor_ld_pair` factorises level by level: its program

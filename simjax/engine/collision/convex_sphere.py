@@ -112,13 +112,16 @@ def _select(c, tplane, tedge, edge):
     return face, tri, te
 
 
-def sphere_mesh(g1, g2, margin, t2=None):
-    """Contact of sphere ``g1`` with mesh ``g2`` (one slot; see the module docstring)."""
+def sphere_mesh(g1, g2, margin, t2=None, feature=None):
+    """Contact of sphere ``g1`` with mesh ``g2`` (one slot; see the module docstring).
+    ``feature``: the closest feature (face?, triangle id, edge id) when already chosen
+    (:func:`sphere_mesh_group`)."""
     ex = g2.extra
     tplane, tedge, edge = ex["tplane"], ex["tedge"], ex["edge"]
     c = (g1.pos - g2.pos) @ g2.mat                            # centre in the mesh frame
-    face, tri, te = jax.lax.stop_gradient(
-        _select(jax.lax.stop_gradient(c), tplane, tedge, edge))
+    if feature is None:
+        feature = _select(jax.lax.stop_gradient(c), tplane, tedge, edge)
+    face, tri, te = jax.lax.stop_gradient(feature)
     r = g1.size[0]
     pl = tplane[tri]
     hface = dot(pl[:3], c) - pl[3]
@@ -132,6 +135,87 @@ def sphere_mesh(g1, g2, margin, t2=None):
     return one(dist, pos, n, dist <= margin)
 
 
+def sphere_mesh_group(g1, g2, margin, ok):
+    """:func:`sphere_mesh` of every pair of a group (leading pair axis on every
+    argument; ``ok``: (n,) the pairs that pass the broadphase). The closest features
+    are chosen (the costly search over the hull's triangles and edges) only for the
+    passing pairs (:func:`_select_passing`): in a batch, a pair's search runs on the
+    worlds where it passes, not on the whole batch. Rows of the other pairs are not
+    contacts (their feature is triangle 0)."""
+    if not _PASSING:
+        return jax.vmap(sphere_mesh)(g1, g2, margin)
+    c = jax.vmap(lambda a, b: (a.pos - b.pos) @ b.mat)(g1, g2)
+    ex = g2.extra
+    feature = _select_passing(jax.lax.stop_gradient(c), ok, ex["tplane"], ex["tedge"],
+                              ex["edge"])
+    return jax.vmap(lambda a, b, m_, f: sphere_mesh(a, b, m_, feature=f))(
+        g1, g2, margin, feature)
+
+
+#: search features for passing pairs only (off: every pair; for paired measurements)
+_PASSING = True
+
+#: worlds per block of a pair's feature search in a batch (:func:`_select_passing`)
+SELECT_BLOCK = 64
+
+
+@jax.custom_batching.custom_vmap
+def _select_passing(c, ok, tplane, tedge, edge):
+    """(face (n,), triangle (n,), edge (n,)) of :func:`_select` for pairs' local centres
+    ``c`` (n, 3) and hull tables (leading pair axis); those of pairs not ``ok`` are
+    False, 0, 0 (unused). One world: every pair searched. Under ``vmap`` (tables
+    unbatched) a loop over the pairs, each searched on its passing worlds only,
+    gathered SELECT_BLOCK at a time (the searches' inputs carry no gradient and
+    their outputs are integers: nothing to differentiate)."""
+    face, tri, te = jax.vmap(_select)(c, tplane, tedge, edge)
+    return face & ok, jnp.where(ok, tri, 0), jnp.where(ok, te, 0)
+
+
+@_select_passing.def_vmap
+def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
+    """The batch's searches, pair by pair on the pair's passing worlds (a sort puts
+    them first), SELECT_BLOCK worlds a trip; batched tables: every pair searched."""
+    if any(batched[2:]) or not (batched[0] or batched[1]):
+        axes = tuple(0 if b else None for b in batched)
+        return jax.vmap(_select_passing.fun, in_axes=axes)(c, ok, tplane, tedge,
+                                                            edge), (True, True, True)
+    c = c if batched[0] else jnp.broadcast_to(c, (size,) + c.shape)
+    ok = ok if batched[1] else jnp.broadcast_to(ok, (size,) + ok.shape)
+    n = c.shape[1]
+    blk = min(SELECT_BLOCK, size)
+    nblk = -(-size // blk)
+    ids = jnp.arange(size, dtype=jnp.int32)
+    zero = jnp.zeros((size, n, 3), jnp.int32)      # face, triangle, edge
+
+    def pair(k, out):
+        need = jax.lax.dynamic_index_in_dim(ok, k, 1, keepdims=False)
+        count = jnp.sum(need.astype(jnp.int32))
+        # the passing worlds in order, then the others (padding reads them, its
+        # results are not taken); each world's place in that order by a second sort
+        pos = jnp.sort(jnp.where(need, ids, size + ids)) % size
+        place = jax.lax.sort((pos, ids), num_keys=1)[1]
+        pos = jnp.concatenate([pos, jnp.full((nblk * blk - size,), size - 1, jnp.int32)])
+        tab = [jax.lax.dynamic_index_in_dim(t, k, 0, keepdims=False)
+               for t in (tplane, tedge, edge)]
+        ck = jax.lax.dynamic_index_in_dim(c, k, 1, keepdims=False)
+
+        def body(carry):
+            b, buf = carry
+            w = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
+            f = jax.vmap(_select, in_axes=(0, None, None, None))(ck[w], *tab)
+            f = jnp.stack([x.astype(jnp.int32) for x in f], -1)
+            return b + 1, jax.lax.dynamic_update_slice_in_dim(buf, f, b * blk, 0)
+        buf = jax.lax.while_loop(lambda cr: cr[0] * blk < count, body,
+                                 (jnp.zeros((), jnp.int32),
+                                  jnp.zeros((nblk * blk, 3), jnp.int32)))[1]
+        res = jnp.where(need[:, None], buf[place], 0)
+        return jax.lax.dynamic_update_index_in_dim(out, res, k, 1)
+    out = jax.lax.fori_loop(0, n, pair, zero)
+    return (out[..., 0] > 0, out[..., 1], out[..., 2]), (True, True, True)
+
+
 sphere_mesh.types = (GT.SPHERE, GT.MESH)
+#: the group's pairs at once, features searched for passing pairs only
+sphere_mesh.group = sphere_mesh_group
 #: the tables attach_meshes gives the mesh geom (instead of the SAT ones)
 sphere_mesh.mesh_tables = (sphere_table, ("tplane", "tedge", "edge"))

@@ -606,7 +606,8 @@ def narrow_group(m, d, p, grp, det_margin, split):
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
-    run = lambda: jax.vmap(grp.fn)(*args())
+    group = getattr(grp.fn, "group", None)    # takes ``ok`` as it is when run is called
+    run = lambda: group(*args(), ok) if group else jax.vmap(grp.fn)(*args())
     if grp.fn in CHEAP:
         count = jnp.sum(ok)
         if cap >= n:
