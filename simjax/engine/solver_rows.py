@@ -197,6 +197,7 @@ class Rows:
     find: tuple = ()
     rank: object = None
     blocks: bool = False
+    needy: object = None
 
 
 def spread(rows, active, vals):
@@ -383,8 +384,9 @@ def gather(spec, p, caps):
                                 nefc=row)
     J0 = _take_J(p["J"], idx)
     src["J"] = p["J"]
-    return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0],
-                _BLOCKS and _few_rows(spec))
+    blocks = nchunk > 1 and _BLOCKS and _few_rows(spec)
+    return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0], blocks,
+                needy_table(nact) if blocks else None)
 
 
 def whole(spec, p):
@@ -405,7 +407,7 @@ def _index(tree, c, axis):
         lambda a, ax: jax.lax.dynamic_index_in_dim(a, c, ax, keepdims=False), tree, axis)
 
 
-def _loop(fn, n, xs, args, acc, state, batch=None):
+def _loop(fn, n, xs, args, acc, state, batch=None, axis=None):
     """acc, state = fold of fn(c, x_c, s_c, args, acc) -> (acc, s_c) over the chunks
     1 <= c < n, x_c and s_c entry c - 1 of xs and state (leading axis the chunk), s_c
     written back; ``batch``: None, or the batched flags of (xs, args) inside the vmap
@@ -416,7 +418,8 @@ def _loop(fn, n, xs, args, acc, state, batch=None):
     else:
         xb, ab = batch
         ax = lambda b: jax.tree_util.tree_map(lambda f: 0 if f else None, b)
-        g = jax.vmap(fn, in_axes=(None, ax(xb), 0, ax(ab), 0))
+        aax = ax(ab) if axis is None else axis[1]
+        g = jax.vmap(fn, in_axes=(None, ax(xb), 0, aax, 0))
         xaxis = jax.tree_util.tree_map(lambda f: 1 if f else 0, xb)
         cax = 1
 
@@ -428,7 +431,9 @@ def _loop(fn, n, xs, args, acc, state, batch=None):
             lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, c - 1, cax), state, sc)
         return c + 1, acc, state
 
-    _, acc, state = jax.lax.while_loop(lambda s: s[0] < n, body,
+    # n a function: the count computed in the loop's condition
+    bound = n if callable(n) else lambda: n
+    _, acc, state = jax.lax.while_loop(lambda s: s[0] < bound(), body,
                                        (jnp.ones((), jnp.int32), acc, state))
     return acc, state
 
@@ -500,24 +505,25 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     a = (args, src, J if jac else None, counts)
 
     @jax.custom_batching.custom_vmap
-    def run(n, xs, a, acc, state):
+    def run(n, tab, xs, a, acc, state):
         return _loop(inner, n, xs, a, acc, state)
 
     @run.def_vmap
-    def _rule(size, flags, n, xs, a, acc, state):
-        nb, xb, ab, accb, sb = flags
+    def _rule(size, flags, n, tab, xs, a, acc, state):
+        nb, tb, xb, ab, accb, sb = flags
         # the accumulators and states are updated per world: batched
         acc, state = jax.tree_util.tree_map(
             lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
             (acc, state), (accb, sb))
-        if nb and rows.blocks:
-            out = _needy_loop(inner, size, n, xs, a, acc, state, (xb, ab))
+        if nb and tb:
+            out = _needy_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab))
         else:
             out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state,
                         batch=(xb, ab))
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
-    acc, state = run(rows.nact, (rests(extra), () if finding else rows.rest), a, acc,
+    tab = rows.needy if rows.blocks else jnp.zeros((), jnp.int32)
+    acc, state = run(rows.nact, tab, (rests(extra), () if finding else rows.rest), a, acc,
                      state)
     if finding:
         state, found = state
@@ -526,64 +532,161 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
 
 
 _CHUNK_BLOCK = 32    # worlds per block of :func:`_needy_loop`
+_PACK = 8            # leaves per table of :func:`_needy_loop`
+
+
+def needy_table(nact):
+    """Under ``vmap``, the worlds whose active rows pass chunk 0 (``nact`` > 1), found
+    once per solve for all its loops over the later chunks (:func:`_needy_loop`): their
+    indices in order, then the batch size (worlds,) (int32). Without vmap (or for an
+    unbatched ``nact``) zero, unused."""
+    @jax.custom_batching.custom_vmap
+    def run(n):
+        return jnp.zeros((), jnp.int32)
+
+    @run.def_vmap
+    def _rule(size, flags, n):
+        if not flags[0]:
+            return jnp.zeros((), jnp.int32), False
+        return _first_worlds(n > 1, size), True
+
+    return run(nact)
 
 
 def _put_rows(full, ids, rows):
-    """``full`` (a tree, leading axis the worlds) with entry ``ids[j]`` replaced by
-    ``rows``' entry j where ``ids[j]`` is a world (not past the last): one loop of
-    in-place row updates for every leaf (a scatter is a loop of its own per leaf on
-    XLA CPU)."""
+    """``full`` (a tree, leading axis the worlds) with entry ``ids()[j]`` replaced by
+    ``rows``' entry j for the entries of ``ids()`` (a function: the indices computed
+    where used) before the first past the last world:
+    one loop of in-place row updates for every leaf (a scatter is a loop of its own per
+    leaf on XLA CPU), over the worlds of the block only."""
     size = jax.tree_util.tree_leaves(full)[0].shape[0]
+    n = jax.tree_util.tree_leaves(rows)[0].shape[0]
 
-    def put(j, full):
-        w = ids[j]
-        ok = w < size
-        wc = jnp.minimum(w, size - 1)
+    def put(c):
+        j, full = c
+        one = lambda f, r: jax.lax.dynamic_update_index_in_dim(
+            f, jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True), ids()[j], 0)
+        return j + 1, jax.tree_util.tree_map(one, full, rows)
 
-        def one(f, r):
-            old = jax.lax.dynamic_index_in_dim(f, wc, 0, keepdims=True)
-            new = jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True)
-            return jax.lax.dynamic_update_index_in_dim(f, jnp.where(ok, new, old), wc, 0)
-
-        return jax.tree_util.tree_map(one, full, rows)
-
-    return jax.lax.fori_loop(0, ids.shape[0], put, full)
+    more = lambda c: (c[0] < n) & (ids()[jnp.minimum(c[0], n - 1)] < size)
+    return jax.lax.while_loop(more, put, (jnp.zeros((), jnp.int32), full))[1]
 
 
-def _needy_loop(inner, size, n, xs, a, acc, state, batch):
-    """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only
-    (``n`` > 1): gathered in blocks of _CHUNK_BLOCK worlds (every input of theirs:
-    the rows' entries, Jacobian, accumulators, states), looped to the block's largest
-    count, their (acc, state) written back (:func:`_put_rows`); the other worlds' are
-    left as they are (a loop over no chunk), and the work follows the number of worlds
-    in need (bench rollouts: about 1% of them), not the batch size. A batch with no
-    such world runs no block (no copy of the accumulators). The results are those of
-    the loop on the whole batch up to rounding, the block's kernels rounding
-    differently (4 steps, 12 or 10 rows per chunk: barkour bit for bit in float32,
-    qacc within 9e-12 in float64; shadow hand float32 qacc within 0.1, where changing
-    the chunk size moves it 0.4). The loop
-    body is compiled once: a conditional between one block and the whole batch
-    compiled it twice (barkour's step 729 kernels against 635; 525 with the whole
-    batch alone)."""
+def _bits(dtype):
+    """The unsigned integer type as wide as ``dtype``."""
+    return {4: jnp.uint32, 8: jnp.uint64}[np.dtype(dtype).itemsize]
+
+
+def _pack(leaves, size):
+    """Leaves (size, ...) as one (columns, size) table of unsigned integers as wide as
+    the widest leaf, every entry's bits kept (:func:`_unpack`), each leaf's columns
+    transposed and concatenated on the major axis: a gather of the table's columns is
+    then one kernel, the concatenation fused into it (XLA CPU built a concatenation on
+    the minor axis apart, a copy of every leaf for the whole batch; leaves padded to
+    the table's width and or'ed fused, but cost every gathered entry a select per
+    leaf)."""
+    wide = _bits(max([jnp.float32] + [v.dtype for v in leaves],
+                     key=lambda t: np.dtype(t).itemsize))
+    signed = jnp.dtype(wide).name[1:]
+
+    def col(v):
+        v = v.reshape(size, -1)
+        if v.dtype == jnp.bool_:
+            v = v.astype(wide)
+        elif jnp.issubdtype(v.dtype, jnp.floating):
+            v = jax.lax.bitcast_convert_type(v, _bits(v.dtype)).astype(wide)
+        else:
+            v = jax.lax.bitcast_convert_type(v.astype(signed), wide)
+        return v.T
+
+    cols = [col(v) for v in leaves]
+    return jnp.concatenate(cols, 0) if cols else jnp.zeros((0, size), wide)
+
+
+def _unpack(col, like):
+    """The leaves of one world's column ``col`` of a :func:`_pack` table, shaped and
+    typed as ``like``'s (world entries)."""
+    out, at = [], 0
+    for v in like:
+        k = int(np.prod(v.shape))
+        x = col[at:at + k].reshape(v.shape)
+        at += k
+        if v.dtype == jnp.bool_:
+            x = x != 0
+        elif jnp.issubdtype(v.dtype, jnp.floating):
+            x = jax.lax.bitcast_convert_type(x.astype(_bits(v.dtype)), v.dtype)
+        else:
+            signed = jnp.dtype(x.dtype).name[1:]
+            x = jax.lax.bitcast_convert_type(x, signed).astype(v.dtype)
+        out.append(x)
+    return out
+
+
+def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch):
+    """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only, from
+    their table ``tab`` (:func:`needy_table`): in blocks of _CHUNK_BLOCK worlds,
+    looped to the block's largest count, their (acc, state) written back; the other
+    worlds' are left as they are (a loop over no chunk), and the work follows the
+    number of worlds in need (bench rollouts: about 1% of them), not the batch size. A
+    batch with no such world runs no block (no copy of the accumulators). The block's
+    batched inputs that the loop does not update (the rows' entries, Jacobian,
+    per-chunk values, arguments) are gathered as one table (:func:`_pack`) and
+    unpacked per world inside the loop, (acc, state) one gather and one scatter per
+    leaf. The results are those of the loop on the whole batch up to rounding, the
+    block's kernels rounding differently (4 steps, 12 or 10 rows per chunk: barkour
+    bit for bit in float32, qacc within 9e-12 in float64; shadow hand float32 qacc
+    within 0.1, where changing the chunk size moves it 0.4). The loop body is
+    compiled once: a conditional between one block and the whole batch compiled it
+    twice (barkour's step 729 kernels against 635; 525 with the whole batch
+    alone)."""
     xb, ab = batch
-    need = n > 1
-    count = jnp.sum(need.astype(jnp.int32))
     blk = min(_CHUNK_BLOCK, size)
     nblk = -(-size // blk)
-    pos = _first_worlds(need, nblk * blk)
+    leaves, tree = jax.tree_util.tree_flatten((xs, a))
+    flags = jax.tree_util.tree_leaves((xb, ab))
+    on = [v for v, f in zip(leaves, flags) if f]
+    off = [v for v, f in zip(leaves, flags) if not f]
+    like = [jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for v in on]
+
+    def fn(c, e, sc, pa, acc):
+        rows, off = pa
+        # unpacked in the loop over the chunks: XLA would otherwise copy every leaf out
+        # of the table before it (loop-invariant), a kernel per leaf
+        rows, _ = jax.lax.optimization_barrier((rows, c))
+        got = [x for i, r in enumerate(rows)
+               for x in _unpack(r, like[i * _PACK:(i + 1) * _PACK])]
+        got, off = iter(got), iter(off)
+        xs, a = jax.tree_util.tree_unflatten(tree, [next(got) if f else next(off)
+                                                    for f in flags])
+        return inner(c, _index(xs, c - 1, jax.tree_util.tree_map(lambda _: 0, xs)), sc,
+                     a, acc)
+
+    if nblk * blk > size:
+        tab = jnp.concatenate([tab, jnp.full((nblk * blk - size,), size, jnp.int32)])
+    # the worlds of block b (padding entries, index size, read the last world and are
+    # not written), sliced where used (not made a buffer of its own: a kernel)
+    block = lambda b: jax.lax.dynamic_slice_in_dim(tab, b * blk, blk)
 
     def body(c):
-        b, acc, state = c
-        ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
-        # padding entries (index size) read the last world and are not written
+        b, acc_all, state_all = c
+        # the table depends on the block: XLA would otherwise build it for the whole
+        # batch before the loop (loop-invariant), on every call
+        src, ids = jax.lax.optimization_barrier((on, block(b)))
+        # at most _PACK leaves a table: XLA CPU fused no more into the gather
+        rows = [jnp.take(_pack(src[i:i + _PACK], size), ids, axis=1, mode="clip")
+                for i in range(0, len(src), _PACK)]
         take = lambda v: jnp.take(v, ids, axis=0, mode="clip")
-        sub = lambda t, f: jax.tree_util.tree_map(lambda v, g: take(v) if g else v, t, f)
-        nn = jnp.max(jnp.where(ids < size, take(n), 1))
-        out = _loop(inner, nn, sub(xs, xb), sub(a, ab),
-                    *jax.tree_util.tree_map(take, (acc, state)), batch=batch)
-        return (b + 1,) + _put_rows((acc, state), ids, out)
+        # the block's largest count
+        most = lambda: jnp.max(jnp.where(block(b) < size,
+                                         jnp.take(n, block(b), mode="clip"), 1))
+        acc, state = jax.tree_util.tree_map(take, (acc_all, state_all))
+        out = _loop(fn, most, (), (rows, off), acc, state,
+                    batch=((), (True, [False] * len(off))), axis=((), (1, None)))
+        return (b + 1,) + _put_rows((acc_all, state_all), lambda: block(b), out)
 
-    return jax.lax.while_loop(lambda c: c[0] * blk < count, body,
+    # blocks while one holds a world in need
+    more = lambda c: (c[0] < nblk) & (tab[jnp.minimum(c[0], nblk - 1) * blk] < size)
+    return jax.lax.while_loop(more, body,
                               (jnp.zeros((), jnp.int32), acc, state))[1:]
 
 

@@ -416,6 +416,31 @@ def test_chunks_under_vmap(monkeypatch, blocks):
         assert np.abs(g - w).max() / scale < 1e-12
 
 
+def test_pack_round_trip():
+    """The later chunks' blocks gather their worlds' inputs as one table of bits
+    (solver_rows._pack): every leaf (booleans, integers, floats) comes back from the
+    gathered columns as it was, bit for bit (negative zero, NaN and tiny values
+    included)."""
+    from simjax.engine.solver_rows import _pack, _unpack
+    rng = np.random.default_rng(0)
+    size = 7
+    f = rng.standard_normal((size, 3, 2)).astype(np.float32)
+    f[0, 0, 0], f[1, 0, 0], f[2, 0, 0] = -0.0, np.nan, 1e-42
+    leaves = [f, rng.integers(-5, 300, (size, 4)).astype(np.int32),
+              rng.random((size, 5)) < 0.5, rng.standard_normal((size,)).astype(np.float32)]
+    ids = np.array([4, 0, 6])
+
+    def run(*leaves):
+        tab = jnp.take(_pack(list(leaves), size), jnp.asarray(ids), axis=1)
+        like = [jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for v in leaves]
+        return jax.vmap(lambda col: _unpack(col, like), in_axes=1)(tab)
+
+    for got, want in zip(jax.jit(run)(*leaves), leaves):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                      want[ids].view(np.uint8))
+
+
 @pytest.mark.parametrize("n", [40, 341, 1500])
 def test_first_true_matches_nonzero(n):
     """The compaction's index search (blocked triangular products up to _TRIU_MAX rows,
