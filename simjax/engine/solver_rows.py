@@ -73,9 +73,10 @@ def row_capacity(spec):
     chunk 0 cost barkour's step 13-17%, the hand's 8%, and 3/8 of the rows (52) were
     taken instead, which cost 6-8% on batches that never pass 35 (MuJoCo-settled
     states). Against that, the blocks ran barkour's step 0.93x (settled states) and
-    0.96x (bench states), the hand's 0.95x and 0.99x (paired, batch 1024, float32,
-    loaded machine: ranges of +-15%), for more kernels: barkour 525 -> 635 (compile
-    7.5-8.0 -> 8.8-9.9 s CPU), shadow hand 781 -> 917 (13.9 -> 15.0 s)."""
+    0.94x (bench states), the hand's 0.90x and 0.98x (paired, batch 1024, float32,
+    5-step rollouts, loaded machine: ranges of +-15%), for more kernels: barkour
+    525 -> 596 (compile 6.7-7.5 -> 6.9-8.3 s CPU, about +10%), shadow hand 786 ->
+    875."""
     in_ell = ell_mask(spec)
     ns = int(np.sum(~in_ell))
     neq = int(np.sum(spec.eq))
@@ -185,8 +186,8 @@ class Rows:
     10-50%; searching every chunk's rows up front cost the one-chunk solves about 10%.
     ``rank``: the cumulative count of active rows over the scalar rows (None: the
     whole rows in one chunk, :func:`whole`), for :func:`spread`. ``blocks``: under
-    vmap the later chunks run on the worlds that use them (:func:`_needy_loop`), else
-    on the whole batch."""
+    vmap the later chunks run on the worlds that use them (:func:`_needy_loop`, from
+    their table ``needy``, :func:`needy_table`), else on the whole batch."""
     spec: object
     nchunk: int
     x0: dict
@@ -407,18 +408,19 @@ def _index(tree, c, axis):
         lambda a, ax: jax.lax.dynamic_index_in_dim(a, c, ax, keepdims=False), tree, axis)
 
 
-def _loop(fn, n, xs, args, acc, state, batch=None, axis=None):
+def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None):
     """acc, state = fold of fn(c, x_c, s_c, args, acc) -> (acc, s_c) over the chunks
     1 <= c < n, x_c and s_c entry c - 1 of xs and state (leading axis the chunk), s_c
-    written back; ``batch``: None, or the batched flags of (xs, args) inside the vmap
-    rule (fn then runs vmapped over worlds, with an unbatched chunk counter; acc, state
-    batched)."""
+    written back; ``n`` a scalar or a function computing it in the loop's condition;
+    ``batch``: None, or the batched flags of (xs, args) inside the vmap rule (fn then
+    runs vmapped over worlds, with an unbatched chunk counter; acc, state batched),
+    ``args_axis`` then the vmap axes of args in place of those its flags give."""
     if batch is None:
         g, xaxis, cax = fn, jax.tree_util.tree_map(lambda _: 0, xs), 0
     else:
         xb, ab = batch
         ax = lambda b: jax.tree_util.tree_map(lambda f: 0 if f else None, b)
-        aax = ax(ab) if axis is None else axis[1]
+        aax = ax(ab) if args_axis is None else args_axis
         g = jax.vmap(fn, in_axes=(None, ax(xb), 0, aax, 0))
         xaxis = jax.tree_util.tree_map(lambda f: 1 if f else 0, xb)
         cax = 1
@@ -624,21 +626,25 @@ def _unpack(col, like):
 
 def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch):
     """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only, from
-    their table ``tab`` (:func:`needy_table`): in blocks of _CHUNK_BLOCK worlds,
-    looped to the block's largest count, their (acc, state) written back; the other
-    worlds' are left as they are (a loop over no chunk), and the work follows the
-    number of worlds in need (bench rollouts: about 1% of them), not the batch size. A
-    batch with no such world runs no block (no copy of the accumulators). The block's
-    batched inputs that the loop does not update (the rows' entries, Jacobian,
-    per-chunk values, arguments) are gathered as one table (:func:`_pack`) and
-    unpacked per world inside the loop, (acc, state) one gather and one scatter per
-    leaf. The results are those of the loop on the whole batch up to rounding, the
-    block's kernels rounding differently (4 steps, 12 or 10 rows per chunk: barkour
-    bit for bit in float32, qacc within 9e-12 in float64; shadow hand float32 qacc
-    within 0.1, where changing the chunk size moves it 0.4). The loop body is
-    compiled once: a conditional between one block and the whole batch compiled it
-    twice (barkour's step 729 kernels against 635; 525 with the whole batch
-    alone)."""
+    their table ``tab`` (:func:`needy_table`, made once per solve): in blocks of
+    _CHUNK_BLOCK worlds, looped to the block's largest count, their (acc, state)
+    written back over the block's worlds (:func:`_put_rows`); the other worlds' are
+    left as they are (a loop over no chunk), and the work follows the number of worlds
+    in need (bench rollouts: about 1% of them), not the batch size. A batch with no
+    such world runs no block (no copy of the accumulators). The block's batched inputs
+    that the loop does not update (the rows' entries, Jacobian, per-chunk values,
+    arguments) are gathered as tables of bits (:func:`_pack`, _PACK leaves a table)
+    and unpacked per world inside the loop over the chunks, (acc, state) one gather per
+    leaf: a gather per leaf, the worlds in need found again at every loop and a write
+    back over all _CHUNK_BLOCK entries made barkour's step 635 kernels, now 596
+    (shadow hand 917, now 875; 525 and 786 with the whole batch alone). What remains
+    per loop over the later chunks: about 12 kernels of loops and indices, and a
+    gather and a row update per (acc, state) leaf. The results are those of the loop
+    on the whole batch up to rounding, the block's kernels rounding differently (4
+    steps, 12 rows per chunk: barkour bit for bit in float32, qacc within 2e-11 in
+    float64; shadow hand float32 qacc within 0.15, where changing the chunk size
+    moves it 0.4). The loop body is compiled once: a conditional between one block
+    and the whole batch compiled it twice (barkour's step 729 kernels against 635)."""
     xb, ab = batch
     blk = min(_CHUNK_BLOCK, size)
     nblk = -(-size // blk)
@@ -681,7 +687,7 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch):
                                          jnp.take(n, block(b), mode="clip"), 1))
         acc, state = jax.tree_util.tree_map(take, (acc_all, state_all))
         out = _loop(fn, most, (), (rows, off), acc, state,
-                    batch=((), (True, [False] * len(off))), axis=((), (1, None)))
+                    batch=((), (True, [False] * len(off))), args_axis=(1, None))
         return (b + 1,) + _put_rows((acc_all, state_all), lambda: block(b), out)
 
     # blocks while one holds a world in need

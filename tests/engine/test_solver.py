@@ -388,22 +388,23 @@ def test_compact_rows(case, fit, monkeypatch):
     check_solve("case", cases)
 
 
-@pytest.mark.parametrize("blocks", [False, True])
-def test_chunks_under_vmap(monkeypatch, blocks):
+@pytest.mark.parametrize("blocks,block", [(False, 1), (True, 1), (True, 2)])
+def test_chunks_under_vmap(monkeypatch, blocks, block):
     """Worlds of a batch that use different numbers of row chunks (the chunk loop runs
     to the largest count of the batch, or of a block of the worlds that use the later
-    chunks, here one world per block) each get the solution on the whole rows."""
+    chunks, here one or two worlds per block, the last block of two padded) each get
+    the solution on the whole rows."""
     from simjax.engine import solver as S
     from simjax.engine import solver_rows as R
     monkeypatch.setattr(R, "_few_rows", lambda spec: blocks)
-    monkeypatch.setattr(R, "_CHUNK_BLOCK", 1)
+    monkeypatch.setattr(R, "_CHUNK_BLOCK", block)
     rel, edit, opts = CASES["ant_newton"]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
     on = np.nonzero(np.asarray(d.efc_active))[0]
     off = on[:len(on) // 2]          # rows made inactive in the second world
     d1 = d.replace(efc_active=d.efc_active.at[off].set(False),
                    efc_D=d.efc_D.at[off].set(0.0), efc_J=d.efc_J.at[off].set(0.0))
-    batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), d, d1)
+    batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b, a]), d, d1)
     fwd = lambda m, d: S.fwd_constraint(m, d).qacc
     monkeypatch.setattr(S, "row_capacity", lambda spec: (spec.nefc, ()))
     want = [np.asarray(jax.jit(fwd)(m, x)) for x in (d, d1)]
@@ -412,7 +413,7 @@ def test_chunks_under_vmap(monkeypatch, blocks):
     got = np.asarray(jax.jit(jax.vmap(fwd, in_axes=(None, 0)))(m, batch))
     one = np.asarray(jax.jit(fwd)(m, d))
     scale = max(1.0, np.abs(want[0]).max())
-    for w, g in zip(want + [want[0]], list(got) + [one]):
+    for w, g in zip(want + [want[0], want[0]], list(got) + [one]):
         assert np.abs(g - w).max() / scale < 1e-12
 
 
