@@ -17,7 +17,9 @@ differentiated implicitly in :mod:`simjax.engine.solver`).
 Under ``vmap`` a loop with a batched trip count would batch its counter, and every
 chunk access would become a gather: :func:`rest_chunks` is a ``custom_vmap`` whose rule
 runs to the largest count of the batch with an unbatched counter (worlds with fewer
-chunks add the zero contributions of their padding rows, which are exact).
+chunks add the zero contributions of their padding rows, which are exact), on the
+whole batch or, where chunk 0 is small (:attr:`Rows.blocks`), on blocks of the worlds
+that use the later chunks (:func:`_needy_loop`).
 
 The one-chunk path must cost what a single compact buffer cost: chunk 0's values are
 kept apart from the later chunks' (:class:`Chunked`), the later chunks' rows are
@@ -38,8 +40,18 @@ import jax.numpy as jnp
 import numpy as np
 
 
-#: 3/8 of the rows (at most 3 per dof) where a quarter is under 2 per dof
-_FEW_ROWS = True
+#: where a quarter of the rows is under two per dof: the later chunks run on the worlds
+#: that use them (:func:`_needy_loop`); False: chunk 0 takes 3/8 of the rows there
+#: instead, and the later chunks run on the whole batch (kept to compare the two)
+_BLOCKS = True
+
+
+def _few_rows(spec):
+    """Whether a quarter of the rows that are not equality rows is under two rows per
+    dof (fewer than 8 rows per dof: barkour 7.7, shadow hand 4.6): such a chunk 0
+    overflows in states in motion (:func:`row_capacity`)."""
+    rest = int(np.sum(~ell_mask(spec))) - int(np.sum(spec.eq))
+    return -(-rest // 4) < 2 * spec.nv
 
 
 def row_capacity(spec):
@@ -53,21 +65,24 @@ def row_capacity(spec):
     was 86 rows (nv 30) for 14 active rows, and every row of a chunk costs work in
     every pass (the Hessian's rows nv^2) and memory, in use or not (shadow hand at 60
     rows: solve 120 -> 90 us per world, batch 1024). States with more rows run more
-    chunks (same solution, up to rounding), and one world past chunk 0 runs the later
-    chunks' loops for the whole batch. Where a quarter is under two rows per dof (fewer
-    than 8 rows per dof: barkour 7.7, shadow hand 4.6, whose quarter is 35 rows), it
-    was too small for a batch: in bench rollouts (batch 1024) some worlds reach 49
-    active rows (2.7 nv) on barkour and 51 on the hand, about 1% of the worlds pass 35
-    on every step, and barkour's step ran 13-17% slower, the hand's 8%, than with 52
-    rows; such models take 3/8 of their rows, at most three per dof. A trade: batches
-    that never pass the quarter (resting, MuJoCo-settled states) run 6-8% slower with
-    the larger chunk (barkour, shadow hand)."""
+    chunks (same solution, up to rounding). Where a quarter is under two rows per dof
+    (:func:`_few_rows`; barkour, shadow hand: 35 rows) bench rollouts (batch 1024)
+    reach 49 active rows on barkour and 51 on the hand, and about 1% of the worlds
+    pass 35 on every step: the later chunks run on those worlds only
+    (:func:`_needy_loop`). With the later chunks on the whole batch, one world past
+    chunk 0 cost barkour's step 13-17%, the hand's 8%, and 3/8 of the rows (52) were
+    taken instead, which cost 6-8% on batches that never pass 35 (MuJoCo-settled
+    states). Against that, the blocks ran barkour's step 0.93x (settled states) and
+    0.94x (bench states), the hand's 0.90x and 0.98x (paired, batch 1024, float32,
+    5-step rollouts, loaded machine: ranges of +-15%), for more kernels: barkour
+    525 -> 596 (compile 6.7-7.5 -> 6.9-8.3 s CPU, about +10%), shadow hand 786 ->
+    875."""
     in_ell = ell_mask(spec)
     ns = int(np.sum(~in_ell))
     neq = int(np.sum(spec.eq))
     rest, nv = ns - neq, spec.nv
     quarter = -(-rest // 4)
-    if _FEW_ROWS and quarter < 2 * nv:
+    if not _BLOCKS and _few_rows(spec):
         # fewer than 8 rows per dof: 3/8 of them, at most 3 per dof
         cap = min(-(-3 * rest // 8), 3 * nv)
     else:
@@ -176,7 +191,9 @@ class Rows:
     slow, and gathering every chunk up front cost the humanoid / shadow hand solves
     10-50%; searching every chunk's rows up front cost the one-chunk solves about 10%.
     ``rank``: the cumulative count of active rows over the scalar rows (None: the
-    whole rows in one chunk, :func:`whole`), for :func:`spread`."""
+    whole rows in one chunk, :func:`whole`), for :func:`spread`. ``blocks``: under
+    vmap the later chunks run on the worlds that use them (:func:`_needy_loop`, from
+    their table ``needy``, :func:`needy_table`), else on the whole batch."""
     spec: object
     nchunk: int
     x0: dict
@@ -186,6 +203,8 @@ class Rows:
     rest: tuple = ()
     find: tuple = ()
     rank: object = None
+    blocks: bool = False
+    needy: object = None
 
 
 def spread(rows, active, vals):
@@ -372,7 +391,9 @@ def gather(spec, p, caps):
                                 nefc=row)
     J0 = _take_J(p["J"], idx)
     src["J"] = p["J"]
-    return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0])
+    blocks = nchunk > 1 and _BLOCKS and _few_rows(spec)
+    return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0], blocks,
+                needy_table(nact) if blocks else None)
 
 
 def whole(spec, p):
@@ -393,18 +414,20 @@ def _index(tree, c, axis):
         lambda a, ax: jax.lax.dynamic_index_in_dim(a, c, ax, keepdims=False), tree, axis)
 
 
-def _loop(fn, n, xs, args, acc, state, batch=None):
+def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None):
     """acc, state = fold of fn(c, x_c, s_c, args, acc) -> (acc, s_c) over the chunks
     1 <= c < n, x_c and s_c entry c - 1 of xs and state (leading axis the chunk), s_c
-    written back; ``batch``: None, or the batched flags of (xs, args) inside the vmap
-    rule (fn then runs vmapped over worlds, with an unbatched chunk counter; acc, state
-    batched)."""
+    written back; ``n`` a scalar or a function computing it in the loop's condition;
+    ``batch``: None, or the batched flags of (xs, args) inside the vmap rule (fn then
+    runs vmapped over worlds, with an unbatched chunk counter; acc, state batched),
+    ``args_axis`` then the vmap axes of args in place of those its flags give."""
     if batch is None:
         g, xaxis, cax = fn, jax.tree_util.tree_map(lambda _: 0, xs), 0
     else:
         xb, ab = batch
         ax = lambda b: jax.tree_util.tree_map(lambda f: 0 if f else None, b)
-        g = jax.vmap(fn, in_axes=(None, ax(xb), 0, ax(ab), 0))
+        aax = ax(ab) if args_axis is None else args_axis
+        g = jax.vmap(fn, in_axes=(None, ax(xb), 0, aax, 0))
         xaxis = jax.tree_util.tree_map(lambda f: 1 if f else 0, xb)
         cax = 1
 
@@ -416,7 +439,9 @@ def _loop(fn, n, xs, args, acc, state, batch=None):
             lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, c - 1, cax), state, sc)
         return c + 1, acc, state
 
-    _, acc, state = jax.lax.while_loop(lambda s: s[0] < n, body,
+    # n a function: the count computed in the loop's condition
+    bound = n if callable(n) else lambda: n
+    _, acc, state = jax.lax.while_loop(lambda s: s[0] < bound(), body,
                                        (jnp.ones((), jnp.int32), acc, state))
     return acc, state
 
@@ -488,25 +513,193 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     a = (args, src, J if jac else None, counts)
 
     @jax.custom_batching.custom_vmap
-    def run(n, xs, a, acc, state):
+    def run(n, tab, xs, a, acc, state):
         return _loop(inner, n, xs, a, acc, state)
 
     @run.def_vmap
-    def _rule(size, flags, n, xs, a, acc, state):
-        nb, xb, ab, accb, sb = flags
+    def _rule(size, flags, n, tab, xs, a, acc, state):
+        nb, tb, xb, ab, accb, sb = flags
         # the accumulators and states are updated per world: batched
         acc, state = jax.tree_util.tree_map(
             lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
             (acc, state), (accb, sb))
-        out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state, batch=(xb, ab))
+        if nb and tb:
+            out = _needy_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab))
+        else:
+            out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state,
+                        batch=(xb, ab))
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
-    acc, state = run(rows.nact, (rests(extra), () if finding else rows.rest), a, acc,
+    tab = rows.needy if rows.blocks else jnp.zeros((), jnp.int32)
+    acc, state = run(rows.nact, tab, (rests(extra), () if finding else rows.rest), a, acc,
                      state)
     if finding:
         state, found = state
         return acc, state, dataclasses.replace(rows, rest=found)
     return acc, state, rows
+
+
+_CHUNK_BLOCK = 32    # worlds per block of :func:`_needy_loop`
+_PACK = 8            # leaves per table of :func:`_needy_loop`
+
+
+def needy_table(nact):
+    """Under ``vmap``, the worlds whose active rows pass chunk 0 (``nact`` > 1), found
+    once per solve for all its loops over the later chunks (:func:`_needy_loop`): their
+    indices in order, then the batch size (worlds,) (int32). Without vmap (or for an
+    unbatched ``nact``) zero, unused."""
+    @jax.custom_batching.custom_vmap
+    def run(n):
+        return jnp.zeros((), jnp.int32)
+
+    @run.def_vmap
+    def _rule(size, flags, n):
+        if not flags[0]:
+            return jnp.zeros((), jnp.int32), False
+        return _first_worlds(n > 1, size), True
+
+    return run(nact)
+
+
+def _put_rows(full, ids, rows):
+    """``full`` (a tree, leading axis the worlds) with entry ``ids()[j]`` replaced by
+    ``rows``' entry j for the entries of ``ids()`` (a function: the indices computed
+    where used) before the first past the last world:
+    one loop of in-place row updates for every leaf (a scatter is a loop of its own per
+    leaf on XLA CPU), over the worlds of the block only."""
+    size = jax.tree_util.tree_leaves(full)[0].shape[0]
+    n = jax.tree_util.tree_leaves(rows)[0].shape[0]
+
+    def put(c):
+        j, full = c
+        one = lambda f, r: jax.lax.dynamic_update_index_in_dim(
+            f, jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True), ids()[j], 0)
+        return j + 1, jax.tree_util.tree_map(one, full, rows)
+
+    more = lambda c: (c[0] < n) & (ids()[jnp.minimum(c[0], n - 1)] < size)
+    return jax.lax.while_loop(more, put, (jnp.zeros((), jnp.int32), full))[1]
+
+
+def _bits(dtype):
+    """The unsigned integer type as wide as ``dtype``."""
+    return {4: jnp.uint32, 8: jnp.uint64}[np.dtype(dtype).itemsize]
+
+
+def _pack(leaves, size):
+    """Leaves (size, ...) as one (columns, size) table of unsigned integers as wide as
+    the widest leaf, every entry's bits kept (:func:`_unpack`), each leaf's columns
+    transposed and concatenated on the major axis: a gather of the table's columns is
+    then one kernel, the concatenation fused into it (XLA CPU built a concatenation on
+    the minor axis apart, a copy of every leaf for the whole batch; leaves padded to
+    the table's width and or'ed fused, but cost every gathered entry a select per
+    leaf)."""
+    wide = _bits(max([jnp.float32] + [v.dtype for v in leaves],
+                     key=lambda t: np.dtype(t).itemsize))
+    signed = jnp.dtype(wide).name[1:]
+
+    def col(v):
+        v = v.reshape(size, -1)
+        if v.dtype == jnp.bool_:
+            v = v.astype(wide)
+        elif jnp.issubdtype(v.dtype, jnp.floating):
+            v = jax.lax.bitcast_convert_type(v, _bits(v.dtype)).astype(wide)
+        else:
+            v = jax.lax.bitcast_convert_type(v.astype(signed), wide)
+        return v.T
+
+    cols = [col(v) for v in leaves]
+    return jnp.concatenate(cols, 0) if cols else jnp.zeros((0, size), wide)
+
+
+def _unpack(col, like):
+    """The leaves of one world's column ``col`` of a :func:`_pack` table, shaped and
+    typed as ``like``'s (world entries)."""
+    out, at = [], 0
+    for v in like:
+        k = int(np.prod(v.shape))
+        x = col[at:at + k].reshape(v.shape)
+        at += k
+        if v.dtype == jnp.bool_:
+            x = x != 0
+        elif jnp.issubdtype(v.dtype, jnp.floating):
+            x = jax.lax.bitcast_convert_type(x.astype(_bits(v.dtype)), v.dtype)
+        else:
+            signed = jnp.dtype(x.dtype).name[1:]
+            x = jax.lax.bitcast_convert_type(x, signed).astype(v.dtype)
+        out.append(x)
+    return out
+
+
+def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch):
+    """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only, from
+    their table ``tab`` (:func:`needy_table`, made once per solve): in blocks of
+    _CHUNK_BLOCK worlds, looped to the block's largest count, their (acc, state)
+    written back over the block's worlds (:func:`_put_rows`); the other worlds' are
+    left as they are (a loop over no chunk), and the work follows the number of worlds
+    in need (bench rollouts: about 1% of them), not the batch size. A batch with no
+    such world runs no block (no copy of the accumulators). The block's batched inputs
+    that the loop does not update (the rows' entries, Jacobian, per-chunk values,
+    arguments) are gathered as tables of bits (:func:`_pack`, _PACK leaves a table)
+    and unpacked per world inside the loop over the chunks, (acc, state) one gather per
+    leaf: a gather per leaf, the worlds in need found again at every loop and a write
+    back over all _CHUNK_BLOCK entries made barkour's step 635 kernels, now 596
+    (shadow hand 917, now 875; 525 and 786 with the whole batch alone). What remains
+    per loop over the later chunks: about 12 kernels of loops and indices, and a
+    gather and a row update per (acc, state) leaf. The results are those of the loop
+    on the whole batch up to rounding, the block's kernels rounding differently (4
+    steps, 12 rows per chunk: barkour bit for bit in float32, qacc within 2e-11 in
+    float64; shadow hand float32 qacc within 0.15, where changing the chunk size
+    moves it 0.4). The loop body is compiled once: a conditional between one block
+    and the whole batch compiled it twice (barkour's step 729 kernels against 635)."""
+    xb, ab = batch
+    blk = min(_CHUNK_BLOCK, size)
+    nblk = -(-size // blk)
+    leaves, tree = jax.tree_util.tree_flatten((xs, a))
+    flags = jax.tree_util.tree_leaves((xb, ab))
+    on = [v for v, f in zip(leaves, flags) if f]
+    off = [v for v, f in zip(leaves, flags) if not f]
+    like = [jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for v in on]
+
+    def fn(c, e, sc, pa, acc):
+        rows, off = pa
+        # unpacked in the loop over the chunks: XLA would otherwise copy every leaf out
+        # of the table before it (loop-invariant), a kernel per leaf
+        rows, _ = jax.lax.optimization_barrier((rows, c))
+        got = [x for i, r in enumerate(rows)
+               for x in _unpack(r, like[i * _PACK:(i + 1) * _PACK])]
+        got, off = iter(got), iter(off)
+        xs, a = jax.tree_util.tree_unflatten(tree, [next(got) if f else next(off)
+                                                    for f in flags])
+        return inner(c, _index(xs, c - 1, jax.tree_util.tree_map(lambda _: 0, xs)), sc,
+                     a, acc)
+
+    if nblk * blk > size:
+        tab = jnp.concatenate([tab, jnp.full((nblk * blk - size,), size, jnp.int32)])
+    # the worlds of block b (padding entries, index size, read the last world and are
+    # not written), sliced where used (not made a buffer of its own: a kernel)
+    block = lambda b: jax.lax.dynamic_slice_in_dim(tab, b * blk, blk)
+
+    def body(c):
+        b, acc_all, state_all = c
+        # the table depends on the block: XLA would otherwise build it for the whole
+        # batch before the loop (loop-invariant), on every call
+        src, ids = jax.lax.optimization_barrier((on, block(b)))
+        # at most _PACK leaves a table: XLA CPU fused no more into the gather
+        rows = [jnp.take(_pack(src[i:i + _PACK], size), ids, axis=1, mode="clip")
+                for i in range(0, len(src), _PACK)]
+        take = lambda v: jnp.take(v, ids, axis=0, mode="clip")
+        # the block's largest count
+        most = lambda: jnp.max(jnp.where(block(b) < size,
+                                         jnp.take(n, block(b), mode="clip"), 1))
+        acc, state = jax.tree_util.tree_map(take, (acc_all, state_all))
+        out = _loop(fn, most, (), (rows, off), acc, state,
+                    batch=((), (True, [False] * len(off))), args_axis=(1, None))
+        return (b + 1,) + _put_rows((acc_all, state_all), lambda: block(b), out)
+
+    # blocks while one holds a world in need
+    more = lambda c: (c[0] < nblk) & (tab[jnp.minimum(c[0], nblk - 1) * blk] < size)
+    return jax.lax.while_loop(more, body,
+                              (jnp.zeros((), jnp.int32), acc, state))[1:]
 
 
 def rest_zeros(rows, like):

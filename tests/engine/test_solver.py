@@ -388,17 +388,23 @@ def test_compact_rows(case, fit, monkeypatch):
     check_solve("case", cases)
 
 
-def test_chunks_under_vmap(monkeypatch):
+@pytest.mark.parametrize("blocks,block", [(False, 1), (True, 1), (True, 2)])
+def test_chunks_under_vmap(monkeypatch, blocks, block):
     """Worlds of a batch that use different numbers of row chunks (the chunk loop runs
-    to the largest count of the batch) each get the solution on the whole rows."""
+    to the largest count of the batch, or of a block of the worlds that use the later
+    chunks, here one or two worlds per block, the last block of two padded) each get
+    the solution on the whole rows."""
     from simjax.engine import solver as S
+    from simjax.engine import solver_rows as R
+    monkeypatch.setattr(R, "_few_rows", lambda spec: blocks)
+    monkeypatch.setattr(R, "_CHUNK_BLOCK", block)
     rel, edit, opts = CASES["ant_newton"]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
     on = np.nonzero(np.asarray(d.efc_active))[0]
     off = on[:len(on) // 2]          # rows made inactive in the second world
     d1 = d.replace(efc_active=d.efc_active.at[off].set(False),
                    efc_D=d.efc_D.at[off].set(0.0), efc_J=d.efc_J.at[off].set(0.0))
-    batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), d, d1)
+    batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b, a]), d, d1)
     fwd = lambda m, d: S.fwd_constraint(m, d).qacc
     monkeypatch.setattr(S, "row_capacity", lambda spec: (spec.nefc, ()))
     want = [np.asarray(jax.jit(fwd)(m, x)) for x in (d, d1)]
@@ -407,8 +413,33 @@ def test_chunks_under_vmap(monkeypatch):
     got = np.asarray(jax.jit(jax.vmap(fwd, in_axes=(None, 0)))(m, batch))
     one = np.asarray(jax.jit(fwd)(m, d))
     scale = max(1.0, np.abs(want[0]).max())
-    for w, g in zip(want + [want[0]], list(got) + [one]):
+    for w, g in zip(want + [want[0], want[0]], list(got) + [one]):
         assert np.abs(g - w).max() / scale < 1e-12
+
+
+def test_pack_round_trip():
+    """The later chunks' blocks gather their worlds' inputs as one table of bits
+    (solver_rows._pack): every leaf (booleans, integers, floats) comes back from the
+    gathered columns as it was, bit for bit (negative zero, NaN and tiny values
+    included)."""
+    from simjax.engine.solver_rows import _pack, _unpack
+    rng = np.random.default_rng(0)
+    size = 7
+    f = rng.standard_normal((size, 3, 2)).astype(np.float32)
+    f[0, 0, 0], f[1, 0, 0], f[2, 0, 0] = -0.0, np.nan, 1e-42
+    leaves = [f, rng.integers(-5, 300, (size, 4)).astype(np.int32),
+              rng.random((size, 5)) < 0.5, rng.standard_normal((size,)).astype(np.float32)]
+    ids = np.array([4, 0, 6])
+
+    def run(*leaves):
+        tab = jnp.take(_pack(list(leaves), size), jnp.asarray(ids), axis=1)
+        like = [jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for v in leaves]
+        return jax.vmap(lambda col: _unpack(col, like), in_axes=1)(tab)
+
+    for got, want in zip(jax.jit(run)(*leaves), leaves):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                      want[ids].view(np.uint8))
 
 
 @pytest.mark.parametrize("n", [40, 341, 1500])
