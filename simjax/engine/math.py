@@ -8,7 +8,10 @@ and square roots never produce NaN gradients at zero.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 #: MuJoCo's mjMINVAL: smallest value treated as non-zero.
 MINVAL = 1e-15
@@ -22,8 +25,8 @@ def dot(a, b):
 
 def cross(a, b):
     """3D cross product over the last axis."""
-    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
-    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
+    a0, a1, a2 = unstack(a)
+    b0, b1, b2 = unstack(b)
     return jnp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
 
 
@@ -232,9 +235,37 @@ def transform_motion(vec, newpos, oldpos, rot=None):
 # Hot tree recursions keep vectors as tuples of per-component arrays: a cross product
 # is then 9 elementwise ops instead of ~25 (no slicing, reshaping or stacking), which
 # keeps the compiled program small and fast.
-def unstack(x):
-    """Tuple of the components of x along the last axis."""
-    return tuple(x[..., i] for i in range(x.shape[-1]))
+def unstack(x, axis=-1, count=None):
+    """Tuple of the components of x along ``axis`` (the last by default), ``axis``
+    removed: ``x[..., i]`` for every i (the first ``count`` of them when given). One
+    split and a squeeze per component instead of a slice and a squeeze each: the same
+    slices compiled, fewer traced equations (cheaper to trace, batch and lower)."""
+    axis = axis % x.ndim
+    size = x.shape[axis]
+    count = size if count is None else count
+    if not isinstance(x, jax.Array):
+        # NumPy constants stay NumPy
+        return tuple(x[(slice(None),) * axis + (i, Ellipsis)] for i in range(count))
+    if size == 1:
+        return (lax.squeeze(x, (axis,)),)[:count]
+    parts = lax.split(x, (1,) * count + ((size - count,) if count < size else ()), axis)
+    return tuple(lax.squeeze(p, (axis,)) for p in parts[:count])
+
+
+def take_rows(x, idx):
+    """``x[idx]`` for a static (NumPy) 1-D integer index array ``idx`` (rows of ``x``):
+    the gather jnp indexing emits, its indices a NumPy constant made here (jnp
+    normalises negative indices with traced operations on the constant indices, which
+    XLA folds): one traced equation instead of four. NumPy ``x`` stays NumPy."""
+    if (not isinstance(x, jax.Array) or not isinstance(idx, np.ndarray) or x.ndim == 0
+            or idx.ndim != 1 or idx.dtype.kind not in "iu"):
+        return x[idx]
+    # int32 indices, as jnp's (also with 64-bit types enabled)
+    idx = np.where(idx < 0, idx + x.shape[0], idx).astype(np.int32)
+    dnums = lax.GatherDimensionNumbers(offset_dims=tuple(range(1, x.ndim)),
+                                       collapsed_slice_dims=(0,), start_index_map=(0,))
+    return lax.gather(x, idx[:, None], dnums, (1,) + x.shape[1:],
+                      mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 
 def stack(c):
