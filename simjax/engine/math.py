@@ -8,6 +8,8 @@ and square roots never produce NaN gradients at zero.
 """
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -273,31 +275,50 @@ def stack(c):
     return jnp.stack(c, axis=-1)
 
 
+def ops(*xs):
+    """(mul, add, sub): lax's where the xs are traced arrays (or NumPy constants) of one
+    shape and dtype, none weakly typed, else Python's operators. jnp's operators trace to the same equations
+    there, each through a jit wrapper and a dtype promotion of its own (about twice
+    the tracing time); the component helpers below are traced hundreds of times."""
+    x0 = xs[0]
+    shape, dtype = getattr(x0, "shape", None), getattr(x0, "dtype", None)
+    if all((isinstance(x, np.ndarray) or isinstance(x, jax.Array) and not x.weak_type)
+           and x.shape == shape and x.dtype == dtype for x in xs) and any(
+               isinstance(x, jax.core.Tracer) for x in xs):
+        return lax.mul, lax.add, lax.sub
+    return operator.mul, operator.add, operator.sub
+
+
 def c_cross(a, b):
-    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+    m, _, s = ops(*a, *b)
+    return (s(m(a[1], b[2]), m(a[2], b[1])), s(m(a[2], b[0]), m(a[0], b[2])),
+            s(m(a[0], b[1]), m(a[1], b[0])))
 
 
 def c_qmul(a, b):
     """Hamilton product of component quaternions."""
     a0, a1, a2, a3 = a
     b0, b1, b2, b3 = b
-    return (a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
-            a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
-            a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
-            a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0)
+    m, p, s = ops(*a, *b)
+    return (s(s(s(m(a0, b0), m(a1, b1)), m(a2, b2)), m(a3, b3)),
+            s(p(p(m(a0, b1), m(a1, b0)), m(a2, b3)), m(a3, b2)),
+            p(p(s(m(a0, b2), m(a1, b3)), m(a2, b0)), m(a3, b1)),
+            p(s(p(m(a0, b3), m(a1, b2)), m(a2, b1)), m(a3, b0)))
 
 
 def c_rot(q, v):
     """Rotate component vector v by component unit quaternion q."""
     u = q[1:]
     t = c_cross(u, v)
-    t = (q[0] * v[0] + t[0], q[0] * v[1] + t[1], q[0] * v[2] + t[2])
+    m, p, _ = ops(*q, *v)
+    t = (p(m(q[0], v[0]), t[0]), p(m(q[0], v[1]), t[1]), p(m(q[0], v[2]), t[2]))
     s = c_cross(u, t)
-    return (v[0] + 2 * s[0], v[1] + 2 * s[1], v[2] + 2 * s[2])
+    return (p(v[0], 2 * s[0]), p(v[1], 2 * s[1]), p(v[2], 2 * s[2]))
 
 
 def c_add(a, b):
-    return tuple(x + y for x, y in zip(a, b))
+    p = ops(*a, *b)[1]
+    return tuple(p(x, y) for x, y in zip(a, b))
 
 
 def c_where(mask, a, b):

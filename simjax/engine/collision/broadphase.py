@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from simjax.engine.math import take_rows, unstack
+from simjax.engine.math import ops, take_rows, unstack
 from simjax.engine.tables import concrete
 from simjax.types import GeomType as GT
 
@@ -16,7 +16,8 @@ from simjax.types import GeomType as GT
 def _dot3(a, b):
     """Dot products of 3-vectors given as lists of three component arrays (written out
     in :func:`common.dot`'s order)."""
-    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+    m, p, _ = ops(*a, *b)
+    return p(p(m(a[0], b[0]), m(a[1], b[1])), m(a[2], b[2]))
 
 
 def _broadphase(m, d, g1, g2, margin, cols=None):
