@@ -338,7 +338,8 @@ def c_quat_to_mat(q):
 
 def c_quat_normalize(q):
     """:func:`quat_normalize` of a component quaternion (4 arrays)."""
-    n = safe_sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3])
+    m, p, _ = ops(*q)
+    n = safe_sqrt(p(p(p(m(q[0], q[0]), m(q[1], q[1])), m(q[2], q[2])), m(q[3], q[3])))
     small = n < MINVAL
     inv = 1.0 / jnp.where(small, 1.0, n)
     return tuple(jnp.where(small, float(i == 0), c * inv) for i, c in enumerate(q))
@@ -348,9 +349,10 @@ def c_inert_mul(i, v):
     """:func:`inert_mul` on component arrays: 10 inertia, 6 motion -> 6 force."""
     w, u = v[:3], v[3:]
     c, mass = i[6:9], i[9]
-    rot = (i[0] * w[0] + i[3] * w[1] + i[4] * w[2],
-           i[3] * w[0] + i[1] * w[1] + i[5] * w[2],
-           i[4] * w[0] + i[5] * w[1] + i[2] * w[2])
+    m, p, s = ops(*i, *v)
+    rot = (p(p(m(i[0], w[0]), m(i[3], w[1])), m(i[4], w[2])),
+           p(p(m(i[3], w[0]), m(i[1], w[1])), m(i[5], w[2])),
+           p(p(m(i[4], w[0]), m(i[5], w[1])), m(i[2], w[2])))
     rot = c_add(rot, c_cross(c, u))
     cw = c_cross(c, w)
-    return rot + tuple(mass * a - b for a, b in zip(u, cw))
+    return rot + tuple(s(m(mass, a), b) for a, b in zip(u, cw))
