@@ -200,7 +200,7 @@ def take(x, ids):
     ids = np.asarray(ids)
     if len(ids) and np.array_equal(ids, ids[0] + np.arange(len(ids))):
         return x[int(ids[0]):int(ids[0]) + len(ids)]
-    return x[ids]
+    return math.take_rows(x, ids)
 
 
 def put_at(x, ids, val):
@@ -481,7 +481,8 @@ def _contact_rows(m, d, blk, geo):
     # each row's 6-vector times cdof as 6 products summed in one elementwise pass (a
     # batched matrix product or a minor-axis reduction of size 6 is several times
     # slower on CPU)
-    jac = sum(w[:, :, c, None] * cd[c] for c in range(6))
+    wc = jax.lax.split(w, (1,) * 6, 2)                  # w[:, :, c, None]: one split
+    jac = sum(a * b for a, b in zip(wc, math.unstack(cd, 0)))
     ok = take(geo["ok"], slots)
     jac = jnp.where(ok[:, None, None], take(geo["sign"], slots)[:, None, :] * jac, 0.0)
     return jac, fr, take(geo["tran"], slots), take(geo["rot"], slots), ok

@@ -8,7 +8,12 @@ and square roots never produce NaN gradients at zero.
 """
 from __future__ import annotations
 
+import operator
+
+import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 #: MuJoCo's mjMINVAL: smallest value treated as non-zero.
 MINVAL = 1e-15
@@ -22,8 +27,8 @@ def dot(a, b):
 
 def cross(a, b):
     """3D cross product over the last axis."""
-    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
-    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
+    a0, a1, a2 = unstack(a)
+    b0, b1, b2 = unstack(b)
     return jnp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
 
 
@@ -232,9 +237,37 @@ def transform_motion(vec, newpos, oldpos, rot=None):
 # Hot tree recursions keep vectors as tuples of per-component arrays: a cross product
 # is then 9 elementwise ops instead of ~25 (no slicing, reshaping or stacking), which
 # keeps the compiled program small and fast.
-def unstack(x):
-    """Tuple of the components of x along the last axis."""
-    return tuple(x[..., i] for i in range(x.shape[-1]))
+def unstack(x, axis=-1, count=None):
+    """Tuple of the components of x along ``axis`` (the last by default), ``axis``
+    removed: ``x[..., i]`` for every i (the first ``count`` of them when given). One
+    split and a squeeze per component instead of a slice and a squeeze each: the same
+    slices compiled, fewer traced equations (cheaper to trace, batch and lower)."""
+    axis = axis % x.ndim
+    size = x.shape[axis]
+    count = size if count is None else count
+    if not isinstance(x, jax.Array):
+        # NumPy constants stay NumPy
+        return tuple(x[(slice(None),) * axis + (i, Ellipsis)] for i in range(count))
+    if size == 1:
+        return (lax.squeeze(x, (axis,)),)[:count]
+    parts = lax.split(x, (1,) * count + ((size - count,) if count < size else ()), axis)
+    return tuple(lax.squeeze(p, (axis,)) for p in parts[:count])
+
+
+def take_rows(x, idx):
+    """``x[idx]`` for a static (NumPy) 1-D integer index array ``idx`` (rows of ``x``):
+    the gather jnp indexing emits, its indices a NumPy constant made here (jnp
+    normalises negative indices with traced operations on the constant indices, which
+    XLA folds): one traced equation instead of four. NumPy ``x`` stays NumPy."""
+    if (not isinstance(x, jax.Array) or not isinstance(idx, np.ndarray) or x.ndim == 0
+            or idx.ndim != 1 or idx.dtype.kind not in "iu"):
+        return x[idx]
+    # int32 indices, as jnp's (also with 64-bit types enabled)
+    idx = np.where(idx < 0, idx + x.shape[0], idx).astype(np.int32)
+    dnums = lax.GatherDimensionNumbers(offset_dims=tuple(range(1, x.ndim)),
+                                       collapsed_slice_dims=(0,), start_index_map=(0,))
+    return lax.gather(x, idx[:, None], dnums, (1,) + x.shape[1:],
+                      mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 
 def stack(c):
@@ -242,31 +275,50 @@ def stack(c):
     return jnp.stack(c, axis=-1)
 
 
+def ops(*xs):
+    """(mul, add, sub): lax's where the xs are traced arrays (or NumPy constants) of one
+    shape and dtype, none weakly typed, else Python's operators. jnp's operators trace to the same equations
+    there, each through a jit wrapper and a dtype promotion of its own (about twice
+    the tracing time); the component helpers below are traced hundreds of times."""
+    x0 = xs[0]
+    shape, dtype = getattr(x0, "shape", None), getattr(x0, "dtype", None)
+    if all((isinstance(x, np.ndarray) or isinstance(x, jax.Array) and not x.weak_type)
+           and x.shape == shape and x.dtype == dtype for x in xs) and any(
+               isinstance(x, jax.core.Tracer) for x in xs):
+        return lax.mul, lax.add, lax.sub
+    return operator.mul, operator.add, operator.sub
+
+
 def c_cross(a, b):
-    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+    m, _, s = ops(*a, *b)
+    return (s(m(a[1], b[2]), m(a[2], b[1])), s(m(a[2], b[0]), m(a[0], b[2])),
+            s(m(a[0], b[1]), m(a[1], b[0])))
 
 
 def c_qmul(a, b):
     """Hamilton product of component quaternions."""
     a0, a1, a2, a3 = a
     b0, b1, b2, b3 = b
-    return (a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
-            a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
-            a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
-            a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0)
+    m, p, s = ops(*a, *b)
+    return (s(s(s(m(a0, b0), m(a1, b1)), m(a2, b2)), m(a3, b3)),
+            s(p(p(m(a0, b1), m(a1, b0)), m(a2, b3)), m(a3, b2)),
+            p(p(s(m(a0, b2), m(a1, b3)), m(a2, b0)), m(a3, b1)),
+            p(s(p(m(a0, b3), m(a1, b2)), m(a2, b1)), m(a3, b0)))
 
 
 def c_rot(q, v):
     """Rotate component vector v by component unit quaternion q."""
     u = q[1:]
     t = c_cross(u, v)
-    t = (q[0] * v[0] + t[0], q[0] * v[1] + t[1], q[0] * v[2] + t[2])
+    m, p, _ = ops(*q, *v)
+    t = (p(m(q[0], v[0]), t[0]), p(m(q[0], v[1]), t[1]), p(m(q[0], v[2]), t[2]))
     s = c_cross(u, t)
-    return (v[0] + 2 * s[0], v[1] + 2 * s[1], v[2] + 2 * s[2])
+    return (p(v[0], 2 * s[0]), p(v[1], 2 * s[1]), p(v[2], 2 * s[2]))
 
 
 def c_add(a, b):
-    return tuple(x + y for x, y in zip(a, b))
+    p = ops(*a, *b)[1]
+    return tuple(p(x, y) for x, y in zip(a, b))
 
 
 def c_where(mask, a, b):
@@ -286,7 +338,8 @@ def c_quat_to_mat(q):
 
 def c_quat_normalize(q):
     """:func:`quat_normalize` of a component quaternion (4 arrays)."""
-    n = safe_sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3])
+    m, p, _ = ops(*q)
+    n = safe_sqrt(p(p(p(m(q[0], q[0]), m(q[1], q[1])), m(q[2], q[2])), m(q[3], q[3])))
     small = n < MINVAL
     inv = 1.0 / jnp.where(small, 1.0, n)
     return tuple(jnp.where(small, float(i == 0), c * inv) for i, c in enumerate(q))
@@ -296,9 +349,10 @@ def c_inert_mul(i, v):
     """:func:`inert_mul` on component arrays: 10 inertia, 6 motion -> 6 force."""
     w, u = v[:3], v[3:]
     c, mass = i[6:9], i[9]
-    rot = (i[0] * w[0] + i[3] * w[1] + i[4] * w[2],
-           i[3] * w[0] + i[1] * w[1] + i[5] * w[2],
-           i[4] * w[0] + i[5] * w[1] + i[2] * w[2])
+    m, p, s = ops(*i, *v)
+    rot = (p(p(m(i[0], w[0]), m(i[3], w[1])), m(i[4], w[2])),
+           p(p(m(i[3], w[0]), m(i[1], w[1])), m(i[5], w[2])),
+           p(p(m(i[4], w[0]), m(i[5], w[1])), m(i[2], w[2])))
     rot = c_add(rot, c_cross(c, u))
     cw = c_cross(c, w)
-    return rot + tuple(mass * a - b for a, b in zip(u, cw))
+    return rot + tuple(s(m(mass, a), b) for a, b in zip(u, cw))

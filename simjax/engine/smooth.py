@@ -146,7 +146,7 @@ def _rows(x, idx):
     idx = np.asarray(idx)
     if idx.shape == x.shape[:1] and np.array_equal(idx, np.arange(len(idx))):
         return x
-    return x[idx]
+    return math.take_rows(x, idx)
 
 
 def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=None):

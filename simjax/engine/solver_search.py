@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine.math import unstack
+
 MINVAL = 1e-15
 
 
@@ -237,48 +239,51 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     and only selections: the results are those of the per-slot selects.
     """
     zero = jnp.zeros((k, 4), dtype)
-    newton = lambda q: q[:, 0] - q[:, 2] / q[:, 3]
+    newton = lambda q: q[0] - q[2] / q[3]
     i32 = lambda x: jnp.asarray(x, jnp.int32)
     table = jnp.asarray(_TRANSITIONS)
 
     def body(s, f):
-        ph, p1, p2, p1n, p2n = s["ph"], s["p1"], s["p2"], s["p1n"], s["p2n"]
+        # the points' columns (x, f, f', f''), each split once
+        ph, p1, p2, p1n, p2n = (s["ph"], unstack(s["p1"]), unstack(s["p2"]),
+                                unstack(s["p1n"], count=3), unstack(s["p2n"], count=3))
         alpha = jnp.select([ph == 0, ph == 1, ph == 4, ph == 6],
-                           [jnp.zeros(k, dtype), newton(p2), 0.5 * (p1[:, 0] + p2[:, 0]),
+                           [jnp.zeros(k, dtype), newton(p2), 0.5 * (p1[0] + p2[0]),
                             newton(p2)], newton(p1))
-        q = evaluate(alpha)
+        q_ = evaluate(alpha)
+        q = unstack(q_, count=3)
         n = s["n"] + 1
         stop = n >= ls_iter
         # phases 1 and 2 (first and one-sided Newton steps; phase 1 sets the direction):
         # finished (converged, or out of evaluations), one more step, or to bracketing
-        direction = jnp.where(q[:, 2] < 0, 1.0, -1.0).astype(dtype)
-        init_ok = (jnp.abs(q[:, 2]) < gtol) & ((q[:, 0] == 0) | (q[:, 1] < 0))
-        ok2 = (jnp.abs(q[:, 2]) < gtol) & (q[:, 1] < 0)
+        direction = jnp.where(q[2] < 0, 1.0, -1.0).astype(dtype)
+        init_ok = (jnp.abs(q[2]) < gtol) & ((q[0] == 0) | (q[1] < 0))
+        ok2 = (jnp.abs(q[2]) < gtol) & (q[1] < 0)
         sdir = jnp.where(ph == 1, direction, s["dir"])
-        more = (q[:, 2] * sdir <= -gtol) & ~stop
+        more = (q[2] * sdir <= -gtol) & ~stop
         fin12 = jnp.where(ph == 1, init_ok, ok2) | (~more & stop)
         t12 = jnp.where(fin12, 0, jnp.where(more, 1, 2)) + jnp.where(ph == 1, 1, 4)
         # the bracket's last point (LastBracket): p1, p2 or zero
-        lb1 = (p1[:, 1] <= p2[:, 1]) & (p1[:, 1] < 0)
-        lb2 = (p2[:, 1] <= p1[:, 1]) & (p2[:, 1] < 0)
+        lb1 = (p1[1] <= p2[1]) & (p1[1] < 0)
+        lb2 = (p2[1] <= p1[1]) & (p2[1] < 0)
         lb = jnp.where(lb1, 0, jnp.where(lb2, 1, 2))
         # phase 4: convergence over the candidates p1n, p2n, q and the bracket updates
         cands = (p1n, p2n, q)
         best, bestc, found = i32(0), jnp.zeros(k, dtype), jnp.zeros(k, bool)
         for j, cand in enumerate(cands):
-            ok = (jnp.abs(cand[:, 2]) < gtol) & (~found | (cand[:, 1] < bestc))
+            ok = (jnp.abs(cand[2]) < gtol) & (~found | (cand[1] < bestc))
             best = jnp.where(ok, j, best)
-            bestc = jnp.where(ok, cand[:, 1], bestc)
+            bestc = jnp.where(ok, cand[1], bestc)
             found = found | ok
 
         def upd(pb):
             # the candidate (1 + its position; 0: pb itself) that replaces pb
-            j, d = i32(0), pb[:, 2]
+            j, d = i32(0), pb[2]
             for c, cand in enumerate(cands):
-                neg = (d < 0) & (cand[:, 2] < 0) & (d < cand[:, 2])
-                posd = ~neg & (d > 0) & (cand[:, 2] > 0) & (d > cand[:, 2])
+                neg = (d < 0) & (cand[2] < 0) & (d < cand[2])
+                posd = ~neg & (d > 0) & (cand[2] > 0) & (d > cand[2])
                 j = jnp.where(neg | posd, c + 1, j)
-                d = jnp.where(neg | posd, cand[:, 2], d)
+                d = jnp.where(neg | posd, cand[2], d)
             return j
 
         u1, u2 = upd(p1), upd(p2)
@@ -298,7 +303,7 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
             n = jnp.where(s["done"], s["n"], n)
             sdir = jnp.where(s["done"], s["dir"], sdir)
         row = table[t]                  # the points' gather indices: computed once
-        sources = jnp.concatenate([f[:, :len(pts)], q[:, None], zero[:, None]], 1)
+        sources = jnp.concatenate([f[:, :len(pts)], q_[:, None], zero[:, None]], 1)
         points = jnp.take_along_axis(sources, row[:, :len(pts), None], 1)
         out = dict(dir=sdir, n=n, ph=jnp.where(row[:, 5] < 0, ph, row[:, 5]),
                    done=s["done"] | (row[:, 6] == 1),

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from simjax.engine.math import ops, take_rows, unstack
 from simjax.engine.tables import concrete
 from simjax.types import GeomType as GT
 
@@ -14,7 +16,8 @@ from simjax.types import GeomType as GT
 def _dot3(a, b):
     """Dot products of 3-vectors given as lists of three component arrays (written out
     in :func:`common.dot`'s order)."""
-    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+    m, p, _ = ops(*a, *b)
+    return p(p(m(a[0], b[0]), m(a[1], b[1])), m(a[2], b[2]))
 
 
 def _broadphase(m, d, g1, g2, margin, cols=None):
@@ -63,8 +66,8 @@ def _pair_cols(table):
 
     def part(k):
         r, st = pose[:, k * n:(k + 1) * n], static[k * n:(k + 1) * n]
-        return ([r[i] for i in range(3)], [r[3 + i] for i in range(9)],
-                [st[:, i] for i in range(3)], st[:, 3])
+        r = unstack(r, 0, 12)
+        return (list(r[:3]), list(r[3:]), [st[:, i] for i in range(3)], st[:, 3])
     return part(0), part(1)
 
 
@@ -84,7 +87,9 @@ def _pair_rows(table, sel=None):
 def _split_rows(r, st):
     """(xpos (n, 3), xmat (n, 3, 3), size (n, 3), rbound (n,)) of pose rows ``r``
     (n, 15) and static rows ``st`` (n, 4) (:func:`_geom_table`'s columns)."""
-    return r[:, :3], r[:, 3:12].reshape(-1, 3, 3), r[:, 12:15], st[:, 3]
+    pos, mat, size = lax.split(r, (3, 9, 3), 1)[:3] if r.shape[1] == 15 else (
+        r[:, :3], r[:, 3:12], r[:, 12:15])
+    return pos, mat.reshape(-1, 3, 3), size, st[:, 3]
 
 
 def _geom_static(m, ng, ftype):
@@ -122,7 +127,11 @@ def _geom_cols(m, d, g1, g2, ftype):
 
     def part(g):
         st = static[g]
-        return ([pos[i][g] for i in range(3)], [mat[i][g] for i in range(9)],
+        # split per pair side, not shared by both: shared, XLA fused the broadphase
+        # differently (float64 results moved by an ulp)
+        p, r = unstack(pos, 0), unstack(mat, 0)
+        return ([take_rows(p[i], g) for i in range(3)],
+                [take_rows(r[i], g) for i in range(9)],
                 [st[:, i] for i in range(3)], st[:, 3])
     return part(g1), part(g2)
 

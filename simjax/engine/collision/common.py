@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from simjax.engine.math import ops
+
 #: mjMINVAL
 MINVAL = 1e-15
 
@@ -43,19 +45,21 @@ def dot(a, b):
     """Dot product over the last axis (3-vectors), written out: vmapped, a reduction
     over a minor axis of 3 is a separate slow kernel on CPU, the written-out sum fuses
     with its neighbours."""
-    p = a * b
+    m, add, _ = ops(a, b)
+    p = m(a, b)
     if p.shape[-1] != 3:
         return jnp.sum(p, axis=-1)
     x, y, z = jnp.split(p, 3, axis=-1)
-    return (x + y + z)[..., 0]
+    return add(add(x, y), z)[..., 0]
 
 
 def cross(a, b):
     """Cross product of 3-vectors (last axis), written out (fuses, see :func:`dot`)."""
     ax, ay, az = jnp.split(a, 3, axis=-1)
     bx, by, bz = jnp.split(b, 3, axis=-1)
-    return jnp.concatenate([ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx],
-                           axis=-1)
+    m, _, s = ops(a, b)
+    return jnp.concatenate([s(m(ay, bz), m(az, by)), s(m(az, bx), m(ax, bz)),
+                            s(m(ax, by), m(ay, bx))], axis=-1)
 
 
 def rot(mat, v):
