@@ -1,0 +1,191 @@
+"""Running a costly collider group only where it is needed, under ``vmap``: the
+batch-wide predicate (:func:`batch_max`) that keeps a ``lax.cond`` a branch, the skip
+of a whole group (:func:`_run_or_skip`), the chunk scan over a group's broadphase-passing
+pairs (:func:`_chunked`), the packing of a collider's output into one array
+(:func:`_pack`) and the in-order compaction of pair indices (:func:`first_k`). Used by
+:mod:`simjax.engine.collision.driver` (``narrow_group``), which re-exports these names."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine.solver_rows import batched_like, cumcount, first_true
+from simjax.types import GeomType as GT
+
+
+@jax.custom_batching.custom_vmap
+def batch_max(x):
+    """``x`` (an int scalar) itself; under ``vmap`` its maximum over the batch, unbatched,
+    so that a ``lax.cond`` on it stays a branch (a batched predicate would run both
+    branches for every world). A collider group then runs for the whole batch when
+    any world needs it, and is skipped when none does."""
+    return x
+
+
+@batch_max.def_vmap
+def _batch_max_rule(axis_size, in_batched, x):
+    del axis_size
+    return (jnp.max(x, axis=0) if in_batched[0] else x), False
+
+
+def _run_or_skip(pred, run, skip):
+    """``lax.cond(pred, run, lambda: skip(types))`` with ``types`` the ``ShapeDtypeStruct``
+    pytree of run's outputs: lax.cond traces its true branch first, run's output types
+    are recorded there (no trace of the collider for its shapes alone); were the order
+    otherwise, ``jax.eval_shape`` of run gives them."""
+    seen = []
+
+    def run_branch():
+        out = run()
+        seen.append(jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                           out))
+        return out
+    return jax.lax.cond(pred, run_branch,
+                        lambda: skip(seen[0] if seen else jax.eval_shape(run)))
+
+
+def _zeros(types):
+    """Zeros of the ``ShapeDtypeStruct`` pytree ``types``."""
+    return jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), types)
+
+
+#: pairs per chunk of a costly collider group of more than CHUNK_MIN candidates
+#: without mesh data: the group's broadphase-passing pairs, compacted in order, run
+#: CHUNK at a time, and a chunk none of whose pairs passes in any world of the batch is
+#: skipped; every passing pair runs (no capacity), so the contacts are those of running
+#: all candidates. Groups with mesh tables are not chunked: gathering their per-pair
+#: tables by traced pair index makes them per-world arrays (sphere-mesh ~2x slower)
+CHUNK = 4
+CHUNK_MIN = 16
+
+
+def _chunks(fn, n):
+    """Whether a costly group of ``n`` candidates runs in chunks (:func:`_chunked`)."""
+    return n > CHUNK_MIN and GT.MESH not in (getattr(fn, "types", None) or ())
+
+
+def _pack(tree):
+    """(array (n, W) of a pytree's leaves (leading axis n, one float dtype, bools as
+    0/1) side by side, unpack(array) -> the pytree): one update per scan step instead
+    of one per leaf."""
+    leaves, tdef = jax.tree_util.tree_flatten(tree)
+    n = leaves[0].shape[0]
+    dt = next(x.dtype for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
+    shapes = [(x.shape[1:], x.dtype) for x in leaves]
+    packed = jnp.concatenate([x.reshape(n, -1).astype(dt) for x in leaves], 1)
+
+    def unpack(a):
+        out, k = [], 0
+        for shp, xdt in shapes:
+            w = int(np.prod(shp, dtype=np.int64))
+            x = a[..., k:k + w].reshape(a.shape[:-1] + shp)
+            out.append(x > 0.5 if xdt == jnp.bool_ else x.astype(xdt))
+            k += w
+        return jax.tree_util.tree_unflatten(tdef, out)
+    return packed, unpack
+
+
+#: a collider's chunk, packed (:func:`_pack`), as an inlined ``jax.jit`` per collider
+#: (:func:`_packed_chunk`), and the unpacking of its output by (collider, argument
+#: types): :func:`_chunked` needs the packed width before the scan whose body calls the
+#: collider; the jit's trace gives it, and the call in the body reuses that trace
+#: (jit's trace cache; inlined, so the program is as if traced in place) where an
+#: ``eval_shape`` traced the collider a second time
+_PACKED: dict = {}
+_UNPACK: dict = {}
+
+
+def _packed_chunk(fn):
+    """``fn`` vmapped over a chunk's pairs and packed: an inlined jit, one per ``fn``,
+    whose trace (once per argument types) records the unpacking in ``_UNPACK``."""
+    jf = _PACKED.get(fn)
+    if jf is None:
+        def packed(*args):
+            out, unpack = _pack(jax.vmap(fn)(*args))
+            _UNPACK[(fn, _types(args))] = unpack
+            return out
+        jf = _PACKED[fn] = jax.jit(packed, inline=True)
+    return jf
+
+
+def _types(tree):
+    leaves, tdef = jax.tree_util.tree_flatten(tree)
+    return tdef, tuple((x.shape, jnp.dtype(x.dtype), getattr(x, "weak_type", False))
+                       for x in leaves)
+
+
+#: a chunk's pairs searched in its branch (off: every row's pair searched before the
+#: chunk loop; for paired measurements)
+_SEARCH_IN_CHUNK = True
+
+
+def _chunked(fn, take, ok, count, found, ftype):
+    """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over the
+    chunks of the passing pairs (compacted in order by a cumulative count and, in the
+    chunk's branch, a binary search for its pairs, as ``solver_rows.first_true``, where
+    :func:`first_k` of all n keys is a full sort), each a ``lax.cond`` on whether any
+    world has a passing pair in it (:func:`batch_max`), so that the collider is compiled
+    once and runs only on chunks that hold passing pairs. A chunk's arguments are
+    gathered inside its branch (``take(idx)``: the collider's arguments for group-local
+    pairs idx; from the component-major pair table, a few columns, where packing every
+    pair's arguments into rows first wrote the whole group each step); its output, one
+    packed array (:func:`_pack`), is written into the rows of the group's output that
+    the scan carries (zeros first): a skipped chunk writes nothing (stacked as the
+    scan's outputs, every chunk wrote its rows, zeros when skipped, and the stack was
+    copied out; its width from the trace of :func:`_packed_chunk`, which the body
+    reuses). Returns (the packed collider output, which rows are passing pairs, the
+    group-local pair of each row: past the passing pairs, the last pair); sets
+    ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
+    n = ok.shape[0]
+    nch = -(-n // CHUNK)
+    most = batch_max(count)
+    jf = _packed_chunk(fn)
+    width = jf.trace(*take(jnp.zeros(CHUNK, jnp.int32))).out_info.shape[1]
+    # the cumulative count of passing pairs here, the binary search for a chunk's
+    # pairs in its branch: only the chunks that run search theirs (searching all
+    # n rows first cost the shadow hand's capsule-box group ~2.5 us per world)
+    cs = cumcount(ok)
+    if not _SEARCH_IN_CHUNK:
+        every = jnp.minimum(first_true(ok, nch * CHUNK)[0], n - 1).astype(jnp.int32)
+
+    def body(carry, c):
+        buf, sel = carry
+
+        def run():
+            want = c * CHUNK + jnp.arange(1, CHUNK + 1, dtype=jnp.int32)
+            idx = jnp.minimum(jnp.searchsorted(cs, want, method="scan"),
+                              n - 1).astype(jnp.int32)
+            if not _SEARCH_IN_CHUNK:
+                idx = jax.lax.dynamic_slice_in_dim(every, c * CHUNK, CHUNK)
+            args = take(idx)
+            out = jf(*args)
+            found["unpack"] = _UNPACK[(fn, _types(args))]
+            if out.shape[1:] != buf.shape[1:] or out.dtype != buf.dtype:
+                raise TypeError(f"collider {fn} returned {out.shape[1:]} {out.dtype} "
+                                f"packed, not ({width},) {ftype}")
+            return (jax.lax.dynamic_update_slice_in_dim(buf, out, c * CHUNK, 0),
+                    jax.lax.dynamic_update_slice_in_dim(sel, idx, c * CHUNK, 0))
+        return jax.lax.cond(most > c * CHUNK, run, lambda: (buf, sel)), None
+
+    # batched from the start under vmap (batched_like): found batched in the body, it
+    # made vmap batch the body, the collider's included, a second time. Rows of
+    # skipped chunks are past every world's passing pairs: zeros, and the last pair
+    buf = batched_like(jnp.zeros((nch * CHUNK, width), ftype), ok)
+    sel = batched_like(jnp.full(nch * CHUNK, n - 1, jnp.int32), ok)
+    (out, sel), _ = jax.lax.scan(body, (buf, sel), jnp.arange(nch))
+    return out, jnp.arange(nch * CHUNK) < count, sel
+
+
+def first_k(key, k):
+    """Indices of the ``k`` smallest entries of ``key`` (distinct non-negative ints below
+    2**24), ascending: ``lax.top_k`` of the negated key in float32 (exact for these
+    ints), a single partial-sort kernel on CPU where a cumulative-sum compaction
+    (``jnp.nonzero``) costs a dozen kernels and a scatter loop. ``top_k`` of all
+    entries becomes a full sort: for ``k >= len(key)`` the key is padded (indices past
+    the key's length point at the padding)."""
+    n = key.shape[-1]
+    kf = -key.astype(jnp.float32)
+    if k >= n:
+        kf = jnp.concatenate([kf, jnp.full(k - n + 1, -2.0 ** 24, kf.dtype)])
+    return jax.lax.top_k(kf, k)[1]
