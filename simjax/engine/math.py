@@ -277,9 +277,10 @@ def stack(c):
 
 def ops(*xs):
     """(mul, add, sub): lax's where the xs are traced arrays (or NumPy constants) of one
-    shape and dtype, none weakly typed, else Python's operators. jnp's operators trace to the same equations
-    there, each through a jit wrapper and a dtype promotion of its own (about twice
-    the tracing time); the component helpers below are traced hundreds of times."""
+    shape and dtype, none weakly typed, else Python's operators. jnp's operators trace
+    to the same equations there, each through a jit wrapper and a dtype promotion of
+    its own (about twice the tracing time); the component helpers below are traced
+    hundreds of times."""
     x0 = xs[0]
     shape, dtype = getattr(x0, "shape", None), getattr(x0, "dtype", None)
     if all((isinstance(x, np.ndarray) or isinstance(x, jax.Array) and not x.weak_type)

@@ -104,17 +104,23 @@ def test_cholesky_never_reaches_the_thread_pool(n):
                                    atol=1e-10)
 
 
+def _pair_batch(mjm, m, seed):
+    """(rng, qpos (6, nq), d0, qM (6, nv, nv), added diagonals (6, nv)) of 6 random
+    states around qpos0, for the pair factorisation and solve tests."""
+    rng = np.random.default_rng(seed)
+    qpos = jnp.asarray(mjm.qpos0[None] + 0.3 * rng.standard_normal((6, mjm.nq)))
+    d0 = make_data(m)
+    qm = jax.jit(jax.vmap(lambda q: _qm(m, d0.replace(qpos=q))))(qpos)
+    return rng, qpos, d0, qm, jnp.asarray(rng.uniform(0.0, 1.0, (6, mjm.nv)))
+
+
 @pytest.mark.parametrize("path", ["mujoco_humanoid/humanoid.xml", "gym_ant/ant.xml"])
 def test_factor_ld_pair_batched(path):
     """The level-by-level pair factorisation (vmapped: a batch not a multiple of the
     lane block, nested vmap) equals two factor_ld calls and MuJoCo's qLD; its gradient
     is the pure-JAX factorisation's."""
     mjm, m = load(path)
-    rng = np.random.default_rng(7)
-    qpos = jnp.asarray(mjm.qpos0[None] + 0.3 * rng.standard_normal((6, mjm.nq)))
-    d0 = make_data(m)
-    qm = jax.jit(jax.vmap(lambda q: _qm(m, d0.replace(qpos=q))))(qpos)
-    add = jnp.asarray(rng.uniform(0.0, 1.0, (6, mjm.nv)))
+    rng, qpos, d0, qm, add = _pair_batch(mjm, m, 7)
     pair = jax.jit(jax.vmap(lambda a, x: tree_linalg.factor_ld_pair(m, a, x)))
     got0, got1 = pair(qm[:5], add[:5])
     want0 = jax.jit(jax.vmap(lambda a: tree_linalg.factor_ld(m, a)))(qm[:5])
@@ -149,11 +155,7 @@ def test_solve_ld_pair_batched(path):
     block, nested vmap) equals two solve_ld calls; unbatched it is solve_ld; its
     gradient is the dense solves'."""
     mjm, m = load(path)
-    rng = np.random.default_rng(11)
-    qpos = jnp.asarray(mjm.qpos0[None] + 0.3 * rng.standard_normal((6, mjm.nq)))
-    d0 = make_data(m)
-    qm = jax.jit(jax.vmap(lambda q: _qm(m, d0.replace(qpos=q))))(qpos)
-    add = jnp.asarray(rng.uniform(0.0, 1.0, (6, mjm.nv)))
+    rng, qpos, d0, qm, add = _pair_batch(mjm, m, 11)
     rhs = jnp.asarray(rng.standard_normal((6, mjm.nv)))
 
     def both(a, y, b):

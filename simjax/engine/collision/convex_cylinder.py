@@ -35,7 +35,7 @@ import numpy as np
 import jax.numpy as jnp
 
 from simjax.engine.collision import convex as C
-from simjax.engine.collision.common import Pre, dot, normalize
+from simjax.engine.collision.common import Pre, dot
 from simjax.types import GeomType as GT
 
 #: the feature spans both caps when c^2 * 2h < CAP_TOL (c: cosine of the normal with
@@ -77,17 +77,14 @@ def _cyl_side(g, u):
 
 
 def _rim_point(g, u, sgn):
-    """Cylinder ``g``'s support point along ``u`` (C.support's formula) on the cap of
-    sign ``sgn``, the sign that also orients the side edge. Taking the cap from C.support
-    decided the sign of u's axial part a second time, in other arithmetic: for u across
-    the axis (|c| ~ 1e-15) the two signs could differ, and the edge then started on one
-    rim and ran away from the cylinder (seen at --xla_backend_optimization_level=0 on
-    the slider crank: a contact 0.05 m off)."""
+    """Cylinder ``g``'s support point along ``u`` on the cap of sign ``sgn``, the sign
+    that also orients the side edge (C.local_support with the direction's axial part
+    replaced by ``sgn``). C.support decides the cap from u's axial part a second time,
+    in other arithmetic: for u across the axis (|c| ~ 1e-15) the two signs could
+    differ, and the edge then started on one rim and ran away from the cylinder (seen
+    at --xla_backend_optimization_level=0 on the slider crank: a contact 0.05 m off)."""
     d = u @ g.mat
-    w, n = normalize(d * jnp.asarray([1.0, 1.0, 0.0], d.dtype))
-    w = jnp.where(n > 0, w, 0.0)
-    loc = w * g.size[0] + jnp.asarray([0.0, 0.0, 1.0], d.dtype) * (sgn * g.size[1])
-    return loc @ g.mat.T + g.pos
+    return C.local_support(GT.CYLINDER, g, d.at[2].set(sgn)) @ g.mat.T + g.pos
 
 
 def _poly_side(t, g, u):
