@@ -4,7 +4,8 @@ Usage::
 
     python -m bench [--models humanoid-smooth,pendulum-smooth] [--batch 1,64,1024,4096]
                     [--backends simjax,mjx,mujoco] [--grad] [--timeout 300]
-                    [--budget 3] [--out bench/results] [--name STEM] [--resume] [--quick]
+                    [--budget 3] [--chunk N] [--out bench/results] [--name STEM] [--resume]
+                    [--quick]
 
 For every (model, batch size, backend) a fresh process (``bench.worker``) measures the
 JIT compile time of the batched rollout (and with ``--compile-step`` of one batched
@@ -17,7 +18,7 @@ value-and-gradient through a ``--grad-nstep``-step rollout (batch sizes up to
 Each phase of a measurement (forward; gradient) has ``--timeout`` seconds, compile
 included; a phase that runs past it is stopped and recorded as a timeout, and the run
 moves on. The rollout compiled for timing is a few steps long (``CHUNK``, by batch
-size) and called as often as fits in ``--budget`` seconds, so slow backends take
+size; ``--chunk`` sets it for every size) and called as often as fits in ``--budget`` seconds, so slow backends take
 few calls and fast ones many. Results are rewritten after every measurement to
 ``<out>/<device>-<date>.json`` and ``.md`` (a table with the ratios simjax/C and
 simjax/MJX), and a plot ``.png`` of steps/s against batch size per backend is drawn
@@ -293,6 +294,9 @@ def main(argv=None):
     ap.add_argument("--compile-step", action="store_true",
                     help="also time the compile of one batched step (a second compile; "
                          "the table shows the rollout's compile otherwise)")
+    ap.add_argument("--chunk", type=int,
+                    help="steps per compiled rollout call (default: 4 at batch 1024, "
+                         "see CHUNK); 1 compiles and times a single step per call")
     ap.add_argument("--out", help="results folder (default bench/results, "
                                   "bench/results/quick with --quick)")
     ap.add_argument("--name", help="results file stem (default <device>-<date>)")
@@ -342,7 +346,7 @@ def main(argv=None):
             if why:
                 row = dict(model=model, backend=backend, batch=batch, error=why)
             else:
-                row = run_one(backend, model, batch, chunk_for(batch), grad, args.timeout,
+                row = run_one(backend, model, batch, args.chunk or chunk_for(batch), grad, args.timeout,
                               args.budget, on_phase=lambda p, label=label:
                               bar.set_postfix_str(f"{label} {p}"),
                               compile_step=args.compile_step)

@@ -42,3 +42,18 @@ def test_markdown_grid_in_parts():
     assert line.split("|")[4].strip() == "skipped"
     # one part only: no such line
     assert "Measured in parts" not in run.markdown(rows[:2], meta)
+
+
+@pytest.mark.parametrize("argv, chunk", [([], 4), (["--chunk", "1"], 1)])
+def test_chunk_option_sets_rollout_length(monkeypatch, tmp_path, argv, chunk):
+    seen = []
+
+    def fake_run_one(backend, model, batch, chunk, *args, **kw):
+        seen.append(chunk)
+        return dict(model=model, batch=batch, backend=backend, sps=1.0)
+
+    monkeypatch.setattr(run, "run_one", fake_run_one)
+    monkeypatch.setattr(run, "plot", lambda rows, path: None)
+    run.main(["--quick", "--models", "ant", "--backends", "simjax",
+              "--out", str(tmp_path), "--name", "t"] + argv)
+    assert seen == [chunk]
