@@ -12,6 +12,10 @@ when it has to stop a phase that hangs:
   ``grad``: compile and time value-and-gradient);
 - ``RESULT <json>``: the row so far (each line supersedes the previous one).
 
+``cpu_sps`` is the rate per second of process CPU time (all threads) of the same calls:
+``sps / cpu_sps`` is the number of cores the backend kept busy (XLA CPU runs parts of
+its kernels on a second thread where a core is free).
+
 Timing is adaptive: the compiled rollout is ``chunk`` steps long; one call after the
 warm-up call gives the cost of a call, and the number of timed calls is sized to fill
 ``budget`` seconds (at least 2, at most 30); steps/s comes from the median call.
@@ -27,6 +31,7 @@ import math
 import resource
 import statistics
 import sys
+import time
 import traceback
 
 
@@ -81,8 +86,19 @@ def measure(backend_name, key, batch, chunk, grad_nstep=0, budget=3.0, forward=T
                 _emit("RESULT", json.dumps(row))
             row["compile_s"] = b.compile()
             _emit("RESULT", json.dumps(row))
-            sec, ncalls = timed_calls(b.run, budget)
+            cpu = []
+
+            def run():
+                c0 = time.process_time()
+                sec = b.run()
+                cpu.append(time.process_time() - c0)
+                return sec
+            sec, ncalls = timed_calls(run, budget)
             row["sps"] = batch * chunk / sec
+            # steps per second of process CPU time (all threads): sps / cpu_sps is the
+            # number of cores the backend kept busy, so a wall-clock rate that moves
+            # with the machine's load shows whether it came from a second core
+            row["cpu_sps"] = batch * chunk / max(statistics.median(cpu[1:]), 1e-9)
             row["ncalls"] = ncalls
             row["memory_bytes"] = b.memory()
         except Exception as e:      # the failure is data; the run goes on
