@@ -275,7 +275,10 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     isl = Islands(nisl, p.get("rowisl"), p.get("dofisl"))
     tol = p["tolerance"]
     M = p["M"]
-    qacc0, Ma0, jaref0 = start
+    qacc0, Ma0, jaref0 = start[:3]
+    # the later chunks' (J' force, Hessian terms) at the start, from the warm start's
+    # pass over them (:func:`_primal_start`), or None
+    first_rest = start[3] if len(start) > 3 else None
     # MuJoCo 4.0.0 scales improvement and gradient by 1 / trace(M) (measured: the
     # reported gradient is |grad| / trace(M) at the current configuration, per island
     # the trace of the island's block), not by meaninertia * nv
@@ -337,14 +340,23 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         # the factor is remade (or in the pass, on a first pass known statically, where
         # every factor is made: M is then not copied into the later chunks' loop)
         acc = (jnp.zeros_like(qacc), M) if hess else (jnp.zeros_like(qacc),)
+        if first_rest is not None and hess and not search_on:
+            # the later chunks' sums at the start (zero, M where none): chunk 0's are
+            # added to them
+            acc = first_rest
         # a first pass known statically makes no step (alpha 0): the rows stay where
         # they are (no J search)
         acc, (head, hstate, changed) = head_chunk(
             rows, functools.partial(_update_head, hess and not search_on), acc,
             extra=jaref, args=(alpha, take, rpre["Jv"] if search_on else None), jac=True)
-        acc, rest = rest_chunks(rows, functools.partial(_update_rest, hess), acc,
-                                args=(alpha, take, search if search_on else None),
-                                jac=True, state=jaref.rest)
+        if first_rest is not None and hess and not search_on:
+            # a first pass known statically makes no step: the later chunks' rows stay
+            # where they are, and their sums were made by the warm start's pass
+            rest = jaref.rest
+        else:
+            acc, rest = rest_chunks(rows, functools.partial(_update_rest, hess), acc,
+                                    args=(alpha, take, search if search_on else None),
+                                    jac=True, state=jaref.rest)
         jaref_new = Chunked(head, rest)
         grad = Ma - p["qfrc_smooth"] - acc[0]
         if hess:
@@ -562,6 +574,31 @@ def _warm_head(spec, x, e, J, both, acc):
     return _warm_cost(spec, x, J, both, acc)
 
 
+def _warm_first(spec, x, e, sc, J, both, acc):
+    """:func:`_warm_rest` with, at both columns, the sums of a Newton first pass
+    (:func:`_update_chunk` with no step): acc (costs (2,), (J' force (nv, 2), Hessian
+    terms (2, nv, nv)))."""
+    cost, (f, H) = acc
+    jb = J @ both - x["aref"][:, None]
+
+    def one(jar, f, H):
+        force, state, c = update(spec, x, jar)
+        return c, f + J.T @ force, _hessian(spec, x, J, jar, state, H)
+
+    c, f, H = jax.vmap(one, (1, 1, 0), (0, 1, 0))(jb, f, H)
+    return (cost + c, (f, H)), (sc if isinstance(sc, tuple) else jb)
+
+
+def _warm_pick(cost, sums, start):
+    """A world's first-pass start (J' force, M + Hessian terms) of the later chunks
+    at the point of lower total cost ``cost`` (2,) (:func:`_warm_first`'s sums
+    ``sums``), from ``start`` (zero, M)."""
+    f, H = sums
+    pick = cost[0] > cost[1]
+    return (jnp.where(pick, f[:, 1], f[:, 0]),
+            start[1] + jnp.where(pick, H[1], H[0]))
+
+
 def _warm_rest(spec, x, e, sc, J, both, acc):
     """:func:`_warm_cost` on a later chunk; its rows kept unless ``sc`` is () (no
     state: the rows are remade at the chosen point)."""
@@ -569,15 +606,28 @@ def _warm_rest(spec, x, e, sc, J, both, acc):
     return acc, (sc if isinstance(sc, tuple) else jb)
 
 
-def _primal_start(rows, p, qs, qw, nisl):
-    """((qacc0, M qacc0, J qacc0 - aref per chunk), rows with the later chunks found,
-    J qacc_smooth - aref per chunk or None where it was not kept) the primal solvers
-    start from. With
+def _primal_start(rows, p, qs, qw, nisl, first=False):
+    """((qacc0, M qacc0, J qacc0 - aref per chunk[, first]), rows with the later chunks
+    found, J qacc_smooth - aref per chunk or None where it was not kept) the primal
+    solvers start from. With
     ``qw`` (warmstart): one choice for all islands (MuJoCo's warmstart precedes the
     island solves), the lower total cost of qacc_warmstart and qacc_smooth, both
     evaluated in one pass; the chosen point's products start the solver (the later
     chunks' rows at both points are kept from that pass: a second loop over the chunks
-    to remake them at the chosen point compiled its own gathers)."""
+    to remake them at the chosen point compiled its own gathers). With islands, the
+    dofs in no island start at qacc_smooth: no active row's Jacobian touches them
+    (:class:`~simjax.engine.solver_islands.Islands`), so the later chunks' J qacc0 -
+    aref are those of the chosen point, up to rounding (a loop over the chunks to
+    remake them compiled about 25 kernels on the shadow hand). ``first``: the solver's
+    first pass is a Newton one known statically (one iteration at most,
+    :func:`_primal`): the later chunks' sums of that pass (J' force, Hessian terms)
+    are made by this pass over them, at both points, and the chosen point's are
+    returned as ``first``: (J' force, M + Hessian terms) of the later chunks, (0, M)
+    where there are none (the first pass's own loop over the later chunks compiled
+    about 25 kernels on the shadow hand and barkour; the worlds that visit them keep
+    the sums at both points only by their block of :func:`~simjax.engine.
+    solver_rows.find_chunks`, as (worlds, 2, nv, nv) sums filled on every call ran
+    barkour's step 3% slower)."""
     M = p["M"]
     if qw is None:
         jaref, rows = _jaref(rows, qs)
@@ -585,10 +635,22 @@ def _primal_start(rows, p, qs, qw, nisl):
     both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
     Mb = M @ both
     cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
-    rest = rest_zeros(rows, jb) if nisl == 1 else ()
-    cost, rest, rows = find_chunks(rows, _warm_rest, cost, args=both, jac=True,
-                                   state=rest)
-    cost = cost + 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
+    rest = rest_zeros(rows, jb) if (nisl == 1 or not _REMAKE) else ()
+    first = first and rows.nchunk > 1 and _FIRST and not (nisl > 1 and _REMAKE)
+    smooth_cost = 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
+    if first:
+        # the total cost known in the loop (the smooth part added first): each world
+        # in it keeps the first pass's sums at its chosen point only
+        nv = qs.shape[0]
+        local = (jax.ShapeDtypeStruct((nv, 2), qs.dtype),
+                 jax.ShapeDtypeStruct((2, nv, nv), qs.dtype))
+        (cost, extra), rest, rows = find_chunks(
+            rows, _warm_first, cost + smooth_cost, args=both, jac=True, state=rest,
+            finish=(_warm_pick, local, (jnp.zeros_like(qs), M)))
+    else:
+        cost, rest, rows = find_chunks(rows, _warm_rest, cost, args=both, jac=True,
+                                       state=rest)
+        cost = cost + smooth_cost
     pick = cost[0] > cost[1]
     smooth = Chunked(jb[..., 1], jax.tree_util.tree_map(lambda x: x[..., 1], rest))
     qacc0, Ma0, jaref0, rest = jax.tree_util.tree_map(
@@ -596,10 +658,24 @@ def _primal_start(rows, p, qs, qw, nisl):
     if nisl > 1:
         # dofs in no island start (and stay) at qacc_smooth
         qacc0 = jnp.where(p["dofisl"] == nisl, qs, qacc0)
-        jaref, rows = _jaref(rows, qacc0)
-        # (the later chunks' rows at qacc_smooth are not kept)
-        return (qacc0, M @ qacc0, jaref), rows, smooth if rows.nchunk == 1 else None
-    return (qacc0, Ma0, Chunked(jaref0, rest)), rows, smooth
+        if _REMAKE:
+            jaref, rows = _jaref(rows, qacc0)
+            # (the later chunks' rows at qacc_smooth are not kept)
+            return (qacc0, M @ qacc0, jaref), rows, smooth if rows.nchunk == 1 else None
+        # chunk 0's rows remade at qacc0 (a product over the chunk, as before: the
+        # same bits); the later chunks' (usually none) kept from the warm start's pass
+        head = rows.J0 @ qacc0 - rows.x0["aref"]
+        return ((qacc0, M @ qacc0, Chunked(head, rest)) + ((extra,) if first else ()), rows,
+                smooth if rows.nchunk == 1 else None)
+    return (qacc0, Ma0, Chunked(jaref0, rest)) + ((extra,) if first else ()), rows, smooth
+
+
+#: remake the rows' J qacc0 - aref after the warm start's choice where there are
+#: islands (the former way, kept to compare)
+_REMAKE = False
+#: the later chunks' first-pass sums made by the warm start's pass (False: by a loop
+#: of the first pass, the former way, kept to compare)
+_FIRST = True
 
 
 # --------------------------------------------------------------------------- entry
@@ -700,10 +776,14 @@ def fwd_constraint(m, d):
         else:
             rows = whole_rows(spec, ps)
         qw = sg(d.qacc_warmstart) if warm else None
-        (qacc0, Ma0, jaref0), rows, jb_smooth = _primal_start(rows, ps, qs, qw, spec.nisl)
+        start, rows, jb_smooth = _primal_start(
+            rows, ps, qs, qw, spec.nisl,
+            first=solver == SolverType.NEWTON and iters == 1)
+        qacc0, Ma0, jaref0 = start[:3]
         # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
         qacc0 = jnp.where(~jnp.any(ps["active"]), qs, qacc0)
-        res = _primal(rows, ps, (qacc0, Ma0, jaref0), solver == SolverType.NEWTON, iters,
+        res = _primal(rows, ps, (qacc0, Ma0, jaref0) + start[3:],
+                      solver == SolverType.NEWTON, iters,
                       int(m.opt.ls_iterations))
         qacc, niter, imp, gnorm, jaref, qfrc_rows = res
         force_solver = None

@@ -461,7 +461,7 @@ def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     return find_chunks(rows, fn, acc, extra, args, jac, state)[:2]
 
 
-def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
+def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=None):
     """Fold over the chunks in use after chunk 0, 1 <= c < rows.nact: ``acc, s_c =
     fn(spec_c, x_c, e_c, s_c, J_c, args, acc)`` as :func:`head_chunk`, with ``e_c``
     chunk ``c`` of ``extra`` (a tree of :class:`Chunked`) and ``s_c`` chunk ``c`` of
@@ -478,10 +478,22 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     one-chunk solves about 10%. (Every chunk in the loop compiles about 1 s faster on
     the humanoid but runs the solve 2x slower: XLA CPU gathers are slow, and the loop's
     chunk 0 needs its rows either gathered on every visit or copied out of a
-    conditional.)"""
+    conditional.)
+
+    ``finish``: None, or ``(g, local, out)``: ``fn`` then folds ``(acc, local)``,
+    ``local`` a per-world accumulator (a tree of ``jax.ShapeDtypeStruct``, zero at the
+    start) kept only by the worlds that visit the chunks (under vmap with
+    :attr:`Rows.blocks`, by their block: never a (worlds, ...) array to fill on every
+    call), and where a world visits them its ``out`` becomes ``g(acc, local, out)``
+    (every world without blocks: ``g`` must keep ``out`` for a ``local`` of zeros);
+    the returned acc is then (acc, out)."""
     spec, nchunk = rows.spec, rows.nchunk
+    g, local_like, fin = finish if finish is not None else (None, (), ())
+    # zeros made where used: the loops close over no traced value
+    local0 = lambda *size: jax.tree_util.tree_map(
+        lambda l: jnp.zeros(size + tuple(l.shape), l.dtype), local_like)
     if nchunk == 1:
-        return acc, state, rows
+        return (acc, fin) if g is not None else acc, state, rows
     src = dict(rows.src)
     J = src.pop("J")
     static = {key: v for key, v in src.items() if isinstance(v, np.ndarray)}
@@ -512,27 +524,38 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
 
     a = (args, src, J if jac else None, counts)
 
+    def whole_loop(n, xs, a, acc, state, fin, batch=None, size=None):
+        # every world (or the one world) folds the later chunks, then finishes
+        if g is None:
+            return _loop(inner, n, xs, a, acc, state, batch=batch) + ((),)
+        local = local0() if size is None else local0(size)
+        (acc, local), state = _loop(inner, n, xs, a, (acc, local), state, batch=batch)
+        return acc, state, (g if size is None else jax.vmap(g))(acc, local, fin)
+
     @jax.custom_batching.custom_vmap
-    def run(n, tab, xs, a, acc, state):
-        return _loop(inner, n, xs, a, acc, state)
+    def run(n, tab, xs, a, acc, state, fin):
+        return whole_loop(n, xs, a, acc, state, fin)
 
     @run.def_vmap
-    def _rule(size, flags, n, tab, xs, a, acc, state):
-        nb, tb, xb, ab, accb, sb = flags
+    def _rule(size, flags, n, tab, xs, a, acc, state, fin):
+        nb, tb, xb, ab, accb, sb, fb = flags
         # the accumulators and states are updated per world: batched
-        acc, state = jax.tree_util.tree_map(
+        acc, state, fin = jax.tree_util.tree_map(
             lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
-            (acc, state), (accb, sb))
+            (acc, state, fin), (accb, sb, fb))
         if nb and tb:
-            out = _needy_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab))
+            out = _needy_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab),
+                              (g, local0, fin))
         else:
-            out = _loop(inner, jnp.max(n) if nb else n, xs, a, acc, state,
-                        batch=(xb, ab))
+            out = whole_loop(jnp.max(n) if nb else n, xs, a, acc, state, fin,
+                             batch=(xb, ab), size=size)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     tab = rows.needy if rows.blocks else jnp.zeros((), jnp.int32)
-    acc, state = run(rows.nact, tab, (rests(extra), () if finding else rows.rest), a, acc,
-                     state)
+    acc, state, fin = run(rows.nact, tab, (rests(extra), () if finding else rows.rest), a,
+                          acc, state, fin)
+    if g is not None:
+        acc = (acc, fin)
     if finding:
         state, found = state
         return acc, state, dataclasses.replace(rows, rest=found)
@@ -630,7 +653,7 @@ def _unpack(col, like):
     return out
 
 
-def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch):
+def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
     """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only, from
     their table ``tab`` (:func:`needy_table`, made once per solve): in blocks of
     _CHUNK_BLOCK worlds, looped to the block's largest count, their (acc, state)
@@ -650,8 +673,12 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch):
     steps, 12 rows per chunk: barkour bit for bit in float32, qacc within 2e-11 in
     float64; shadow hand float32 qacc within 0.15, where changing the chunk size
     moves it 0.4). The loop body is compiled once: a conditional between one block
-    and the whole batch compiled it twice (barkour's step 729 kernels against 635)."""
+    and the whole batch compiled it twice (barkour's step 729 kernels against 635).
+    ``finish``: (g, local, out) of :func:`find_chunks` (g None: none), ``local`` a
+    function making the zero local accumulators of n worlds (the block's only);
+    returns (acc, state, out)."""
     xb, ab = batch
+    g, local0, fin = finish
     blk = min(_CHUNK_BLOCK, size)
     nblk = -(-size // blk)
     leaves, tree = jax.tree_util.tree_flatten((xs, a))
@@ -680,7 +707,7 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch):
     block = lambda b: jax.lax.dynamic_slice_in_dim(tab, b * blk, blk)
 
     def body(c):
-        b, acc_all, state_all = c
+        b, acc_all, state_all, fin_all = c
         # the table depends on the block: XLA would otherwise build it for the whole
         # batch before the loop (loop-invariant), on every call
         src, ids = jax.lax.optimization_barrier((on, block(b)))
@@ -691,15 +718,21 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch):
         # the block's largest count
         most = lambda: jnp.max(jnp.where(block(b) < size,
                                          jnp.take(n, block(b), mode="clip"), 1))
-        acc, state = jax.tree_util.tree_map(take, (acc_all, state_all))
-        out = _loop(fn, most, (), (rows, off), acc, state,
-                    batch=((), (True, [False] * len(off))), args_axis=(1, None))
-        return (b + 1,) + _put_rows((acc_all, state_all), lambda: block(b), out)
+        acc, state, fin = jax.tree_util.tree_map(take, (acc_all, state_all, fin_all))
+        if g is not None:
+            acc = (acc, local0(blk))
+        acc, state = _loop(fn, most, (), (rows, off), acc, state,
+                           batch=((), (True, [False] * len(off))), args_axis=(1, None))
+        if g is not None:
+            (acc, local) = acc
+            fin = jax.vmap(g)(acc, local, fin)
+        return (b + 1,) + _put_rows((acc_all, state_all, fin_all), lambda: block(b),
+                                    (acc, state, fin))
 
     # blocks while one holds a world in need
     more = lambda c: (c[0] < nblk) & (tab[jnp.minimum(c[0], nblk - 1) * blk] < size)
     return jax.lax.while_loop(more, body,
-                              (jnp.zeros((), jnp.int32), acc, state))[1:]
+                              (jnp.zeros((), jnp.int32), acc, state, fin))[1:]
 
 
 def rest_zeros(rows, like):
