@@ -705,8 +705,8 @@ def make_constraint(m, d):
     counts = {}
     for name, lo, hi in (("ne", 0, lay.ne), ("nf", lay.ne, lay.ne + lay.nf),
                          ("nl", lay.ne + lay.nf, lay.ne + lay.nf + lay.nl)):
-        counts[name] = jnp.sum(active[lo:hi]).astype(jnp.int32)
-    counts["nefc"] = jnp.sum(active).astype(jnp.int32)
+        counts[name] = math.reduce_fused(active[lo:hi], 0).astype(jnp.int32)
+    counts["nefc"] = math.reduce_fused(active, 0).astype(jnp.int32)
     z = jnp.zeros(n, dtype)
     # first efc row of each contact (mjContact.efc_address), -1 when it has none
     adr = d.contact.efc_address

@@ -357,3 +357,87 @@ def c_inert_mul(i, v):
     rot = c_add(rot, c_cross(c, u))
     cw = c_cross(c, w)
     return rot + tuple(s(m(mass, a), b) for a, b in zip(u, cw))
+
+
+# XLA:CPU's TreeReductionRewriter splits every reduction over an axis longer than this
+# into a reduce-window (windows of this many entries) and a reduce of the window
+# results. The reduce-window is a kernel of its own, not fusible with what produces
+# its operand (which is then materialised): 2-3 kernels where one would do, each
+# 15-50 ms of compile (19 in the humanoid's contact step, 28 in the shadow hand's).
+_XLA_WINDOW = 32
+
+#: False: :func:`reduce_fused` is the plain reduction (kept to compare the two)
+_FUSE_REDUCTIONS = True
+
+_REDUCERS = {"sum": (jnp.sum, lax.add), "any": (jnp.any, lax.bitwise_or),
+             "max": (jnp.max, lax.max), "min": (jnp.min, lax.min)}
+
+
+def _xla_windows(n):
+    """(start, stop) of the windows XLA:CPU's tree reduction cuts an axis of ``n``
+    entries into (windows of _XLA_WINDOW, "same" padding split evenly, the extra
+    entry of an odd padding after)."""
+    m = -(-n // _XLA_WINDOW)
+    lo = (m * _XLA_WINDOW - n) // 2
+    return [(max(0, j * _XLA_WINDOW - lo), min(n, (j + 1) * _XLA_WINDOW - lo))
+            for j in range(m)]
+
+
+def _identity(kind, dtype):
+    """The value that leaves a ``kind`` reduction of ``dtype`` entries unchanged."""
+    if kind in ("sum", "any"):
+        return np.zeros((), dtype)
+    if dtype == bool:
+        return np.asarray(kind == "min")
+    big = np.inf if np.issubdtype(dtype, np.inexact) else np.iinfo(dtype).max
+    return np.asarray(-big if kind == "max" else big).astype(dtype)
+
+
+#: the most windows whose float sums are fused as one reduction each (more did not
+#: fuse into one kernel: 8 windows made 3 kernels)
+_FUSED_SUMS = 4
+
+
+def reduce_fused(x, axis, kind="sum"):
+    """``jnp.sum`` / ``any`` / ``max`` / ``min`` (``kind``) of ``x`` over one ``axis``,
+    the values XLA:CPU computes for them (float sums: the same additions in the same
+    order), in one kernel that fuses with the operand's producers (bool sums count as
+    jnp.sum's integers). Producers fused into the reduction may be compiled with other
+    roundings than when stored (a multiply-add contracted); the bench models' steps
+    came out bit-identical, float32 and float64.
+
+    Over an axis of more than _XLA_WINDOW entries XLA:CPU reduces windows of 32 entries
+    in a reduce-window kernel, then the window results (see _XLA_WINDOW). Float sums
+    over up to _FUSED_SUMS windows: each window is the sum of a slice and the sums
+    are added in window order, which is what that reduce-window and reduce compute;
+    the other kinds do not depend on the order: the windows (padded with the
+    reduction's identity to equal lengths) are combined entry by entry, then reduced
+    over _XLA_WINDOW entries. (A reshape into windows or a reduction of partial
+    reductions would not do: XLA's simplifier merges them back into one long
+    reduction, which it then rewrites.) Other axes: the plain reduction."""
+    red, comb = _REDUCERS[kind]
+    axis = axis % x.ndim
+    n = x.shape[axis]
+    if n <= _XLA_WINDOW or n > _XLA_WINDOW ** 2 or not _FUSE_REDUCTIONS:
+        return red(x, axis)
+    if kind == "any":
+        x = x.astype(bool)
+    elif kind == "sum" and x.dtype == bool:
+        x = x.astype(jax.dtypes.canonicalize_dtype(np.int64))
+    wins = _xla_windows(n)
+    if kind == "sum" and jnp.issubdtype(x.dtype, jnp.inexact):
+        if len(wins) > _FUSED_SUMS:
+            return red(x, axis)
+        out = None
+        for a, b in wins:
+            part = red(lax.slice_in_dim(x, a, b, axis=axis), axis)
+            out = part if out is None else comb(out, part)
+        return out
+    pad = [(0, 0, 0)] * x.ndim
+    pad[axis] = (0, len(wins) * _XLA_WINDOW - n, 0)
+    x = lax.pad(x, jnp.asarray(_identity(kind, x.dtype)), pad)
+    out = lax.slice_in_dim(x, 0, _XLA_WINDOW, axis=axis)
+    for j in range(1, len(wins)):
+        out = comb(out, lax.slice_in_dim(x, j * _XLA_WINDOW, (j + 1) * _XLA_WINDOW,
+                                         axis=axis))
+    return red(out, axis)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.constraint import CONTACT_KINDS
+from simjax.engine.math import reduce_fused
 
 MINVAL = 1e-15
 
@@ -249,7 +250,7 @@ def _islands(inc, active):
     inc = inc & active[:, None]
     incf = inc.astype(jnp.float32)
     adj = (incf.T @ incf) > 0                                       # (ntree, ntree)
-    live = jnp.any(inc, 0)
+    live = reduce_fused(inc, 0, "any")
     big = jnp.int32(ntree)
     lab0 = jnp.where(live, jnp.arange(ntree, dtype=jnp.int32), big)
 

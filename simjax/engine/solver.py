@@ -41,6 +41,7 @@ import numpy as np
 from simjax.engine import constraint as C
 from simjax.engine import lapack_chol, tables, tree_linalg
 from simjax.engine.data import NISLAND
+from simjax.engine.math import reduce_fused
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import gather as gather_rows
@@ -203,7 +204,7 @@ def update(spec, p, jar):
     force = jnp.where(sat, 0.0, force)
     cost_row = jnp.where(sat, 0.0, cost_row)
     state = jnp.where(sat, C.SATISFIED, state)
-    cost = jnp.sum(jnp.where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0))
+    cost = reduce_fused(jnp.where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0), 0)
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         f, c, s = _ell_update(_ell_rows(jar, start, n, dim), _ell_rows(D, start, n, dim),
                               mu, fr)
@@ -284,7 +285,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     # the trace of the island's block), not by meaninertia * nv
     if isl.n == 1:
         scale = (1.0 / jnp.maximum(MINVAL, jnp.trace(M)))[None]
-        exists = jnp.any(p["active"])[None]
+        exists = reduce_fused(p["active"], 0, "any")[None]
     else:
         trace = isl.ddot(jnp.diag(M), jnp.ones_like(qacc0))
         scale = 1.0 / jnp.where(trace > 0, trace, 1.0)
@@ -294,7 +295,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     # the line search evaluates the friction-loss rows' Huber terms only where a row of
     # the batch is one (the flag is the same for every world: any_world)
     fric_rows = rows.src["fric"] if rows.src is not None else rows.spec.fric
-    fric = (any_world(jnp.any(p["active"] & fric_rows)) if np.any(fric_rows)
+    fric = (any_world(reduce_fused(p["active"] & fric_rows, 0, "any")) if np.any(fric_rows)
             else False)
 
     def body(s, search_on=True, hessian=True):
@@ -517,10 +518,10 @@ def _update_head(hess, spec, x, jaref, J, args, acc):
     """:func:`_update_chunk` on chunk 0; out (jaref, the rows' new states, whether a
     state changed)."""
     acc, (out, state) = _update_chunk(hess, spec, x, jaref, J, args, acc, states=True)
-    changed = jnp.any(state != update(spec, x, jaref)[1])
+    changed = reduce_fused(state != update(spec, x, jaref)[1], 0, "any")
     if spec.ell:
         # the cone Hessians follow jaref
-        changed = changed | jnp.any(state == C.CONE)
+        changed = changed | reduce_fused(state == C.CONE, 0, "any")
     return acc, (out, state, changed)
 
 
@@ -781,7 +782,7 @@ def fwd_constraint(m, d):
             first=solver == SolverType.NEWTON and iters == 1)
         qacc0, Ma0, jaref0 = start[:3]
         # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
-        qacc0 = jnp.where(~jnp.any(ps["active"]), qs, qacc0)
+        qacc0 = jnp.where(~reduce_fused(ps["active"], 0, "any"), qs, qacc0)
         res = _primal(rows, ps, (qacc0, Ma0, jaref0) + start[3:],
                       solver == SolverType.NEWTON, iters,
                       int(m.opt.ls_iterations))
@@ -815,7 +816,7 @@ def fwd_constraint(m, d):
             efc_b = p["efc_b"]
         else:
             force, qfrc, efc_b = _value_as(full, args, (force, qfrc, b))
-        niter = jnp.where(jnp.any(d.efc_active), _per_island(niter), 0)
+        niter = jnp.where(reduce_fused(d.efc_active.reshape(-1), 0, "any"), _per_island(niter), 0)
         return d.replace(qacc=qacc, efc_force=force, efc_state=state,
                          qfrc_constraint=qfrc, efc_b=efc_b,
                          solver_niter=niter.astype(jnp.int32),
@@ -834,7 +835,7 @@ def fwd_constraint(m, d):
     force = jnp.where(d.efc_active, force, 0.0)
     qfrc = d.efc_J.T @ force
     # MuJoCo returns before the solver when no row is active: no iterations
-    niter = jnp.where(jnp.any(d.efc_active), niter, 0)
+    niter = jnp.where(reduce_fused(d.efc_active.reshape(-1), 0, "any"), niter, 0)
     return d.replace(qacc=qacc, efc_force=force, efc_state=state, qfrc_constraint=qfrc,
                      efc_b=p["efc_b"], solver_niter=niter.astype(jnp.int32),
                      solver_improvement=imp, solver_gradient=gnorm)

@@ -2,6 +2,8 @@
 4.0.0 solves each constraint island (mj_island) on its own."""
 import jax.numpy as jnp
 
+from simjax.engine.math import reduce_fused
+
 
 class Islands:
     """Per-island reductions for the primal solvers (MuJoCo 4.0.0 solves each constraint
@@ -30,12 +32,12 @@ class Islands:
         # exact segment sum (a select, not a product with a 0/1 matrix)
         x = x.reshape(x.shape[:1] + (1,) * (mask.ndim - 1) + x.shape[1:])
         m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
-        return jnp.sum(jnp.where(m, x, 0), 0)
+        return reduce_fused(jnp.where(m, x, 0), 0)
 
     def rsum(self, x):
         """(nefc, ...) -> (n, ...): sums over each island's rows."""
         if self.n == 1:
-            return jnp.sum(x, 0)[None]
+            return reduce_fused(x, 0)[None]
         return self._sum(self.rmask, x)
 
     def ddot(self, a, b):
@@ -48,7 +50,7 @@ class Islands:
         """(n, m) dot products of an (nv,) vector with the m columns of b (nv, m) over
         each island's dofs: one reduction for several dot products."""
         if self.n == 1:
-            return jnp.sum(a[:, None] * b, 0)[None]
+            return reduce_fused(a[:, None] * b, 0)[None]
         return self._sum(self.dmask, a[:, None] * b)
 
     def norm(self, a):
@@ -75,7 +77,7 @@ class Islands:
     def bsum(self, ids, x):
         """(contacts, ...) -> (n, ...) sums over each island's contacts of a block."""
         if self.n == 1:
-            return jnp.sum(x, 0)[None]
+            return reduce_fused(x, 0)[None]
         return self._sum(ids[:, None] == jnp.arange(self.n, dtype=jnp.int32), x)
 
     def bx(self, ids, v):

@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine.math import reduce_fused
+
 
 #: where a quarter of the rows is under two per dof: the later chunks run on the worlds
 #: that use them (:func:`_needy_loop`); False: chunk 0 takes 3/8 of the rows there
@@ -547,7 +549,7 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
             out = _needy_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab),
                               (g, local0, fin))
         else:
-            out = whole_loop(jnp.max(n) if nb else n, xs, a, acc, state, fin,
+            out = whole_loop(reduce_fused(n, 0, "max") if nb else n, xs, a, acc, state, fin,
                              batch=(xb, ab), size=size)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
@@ -788,7 +790,7 @@ def where_needed(fn, need, args, old):
             (need, old), (nb, ob))
         axes = jax.tree_util.tree_map(lambda f: 0 if f else None, ab)
         vfn = jax.vmap(fn, in_axes=tuple(axes))
-        count = jnp.sum(need.astype(jnp.int32))
+        count = reduce_fused(need.astype(jnp.int32), 0)
 
         def whole():
             def keep(n, o):
@@ -834,7 +836,8 @@ def any_world(flag):
 
     @run.def_vmap
     def _rule(size, flags, flag):
-        return (jnp.any(flag) if flags[0] else flag), False
+        return (reduce_fused(flag.reshape(size, -1), 0, "any").any(-1) if flags[0]
+                else flag), False
 
     return run(flag)
 

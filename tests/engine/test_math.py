@@ -48,3 +48,29 @@ def test_quat_to_mat_batched_shapes():
     assert math.quat_to_mat(q).shape == (2, 3, 3, 3)
     assert math.quat_mul(q, q).shape == (2, 3, 4)
     assert math.cross(q[..., 1:], q[..., :3]).shape == (2, 3, 3)
+
+
+@pytest.mark.parametrize("n", [20, 33, 54, 100, 232, 1024, 1100])
+@pytest.mark.parametrize("kind", ["sum", "any", "max", "min", "count"])
+def test_reduce_fused_matches_xla_reduction(n, kind):
+    """reduce_fused gives jnp's reduction bit for bit (float sums in XLA:CPU's window
+    order) and leaves no reduce-window in the program."""
+    import jax
+    import jax.numpy as jnp
+    rng = np.random.default_rng(n)
+    x = jnp.asarray((rng.standard_normal((64, n)) * np.exp(3 * rng.standard_normal((64, n))))
+                    .astype(np.float32))
+    plain = {"sum": jnp.sum, "any": jnp.any, "max": jnp.max, "min": jnp.min,
+             "count": jnp.sum}[kind]
+    prep = (lambda v: v > 0.5) if kind in ("any", "count") else jnp.sin
+    red = "sum" if kind == "count" else kind
+
+    def fused(v):
+        return math.reduce_fused(prep(v), -1, red)
+
+    want = jax.jit(lambda v: plain(prep(v), axis=-1))(x)
+    got = jax.jit(fused)(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    if 32 < n <= 1024 and (kind != "sum" or n <= 128):
+        assert "reduce-window" not in jax.jit(fused).lower(x).compile().as_text()

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine.math import reduce_fused
 from simjax.engine.solver_rows import batched_like, cumcount, first_true
 from simjax.types import GeomType as GT
 
@@ -26,7 +27,7 @@ def batch_max(x):
 @batch_max.def_vmap
 def _batch_max_rule(axis_size, in_batched, x):
     del axis_size
-    return (jnp.max(x, axis=0) if in_batched[0] else x), False
+    return (reduce_fused(x, 0, "max") if in_batched[0] else x), False
 
 
 def _run_or_skip(pred, run, skip):

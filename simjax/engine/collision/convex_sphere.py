@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision.common import argmax, argmin, dot, normalize, one
+from simjax.engine.math import reduce_fused
 from simjax.types import GeomType as GT
 
 #: a projection within this distance (m) outside a triangle's edge still counts inside
@@ -94,7 +95,7 @@ def _select(c, tplane, tedge, edge):
     # separate slow kernels on CPU
     c0, c1, c2 = c[0], c[1], c[2]
     s = tplane[:, 0] * c0 + tplane[:, 1] * c1 + tplane[:, 2] * c2 - tplane[:, 3]
-    smax = jnp.max(s)
+    smax = reduce_fused(s, 0, "max")
     ein = (tedge[..., 0] * c0 + tedge[..., 1] * c1 + tedge[..., 2] * c2 - tedge[..., 3]
            >= -INSIDE_TOL)                                     # (T, 3)
     inside = ein[:, 0] & ein[:, 1] & ein[:, 2]
@@ -189,7 +190,7 @@ def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
 
     def pair(k, out):
         need = jax.lax.dynamic_index_in_dim(ok, k, 1, keepdims=False)
-        count = jnp.sum(need.astype(jnp.int32))
+        count = reduce_fused(need.astype(jnp.int32), 0)
         # the passing worlds in order, then the others (padding reads them, its
         # results are not taken); each world's place in that order by a second sort
         pos = jnp.sort(jnp.where(need, ids, size + ids)) % size

@@ -52,6 +52,7 @@ from simjax.engine.collision.chunked import (
 from simjax.engine.collision.common import make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
+from simjax.engine.math import reduce_fused
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, GeomType as GT
 
@@ -591,11 +592,11 @@ def narrow_group(m, d, p, grp, det_margin, split):
         return Geom(*r1[:3]), Geom(*r2[:3]), dm[idx]
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
-        return _sdf_group(m, d, g1, g2), ok, jnp.sum(ok), no, None
+        return _sdf_group(m, d, g1, g2), ok, reduce_fused(ok, 0), no, None
     group = getattr(grp.fn, "group", None)    # takes ``ok`` as it is when run is called
     run = lambda: group(*args(), ok) if group else jax.vmap(grp.fn)(*args())
     if grp.fn in CHEAP:
-        count = jnp.sum(ok)
+        count = reduce_fused(ok, 0)
         if cap >= n:
             return run(), ok, count, no, None
         ar = np.arange(n)
@@ -605,7 +606,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
         return pre, jnp.arange(cap) < count, count, count > cap, sel
     if boxed:
         ok = ok & _box_filter(m, d, g1, g2, dm, cols)
-    count = jnp.sum(ok)
+    count = reduce_fused(ok, 0)
     if _chunks(grp.fn, len(grp.cand)):
         # the chunk scan skipped whole when no world has a passing pair (its rows
         # are then zeros, and those of the pairs past the passing ones the last pair)
@@ -794,7 +795,7 @@ def collision(m, d):
     for dm in sorted(split):
         nslot = split[dm]
         mine = valid if dim is None else valid & (dim == dm)
-        count = jnp.sum(mine)
+        count = reduce_fused(mine, 0)
         overflow = overflow | (count > nslot)
         idx.append(_select(jnp.where(mine, key, total + ar), mine, depth,
                            count > nslot, nslot, most.get(dm, 0) <= nslot))
@@ -817,7 +818,7 @@ def collision(m, d):
         efc_address=jnp.full(valid.shape, -1, jnp.int32),
         valid=valid)
     warning = d.warning.at[WARN_CONTACTFULL].add(overflow.astype(jnp.int32))
-    return d.replace(contact=con, ncon=jnp.sum(valid).astype(jnp.int32), warning=warning)
+    return d.replace(contact=con, ncon=reduce_fused(valid, 0).astype(jnp.int32), warning=warning)
 
 
 def contact_order(m, d):
