@@ -2,6 +2,8 @@
 4.0.0 solves each constraint island (mj_island) on its own."""
 import jax.numpy as jnp
 
+from simjax.engine.math import where
+
 
 class Islands:
     """Per-island reductions for the primal solvers (MuJoCo 4.0.0 solves each constraint
@@ -30,7 +32,7 @@ class Islands:
         # exact segment sum (a select, not a product with a 0/1 matrix)
         x = x.reshape(x.shape[:1] + (1,) * (mask.ndim - 1) + x.shape[1:])
         m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
-        return jnp.sum(jnp.where(m, x, 0), 0)
+        return jnp.sum(where(m, x, 0), 0)
 
     def rsum(self, x):
         """(nefc, ...) -> (n, ...): sums over each island's rows."""
