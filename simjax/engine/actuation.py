@@ -288,8 +288,8 @@ def _so3_trn(m, d, tab, idx):
         for r in np.nonzero(ball)[0]:
             dadr = m.jnt_dofadr[tab.target[idx[r]]]
             place[r, np.arange(3), dadr + np.arange(3)] = 1.0
-        length = jnp.where(ball[:, None], math.quat_to_vel(quat), length)
-        moment = jnp.where(ball[:, None, None], jnp.asarray(place, dtype), moment)
+        length = math.where(ball[:, None], math.quat_to_vel(quat), length)
+        moment = math.where(ball[:, None, None], jnp.asarray(place, dtype), moment)
     if (~ball).any():
         sid = tab.target[idx]
         rid = np.where(ball, sid, tab.target2[idx])
@@ -300,8 +300,8 @@ def _so3_trn(m, d, tab, idx):
         rows = jnp.einsum("nik,niv->nkv", d.site_xmat[sid], rel)
         qs, qr = _site_quat(m, d, sid, dtype), _site_quat(m, d, rid, dtype)
         vec = math.sub_quat(qs, qr)
-        length = jnp.where(ball[:, None], length, vec)
-        moment = jnp.where(ball[:, None, None], moment, rows)
+        length = math.where(ball[:, None], length, vec)
+        moment = math.where(ball[:, None, None], moment, rows)
     return length, moment
 
 
@@ -348,8 +348,8 @@ def _site_trn(m, d, tab, idx, gear):
     vec = math.matTvec(rmat, d.site_xpos[sid] - d.site_xpos[rid])
     rot = math.sub_quat(_site_quat(m, d, sid, dtype), _site_quat(m, d, rid, dtype))
     len_rel = math.dot(vec, g[:, :3]) + math.dot(rot, g[:, 3:])
-    length = jnp.where(has_ref, len_rel, 0.0)
-    moment = jnp.where(has_ref[:, None], mom_rel, mom_abs)
+    length = math.where(has_ref, len_rel, 0.0)
+    moment = math.where(has_ref[:, None], mom_rel, mom_abs)
     return length, moment
 
 
@@ -363,11 +363,11 @@ def _crank_trn(m, d, tab, idx, gear):
     av = math.dot(vec, axis)
     det = av * av + rod * rod - math.dot(vec, vec)
     ok = det > 0
-    sdet = math.safe_sqrt(jnp.where(ok, det, 0.0))
-    safe = jnp.where(ok, sdet, 1.0)
-    length = jnp.where(ok, av - sdet, av)
-    dldv = jnp.where(ok[:, None], axis * (1 - av / safe)[:, None] + vec / safe[:, None], axis)
-    dlda = jnp.where(ok[:, None], vec * (1 - av / safe)[:, None], vec)
+    sdet = math.safe_sqrt(math.where(ok, det, 0.0))
+    safe = math.where(ok, sdet, 1.0)
+    length = math.where(ok, av - sdet, av)
+    dldv = math.where(ok[:, None], axis * (1 - av / safe)[:, None] + vec / safe[:, None], axis)
+    dlda = math.where(ok[:, None], vec * (1 - av / safe)[:, None], vec)
     sbody = np.asarray(m.site_bodyid)
     jps, jrs = point_jacs(m, d, sbody[slider], d.site_xpos[slider])
     jpc, _ = point_jacs(m, d, sbody[crank], d.site_xpos[crank])
@@ -414,27 +414,27 @@ def transmission(m, d):
     local = jnp.zeros((nact, 6), dtype).at[:, 0].set(gear[:, 0])
     length = jnp.zeros(nact, dtype)
     if np.any(kind == _K_SCALAR):
-        length = jnp.where(kind == _K_SCALAR, d.qpos[tab.qadr] * gear[:, 0], length)
+        length = math.where(kind == _K_SCALAR, d.qpos[tab.qadr] * gear[:, 0], length)
     if np.any((kind == _K_BALL) | (kind == _K_FREE)):
         # ball: quaternion at qadr; free: quaternion after the position
         off = np.where(kind == _K_FREE, 3, 0)
         qi = np.minimum((tab.qadr + off)[:, None] + np.arange(4), m.nq - 1)
         quat = math.quat_normalize(d.qpos[qi])
-        gsrc = jnp.where((kind == _K_FREE)[:, None], gear[:, 3:], gear[:, :3])
-        gaxis = jnp.where(tab.inparent[:, None],
-                          math.rot_vec_quat(gsrc, math.quat_neg(quat)), gsrc)
+        gsrc = math.where((kind == _K_FREE)[:, None], gear[:, 3:], gear[:, :3])
+        gaxis = math.where(tab.inparent[:, None],
+                           math.rot_vec_quat(gsrc, math.quat_neg(quat)), gsrc)
         ball_len = math.dot(math.quat_to_vel(quat), gaxis)
-        length = jnp.where(kind == _K_BALL, ball_len, length)
+        length = math.where(kind == _K_BALL, ball_len, length)
         ball_local = jnp.concatenate([gaxis, jnp.zeros_like(gaxis)], -1)
         free_local = jnp.concatenate([gear[:, :3], gaxis], -1)
-        local = jnp.where((kind == _K_BALL)[:, None], ball_local, local)
-        local = jnp.where((kind == _K_FREE)[:, None], free_local, local)
+        local = math.where((kind == _K_BALL)[:, None], ball_local, local)
+        local = math.where((kind == _K_FREE)[:, None], free_local, local)
     moment = jnp.einsum("ak,akv->av", local, jnp.asarray(tab.place, dtype))
     if np.any(kind == _K_TENDON):
         tid = np.where(kind == _K_TENDON, tab.target, 0)
         ten = kind == _K_TENDON
-        length = jnp.where(ten, d.ten_length[tid] * gear[:, 0], length)
-        moment = jnp.where(ten[:, None], d.ten_J[tid] * gear[:, :1], moment)
+        length = math.where(ten, d.ten_length[tid] * gear[:, 0], length)
+        moment = math.where(ten[:, None], d.ten_J[tid] * gear[:, :1], moment)
     for k, fn in ((_K_SITE, _site_trn), (_K_CRANK, _crank_trn), (_K_BODY, _body_trn)):
         idx = np.nonzero(kind == k)[0]
         if not len(idx):
@@ -443,9 +443,9 @@ def transmission(m, d):
         src = np.full(nact, len(idx))
         src[idx] = np.arange(len(idx))
         sel = kind == k
-        length = jnp.where(sel, jnp.concatenate([ln, jnp.zeros(1, dtype)])[src], length)
-        moment = jnp.where(sel[:, None],
-                           jnp.concatenate([mo, jnp.zeros((1, m.nv), dtype)])[src], moment)
+        length = math.where(sel, jnp.concatenate([ln, jnp.zeros(1, dtype)])[src], length)
+        moment = math.where(sel[:, None],
+                            jnp.concatenate([mo, jnp.zeros((1, m.nv), dtype)])[src], moment)
     so3_len = so3_mom = None
     if tab.so3.any():
         so3_len, so3_mom = _so3_trn(m, d, tab, np.nonzero(tab.so3)[0])
@@ -488,7 +488,7 @@ def next_activation(m, act, act_dot, velocity=None):
     dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(m.nactuator, -1)
     tau = jnp.maximum(math.MINVAL, dynprm[own, 0])
     exact = tab.dyntype[own] == _DYN_FILTEREXACT
-    new = jnp.where(exact, act + act_dot * tau * (1 - jnp.exp(-h / tau)), act + act_dot * h)
+    new = math.where(exact, act + act_dot * tau * (1 - jnp.exp(-h / tau)), act + act_dot * h)
     if np.any(tab.dyntype == _DYN_DCMOTOR):
         if velocity is None:
             _unsupported("dcmotor states advanced without actuator velocities")
@@ -497,7 +497,7 @@ def next_activation(m, act, act_dot, velocity=None):
     limited = limited & (tab.dyntype[own] != _DYN_DCMOTOR)
     if limited.any():
         rng = jnp.asarray(m.actuator_actrange, dtype).reshape(m.nactuator, 2)[own]
-        new = jnp.where(limited, jnp.clip(new, rng[:, 0], rng[:, 1]), new)
+        new = math.where(limited, jnp.clip(new, rng[:, 0], rng[:, 1]), new)
     return new
 
 
@@ -526,16 +526,16 @@ def advance_activation(m, d, act_dot):
         v = act[adr]
         angle = math.norm(v)
         two_pi = 2 * jnp.pi
-        scale = (angle - two_pi * jnp.round(angle / two_pi)) / jnp.where(angle > 0, angle, 1.0)
-        act = act.at[adr].set(jnp.where(angle > jnp.pi, v * scale, v))
+        scale = (angle - two_pi * jnp.round(angle / two_pi)) / math.where(angle > 0, angle, 1.0)
+        act = act.at[adr].set(math.where(angle > jnp.pi, v * scale, v))
     return act
 
 
 def _wrap(u, length, period):
     """Representative of u nearest ``length`` modulo ``period`` (wrapSetpoint), or u
     where period is 0."""
-    safe = jnp.where(period > 0, period, 1.0)
-    return jnp.where(period > 0, u - safe * jnp.round((u - length) / safe), u)
+    safe = math.where(period > 0, period, 1.0)
+    return math.where(period > 0, u - safe * jnp.round((u - length) / safe), u)
 
 
 def _wrap_candidates(m, tab):
@@ -565,9 +565,9 @@ def _wrap_period(m, tab, gainprm, biasprm, dtype):
     gear = _gear(m, dtype)
     servo = (shape & (gainprm[:, 0] == -biasprm[:, 1])) | (tab.gaintype == _GAIN_PID)
     rot_only = jnp.all(gear[:, :3] == 0, -1)
-    period = jnp.where(ball, 2 * jnp.pi * math.norm(gear[:, :3]),
-                       jnp.where(rot_only, 2 * jnp.pi * math.norm(gear[:, 3:]), 0.0))
-    return jnp.where(jnp.asarray(cand) & servo, period, 0.0)
+    period = math.where(ball, 2 * jnp.pi * math.norm(gear[:, :3]),
+                        math.where(rot_only, 2 * jnp.pi * math.norm(gear[:, 3:]), 0.0))
+    return math.where(jnp.asarray(cand) & servo, period, 0.0)
 
 
 def _servo_inputs(tab, ctrl):
@@ -580,7 +580,7 @@ def _servo_inputs(tab, ctrl):
     out = []
     for h in has:
         idx = np.clip(tab.ctrladr + off, 0, max(ctrl.shape[0] - 1, 0))
-        out.append(jnp.where(h, ctrl[idx], 0.0) if ctrl.shape[0] else
+        out.append(math.where(h, ctrl[idx], 0.0) if ctrl.shape[0] else
                    jnp.zeros(len(spec), ctrl.dtype))
         off = off + h
     return out
@@ -590,10 +590,10 @@ def _expmap_quat(v):
     """Unit quaternion of an exponential-map vector (n, 3) (identity below MINVAL)."""
     angle = math.norm(v)
     small = angle < math.MINVAL
-    axis = v / jnp.where(small, 1.0, angle)[..., None]
+    axis = v / math.where(small, 1.0, angle)[..., None]
     q = math.axis_angle_to_quat(axis, angle)
     ident = jnp.zeros_like(q).at[..., 0].set(1.0)
-    return jnp.where(small[..., None], ident, q)
+    return math.where(small[..., None], ident, q)
 
 
 def _so3_force(m, d, tab, ctrl, act_dot, gainprm, biasprm):
@@ -611,9 +611,9 @@ def _so3_force(m, d, tab, ctrl, act_dot, gainprm, biasprm):
         a = d.act[aadr]
         if np.any(tab.actearly[idx] & integ):
             nxt = next_activation(m, d.act, act_dot, d.actuator_velocity)[aadr]
-            a = jnp.where(tab.actearly[idx][:, None], nxt, a)
-        u = jnp.where(integ[:, None], a, u)
-    q_tgt = jnp.where(quat_chart[:, None], q_quat, _expmap_quat(u))
+            a = math.where(tab.actearly[idx][:, None], nxt, a)
+        u = math.where(integ[:, None], a, u)
+    q_tgt = math.where(quat_chart[:, None], q_quat, _expmap_quat(u))
     q_cur = _expmap_quat(d.actuator_length[rows])
     err = math.sub_quat(q_tgt, q_cur)
     kp = gainprm[idx, 0][:, None]
@@ -638,30 +638,30 @@ def _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm, act_dot):
     has_slew = jnp.asarray(pid) & (slew_s > 0)
     prev = d.act[first]
     u = ctrl[tab.ctrladr]
-    uw = jnp.where(period > 0, _wrap(u, prev, period), u)
+    uw = math.where(period > 0, _wrap(u, prev, period), u)
     step = slew_s * h
     u_eff = jnp.clip(uw, prev - step, prev + step)
     slew_dot = (u_eff - prev) / h
-    u_new = jnp.where(has_slew, u_eff, u)
+    u_new = math.where(has_slew, u_eff, u)
     pid_idx = np.nonzero(pid)[0]
     ctrl = ctrl.at[tab.ctrladr[pid_idx]].set(u_new[pid_idx])
     # integral slot: the last slot unless it is the slew slot
     err = u_new - length
-    safe = jnp.where(period > 0, period, 1.0)
-    err = jnp.where(period > 0, err - safe * jnp.round(err / safe), err)
+    safe = math.where(period > 0, period, 1.0)
+    err = math.where(period > 0, err - safe * jnp.round(err / safe), err)
     imax = dynprm[:, 0]
     z = d.act[last]
-    err = jnp.where(imax > 0, jnp.where(z >= imax, jnp.minimum(err, 0.0),
-                                        jnp.where(z <= -imax, jnp.maximum(err, 0.0), err)),
-                    err)
+    err = math.where(imax > 0, math.where(z >= imax, jnp.minimum(err, 0.0),
+                                          math.where(z <= -imax, jnp.maximum(err, 0.0), err)),
+                     err)
     has_int = jnp.asarray(pid) & (gainprm[:, 0] > 0)
     own, k = tab.act_owner, tab.act_k
     is_pid = pid[own]
     slot_slew = is_pid & (k == 0) & has_slew[own]
     slot_int = is_pid & (k == actnum[own] - 1) & ~slot_slew & has_int[own]
-    act_dot = jnp.where(jnp.asarray(is_pid), 0.0, act_dot)
-    act_dot = jnp.where(slot_slew, slew_dot[own], act_dot)
-    act_dot = jnp.where(slot_int, err[own], act_dot)
+    act_dot = math.where(jnp.asarray(is_pid), 0.0, act_dot)
+    act_dot = math.where(slot_slew, slew_dot[own], act_dot)
+    act_dot = math.where(slot_int, err[own], act_dot)
     return ctrl, act_dot
 
 
@@ -673,9 +673,9 @@ def _controls(m, d):
         limited = np.asarray(m.actuator_ctrllimited, bool).reshape(-1)
         if limited.any():
             rng = jnp.asarray(m.actuator_ctrlrange, dtype).reshape(m.nu, 2)
-            ctrl = jnp.where(limited, jnp.clip(ctrl, rng[:, 0], rng[:, 1]), ctrl)
+            ctrl = math.where(limited, jnp.clip(ctrl, rng[:, 0], rng[:, 1]), ctrl)
     bad = jnp.any(jnp.isnan(ctrl) | (jnp.abs(ctrl) > 1e10))
-    return jnp.where(bad, 0.0, ctrl), bad
+    return math.where(bad, 0.0, ctrl), bad
 
 
 def actuation(m, d):
@@ -700,7 +700,7 @@ def actuation(m, d):
     biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(nact, -1)
     period = _wrap_period(m, tab, gainprm, biasprm, dtype)
     has_ctrl = tab.ctrlnum > 0
-    cfirst = jnp.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0) if m.nu \
+    cfirst = math.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0) if m.nu \
         else jnp.zeros(nact, dtype)
 
     # activation dynamics
@@ -710,30 +710,30 @@ def actuation(m, d):
         tau = jnp.maximum(math.MINVAL, dynprm[own, 0])
         integ = tab.dyntype[own] == _DYN_INTEGRATOR
         c_own = cfirst[own]
-        act_dot = jnp.where(integ, ctrl[tab.act_ctrl] if m.nu else 0.0,
-                            (c_own - d.act) / tau)
+        act_dot = math.where(integ, ctrl[tab.act_ctrl] if m.nu else 0.0,
+                             (c_own - d.act) / tau)
         muscle = tab.dyntype[own] == _DYN_MUSCLE
         if muscle.any():
-            act_dot = jnp.where(muscle, muscle_dynamics(c_own, d.act, dynprm[own]), act_dot)
-        act_dot = jnp.where(tab.dyntype[own] == _DYN_NONE, 0.0, act_dot)
+            act_dot = math.where(muscle, muscle_dynamics(c_own, d.act, dynprm[own]), act_dot)
+        act_dot = math.where(tab.dyntype[own] == _DYN_NONE, 0.0, act_dot)
         ctrl, act_dot = _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm,
                                       act_dot)
         ctrl, act_dot = dcmotor.dynamics(m, d, tab, ctrl, length, velocity, dynprm,
                                           gainprm, biasprm, act_dot)
-        cfirst = jnp.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0)
+        cfirst = math.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0)
         if m.nplugin:
             act_dot = plugins.actuator_act_dot(m, d.replace(ctrl=ctrl), act_dot)
 
     # force = gain * input + bias
-    gain = jnp.where(tab.gaintype == _GAIN_AFFINE,
-                     gainprm[:, 0] + gainprm[:, 1] * length + gainprm[:, 2] * velocity,
-                     gainprm[:, 0])
+    gain = math.where(tab.gaintype == _GAIN_AFFINE,
+                      gainprm[:, 0] + gainprm[:, 1] * length + gainprm[:, 2] * velocity,
+                      gainprm[:, 0])
     is_muscle = (tab.gaintype == _GAIN_MUSCLE) | (tab.biastype == _BIAS_MUSCLE)
     if is_muscle.any():
         lrange = jnp.asarray(m.actuator_lengthrange, dtype).reshape(m.nout, 2)[tab.outadr]
         acc0 = jnp.asarray(m.actuator_acc0, dtype).reshape(m.nout)[tab.outadr]
-        gain = jnp.where(tab.gaintype == _GAIN_MUSCLE,
-                         muscle_gain(length, velocity, lrange, acc0, gainprm), gain)
+        gain = math.where(tab.gaintype == _GAIN_MUSCLE,
+                          muscle_gain(length, velocity, lrange, acc0, gainprm), gain)
     inp = cfirst
     actnum = np.asarray(m.actuator_actnum).reshape(-1)
     stateful = tab.actadr >= 0
@@ -742,14 +742,14 @@ def actuation(m, d):
         act = d.act[adr]
         if tab.actearly.any():
             nxt = next_activation(m, d.act, act_dot, d.actuator_velocity)[adr]
-            act = jnp.where(tab.actearly, nxt, act)
-        inp = jnp.where(stateful, act, inp)
-    inp = _wrap(inp, length, jnp.where(jnp.asarray(tab.gaintype == _GAIN_PID), 0.0, period))
-    bias = jnp.where(tab.biastype == _BIAS_AFFINE,
-                     biasprm[:, 0] + biasprm[:, 1] * length + biasprm[:, 2] * velocity, 0.0)
+            act = math.where(tab.actearly, nxt, act)
+        inp = math.where(stateful, act, inp)
+    inp = _wrap(inp, length, math.where(jnp.asarray(tab.gaintype == _GAIN_PID), 0.0, period))
+    bias = math.where(tab.biastype == _BIAS_AFFINE,
+                      biasprm[:, 0] + biasprm[:, 1] * length + biasprm[:, 2] * velocity, 0.0)
     if is_muscle.any():
-        bias = jnp.where(tab.biastype == _BIAS_MUSCLE,
-                         muscle_bias(length, lrange, acc0, biasprm), bias)
+        bias = math.where(tab.biastype == _BIAS_MUSCLE,
+                          muscle_bias(length, lrange, acc0, biasprm), bias)
     force = gain * inp
     pid = tab.gaintype == _GAIN_PID
     if pid.any():
@@ -759,34 +759,34 @@ def actuation(m, d):
         qref = _wrap(qref, length, period)
         fpid = -biasprm[:, 1] * qref - biasprm[:, 2] * vref + ff
         if stateful.any():
-            fpid = fpid + jnp.where(stateful & (gainprm[:, 0] > 0), gainprm[:, 0] * inp, 0.0)
-        force = jnp.where(pid, fpid, force)
+            fpid = fpid + math.where(stateful & (gainprm[:, 0] > 0), gainprm[:, 0] * inp, 0.0)
+        force = math.where(pid, fpid, force)
     force = force + bias
     dc = tab.gaintype == _GAIN_DCMOTOR
     if dc.any():
-        force = jnp.where(dc, dcmotor.force(m, d, tab, ctrl, act_dot, length, velocity,
+        force = math.where(dc, dcmotor.force(m, d, tab, ctrl, act_dot, length, velocity,
                                              dynprm, gainprm), force)
     so3_rows = None
     if tab.so3.any():
         so3_rows = _so3_force(m, d, tab, ctrl, act_dot, gainprm, biasprm)
     disabled = _disabled_mask(m)
     if disabled.any():
-        force = jnp.where(disabled, 0.0, force)
+        force = math.where(disabled, 0.0, force)
         if so3_rows is not None:
-            so3_rows = jnp.where(disabled[tab.so3][:, None], 0.0, so3_rows)
+            so3_rows = math.where(disabled[tab.so3][:, None], 0.0, so3_rows)
     if m.nplugin:
         force = plugins.compute_actuators(m, d.replace(act_dot=act_dot), force)
     force = _clamp_tendon_force(m, force, tab, dtype)
     flim = np.asarray(m.actuator_forcelimited, bool).reshape(-1)
     if flim.any():
         rng = jnp.asarray(m.actuator_forcerange, dtype).reshape(nact, 2)
-        force = jnp.where(flim, jnp.clip(force, rng[:, 0], rng[:, 1]), force)
+        force = math.where(flim, jnp.clip(force, rng[:, 0], rng[:, 1]), force)
         if so3_rows is not None and flim[tab.so3].any():
             # so3: the torque's norm, direction kept
             hi = rng[tab.so3, 1][:, None]
             nrm = math.norm(so3_rows)[:, None]
-            scaled = so3_rows * hi / jnp.where(nrm > 0, nrm, 1.0)
-            so3_rows = jnp.where(flim[tab.so3][:, None] & (nrm > hi), scaled, so3_rows)
+            scaled = so3_rows * hi / math.where(nrm > 0, nrm, 1.0)
+            so3_rows = math.where(flim[tab.so3][:, None] & (nrm > hi), scaled, so3_rows)
     if dc.any():
         force = force + dcmotor.mechanical(m, d, tab, act_dot, length, velocity, dynprm,
                                             gainprm, biasprm)
@@ -802,7 +802,7 @@ def actuation(m, d):
         limited[dof] = True
         lo = jnp.full(m.nv, -jnp.inf, dtype).at[dof].set(rng[:, 0])
         hi = jnp.full(m.nv, jnp.inf, dtype).at[dof].set(rng[:, 1])
-        qfrc = jnp.where(limited, jnp.clip(qfrc, lo, hi), qfrc)
+        qfrc = math.where(limited, jnp.clip(qfrc, lo, hi), qfrc)
     return d.replace(act_dot=act_dot, actuator_force=force, qfrc_actuator=qfrc,
                      warning=warning)
 
@@ -819,12 +819,12 @@ def _clamp_tendon_force(m, force, tab, dtype):
     onehot[tab.target[ten], np.nonzero(ten)[0]] = 1.0
     total = jnp.asarray(onehot, dtype) @ force            # per-tendon total force
     rng = jnp.asarray(m.tendon_actfrcrange, dtype).reshape(m.ntendon, 2)
-    safe = jnp.where(total == 0, 1.0, total)
-    scale = jnp.where(total < rng[:, 0], rng[:, 0] / safe,
-                      jnp.where(total > rng[:, 1], rng[:, 1] / safe, 1.0))
-    scale = jnp.where(total == 0, 1.0, scale)
+    safe = math.where(total == 0, 1.0, total)
+    scale = math.where(total < rng[:, 0], rng[:, 0] / safe,
+                       math.where(total > rng[:, 1], rng[:, 1] / safe, 1.0))
+    scale = math.where(total == 0, 1.0, scale)
     tid = np.where(ten, tab.target, 0)
-    return jnp.where(ten, force * scale[tid], force)
+    return math.where(ten, force * scale[tid], force)
 
 
 def _actuator_gravcomp(m, d, qfrc):
@@ -839,4 +839,4 @@ def _actuator_gravcomp(m, d, qfrc):
     actgc = np.asarray(m.jnt_actgravcomp, bool)[np.asarray(m.dof_jntid)]
     if not actgc.any():
         return qfrc
-    return qfrc + jnp.where(actgc, d.qfrc_gravcomp, 0.0)
+    return qfrc + math.where(actgc, d.qfrc_gravcomp, 0.0)

@@ -240,8 +240,8 @@ def _anchors(m, d, ids, weld):
     if site.any():
         s1 = np.where(site, o1, 0)
         s2 = np.where(site, o2, 0)
-        bp1 = jnp.where(site[:, None], d.site_xpos[s1], bp1)
-        bp2 = jnp.where(site[:, None], d.site_xpos[s2], bp2)
+        bp1 = math.where(site[:, None], d.site_xpos[s1], bp1)
+        bp2 = math.where(site[:, None], d.site_xpos[s2], bp2)
         b1 = np.where(site, sb[s1] if m.nsite else 0, o1)
         b2 = np.where(site, sb[s2] if m.nsite else 0, o2)
     else:
@@ -257,8 +257,8 @@ def _weld_quats(m, d, site, o1, o2, b1, b2, data):
         sq = _f(m.site_quat, d.qpos.dtype).reshape(-1, 4)
         s1 = np.where(site, o1, 0)
         s2 = np.where(site, o2, 0)
-        q0 = jnp.where(site[:, None], math.quat_mul(d.xquat[b1], sq[s1]), q0)
-        q1 = jnp.where(site[:, None], math.quat_mul(d.xquat[b2], sq[s2]), q1)
+        q0 = math.where(site[:, None], math.quat_mul(d.xquat[b1], sq[s1]), q0)
+        q1 = math.where(site[:, None], math.quat_mul(d.xquat[b2], sq[s2]), q1)
     return q0, math.quat_neg(q1)
 
 
@@ -319,9 +319,9 @@ def _eq_rows(m, d, blk):
     c = data[:, 1:5]
     poly = sum(c[:, k] * dif ** (k + 1) for k in range(4))
     deriv = sum((k + 1) * c[:, k] * dif ** k for k in range(4))
-    cpos = pos1 - data[:, 0] - jnp.where(has2, poly, 0.0)
-    jac = j1 - jnp.where(has2[:, None], deriv[:, None] * j2, 0.0)
-    diag = w1 + jnp.where(has2, w2, 0.0)
+    cpos = pos1 - data[:, 0] - math.where(has2, poly, 0.0)
+    jac = j1 - math.where(has2[:, None], deriv[:, None] * j2, 0.0)
+    diag = w1 + math.where(has2, w2, 0.0)
     return jac[:, None], cpos[:, None], cpos, diag[:, None], active
 
 
@@ -484,7 +484,7 @@ def _contact_rows(m, d, blk, geo):
     wc = jax.lax.split(w, (1,) * 6, 2)                  # w[:, :, c, None]: one split
     jac = sum(a * b for a, b in zip(wc, math.unstack(cd, 0)))
     ok = take(geo["ok"], slots)
-    jac = jnp.where(ok[:, None, None], take(geo["sign"], slots)[:, None, :] * jac, 0.0)
+    jac = math.where(ok[:, None, None], take(geo["sign"], slots)[:, None, :] * jac, 0.0)
     return jac, fr, take(geo["tran"], slots), take(geo["rot"], slots), ok
 
 
@@ -494,26 +494,26 @@ def _impedance(solimp, pos, margin):
     components, clamped (:func:`_clamp_solimp`)."""
     d0, dw, width, mid, power = solimp
     flat = (d0 == dw) | (width <= MINVAL)
-    wsafe = jnp.where(flat, 1.0, width)
+    wsafe = math.where(flat, 1.0, width)
     xr = (pos - margin) / wsafe
-    sgn = jnp.where(xr < 0, -1.0, 1.0)
+    sgn = math.where(xr < 0, -1.0, 1.0)
     x = jnp.abs(xr)
     sat = (x >= 1) | (x <= 0)
     xs = jnp.clip(x, 1e-30, 1.0)
     lin = power == 1
-    p = jnp.where(lin, 2.0, power)
+    p = math.where(lin, 2.0, power)
     # a x^p below mid, 1 - b (1-x)^p above, a = 1/mid^(p-1), b = 1/(1-mid)^(p-1):
     # with u = x or 1-x and t = (u / mid or 1-mid)^(p-1), y = u t or 1 - u t and
     # y' = p t (one power per row)
     lo = xs <= mid
-    u = jnp.where(lo, xs, jnp.clip(1 - xs, 1e-30, None))
+    u = math.where(lo, xs, jnp.clip(1 - xs, 1e-30, None))
     # the power as exp(log): XLA CPU vectorises exp and log but calls pow per element
-    t = jnp.exp((p - 1) * jnp.log(u / jnp.where(lo, mid, 1 - mid)))
-    y = jnp.where(lin, xs, jnp.where(lo, u * t, 1 - u * t))
-    yp = jnp.where(lin, 1.0, p * t)
-    imp = jnp.where(sat, jnp.where(x >= 1, dw, d0), d0 + y * (dw - d0))
-    impp = jnp.where(sat, 0.0, yp * sgn * (dw - d0) / wsafe)
-    return (jnp.where(flat, 0.5 * (d0 + dw), imp), jnp.where(flat, 0.0, impp))
+    t = jnp.exp((p - 1) * jnp.log(u / math.where(lo, mid, 1 - mid)))
+    y = math.where(lin, xs, math.where(lo, u * t, 1 - u * t))
+    yp = math.where(lin, 1.0, p * t)
+    imp = math.where(sat, math.where(x >= 1, dw, d0), d0 + y * (dw - d0))
+    impp = math.where(sat, 0.0, yp * sgn * (dw - d0) / wsafe)
+    return (math.where(flat, 0.5 * (d0 + dw), imp), math.where(flat, 0.0, impp))
 
 
 def _clamp_solimp(solimp):
@@ -531,11 +531,11 @@ def _safe_solref(m, ref, friction=False):
     dtype = ref.dtype
     r0, r1 = ref[..., 0], ref[..., 1]
     mixed = (r0 > 0) ^ (r1 > 0)
-    r0 = jnp.where(mixed, 0.0 if friction else 0.02, r0)
-    r1 = jnp.where(mixed, 0.0 if friction else 1.0, r1)
+    r0 = math.where(mixed, 0.0 if friction else 0.02, r0)
+    r1 = math.where(mixed, 0.0 if friction else 1.0, r1)
     if not _disabled(m, DisableBit.REFSAFE):
         ts = 2 * _f(m.opt.timestep, dtype)
-        r0 = jnp.where(r0 > 0, jnp.maximum(r0, ts), r0)
+        r0 = math.where(r0 > 0, jnp.maximum(r0, ts), r0)
     return r0, r1
 
 
@@ -543,10 +543,10 @@ def _kb(ref, dmax):
     """Stiffness and damping of a reference (standard or direct form); ``ref``: its two
     components (:func:`_safe_solref`)."""
     r0, r1 = ref
-    k = jnp.where(r0 > 0, 1 / jnp.maximum(MINVAL, dmax * dmax * r0 ** 2 * r1 ** 2),
-                  -r0 / jnp.maximum(MINVAL, dmax * dmax))
-    b = jnp.where(r1 > 0, 2 / jnp.maximum(MINVAL, dmax * r0),
-                  -r1 / jnp.maximum(MINVAL, dmax))
+    k = math.where(r0 > 0, 1 / jnp.maximum(MINVAL, dmax * dmax * r0 ** 2 * r1 ** 2),
+                   -r0 / jnp.maximum(MINVAL, dmax * dmax))
+    b = math.where(r1 > 0, 2 / jnp.maximum(MINVAL, dmax * r0),
+                   -r1 / jnp.maximum(MINVAL, dmax))
     return k, b
 
 
@@ -584,7 +584,7 @@ def _block(m, d, blk, geo=None):
         # MuJoCo (mj_addConstraint) drops a constraint whose rows are all zero (all
         # 3 / 6 rows of a connect / weld together)
         act = rep(act & jnp.any(jac != 0, axis=(1, 2)))
-        rows = dict(J=jnp.where(act[:, None], flat(jac), 0.0), active=act, pos=flat(cpos),
+        rows = dict(J=math.where(act[:, None], flat(jac), 0.0), active=act, pos=flat(cpos),
                     margin=zero, floss=zero, diag=flat(dg))
         return rows, (ref, sim, ipos, jnp.zeros_like(ipos)), k, nok, None
     if blk.kind in ("frictiondof", "frictionten"):
@@ -599,7 +599,7 @@ def _block(m, d, blk, geo=None):
         act = (fl != 0) if blk.kind == "frictiondof" else (fl > 0)
         if not static:
             act = act & jnp.any(jac != 0, axis=1)
-        rows = dict(J=jnp.where(act[:, None], jac, 0.0), active=act, pos=zero, margin=zero,
+        rows = dict(J=math.where(act[:, None], jac, 0.0), active=act, pos=zero, margin=zero,
                     floss=fl, diag=dg)
         return rows, (ref, sim, zero, zero), 1, ~nok, None
     if blk.kind.startswith("limit"):
@@ -613,7 +613,7 @@ def _block(m, d, blk, geo=None):
         if not static:
             act = act & jnp.any(jac != 0, axis=2)
         act = flat(act)
-        rows = dict(J=jnp.where(act[:, None], flat(jac), 0.0), active=act, pos=flat(dist),
+        rows = dict(J=math.where(act[:, None], flat(jac), 0.0), active=act, pos=flat(dist),
                     margin=rep(mg), floss=zero, diag=rep(dg))
         # the two sides differ in position: one element per row
         return rows, (rep(ref), rep(sim), flat(dist), rep(mg)), 1, nok, None
@@ -629,11 +629,11 @@ def _block(m, d, blk, geo=None):
         diag = tran
     elif blk.kind == "conpyr":
         f2 = fr[:, :dim - 1] ** 2
-        w = tran[:, None] + f2 * jnp.where(np.arange(dim - 1) < 2, tran[:, None],
-                                           rot[:, None])
+        w = tran[:, None] + f2 * math.where(np.arange(dim - 1) < 2, tran[:, None],
+                                            rot[:, None])
         diag = jnp.repeat(w, 2, 1)
     else:
-        diag = jnp.where(np.arange(dim) < 3, tran[:, None], rot[:, None])
+        diag = math.where(np.arange(dim) < 3, tran[:, None], rot[:, None])
     if blk.kind != "conell":
         return dict(rows, pos=rep(dist), margin=rep(incl), diag=diag.reshape(-1)), el, k, \
             nok, None
@@ -642,8 +642,8 @@ def _block(m, d, blk, geo=None):
     srf = _safe_solref(m, take(con.solreffriction, s), True)
     _, bf = _kb(srf, _clamp_solimp(el[1])[1])
     use = (srf[0] != 0) | (srf[1] != 0)
-    rows = dict(rows, pos=jnp.where(first, dist[:, None], 0.0).reshape(-1),
-                margin=jnp.where(first, incl[:, None], 0.0).reshape(-1),
+    rows = dict(rows, pos=math.where(first, dist[:, None], 0.0).reshape(-1),
+                margin=math.where(first, incl[:, None], 0.0).reshape(-1),
                 diag=diag.reshape(-1))
     bfric = ((~first & use[:, None]).reshape(-1), jnp.repeat(bf, k))
     return rows, el, k, np.tile(~first, n), bfric
@@ -687,19 +687,19 @@ def make_constraint(m, d):
     row_el = np.concatenate([st + np.repeat(np.arange(ne), p[2])
                              for st, ne, p in zip(start, nel, parts)])
     imp, impp, K, B = (take(x, row_el) for x in (imp, impp, K, B))
-    K = jnp.where(np.concatenate([p[3] for p in parts]), 0.0, K)
+    K = math.where(np.concatenate([p[3] for p in parts]), 0.0, K)
     if any(p[4] is not None for p in parts):
         use, bf = ([jnp.zeros(len(p[0]["active"]), (bool, dtype)[i]) if p[4] is None
                     else p[4][i] for p in parts] for i in range(2))
-        B = jnp.where(jnp.concatenate(use), jnp.concatenate(bf), B)
+        B = math.where(jnp.concatenate(use), jnp.concatenate(bf), B)
     if m.opt.enableflags & EnableBit.DIAGEXACT:
         # mj_makeY with diagexact: diagA = J_i M^-1 J_i' (exact), then impedance again
         minvjt = jax.vmap(lambda v: tree_linalg.solve_ld(m, d.qLD, v))(J)
-        diag = jnp.where(active, jnp.sum(J * minvjt, 1), diag)
+        diag = math.where(active, jnp.sum(J * minvjt, 1), diag)
     R = jnp.maximum(MINVAL, (1 - imp) * diag / imp)
     R = _contact_R(m, d, lay, R)
-    R = jnp.where(active, R, 1.0)
-    D = jnp.where(active, 1 / R, 0.0)
+    R = math.where(active, R, 1.0)
+    D = math.where(active, 1 / R, 0.0)
     diagA = R * imp / (1 - imp)
     kbip = jnp.stack([K, B, imp, impp], 1)
     counts = {}
@@ -711,8 +711,8 @@ def make_constraint(m, d):
     # first efc row of each contact (mjContact.efc_address), -1 when it has none
     adr = d.contact.efc_address
     cblk = [blk for blk in lay.blocks if blk.kind in CONTACT_KINDS]
-    firsts = [jnp.where(active[blk.start:blk.start + blk.n * blk.k:blk.k],
-                        jnp.asarray(blk.start + blk.k * np.arange(blk.n), jnp.int32), -1)
+    firsts = [math.where(active[blk.start:blk.start + blk.n * blk.k:blk.k],
+                         jnp.asarray(blk.start + blk.k * np.arange(blk.n), jnp.int32), -1)
               for blk in cblk]
     if cblk and np.array_equal(np.concatenate([blk.ids for blk in cblk]),
                                np.arange(adr.shape[0])):
@@ -723,10 +723,10 @@ def make_constraint(m, d):
         for blk, val in zip(cblk, firsts):
             adr = put_at(adr, blk.ids, val)
     contact = d.contact.replace(efc_address=adr)
-    return d.replace(contact=contact, efc_J=J, efc_pos=jnp.where(active, cat["pos"], 0.0),
-                     efc_margin=jnp.where(active, cat["margin"], 0.0),
-                     efc_frictionloss=jnp.where(active, cat["floss"], 0.0),
-                     efc_diagA=jnp.where(active, diagA, 0.0), efc_KBIP=kbip * active[:, None],
+    return d.replace(contact=contact, efc_J=J, efc_pos=math.where(active, cat["pos"], 0.0),
+                     efc_margin=math.where(active, cat["margin"], 0.0),
+                     efc_frictionloss=math.where(active, cat["floss"], 0.0),
+                     efc_diagA=math.where(active, diagA, 0.0), efc_KBIP=kbip * active[:, None],
                      efc_R=R, efc_D=D, efc_active=active,
                      efc_type=jnp.asarray(lay.efc_type), efc_id=jnp.asarray(lay.efc_id),
                      efc_force=z, efc_state=jnp.zeros(n, jnp.int32), **counts)
@@ -790,7 +790,7 @@ def _jacdot_v(m, d, points, bodies):
     cdd = d.cdof_dot
     if is_quat.any():
         alt = math.motion_cross(d.cvel[np.asarray(m.dof_bodyid)], d.cdof)
-        cdd = jnp.where(is_quat[:, None], alt, cdd)
+        cdd = math.where(is_quat[:, None], alt, cdd)
     anc = jnp.asarray(tab.anc_dof, dtype)[jnp.asarray(bodies)]          # (n, nv)
     a = anc @ (cdd * d.qvel[:, None])                                   # (n, 6)
     bvec = anc @ (d.cdof[:, :3] * d.qvel[:, None])                      # (n, 3)
@@ -827,10 +827,10 @@ def _jdotv_eq(m, d, blk):
     if site.any():
         sq = _f(m.site_quat, d.qpos.dtype).reshape(-1, 4)
         s1, s2 = np.where(site, o1, 0), np.where(site, o2, 0)
-        qfull0 = jnp.where(site[:, None], math.quat_mul(d.xquat[b1], sq[s1]), qfull0)
-        qfull1 = jnp.where(site[:, None], math.quat_mul(d.xquat[b2], sq[s2]), qfull1)
+        qfull0 = math.where(site[:, None], math.quat_mul(d.xquat[b1], sq[s1]), qfull0)
+        qfull1 = math.where(site[:, None], math.quat_mul(d.xquat[b2], sq[s2]), qfull1)
     qdot0 = _deriv_quat(qfull0, w1)
-    qdot0r = jnp.where(site[:, None], qdot0, math.quat_mul(qdot0, data[:, 6:10]))
+    qdot0r = math.where(site[:, None], qdot0, math.quat_mul(qdot0, data[:, 6:10]))
     nqdot1 = math.quat_neg(_deriv_quat(qfull1, w2))
     t1 = math.quat_mul(_quat_axis(nqdot1, dw), q0r)
     t2 = math.quat_mul(_quat_axis(nq1, r1 - r2), q0r)
@@ -854,5 +854,5 @@ def reference_constraint(m, d):
             jdv = _jdotv_eq(m, d, blk)
             rows = slice(blk.start, blk.start + blk.n * blk.k)
             aref = aref.at[rows].add(-jdv.reshape(-1))
-    aref = jnp.where(d.efc_active, aref, 0.0)
+    aref = math.where(d.efc_active, aref, 0.0)
     return d.replace(efc_vel=vel, efc_aref=aref)

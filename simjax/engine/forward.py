@@ -210,7 +210,7 @@ def _advance(m, d: Data, act_dot, qacc, qvel=None, hist=None) -> Data:
     if m.na and not (m.opt.disableflags & DisableBit.ACTUATION):
         tab = actuation.tables(m)
         off = actuation._disabled_mask(m)[tab.act_owner]
-        ad = jnp.where(off, 0.0, act_dot) if off.any() else act_dot
+        ad = math.where(off, 0.0, act_dot) if off.any() else act_dot
         out["act"] = actuation.advance_activation(m, d, ad)
     new_qvel = d.qvel + h * qacc
     out["qvel"] = new_qvel
@@ -286,9 +286,9 @@ def _dexpinv(theta, w):
     """
     x = math.norm(theta)
     small = x < 1e-4
-    xs = jnp.where(small, 1.0, x)
-    c = jnp.where(small, 1.0 / 12.0 + x * x / 720.0,
-                  (1.0 - 0.5 * xs / jnp.tan(0.5 * xs)) / (xs * xs))
+    xs = math.where(small, 1.0, x)
+    c = math.where(small, 1.0 / 12.0 + x * x / 720.0,
+                   (1.0 - 0.5 * xs / jnp.tan(0.5 * xs)) / (xs * xs))
     tw = math.cross(theta, w)
     return w + 0.5 * tw + c[..., None] * math.cross(theta, tw)
 
@@ -333,12 +333,12 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
         d, vel, acc, actdot, sv, sa, sact, keep, hist, bada = carry
         a, b, first = coef[0], coef[1], coef[2] > 0
         dqvel, dqacc, dact = a * vel, a * acc, a * actdot
-        pick = lambda x0, x: jnp.where(first, x0, x) if evaluate_first else x
+        pick = lambda x0, x: math.where(first, x0, x) if evaluate_first else x
         # with autoreset, a world whose first evaluation had a bad qacc is evaluated at
         # its initial state again, so that the derived fields of the last stage, which
         # step returns, belong to the state step returns for it (the one it came with)
         stay = (first | bada) if evaluate_first and autoreset else first
-        hold = lambda x0, x: jnp.where(stay, x0, x) if evaluate_first else x
+        hold = lambda x0, x: math.where(stay, x0, x) if evaluate_first else x
         di = d.replace(qpos=hold(qpos0, support.integrate_pos(m, qpos0, dqvel, h)),
                        qvel=hold(qvel0, qvel0 + h * dqacc), act=hold(act0, act0 + h * dact),
                        time=hold(t0, t0 + a * h))
@@ -349,7 +349,7 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
             bada = bada | bad
             if not autoreset:
                 d = d.replace(warning=_count_warning(d.warning, WARN_BADQACC, bad))
-            keep = jax.tree_util.tree_map(lambda x, k: jnp.where(first, x, k),
+            keep = jax.tree_util.tree_map(lambda x, k: math.where(first, x, k),
                                           (d.sensordata, d.energy), keep)
             if m.nhistory:
                 dd = d
@@ -385,7 +385,7 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
     # MuJoCo 4.0.0 leaves the acceleration it integrated (the B-weighted sum of the
     # stages) in qacc, while qacc_warmstart and act_dot are the last stage's; a world
     # held for a bad qacc keeps that qacc exactly
-    qacc = jnp.where(bada, out.qacc, dqacc) if evaluate_first and autoreset else dqacc
+    qacc = math.where(bada, out.qacc, dqacc) if evaluate_first and autoreset else dqacc
     return out.replace(qacc=qacc), bada
 
 
@@ -421,7 +421,7 @@ def implicit(m, d: Data) -> Data:
         for a in dadr:
             blk[a:a + 6] = True
         both = blk[:, None] & blk[None, :]
-        qh = jnp.where(both, d.qM, qh)
+        qh = math.where(both, d.qM, qh)
     low, up, dd = tree_linalg.factor_permuted(m, qh)
     qacc = tree_linalg.solve_permuted(m, low, up, dd, qfrc)
     if len(free):

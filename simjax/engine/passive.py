@@ -134,8 +134,8 @@ def _tendon_spring_damper(m, d, spring_on, damper_on):
     if spring_on:
         length = d.ten_length
         rng = _f(m.tendon_lengthspring, dtype).reshape(m.ntendon, 2)
-        x = jnp.where(length > rng[:, 1], length - rng[:, 1],
-                      jnp.where(length < rng[:, 0], length - rng[:, 0], 0.0))
+        x = math.where(length > rng[:, 1], length - rng[:, 1],
+                       math.where(length < rng[:, 0], length - rng[:, 0], 0.0))
         spoly = _f(m.tendon_stiffnesspoly, dtype).reshape(m.ntendon, 2)
         frc_s = -x * poly_force(_f(m.tendon_stiffness, dtype), spoly, x, False)
     if damper_on:
@@ -178,7 +178,7 @@ def _inertia_box_force(mass, inertia, density, viscosity, lvel):
     to the wind; the body is replaced by the box with the same inertia.
     """
     i0, i1, i2 = inertia[:, 0], inertia[:, 1], inertia[:, 2]
-    msafe = jnp.where(mass < math.MINVAL, 1.0, mass)
+    msafe = math.where(mass < math.MINVAL, 1.0, mass)
 
     def side(a, b, c):
         return math.safe_sqrt(jnp.maximum(math.MINVAL, b + c - a) / msafe * 6.0)
@@ -187,14 +187,14 @@ def _inertia_box_force(mass, inertia, density, viscosity, lvel):
     diam = jnp.sum(box, -1) / 3.0
     w, v = lvel[:, :3], lvel[:, 3:]
     visc_on = viscosity > 0
-    torque = jnp.where(visc_on, -jnp.pi * diam[:, None] ** 3 * viscosity * w, 0.0)
-    force = jnp.where(visc_on, -3.0 * jnp.pi * diam[:, None] * viscosity * v, 0.0)
+    torque = math.where(visc_on, -jnp.pi * diam[:, None] ** 3 * viscosity * w, 0.0)
+    force = math.where(visc_on, -3.0 * jnp.pi * diam[:, None] * viscosity * v, 0.0)
     b0, b1, b2 = box[:, 0], box[:, 1], box[:, 2]
     area = jnp.stack([b1 * b2, b0 * b2, b0 * b1], -1)
-    force = force - jnp.where(density > 0, 0.5 * density * area * jnp.abs(v) * v, 0.0)
+    force = force - math.where(density > 0, 0.5 * density * area * jnp.abs(v) * v, 0.0)
     arm = jnp.stack([b0 * (b1 ** 4 + b2 ** 4), b1 * (b0 ** 4 + b2 ** 4),
                      b2 * (b0 ** 4 + b1 ** 4)], -1)
-    torque = torque - jnp.where(density > 0, density * arm * jnp.abs(w) * w / 64.0, 0.0)
+    torque = torque - math.where(density > 0, density * arm * jnp.abs(w) * w / 64.0, 0.0)
     return jnp.concatenate([torque, force], -1)
 
 
@@ -204,8 +204,8 @@ def geom_semiaxes(size, gtype):
     sphere = gtype == GeomType.SPHERE
     capsule = gtype == GeomType.CAPSULE
     cyl = gtype == GeomType.CYLINDER
-    a1 = jnp.where(sphere | capsule | cyl, s0, s1)
-    a2 = jnp.where(sphere, s0, jnp.where(capsule, s1 + s0, jnp.where(cyl, s1, s2)))
+    a1 = math.where(sphere | capsule | cyl, s0, s1)
+    a2 = math.where(sphere, s0, math.where(capsule, s1 + s0, math.where(cyl, s1, s2)))
     return jnp.stack([s0, a1, a2], -1)
 
 
@@ -284,8 +284,8 @@ def fluid_plan(m):
     onehot = np.zeros((m.nbody, m.ngeom))
     onehot[gb, np.arange(m.ngeom)] = 1.0
     use_ell = (jnp.asarray(onehot, coef.dtype) @ (coef > 0).astype(coef.dtype)) > 0
-    return (np.arange(m.nbody), np.arange(m.ngeom), jnp.where(use_ell, 0.0, 1.0),
-            jnp.where(coef > 0, 1.0, 0.0))
+    return (np.arange(m.nbody), np.arange(m.ngeom), math.where(use_ell, 0.0, 1.0),
+            math.where(coef > 0, 1.0, 0.0))
 
 
 class FluidGroup(NamedTuple):
@@ -323,7 +323,7 @@ def fluid_local(m, d):
         b = box_bodies
         lvel = support.object_velocity(m, d, b, d.xipos[b], d.ximat[b])
         lvel = lvel.at[:, 3:].add(-math.matTvec(d.ximat[b], wind))
-        weight = jnp.where(mass[b] < math.MINVAL, 0.0, 1.0)
+        weight = math.where(mass[b] < math.MINVAL, 0.0, 1.0)
         if box_w is not None:
             weight = weight * box_w
 
@@ -341,7 +341,7 @@ def fluid_local(m, d):
         lvel = lvel.at[:, 3:].add(-math.matTvec(d.geom_xmat[g], wind))
         coef = _f(m.geom_fluid, dtype).reshape(m.ngeom, 12)[g]
         size = geom_semiaxes(_f(m.geom_size, dtype)[g], np.asarray(m.geom_type)[g])
-        weight = jnp.where(mass[b] < math.MINVAL, 0.0, coef[:, 0])
+        weight = math.where(mass[b] < math.MINVAL, 0.0, coef[:, 0])
         if ell_w is not None:
             weight = weight * ell_w
 
@@ -403,7 +403,7 @@ def passive(m, d):
     passive_gc = qfrc_gc
     actgc = np.asarray(m.jnt_actgravcomp)[np.asarray(m.dof_jntid)]
     if actgc.any():
-        passive_gc = jnp.where(actgc, 0.0, qfrc_gc)
+        passive_gc = math.where(actgc, 0.0, qfrc_gc)
     total = spring + damper + qfrc_fl + passive_gc
     return d.replace(qfrc_spring=spring, qfrc_damper=damper, qfrc_gravcomp=qfrc_gc,
                      qfrc_fluid=qfrc_fl, qfrc_passive=total)

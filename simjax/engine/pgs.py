@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.constraint import CONTACT_KINDS
-from simjax.engine.math import reduce_fused
+from simjax.engine.math import reduce_fused, where
 
 MINVAL = 1e-15
 
@@ -36,7 +36,7 @@ def cholesky(a):
     def body(j, low):
         v = a[:, j] - low @ low[j]
         djj = jnp.sqrt(jnp.maximum(v[j], MINVAL))
-        return low.at[:, j].set(jnp.where(idx >= j, v / djj, 0.0))
+        return low.at[:, j].set(where(idx >= j, v / djj, 0.0))
 
     return jax.lax.fori_loop(0, n, body, jnp.zeros_like(a))
 
@@ -86,15 +86,15 @@ def _qcqp(a, b, d, r):
         xn, ok, val, deriv = step(la)
         fail_now = ~done & ~ok
         stop = val < 1e-10
-        delta = -val / jnp.where(deriv == 0, -1.0, deriv)
+        delta = -val / where(deriv == 0, -1.0, deriv)
         small = delta < 1e-10
-        x = jnp.where(done, x, xn)
-        newla = jnp.where(done | stop | small | fail_now, la, la + delta)
+        x = where(done, x, xn)
+        newla = where(done | stop | small | fail_now, la, la + delta)
         return newla, x, done | stop | small | fail_now, fail | fail_now
 
     la, x, _, fail = jax.lax.fori_loop(0, 20, body, (jnp.zeros((), b.dtype), jnp.zeros_like(b),
                                                      jnp.zeros((), bool), jnp.zeros((), bool)))
-    x = jnp.where(fail, 0.0, x * d)
+    x = where(fail, 0.0, x * d)
     return x, (la != 0) & ~fail
 
 
@@ -104,7 +104,7 @@ def _project_ellipsoid(fric, normal, mu, feasible):
     s = jnp.sum(fric * fric / (mu * mu))
     scl = jnp.sqrt(normal * normal / jnp.maximum(MINVAL, s))
     do = (s > normal * normal) | (not feasible)
-    return jnp.where(do, fric * scl, fric)
+    return where(do, fric * scl, fric)
 
 
 # --------------------------------------------------------------------------- visit order
@@ -216,7 +216,7 @@ def _row_trees(m, d, lay, nefc):
         row += nrow
         if b.kind in CONTACT_KINDS:
             g = jnp.take(d.contact.geom, jnp.asarray(b.ids), axis=0)          # (n, 2)
-            t = jnp.where(g >= 0, jnp.asarray(geom_tree)[jnp.clip(g, 0, None)], -1)
+            t = where(g >= 0, jnp.asarray(geom_tree)[jnp.clip(g, 0, None)], -1)
             add = (t[:, :, None] == trees).any(1)                            # (n, ntree)
             parts.append(jnp.broadcast_to(add[:, None], (b.n, b.k, ntree)).reshape(nrow, ntree))
             continue
@@ -252,14 +252,14 @@ def _islands(inc, active):
     adj = (incf.T @ incf) > 0                                       # (ntree, ntree)
     live = reduce_fused(inc, 0, "any")
     big = jnp.int32(ntree)
-    lab0 = jnp.where(live, jnp.arange(ntree, dtype=jnp.int32), big)
+    lab0 = where(live, jnp.arange(ntree, dtype=jnp.int32), big)
 
     def step(c):
         lab, _ = c
-        new = jnp.min(jnp.where(adj, lab[None, :], big), 1)
-        new = jnp.where(live, jnp.minimum(new, lab), big)
+        new = jnp.min(where(adj, lab[None, :], big), 1)
+        new = where(live, jnp.minimum(new, lab), big)
         new = new[jnp.clip(new, 0, ntree - 1)]                    # pointer jumping
-        new = jnp.where(live, new, big)
+        new = where(live, new, big)
         return new, jnp.any(new != lab)
 
     if ntree <= 2:
@@ -269,9 +269,9 @@ def _islands(inc, active):
         lab, _ = jax.lax.while_loop(lambda c: c[1], step, (lab0, jnp.ones((), bool)))
     root = live & (lab == jnp.arange(ntree))
     rank = jnp.cumsum(root.astype(jnp.int32)) - 1
-    tree_isl = jnp.where(live, rank[jnp.clip(lab, 0, ntree - 1)], big)
+    tree_isl = where(live, rank[jnp.clip(lab, 0, ntree - 1)], big)
     first = jnp.argmax(inc, 1)
-    row_isl = jnp.where(jnp.any(inc, 1), tree_isl[first], big)
+    row_isl = where(jnp.any(inc, 1), tree_isl[first], big)
     return row_isl, tree_isl
 
 
@@ -296,7 +296,7 @@ def block_order(m, d, lay):
         order = driver.contact_order(m, d)
         rank = jnp.zeros(ncap, jnp.int32).at[order].set(jnp.arange(ncap, dtype=jnp.int32))
         ckey = rank[jnp.asarray(np.maximum(slot, 0))] * 16 + jnp.asarray(key)
-        bkey = jnp.where(jnp.asarray(slot >= 0), ckey, jnp.asarray(key))
+        bkey = where(jnp.asarray(slot >= 0), ckey, jnp.asarray(key))
     else:
         bkey = jnp.asarray(key)
     islands = not (m.opt.disableflags & DisableBit.ISLAND) and int(m.ntree) > 0
@@ -307,9 +307,9 @@ def block_order(m, d, lay):
         dofisl = jnp.minimum(tree_isl[np.asarray(m.dof_treeid).reshape(-1)], nisl)
     else:
         nisl = 1
-        rowisl = jnp.where(active, 0, 1).astype(jnp.int32)
+        rowisl = where(active, 0, 1).astype(jnp.int32)
         dofisl = jnp.zeros(int(m.nv), jnp.int32)
-    bisl = jnp.where(bact, rowisl[start], nisl)
+    bisl = where(bact, rowisl[start], nisl)
     perm = jnp.lexsort((bkey, jnp.asarray(cls), bisl)).astype(jnp.int32)
     nblk = jnp.zeros(nisl + 1, jnp.int32).at[bisl].add(1)[:nisl]
     first = jnp.cumsum(nblk) - nblk
@@ -332,9 +332,9 @@ def _shuffle(perm, gen, nblk, first):
         pi, pj = first + i, first + j
         vi = perm[jnp.clip(pi, 0, pos_oob - 1)]
         vj = perm[jnp.clip(pj, 0, pos_oob - 1)]
-        perm = perm.at[jnp.where(go, pi, pos_oob)].set(vj, mode="drop")
-        perm = perm.at[jnp.where(go, pj, pos_oob)].set(vi, mode="drop")
-        return perm, jnp.where(go, nhi, hi), jnp.where(go, nlo, lo)
+        perm = perm.at[where(go, pi, pos_oob)].set(vj, mode="drop")
+        perm = perm.at[where(go, pj, pos_oob)].set(vi, mode="drop")
+        return perm, where(go, nhi, hi), where(go, nlo, lo)
 
     n = jnp.maximum(jnp.max(nblk, initial=0) - 1, 0)
     perm, hi, lo = jax.lax.fori_loop(0, n, step, (perm, hi, lo))
@@ -381,13 +381,13 @@ def _pgs(spec, p, force0, iterations, lay, order):
         res = b[i] + AR[i] @ force
         old = force[i]
         f = old - res * dinv[i]
-        f = jnp.where(fric[i], jnp.clip(f, -fl[i], fl[i]), f)
-        f = jnp.where(ineq[i], jnp.maximum(f, 0.0), f)
+        f = where(fric[i], jnp.clip(f, -fl[i], fl[i]), f)
+        f = where(ineq[i], jnp.maximum(f, 0.0), f)
         delta = f - old
         change = 0.5 * delta * delta * (1.0 / dinv[i]) + delta * res
         bad = change > 1e-10
-        out = jnp.where(rng == 0, jnp.where(bad, old, f), 0.0)
-        return out, jnp.where(bad, 0.0, change)
+        out = where(rng == 0, where(bad, old, f), 0.0)
+        return out, where(bad, 0.0, change)
 
     def elliptic(dim):
         def upd(force, i):
@@ -401,23 +401,23 @@ def _pgs(spec, p, force0, iterations, lay, order):
             fn = jnp.maximum(old[0] - res[0] * dinv[i], 0.0)
             f_norm = jnp.concatenate([fn[None], jnp.zeros(dim - 1, dtype)])
             den = jnp.dot(old, Ath @ old)
-            x = -jnp.dot(old, res) / jnp.where(den >= MINVAL, den, 1.0)
-            x = jnp.where(old[0] + x * old[0] < 0, -old[0] / jnp.where(old[0] == 0, 1.0,
-                                                                      old[0]), x)
-            f_ray = jnp.where(den >= MINVAL, old + x * old, old)
-            f = jnp.where(old[0] < MINVAL, f_norm, f_ray)
+            x = -jnp.dot(old, res) / where(den >= MINVAL, den, 1.0)
+            x = where(old[0] + x * old[0] < 0, -old[0] / where(old[0] == 0, 1.0,
+                                                               old[0]), x)
+            f_ray = where(den >= MINVAL, old + x * old, old)
+            f = where(old[0] < MINVAL, f_norm, f_ray)
             # friction update with the normal fixed
             ac = Ath[1:, 1:]
             bc = res[1:] - ac @ old[1:] + Ath[1:, 0] * (f[0] - old[0])
             v, on = _qcqp(ac, bc, frc, f[0])
-            v = jnp.where(on, _project_ellipsoid(v, f[0], frc, False), v)
-            v = jnp.where(f[0] < MINVAL, 0.0, v)
+            v = where(on, _project_ellipsoid(v, f[0], frc, False), v)
+            v = where(f[0] < MINVAL, 0.0, v)
             f = jnp.concatenate([f[:1], v])
             delta = f - old
             change = 0.5 * delta @ Ath @ delta + jnp.dot(delta, res)
             bad = change > 1e-10
-            f = jnp.where(bad, old, f)
-            return jnp.zeros(dmax, dtype).at[:dim].set(f), jnp.where(bad, 0.0, change)
+            f = where(bad, old, f)
+            return jnp.zeros(dmax, dtype).at[:dim].set(f), where(bad, 0.0, change)
         return upd
 
     branches = [scalar] + [elliptic(dim) for dim in edims]
@@ -428,14 +428,14 @@ def _pgs(spec, p, force0, iterations, lay, order):
                             bkind, bdim, branches, nisl, nefc, dmax)
 
     def project(force):
-        force = jnp.where(fric, jnp.clip(force, -fl, fl), force)
-        force = jnp.where(ineq, jnp.maximum(force, 0.0), force)
+        force = where(fric, jnp.clip(force, -fl, fl), force)
+        force = where(ineq, jnp.maximum(force, 0.0), force)
         for (start, n, dim), fr in zip(spec.ell, p["fr"]):
             blk = _ell_rows(force, start, n, dim)
             neg = blk[:, 0] < 0
             proj = jax.vmap(lambda fz, nn, m_: _project_ellipsoid(fz, nn, m_, True))(
                 blk[:, 1:], blk[:, 0], fr)
-            blk = jnp.where(neg[:, None], 0.0, jnp.concatenate([blk[:, :1], proj], 1))
+            blk = where(neg[:, None], 0.0, jnp.concatenate([blk[:, :1], proj], 1))
             force = force.at[start:start + n * dim].set(blk.reshape(-1))
         return force
 
@@ -450,22 +450,22 @@ def _pgs(spec, p, force0, iterations, lay, order):
 
     def body(s):
         force, prev, k, done = s["force"], s["prev"], s["k"], s["done"]
-        beta = jnp.where(s["iter"] > 0, (k - 1) / (k + 2.0), 0.0)
+        beta = where(s["iter"] > 0, (k - 1) / (k + 2.0), 0.0)
         use = row((beta > 0) & ~done, False)
         keep = row(done, True)
         extr = project(force + row(beta, 0.0) * (force - prev))
-        prev = jnp.where(keep, prev, force)
-        force = jnp.where(use, extr, force)
+        prev = where(keep, prev, force)
+        force = where(use, extr, force)
         mom = force
-        perm, gen = _shuffle(s["perm"], s["gen"], jnp.where(done, 0, order["nblk"]),
+        perm, gen = _shuffle(s["perm"], s["gen"], where(done, 0, order["nblk"]),
                              order["first"])
         force, imp = sweep(force, perm, done)
         imp = imp * scale
         corr = seg((force - mom) * (mom - prev))
         restart = (s["iter"] > 0) & (corr < 0)
-        k = jnp.where(done, k, jnp.where(restart, 0, k + 1))
+        k = where(done, k, where(restart, 0, k + 1))
         niter = s["niter"] + (~done).astype(jnp.int32)
-        last = jnp.where(done, s["imp"], imp)
+        last = where(done, s["imp"], imp)
         return dict(force=force, prev=prev, k=k, iter=s["iter"] + 1, perm=perm, gen=gen,
                     done=done | (imp < tol), imp=last, niter=niter)
 
@@ -484,7 +484,7 @@ def _island_scale(p, order, dtype):
     exactly this trace, per island, and by trace(M) when islands are disabled)."""
     nisl = order["nisl"]
     trace = jnp.zeros(nisl + 1, dtype).at[order["dofisl"]].add(jnp.diag(p["M"]))[:nisl]
-    return 1.0 / jnp.where(trace > 0, trace, 1.0)
+    return 1.0 / where(trace > 0, trace, 1.0)
 
 
 def _noslip_ops(lay, order):
@@ -536,7 +536,7 @@ def _noslip(spec, p, force, iterations, lay, order):
         dl = new - old
         change = 0.5 * dl @ ac @ dl + dl @ r
         bad = change > 1e-10
-        return jnp.where(bad, old, new), jnp.where(bad, 0.0, change)
+        return where(bad, old, new), where(bad, 0.0, change)
 
     def pad(v):
         return jnp.zeros(dmax, dtype).at[:v.shape[0]].set(v)
@@ -560,12 +560,12 @@ def _noslip(spec, p, force, iterations, lay, order):
         mid = 0.5 * (old[0] + old[1])
         k1 = ac[0, 0] + ac[1, 1] - ac[0, 1] - ac[1, 0]
         k0 = mid * (ac[0, 0] - ac[1, 1]) + bc[0] - bc[1]
-        y = -k0 / jnp.where(k1 < MINVAL, 1.0, k1)
+        y = -k0 / where(k1 < MINVAL, 1.0, k1)
         zero = jnp.zeros((), dtype)
-        f = jnp.where(y < -mid, jnp.stack([zero, 2 * mid]),
-                      jnp.where(y > mid, jnp.stack([2 * mid, zero]),
-                                jnp.stack([mid + y, mid - y])))
-        f = jnp.where(k1 < MINVAL, jnp.stack([mid, mid]), f)
+        f = where(y < -mid, jnp.stack([zero, 2 * mid]),
+                  where(y > mid, jnp.stack([2 * mid, zero]),
+                        jnp.stack([mid + y, mid - y])))
+        f = where(k1 < MINVAL, jnp.stack([mid, mid]), f)
         f, change = cost_change(ac, f, old, r)
         return pad(f), change
 
@@ -578,8 +578,8 @@ def _noslip(spec, p, force, iterations, lay, order):
             bc = r - ac @ old
             fr = frtab[i, :dim - 1]
             v, on = _qcqp(ac, bc, fr, force[i])
-            v = jnp.where(on, _project_ellipsoid(v, force[i], fr, False), v)
-            v = jnp.where(force[i] < MINVAL, 0.0, v)
+            v = where(on, _project_ellipsoid(v, force[i], fr, False), v)
+            v = where(force[i] < MINVAL, 0.0, v)
             v, change = cost_change(ac, v, old, r)
             return pad(jnp.concatenate([force[i][None], v])), change
         return upd
@@ -597,13 +597,13 @@ def _noslip(spec, p, force, iterations, lay, order):
                             nisl, nefc, dmax)
 
     extra = jnp.zeros(nisl + 1, dtype).at[order["rowisl"]].add(
-        0.5 * force * force * jnp.where(act, p["R"], 0.0))[:nisl]
+        0.5 * force * force * where(act, p["R"], 0.0))[:nisl]
 
     def body(s, _):
         force, done, it, first = s
         force, imp = sweep(force, done)
-        imp = (imp + jnp.where(first, extra, 0.0)) * scale
-        it = it + jnp.where(done, 0, 1)
+        imp = (imp + where(first, extra, 0.0)) * scale
+        it = it + where(done, 0, 1)
         return (force, done | (imp < tol), it, jnp.zeros((), bool)), None
 
     init = (force, order["nblk"] == 0, jnp.zeros(nisl, jnp.int32), jnp.ones((), bool))
@@ -629,9 +629,9 @@ def _block_sweep(force, done, perm, nblocks, bisl, bstart, kind, nwrite, branche
         i = bstart[blk]
         vals, change = jax.lax.switch(kind[blk], branches, force, i)
         run = (isl < nisl) & ~done[jnp.minimum(isl, nisl - 1)]
-        idx = jnp.where(run & (rng < nwrite[blk]), i + rng, nefc)
+        idx = where(run & (rng < nwrite[blk]), i + rng, nefc)
         force = force.at[idx].set(vals, mode="drop")
-        imp = imp.at[jnp.where(run, isl, nisl)].add(-change, mode="drop")
+        imp = imp.at[where(run, isl, nisl)].add(-change, mode="drop")
         return force, imp
 
     return jax.lax.fori_loop(0, nblocks, body, (force, jnp.zeros(nisl, force.dtype)))

@@ -291,7 +291,7 @@ def _limit(m, d, ids, tendon, field):
         val = d.efc_pos[row] - d.efc_margin[row]
     else:
         val = getattr(d, "efc_" + field)[row]
-    return jnp.where(found, val, 0.0)
+    return math.where(found, val, 0.0)
 
 
 def _contacts_possible(m):
@@ -320,16 +320,16 @@ def contact_force(m, d):
         f = d.efc_force[jnp.clip(con.efc_address[:, None] + r, 0, nefc - 1)]    # (n, 10)
     if m.opt.cone == ConeType.PYRAMIDAL:
         # pyramid edges come in pairs per friction direction (mju_decodePyramid)
-        nrow = jnp.where(dim == 1, 1, 2 * (dim - 1))
-        normal = jnp.sum(jnp.where(r < nrow, f, 0.0), -1, keepdims=True)
+        nrow = math.where(dim == 1, 1, 2 * (dim - 1))
+        normal = jnp.sum(math.where(r < nrow, f, 0.0), -1, keepdims=True)
         mu = con.friction
         tang = (f[:, 0:10:2] - f[:, 1:10:2]) * mu
-        tang = jnp.where(np.arange(5) < dim - 1, tang, 0.0)
+        tang = math.where(np.arange(5) < dim - 1, tang, 0.0)
         out = jnp.concatenate([normal, tang], -1)[:, :6]
     else:
-        out = jnp.where(r[:6] < dim, f[:, :6], 0.0)
+        out = math.where(r[:6] < dim, f[:, :6], 0.0)
     out = out.at[:, 0].add(-con.adhesion)
-    return jnp.where(ok[:, None], out, 0.0)
+    return math.where(ok[:, None], out, 0.0)
 
 
 def _static_rows(m, d):
@@ -436,7 +436,7 @@ def _contact_ext(m, d):
             continue
         w = transform_force(cfrc, d.subtree_com[root[b]], con.pos)
         hit = (b[:, None] == ids[None, :]) & ok[:, None]
-        terms = jnp.split(jnp.where(hit[:, :, None], w[:, None, :], 0.0), n)  # (1, K, 6)
+        terms = jnp.split(math.where(hit[:, :, None], w[:, None, :], 0.0), n)  # (1, K, 6)
         part = terms[0]
         for t in terms[1:]:
             part = part + t
@@ -458,10 +458,10 @@ def _weld_torque(m, d, ids, data, lam):
     squat = _f(m.site_quat, dtype) if m.nsite else jnp.zeros((1, 4), dtype)
     b1 = np.where(body_sem, o1, sbody[np.where(body_sem, 0, o1)])
     b2 = np.where(body_sem, o2, sbody[np.where(body_sem, 0, o2)])
-    local1 = jnp.where(jnp.asarray(body_sem)[:, None], data[:, 6:10],
-                       squat[np.where(body_sem, 0, o1)])
-    local2 = jnp.where(jnp.asarray(body_sem)[:, None], jnp.array([1.0, 0, 0, 0], dtype),
-                       squat[np.where(body_sem, 0, o2)])
+    local1 = math.where(jnp.asarray(body_sem)[:, None], data[:, 6:10],
+                        squat[np.where(body_sem, 0, o1)])
+    local2 = math.where(jnp.asarray(body_sem)[:, None], jnp.array([1.0, 0, 0, 0], dtype),
+                        squat[np.where(body_sem, 0, o2)])
     q0 = math.quat_mul(d.xquat[b1], local1)
     q1 = math.quat_neg(math.quat_mul(d.xquat[b2], local2))
     basis = jnp.asarray(np.eye(4)[1:], dtype)                              # (3, 4)
@@ -489,9 +489,9 @@ def _equality_ext(m, d):
     force = f[:, :3]
     body_sem = np.asarray(m.eq_objtype)[ids] == ObjType.BODY
     data = _f(m.eq_data, dtype).reshape(-1, 12)[ids]
-    torque = jnp.where(jnp.asarray(weld)[:, None], _weld_torque(m, d, ids, data, f[:, 3:6]),
-                       0.0)
-    cfrc = jnp.where(found[:, None], jnp.concatenate([torque, force], -1), 0.0)
+    torque = math.where(jnp.asarray(weld)[:, None], _weld_torque(m, d, ids, data, f[:, 3:6]),
+                        0.0)
+    cfrc = math.where(found[:, None], jnp.concatenate([torque, force], -1), 0.0)
     site_pos = _f(m.site_pos, dtype) if m.nsite else jnp.zeros((1, 3), dtype)
     sbody = np.asarray(m.site_bodyid) if m.nsite else np.zeros(1, np.int64)
     root = np.asarray(m.body_rootid)
@@ -500,12 +500,12 @@ def _equality_ext(m, d):
         k = np.where(body_sem, obj, sbody[np.where(body_sem, 0, obj)])
         # anchor on body 1: connect eq_data[0:3], weld eq_data[3:6]; on body 2 the other
         use_hi = weld if first else ~weld
-        anchor = jnp.where(jnp.asarray(use_hi)[:, None], data[:, 3:6], data[:, 0:3])
-        offset = jnp.where(jnp.asarray(body_sem)[:, None], anchor,
-                           site_pos[np.where(body_sem, 0, obj)])
+        anchor = math.where(jnp.asarray(use_hi)[:, None], data[:, 3:6], data[:, 0:3])
+        offset = math.where(jnp.asarray(body_sem)[:, None], anchor,
+                            site_pos[np.where(body_sem, 0, obj)])
         pos = d.xpos[k] + math.matvec(d.xmat[k], offset)
         w = transform_force(cfrc, d.subtree_com[root[k]], pos)
-        w = jnp.where(jnp.asarray(k > 0)[:, None], w, 0.0)
+        w = math.where(jnp.asarray(k > 0)[:, None], w, 0.0)
         onehot = np.zeros((len(ids), m.nbody))
         onehot[np.arange(len(ids)), k] = 1.0
         out = out + sign * (jnp.asarray(onehot, dtype).T @ w)
@@ -558,12 +558,12 @@ def _camprojection(m, d, ids):
     fovy = _f(m.cam_fovy, dtype).reshape(-1)[cam]
     has = ~np.isnan(fxy[:, 0])
     fpix = 0.5 / jnp.tan(fovy * np.pi / 360.0) * res[:, 1]
-    fx = jnp.where(has, np.nan_to_num(fxy[:, 0]), fpix)
-    fy = jnp.where(has, np.nan_to_num(fxy[:, 1]), fpix)
+    fx = math.where(has, np.nan_to_num(fxy[:, 0]), fpix)
+    fy = math.where(has, np.nan_to_num(fxy[:, 1]), fpix)
     p = math.matTvec(d.cam_xmat[cam], d.site_xpos[site] - d.cam_xpos[cam])
     z = p[:, 2]
     small = jnp.abs(z) < math.MINVAL
-    z = jnp.where(small, jnp.where(z < 0, -math.MINVAL, math.MINVAL), z)
+    z = math.where(small, math.where(z < 0, -math.MINVAL, math.MINVAL), z)
     return jnp.stack([-fx * p[:, 0] / z + 0.5 * res[:, 0], fy * p[:, 1] / z + 0.5 * res[:, 1]], -1)
 
 
@@ -574,17 +574,17 @@ def _raydata(spec, dist, origin, direction, normal, cam_pos=None, cam_z=None):
     if spec & 1:
         out.append(dist[:, None])
     if spec & 2:
-        out.append(jnp.where(hit[:, None], direction, 0.0))
+        out.append(math.where(hit[:, None], direction, 0.0))
     if spec & 4:
         out.append(jnp.broadcast_to(origin, direction.shape))
-    point = jnp.where(hit[:, None], origin + dist[:, None] * direction, 0.0)
+    point = math.where(hit[:, None], origin + dist[:, None] * direction, 0.0)
     if spec & 8:
         out.append(point)
     if spec & 16:
-        out.append(jnp.where(hit[:, None], normal, 0.0))
+        out.append(math.where(hit[:, None], normal, 0.0))
     if spec & 32:
         depth = dist if cam_z is None else -math.dot(point - cam_pos, cam_z)
-        out.append(jnp.where(hit, depth, -1.0)[:, None])
+        out.append(math.where(hit, depth, -1.0)[:, None])
     return jnp.concatenate(out, -1).ravel()
 
 
@@ -662,7 +662,7 @@ def _insidesite(m, d, ids):
         mass = _f(m.body_mass, dtype)[oi]
         smass = smooth.subtree_mass(m, dtype)[oi]
         use = jnp.asarray(body) & (mass < math.MINVAL) & (smass >= math.MINVAL)
-        pos = jnp.where(use[:, None], d.subtree_com[oi], pos)
+        pos = math.where(use[:, None], d.subtree_com[oi], pos)
     stype = np.asarray(m.site_type)[site]
     size = _f(m.site_size, dtype)[site]
 
@@ -848,9 +848,9 @@ def _cutoff(m, ids, vals, dtype):
         return vals
     cut = jnp.repeat(_f(m.sensor_cutoff, dtype).reshape(-1)[ids], dim)
     on = cut > 0
-    clipped = jnp.where(real, jnp.clip(vals, -cut, cut),
-                        jnp.where(positive, jnp.minimum(cut, vals), vals))
-    return jnp.where(on, clipped, vals)
+    clipped = math.where(real, jnp.clip(vals, -cut, cut),
+                         math.where(positive, jnp.minimum(cut, vals), vals))
+    return math.where(on, clipped, vals)
 
 
 def _write(m, d, ids, vals):

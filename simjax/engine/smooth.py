@@ -74,10 +74,10 @@ def _node_transforms(m, d):
         if np.any(jk == 4):                                           # ball
             bidx = np.minimum(qadr[:, None] + np.arange(4), m.nq - 1)
             qball = math.stack(math.c_quat_normalize(math.unstack(d.qpos[bidx])))
-            qloc = jnp.where((jk == 4)[:, None], qball, qloc)
+            qloc = math.where((jk == 4)[:, None], qball, qloc)
         slide = jk == 5
         if slide.any():
-            qloc = jnp.where(slide[:, None], jnp.array([1.0, 0, 0, 0], dtype), qloc)
+            qloc = math.where(slide[:, None], jnp.array([1.0, 0, 0, 0], dtype), qloc)
         qloc = math.unstack(qloc)
         r = math.c_rot(qloc, jpos)
         pos = tuple(p - q for p, q in zip(jpos, r))                   # rotate about anchor
@@ -173,10 +173,10 @@ def _local_to_global(d, bodyid, lpos, lquat, sameframe=None, xipos=None, ximat=N
         for pos_codes, mat_codes, src_pos, src_mat in copies:
             on = np.isin(codes, pos_codes)
             if on.any():
-                gpos = jnp.where(on[:, None], src_pos, gpos)
+                gpos = math.where(on[:, None], src_pos, gpos)
             on = np.isin(codes, mat_codes)
             if on.any():
-                gmat = jnp.where(on[:, None, None], src_mat, gmat)
+                gmat = math.where(on[:, None, None], src_mat, gmat)
     return gpos, gmat
 
 
@@ -238,8 +238,8 @@ def kinematics(m, d):
         free = np.asarray(m.jnt_type) == JointType.FREE
         if free.any():
             jb = np.asarray(m.jnt_bodyid)
-            xaxis = jnp.where(free[:, None], _f(m.jnt_axis, dtype), xaxis)
-            xanchor = jnp.where(free[:, None], xpos[jb], xanchor)
+            xaxis = math.where(free[:, None], _f(m.jnt_axis, dtype), xaxis)
+            xanchor = math.where(free[:, None], xpos[jb], xanchor)
         out["xaxis"], out["xanchor"] = xaxis, xanchor
     d = d.replace(**out)
     allb = np.arange(m.nbody)
@@ -280,8 +280,8 @@ def com_pos(m, d):
     smass = desc @ mass
     moment = desc @ (mass[:, None] * d.xipos)
     small = smass < math.MINVAL
-    subtree_com = jnp.where(small[:, None], d.xipos,
-                            moment / jnp.where(small, 1.0, smass)[:, None])
+    subtree_com = math.where(small[:, None], d.xipos,
+                             moment / math.where(small, 1.0, smass)[:, None])
     root = np.asarray(m.body_rootid)
     cinert = math.inert_com(_f(m.body_inertia, dtype), d.ximat, d.xipos - subtree_com[root],
                             mass)
@@ -295,7 +295,7 @@ def com_pos(m, d):
         offset = subtree_com[root[dof_body]] - d.xanchor[np.asarray(m.dof_jntid)]
         rot = jnp.concatenate([axis, math.cross(axis, offset)], -1)
         lin = jnp.concatenate([jnp.zeros_like(axis), axis], -1)
-        out["cdof"] = jnp.where(tab.dof_is_rot[:, None], rot, lin)
+        out["cdof"] = math.where(tab.dof_is_rot[:, None], rot, lin)
     return d.replace(**out)
 
 
@@ -311,20 +311,20 @@ def camlight(m, d):
     track = (mode == CamLight.TRACK) | (mode == CamLight.TRACKCOM)
     if np.any(track):
         mat0 = _f(np.asarray(m.cam_mat0).reshape(-1, 3, 3), dtype)
-        mat = jnp.where(track[:, None, None], mat0, mat)
-        tpos = jnp.where((mode == CamLight.TRACK)[:, None],
-                         d.xpos[body] + _f(m.cam_pos0, dtype),
-                         d.subtree_com[body] + _f(m.cam_poscom0, dtype))
-        pos = jnp.where(track[:, None], tpos, pos)
+        mat = math.where(track[:, None, None], mat0, mat)
+        tpos = math.where((mode == CamLight.TRACK)[:, None],
+                          d.xpos[body] + _f(m.cam_pos0, dtype),
+                          d.subtree_com[body] + _f(m.cam_poscom0, dtype))
+        pos = math.where(track[:, None], tpos, pos)
     aim = ((mode == CamLight.TARGETBODY) | (mode == CamLight.TARGETBODYCOM)) & (target >= 0)
     if np.any(aim):
         tb = np.maximum(target, 0)
-        look = jnp.where((mode == CamLight.TARGETBODY)[:, None], d.xpos[tb], d.subtree_com[tb])
+        look = math.where((mode == CamLight.TARGETBODY)[:, None], d.xpos[tb], d.subtree_com[tb])
         z, _ = math.normalize(pos - look)
         x, _ = math.normalize(math.cross(jnp.array([0.0, 0, 1], dtype), z))
         y, _ = math.normalize(math.cross(z, x))
         amat = jnp.stack([x, y, z], axis=-1)
-        mat = jnp.where(aim[:, None, None], amat, mat)
+        mat = math.where(aim[:, None, None], amat, mat)
     return d.replace(cam_xpos=pos, cam_xmat=mat)
 
 
@@ -461,7 +461,7 @@ def com_vel(m, d):
     cvel = jnp.asarray(tab.anc_dof, dtype) @ v
     before = jnp.asarray(tab.pred, dtype) @ v
     cdof_dot = math.motion_cross(before, d.cdof)
-    cdof_dot = jnp.where(tab.free_trans_dof[:, None], 0.0, cdof_dot)
+    cdof_dot = math.where(tab.free_trans_dof[:, None], 0.0, cdof_dot)
     return d.replace(cvel=cvel, cdof_dot=cdof_dot)
 
 
@@ -517,7 +517,7 @@ def subtree_vel(m, d):
     root = np.asarray(m.body_rootid)
     weld_dofnum = np.asarray(m.body_dofnum)[np.asarray(m.body_weldid)]
     vel = math.transform_motion(d.cvel, d.xipos, d.subtree_com[root])
-    vel = jnp.where((weld_dofnum == 0)[:, None], 0.0, vel)   # static / mocap bodies
+    vel = math.where((weld_dofnum == 0)[:, None], 0.0, vel)   # static / mocap bodies
     ang, lin = vel[:, :3], vel[:, 3:]
     smass = desc @ mass
     linvel = (desc @ (mass[:, None] * lin)) / jnp.maximum(math.MINVAL, smass)[:, None]

@@ -41,7 +41,7 @@ import numpy as np
 from simjax.engine import constraint as C
 from simjax.engine import lapack_chol, tables, tree_linalg
 from simjax.engine.data import NISLAND
-from simjax.engine.math import reduce_fused
+from simjax.engine.math import reduce_fused, where
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import gather as gather_rows
@@ -110,7 +110,7 @@ def factor_t(a):
         return t(spd_factor(a))
     up, info = _potrf_v(0.5 * (a + t(a)))
     # failure marked by one NaN on the diagonal (a whole NaN factor is a pass of its own)
-    return up.at[..., 0, 0].set(jnp.where(info == 0, up[..., 0, 0], jnp.nan))
+    return up.at[..., 0, 0].set(where(info == 0, up[..., 0, 0], jnp.nan))
 
 
 def spd_solve(low, b):
@@ -157,21 +157,21 @@ def _ell_update(jar, D, mu, fr):
     nn = u[:, 0]
     tt2 = jnp.sum(u[:, 1:] ** 2, 1)
     pos = tt2 > 0
-    tt = jnp.sqrt(jnp.where(pos, tt2, 1.0))
-    tt = jnp.where(pos, tt, 0.0)
+    tt = jnp.sqrt(where(pos, tt2, 1.0))
+    tt = where(pos, tt, 0.0)
     top = (nn >= mu * tt) | (~pos & (nn >= 0))
     bottom = ~top & ((mu * nn + tt <= 0) | (~pos & (nn < 0)))
     dm = D[:, 0] / (mu * mu * (1 + mu * mu))
     nmt = nn - mu * tt
     f0 = -dm * nmt * mu
-    tsafe = jnp.where(pos, tt, 1.0)
+    tsafe = where(pos, tt, 1.0)
     fj = -f0[:, None] / tsafe[:, None] * u[:, 1:] * fr
     fmid = jnp.concatenate([f0[:, None], fj], 1)
     fq = -D * jar
-    force = jnp.where(top[:, None], 0.0, jnp.where(bottom[:, None], fq, fmid))
-    cost = jnp.where(top, 0.0, jnp.where(bottom, 0.5 * jnp.sum(D * jar * jar, 1),
-                                         0.5 * dm * nmt * nmt))
-    state = jnp.where(top, C.SATISFIED, jnp.where(bottom, C.QUADRATIC, C.CONE))
+    force = where(top[:, None], 0.0, where(bottom[:, None], fq, fmid))
+    cost = where(top, 0.0, where(bottom, 0.5 * jnp.sum(D * jar * jar, 1),
+                                 0.5 * dm * nmt * nmt))
+    state = where(top, C.SATISFIED, where(bottom, C.QUADRATIC, C.CONE))
     return force, cost, state
 
 
@@ -195,16 +195,16 @@ def update(spec, p, jar):
     rf = R * fl
     neg = spec.fric & (-jar >= rf)
     posv = spec.fric & ~neg & (jar >= rf)
-    force = jnp.where(neg | posv, fl * jnp.where(neg, 1.0, -1.0), force)
-    cost_row = jnp.where(neg, -0.5 * R * fl * fl - fl * jar,
-                         jnp.where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
-    state = jnp.where(neg, C.LINEARNEG, jnp.where(posv, C.LINEARPOS, state))
+    force = where(neg | posv, fl * where(neg, 1.0, -1.0), force)
+    cost_row = where(neg, -0.5 * R * fl * fl - fl * jar,
+                     where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
+    state = where(neg, C.LINEARNEG, where(posv, C.LINEARPOS, state))
     # one-sided rows
     sat = spec.ineq & (jar >= 0)
-    force = jnp.where(sat, 0.0, force)
-    cost_row = jnp.where(sat, 0.0, cost_row)
-    state = jnp.where(sat, C.SATISFIED, state)
-    cost = reduce_fused(jnp.where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0), 0)
+    force = where(sat, 0.0, force)
+    cost_row = where(sat, 0.0, cost_row)
+    state = where(sat, C.SATISFIED, state)
+    cost = reduce_fused(where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0), 0)
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         f, c, s = _ell_update(_ell_rows(jar, start, n, dim), _ell_rows(D, start, n, dim),
                               mu, fr)
@@ -213,13 +213,13 @@ def update(spec, p, jar):
         state = state.at[sl].set(jnp.repeat(s, dim).astype(jnp.int32))
         cost = cost + jnp.sum(c)
     if "active" in p:
-        state = jnp.where(p["active"], state, C.SATISFIED)
+        state = where(p["active"], state, C.SATISFIED)
     return force, state, cost
 
 
 def _quad_weights(p, state):
     """D_q: the rows' D where quadratic (and active), else 0 (MakeHessian)."""
-    return jnp.where((state == C.QUADRATIC) & p["active"], p["D"], 0.0)
+    return where((state == C.QUADRATIC) & p["active"], p["D"], 0.0)
 
 
 def _quad_hessian(H, J, dq):
@@ -236,7 +236,7 @@ def _hessian(spec, p, J, jar, state, H):
         d0 = p["D"][start:start + n * dim:dim]
         hc = jax.vmap(jax.hessian(_ell_mid_cost))(jr, d0, mu, fr)           # (n, d, d)
         cone = state[start:start + n * dim:dim] == C.CONE
-        hc = jnp.where(cone[:, None, None], hc, 0.0)
+        hc = where(cone[:, None, None], hc, 0.0)
         jb = J[start:start + n * dim].reshape(n, dim, -1)
         H = H + jnp.einsum("nik,nij,njl->kl", jb, hc, jb)
     return H
@@ -288,7 +288,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         exists = reduce_fused(p["active"], 0, "any")[None]
     else:
         trace = isl.ddot(jnp.diag(M), jnp.ones_like(qacc0))
-        scale = 1.0 / jnp.where(trace > 0, trace, 1.0)
+        scale = 1.0 / where(trace > 0, trace, 1.0)
         exists = isl.rsum(p["active"].astype(jnp.int32)) > 0
     solve_m = p["solve_m"]
     gtol_base = tol * p["ls_tolerance"]
@@ -316,7 +316,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
                                  jac=True)
         snorm = pre["snorm"]
         small = snorm < MINVAL
-        gtol = gtol_base * jnp.where(small, 1.0, snorm) / scale
+        gtol = gtol_base * where(small, 1.0, snorm) / scale
         if search_on:
             def evaluate(alpha):
                 tot, _ = head_chunk(rows, _eval_chunk, jnp.zeros((nisl, 6), Ma.dtype),
@@ -329,7 +329,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
                                      ~live | small | first)
         else:
             alpha = imp = jnp.zeros_like(snorm)
-        alpha = jnp.where(small | ~live | first, 0.0, alpha)
+        alpha = where(small | ~live | first, 0.0, alpha)
         move = live & (alpha != 0)
         take = move | first
         # alpha is zero on islands that do not move (their vectors stay as they are)
@@ -405,20 +405,20 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             sd = isl.ddots(search, jnp.stack([y, grad], 1))
             yd = isl.ddots(y, jnp.stack([my, mgrad], 1))
             dy, ymy = sd[:, 0], yd[:, 0]
-            dys = jnp.where(dy < MINVAL, 1.0, dy)
+            dys = where(dy < MINVAL, 1.0, dy)
             beta_hz = (yd[:, 1] - 2 * (ymy / dys) * sd[:, 1]) / dys
             eta_k = -1.0 / jnp.maximum(MINVAL, snorm * jnp.minimum(0.01, grad_norm))
-            beta = jnp.where((dy < MINVAL) | first, 0.0, jnp.maximum(eta_k, beta_hz))
+            beta = where((dy < MINVAL) | first, 0.0, jnp.maximum(eta_k, beta_hz))
             new_search = -mgrad + isl.dx(beta, 0.0) * search
         kd = isl.dx(~take, True)
-        keep = lambda a, b: jnp.where(kd, a, b)
-        done = jnp.where(first, conv0 | ~exists | (iterations <= 0),
-                         s["done"] | ~move | conv | (it >= iterations))
+        keep = lambda a, b: where(kd, a, b)
+        done = where(first, conv0 | ~exists | (iterations <= 0),
+                     s["done"] | ~move | conv | (it >= iterations))
         out = dict(qacc=keep(s["qacc"], qacc), Ma=keep(s["Ma"], Ma), jaref=jaref_new,
                    search=keep(search, new_search), grad=keep(s["grad"], grad),
                    mgrad=keep(s["mgrad"], mgrad), iter=it, done=done,
-                   imp=jnp.where(move, improvement, s["imp"]),
-                   gnorm=jnp.where(take, gnorm, s["gnorm"]), first=jnp.zeros((), bool),
+                   imp=where(move, improvement, s["imp"]),
+                   gnorm=where(take, gnorm, s["gnorm"]), first=jnp.zeros((), bool),
                    qfrc=acc[0])
         if newton:
             out["lowt"] = lowt if hess else s["lowt"]
@@ -510,7 +510,7 @@ def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False):
     out = (acc[0] + J.T @ force,) + acc[1:]
     if hess:
         out = out[:1] + (_hessian(spec, x, J, new, state, acc[1]),)
-    kept = jnp.where(isl.rx(~take, True), jaref, new)
+    kept = where(isl.rx(~take, True), jaref, new)
     return out, ((kept, state) if states else kept)
 
 
@@ -596,8 +596,8 @@ def _warm_pick(cost, sums, start):
     ``sums``), from ``start`` (zero, M)."""
     f, H = sums
     pick = cost[0] > cost[1]
-    return (jnp.where(pick, f[:, 1], f[:, 0]),
-            start[1] + jnp.where(pick, H[1], H[0]))
+    return (where(pick, f[:, 1], f[:, 0]),
+            start[1] + where(pick, H[1], H[0]))
 
 
 def _warm_rest(spec, x, e, sc, J, both, acc):
@@ -655,10 +655,10 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
     pick = cost[0] > cost[1]
     smooth = Chunked(jb[..., 1], jax.tree_util.tree_map(lambda x: x[..., 1], rest))
     qacc0, Ma0, jaref0, rest = jax.tree_util.tree_map(
-        lambda x: jnp.where(pick, x[..., 1], x[..., 0]), (both, Mb, jb, rest))
+        lambda x: where(pick, x[..., 1], x[..., 0]), (both, Mb, jb, rest))
     if nisl > 1:
         # dofs in no island start (and stay) at qacc_smooth
-        qacc0 = jnp.where(p["dofisl"] == nisl, qs, qacc0)
+        qacc0 = where(p["dofisl"] == nisl, qs, qacc0)
         if _REMAKE:
             jaref, rows = _jaref(rows, qacc0)
             # (the later chunks' rows at qacc_smooth are not kept)
@@ -696,7 +696,7 @@ def _problem(m, d, lay):
             continue
         ok = d.efc_active[blk.start:blk.start + blk.n * blk.k:blk.k]
         fr = C.take(d.contact.friction, blk.ids)[:, :blk.dim - 1]
-        fr = jnp.where(ok[:, None], fr, 1.0)
+        fr = where(ok[:, None], fr, 1.0)
         mu = fr[:, 0] * jnp.sqrt(1 / jnp.maximum(MINVAL, jnp.asarray(m.opt.impratio, dtype)))
         mus.append(mu)
         frs.append(fr)
@@ -747,7 +747,7 @@ def fwd_constraint(m, d):
     lay = C.layout(m, C.slot_dims(d))
     spec = spec_from_layout(lay, m.nv)
     p = _problem(m, d, lay)
-    p["efc_b"] = jnp.where(d.efc_active, d.efc_J @ d.qacc_smooth - d.efc_aref, 0.0)
+    p["efc_b"] = where(d.efc_active, d.efc_J @ d.qacc_smooth - d.efc_aref, 0.0)
     # the iterations run on constants: nothing differentiates through the loops
     sg = jax.lax.stop_gradient
     ps = {k: jax.tree_util.tree_map(sg, v) for k, v in p.items() if k != "solve_m"}
@@ -782,7 +782,7 @@ def fwd_constraint(m, d):
             first=solver == SolverType.NEWTON and iters == 1)
         qacc0, Ma0, jaref0 = start[:3]
         # no active row: MuJoCo skips the solver (qacc = qacc_smooth)
-        qacc0 = jnp.where(~reduce_fused(ps["active"], 0, "any"), qs, qacc0)
+        qacc0 = where(~reduce_fused(ps["active"], 0, "any"), qs, qacc0)
         res = _primal(rows, ps, (qacc0, Ma0, jaref0) + start[3:],
                       solver == SolverType.NEWTON, iters,
                       int(m.opt.ls_iterations))
@@ -797,7 +797,7 @@ def fwd_constraint(m, d):
             fw, _, _ = update(spec, ps, ps["J"] @ qw - ps["aref"])
             AR = _ar(ps)
             dual = jnp.dot(fw, ps["efc_b"]) + 0.5 * jnp.dot(fw, AR @ fw)
-            f0 = jnp.where(dual > 0, 0.0, fw)
+            f0 = where(dual > 0, 0.0, fw)
         force_solver, niter, imp = _pgs(spec, ps, f0, iters, lay, order)
         gnorm = jnp.zeros_like(imp)
         qacc = qs + ps["solve_m"](ps["J"].T @ force_solver)
@@ -816,7 +816,7 @@ def fwd_constraint(m, d):
             efc_b = p["efc_b"]
         else:
             force, qfrc, efc_b = _value_as(full, args, (force, qfrc, b))
-        niter = jnp.where(reduce_fused(d.efc_active.reshape(-1), 0, "any"), _per_island(niter), 0)
+        niter = where(reduce_fused(d.efc_active.reshape(-1), 0, "any"), _per_island(niter), 0)
         return d.replace(qacc=qacc, efc_force=force, efc_state=state,
                          qfrc_constraint=qfrc, efc_b=efc_b,
                          solver_niter=niter.astype(jnp.int32),
@@ -832,10 +832,10 @@ def fwd_constraint(m, d):
         force, nit = _noslip(spec, p, force, int(m.opt.noslip_iterations), lay, order)
         niter = niter + _per_island(nit)
         qacc = d.qacc_smooth + p["solve_m"](d.efc_J.T @ force)
-    force = jnp.where(d.efc_active, force, 0.0)
+    force = where(d.efc_active, force, 0.0)
     qfrc = d.efc_J.T @ force
     # MuJoCo returns before the solver when no row is active: no iterations
-    niter = jnp.where(reduce_fused(d.efc_active.reshape(-1), 0, "any"), niter, 0)
+    niter = where(reduce_fused(d.efc_active.reshape(-1), 0, "any"), niter, 0)
     return d.replace(qacc=qacc, efc_force=force, efc_state=state, qfrc_constraint=qfrc,
                      efc_b=p["efc_b"], solver_niter=niter.astype(jnp.int32),
                      solver_improvement=imp, solver_gradient=gnorm)
@@ -855,7 +855,7 @@ def _rows_outputs(spec, p, rows, jaref, qfrc, jb_smooth):
         return None
     active = p["active"]
     force, state, _ = update(spec, p, full[:, 0])
-    force = jnp.where(active, force, 0.0)
+    force = where(active, force, 0.0)
     if qfrc is None:
         qfrc = p["J"].T @ force
     b = full[:, 1] if jb_smooth is not None else None
@@ -866,10 +866,10 @@ def _full_outputs(spec, with_b, diff, qacc, qs, active):
     """efc_force, qfrc_constraint (and efc_b) of solution ``qacc`` over every row."""
     J, aref = diff["J"], diff["aref"]
     force, _, _ = update(spec, dict(diff, active=active), J @ qacc - aref)
-    force = jnp.where(active, force, 0.0)
+    force = where(active, force, 0.0)
     out = (force, J.T @ force)
     if with_b:
-        out = out + (jnp.where(active, J @ qs - aref, 0.0),)
+        out = out + (where(active, J @ qs - aref, 0.0),)
     return out
 
 
@@ -921,7 +921,7 @@ def inv_constraint(m, d):
     spec = spec_from_layout(lay, m.nv)
     p = _problem(m, d, lay)
     force, state, _ = update(spec, p, d.efc_J @ d.qacc - d.efc_aref)
-    force = jnp.where(d.efc_active, force, 0.0)
+    force = where(d.efc_active, force, 0.0)
     return d.replace(efc_force=force, efc_state=state, qfrc_constraint=d.efc_J.T @ force)
 
 
@@ -929,10 +929,10 @@ def _dual_state(spec, p, force, primal_state):
     """Constraint states from dual forces (dualState)."""
     fl = p["floss"]
     st = jnp.full(force.shape, C.QUADRATIC, jnp.int32)
-    st = jnp.where(spec.fric & (force <= -fl), C.LINEARPOS, st)
-    st = jnp.where(spec.fric & (force >= fl), C.LINEARNEG, st)
-    st = jnp.where(spec.ineq & (force <= 0), C.SATISFIED, st)
+    st = where(spec.fric & (force <= -fl), C.LINEARPOS, st)
+    st = where(spec.fric & (force >= fl), C.LINEARNEG, st)
+    st = where(spec.ineq & (force <= 0), C.SATISFIED, st)
     for (start, n, dim) in spec.ell:
         sl = slice(start, start + n * dim)
         st = st.at[sl].set(primal_state[sl])
-    return jnp.where(p["active"], st, C.SATISFIED)
+    return where(p["active"], st, C.SATISFIED)

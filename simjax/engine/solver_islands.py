@@ -2,7 +2,7 @@
 4.0.0 solves each constraint island (mj_island) on its own."""
 import jax.numpy as jnp
 
-from simjax.engine.math import reduce_fused
+from simjax.engine.math import reduce_fused, where
 
 
 class Islands:
@@ -32,7 +32,7 @@ class Islands:
         # exact segment sum (a select, not a product with a 0/1 matrix)
         x = x.reshape(x.shape[:1] + (1,) * (mask.ndim - 1) + x.shape[1:])
         m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
-        return reduce_fused(jnp.where(m, x, 0), 0)
+        return reduce_fused(where(m, x, 0), 0)
 
     def rsum(self, x):
         """(nefc, ...) -> (n, ...): sums over each island's rows."""

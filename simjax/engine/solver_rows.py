@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.math import reduce_fused
+from simjax.engine.math import reduce_fused, where
 
 
 #: where a quarter of the rows is under two per dof: the later chunks run on the worlds
@@ -220,7 +220,7 @@ def spread(rows, active, vals):
     if rows.rank is None:
         if isinstance(vals[0], Chunked):
             vals = [v.head for v in vals]
-        return jnp.where(active[:, None], jnp.stack(vals, 1), 0.0)
+        return where(active[:, None], jnp.stack(vals, 1), 0.0)
     if rows.spec.ell:
         return None
 
@@ -229,7 +229,7 @@ def spread(rows, active, vals):
         n = tab.shape[0]
         # a zero row for the rows not in the table: in bounds, no fill select
         tab = jnp.concatenate([tab, jnp.zeros((1, len(vals)), tab.dtype)])
-        idx = jnp.where(in_table, rows.rank - 1, n)
+        idx = where(in_table, rows.rank - 1, n)
         return tab.at[idx].get(mode="promise_in_bounds")
 
     head = [v.head for v in vals]
@@ -253,7 +253,7 @@ def _chunk_rows(layout, caps, nefc, pos):
     idx = [jnp.take(jnp.asarray(srows, jnp.int32), pos[0], mode="fill", fill_value=nefc)]
     for (start, n, dim), ps in zip(ell, pos[1:]):
         rows = start + ps[:, None] * dim + np.arange(dim)
-        idx.append(jnp.where(ps[:, None] < n, rows, nefc).reshape(-1))
+        idx.append(where(ps[:, None] < n, rows, nefc).reshape(-1))
     return jnp.concatenate(idx), tuple(pos[1:])
 
 
@@ -718,7 +718,7 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
                 for i in range(0, len(src), _PACK)]
         take = lambda v: jnp.take(v, ids, axis=0, mode="clip")
         # the block's largest count
-        most = lambda: jnp.max(jnp.where(block(b) < size,
+        most = lambda: jnp.max(where(block(b) < size,
                                          jnp.take(n, block(b), mode="clip"), 1))
         acc, state, fin = jax.tree_util.tree_map(take, (acc_all, state_all, fin_all))
         if g is not None:
@@ -758,8 +758,8 @@ def _first_worlds(need, k):
     world)."""
     n = need.shape[0]
     ids = jnp.arange(n, dtype=jnp.int32)
-    key = jnp.sort(jnp.where(need, ids, n + ids))
-    pos = jnp.where(key < n, key, n)
+    key = jnp.sort(where(need, ids, n + ids))
+    pos = where(key < n, key, n)
     return jnp.concatenate([pos, jnp.full((k - n,), n, jnp.int32)]) if k > n else pos[:k]
 
 
@@ -794,7 +794,7 @@ def where_needed(fn, need, args, old):
 
         def whole():
             def keep(n, o):
-                return jnp.where(need.reshape((size,) + (1,) * (o.ndim - 1)), n, o)
+                return where(need.reshape((size,) + (1,) * (o.ndim - 1)), n, o)
 
             return jax.tree_util.tree_map(keep, vfn(*args), old)
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.math import unstack
+from simjax.engine.math import unstack, where
 
 MINVAL = 1e-15
 
@@ -50,16 +50,16 @@ def _prepare(spec, p, J, jaref, search):
 
 def _fric_cost(x, f, rf, D):
     # -x, not -rf (the same bits; see update)
-    return jnp.where((-x < rf) & (x < rf), 0.5 * D * x * x,
-                     jnp.where(-x >= rf, f * (-0.5 * rf - x), f * (-0.5 * rf + x)))
+    return where((-x < rf) & (x < rf), 0.5 * D * x * x,
+                 where(-x >= rf, f * (-0.5 * rf - x), f * (-0.5 * rf + x)))
 
 
 def _zone(n0, tsq, mu):
     pos = tsq > 0
-    t = jnp.sqrt(jnp.where(pos, tsq, 1.0)) * pos
-    top = jnp.where(pos, n0 >= mu * t, n0 >= 0)
-    bottom = jnp.where(pos, ~top & (mu * n0 + t <= 0), n0 < 0)
-    return jnp.where(top, 1, jnp.where(bottom, 2, 3)), t
+    t = jnp.sqrt(where(pos, tsq, 1.0)) * pos
+    top = where(pos, n0 >= mu * t, n0 >= 0)
+    bottom = where(pos, ~top & (mu * n0 + t <= 0), n0 < 0)
+    return where(top, 1, where(bottom, 2, 3)), t
 
 
 def _ell_cost_dif(e, alpha):
@@ -71,30 +71,30 @@ def _ell_cost_dif(e, alpha):
     tsq = e["uu"] + alpha * (2 * e["uv"] + alpha * e["vv"])
     za, ta = _zone(nn, tsq, mu)
     quadv = alpha * alpha * q[:, 2] + alpha * q[:, 1]
-    tdel = alpha * (2 * e["uv"] + alpha * e["vv"]) / jnp.where(ta + t0 > 0, ta + t0, 1.0)
+    tdel = alpha * (2 * e["uv"] + alpha * e["vv"]) / where(ta + t0 > 0, ta + t0, 1.0)
     rdel = alpha * e["v0"] - mu * tdel
     r0 = e["u0"] - mu * t0
     ra = nn - mu * ta
     b0 = mu * e["u0"] + t0
     ba = mu * nn + ta
     c = jnp.zeros_like(nn)
-    c = jnp.where((z0 == 2) & (za == 2), quadv, c)
-    c = jnp.where((z0 == 3) & (za == 3), 0.5 * dm * rdel * (2 * r0 + rdel), c)
-    c = jnp.where((z0 == 3) & (za == 2), quadv + 0.5 * dm * b0 * b0, c)
-    c = jnp.where((z0 == 2) & (za == 3), quadv - 0.5 * dm * ba * ba, c)
-    c = jnp.where((z0 == 1) & (za == 2), quadv + q[:, 0], c)
-    c = jnp.where((z0 == 1) & (za == 3), 0.5 * dm * ra * ra, c)
-    c = jnp.where((z0 == 3) & (za == 1), -0.5 * dm * r0 * r0, c)
-    c = jnp.where((z0 == 2) & (za == 1), -q[:, 0], c)
+    c = where((z0 == 2) & (za == 2), quadv, c)
+    c = where((z0 == 3) & (za == 3), 0.5 * dm * rdel * (2 * r0 + rdel), c)
+    c = where((z0 == 3) & (za == 2), quadv + 0.5 * dm * b0 * b0, c)
+    c = where((z0 == 2) & (za == 3), quadv - 0.5 * dm * ba * ba, c)
+    c = where((z0 == 1) & (za == 2), quadv + q[:, 0], c)
+    c = where((z0 == 1) & (za == 3), 0.5 * dm * ra * ra, c)
+    c = where((z0 == 3) & (za == 1), -0.5 * dm * r0 * r0, c)
+    c = where((z0 == 2) & (za == 1), -q[:, 0], c)
     # derivatives
-    tsafe = jnp.where(ta > 0, ta, 1.0)
+    tsafe = where(ta > 0, ta, 1.0)
     n1 = e["v0"]
     t1 = (e["uv"] + alpha * e["vv"]) / tsafe
     t2 = e["vv"] / tsafe - (e["uv"] + alpha * e["vv"]) * t1 / (tsafe * tsafe)
-    d0 = jnp.where(za == 2, 2 * alpha * q[:, 2] + q[:, 1],
-                   jnp.where(za == 3, dm * ra * (n1 - mu * t1), 0.0))
-    d1 = jnp.where(za == 2, 2 * q[:, 2],
-                   jnp.where(za == 3, dm * ((n1 - mu * t1) ** 2 + ra * (-mu * t2)), 0.0))
+    d0 = where(za == 2, 2 * alpha * q[:, 2] + q[:, 1],
+               where(za == 3, dm * ra * (n1 - mu * t1), 0.0))
+    d1 = where(za == 2, 2 * q[:, 2],
+               where(za == 3, dm * ((n1 - mu * t1) ** 2 + ra * (-mu * t2)), 0.0))
     return jnp.stack([c, d0, d1], 1)
 
 
@@ -125,12 +125,12 @@ def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
         # one-sided rows: quadratic where active at alpha, minus their cost at 0; the
         # step x, the three quadratic columns and the cost of rows leaving the set
         x = start + isl.rx(alpha, 0.0) * Jv
-        cost0 = jnp.where(start < 0, quad[:, 0], 0.0)
+        cost0 = where(start < 0, quad[:, 0], 0.0)
         act = iq & (x < 0)
         qrow = eq | act
-        cols = [jnp.where(act, quad[:, 0] - cost0, 0.0),
-                jnp.where(qrow, quad[:, 1], 0.0), jnp.where(qrow, quad[:, 2], 0.0)]
-        return x, cols, jnp.where(iq & ~act, cost0, 0.0)
+        cols = [where(act, quad[:, 0] - cost0, 0.0),
+                where(qrow, quad[:, 1], 0.0), where(qrow, quad[:, 2], 0.0)]
+        return x, cols, where(iq & ~act, cost0, 0.0)
 
     def with_fric():
         x, cols, leave = one_sided()
@@ -139,10 +139,10 @@ def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
         rf = p["R"] * f
         quadz = (-x < rf) & (x < rf)
         fcost = _fric_cost(x, f, rf, D) - _fric_cost(start, f, rf, D)
-        dz0 = jnp.where(quadz, D * x * Jv, jnp.where(-x >= rf, -(f * Jv), f * Jv))
-        dz1 = jnp.where(quadz, D * Jv * Jv, 0.0)
-        rows = jnp.stack(cols + [jnp.where(fr, fcost, 0.0) - leave, jnp.where(fr, dz0, 0.0),
-                                 jnp.where(fr, dz1, 0.0)], -1)
+        dz0 = where(quadz, D * x * Jv, where(-x >= rf, -(f * Jv), f * Jv))
+        dz1 = where(quadz, D * Jv * Jv, 0.0)
+        rows = jnp.stack(cols + [where(fr, fcost, 0.0) - leave, where(fr, dz0, 0.0),
+                                 where(fr, dz1, 0.0)], -1)
         return isl.rsum(rows)                                       # (islands, 6)
 
     def without():
@@ -169,7 +169,7 @@ def _eval_point(qg, alpha, tot):
     cost = cost + alpha * alpha * q2 + alpha * q1 + q0
     d0 = d0 + 2 * alpha * q2 + q1
     d1 = d1 + 2 * q2
-    d1 = jnp.where(d1 <= 0, MINVAL, d1)
+    d1 = where(d1 <= 0, MINVAL, d1)
     return jnp.stack([alpha, cost, d0, d1], -1)
 
 
@@ -256,24 +256,24 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
         stop = n >= ls_iter
         # phases 1 and 2 (first and one-sided Newton steps; phase 1 sets the direction):
         # finished (converged, or out of evaluations), one more step, or to bracketing
-        direction = jnp.where(q[2] < 0, 1.0, -1.0).astype(dtype)
+        direction = where(q[2] < 0, 1.0, -1.0).astype(dtype)
         init_ok = (jnp.abs(q[2]) < gtol) & ((q[0] == 0) | (q[1] < 0))
         ok2 = (jnp.abs(q[2]) < gtol) & (q[1] < 0)
-        sdir = jnp.where(ph == 1, direction, s["dir"])
+        sdir = where(ph == 1, direction, s["dir"])
         more = (q[2] * sdir <= -gtol) & ~stop
-        fin12 = jnp.where(ph == 1, init_ok, ok2) | (~more & stop)
-        t12 = jnp.where(fin12, 0, jnp.where(more, 1, 2)) + jnp.where(ph == 1, 1, 4)
+        fin12 = where(ph == 1, init_ok, ok2) | (~more & stop)
+        t12 = where(fin12, 0, where(more, 1, 2)) + where(ph == 1, 1, 4)
         # the bracket's last point (LastBracket): p1, p2 or zero
         lb1 = (p1[1] <= p2[1]) & (p1[1] < 0)
         lb2 = (p2[1] <= p1[1]) & (p2[1] < 0)
-        lb = jnp.where(lb1, 0, jnp.where(lb2, 1, 2))
+        lb = where(lb1, 0, where(lb2, 1, 2))
         # phase 4: convergence over the candidates p1n, p2n, q and the bracket updates
         cands = (p1n, p2n, q)
         best, bestc, found = i32(0), jnp.zeros(k, dtype), jnp.zeros(k, bool)
         for j, cand in enumerate(cands):
             ok = (jnp.abs(cand[2]) < gtol) & (~found | (cand[1] < bestc))
-            best = jnp.where(ok, j, best)
-            bestc = jnp.where(ok, cand[1], bestc)
+            best = where(ok, j, best)
+            bestc = where(ok, cand[1], bestc)
             found = found | ok
 
         def upd(pb):
@@ -282,32 +282,32 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
             for c, cand in enumerate(cands):
                 neg = (d < 0) & (cand[2] < 0) & (d < cand[2])
                 posd = ~neg & (d > 0) & (cand[2] > 0) & (d > cand[2])
-                j = jnp.where(neg | posd, c + 1, j)
-                d = jnp.where(neg | posd, cand[2], d)
+                j = where(neg | posd, c + 1, j)
+                d = where(neg | posd, cand[2], d)
             return j
 
         u1, u2 = upd(p1), upd(p2)
         # phase 4: converged (res = the best candidate); no bracket end moves (res = q);
         # else the ends move. Phases 3, 5, 6 store their Newton point and go on, or stop
         # out of evaluations (res = LastBracket); phase 5 with f2 goes to phase 6 first
-        t4 = jnp.where(found, 11 + best,
-                       jnp.where((u1 == 0) & (u2 == 0), 14, 15 + u1 + 4 * u2))
-        t5 = jnp.where(s["f2"], 31, jnp.where(stop, 33 + lb, 32))
-        t6 = jnp.where(stop, 37 + lb, 36)
-        t3 = jnp.where(stop, 8 + lb, 7)
+        t4 = where(found, 11 + best,
+                   where((u1 == 0) & (u2 == 0), 14, 15 + u1 + 4 * u2))
+        t5 = where(s["f2"], 31, where(stop, 33 + lb, 32))
+        t6 = where(stop, 37 + lb, 36)
+        t3 = where(stop, 8 + lb, 7)
         t = jnp.select([ph == 0, ph <= 2, ph == 3, ph == 4, ph == 5],
                        [i32(0), t12, t3, t4, t5], t6)
         if k > 1:
             # islands that finished earlier stay as they are
-            t = jnp.where(s["done"], 40, t)
-            n = jnp.where(s["done"], s["n"], n)
-            sdir = jnp.where(s["done"], s["dir"], sdir)
+            t = where(s["done"], 40, t)
+            n = where(s["done"], s["n"], n)
+            sdir = where(s["done"], s["dir"], sdir)
         row = table[t]                  # the points' gather indices: computed once
         sources = jnp.concatenate([f[:, :len(pts)], q_[:, None], zero[:, None]], 1)
         points = jnp.take_along_axis(sources, row[:, :len(pts), None], 1)
-        out = dict(dir=sdir, n=n, ph=jnp.where(row[:, 5] < 0, ph, row[:, 5]),
+        out = dict(dir=sdir, n=n, ph=where(row[:, 5] < 0, ph, row[:, 5]),
                    done=s["done"] | (row[:, 6] == 1),
-                   f2=jnp.where(row[:, 7] < 0, s["f2"], row[:, 7] == 1))
+                   f2=where(row[:, 7] < 0, s["f2"], row[:, 7] == 1))
         return pack_meta(out, points)
 
     # the loop carries one array: the points, and the direction, phase, evaluation count

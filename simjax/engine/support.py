@@ -152,7 +152,7 @@ def object_velocity(m, d, bodies, pos, rot=None):
                                 d.subtree_com[np.asarray(m.body_rootid)[bodies]], rot)
     static = np.asarray(m.body_dofnum)[np.asarray(m.body_weldid)[bodies]] == 0
     if static.any():
-        vel = jnp.where(static[:, None], 0.0, vel)
+        vel = math.where(static[:, None], 0.0, vel)
     return vel
 
 
@@ -273,8 +273,8 @@ def energy_pos(m, d):
     if m.ntendon:
         length = d.ten_length
         rng = jnp.asarray(m.tendon_lengthspring, dtype).reshape(m.ntendon, 2)
-        x = jnp.where(length > rng[:, 1], length - rng[:, 1],
-                      jnp.where(length < rng[:, 0], length - rng[:, 0], 0.0))
+        x = math.where(length > rng[:, 1], length - rng[:, 1],
+                       math.where(length < rng[:, 0], length - rng[:, 0], 0.0))
         spoly = jnp.asarray(m.tendon_stiffnesspoly, dtype).reshape(m.ntendon, 2)
         energy = energy + jnp.sum(poly_potential(
             jnp.asarray(m.tendon_stiffness, dtype), spoly, x, False))

@@ -27,6 +27,7 @@ import numpy as np
 from jax import lax
 
 from simjax.engine import lapack_chol, tables
+from simjax.engine.math import where
 
 _CACHE: dict = {}
 
@@ -288,7 +289,7 @@ def _solve_ld_scan(qld, b):
     tail = (1,) * (b.ndim - 1)
 
     def masked(vec, keep):
-        return jnp.where(keep, vec, 0).reshape((n,) + tail)
+        return where(keep, vec, 0).reshape((n,) + tail)
 
     def up(x, k):          # L' x = b, leaves first
         row = lax.dynamic_index_in_dim(qld, k, 0, keepdims=False)
@@ -564,10 +565,10 @@ def _level_pair_batched(plan, n, a, diag):
     g = (b + pad) // w
     # pack the tree entries with the worlds of a block on the minor axis
     real = jnp.asarray(plan.real[None, :, None])
-    pk = jnp.where(real, a.reshape(g, w, n * n).transpose(0, 2, 1)[:, plan.src], 0)
+    pk = where(real, a.reshape(g, w, n * n).transpose(0, 2, 1)[:, plan.src], 0)
     isdiag = jnp.asarray((plan.real & (plan.src % (n + 1) == 0))[None, :, None])
     dg = diag.reshape(g, w, n).transpose(0, 2, 1)[:, plan.src // n]
-    pk = jnp.concatenate([pk, pk + jnp.where(isdiag, dg, 0)])
+    pk = jnp.concatenate([pk, pk + where(isdiag, dg, 0)])
     q = _level_ld_blocks(plan, pk)
     # the packed factors per world (B, 2, S + 1): a layout change that
     # :func:`solve_ld_pair`'s batched rule undoes, so that XLA removes both where the
@@ -584,7 +585,7 @@ def _pack_world(plan, qld):
     """One world's packed factor (S + 1,) from its dense qLD (n, n): the layout of
     :func:`_level_ld_blocks`'s output (padding and the trailing entry zero)."""
     vals = qld.reshape(-1)[plan.src]
-    return jnp.concatenate([jnp.where(plan.real, vals, 0), jnp.zeros(1, qld.dtype)])
+    return jnp.concatenate([where(plan.real, vals, 0), jnp.zeros(1, qld.dtype)])
 
 
 def _chain_steps(c):

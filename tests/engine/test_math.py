@@ -74,3 +74,42 @@ def test_reduce_fused_matches_xla_reduction(n, kind):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     if 32 < n <= 1024 and (kind != "sum" or n <= 128):
         assert "reduce-window" not in jax.jit(fused).lower(x).compile().as_text()
+
+
+def test_where_as_jnp_where():
+    """math.where gives jnp.where's values, dtype, weak type and shape (traced in place
+    or handed to jnp.where), also under jit, vmap and grad."""
+    import itertools
+
+    import jax
+    import jax.numpy as jnp
+    conds = [jnp.asarray(True), jnp.asarray(RNG.random(5) > 0.5),
+             jnp.asarray(RNG.random((4, 5)) > 0.5), RNG.random((4, 1)) > 0.5,
+             jnp.asarray(RNG.random(5)) > 0.5]
+    vals = [jnp.arange(5.0), jnp.ones((4, 5), jnp.float32), jnp.full((4, 1), 2.0), 2.0, 3,
+            True, jnp.arange(5), np.arange(5.0, dtype=np.float32), jnp.ones(5, jnp.int32),
+            jnp.asarray(2.0), jnp.ones(5, bool)]
+    checked = 0
+    for c, x, y in itertools.product(conds, vals, vals):
+        try:
+            ref = jnp.where(c, x, y)
+        except (TypeError, ValueError):
+            continue
+        out = math.where(c, x, y)
+        assert (out.dtype, out.shape, out.weak_type) == (ref.dtype, ref.shape, ref.weak_type)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+        checked += 1
+    assert checked > 300
+    # traced operands (one jit for the lot)
+    args = [(c, x, y) for c, x, y in itertools.product(conds[1:3], vals[:3], vals[3:6])]
+    outs = jax.jit(lambda a: [math.where(*v) for v in a])(args)
+    for (c, x, y), out in zip(args, outs):
+        ref = jnp.where(c, x, y)
+        assert (out.dtype, out.shape) == (ref.dtype, ref.shape)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+    c, x = jnp.asarray(RNG.random((3, 5)) > 0.5), jnp.asarray(RNG.standard_normal((3, 5)))
+    np.testing.assert_array_equal(jax.vmap(lambda c, x: math.where(c, x, 0.0))(c, x),
+                                  jnp.where(c, x, 0.0))
+    g = jax.grad(lambda x: jnp.sum(math.where(c, x * x, -x)))(x)
+    np.testing.assert_array_equal(g, jnp.where(c, 2 * x, -1.0))
+    assert math.where(c[0]).__len__() == 1          # one argument: jnp.where's nonzero

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from simjax.engine.math import ops, take_rows, unstack
+from simjax.engine.math import ops, take_rows, unstack, where
 from simjax.engine.tables import concrete
 from simjax.types import GeomType as GT
 
@@ -30,7 +30,7 @@ def _broadphase(m, d, g1, g2, margin, cols=None):
     dif = [p1[i] - p2[i] for i in range(3)]
     sphere = _dot3(dif, dif) <= (r1 + r2 + margin) ** 2
     plane1 = _dot3([p2[i] - p1[i] for i in range(3)], _col(mat1, 2)) <= margin + r2
-    out = jnp.where((r1 > 0) & (r2 > 0), sphere, jnp.where(
+    out = where((r1 > 0) & (r2 > 0), sphere, where(
         jnp.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
     return out
 
@@ -162,14 +162,14 @@ def _half_extent(m, g, ftype, pos, mat, size):
     r = size[0]
     # sphere (r, r, r), capsule (r, r, r + h), cylinder (r, r, h), ellipsoid/box sizes
     sph, cap, cyl = (jnp.asarray(gtype == t) for t in (GT.SPHERE, GT.CAPSULE, GT.CYLINDER))
-    hs = [jnp.where(sph, r, size[i]) for i in range(3)]
-    hs = [jnp.where(cap, x, h) for x, h in zip((r, r, r + size[1]), hs)]
-    hs = [jnp.where(cyl, x, h) for x, h in zip((r, r, size[1]), hs)]
+    hs = [where(sph, r, size[i]) for i in range(3)]
+    hs = [where(cap, x, h) for x, h in zip((r, r, r + size[1]), hs)]
+    hs = [where(cyl, x, h) for x, h in zip((r, r, size[1]), hs)]
     if np.any(gtype == GT.MESH):
         aabb = jnp.asarray(m.geom_aabb, ftype)[g]
         mesh = jnp.asarray(gtype == GT.MESH)
-        hs = [jnp.where(mesh, aabb[:, 3 + i], hs[i]) for i in range(3)]
-        off = [jnp.where(mesh, aabb[:, i], 0.0) for i in range(3)]
+        hs = [where(mesh, aabb[:, 3 + i], hs[i]) for i in range(3)]
+        off = [where(mesh, aabb[:, i], 0.0) for i in range(3)]
         pos = [pos[i] + off[0] * mat[3 * i] + off[1] * mat[3 * i + 1] +
                off[2] * mat[3 * i + 2] for i in range(3)]
     return pos, hs
@@ -203,7 +203,7 @@ def _box_filter(m, d, g1, g2, margin, cols=None):
         # is larger, up to (r + h) |a . b_j| + r (|x . b_j| + |y . b_j|))
         capj = jnp.asarray(cap)
         r, hl = s1_[0], s1_[1]
-        r21 = [jnp.where(capj, r + hl * rabs[2][j], r21[j]) for j in range(3)]
+        r21 = [where(capj, r + hl * rabs[2][j], r21[j]) for j in range(3)]
     sep = jnp.zeros(margin.shape, bool)
     for t, h, r in zip(t1 + t2, h1 + h2, r12 + r21):
         sep = sep | (jnp.abs(t) - h - r > margin + 1e-3 * (jnp.abs(t) + h + r))
@@ -236,7 +236,7 @@ def _segment_cross_sep(m1, m2, dc, s1, h2, rabs, margin):
         j1, j2 = (j + 1) % 3, (j + 2) % 3
         ln2 = 1 - rabs[2][j] * rabs[2][j]               # |a x b_j|^2
         use = ln2 > 1e-4
-        ln = jnp.sqrt(jnp.where(use, ln2, 1.0))
+        ln = jnp.sqrt(where(use, ln2, 1.0))
         t = jnp.abs(_dot3(w, _col(m2, j)))
         e = h2[j1] * rabs[2][j2] + h2[j2] * rabs[2][j1]  # box2 extent, times ln
         gap = t - e - s1[0] * ln

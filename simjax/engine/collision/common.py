@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from simjax.engine.math import ops
+from simjax.engine.math import ops, where
 
 #: mjMINVAL
 MINVAL = 1e-15
@@ -118,7 +118,7 @@ def sel(c, a, b):
         if (isinstance(a, jax.Array) and isinstance(b, jax.Array) and a.dtype == b.dtype
                 and a.shape == b.shape == c.shape):
             return lax.select(c, a, b)
-    return jnp.where(c, a, b)
+    return where(c, a, b)
 
 
 def pick3(v, i):
@@ -133,7 +133,7 @@ def pick3(v, i):
             and all(isinstance(x, jax.Array) for x in xs)
             and len({(x.shape, x.dtype) for x in xs}) == 1):
         return lax.select_n(i.astype(jnp.int32), *xs)
-    return jnp.where(i == 0, xs[0], jnp.where(i == 1, xs[1], xs[2]))
+    return where(i == 0, xs[0], where(i == 1, xs[1], xs[2]))
 
 
 #: last-axis length up to which :func:`argmin` / :func:`argmax` use XLA's (value, index)
@@ -184,7 +184,7 @@ def first_where(mask, score=None):
         # one reduction gives both: the mask is computed once
         n = flat.shape[0]
         k = jnp.min(sel(flat, lax.iota(jnp.int32, n), n))
-        return jnp.unravel_index(jnp.where(k < n, k, 0), mask.shape), k < n
+        return jnp.unravel_index(where(k < n, k, 0), mask.shape), k < n
     k = argmin(sel(flat, score.reshape(-1), jnp.inf))
     return jnp.unravel_index(k, mask.shape), flat[k]
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision.common import argmax, argmin, dot, normalize, one
-from simjax.engine.math import reduce_fused
+from simjax.engine.math import reduce_fused, where
 from simjax.types import GeomType as GT
 
 #: a projection within this distance (m) outside a triangle's edge still counts inside
@@ -99,7 +99,7 @@ def _select(c, tplane, tedge, edge):
     ein = (tedge[..., 0] * c0 + tedge[..., 1] * c1 + tedge[..., 2] * c2 - tedge[..., 3]
            >= -INSIDE_TOL)                                     # (T, 3)
     inside = ein[:, 0] & ein[:, 1] & ein[:, 2]
-    dface = jnp.where(inside & (s >= 0), s, jnp.inf)
+    dface = where(inside & (s >= 0), s, jnp.inf)
     tf = argmin(dface)
     w = c - edge[:, :3]
     d = edge[:, 3:6]
@@ -109,7 +109,7 @@ def _select(c, tplane, tedge, edge):
     te = argmin(d2)
     outside = smax > 0
     face = ~outside | (dface[tf] * dface[tf] <= d2[te])
-    tri = jnp.where(outside, tf, argmax(s))
+    tri = where(outside, tf, argmax(s))
     return face, tri, te
 
 
@@ -129,8 +129,8 @@ def sphere_mesh(g1, g2, margin, t2=None, feature=None):
     er = edge[te]
     tt = jnp.clip(dot(c - er[:3], er[3:6]) * er[6], 0.0, 1.0)
     nedge, dedge = normalize(er[:3] + tt * er[3:6] - c)
-    nloc = jnp.where(face, -pl[:3], nedge)
-    dist = jnp.where(face, hface, dedge) - r
+    nloc = where(face, -pl[:3], nedge)
+    dist = where(face, hface, dedge) - r
     n = g2.mat @ nloc
     pos = g1.pos + (r + 0.5 * dist) * n
     return one(dist, pos, n, dist <= margin)
@@ -169,7 +169,7 @@ def _select_passing(c, ok, tplane, tedge, edge):
     gathered SELECT_BLOCK at a time (the searches' inputs carry no gradient and
     their outputs are integers: nothing to differentiate)."""
     face, tri, te = jax.vmap(_select)(c, tplane, tedge, edge)
-    return face & ok, jnp.where(ok, tri, 0), jnp.where(ok, te, 0)
+    return face & ok, where(ok, tri, 0), where(ok, te, 0)
 
 
 @_select_passing.def_vmap
@@ -193,7 +193,7 @@ def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
         count = reduce_fused(need.astype(jnp.int32), 0)
         # the passing worlds in order, then the others (padding reads them, its
         # results are not taken); each world's place in that order by a second sort
-        pos = jnp.sort(jnp.where(need, ids, size + ids)) % size
+        pos = jnp.sort(where(need, ids, size + ids)) % size
         place = jax.lax.sort((pos, ids), num_keys=1)[1]
         pos = jnp.concatenate([pos, jnp.full((nblk * blk - size,), size - 1, jnp.int32)])
         tab = [jax.lax.dynamic_index_in_dim(t, k, 0, keepdims=False)
@@ -209,7 +209,7 @@ def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
         buf = jax.lax.while_loop(lambda cr: cr[0] * blk < count, body,
                                  (jnp.zeros((), jnp.int32),
                                   jnp.zeros((nblk * blk, 3), jnp.int32)))[1]
-        res = jnp.where(need[:, None], buf[place], 0)
+        res = where(need[:, None], buf[place], 0)
         return jax.lax.dynamic_update_index_in_dim(out, res, k, 1)
     out = jax.lax.fori_loop(0, n, pair, zero)
     return (out[..., 0] > 0, out[..., 1], out[..., 2]), (True, True, True)

@@ -52,7 +52,7 @@ from simjax.engine.collision.chunked import (
 from simjax.engine.collision.common import make_frame
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
-from simjax.engine.math import reduce_fused
+from simjax.engine.math import reduce_fused, where
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, GeomType as GT
 
@@ -429,35 +429,35 @@ def pair_params(m, p: Plan, dtype):
     sm = f(m.geom_solmix)
     s1, s2 = sm[g1], sm[g2]
     both = (s1 >= 1e-15) & (s2 >= 1e-15)
-    mix = jnp.where(both, s1 / jnp.where(both, s1 + s2, 1.0),
-                    jnp.where((s1 < 1e-15) & (s2 < 1e-15), 0.5,
-                              jnp.where(s1 < 1e-15, 0.0, 1.0)))[:, None]
+    mix = where(both, s1 / where(both, s1 + s2, 1.0),
+                where((s1 < 1e-15) & (s2 < 1e-15), 0.5,
+                      where(s1 < 1e-15, 0.0, 1.0)))[:, None]
     sr = f(m.geom_solref)
     r1, r2 = sr[g1], sr[g2]
-    solref = jnp.where(((r1[:, :1] > 0) & (r2[:, :1] > 0)), mix * r1 + (1 - mix) * r2,
-                       jnp.minimum(r1, r2))
+    solref = where(((r1[:, :1] > 0) & (r2[:, :1] > 0)), mix * r1 + (1 - mix) * r2,
+                   jnp.minimum(r1, r2))
     si = f(m.geom_solimp)
     i1, i2 = si[g1], si[g2]
     solimp = mix * i1 + (1 - mix) * i2
     fr = f(m.geom_friction)
     fr1, fr2 = fr[g1], fr[g2]
     fri = jnp.maximum(fr1, fr2)
-    solref = jnp.where(hi1, r1, jnp.where(hi2, r2, solref))
-    solimp = jnp.where(hi1, i1, jnp.where(hi2, i2, solimp))
-    fri = jnp.where(hi1, fr1, jnp.where(hi2, fr2, fri))
+    solref = where(hi1, r1, where(hi2, r2, solref))
+    solimp = where(hi1, i1, where(hi2, i2, solimp))
+    fri = where(hi1, fr1, where(hi2, fr2, fri))
     friction = fri[:, jnp.asarray([0, 0, 1, 2, 2])]
     solreffriction = jnp.zeros_like(solref)
     if m.npair and np.any(ip >= 0):
         isp = ip >= 0
         k = np.maximum(ip, 0)
-        sel = lambda a, b: jnp.where(isp.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+        sel = lambda a, b: where(isp.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
         margin = sel(f(m.pair_margin)[k], margin)
         gap = sel(f(m.pair_gap)[k], gap)
         friction = sel(f(m.pair_friction)[k], friction)
         solref = sel(f(m.pair_solref)[k], solref)
         solimp = sel(f(m.pair_solimp)[k], solimp)
         srf = f(m.pair_solreffriction)[k]
-        srf = jnp.where(jnp.any(srf != 0, axis=1, keepdims=True), srf, 0.0)
+        srf = where(jnp.any(srf != 0, axis=1, keepdims=True), srf, 0.0)
         solreffriction = sel(srf, solreffriction)
     n = len(g1)
     if _override(m):
@@ -600,7 +600,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
         if cap >= n:
             return run(), ok, count, no, None
         ar = np.arange(n)
-        sel = first_k(jnp.where(ok, ar, n + ar), cap)    # passing pairs, in order
+        sel = first_k(where(ok, ar, n + ar), cap)    # passing pairs, in order
         r1, r2 = rows(sel)
         pre = jax.vmap(grp.fn)(Geom(*r1[:3]), Geom(*r2[:3]), dm[sel])
         return pre, jnp.arange(cap) < count, count, count > cap, sel
@@ -671,8 +671,8 @@ def _select(pos, mine, dist, over, k, fits=False):
     kt = dist.dtype if dist.dtype == jnp.float64 else jnp.float32
     big = jnp.finfo(kt).max
     depth = jax.lax.stop_gradient(dist).astype(kt)
-    depth = jnp.where(jnp.isnan(depth), big, jnp.clip(depth, -big, big))
-    kf = jnp.where(over, -jnp.where(mine, depth, jnp.inf), -pos.astype(kt))
+    depth = where(jnp.isnan(depth), big, jnp.clip(depth, -big, big))
+    kf = where(over, -where(mine, depth, jnp.inf), -pos.astype(kt))
     idx = jax.lax.top_k(kf, k)[1]
     return idx[first_k(pos[idx], k)]
 
@@ -797,7 +797,7 @@ def collision(m, d):
         mine = valid if dim is None else valid & (dim == dm)
         count = reduce_fused(mine, 0)
         overflow = overflow | (count > nslot)
-        idx.append(_select(jnp.where(mine, key, total + ar), mine, depth,
+        idx.append(_select(where(mine, key, total + ar), mine, depth,
                            count > nslot, nslot, most.get(dm, 0) <= nslot))
         vtake.append(jnp.arange(nslot) < count)
     idx = jnp.minimum(jnp.concatenate(idx), nent - 1)
@@ -806,14 +806,14 @@ def collision(m, d):
     cand = jnp.asarray(cand)[idx]
     par = _contact_params(m, p, prm, ftype)[cand]
     dist, includemargin = row[:, 0], par[:, 0]
-    zero = lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
+    zero = lambda x: where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
     con = d.contact.replace(
         dist=zero(dist), pos=zero(row[:, 1:4]), frame=zero(make_frame(row[:, 4:7],
                                                                       row[:, 7:10])),
         includemargin=zero(includemargin), friction=zero(par[:, 1:6]),
         solref=zero(par[:, 6:8]), solreffriction=zero(par[:, 8:10]),
         solimp=zero(par[:, 10:15]),
-        geom=jnp.where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1),
+        geom=where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1),
         exclude=(valid & (dist >= includemargin)).astype(jnp.int32),
         efc_address=jnp.full(valid.shape, -1, jnp.int32),
         valid=valid)
@@ -835,6 +835,6 @@ def contact_order(m, d):
     table = np.full((m.ngeom, m.ngeom), len(p.g1), np.int32)
     table[p.g1, p.g2] = p.rank
     valid = d.contact.valid
-    g = jnp.where(valid[:, None], d.contact.geom, 0)
-    rank = jnp.where(valid, jnp.asarray(table)[g[:, 0], g[:, 1]], len(p.g1))
+    g = where(valid[:, None], d.contact.geom, 0)
+    rank = where(valid, jnp.asarray(table)[g[:, 0], g[:, 1]], len(p.g1))
     return jnp.lexsort((slots, rank)).astype(jnp.int32)

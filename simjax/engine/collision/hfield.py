@@ -61,6 +61,7 @@ import numpy as np
 
 from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot,
                                             normalize, rot, safe_norm, sel)
+from simjax.engine.math import where
 from simjax.engine.tables import concrete
 from simjax.types import EnableBit
 from simjax.types import GeomType as GT
@@ -461,7 +462,7 @@ def _sphere_canon(z, p, dx, dy, base, r):
 
     def vert_u(zv):
         den = zv + base
-        return jnp.clip(pb / jnp.where(den > MINVAL, den, one), 0.0, 1.0)
+        return jnp.clip(pb / where(den > MINVAL, den, one), 0.0, 1.0)
     tx, ty, tz, to, s0, u6, u7, u8 = _materialise([tx, ty, tz, to, s0, vert_u(za),
                                                    vert_u(zb), vert_u(zc)])
     top = lambda qx, qy, qz: tx * qx + ty * qy + tz * qz - to
@@ -480,13 +481,13 @@ def _sphere_canon(z, p, dx, dy, base, r):
     # a projection outside its face: the largest finite value, never nearer than a
     # projection inside its face
     big = jnp.full_like(za, np.finfo(za.dtype).max)
-    dface = [jnp.where(ok, sf * sf, big) for ok, sf in
+    dface = [where(ok, sf * sf, big) for ok, sf in
              ((in0, s0), (in1, s1), (in2, s2), (in3, s3), (in4, s4))]
 
     def seg_u(ax, ay, az, bx, by, bz):          # parameter of the closest point
         den = bx * bx + by * by + bz * bz
         num = (px - ax) * bx + (py - ay) * by + (pz - az) * bz
-        return jnp.clip(num / jnp.where(den > MINVAL, den, one), 0.0, 1.0)
+        return jnp.clip(num / where(den > MINVAL, den, one), 0.0, 1.0)
     # top edges A -> B, B -> C, C -> A as (start, direction)
     tedge = [((0.0, dy, za), (0.0, -dy, zb - za)), ((0.0, 0.0, zb), (dx, dy, zc - zb)),
              ((dx, dy, zc), (-dx, 0.0, za - zc))]
@@ -524,20 +525,20 @@ def _sphere_canon(z, p, dx, dy, base, r):
     sk, fi = sf[0], jnp.zeros_like(za)
     for f in range(1, 5):
         better = sf[f] > sk
-        sk = jnp.where(better, sf[f], sk)
-        fi = jnp.where(better, float(f), fi)
+        sk = where(better, sf[f], sk)
+        fi = where(better, float(f), fi)
     best, ji = dist2[0], jnp.zeros_like(za)
     for j in range(1, 14):
         closer = dist2[j] < best
-        best = jnp.where(closer, dist2[j], best)
-        ji = jnp.where(closer, float(j), ji)
+        best = where(closer, dist2[j], best)
+        ji = where(closer, float(j), ji)
     fi, ji, sk = _materialise([fi, ji, sk])
     nk = tuple(full(x) for x in fn[0])
     for f in range(1, 5):
-        nk = tuple(jnp.where(fi == f, full(a), b) for a, b in zip(fn[f], nk))
+        nk = tuple(where(fi == f, full(a), b) for a, b in zip(fn[f], nk))
     q = tuple(full(x) for x in cand[0])
     for j in range(1, 14):
-        q = tuple(jnp.where(ji == j, full(a), b) for a, b in zip(cand[j], q))
+        q = tuple(where(ji == j, full(a), b) for a, b in zip(cand[j], q))
     vals = _materialise(list(q) + list(nk))
     q, nk = tuple(vals[:3]), tuple(vals[3:6])
     # stage 4: the contact
@@ -545,7 +546,7 @@ def _sphere_canon(z, p, dx, dy, base, r):
     inside = sk <= 0
     n_out, dd = _vnormalize(_vsub((px, py, pz), q), like)
     n = _vsel(inside, nk, n_out, like)
-    dist = jnp.where(inside, sk, dd) - r
+    dist = where(inside, sk, dd) - r
     pos = tuple(c - n[i] * (r + 0.5 * dist) for i, c in enumerate((px, py, pz)))
     return dist, pos, n
 
