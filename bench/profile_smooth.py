@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.profiling import count_eqns
+from bench.profiling import count_eqns, traced_events
 
 
 def _batch(name, batch, dtype):
@@ -187,11 +187,7 @@ def isolated(model, data, repeat):
 def top_ops(model, data, fn, count):
     """Print the ``count`` XLA kernels of jit(vmap(fn)) with the most traced time."""
     import collections
-    import glob
-    import gzip
-    import json
     import re
-    import tempfile
 
     import jax
     run = jax.jit(jax.vmap(lambda d: fn(model, d)))
@@ -203,16 +199,10 @@ def top_ops(model, data, fn, count):
             source[found.group(1)] = found.group(2)
     jax.block_until_ready(run(data))
     nrun = 5
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp, create_perfetto_trace=True):
-            for _ in range(nrun):
-                jax.block_until_ready(run(data))
-        path = glob.glob(f"{tmp}/**/perfetto_trace.json.gz", recursive=True)[0]
-        events = json.load(gzip.open(path))
-    events = events["traceEvents"] if isinstance(events, dict) else events
+    events = traced_events(run, data, nrun)
     spent = collections.Counter()
     for e in events:
-        if e.get("ph") == "X" and e["name"] in source:
+        if e["name"] in source:
             spent[e["name"]] += e["dur"] / nrun
     total = sum(spent.values())
     print(f"  {len(spent)} kernels, {total:.0f} us traced per batched step", flush=True)

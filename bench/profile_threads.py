@@ -65,29 +65,20 @@ def cpu_wall(key, names, batch, chunk, rounds):
 
 def occupancy(model, data, nrun=10, top=15):
     """Print the thread occupancy of ``jit(vmap(step))`` at ``data`` (see module doc)."""
-    import glob
-    import gzip
-    import json
     import re
-    import tempfile
 
     import jax
 
     import simjax
+    from bench.profiling import traced_events
     run = jax.jit(jax.vmap(lambda d: simjax.step(model, d)))
     hlo = run.lower(data).compile().as_text()
     names = set(re.findall(r"^\s+(?:ROOT )?%(\S+) = ", hlo, re.M))
     jax.block_until_ready(run(data))
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp, create_perfetto_trace=True):
-            for _ in range(nrun):
-                jax.block_until_ready(run(data))
-        path = glob.glob(f"{tmp}/**/perfetto_trace.json.gz", recursive=True)[0]
-        events = json.load(gzip.open(path))
-    events = events["traceEvents"] if isinstance(events, dict) else events
+    events = traced_events(run, data, nrun)
     per_thread = collections.defaultdict(list)
     for e in events:
-        if e.get("ph") == "X" and e["name"] in names:
+        if e["name"] in names:
             per_thread[e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"]))
     edges = []
     for tid, spans in per_thread.items():       # nested kernels merged into their parent

@@ -42,6 +42,25 @@ _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][a-z0-9\-]*)
 _CALLEE = re.compile(r"(calls|to_apply)=%?([\w.\-]+)")
 
 
+def traced_events(run, arg, nrun):
+    """Complete events ("X": name, ts, dur, tid; microseconds) of ``nrun`` calls of the
+    compiled function ``run(arg)``, from jax's profiler trace (perfetto format)."""
+    import glob
+    import gzip
+    import json
+    import tempfile
+
+    import jax
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp, create_perfetto_trace=True):
+            for _ in range(nrun):
+                jax.block_until_ready(run(arg))
+        path = glob.glob(f"{tmp}/**/perfetto_trace.json.gz", recursive=True)[0]
+        events = json.load(gzip.open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    return [e for e in events if e.get("ph") == "X"]
+
+
 def _kernel_lines(text):
     """HLO text's computations as {name: [(opcode, line), ...]} and the set of names
     that are inside an op (fusion bodies, reducers), not run op by op."""
