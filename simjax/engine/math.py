@@ -307,17 +307,16 @@ def where(*args, **kwargs):
     shape = np.shape(ops[0])
     if any(np.shape(v) != shape for v in ops[1:]):
         shape = np.broadcast_shapes(*(np.shape(v) for v in ops))
-    if cond.ndim and cond.shape != shape:
-        cond = lax.broadcast_in_dim(cond, shape, tuple(range(len(shape) - cond.ndim, len(shape))))
 
     def spread(v):
+        # numpy broadcasting: a Python scalar filled, an array's axes aligned at the end
         if not hasattr(v, "dtype"):
             return lax.full(shape, v, dtype)
         if v.shape == shape:
             return v
         return lax.broadcast_in_dim(v, shape, tuple(range(len(shape) - v.ndim, len(shape))))
 
-    return lax.select(cond, spread(x), spread(y))
+    return lax.select(spread(cond) if cond.ndim else cond, spread(x), spread(y))
 
 
 def stack(c):

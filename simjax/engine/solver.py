@@ -636,8 +636,8 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
     both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
     Mb = M @ both
     cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
-    rest = rest_zeros(rows, jb) if (nisl == 1 or not _REMAKE) else ()
-    first = first and rows.nchunk > 1 and _FIRST and not (nisl > 1 and _REMAKE)
+    rest = rest_zeros(rows, jb)
+    first = first and rows.nchunk > 1 and _FIRST
     smooth_cost = 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
     if first:
         # the total cost known in the loop (the smooth part added first): each world
@@ -659,10 +659,6 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
     if nisl > 1:
         # dofs in no island start (and stay) at qacc_smooth
         qacc0 = where(p["dofisl"] == nisl, qs, qacc0)
-        if _REMAKE:
-            jaref, rows = _jaref(rows, qacc0)
-            # (the later chunks' rows at qacc_smooth are not kept)
-            return (qacc0, M @ qacc0, jaref), rows, smooth if rows.nchunk == 1 else None
         # chunk 0's rows remade at qacc0 (a product over the chunk, as before: the
         # same bits); the later chunks' (usually none) kept from the warm start's pass
         head = rows.J0 @ qacc0 - rows.x0["aref"]
@@ -671,9 +667,6 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
     return (qacc0, Ma0, Chunked(jaref0, rest)) + ((extra,) if first else ()), rows, smooth
 
 
-#: remake the rows' J qacc0 - aref after the warm start's choice where there are
-#: islands (the former way, kept to compare)
-_REMAKE = False
 #: the later chunks' first-pass sums made by the warm start's pass (False: by a loop
 #: of the first pass, the former way, kept to compare)
 _FIRST = True
