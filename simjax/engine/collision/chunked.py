@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.math import reduce_fused
-from simjax.engine.solver_rows import batched_like, cumcount, first_true
+from simjax.engine.solver_rows import _count_below, batched_like, cumcount, first_true
 from simjax.types import GeomType as GT
 
 
@@ -87,12 +87,11 @@ def _pack(tree):
     return packed, unpack
 
 
-#: a collider's chunk, packed (:func:`_pack`), as an inlined ``jax.jit`` per collider
+#: a collider's chunk, packed (:func:`_pack`), as a ``jax.jit`` per collider
 #: (:func:`_packed_chunk`), and the unpacking of its output by (collider, argument
 #: types): :func:`_chunked` needs the packed width before the scan whose body calls the
 #: collider; the jit's trace gives it, and the call in the body reuses that trace
-#: (jit's trace cache; inlined, so the program is as if traced in place) where an
-#: ``eval_shape`` traced the collider a second time
+#: (jit's trace cache) where an ``eval_shape`` traced the collider a second time
 _PACKED: dict = {}
 _UNPACK: dict = {}
 
@@ -106,8 +105,14 @@ def _packed_chunk(fn):
             out, unpack = _pack(jax.vmap(fn)(*args))
             _UNPACK[(fn, _types(args))] = unpack
             return out
-        jf = _PACKED[fn] = jax.jit(packed, inline=True)
+        jf = _PACKED[fn] = jax.jit(packed, inline=_INLINE)
     return jf
+
+
+#: the chunk's jit stays a call in the traced program (XLA inlines it: the same
+#: kernels); inlined, its equations were bound again in the scan body (shadow hand's
+#: rollout trace ~4% longer). True: inlined (for paired measurements)
+_INLINE = False
 
 
 def _types(tree):
@@ -121,11 +126,18 @@ def _types(tree):
 _SEARCH_IN_CHUNK = True
 
 
+#: a chunk's pairs found by counting the cumulative counts below each of its ranks
+#: (``solver_rows._count_below``: one reduction kernel, where the binary search,
+#: "scan", was a loop of 8 kernels; the same indices; any method of
+#: ``jnp.searchsorted`` for paired measurements)
+_SEARCH = "count"
+
+
 def _chunked(fn, take, ok, count, found, ftype):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over the
     chunks of the passing pairs (compacted in order by a cumulative count and, in the
-    chunk's branch, a binary search for its pairs, as ``solver_rows.first_true``, where
-    :func:`first_k` of all n keys is a full sort), each a ``lax.cond`` on whether any
+    chunk's branch, a count of the cumulative counts below its pairs' ranks, see
+    ``_SEARCH``, where :func:`first_k` of all n keys is a full sort), each a ``lax.cond`` on whether any
     world has a passing pair in it (:func:`batch_max`), so that the collider is compiled
     once and runs only on chunks that hold passing pairs. A chunk's arguments are
     gathered inside its branch (``take(idx)``: the collider's arguments for group-local
@@ -143,7 +155,7 @@ def _chunked(fn, take, ok, count, found, ftype):
     most = batch_max(count)
     jf = _packed_chunk(fn)
     width = jf.trace(*take(jnp.zeros(CHUNK, jnp.int32))).out_info.shape[1]
-    # the cumulative count of passing pairs here, the binary search for a chunk's
+    # the cumulative count of passing pairs here, the search for a chunk's
     # pairs in its branch: only the chunks that run search theirs (searching all
     # n rows first cost the shadow hand's capsule-box group ~2.5 us per world)
     cs = cumcount(ok)
@@ -155,8 +167,9 @@ def _chunked(fn, take, ok, count, found, ftype):
 
         def run():
             want = c * CHUNK + jnp.arange(1, CHUNK + 1, dtype=jnp.int32)
-            idx = jnp.minimum(jnp.searchsorted(cs, want, method="scan"),
-                              n - 1).astype(jnp.int32)
+            pos = (_count_below(cs, want) if _SEARCH == "count" else
+                   jnp.searchsorted(cs, want, method=_SEARCH))
+            idx = jnp.minimum(pos, n - 1).astype(jnp.int32)
             if not _SEARCH_IN_CHUNK:
                 idx = jax.lax.dynamic_slice_in_dim(every, c * CHUNK, CHUNK)
             args = take(idx)

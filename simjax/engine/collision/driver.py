@@ -49,7 +49,7 @@ from simjax.engine.collision.broadphase import (  # noqa: F401 (also driver.<nam
     _pair_rows, _pair_table)
 from simjax.engine.collision.chunked import (
     CHUNK, _chunked, _chunks, _pack, _run_or_skip, _zeros, batch_max, first_k)
-from simjax.engine.collision.common import make_frame
+from simjax.engine.collision.common import make_frame, once
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
 from simjax.engine.math import reduce_fused, where
@@ -604,10 +604,17 @@ def narrow_group(m, d, p, grp, det_margin, split):
         r1, r2 = rows(sel)
         pre = jax.vmap(grp.fn)(Geom(*r1[:3]), Geom(*r2[:3]), dm[sel])
         return pre, jnp.arange(cap) < count, count, count > cap, sel
+    chunks = _chunks(grp.fn, len(grp.cand))
     if boxed:
         ok = ok & _box_filter(m, d, g1, g2, dm, cols)
+        if _ONCE_OK and not chunks and not group and not getattr(grp.fn, "hfield", False):
+            # the passing pairs stored once: the pair count and the contacts' validity
+            # (two consumers) each evaluated the broadphase and the bounding-box
+            # filter again, the per-component gathers of the geom poses (shadow hand's
+            # box-box group) as 24 kernels of their own
+            ok = once(ok)
     count = reduce_fused(ok, 0)
-    if _chunks(grp.fn, len(grp.cand)):
+    if chunks:
         # the chunk scan skipped whole when no world has a passing pair (its rows
         # are then zeros, and those of the pairs past the passing ones the last pair)
         nrow = -(-len(grp.cand) // CHUNK) * CHUNK
@@ -642,6 +649,10 @@ def narrow_group(m, d, p, grp, det_margin, split):
 #: boxed groups whose collider runs on few pairs gather from the per-geom table, not a
 #: pair table (off: the pair table for every group; for paired measurements)
 _GEOM_ROWS = True
+
+#: a boxed group run whole in a branch gets its passing pairs stored once (off: the
+#: former way; for paired measurements)
+_ONCE_OK = True
 
 #: pack height-field colliders' outputs too (the former way; for paired measurements)
 _PACK_HFIELD = False
