@@ -120,6 +120,22 @@ def spd_solve(low, b):
     return tri(low, y, left_side=True, lower=True, transpose_a=True)[:, 0]
 
 
+#: products with the warm start's two points (nv, 2) as two matrix-vector products,
+#: read at trace time: XLA CPU hands a batched (n, nv) x (nv, 2) product to YNNPACK,
+#: whose per-world cost is 2-3x that of two of its own matrix-vector products
+#: (batch 1024, float32, process CPU: 18 x 18 0.37 -> 0.12 us per world, 35 x 18
+#: 0.52 -> 0.21, 54 x 27 0.77 -> 0.35)
+_COLUMNS = True
+
+
+def _times_cols(a, x):
+    """a x for ``a`` (n, k) and ``x`` (k, c) (few columns): with :data:`_COLUMNS`
+    column by column."""
+    if not _COLUMNS:
+        return a @ x
+    return jnp.stack([a @ x[:, j] for j in range(x.shape[1])], 1)
+
+
 # --------------------------------------------------------------------------- problem
 @dataclasses.dataclass(frozen=True)
 class Spec:
@@ -567,7 +583,7 @@ def _jaref(rows, q):
 def _warm_cost(spec, x, J, both, acc):
     """Constraint costs at the two columns of ``both`` added to acc (2,), and the
     rows' J q - aref (rows, 2)."""
-    jb = J @ both - x["aref"][:, None]
+    jb = _times_cols(J, both) - x["aref"][:, None]
     return acc + jax.vmap(lambda jar: update(spec, x, jar)[2], 1)(jb), jb
 
 
@@ -580,7 +596,7 @@ def _warm_first(spec, x, e, sc, J, both, acc):
     (:func:`_update_chunk` with no step): acc (costs (2,), (J' force (nv, 2), Hessian
     terms (2, nv, nv)))."""
     cost, (f, H) = acc
-    jb = J @ both - x["aref"][:, None]
+    jb = _times_cols(J, both) - x["aref"][:, None]
 
     def one(jar, f, H):
         force, state, c = update(spec, x, jar)
@@ -634,7 +650,7 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
         jaref, rows = _jaref(rows, qs)
         return (qs, M @ qs, jaref), rows, jaref
     both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
-    Mb = M @ both
+    Mb = _times_cols(M, both)
     cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
     rest = rest_zeros(rows, jb)
     first = first and rows.nchunk > 1 and _FIRST
