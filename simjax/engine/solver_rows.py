@@ -257,7 +257,7 @@ def _chunk_rows(layout, caps, nefc, pos):
     return jnp.concatenate(idx), tuple(pos[1:])
 
 
-def _count_below(cs, q):
+def count_below(cs, q):
     """Entries of the sorted ``cs`` (n,) below each of ``q`` (k,) (int32; searchsorted's
     left positions): a count over blocks of 32 entries, summed. With every reduction at
     most 32 long (XLA CPU splits longer ones into a reduce-window, whose input is
@@ -279,7 +279,7 @@ def _chunk_positions(counts, caps, c):
     out = []
     for cs, k in zip(counts, (ks,) + tuple(ke)):
         q = c * k + jnp.arange(1, k + 1, dtype=jnp.int32)
-        out.append(_count_below(cs, q))
+        out.append(count_below(cs, q))
     return out
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.math import reduce_fused
-from simjax.engine.solver_rows import _count_below, batched_like, cumcount, first_true
+from simjax.engine.solver_rows import batched_like, count_below, cumcount, first_true
 from simjax.types import GeomType as GT
 
 
@@ -127,7 +127,7 @@ _SEARCH_IN_CHUNK = True
 
 
 #: a chunk's pairs found by counting the cumulative counts below each of its ranks
-#: (``solver_rows._count_below``: one reduction kernel, where the binary search,
+#: (``solver_rows.count_below``: one reduction kernel, where the binary search,
 #: "scan", was a loop of 8 kernels; the same indices; any method of
 #: ``jnp.searchsorted`` for paired measurements)
 _SEARCH = "count"
@@ -137,19 +137,19 @@ def _chunked(fn, take, ok, count, found, ftype):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over the
     chunks of the passing pairs (compacted in order by a cumulative count and, in the
     chunk's branch, a count of the cumulative counts below its pairs' ranks, see
-    ``_SEARCH``, where :func:`first_k` of all n keys is a full sort), each a ``lax.cond`` on whether any
-    world has a passing pair in it (:func:`batch_max`), so that the collider is compiled
-    once and runs only on chunks that hold passing pairs. A chunk's arguments are
-    gathered inside its branch (``take(idx)``: the collider's arguments for group-local
+    ``_SEARCH``, where :func:`first_k` of all n keys is a full sort), each a ``lax.cond``
+    on whether any world has a passing pair in it (:func:`batch_max`), so that the collider
+    is compiled once and runs only on chunks that hold passing pairs. A chunk's arguments
+    are gathered inside its branch (``take(idx)``: the collider's arguments for group-local
     pairs idx; from the component-major pair table, a few columns, where packing every
     pair's arguments into rows first wrote the whole group each step); its output, one
-    packed array (:func:`_pack`), is written into the rows of the group's output that
-    the scan carries (zeros first): a skipped chunk writes nothing (stacked as the
-    scan's outputs, every chunk wrote its rows, zeros when skipped, and the stack was
-    copied out; its width from the trace of :func:`_packed_chunk`, which the body
-    reuses). Returns (the packed collider output, which rows are passing pairs, the
-    group-local pair of each row: past the passing pairs, the last pair); sets
-    ``found["unpack"]``, the output's unpacking (:func:`_pack`)."""
+    packed array (:func:`_pack`), is written into the rows of the group's output that the
+    scan carries (zeros first): a skipped chunk writes nothing (stacked as the scan's
+    outputs, every chunk wrote its rows, zeros when skipped, and the stack was copied out;
+    its width from the trace of :func:`_packed_chunk`, which the body reuses). Returns (the
+    packed collider output, which rows are passing pairs, the group-local pair of each row:
+    past the passing pairs, the last pair); sets ``found["unpack"]``, the output's
+    unpacking (:func:`_pack`)."""
     n = ok.shape[0]
     nch = -(-n // CHUNK)
     most = batch_max(count)
@@ -167,7 +167,7 @@ def _chunked(fn, take, ok, count, found, ftype):
 
         def run():
             want = c * CHUNK + jnp.arange(1, CHUNK + 1, dtype=jnp.int32)
-            pos = (_count_below(cs, want) if _SEARCH == "count" else
+            pos = (count_below(cs, want) if _SEARCH == "count" else
                    jnp.searchsorted(cs, want, method=_SEARCH))
             idx = jnp.minimum(pos, n - 1).astype(jnp.int32)
             if not _SEARCH_IN_CHUNK:
