@@ -1,6 +1,7 @@
 """Where the XLA CPU compile of the batched step goes, kernel by kernel.
 
 Usage: python bench/profile_codegen.py [--batch N] [--models humanoid,ant] [--top N]
+       [--by-computation]
 
 XLA CPU's compile of a simjax step is mostly LLVM code generation, paid per kernel (one
 per fusion or unfused op). Measured on a 2-core machine (batch 1024, float32): 4-15 ms
@@ -98,7 +99,28 @@ def _duplicates(comps, inner):
     return {k: v for k, v in groups.items() if len(v) > 1}
 
 
-def profile(name, batch, top, only=None):
+def _by_computation(text, comps, inner, rows, top):
+    """LLVM ms and kernels per computation that runs its kernels (the entry, a loop body,
+    a conditional's branch), with the simjax functions most of its kernels come from:
+    a collider group run in a branch or a chunk loop has its kernels there (by the
+    innermost frame, a collider's kernels are spread over its helpers)."""
+    home = {line: name for name, ops in comps.items() if name not in inner
+            for _, line in ops}
+    kn_line = {re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)", ln).group(1): ln
+               for name, ops in comps.items() if name not in inner for _, ln in ops}
+    ms, cnt, fns = collections.Counter(), collections.Counter(), {}
+    for cost, kn, _, fr in rows:
+        c = home.get(kn_line.get(kn), "?")
+        ms[c] += cost
+        cnt[c] += 1
+        fns.setdefault(c, collections.Counter())[fr[-1][1] if fr else "(none)"] += 1
+    print("  -- by computation: LLVM ms, kernels, computation, top innermost functions")
+    for c, v in ms.most_common(top):
+        tops = ", ".join(f"{f} {k}" for f, k in fns[c].most_common(4))
+        print(f"  {v:7.0f}  {cnt[c]:5d}  {c[:40]:40s} {tops}")
+
+
+def profile(name, batch, top, only=None, by_comp=False):
     with tempfile.TemporaryDirectory() as tmp:
         text, ms, fns = _compile_logged(name, batch, tmp)
     fn_ms = {}
@@ -131,6 +153,8 @@ def profile(name, batch, top, only=None):
             continue
         where = " < ".join(f"{a}.{b}:{c}" for a, b, c in fr[::-1][:2])
         print(f"  {cost:7.1f}  {kn:32s} {op:14s} {where}")
+    if by_comp:
+        _by_computation(text, comps, inner, rows, top)
     ops = collections.Counter(op for _, _, op, _ in rows)
     dups = _duplicates(comps, inner)
     print(f"  while {ops['while']}  conditional {ops['conditional']}  reduce-window "
@@ -144,9 +168,11 @@ def main():
     ap.add_argument("--models", default="humanoid")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--only", help="list the costliest kernels of this function only")
+    ap.add_argument("--by-computation", action="store_true",
+                    help="also LLVM ms and kernels per loop body / branch / entry")
     args = ap.parse_args()
     for name in args.models.split(","):
-        profile(name, args.batch, args.top, args.only)
+        profile(name, args.batch, args.top, args.only, args.by_computation)
 
 
 if __name__ == "__main__":
