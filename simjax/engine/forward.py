@@ -25,6 +25,7 @@ from simjax.engine import constraint
 from simjax.engine import derivative
 from simjax.engine import gc_pause
 from simjax.engine import history
+from simjax.engine import inline
 from simjax.engine import io
 from simjax.engine import math
 from simjax.engine import passive
@@ -377,7 +378,7 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
     # is stop_gradient'ed (a custom_vmap has no reverse-mode rule)
     bada0 = batched_like(jnp.zeros((), bool), jax.lax.stop_gradient((qpos0, qvel0)))
     init = init + (keep, hist, bada0)
-    (d, _, _, _, dqvel, dqacc, dact, keep, hist, bada), _ = jax.lax.scan(
+    (d, _, _, _, dqvel, dqacc, dact, keep, hist, bada), _ = inline.scan(
         stage, init, jnp.asarray(rows, dtype))
     d = d.replace(time=t0, qpos=qpos0, qvel=qvel0, act=act0, sensordata=keep[0],
                   energy=keep[1])
@@ -573,7 +574,8 @@ def step(m, d: Data) -> Data:
     """
     if _use_batch_minor(m):
         return batch_minor.batch_minor(functools.partial(_step, m))(d)
-    return _step(m, d)
+    # jax.numpy's jits traced in line (see simjax.engine.inline)
+    return inline.inlined(_step)(m, d)
 
 
 #: the largest nv and nbody whose smooth RK4 steps run batch-minor under vmap (0:

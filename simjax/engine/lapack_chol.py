@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
+from simjax.engine import inline
 from jax import lax
 
 # jaxlib's kMinWorkPerTask is 200000; stay at half of it
@@ -75,7 +76,7 @@ def _chunked(fn, flat, *extra):
         new = (start + rows >= i * c).reshape((c,) + (1,) * (flat.ndim - 1))
         return lax.dynamic_update_slice_in_dim(out, lax.select(
             jnp.broadcast_to(new, y.shape), y, x), start, 0)
-    return lax.fori_loop(0, -(-total // c), body, flat)
+    return inline.fori_loop(0, -(-total // c), body, flat)
 
 
 @jax.custom_batching.custom_vmap
@@ -86,6 +87,7 @@ def cholesky(a):
 
 
 @cholesky.def_vmap
+@inline.inlined
 def _cholesky_vmap(axis_size, in_batched, a):
     del axis_size
     if not in_batched[0]:
@@ -126,6 +128,7 @@ def ld_reversed(a, mask, diag):
 
 
 @ld_reversed.def_vmap
+@inline.inlined
 def _ld_reversed_vmap(axis_size, in_batched, a, mask, diag):
     if in_batched[1]:
         a, diag = (x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import inline
 from simjax.engine.constraint import CONTACT_KINDS
 from simjax.engine.math import reduce_fused, where
 
@@ -38,7 +39,7 @@ def cholesky(a):
         djj = jnp.sqrt(jnp.maximum(v[j], MINVAL))
         return low.at[:, j].set(where(idx >= j, v / djj, 0.0))
 
-    return jax.lax.fori_loop(0, n, body, jnp.zeros_like(a))
+    return inline.fori_loop(0, n, body, jnp.zeros_like(a))
 
 
 def cho_solve(low, b):
@@ -48,13 +49,13 @@ def cho_solve(low, b):
     def fwd(i, y):
         return y.at[i].set((b[i] - low[i] @ y) / low[i, i])
 
-    y = jax.lax.fori_loop(0, n, fwd, jnp.zeros_like(b))
+    y = inline.fori_loop(0, n, fwd, jnp.zeros_like(b))
 
     def bwd(k, x):
         i = n - 1 - k
         return x.at[i].set((y[i] - low[:, i] @ x) / low[i, i])
 
-    return jax.lax.fori_loop(0, n, bwd, jnp.zeros_like(b))
+    return inline.fori_loop(0, n, bwd, jnp.zeros_like(b))
 
 
 # --------------------------------------------------------------------------- PGS
@@ -92,8 +93,8 @@ def _qcqp(a, b, d, r):
         newla = where(done | stop | small | fail_now, la, la + delta)
         return newla, x, done | stop | small | fail_now, fail | fail_now
 
-    la, x, _, fail = jax.lax.fori_loop(0, 20, body, (jnp.zeros((), b.dtype), jnp.zeros_like(b),
-                                                     jnp.zeros((), bool), jnp.zeros((), bool)))
+    la, x, _, fail = inline.fori_loop(0, 20, body, (jnp.zeros((), b.dtype), jnp.zeros_like(b),
+                                                    jnp.zeros((), bool), jnp.zeros((), bool)))
     x = where(fail, 0.0, x * d)
     return x, (la != 0) & ~fail
 
@@ -266,7 +267,7 @@ def _islands(inc, active):
         # one step reaches the fixpoint (every tree is next to every other one): no loop
         lab, _ = step((lab0, jnp.ones((), bool)))
     else:
-        lab, _ = jax.lax.while_loop(lambda c: c[1], step, (lab0, jnp.ones((), bool)))
+        lab, _ = inline.while_loop(lambda c: c[1], step, (lab0, jnp.ones((), bool)))
     root = live & (lab == jnp.arange(ntree))
     rank = jnp.cumsum(root.astype(jnp.int32)) - 1
     tree_isl = where(live, rank[jnp.clip(lab, 0, ntree - 1)], big)
@@ -337,7 +338,7 @@ def _shuffle(perm, gen, nblk, first):
         return perm, where(go, nhi, hi), where(go, nlo, lo)
 
     n = jnp.maximum(jnp.max(nblk, initial=0) - 1, 0)
-    perm, hi, lo = jax.lax.fori_loop(0, n, step, (perm, hi, lo))
+    perm, hi, lo = inline.fori_loop(0, n, step, (perm, hi, lo))
     return perm, (hi, lo)
 
 
@@ -473,7 +474,7 @@ def _pgs(spec, p, force0, iterations, lay, order):
     s = dict(force=force0, prev=force0, k=jnp.zeros(nisl, jnp.int32), iter=jnp.int32(0),
              perm=order["perm"], gen=gen, done=order["nblk"] == 0,
              imp=jnp.zeros(nisl, dtype), niter=jnp.zeros(nisl, jnp.int32))
-    s = jax.lax.while_loop(cond, body, s)
+    s = inline.while_loop(cond, body, s)
     return s["force"], s["niter"], s["imp"]
 
 
@@ -607,7 +608,7 @@ def _noslip(spec, p, force, iterations, lay, order):
         return (force, done | (imp < tol), it, jnp.zeros((), bool)), None
 
     init = (force, order["nblk"] == 0, jnp.zeros(nisl, jnp.int32), jnp.ones((), bool))
-    (force, _, it, _), _ = jax.lax.scan(body, init, None, length=iterations)
+    (force, _, it, _), _ = inline.scan(body, init, None, length=iterations)
     return force, it
 
 
@@ -634,4 +635,4 @@ def _block_sweep(force, done, perm, nblocks, bisl, bstart, kind, nwrite, branche
         imp = imp.at[where(run, isl, nisl)].add(-change, mode="drop")
         return force, imp
 
-    return jax.lax.fori_loop(0, nblocks, body, (force, jnp.zeros(nisl, force.dtype)))
+    return inline.fori_loop(0, nblocks, body, (force, jnp.zeros(nisl, force.dtype)))

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from simjax.engine import math
+from simjax.engine import inline, math
 from simjax.engine import tables
 from simjax.engine import tree_linalg
 from simjax.engine.io import _mocap_bodies
@@ -201,7 +200,7 @@ _SCAN_JUMPS = 2
 def _compose(frames, jumps):
     """Frames (nnode, 7) composed up the tree by the pointer-doubling ``jumps``."""
     if len(jumps) > _SCAN_JUMPS:
-        return lax.scan(_compose_step, frames, jnp.asarray(np.stack(jumps)))[0]
+        return inline.scan(_compose_step, frames, jnp.asarray(np.stack(jumps)))[0]
     for jump in jumps:
         frames = _compose_step(frames, jump)[0]
     return frames

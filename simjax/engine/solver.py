@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint as C
-from simjax.engine import lapack_chol, tables, tree_linalg
+from simjax.engine import inline, lapack_chol, tables, tree_linalg
 from simjax.engine.data import NISLAND
 from simjax.engine.math import reduce_fused, where
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
@@ -498,7 +498,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     else:
         # a world whose islands are all done is left as it is by the body: the flag
         # is unbatched (any_world)
-        c = jax.lax.while_loop(
+        c = inline.while_loop(
             lambda c: any_world((c[2][0, 4] != 0) | jnp.any(c[2][:, 3] == 0)),
             lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0))
         s = unpack(c)

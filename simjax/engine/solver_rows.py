@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import inline
 from simjax.engine.math import reduce_fused, where
 
 
@@ -126,7 +127,7 @@ def first_true(a, k):
     for no run-time gain) and the indices a binary search (a loop, so that they are
     materialised once: a direct count fuses into every gather that uses them)."""
     cs = cumcount(a)
-    pos = jnp.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
+    pos = inline.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
     return pos, cs
 
 
@@ -443,8 +444,8 @@ def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None):
 
     # n a function: the count computed in the loop's condition
     bound = n if callable(n) else lambda: n
-    _, acc, state = jax.lax.while_loop(lambda s: s[0] < bound(), body,
-                                       (jnp.ones((), jnp.int32), acc, state))
+    _, acc, state = inline.while_loop(lambda s: s[0] < bound(), body,
+                                      (jnp.ones((), jnp.int32), acc, state))
     return acc, state
 
 
@@ -539,6 +540,7 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
         return whole_loop(n, xs, a, acc, state, fin)
 
     @run.def_vmap
+    @inline.inlined
     def _rule(size, flags, n, tab, xs, a, acc, state, fin):
         nb, tb, xb, ab, accb, sb, fb = flags
         # the accumulators and states are updated per world: batched
@@ -578,6 +580,7 @@ def needy_table(nact):
         return jnp.zeros((), jnp.int32)
 
     @run.def_vmap
+    @inline.inlined
     def _rule(size, flags, n):
         if not flags[0]:
             return jnp.zeros((), jnp.int32), False
@@ -602,7 +605,7 @@ def _put_rows(full, ids, rows):
         return j + 1, jax.tree_util.tree_map(one, full, rows)
 
     more = lambda c: (c[0] < n) & (ids()[jnp.minimum(c[0], n - 1)] < size)
-    return jax.lax.while_loop(more, put, (jnp.zeros((), jnp.int32), full))[1]
+    return inline.while_loop(more, put, (jnp.zeros((), jnp.int32), full))[1]
 
 
 def _bits(dtype):
@@ -733,8 +736,8 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
 
     # blocks while one holds a world in need
     more = lambda c: (c[0] < nblk) & (tab[jnp.minimum(c[0], nblk - 1) * blk] < size)
-    return jax.lax.while_loop(more, body,
-                              (jnp.zeros((), jnp.int32), acc, state, fin))[1:]
+    return inline.while_loop(more, body,
+                             (jnp.zeros((), jnp.int32), acc, state, fin))[1:]
 
 
 def rest_zeros(rows, like):
@@ -782,6 +785,7 @@ def where_needed(fn, need, args, old):
         return jax.lax.cond(need, lambda: fn(*args), lambda: old)
 
     @run.def_vmap
+    @inline.inlined
     def _rule(size, flags, need, args, old):
         nb, ab, ob = flags
         # an unbatched flag (the same for every world) is spread like the rest
@@ -815,8 +819,8 @@ def where_needed(fn, need, args, old):
                     lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
                 return b + 1, out
 
-            return jax.lax.while_loop(lambda c: c[0] * blk < count, body,
-                                      (jnp.zeros((), jnp.int32), old))[1]
+            return inline.while_loop(lambda c: c[0] * blk < count, body,
+                                     (jnp.zeros((), jnp.int32), old))[1]
 
         out = jax.lax.cond(5 * count > 3 * size, whole, blocks)
         return out, jax.tree_util.tree_map(lambda _: True, out)
@@ -835,6 +839,7 @@ def any_world(flag):
         return flag
 
     @run.def_vmap
+    @inline.inlined
     def _rule(size, flags, flag):
         return (reduce_fused(flag.reshape(size, -1), 0, "any").any(-1) if flags[0]
                 else flag), False
@@ -854,6 +859,7 @@ def batched_like(tree, like):
         return tree
 
     @run.def_vmap
+    @inline.inlined
     def _rule(size, flags, tree, like):
         out = jax.tree_util.tree_map(
             lambda v, f: v if f else jnp.broadcast_to(v, (size,) + jnp.shape(v)), tree,

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import inline
 from simjax.engine.math import unstack, where
 
 MINVAL = 1e-15
@@ -336,7 +337,7 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     s = dict(ph=jnp.zeros(k, jnp.int32), p1=zero, p2=zero, p1n=zero, p2n=zero,
              n=jnp.zeros(k, jnp.int32), dir=jnp.ones(k, dtype), f2=jnp.zeros(k, bool),
              res=zero, done=skip)
-    c = jax.lax.while_loop(lambda f: jnp.any(f[:, len(pts) + 1, 1] == 0),
-                           lambda f: body(unpack(f), f), pack(s))
+    c = inline.while_loop(lambda f: jnp.any(f[:, len(pts) + 1, 1] == 0),
+                          lambda f: body(unpack(f), f), pack(s))
     res = c[:, pts.index("res")]
     return res[:, 0], -res[:, 1]

@@ -22,11 +22,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import math
+from simjax.engine import inline, math
 from simjax.engine import tables as body_tables
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import WrapType
@@ -265,7 +264,7 @@ def _wrap_inside(end, radius):
         z = jnp.where(f == 0, z, jnp.where(ok, step, 0.5 * (lo + hi)))
         return (z, lo, hi), None
 
-    (z, _, _), _ = jax.lax.scan(body, (hi, lo, hi), None, length=niter)
+    (z, _, _), _ = inline.scan(body, (hi, lo, hi), None, length=niter)
     use_a = x0 * y1 - y0 * x1 > 0
     vx, vy = _normalize2(jnp.where(use_a, x0, x1), jnp.where(use_a, y0, y1))
     ang = _asin(z) - jnp.where(use_a, _asin(A * z), _asin(B * z))

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from simjax.engine import lapack_chol, tables
+from simjax.engine import inline, lapack_chol, tables
 from simjax.engine.math import where
 
 _CACHE: dict = {}
@@ -304,9 +304,9 @@ def _solve_ld_scan(qld, b):
     # below it; down: k = n - 1, nothing above it), so that no remainder step is
     # compiled outside the loop
     u = _SOLVE_UNROLL
-    x, _ = lax.scan(up, b, _padded(np.arange(n - 1, 0, -1), 0, u), unroll=u)
+    x, _ = inline.scan(up, b, _padded(np.arange(n - 1, 0, -1), 0, u), unroll=u)
     x = x / qld.reshape(-1)[np.arange(n) * (n + 1)].reshape((n,) + tail)
-    x, _ = lax.scan(down, x, _padded(np.arange(0, n - 1), n - 1, u), unroll=u)
+    x, _ = inline.scan(down, x, _padded(np.arange(0, n - 1), n - 1, u), unroll=u)
     return x
 
 
@@ -624,7 +624,7 @@ def _chain_lanes(vecs, diag, b):
         return lax.select(lax.broadcast_in_dim(dv == 1, x.shape, ()), lax.div(x, diag),
                           y), None
 
-    return lax.scan(step, b, _chain_steps(b.shape[1]))[0]
+    return inline.scan(step, b, _chain_steps(b.shape[1]))[0]
 
 
 def _solve_tables(m, plan):

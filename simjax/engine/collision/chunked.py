@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import inline
 from simjax.engine.math import reduce_fused
 from simjax.engine.solver_rows import batched_like, count_below, cumcount, first_true
 from simjax.types import GeomType as GT
@@ -168,7 +169,7 @@ def _chunked(fn, take, ok, count, found, ftype):
         def run():
             want = c * CHUNK + jnp.arange(1, CHUNK + 1, dtype=jnp.int32)
             pos = (count_below(cs, want) if _SEARCH == "count" else
-                   jnp.searchsorted(cs, want, method=_SEARCH))
+                   inline.searchsorted(cs, want, method=_SEARCH))
             idx = jnp.minimum(pos, n - 1).astype(jnp.int32)
             if not _SEARCH_IN_CHUNK:
                 idx = jax.lax.dynamic_slice_in_dim(every, c * CHUNK, CHUNK)
@@ -187,7 +188,7 @@ def _chunked(fn, take, ok, count, found, ftype):
     # skipped chunks are past every world's passing pairs: zeros, and the last pair
     buf = batched_like(jnp.zeros((nch * CHUNK, width), ftype), ok)
     sel = batched_like(jnp.full(nch * CHUNK, n - 1, jnp.int32), ok)
-    (out, sel), _ = jax.lax.scan(body, (buf, sel), jnp.arange(nch))
+    (out, sel), _ = inline.scan(body, (buf, sel), jnp.arange(nch))
     return out, jnp.arange(nch * CHUNK) < count, sel
 
 

@@ -89,9 +89,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import inline
 from simjax.engine.collision.common import (Pre, argmax, argmin, cross, dot, normalize, one,
-                                            safe_norm)
-from simjax.engine.collision.common import first_where as _first
+                                            safe_norm, first_where as _first)
 from simjax.types import GeomType as GT
 
 #: refinement iterations for curved pairs
@@ -559,7 +559,7 @@ def mesh_support(vert, mat, pos, d):
     if d.shape[0] * vert.shape[0] <= SUPPORT_CHUNK:
         k = idx(d)
     else:
-        k = jax.lax.map(idx, d, batch_size=max(1, SUPPORT_CHUNK // vert.shape[0]))
+        k = inline.map(idx, d, batch_size=max(1, SUPPORT_CHUNK // vert.shape[0]))
     return vert[k] @ mat.T + pos
 
 
@@ -654,7 +654,7 @@ def _refine(t1, g1, t2, g2, n, s, scale):
         eta = jnp.where(anyb, eta * 1.5, eta * 0.3)
         return (n, s, eta), None
 
-    (n, s, _), _ = jax.lax.scan(body, (n, s, 1.0 / scale), None, length=REFINE_ITERS)
+    (n, s, _), _ = inline.scan(body, (n, s, 1.0 / scale), None, length=REFINE_ITERS)
     return n, s
 
 
@@ -763,7 +763,7 @@ def _clip(ref, kref, nref, inc, kinc, size, margin=0.0):
         return (jnp.where(use, new, poly),
                 jnp.where(use, jnp.minimum(jnp.sum(val), size), cnt)), None
 
-    (poly, cnt), _ = jax.lax.scan(edge, (poly, kinc), jnp.arange(K))
+    (poly, cnt), _ = inline.scan(edge, (poly, kinc), jnp.arange(K))
     below = (slot < cnt) & (dot(poly - ref[0], nref) <= jnp.maximum(margin, 0.0))
     pos = jnp.where(below, jnp.cumsum(below) - 1, 2 * size)
     poly = jnp.zeros_like(poly).at[pos].set(poly, mode="drop")
@@ -794,7 +794,7 @@ def _polygon_quad(poly, n, tie=0.0):
             b, c, d, m = s
             b, c = (nx(b), c) if which == "b" else (b, nx(c))
             return b, c, d, ar(a, b, c, d)
-        return jax.lax.while_loop(cond, body, (b, c, d, m))
+        return inline.while_loop(cond, body, (b, c, d, m))
 
     def outer(a, st):
         b, c, d, m, res = st
@@ -810,7 +810,7 @@ def _polygon_quad(poly, n, tie=0.0):
             b, c, d, m = grow(a, b, c, d, m, "c")
             b, c, d, m = grow(a, b, c, d, m, "b")
             return b, c, d, m, jnp.stack([a, b, c, d])
-        b, c, d, m, res = jax.lax.while_loop(cond, body, (b, c, d, m, res))
+        b, c, d, m, res = inline.while_loop(cond, body, (b, c, d, m, res))
         bb = jnp.where(b == a, nx(b), b)
         cc = jnp.where((b == a) & (c == bb), nx(c), c)
         dd = jnp.where((b == a) & (c == bb) & (d == cc), nx(d), d)
@@ -818,7 +818,7 @@ def _polygon_quad(poly, n, tie=0.0):
 
     i0 = jnp.asarray(0, jnp.int32)
     st = (i0 + 1, i0 + 2, i0 + 3, ar(0, 1, 2, 3), jnp.arange(4, dtype=jnp.int32))
-    _, _, _, _, res = jax.lax.fori_loop(0, n.astype(jnp.int32), outer, st)
+    _, _, _, _, res = inline.fori_loop(0, n.astype(jnp.int32), outer, st)
     return res
 
 

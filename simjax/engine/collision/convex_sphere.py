@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import inline
 from simjax.engine.collision.common import argmax, argmin, dot, normalize, one
 from simjax.engine.math import reduce_fused, where
 from simjax.types import GeomType as GT
@@ -173,6 +174,7 @@ def _select_passing(c, ok, tplane, tedge, edge):
 
 
 @_select_passing.def_vmap
+@inline.inlined
 def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
     """The batch's searches, pair by pair on the pair's passing worlds (a sort puts
     them first), SELECT_BLOCK worlds a trip; batched tables: every pair searched."""
@@ -206,12 +208,12 @@ def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
             f = jax.vmap(_select, in_axes=(0, None, None, None))(ck[w], *tab)
             f = jnp.stack([x.astype(jnp.int32) for x in f], -1)
             return b + 1, jax.lax.dynamic_update_slice_in_dim(buf, f, b * blk, 0)
-        buf = jax.lax.while_loop(lambda cr: cr[0] * blk < count, body,
-                                 (jnp.zeros((), jnp.int32),
-                                  jnp.zeros((nblk * blk, 3), jnp.int32)))[1]
+        buf = inline.while_loop(lambda cr: cr[0] * blk < count, body,
+                                (jnp.zeros((), jnp.int32),
+                                 jnp.zeros((nblk * blk, 3), jnp.int32)))[1]
         res = where(need[:, None], buf[place], 0)
         return jax.lax.dynamic_update_index_in_dim(out, res, k, 1)
-    out = jax.lax.fori_loop(0, n, pair, zero)
+    out = inline.fori_loop(0, n, pair, zero)
     return (out[..., 0] > 0, out[..., 1], out[..., 2]), (True, True, True)
 
 

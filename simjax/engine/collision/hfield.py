@@ -59,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import inline
 from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot,
                                             normalize, rot, safe_norm, sel)
 from simjax.engine.math import where
@@ -665,7 +666,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
             return (sel(better, trial, n), sel(better, st, sb),
                     sel(better, eta * 1.5, eta * 0.3)), None
 
-        (n, sb, _), _ = jax.lax.scan(body, (n, sb, 1.0 / scale), None, length=REFINE_ITERS)
+        (n, sb, _), _ = inline.scan(body, (n, sb, 1.0 / scale), None, length=REFINE_ITERS)
         if t == GT.ELLIPSOID:      # polish from the refined and the top-face normals
             starts = jnp.concatenate([n[None], nrm[:1]])
             cands = jax.vmap(lambda n0: _ellipsoid_polish(size, mat, pos, v, n0, sep))(starts)
@@ -754,7 +755,7 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
             out, _ = normalize(n + tb @ dlt)
             return out, None
 
-        n, _ = jax.lax.scan(step, n0, None, length=12)
+        n, _ = inline.scan(step, n0, None, length=12)
         return n
 
     def edge(va, vb):
@@ -773,7 +774,7 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
             dth = sel(g2 < -MINVAL, -g1 / sel(g2 < -MINVAL, g2, -1.0), 0.1 * g1)
             return th + jnp.clip(dth, -0.5, 0.5), None
 
-        th, _ = jax.lax.scan(step, jnp.zeros((), dt), None, length=12)
+        th, _ = inline.scan(step, jnp.zeros((), dt), None, length=12)
         return jnp.cos(th) * p0 + jnp.sin(th) * q0
 
     ends = _prism_edges(v)

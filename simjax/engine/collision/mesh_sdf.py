@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import math
+from simjax.engine import inline, math
 
 MAXCONPAIR = 50       # mjMAXCONPAIR
 MINVAL = 1e-15
@@ -167,7 +167,7 @@ def _frank_wolfe(x, corners, grad_fn, niter: int):
         s = corners[jnp.argmin(fun)]
         return x + (s - x) * (2.0 / (k + 2.0)), None
     steps = jnp.arange(niter, dtype=x.dtype)
-    return jax.lax.scan(step, x, steps)[0]
+    return inline.scan(step, x, steps)[0]
 
 
 def collide_pair(dist_fn, grad_fn, static, pos1, mat1, pos2, mat2, vert, bvh_aabb,
@@ -219,7 +219,7 @@ def collide_pair(dist_fn, grad_fn, static, pos1, mat1, pos2, mat2, vert, bvh_aab
         dup = jnp.any(accepted & (sep < MINVAL))
         acc = good[i] & ~dup
         return accepted.at[i].set(acc), acc
-    _, valid = jax.lax.scan(known, jnp.zeros(k, bool), jnp.arange(k))
+    _, valid = inline.scan(known, jnp.zeros(k, bool), jnp.arange(k))
     nloc = -g / jnp.where(gn >= MINVAL, gn, 1.0)[:, None]
     nworld = nloc @ mat2.T
     pos = x @ mat2.T + pos2 + 0.5 * depth[:, None] * nworld

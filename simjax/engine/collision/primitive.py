@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import inline
 from simjax.engine.collision.common import (MINVAL, Pre, argmin, cross, dot, normalize,
                                             once, one, pick3, safe_norm, sel, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
@@ -507,7 +508,7 @@ def box_box(g1, g2, margin):
     def clip(carry, xs):
         onx, sign, lim = xs
         return _clip_half_plane(*carry, onx, sign, lim), None
-    (poly, n), _ = jax.lax.scan(clip, (poly, n), passes)
+    (poly, n), _ = inline.scan(clip, (poly, n), passes)
     cand = poly
     valid = (jnp.arange(_CLIPMAX) < n) & (cand[:, 2] <= margin)
     # computed once: fused into the duplicate test below, XLA on CPU would recompute

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import math
+from simjax.engine import inline, math
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import GeomType
 
@@ -252,7 +252,7 @@ def _descend(x, fun, grad, niter):
             return (alpha, wolfe, xt, dt, searching), None
         init = (jnp.asarray(2.0, x.dtype), -0.1 * 2.0 * jnp.dot(g, g), x, dist0,
                 jnp.asarray(True))
-        (_, _, xt, dt, _), _ = jax.lax.scan(trial, init, None, length=_LINE_SEARCH)
+        (_, _, xt, dt, _), _ = inline.scan(trial, init, None, length=_LINE_SEARCH)
         # no improvement: keep the previous point and stop (MuJoCo 4.0 behaviour)
         worse = dist0 < dt
         stop = done | bad | worse
@@ -261,7 +261,7 @@ def _descend(x, fun, grad, niter):
         done_new = stop
         return (x_new, dist_new, done_new), None
     init = (x, jnp.asarray(MAXVAL, x.dtype), jnp.asarray(False))
-    (x, dist, _), _ = jax.lax.scan(step, init, None, length=niter)
+    (x, dist, _), _ = inline.scan(step, init, None, length=niter)
     return x, dist
 
 
