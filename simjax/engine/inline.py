@@ -26,14 +26,19 @@ custom calls).
 from __future__ import annotations
 
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
 
+#: whether the disabled jit of this thread is simjax's own (:func:`inlined`), not the
+#: caller's: a caller who disabled jit (to debug) keeps jax's behaviour throughout
+_OURS = threading.local()
+
 
 def active():
-    """Whether jax's jit is disabled here (simjax traces in line)."""
-    return bool(jax.config.jax_disable_jit)
+    """Whether simjax disabled jax's jit here (and traces in line)."""
+    return getattr(_OURS, "on", False) and bool(jax.config.jax_disable_jit)
 
 
 #: False: nothing traced in line (:func:`inlined` calls as they are; for paired
@@ -46,10 +51,16 @@ def inlined(fn):
     primitives in line (the same primitives; XLA inlined the calls anyway)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        if not ON:
+        if not ON or jax.config.jax_disable_jit:
+            # off, already in line, or the caller's own disabled jit (left as it is)
             return fn(*args, **kwargs)
-        with jax.disable_jit():
-            return fn(*args, **kwargs)
+        before = getattr(_OURS, "on", False)
+        _OURS.on = True
+        try:
+            with jax.disable_jit():
+                return fn(*args, **kwargs)
+        finally:
+            _OURS.on = before
 
     return run
 
@@ -66,6 +77,12 @@ def _loop(loop):
         with jax.disable_jit(False):
             return loop(*args, **kwargs)
     return run
+
+
+def outside(fn):
+    """``fn`` (a user's plugin function) run with jax's jit as the caller had it: its
+    own loops and jits keep their meaning (a disabled jit would unroll its scans)."""
+    return _loop(fn)
 
 
 def scan(f, *args, **kwargs):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine.inline import outside
 from simjax.plugins import registry
 from simjax.plugins.protocol import Capability
 from simjax.types import DisableBit, Stage
@@ -72,7 +73,7 @@ def actuator_act_dot(m, d, act_dot):
         if plugin.act_dot is None:
             vals = jnp.zeros(idx.shape, act_dot.dtype)
         else:
-            vals = jnp.asarray(plugin.act_dot(m, d, spec, params, _state(d, spec)),
+            vals = jnp.asarray(outside(plugin.act_dot)(m, d, spec, params, _state(d, spec)),
                                act_dot.dtype).reshape(idx.shape)
         act_dot = act_dot.at[idx.ravel()].set(vals.ravel())
         d = d.replace(act_dot=act_dot)
@@ -84,7 +85,7 @@ def compute_actuators(m, d, force):
     for spec, plugin, params in _instances(m, Capability.ACTUATOR):
         if not spec.actuators:
             continue
-        f = plugin.compute(m, d, spec, params, _state(d, spec), Capability.ACTUATOR)
+        f = outside(plugin.compute)(m, d, spec, params, _state(d, spec), Capability.ACTUATOR)
         f = jnp.asarray(f, force.dtype).reshape(len(spec.actuators))
         force = force.at[np.asarray(spec.actuators)].set(f)
     return force
@@ -97,7 +98,7 @@ def compute_passive(m, d):
         return d
     total = d.qfrc_passive
     for spec, plugin, params in inst:
-        f = plugin.compute(m, d, spec, params, _state(d, spec), Capability.PASSIVE)
+        f = outside(plugin.compute)(m, d, spec, params, _state(d, spec), Capability.PASSIVE)
         total = total + jnp.asarray(f, total.dtype).reshape(m.nv)
     return d.replace(qfrc_passive=total)
 
@@ -114,7 +115,7 @@ def compute_sensors(m, d, stage=None):
         need = Stage.POS if need == Stage.NONE else need
         if (stage is not None and need != stage) or not spec.sensors:
             continue
-        vals = plugin.compute(m, d, spec, params, _state(d, spec), Capability.SENSOR)
+        vals = outside(plugin.compute)(m, d, spec, params, _state(d, spec), Capability.SENSOR)
         idx = np.concatenate([a + np.arange(n) for a, n in zip(spec.sensor_adr,
                                                                 spec.sensor_dim)])
         vals = jnp.asarray(vals, data.dtype).reshape(len(idx))
@@ -132,7 +133,7 @@ def advance(m, d):
     for spec, plugin, params in _instances(m):
         if plugin.advance is None:
             continue
-        out = plugin.advance(m, d, spec, params, _state(d, spec))
+        out = outside(plugin.advance)(m, d, spec, params, _state(d, spec))
         act = None
         if isinstance(out, tuple):
             out, act = out

@@ -135,7 +135,7 @@ def distance(shape: Shape, x, size, params):
         return jnp.minimum(jnp.maximum(a0, a1), 0.0) + math.norm(
             jnp.stack([jnp.maximum(a0, 0.0), jnp.maximum(a1, 0.0)]))
     if t == GeomType.SDF:
-        return _plugin(shape.plugin).sdf_distance(params, x)
+        return inline.outside(_plugin(shape.plugin).sdf_distance)(params, x)
     raise UnsupportedFeatureError(f"sdf collisions with geom type {int(t)}")
 
 
@@ -181,8 +181,8 @@ def gradient(shape: Shape, x, size, params):
     if t == GeomType.SDF:
         p = _plugin(shape.plugin)
         if p.sdf_gradient is not None:
-            return p.sdf_gradient(params, x)
-        return jax.grad(lambda y: p.sdf_distance(params, y))(x)
+            return inline.outside(p.sdf_gradient)(params, x)
+        return jax.grad(lambda y: inline.outside(p.sdf_distance)(params, y))(x)
     raise UnsupportedFeatureError(f"sdf collisions with geom type {int(t)}")
 
 

@@ -1,0 +1,73 @@
+"""simjax.engine.inline: the step traced with jax's jit disabled keeps its loops, the
+caller's own disabled jit and the plugins' jit."""
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+
+from simjax.engine import inline
+
+ENGINE = pathlib.Path(inline.__file__).parent
+
+#: modules whose loops run outside the in-line step (the batch-minor program, the
+#: length-range simulation)
+_OUTSIDE_STEP = {"inline.py", "batch_minor.py", "lengthrange.py"}
+
+
+def test_engine_loops_go_through_inline():
+    """A jax loop called directly inside the in-line step would be unrolled (a disabled
+    jit runs scans as Python loops): every engine loop goes through inline."""
+    loop = re.compile(r"\blax\.(scan|while_loop|fori_loop|map)\(|jnp\.searchsorted\(")
+    found = [f"{p.relative_to(ENGINE)}:{i}" for p in sorted(ENGINE.rglob("*.py"))
+             if p.name not in _OUTSIDE_STEP
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if loop.search(line.split("#")[0])]
+    assert found == []
+
+
+def _primitives(fn, *args):
+    return {e.primitive.name for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns}
+
+
+def test_inline_scan_keeps_its_loop():
+    def body(c, x):
+        return c + x, c * x
+
+    x = jnp.arange(5.0)
+    kept = inline.inlined(lambda x: inline.scan(body, 0.0, x))
+    unrolled = inline.inlined(lambda x: jax.lax.scan(body, 0.0, x))
+    assert "scan" in _primitives(kept, x)
+    assert "scan" not in _primitives(unrolled, x)
+    a, b = kept(x), jax.lax.scan(body, 0.0, x)
+    assert float(a[0]) == float(b[0]) and bool(jnp.all(a[1] == b[1]))
+
+
+def test_outside_runs_with_jit():
+    seen = {}
+
+    def plugin(x):
+        seen["plugin"] = bool(jax.config.jax_disable_jit)
+        return x
+
+    def step(x):
+        seen["step"] = inline.active()
+        return inline.outside(plugin)(x)
+
+    inline.inlined(step)(1.0)
+    assert seen == {"step": True, "plugin": False}
+    assert not jax.config.jax_disable_jit
+
+
+def test_callers_disabled_jit_is_left_alone():
+    seen = {}
+
+    def step(x):
+        seen["active"] = inline.active()
+        return inline.outside(lambda y: seen.setdefault("jit_off", bool(
+            jax.config.jax_disable_jit)) and y)(x)
+
+    with jax.disable_jit():
+        inline.inlined(step)(1.0)
+        assert jax.config.jax_disable_jit
+    assert seen == {"active": False, "jit_off": True}
