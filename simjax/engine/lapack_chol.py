@@ -28,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
-from simjax.engine import inline
 from jax import lax
+
+from simjax.engine import inline
 
 # jaxlib's kMinWorkPerTask is 200000; stay at half of it
 _WORK = 100_000

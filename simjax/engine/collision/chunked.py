@@ -92,7 +92,9 @@ def _pack(tree):
 #: (:func:`_packed_chunk`), and the unpacking of its output by (collider, argument
 #: types): :func:`_chunked` needs the packed width before the scan whose body calls the
 #: collider; the jit's trace gives it, and the call in the body reuses that trace
-#: (jit's trace cache) where an ``eval_shape`` traced the collider a second time
+#: (jit's trace cache) where an ``eval_shape`` traced the collider a second time.
+#: Inside ``simjax.step`` jax's jit is disabled (:mod:`simjax.engine.inline`): the call
+#: in the body then traces the collider again (the step's trace was still shorter)
 _PACKED: dict = {}
 _UNPACK: dict = {}
 
