@@ -92,11 +92,16 @@ def _pack(tree):
 #: (:func:`_packed_chunk`), and the unpacking of its output by (collider, argument
 #: types): :func:`_chunked` needs the packed width before the scan whose body calls the
 #: collider; the jit's trace gives it, and the call in the body reuses that trace
-#: (jit's trace cache) where an ``eval_shape`` traced the collider a second time.
-#: Inside ``simjax.step`` jax's jit is disabled (:mod:`simjax.engine.inline`): the call
-#: in the body then traces the collider again (the step's trace was still shorter)
+#: (jit's trace cache) where an ``eval_shape`` traced the collider a second time
 _PACKED: dict = {}
 _UNPACK: dict = {}
+
+#: inside ``simjax.step`` jax's jit is disabled (:mod:`simjax.engine.inline`), which
+#: would pass the jit through and trace the collider again in the body: its trace and
+#: its call run with jit enabled (``inline.outside``), so the call reuses the trace
+#: (shadow hand, trace + lowering of the bench rollout 0.966x, 0.952-0.985, 8 pairs in
+#: one process; the same kernels and outputs). False: passed through (to compare)
+_JIT_IN_STEP = True
 
 
 def _packed_chunk(fn):
@@ -157,7 +162,8 @@ def _chunked(fn, take, ok, count, found, ftype):
     nch = -(-n // CHUNK)
     most = batch_max(count)
     jf = _packed_chunk(fn)
-    width = jf.trace(*take(jnp.zeros(CHUNK, jnp.int32))).out_info.shape[1]
+    width = (inline.outside(jf.trace) if _JIT_IN_STEP else jf.trace)(
+        *take(jnp.zeros(CHUNK, jnp.int32))).out_info.shape[1]
     # the cumulative count of passing pairs here, the search for a chunk's
     # pairs in its branch: only the chunks that run search theirs (searching all
     # n rows first cost the shadow hand's capsule-box group ~2.5 us per world)
@@ -176,7 +182,7 @@ def _chunked(fn, take, ok, count, found, ftype):
             if not _SEARCH_IN_CHUNK:
                 idx = jax.lax.dynamic_slice_in_dim(every, c * CHUNK, CHUNK)
             args = take(idx)
-            out = jf(*args)
+            out = (inline.outside(jf) if _JIT_IN_STEP else jf)(*args)
             found["unpack"] = _UNPACK[(fn, _types(args))]
             if out.shape[1:] != buf.shape[1:] or out.dtype != buf.dtype:
                 raise TypeError(f"collider {fn} returned {out.shape[1:]} {out.dtype} "
