@@ -80,8 +80,10 @@ def _loop(loop):
 
 
 def outside(fn):
-    """``fn`` (a user's plugin function) run with jax's jit as the caller had it: its
-    own loops and jits keep their meaning (a disabled jit would unroll its scans)."""
+    """``fn`` run with jax's jit enabled again where simjax disabled it (as the caller
+    had it): a user's plugin function, whose own loops and jits keep their meaning (a
+    disabled jit would unroll its scans), or a jit of simjax's whose trace is to be
+    cached and reused (``collision.chunked``)."""
     return _loop(fn)
 
 
