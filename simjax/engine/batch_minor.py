@@ -263,7 +263,7 @@ def _scan(eqn, vals, flags, nb):
     to a fixed point (skipped when every carry is batched, as a batched Data is)."""
     p = eqn.params
     closed = p["jaxpr"]
-    nconst, ncarry = p["num_consts"], p["num_carry"]
+    nconst, ncarry = _scan_counts(p)
     flags = list(flags)
     consts, init, xs = vals[:nconst], vals[nconst:nconst + ncarry], vals[nconst + ncarry:]
     cf, xf = flags[:nconst], flags[nconst + ncarry:]
@@ -297,6 +297,16 @@ def _scan(eqn, vals, flags, nb):
     carry, ys = lax.scan(body, init, xs, length=p["length"], reverse=p["reverse"],
                          unroll=p["unroll"])
     return list(carry) + list(ys), carry_f + [True] * len(ys)
+
+
+def _scan_counts(p):
+    """(constants, carries) of a scan equation's operands: jax up to 0.10 names them in
+    ``num_consts`` / ``num_carry``; from 0.11 the operands' grouping is a flat tree
+    ``ft_in`` of (constants, carries, scanned)."""
+    if "num_consts" in p:
+        return p["num_consts"], p["num_carry"]
+    consts, carries, _ = p["ft_in"].unpack()
+    return len(consts), len(carries)
 
 
 def _split_carry(outs, ncarry):

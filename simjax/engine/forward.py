@@ -29,6 +29,7 @@ from simjax.engine import inline
 from simjax.engine import io
 from simjax.engine import math
 from simjax.engine import passive
+from simjax.engine import precision
 from simjax.engine import sensor
 from simjax.engine import smooth
 from simjax.engine import solver
@@ -139,6 +140,7 @@ def energy(m, d: Data) -> Data:
 
 
 @gc_pause.gc_paused
+@precision.full_f32
 def forward(m, d: Data) -> Data:
     """Forward dynamics (mj_forward): everything in Data from the state and inputs.
 
@@ -538,6 +540,7 @@ def _select_fields(pred, a, b, names):
 
 
 @gc_pause.gc_paused
+@precision.full_f32
 def step(m, d: Data) -> Data:
     """Advance the simulation by one timestep (mj_step).
 

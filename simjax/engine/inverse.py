@@ -24,6 +24,7 @@ import numpy as np
 from simjax.engine import derivative
 from simjax.engine import gc_pause
 from simjax.engine import passive
+from simjax.engine import precision
 from simjax.engine import sensor
 from simjax.engine import smooth
 from simjax.engine import tables
@@ -141,6 +142,7 @@ def inv_constraint(m, d: Data) -> Data:
 
 
 @gc_pause.gc_paused
+@precision.full_f32
 def inverse(m, d: Data) -> Data:
     """Inverse dynamics (mj_inverse): qfrc_inverse (nv,) from qpos, qvel and qacc.
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import load, random_state, to_data
-from simjax.engine import batch_minor, make_data, step
+from simjax.engine import batch_minor, make_data, precision, step
 from simjax.engine.batch_minor import batch_minor as minor
 
 PENDULUM = "gym_inverted_pendulum/inverted_pendulum.xml"
@@ -101,7 +101,9 @@ def test_smooth_step_batch_of_64_float32():
         lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x,
         batch)
     out = jax.jit(jax.vmap(lambda d: step(m, d)))(batch)
-    ref = jax.jit(jax.vmap(lambda d: forward._step(m, d)))(batch)
+    # the reference with step's matrix-product precision (full float32 on a GPU too)
+    ref_step = precision.full_f32(forward._step)
+    ref = jax.jit(jax.vmap(lambda d: ref_step(m, d)))(batch)
     _assert_trees_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
