@@ -103,6 +103,12 @@ def ell_mask(spec):
 
 
 _TRIU_MAX = 1024     # rows up to which first_true counts by a triangular product
+#: cumulative counts up to _TRIU_MAX rows by jnp.cumsum (XLA CPU: two reduce-windows,
+#: as many kernels) instead of :func:`_cumcount`'s triangular products, read at trace
+#: time. Alone (batch 1024, process CPU): 138 rows 0.59 -> 0.36 us per world, 342 rows
+#: 1.12 -> 0.75, 60 rows 0.20 both; barkour's bench step 0.968-0.971x (paired, 16
+#: rounds). The same counts (integers)
+_CUMSUM = True
 _BLOCK = 16          # block of _cumcount's triangular products
 
 
@@ -136,6 +142,8 @@ def cumcount(a):
     :func:`first_true` takes it (its binary search for the k-th true entry is
     ``searchsorted(cumcount(a), k)``)."""
     if a.shape[0] <= _TRIU_MAX:
+        if _CUMSUM:
+            return jnp.cumsum(a, dtype=jnp.int32)
         return _cumcount(a)
     # the constants and work per world would outgrow the scan
     return jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
