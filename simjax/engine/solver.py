@@ -335,9 +335,11 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
 
     # chunk 0's J' for the Hessians (:data:`_JT`)
     J0T = jnp.swapaxes(rows.J0, -1, -2) if newton and _JT else None
-    # the statically first pass's Hessian by J0T as well (:data:`_JT_FIRST`); the
-    # barrier keeps XLA from folding the transpose back into the product
-    J0T_first = jax.lax.optimization_barrier(J0T) if J0T is not None and _JT_FIRST else None
+    # the statically first pass's (one iteration at most, below) Hessian by J0T as well
+    # (:data:`_JT_FIRST`); the barrier keeps XLA from folding the transpose back into
+    # the product
+    J0T_first = (jax.lax.optimization_barrier(J0T)
+                 if J0T is not None and _JT_FIRST and iterations == 1 else None)
 
     def body(s, search_on=True, hessian=True):
         # search_on False: a first pass known statically (no line search); hessian

@@ -102,7 +102,7 @@ def ell_mask(spec):
     return in_ell
 
 
-_TRIU_MAX = 1024     # rows up to which first_true counts by a triangular product
+_TRIU_MAX = 1024     # rows up to which cumcount counts in one pass (cumsum, or _cumcount)
 #: cumulative counts up to _TRIU_MAX rows by jnp.cumsum (XLA CPU: two reduce-windows,
 #: as many kernels) instead of :func:`_cumcount`'s triangular products, read at trace
 #: time. Alone (batch 1024, process CPU): 138 rows 0.59 -> 0.36 us per world, 342 rows
@@ -128,10 +128,10 @@ def _cumcount(a):
 def first_true(a, k):
     """Indices of the first ``k`` true entries of the boolean vector ``a`` in order,
     len(a) where there are fewer, and the cumulative count of true entries (jnp.nonzero(a,
-    size=k) without its scatter). The cumulative count is products with constant
-    triangular matrices (:func:`_cumcount`; an associative scan emitted ~15 kernels,
-    for no run-time gain) and the indices a binary search (a loop, so that they are
-    materialised once: a direct count fuses into every gather that uses them)."""
+    size=k) without its scatter). The cumulative count is :func:`cumcount` (an
+    associative scan emitted ~15 kernels, for no run-time gain) and the indices a
+    binary search (a loop, so that they are materialised once: a direct count fuses
+    into every gather that uses them)."""
     cs = cumcount(a)
     pos = inline.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
     return pos, cs
