@@ -185,13 +185,15 @@ def kernel_ops(text):
             yield op, line, chain(int(sf.group(1))) if sf else []
 
 
-def hlo_attribution(text, package="simjax", skip_modules=("forward", "gc_pause")):
+def hlo_attribution(text, package="simjax",
+                    skip_modules=("forward", "gc_pause", "precision", "inline")):
     """Kernels of an optimised HLO module attributed to source functions.
 
     Every kernel (as counted by :func:`hlo_stats`) is charged to the first function of
     ``package`` on its stack (outermost first) whose module is not in ``skip_modules``
-    (so a step's kernels go to its pipeline stages, not to the wrapper that pauses
-    the garbage collector around ``step``), and also to (that stage, the
+    (so a step's kernels go to its pipeline stages, not to the wrappers around
+    ``step`` that pause the garbage collector, set the matmul precision or trace it
+    in line), and also to (that stage, the
     innermost module of ``package`` on the stack). Returns (by_stage, by_stage_leaf),
     Counters of kernels."""
     import collections
