@@ -98,32 +98,30 @@ def _joint_spring_dofs(m, qpos, dtype):
     return jnp.concatenate([val, jnp.zeros(1, dtype)])[src]
 
 
-def dof_damping(m, dtype):
-    """Linear and polynomial damping per dof incl. actuator damping (nv,), (nv, 2)."""
-    damping = _f(m.dof_damping, dtype)
-    poly = _f(m.dof_dampingpoly, dtype).reshape(m.nv, 2)
+def _damping(m, dtype, kind, damping, poly, n):
+    """Linear (n,) and polynomial (n, 2) damping of the joints' dofs or tendons
+    (``kind``), with the damping of the actuators acting on them alone added (their
+    share, times gear squared)."""
+    damping = _f(damping, dtype)
+    poly = _f(poly, dtype).reshape(n, 2)
     if m.nactuator:
-        share = smooth._actuator_share(m, "joint")
+        share = smooth._actuator_share(m, kind)
         if share.any():
             s = jnp.asarray(share, dtype)
             g2 = smooth._gear2(m, dtype)
             damping = damping + s @ (_f(m.actuator_damping, dtype) * g2)
             poly = poly + s @ (_f(m.actuator_dampingpoly, dtype).reshape(-1, 2) * g2[:, None])
     return damping, poly
+
+
+def dof_damping(m, dtype):
+    """Linear and polynomial damping per dof incl. actuator damping (nv,), (nv, 2)."""
+    return _damping(m, dtype, "joint", m.dof_damping, m.dof_dampingpoly, m.nv)
 
 
 def tendon_damping(m, dtype):
     """Linear and polynomial tendon damping incl. actuator damping (ntendon,), (ntendon, 2)."""
-    damping = _f(m.tendon_damping, dtype)
-    poly = _f(m.tendon_dampingpoly, dtype).reshape(m.ntendon, 2)
-    if m.nactuator:
-        share = smooth._actuator_share(m, "tendon")
-        if share.any():
-            s = jnp.asarray(share, dtype)
-            g2 = smooth._gear2(m, dtype)
-            damping = damping + s @ (_f(m.actuator_damping, dtype) * g2)
-            poly = poly + s @ (_f(m.actuator_dampingpoly, dtype).reshape(-1, 2) * g2[:, None])
-    return damping, poly
+    return _damping(m, dtype, "tendon", m.tendon_damping, m.tendon_dampingpoly, m.ntendon)
 
 
 def _tendon_spring_damper(m, d, spring_on, damper_on):
