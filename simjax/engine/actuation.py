@@ -678,11 +678,6 @@ def _controls(m, d):
     return math.where(bad, 0.0, ctrl), bad
 
 
-#: the bad-control warning counted by an elementwise add (False: a scatter-add, the
-#: former way, kept to compare)
-_ONEHOT = True
-
-
 def actuation(m, d):
     """Actuator forces and activation derivatives (mj_fwdActuation).
 
@@ -696,13 +691,7 @@ def actuation(m, d):
     tab = tables(m)
     nact = m.nactuator
     ctrl, bad = _controls(m, d)
-    if _ONEHOT:
-        # an elementwise add of a constant one-hot (.at[].add: an in-place update XLA
-        # compiles as a kernel of its own)
-        onehot = np.arange(d.warning.shape[-1]) == WARN_BADCTRL
-        warning = d.warning + onehot.astype(d.warning.dtype) * bad.astype(d.warning.dtype)
-    else:
-        warning = d.warning.at[WARN_BADCTRL].add(bad.astype(d.warning.dtype))
+    warning = d.warning.at[WARN_BADCTRL].add(bad.astype(d.warning.dtype))
 
     length = d.actuator_length[tab.outadr]
     velocity = d.actuator_velocity[tab.outadr]
