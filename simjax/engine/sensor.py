@@ -298,6 +298,19 @@ def _contacts_possible(m):
     return not (m.opt.disableflags & (DisableBit.CONSTRAINT | DisableBit.CONTACT))
 
 
+#: single entries set by selects against a constant mask (False: .at[] updates, the
+#: former way, kept to compare: XLA compiles each as an in-place update kernel of its own)
+_ONEHOT = True
+
+
+def _zero_world(x):
+    """``x`` (nbody, ...) with the world body's row zero."""
+    if not _ONEHOT:
+        return x.at[0].set(0.0)
+    first = (np.arange(x.shape[0]) == 0).reshape((-1,) + (1,) * (x.ndim - 1))
+    return math.where(first, 0.0, x)
+
+
 def contact_force(m, d):
     """Contact force:torque in the contact frame for every contact slot (mj_contactForce):
     (ncon_max, 6); zero for empty slots and contacts without efc rows."""
@@ -328,7 +341,10 @@ def contact_force(m, d):
         out = jnp.concatenate([normal, tang], -1)[:, :6]
     else:
         out = math.where(r[:6] < dim, f[:, :6], 0.0)
-    out = out.at[:, 0].add(-con.adhesion)
+    if _ONEHOT:
+        out = math.where(np.arange(out.shape[-1]) == 0, out - con.adhesion[:, None], out)
+    else:
+        out = out.at[:, 0].add(-con.adhesion)
     return math.where(ok[:, None], out, 0.0)
 
 
@@ -389,11 +405,11 @@ def rne_post_constraint(m, d):
     xfrc = d.xfrc_applied
     wrench = jnp.concatenate([xfrc[:, 3:], xfrc[:, :3]], -1)
     ext = transform_force(wrench, d.subtree_com[root], d.xipos)
-    ext = ext.at[0].set(0.0)
+    ext = _zero_world(ext)
     ext = ext + _contact_ext(m, d) + _equality_ext(m, d)
     body = math.inert_mul(d.cinert, cacc) + math.force_cross(
         d.cvel, math.inert_mul(d.cinert, d.cvel))
-    own = (body - ext).at[0].set(0.0)
+    own = _zero_world(body - ext)
     cfrc_int = jnp.asarray(tab.desc, dtype) @ own
     return d.replace(cacc=cacc, cfrc_ext=ext, cfrc_int=cfrc_int)
 
@@ -836,6 +852,27 @@ _NEEDS_SUBTREEVEL = (S.SUBTREELINVEL, S.SUBTREEANGMOM)
 
 
 # --------------------------------------------------------------------------- assembly
+#: sensor_cutoff applied with bounds made in NumPy where the cutoffs are model constants
+#: (as usual; none at all where every cutoff is zero, MuJoCo's default), else in the
+#: program (False: always in the program, kept to compare). XLA does not fold the
+#: program's version: barkour's bench rollout (27 sensors, no cutoff) compiled 665
+#: kernels against 675 (and 690 with the former jnp.repeat).
+_CUT_STATIC = True
+
+
+def _cutoff_static(cut, real, positive, vals):
+    """apply_cutoff with ``cut`` (per value, NumPy): min(max(v, lo), hi), the bounds
+    -cut / cut where a cutoff applies (jnp.clip's and jnp.minimum's operations), else
+    -inf / inf, which leave every value (NaN too) as it is."""
+    cut = cut.astype(vals.dtype)
+    on = cut > 0
+    lo = np.where(on & real, -cut, -np.inf).astype(vals.dtype)
+    hi = np.where(on & (real | positive), cut, np.inf).astype(vals.dtype)
+    if np.all(lo == -np.inf) and np.all(hi == np.inf):
+        return vals
+    return jnp.minimum(jnp.maximum(vals, lo), hi)
+
+
 def _cutoff(m, ids, vals, dtype):
     """Apply sensor_cutoff to the flat values of sensors ``ids`` (apply_cutoff)."""
     stype = np.asarray(m.sensor_type).reshape(-1)[ids]
@@ -846,7 +883,12 @@ def _cutoff(m, ids, vals, dtype):
     positive = np.repeat((dtp == DataType.POSITIVE) & ~skip, dim)
     if not (real.any() or positive.any()):
         return vals
-    cut = jnp.repeat(_f(m.sensor_cutoff, dtype).reshape(-1)[ids], dim)
+    cutoff = tables.concrete(m.sensor_cutoff) if _CUT_STATIC else None
+    if cutoff is not None:
+        return _cutoff_static(cutoff.reshape(-1)[np.repeat(ids, dim)], real, positive, vals)
+    # traced cutoffs: gathered at static indices (jnp.repeat with per-sensor counts
+    # traces to a scatter-add and a cumulative sum: on barkour 15 kernels more)
+    cut = _f(m.sensor_cutoff, dtype).reshape(-1)[np.repeat(ids, dim)]
     on = cut > 0
     clipped = math.where(real, jnp.clip(vals, -cut, cut),
                          math.where(positive, jnp.minimum(cut, vals), vals))

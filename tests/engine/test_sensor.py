@@ -248,3 +248,20 @@ def test_compiler_sensor_and_material_fields():
         for f in ("geom_rgba", "mat_rgba", "sensor_cutoff"):
             ours = np.asarray(getattr(m, f)).reshape(np.shape(getattr(ref, f)))
             np.testing.assert_allclose(ours, getattr(ref, f), rtol=1e-7, err_msg=f)
+
+
+def test_cutoff_constant_and_traced_model():
+    """sensor_cutoff gives the same sensordata with the model a constant of the program
+    (bounds made in NumPy) as with the model traced (bounds in the program)."""
+    import jax
+    from simjax.engine import forward, make_data
+    mjm = mujoco.MjModel.from_xml_path(os.path.join(SENSOR_MODELS, "rays.xml"))
+    mjm, m = oracle(mjm)
+    d = make_data(m)
+    d = d.replace(qpos=d.qpos + 0.1)
+    traced = jax.jit(forward)(m, d).sensordata
+    const = jax.jit(lambda d: forward(m, d))(d).sensordata
+    np.testing.assert_allclose(np.asarray(const), np.asarray(traced), rtol=1e-12, atol=1e-12)
+    # the cutoffs bind in this state
+    free = m.replace(sensor_cutoff=np.zeros_like(np.asarray(m.sensor_cutoff)))
+    assert np.any(np.asarray(jax.jit(lambda d: forward(free, d))(d).sensordata) != const)
