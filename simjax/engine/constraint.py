@@ -650,7 +650,10 @@ def _block(m, d, blk, geo=None):
 
 
 #: per-row fields of the blocks concatenated along a major axis (off: jnp.concatenate,
-#: the former way; for paired measurements)
+#: the former way; for paired measurements). Bench rollout kernels (batch 256): shadow
+#: hand 888 -> 876, barkour 689 -> 677, humanoid 681 -> 656, ant 600 -> 588; barkour
+#: compile (trace + lowering + XLA, process CPU, in-process pairs) 0.96x; run time
+#: barkour 0.97x (14 rounds, range 0.79-1.16), shadow hand 0.96x (6 rounds, 0.90-1.10)
 _CAT_MAJOR = True
 
 

@@ -52,7 +52,7 @@ from simjax.engine.collision.chunked import (
 from simjax.engine.collision.common import make_frame, once
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.data import WARN_CONTACTFULL, make_contact
-from simjax.engine.math import concat_major, reduce_fused, where
+from simjax.engine.math import reduce_fused, where
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, GeomType as GT
 
@@ -727,20 +727,8 @@ def _entries(p, parts):
             dims.append(lib.broadcast_to(lib.asarray(p.dim)[cand][:, None],
                                          (n, k)).reshape(-1))
         cands.append(lib.broadcast_to(cand[:, None], (n, k)).reshape(-1))
-    return (jnp.concatenate(fields), _cat_fused(depths), _cat_fused(valids),
+    return (jnp.concatenate(fields), jnp.concatenate(depths), jnp.concatenate(valids),
             _cat(keys), None if one_dim else _cat(dims), _cat(cands), total)
-
-
-def _cat_fused(xs):
-    """The entries' depths or validity concatenated (:func:`math.concat_major`: their
-    parts fuse into the concatenation; along the minor axis each group's part was a
-    kernel of its own, shadow hand 9 kernels each)."""
-    return concat_major(xs) if _CAT_MAJOR else jnp.concatenate(xs)
-
-
-#: the entries' depths and validity concatenated along a major axis (off: the minor
-#: one, the former way; for paired measurements)
-_CAT_MAJOR = True
 
 
 def _cat(xs):
