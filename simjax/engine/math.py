@@ -490,3 +490,17 @@ def reduce_fused(x, axis, kind="sum"):
         out = comb(out, lax.slice_in_dim(x, j * _XLA_WINDOW, (j + 1) * _XLA_WINDOW,
                                          axis=axis))
     return red(out, axis)
+
+
+def concat_major(xs):
+    """``jnp.concatenate`` of 1-d arrays, as a concatenation along a major axis (a
+    trailing axis of one, then dropped): XLA on CPU fuses no operand into a
+    concatenation along the minor axis of more than 128 entries (vmapped: the
+    per-world axis), it stores every operand in a kernel of its own and copies them
+    (float32 and bool alike); along a major axis up to 8 operands fuse into one
+    kernel. That kernel loops over entries one at a time (its minor axis has one
+    entry): it paid off for the constraint rows (138 a world); for the collision
+    entries (513 a world, the shadow hand) the rollout ran 1.10x slower."""
+    if len(xs) == 1:
+        return xs[0]
+    return jnp.concatenate([x[:, None] for x in xs])[:, 0]
