@@ -11,7 +11,8 @@ from simjax.engine.forward import (euler, forward, fwd_acceleration, fwd_actuati
                                    rk4, step)
 from simjax.engine.inverse import inverse
 from simjax.engine.io import make_data, reset, reset_keyframe
-from simjax.engine.sensor import rne_post_constraint, sensor_acc, sensor_pos, sensor_vel
+from simjax.engine.rne_post import rne_post_constraint
+from simjax.engine.sensor import sensor_acc, sensor_pos, sensor_vel
 from simjax.engine.support import (apply_ft, differentiate_pos, energy_pos, energy_vel,
                                    full_m, integrate_pos, jac, jac_body, jac_body_com,
                                    jac_geom, jac_site, jac_subtree_com, mul_m, pack_m,
