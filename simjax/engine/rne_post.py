@@ -37,14 +37,13 @@ def transform_force(vec, newpos, oldpos, rot=None):
 
 
 # --------------------------------------------------------------------------- constraints
-def _efc(d):
-    """The constraint rows of Data, or None when Data carries no solver output."""
-    if getattr(d, "efc_force", None) is None or getattr(d, "efc_type", None) is None:
-        return None
-    return d
+def has_rows(d):
+    """Whether Data carries constraint rows and the solver's output (efc_force,
+    efc_type)."""
+    return getattr(d, "efc_force", None) is not None and getattr(d, "efc_type", None) is not None
 
 
-def _efc_row(d, ctype, ids):
+def efc_row(d, ctype, ids):
     """(row index (k,), found (k,)) of the first efc row of type ``ctype`` and id
     ``ids`` (static), as MuJoCo's scan of rows ne+nf..nefc."""
     etype, eid = d.efc_type, d.efc_id
@@ -59,7 +58,7 @@ def _efc_row(d, ctype, ids):
     return jnp.argmax(mask, -1), jnp.any(mask, -1)
 
 
-def _contacts_possible(m):
+def contacts_possible(m):
     return not (m.opt.disableflags & (DisableBit.CONSTRAINT | DisableBit.CONTACT))
 
 
@@ -85,7 +84,7 @@ def contact_force(m, d):
     out = jnp.zeros((n, 6), dtype)
     if n == 0:
         return out
-    if _efc(d) is None:
+    if not has_rows(d):
         raise UnsupportedFeatureError("contact forces (Data has no efc_force)")
     dim = con.dim[:, None]
     r = np.arange(10)
@@ -140,7 +139,7 @@ def _static_rows(m, d):
     return f
 
 
-def _contact_bodies(m, con):
+def contact_bodies(m, con):
     gb = jnp.asarray(np.asarray(m.geom_bodyid), jnp.int32)
     g = jnp.maximum(con.geom, 0)
     return gb[g[:, 0]], gb[g[:, 1]]
@@ -198,13 +197,13 @@ def _contact_ext(m, d):
     con = d.contact
     n = con.dist.shape[0]
     cand = _contact_body_set(m)
-    if n == 0 or not _contacts_possible(m) or not len(cand):
+    if n == 0 or not contacts_possible(m) or not len(cand):
         return jnp.zeros((m.nbody, 6), dtype)
     lfrc = contact_force(m, d)
     frame = con.frame
     cfrc = jnp.concatenate([math.matTvec(frame, lfrc[:, 3:]), math.matTvec(frame, lfrc[:, :3])], -1)
     ok = con.valid & (con.efc_address >= 0) & (con.geom[:, 0] >= 0) & (con.geom[:, 1] >= 0)
-    b1, b2 = _contact_bodies(m, con)
+    b1, b2 = contact_bodies(m, con)
     root = jnp.asarray(np.asarray(m.body_rootid), jnp.int32)
     # per candidate body, the contacts' wrenches added in slot order, written out:
     # vmapped, a product with a one-hot matrix is a slow batched kernel on CPU
@@ -260,10 +259,10 @@ def _equality_ext(m, d):
     ids = np.nonzero((etype == EqType.CONNECT) | (etype == EqType.WELD))[0]
     if not len(ids):
         return out
-    if _efc(d) is None:
+    if not has_rows(d):
         raise UnsupportedFeatureError("cfrc_ext of connect/weld constraints "
                                       "(Data has no efc rows)")
-    row, found = _efc_row(d, CNSTR_EQUALITY, ids)
+    row, found = efc_row(d, CNSTR_EQUALITY, ids)
     weld = etype[ids] == EqType.WELD
     nrow = d.efc_force.shape[0]
     f = d.efc_force[jnp.clip(row[:, None] + np.arange(6), 0, nrow - 1)]

@@ -36,11 +36,11 @@ import numpy as np
 from simjax.engine import history
 from simjax.engine import math
 from simjax.engine import ray as ray_mod
-from simjax.engine.rne_post import (CNSTR_LIMIT_JOINT, CNSTR_LIMIT_TENDON, _efc, _efc_row,
-                                    rne_post_constraint, transform_force)
 from simjax.engine import smooth
 from simjax.engine import support
 from simjax.engine import tables
+from simjax.engine.rne_post import (CNSTR_LIMIT_JOINT, CNSTR_LIMIT_TENDON, efc_row, has_rows,
+                                    rne_post_constraint, transform_force)
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import (DataType, DisableBit, EnableBit, GeomType, ObjType, SensorType,
                           Stage, TrnType)
@@ -251,11 +251,11 @@ def _limit(m, d, ids, tendon, field):
     off = m.opt.disableflags & (DisableBit.CONSTRAINT | DisableBit.LIMIT)
     if off or not limited.any():
         return jnp.zeros(len(ids), dtype)
-    if _efc(d) is None:
+    if not has_rows(d):
         raise UnsupportedFeatureError(
             f"{'tendon' if tendon else 'joint'} limit sensors with limit constraints "
             "(Data has no efc rows)")
-    row, found = _efc_row(d, CNSTR_LIMIT_TENDON if tendon else CNSTR_LIMIT_JOINT, ids)
+    row, found = efc_row(d, CNSTR_LIMIT_TENDON if tendon else CNSTR_LIMIT_JOINT, ids)
     if field == "pos":
         val = d.efc_pos[row] - d.efc_margin[row]
     else:

@@ -26,13 +26,13 @@ def touch(m, d, ids):
     """Touch sensors (k,): sum of positive normal contact forces on the site's body
     whose force ray, pointing into the body, passes through the site volume."""
     dtype = d.qpos.dtype
-    if not rne_post._contacts_possible(m) or d.contact.dist.shape[0] == 0:
+    if not rne_post.contacts_possible(m) or d.contact.dist.shape[0] == 0:
         return jnp.zeros(len(ids), dtype)
     site = np.asarray(m.sensor_objid).reshape(-1)[ids]
     body = np.asarray(m.site_bodyid)[site]
     con = d.contact
-    frc = rne_post.contact_force(m, d)[:, 0]                                  # (n,)
-    b1, b2 = rne_post._contact_bodies(m, con)
+    frc = rne_post.contact_force(m, d)[:, 0]                         # (n,)
+    b1, b2 = rne_post.contact_bodies(m, con)
     ok = con.valid & (con.efc_address >= 0) & (frc > 0)
     ray, _ = math.normalize(con.frame[:, 0] * frc[:, None])
     stype = np.asarray(m.site_type)[site]
@@ -75,7 +75,7 @@ def _match(m, d, t1, i1, t2, i2):
         size = jnp.asarray(m.site_size, dtype)[i1]
         ok = ok & sen.inside_geom(d.site_xpos[i1], d.site_xmat[i1], size,
                                   int(np.asarray(m.site_type)[i1]), con.pos)
-    b1, b2 = rne_post._contact_bodies(m, con)
+    b1, b2 = rne_post.contact_bodies(m, con)
     g1, g2 = con.geom[:, 0], con.geom[:, 1]
     m11 = _check_match(m, b1, g1, t1, i1)
     m12 = _check_match(m, b2, g2, t1, i1)
@@ -125,7 +125,7 @@ def _one_contact_sensor(m, d, i):
     num = dim // size
     con = d.contact
     n = con.dist.shape[0]
-    if n == 0 or not rne_post._contacts_possible(m):
+    if n == 0 or not rne_post.contacts_possible(m):
         return jnp.zeros(dim, dtype)
     ot, oi, rt, ri = (int(np.asarray(getattr(m, f)).reshape(-1)[i]) for f in
                       ("sensor_objtype", "sensor_objid", "sensor_reftype", "sensor_refid"))
