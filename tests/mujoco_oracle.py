@@ -57,6 +57,7 @@ def model_from_mujoco(mjm):
               "noslip_iterations", "ccd_iterations", "sdf_iterations", "sdf_initpoints",
               "disableflags", "enableflags", "disableactuator"):
         opt[f] = int(getattr(mjm.opt, f))
+    kw.update(types.frictionloss_structure(mjm.dof_frictionloss, mjm.tendon_frictionloss))
     kw["opt"] = types.Option(**opt)
     kw["stat"] = types.Statistic(
         meaninertia=jnp.asarray(mjm.stat.meaninertia), meanmass=jnp.asarray(mjm.stat.meanmass),

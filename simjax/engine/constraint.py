@@ -99,11 +99,23 @@ def layout(m, contact_dims) -> Layout:
     return _layout(m, tuple(int(x) for x in np.asarray(contact_dims).ravel()))
 
 
+def friction_masks(m):
+    """(nv,) and (ntendon,) bool masks (numpy) of the dofs and tendons with a friction-loss
+    row: the Model's static ``dof_hasfrictionloss`` / ``tendon_hasfrictionloss`` (every
+    one where the Model has none)."""
+    dof, ten = m.dof_hasfrictionloss, m.tendon_hasfrictionloss
+    dof = np.ones(m.nv, bool) if dof is None else np.asarray(dof, bool).reshape(-1)
+    ten = np.ones(m.ntendon, bool) if ten is None else np.asarray(ten, bool).reshape(-1)
+    return dof, ten
+
+
 def _layout_key(m):
+    dof_fl, ten_fl = friction_masks(m)
     return (m.nv, m.neq, m.njnt, m.ntendon, int(m.opt.disableflags), int(m.opt.cone),
             np.asarray(m.eq_type).tobytes(), np.asarray(m.eq_objtype).tobytes(),
             np.asarray(m.eq_obj2id).tobytes(), np.asarray(m.jnt_limited).tobytes(),
-            np.asarray(m.jnt_type).tobytes(), np.asarray(m.tendon_limited).tobytes())
+            np.asarray(m.jnt_type).tobytes(), np.asarray(m.tendon_limited).tobytes(),
+            dof_fl.tobytes(), ten_fl.tobytes())
 
 
 _LAYOUTS = {}
@@ -139,8 +151,11 @@ def _layout(m, dims):
         add("tendoneq", np.nonzero(eq_type == EqType.TENDON)[0], 1, EQUALITY)
     ne = row
     if not off and not _disabled(m, DisableBit.FRICTIONLOSS):
-        add("frictiondof", np.arange(m.nv), 1, FRICTION_DOF)
-        add("frictionten", np.arange(m.ntendon), 1, FRICTION_TENDON)
+        # rows only where the model has a friction loss (a zero loss never activates
+        # its row: MuJoCo adds none)
+        dof_fl, ten_fl = friction_masks(m)
+        add("frictiondof", np.nonzero(dof_fl)[0], 1, FRICTION_DOF)
+        add("frictionten", np.nonzero(ten_fl)[0], 1, FRICTION_TENDON)
     nf = row - ne
     if not off and not _disabled(m, DisableBit.LIMIT):
         lim = np.asarray(m.jnt_limited, bool).reshape(-1)
@@ -326,17 +341,46 @@ def _eq_rows(m, d, blk):
 
 
 def _friction_rows(m, d, blk):
-    """(J (n, nv), friction loss (n,), diagA (n,), J statically nonzero)."""
+    """(J (n, nv), friction loss (n,), diagA (n,), solref (n, 2), solimp (n, 5), J
+    statically nonzero) of the block's dofs / tendons."""
     dtype = d.qpos.dtype
+    ids = blk.ids
     if blk.kind == "frictiondof":
-        jac = np.eye(m.nv)                     # static: every row nonzero
-        floss = _f(m.dof_frictionloss, dtype).reshape(-1)
-        diag = _f(m.dof_invweight0, dtype).reshape(-1)
-        return jac, floss, diag, True
-    jac = d.ten_J
-    floss = _f(m.tendon_frictionloss, dtype).reshape(-1)
-    diag = _f(m.tendon_invweight0, dtype).reshape(-1)
-    return jac, floss, diag, False
+        jac = np.eye(m.nv)[ids]                # static: every row nonzero
+        floss = take(_f(m.dof_frictionloss, dtype).reshape(-1), ids)
+        diag = take(_f(m.dof_invweight0, dtype).reshape(-1), ids)
+        ref = take(_f(m.dof_solref, dtype).reshape(-1, 2), ids)
+        sim = take(_f(m.dof_solimp, dtype).reshape(-1, 5), ids)
+        return jac, floss, diag, ref, sim, True
+    jac = take(d.ten_J, ids)
+    floss = take(_f(m.tendon_frictionloss, dtype).reshape(-1), ids)
+    diag = take(_f(m.tendon_invweight0, dtype).reshape(-1), ids)
+    ref = take(_f(m.tendon_solref_fri, dtype).reshape(-1, 2), ids)
+    sim = take(_f(m.tendon_solimp_fri, dtype).reshape(-1, 5), ids)
+    return jac, floss, diag, ref, sim, False
+
+
+def _check_friction_structure(m):
+    """ValueError where a concrete friction loss is non-zero on a dof / tendon that has
+    no friction-loss row in the model's structure (a loss changed after the model was
+    built), which would be silently ignored. Traced losses cannot be checked: their rows
+    are those of the structure (as MJX's ``dof_hasfrictionloss``)."""
+    if _disabled(m, DisableBit.CONSTRAINT) or _disabled(m, DisableBit.FRICTIONLOSS):
+        return
+    for what, floss, mask in zip(("dof", "tendon"), (m.dof_frictionloss,
+                                                     m.tendon_frictionloss), friction_masks(m)):
+        vals = tables.concrete(floss)
+        if vals is None:
+            continue
+        vals = vals.reshape(-1)
+        lost = np.nonzero(((vals != 0) if what == "dof" else (vals > 0)) & ~mask)[0]
+        if len(lost):
+            raise ValueError(
+                f"{what}_frictionloss is non-zero on {what} {int(lost[0])}, which has no "
+                f"friction-loss row in this Model's structure ({what}_hasfrictionloss): "
+                f"after changing which losses are zero, use m.replace(**simjax.types."
+                f"frictionloss_structure(m.dof_frictionloss, m.tendon_frictionloss)) "
+                f"and a new Data (make_data)")
 
 
 def _limit_rows(m, d, blk):
@@ -588,13 +632,7 @@ def _block(m, d, blk, geo=None):
                     margin=zero, floss=zero, diag=flat(dg))
         return rows, (ref, sim, ipos, jnp.zeros_like(ipos)), k, nok, None
     if blk.kind in ("frictiondof", "frictionten"):
-        jac, fl, dg, static = _friction_rows(m, d, blk)
-        if blk.kind == "frictiondof":
-            ref = _f(m.dof_solref, dtype).reshape(-1, 2)
-            sim = _f(m.dof_solimp, dtype).reshape(-1, 5)
-        else:
-            ref = _f(m.tendon_solref_fri, dtype).reshape(-1, 2)
-            sim = _f(m.tendon_solimp_fri, dtype).reshape(-1, 5)
+        jac, fl, dg, ref, sim, static = _friction_rows(m, d, blk)
         # MuJoCo: any non-zero dof friction loss, positive tendon friction loss
         act = (fl != 0) if blk.kind == "frictiondof" else (fl > 0)
         if not static:
@@ -674,12 +712,14 @@ def make_constraint(m, d):
     efc_KBIP (nefc, 4), efc_R, efc_D, efc_active, ne, nf, nl, nefc. Requires the
     position stage (kinematics, com_pos, tendon) and ``d.contact``.
     Raises UnsupportedFeatureError (trace time) for flex equalities, contact adhesion and
-    geom surface velocity.
+    geom surface velocity; ValueError for a non-zero friction loss outside the Model's
+    friction-loss structure (``dof_hasfrictionloss``, ``tendon_hasfrictionloss``).
 
     Each block of rows is built whole (its Jacobian already zero on inactive rows) and
     the blocks are concatenated once; impedance and reference are computed per element
     where its rows share them (a contact's rows, a connect's three rows).
     """
+    _check_friction_structure(m)
     lay = layout(m, slot_dims(d))
     if lay.nefc == 0:
         return d

@@ -98,14 +98,9 @@ def _constraint_free(m) -> bool:
         return False
     if m.ntendon and np.any(np.asarray(m.tendon_limited)):
         return False
-    for name in ("dof_frictionloss", "tendon_frictionloss"):
-        arr = getattr(m, name, None)
-        if arr is not None and np.asarray(arr).size:
-            try:
-                if np.any(np.asarray(arr) != 0):
-                    return False
-            except Exception:             # traced: cannot tell
-                return False
+    from simjax.engine import constraint
+    if any(mask.any() for mask in constraint.friction_masks(m)):
+        return False
     if m.ngeom and not (m.opt.disableflags & DisableBit.CONTACT):
         ct = np.asarray(m.geom_contype)
         ca = np.asarray(m.geom_conaffinity)

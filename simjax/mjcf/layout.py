@@ -229,6 +229,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
         arr = arr.reshape(shape)
         arr = arr.astype(np.int32 if kind == "i" else bool if kind == "b" else np.float64)
         kw[name] = arr if types.is_static_field(name) else types.leaf(arr)
+    kw.update(types.frictionloss_structure(kw["dof_frictionloss"], kw["tendon_frictionloss"]))
     kw["opt"] = types.Option(**{k: (v if isinstance(v, int) else types.leaf(v))
                                 for k, v in opt.items()})
     kw["stat"] = _statistic(root)

@@ -132,6 +132,13 @@ def pendula_friction(mjm):
     mjm.dof_frictionloss[:] = 0.05
 
 
+def pendula_some_friction(mjm):
+    """Model edit: friction loss on every other dof and on the first tendon only (the
+    rows of the others are not in the layout)."""
+    mjm.tendon_frictionloss[:1] = 0.3
+    mjm.dof_frictionloss[::2] = 0.05
+
+
 def condim(n):
     """Model edit: contact dimension ``n`` on every geom, with rolling friction."""
     def edit(mjm):

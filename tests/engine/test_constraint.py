@@ -10,7 +10,8 @@ import mujoco
 import numpy as np
 import pytest
 
-from constraint_helpers import condim, match_rows, oracle_case, pendula_friction, tight
+from constraint_helpers import (condim, match_rows, oracle_case, pendula_friction,
+                                pendula_some_friction, tight)
 from simjax.engine import constraint
 
 DS = mujoco.mjtDisableBit
@@ -28,6 +29,9 @@ CASES = {
         mjm.geom_solimp.__setitem__(slice(None), [0.8, 0.99, 0.05, 0.3, 3.0]),
         mjm.jnt_solimp.__setitem__(slice(None), [0.7, 0.95, 0.2, 0.6, 1.0]),
         setattr(mjm.opt, "impratio", 3.0))), dict(z=0.2, seed=1)),
+    # rows for some dofs and tendons only (the model's friction-loss structure)
+    "pendula_some_friction": ("mjx_pendula/pendula.xml", tight(2, extra=pendula_some_friction),
+                              dict(qscale=1.5, seed=10)),
 }
 
 SLOW = {
@@ -103,6 +107,28 @@ def test_rows_slow(name):
     check_rows(name, SLOW)
 
 
+def test_frictionloss_structure():
+    """Friction-loss rows exist only where the model's structure has a loss; a concrete
+    loss made non-zero elsewhere raises, and the re-derived structure gives its rows."""
+    from simjax import types
+    _, m = __import__("engine_helpers").load("gym_ant/ant.xml", constraints=True)
+    assert not np.any(m.dof_hasfrictionloss)
+    lay = constraint.layout(m, [])
+    assert lay.nf == 0 and not any(b.kind == "frictiondof" for b in lay.blocks)
+    loss = np.zeros(m.nv)
+    loss[[6, 9]] = 0.1
+    bad = m.replace(dof_frictionloss=jnp.asarray(loss))
+    d = __import__("simjax").make_data(m)
+    with pytest.raises(ValueError, match="dof 6"):
+        __import__("simjax").forward(bad, d)
+    good = bad.replace(**types.frictionloss_structure(loss, np.zeros(0)))
+    lay = constraint.layout(good, [])
+    blk = [b for b in lay.blocks if b.kind == "frictiondof"]
+    assert lay.nf == 2 and list(blk[0].ids) == [6, 9]
+    # a Model without the masks (built elsewhere) keeps a row for every dof
+    assert constraint.layout(m.replace(dof_hasfrictionloss=None), []).nf == m.nv
+
+
 def test_eq_active_at_run_time():
     """Turning an equality off at run time removes its rows (as MuJoCo skips it)."""
     rel, edit, opts = CASES["weld"]
@@ -118,8 +144,8 @@ def test_capacity_is_static():
     """Row capacity depends only on structure and contact slot dims."""
     _, m = __import__("engine_helpers").load("gym_ant/ant.xml", constraints=True)
     n0 = constraint.nefc_capacity(m, [])
-    # dof friction rows (nv) + 4 ankles x 2 sides... limits: 8 hinges x 2 rows
-    assert n0 == m.nv + 2 * 8
+    # no friction loss (no rows for it); limits: 8 hinges x 2 rows
+    assert n0 == 2 * 8
     assert constraint.nefc_capacity(m, [3, 3, 1]) == n0 + 4 + 4 + 1
     m2 = m.replace(opt=m.opt.replace(cone=1))
     assert constraint.nefc_capacity(m2, [3, 6]) == n0 + 3 + 6
