@@ -627,8 +627,10 @@ def _bits(dtype):
 #: operand a leaf, kept to compare). The Newton update's and line search's loops then
 #: gather one table, not two: barkour's bench rollout 650 -> 648 kernels (optimised
 #: LLVM IR -1.5%), shadow hand 878 -> 875 (-1.8%); outputs bit-identical (bench
-#: rollouts, batch 1024, float32); run time and compile within the noise of a loaded
-#: machine (compile 0.84-1.09, run 0.73-1.29 paired ranges)
+#: rollouts, batch 1024, float32). Paired (one process, alternated, process CPU), without
+#: / with: XLA compile within noise (barkour medians 0.85-1.06 over three runs of 6-8
+#: rounds, ranges 0.80-1.12), run time 1.018 [0.92, 1.09] (barkour, 12 rounds), 1.041
+#: [0.93, 1.17] (shadow hand, 10 rounds)
 _STACK = True
 
 
