@@ -609,7 +609,8 @@ def _put_rows(full, ids, rows):
     ``rows``' entry j for the entries of ``ids()`` (a function: the indices computed
     where used) before the first past the last world:
     one loop of in-place row updates for every leaf (a scatter is a loop of its own per
-    leaf on XLA CPU), over the worlds of the block only."""
+    leaf on XLA CPU: :func:`where_needed`'s Hessian factors, humanoid and ant 2 kernels
+    more), over the worlds of the block only."""
     size = jax.tree_util.tree_leaves(full)[0].shape[0]
     n = jax.tree_util.tree_leaves(rows)[0].shape[0]
 
@@ -628,6 +629,33 @@ def _bits(dtype):
     return {4: jnp.uint32, 8: jnp.uint64}[np.dtype(dtype).itemsize]
 
 
+#: leaves of a :func:`_needy_loop` table with the same number of entries per world are
+#: stacked into one operand of its concatenation, read at trace time (False: one
+#: operand a leaf, kept to compare). The Newton update's and line search's loops then
+#: gather one table, not two: barkour's bench rollout 650 -> 648 kernels (optimised
+#: LLVM IR -1.5%), shadow hand 878 -> 875 (-1.8%); outputs bit-identical (bench
+#: rollouts, batch 1024, float32). Paired (one process, alternated, process CPU), without
+#: / with: XLA compile within noise (barkour medians 0.85-1.06 over three runs of 6-8
+#: rounds, ranges 0.80-1.12), run time 1.018 [0.92, 1.09] (barkour, 12 rounds), 1.041
+#: [0.93, 1.17] (shadow hand, 10 rounds)
+_STACK = True
+
+
+def _tables(like):
+    """The leaves (world entries ``like``) of :func:`_needy_loop`'s tables: for each
+    table its operands (lists of leaf indices), at most _PACK. With :data:`_STACK`
+    the leaves with as many entries are one operand (stacked, a concatenation of its
+    own inside the table's: XLA CPU fuses a concatenation of at most 8 operands)."""
+    if _STACK:
+        groups = {}
+        for i, v in enumerate(like):
+            groups.setdefault(int(np.prod(v.shape)), []).append(i)
+        ops = [g[i:i + _PACK] for g in groups.values() for i in range(0, len(g), _PACK)]
+    else:
+        ops = [[i] for i in range(len(like))]
+    return [ops[i:i + _PACK] for i in range(0, len(ops), _PACK)]
+
+
 def _pack(leaves, size):
     """Leaves (size, ...) as one (columns, size) table of unsigned integers as wide as
     the widest leaf, every entry's bits kept (:func:`_unpack`), each leaf's columns
@@ -636,7 +664,7 @@ def _pack(leaves, size):
     the minor axis apart, a copy of every leaf for the whole batch; leaves padded to
     the table's width and or'ed fused, but cost every gathered entry a select per
     leaf)."""
-    wide = _bits(max([jnp.float32] + [v.dtype for v in leaves],
+    wide = _bits(max([jnp.float32] + [v.dtype for v in jax.tree_util.tree_leaves(leaves)],
                      key=lambda t: np.dtype(t).itemsize))
     signed = jnp.dtype(wide).name[1:]
 
@@ -650,7 +678,9 @@ def _pack(leaves, size):
             v = jax.lax.bitcast_convert_type(v.astype(signed), wide)
         return v.T
 
-    cols = [col(v) for v in leaves]
+    cols = [col(v) if not isinstance(v, list) else
+            col(v[0]) if len(v) == 1 else jnp.stack([col(x) for x in v]).reshape(-1, size)
+            for v in leaves]
     return jnp.concatenate(cols, 0) if cols else jnp.zeros((0, size), wide)
 
 
@@ -682,11 +712,12 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
     in need (bench rollouts: about 1% of them), not the batch size. A batch with no
     such world runs no block (no copy of the accumulators). The block's batched inputs
     that the loop does not update (the rows' entries, Jacobian, per-chunk values,
-    arguments) are gathered as tables of bits (:func:`_pack`, _PACK leaves a table)
-    and unpacked per world inside the loop over the chunks, (acc, state) one gather per
-    leaf: a gather per leaf, the worlds in need found again at every loop and a write
-    back over all _CHUNK_BLOCK entries made barkour's step 635 kernels, now 596
-    (shadow hand 917, now 875; 525 and 786 with the whole batch alone). What remains
+    arguments) are gathered as tables of bits (:func:`_pack`, _PACK operands a table,
+    :func:`_tables`) and unpacked per world inside the loop over the chunks, (acc,
+    state) one gather per leaf: a gather per leaf, the worlds in need found again at
+    every loop and a write back over all _CHUNK_BLOCK entries made barkour's step 635
+    kernels, then 596 (shadow hand 917, then 875; 525 and 786 with the whole batch
+    alone). What remains
     per loop over the later chunks: about 12 kernels of loops and indices, and a
     gather and a row update per (acc, state) leaf. The results are those of the loop
     on the whole batch up to rounding, the block's kernels rounding differently (4
@@ -706,14 +737,18 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
     on = [v for v, f in zip(leaves, flags) if f]
     off = [v for v, f in zip(leaves, flags) if not f]
     like = [jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for v in on]
+    tables = _tables(like)
+    orders = [[i for op in t for i in op] for t in tables]
 
     def fn(c, e, sc, pa, acc):
         rows, off = pa
         # unpacked in the loop over the chunks: XLA would otherwise copy every leaf out
         # of the table before it (loop-invariant), a kernel per leaf
         rows, _ = jax.lax.optimization_barrier((rows, c))
-        got = [x for i, r in enumerate(rows)
-               for x in _unpack(r, like[i * _PACK:(i + 1) * _PACK])]
+        got = [None] * len(like)
+        for r, order in zip(rows, orders):
+            for i, x in zip(order, _unpack(r, [like[i] for i in order])):
+                got[i] = x
         got, off = iter(got), iter(off)
         xs, a = jax.tree_util.tree_unflatten(tree, [next(got) if f else next(off)
                                                     for f in flags])
@@ -731,9 +766,10 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
         # the table depends on the block: XLA would otherwise build it for the whole
         # batch before the loop (loop-invariant), on every call
         src, ids = jax.lax.optimization_barrier((on, block(b)))
-        # at most _PACK leaves a table: XLA CPU fused no more into the gather
-        rows = [jnp.take(_pack(src[i:i + _PACK], size), ids, axis=1, mode="clip")
-                for i in range(0, len(src), _PACK)]
+        # at most _PACK operands a table: XLA CPU fuses no concatenation of more
+        rows = [jnp.take(_pack([[src[i] for i in op] for op in t], size), ids, axis=1,
+                         mode="clip")
+                for t in tables]
         take = lambda v: jnp.take(v, ids, axis=0, mode="clip")
         # the block's largest count
         most = lambda: jnp.max(where(block(b) < size,
@@ -779,6 +815,14 @@ def _first_worlds(need, k):
     key = jnp.sort(where(need, ids, n + ids))
     pos = where(key < n, key, n)
     return jnp.concatenate([pos, jnp.full((k - n,), n, jnp.int32)]) if k > n else pos[:k]
+
+
+#: :func:`where_needed` writes a block's results back by :func:`_put_rows`, a loop to
+#: the block's last world, read at trace time (False: a scatter per leaf, a loop over
+#: every entry of the block, kept to compare): humanoid's bench rollout 660 -> 658
+#: kernels, ant 592 -> 590; outputs bit-identical; run time within noise (scatter /
+#: put rows: humanoid 1.063 [0.93, 1.34], ant 1.016 [0.85, 1.29], 8 paired rounds)
+_PUT_ROWS = True
 
 
 def where_needed(fn, need, args, old):
@@ -830,8 +874,12 @@ def where_needed(fn, need, args, old):
                     lambda a, f: jnp.take(a, ids, axis=0, mode="clip") if f else a,
                     args, ab)
                 new = vfn(*sub)
-                out = jax.tree_util.tree_map(
-                    lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
+                if _PUT_ROWS:
+                    out = _put_rows(out, lambda: jax.lax.dynamic_slice_in_dim(
+                        pos, b * blk, blk), new)
+                else:
+                    out = jax.tree_util.tree_map(
+                        lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
                 return b + 1, out
 
             return inline.while_loop(lambda c: c[0] * blk < count, body,

@@ -473,6 +473,41 @@ def test_pack_round_trip():
                                       want[ids].view(np.uint8))
 
 
+def test_pack_stacked_round_trip():
+    """Leaves with as many entries per world are one stacked operand of their table
+    (solver_rows._tables): every leaf comes back bit for bit, in the tables' order."""
+    from simjax.engine.solver_rows import _pack, _tables, _unpack
+    rng = np.random.default_rng(1)
+    size = 5
+    f = rng.standard_normal((size, 3, 2)).astype(np.float32)
+    f[0, 0, 0], f[1, 0, 0] = -0.0, np.nan
+    leaves = [f, rng.integers(-5, 300, (size, 6)).astype(np.int32),
+              rng.random((size, 4)) < 0.5, rng.standard_normal((size, 4)).astype(np.float32),
+              rng.standard_normal((size,)).astype(np.float32), rng.random((size,)) < 0.5,
+              rng.standard_normal((size, 6)).astype(np.float32)]
+    ids = np.array([3, 0, 4, 4])
+    like = [jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for v in leaves]
+    tables = _tables(like)
+    assert len(tables) == 1 and len(tables[0]) == 3     # sizes 6, 4 and 1
+
+    def run(*leaves):
+        got = [None] * len(leaves)
+        for t in tables:
+            tab = jnp.take(_pack([[leaves[i] for i in op] for op in t], size),
+                           jnp.asarray(ids), axis=1)
+            order = [i for op in t for i in op]
+            out = jax.vmap(lambda col: _unpack(col, [like[i] for i in order]),
+                           in_axes=1)(tab)
+            for i, x in zip(order, out):
+                got[i] = x
+        return got
+
+    for got, want in zip(jax.jit(run)(*leaves), leaves):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                      want[ids].view(np.uint8))
+
+
 @pytest.mark.parametrize("n", [40, 341, 1500])
 def test_first_true_matches_nonzero(n):
     """The compaction's index search (blocked triangular products up to _TRIU_MAX rows,
