@@ -533,7 +533,7 @@ def frictionloss_structure(dof_frictionloss, tendon_frictionloss) -> dict:
     dofs and tendons that get a friction-loss constraint row. MuJoCo
     (mj_instantiateFriction) adds a row for a non-zero dof friction loss and a positive
     tendon one; rows for zero losses would never be active, but would cost every step
-    (about 10% of barkour's compile). Use as ``m.replace(**frictionloss_structure(a, b))``
+    (barkour's compile CPU 0.87x without them, paired in one process). Use as ``m.replace(**frictionloss_structure(a, b))``
     after changing which losses are zero, then make a new Data."""
     return dict(dof_hasfrictionloss=np.asarray(dof_frictionloss).reshape(-1) != 0,
                 tendon_hasfrictionloss=np.asarray(tendon_frictionloss).reshape(-1) > 0)

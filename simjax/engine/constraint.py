@@ -37,6 +37,7 @@ from simjax.engine import tables
 from simjax.engine import tree_linalg
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import ConeType, DisableBit, EnableBit, EqType, JointType, ObjType
+from simjax.types import frictionloss_structure
 
 # mjtConstraint
 EQUALITY, FRICTION_DOF, FRICTION_TENDON, LIMIT_JOINT, LIMIT_TENDON = 0, 1, 2, 3, 4
@@ -367,13 +368,11 @@ def _check_friction_structure(m):
     are those of the structure (as MJX's ``dof_hasfrictionloss``)."""
     if _disabled(m, DisableBit.CONSTRAINT) or _disabled(m, DisableBit.FRICTIONLOSS):
         return
-    for what, floss, mask in zip(("dof", "tendon"), (m.dof_frictionloss,
-                                                     m.tendon_frictionloss), friction_masks(m)):
-        vals = tables.concrete(floss)
-        if vals is None:
-            continue
-        vals = vals.reshape(-1)
-        lost = np.nonzero(((vals != 0) if what == "dof" else (vals > 0)) & ~mask)[0]
+    dof, ten = (tables.concrete(x) for x in (m.dof_frictionloss, m.tendon_frictionloss))
+    want = frictionloss_structure(np.zeros(m.nv) if dof is None else dof,
+                                  np.zeros(m.ntendon) if ten is None else ten)
+    for what, need, have in zip(("dof", "tendon"), want.values(), friction_masks(m)):
+        lost = np.nonzero(need & ~have)[0]
         if len(lost):
             raise ValueError(
                 f"{what}_frictionloss is non-zero on {what} {int(lost[0])}, which has no "

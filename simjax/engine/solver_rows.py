@@ -658,7 +658,8 @@ def _tables(like):
 
 def _pack(leaves, size):
     """Leaves (size, ...) as one (columns, size) table of unsigned integers as wide as
-    the widest leaf, every entry's bits kept (:func:`_unpack`), each leaf's columns
+    the widest leaf (an entry of ``leaves`` may be a list of leaves of as many entries
+    per world: one stacked operand, :func:`_tables`), every entry's bits kept (:func:`_unpack`), each leaf's columns
     transposed and concatenated on the major axis: a gather of the table's columns is
     then one kernel, the concatenation fused into it (XLA CPU built a concatenation on
     the minor axis apart, a copy of every leaf for the whole batch; leaves padded to
