@@ -22,7 +22,7 @@ side planes, polygonQuad beyond 4 points); otherwise an edge lying in a face of 
 other geom (|cosine| < EDGE_TOL; edge of geom1 first when its feature is not larger or
 it has no face) gives at most its two farthest clipped points; otherwise the single
 contact of the curved pair. Witnesses, depths and normals as
-:func:`simjax.engine.collision.convex.poly_contacts`.
+:func:`simjax.engine.collision.convex_polytope.poly_contacts`.
 
 Quantities set by EPA's iterations in MuJoCo, taken here by rule: whether the
 cylinder's feature spans both caps (CAP_TOL); a support point along the axis (the cap's
@@ -35,6 +35,7 @@ import numpy as np
 import jax.numpy as jnp
 
 from simjax.engine.collision import convex as C
+from simjax.engine.collision import convex_polytope as CP
 from simjax.engine.collision.common import Pre, dot
 from simjax.types import GeomType as GT
 
@@ -89,10 +90,10 @@ def _rim_point(g, u, sgn):
 
 def _poly_side(t, g, u):
     """Support feature of box or mesh ``g`` along world direction ``u``."""
-    P = C._polytope(t, g)
-    idx, dim = C._feature(P, u)
-    f, fok = C._feature_faces(P, idx, dim)
-    e, end, eok = C._feature_edges(P, idx, dim)
+    P = CP._polytope(t, g)
+    idx, dim = CP._feature(P, u)
+    f, fok = CP._feature_faces(P, idx, dim)
+    e, end, eok = CP._feature_edges(P, idx, dim)
     vw, fvert, fnum = P[0], P[1], P[2]
     return dict(dim=dim, fn=P[3][f], fok=fok, faces=vw[jnp.maximum(fvert[f], 0)],
                 fnum=fnum[f], en=e, eok=eok, start=vw[idx[0]], eend=vw[end], ok=P[5],
@@ -135,17 +136,17 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
     nna, nnb = jnp.sum(A["fok"]), jnp.sum(B["fok"])
     # faces facing each other, each towards the other geom; the most opposed pair
     cosf = na @ nb.T
-    okf = (A["fok"] & (na @ n > C.EDGE_TOL))[:, None] & (B["fok"] & (nb @ n < -C.EDGE_TOL))[None]
-    (i, j), ff = C._first(okf & (cosf < -C.FACE_TOL), cosf)
+    okf = (A["fok"] & (na @ n > CP.EDGE_TOL))[:, None] & (B["fok"] & (nb @ n < -CP.EDGE_TOL))[None]
+    (i, j), ff = CP._first(okf & (cosf < -CP.FACE_TOL), cosf)
     # an edge of geom1 in a face of geom2 (first face, then first edge), or conversely
     try1 = ~ff & (A["dim"] < 3) & (nnb > 0) & ((A["dim"] <= B["dim"]) | (nna == 0))
     try2 = ~ff & ~try1 & (B["dim"] < 3)
     m1 = (B["fok"] & (nb @ n < 0))[:, None] & A["eok"][None] & (
-        jnp.abs(nb @ A["en"].T) < C.EDGE_TOL)
+        jnp.abs(nb @ A["en"].T) < CP.EDGE_TOL)
     m2 = (A["fok"] & (na @ n > 0))[:, None] & B["eok"][None] & (
-        jnp.abs(na @ B["en"].T) < C.EDGE_TOL)
-    (jb, iea), ef = C._first(m1)
-    (ja, ieb), fe = C._first(m2)
+        jnp.abs(na @ B["en"].T) < CP.EDGE_TOL)
+    (jb, iea), ef = CP._first(m1)
+    (ja, ieb), fe = CP._first(m2)
     ef = try1 & ef
     fe = try2 & fe
     multi = (ff | ef | fe) & A["ok"] & B["ok"] & (dist < margin)
@@ -172,10 +173,10 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
     inc = jnp.where(ff, _pad(B["faces"][j], L),
                     jnp.where(ef, _pad(edge_a, L), _pad(edge_b, L)))
     kinc = jnp.where(ff, B["fnum"][j], 2)
-    pts, cnt = C._clip(ref, kref, nref, inc, kinc, K + L, margin - half)
-    sel = jnp.where(cnt > 4, C._polygon_quad(pts, cnt, QUAD_TIE),
+    pts, cnt = CP._clip(ref, kref, nref, inc, kinc, K + L, margin - half)
+    sel = jnp.where(cnt > 4, CP._polygon_quad(pts, cnt, QUAD_TIE),
                     jnp.where((kinc == 2) & (cnt > 2),
-                              jnp.concatenate([C._farthest2(pts, cnt),
+                              jnp.concatenate([CP._farthest2(pts, cnt),
                                                jnp.zeros(2, jnp.int32)]),
                               jnp.arange(4)))
     nsel = jnp.where(cnt > 4, 4, jnp.where((kinc == 2) & (cnt > 2), 2, cnt))
@@ -213,7 +214,7 @@ def _capsule_pos(g, A, B, n, dist):
     flat = jnp.abs(dot(n, g.mat[:, 2])) < np.sqrt(np.finfo(dt).eps)
     b0, b1 = _segment(B, -n)
     b1 = jnp.where(B["point"], b0, b1)
-    ca, cb = C._segments(A["start"], A["eend"][0], b0, b1)
+    ca, cb = CP._segments(A["start"], A["eend"][0], b0, b1)
     return jnp.where(flat, 0.5 * (ca + cb), C.support(GT.CAPSULE, g, n) + 0.5 * dist * n)
 
 
@@ -229,6 +230,6 @@ def _single_pos(A, B, n, dist):
     normal, else the midpoint of the closest points of two support segments."""
     a0, a1 = _segment(A, n)
     b0, b1 = _segment(B, -n)
-    ca, cb = C._segments(a0, a1, b0, b1)
+    ca, cb = CP._segments(a0, a1, b0, b1)
     return jnp.where(A["point"], A["start"] + 0.5 * dist * n,
                      jnp.where(B["point"], B["start"] - 0.5 * dist * n, 0.5 * (ca + cb)))

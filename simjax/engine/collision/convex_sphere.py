@@ -71,14 +71,14 @@ def sphere_table(m, ids=None):
     """Triangle and edge tables of the hulls of meshes ``ids`` (every mesh when None),
     row k for mesh ``ids[k]``: tplane (n, T, 4), tedge (n, T, 3, 4), edge (n, E, 7)
     (see the module docstring), padded to the largest of these hulls."""
-    from simjax.engine.collision import convex as C
-    ids = C._mesh_ids(m, ids)
-    key = (C._mesh_key(m), ids)
+    from simjax.engine.collision import convex_hull as H
+    ids = H._mesh_ids(m, ids)
+    key = (H._mesh_key(m), ids)
     tab = _CACHE.get(key)
     if tab is not None:
         return tab
-    allv = C._mesh_vertices(m)
-    one_tabs = [_tables_one(C._hull_vertices(allv[i])) for i in ids]
+    allv = H._mesh_vertices(m)
+    one_tabs = [_tables_one(H._hull_vertices(allv[i])) for i in ids]
     T = max(len(t[0]) for t in one_tabs)
     E = max(len(t[2]) for t in one_tabs)
     pad = lambda x, n: x[np.minimum(np.arange(n), len(x) - 1)]

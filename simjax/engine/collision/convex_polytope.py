@@ -1,0 +1,292 @@
+"""Contacts of two polytopes (boxes, meshes) from a given normal and signed distance:
+MuJoCo 4.0's multicontact (engine_collision_gjk.c: multicontact, polygonClip,
+polygonQuad, boxNormals / meshNormals, boxEdgeNormals / meshEdgeNormals) and, when no
+face-face or edge-face patch qualifies, the single EPA witness of the support features.
+The normal and distance come from convex.py's SAT search (``convex_convex``); see its
+module docstring for the method and the differences from MuJoCo. The feature, clipping
+and polygonQuad helpers here also serve the cylinder patches (convex_cylinder.py).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import inline
+from simjax.engine.collision.common import (Pre, argmax, cross, dot, normalize, safe_norm,
+                                            first_where as _first)
+from simjax.types import GeomType as GT
+
+
+#: MuJoCo's feature alignment tolerances (engine_collision_gjk.h): faces facing each
+#: other (cosine), and an edge lying in a face (|cosine| with the face normal)
+FACE_TOL = 0.996
+EDGE_TOL = 0.0888
+#: support values within this distance of the maximum belong to one support feature
+#: (the EPA tolerance, opt.ccd_tolerance's default)
+FEATURE_TOL = 1e-6
+
+
+def _box_verts(size):
+    s = jnp.asarray([[(1 if i & 1 else -1), (1 if i & 2 else -1), (1 if i & 4 else -1)]
+                     for i in range(8)], size.dtype)
+    return s * size
+
+
+# box faces in MuJoCo's order (+x, -x, +y, -y, +z, -z) and corner order (clockwise about
+# the outward normal); corner index bits x = 1, y = 2, z = 4 (as _box_verts)
+_BOX_FACES = np.array([[7, 3, 1, 5], [2, 6, 4, 0], [2, 3, 7, 6],
+                       [4, 5, 1, 0], [6, 7, 5, 4], [3, 2, 0, 1]])
+_BOX_NORMALS = np.array([[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1],
+                         [0, 0, -1]], np.float64)
+_BOX_VFACE = np.array([[0 if v & 1 else 1, 2 if v & 2 else 3, 4 if v & 4 else 5]
+                       for v in range(8)])
+
+
+def _polytope(t, geo):
+    """World vertices (V, 3), polygons (F, PV) in clipping order, their vertex counts
+    (F,), world normals (F, 3), polygons at each vertex (V, D) and whether polygon data
+    exists (MuJoCo skips multi-contact for meshes without it)."""
+    if t == GT.BOX:
+        v = _box_verts(geo.size) @ geo.mat.T + geo.pos
+        return (v, jnp.asarray(_BOX_FACES), jnp.full(6, 4),
+                jnp.asarray(_BOX_NORMALS, v.dtype) @ geo.mat.T, jnp.asarray(_BOX_VFACE),
+                jnp.asarray(True), jnp.asarray(8))
+    ex = geo.extra
+    return (geo.vert @ geo.mat.T + geo.pos, ex["fvert"], ex["fnum"],
+            ex["fnormal"] @ geo.mat.T, ex["vface"], ex["npoly"] > 0, ex["nvert"])
+
+
+def _feature(poly, u):
+    """Support feature of a polytope along u: its 3 best vertex ids and dimension
+    (1 vertex, 2 edge, 3 face), as the vertices of the final EPA face on that side."""
+    vw, nvert = poly[0], poly[6]
+    pr = jnp.where(jnp.arange(vw.shape[0]) < nvert, vw @ u, -jnp.inf)
+    _, idx = jax.lax.top_k(pr, 3)
+    close = pr[idx] >= pr[idx[0]] - FEATURE_TOL
+    dim = 1 + close[1].astype(jnp.int32) + (close[1] & close[2]).astype(jnp.int32)
+    return idx, dim
+
+
+def _feature_faces(poly, idx, dim):
+    """Polygons adjacent to a support feature (meshNormals/boxNormals): ids (D,), mask."""
+    fvert, vface = poly[1], poly[4]
+    cand = vface[idx[0]]
+    ok = cand >= 0
+    fv = fvert[jnp.maximum(cand, 0)]                               # (D, PV)
+    has1 = jnp.any(fv == idx[1], axis=-1)
+    has2 = jnp.any(fv == idx[2], axis=-1)
+    ok = ok & ((dim < 2) | has1) & ((dim < 3) | has2)
+    return jnp.maximum(cand, 0), ok
+
+
+def _feature_edges(poly, idx, dim):
+    """Edges at a support feature (meshEdgeNormals/boxEdgeNormals): the edge itself, or
+    every edge at the vertex. Returns unit directions (D, 3), end vertex ids, mask."""
+    vw, fvert, fnum, vface = poly[0], poly[1], poly[2], poly[4]
+    cand = vface[idx[0]]
+    ok = cand >= 0
+    fv = fvert[jnp.maximum(cand, 0)]                               # (D, PV)
+    n = fnum[jnp.maximum(cand, 0)]
+    j = jnp.argmax(fv == idx[0], axis=-1)
+    # the neighbour that precedes the vertex counter-clockwise: next in clipping order
+    end = fv[jnp.arange(fv.shape[0]), jnp.where(j + 1 >= n, 0, j + 1)]
+    end = jnp.where(dim == 2, jnp.full_like(end, idx[1]), end)
+    ok = jnp.where(dim == 2, jnp.arange(ok.shape[0]) == 0, ok)
+    e, _ = normalize(vw[end] - vw[idx[0]])
+    return e, end, ok
+
+
+def _clip(ref, kref, nref, inc, kinc, size, margin=0.0):
+    """Sutherland-Hodgman clipping of polygon ``inc`` (kinc vertices) by the side planes
+    of polygon ``ref`` (kref vertices, normal nref), then only points at most ``margin``
+    above ref's plane kept (polygonClip). Returns points (size, 3) and their count."""
+    K = ref.shape[0]
+    i = jnp.arange(K)
+    nxt = jnp.where(i + 1 >= kref, 0, i + 1)
+    pn, _ = normalize(cross(ref[nxt] - ref, nref[None]))
+    pd = dot(pn, ref)
+    poly = jnp.zeros((size, 3), ref.dtype).at[:inc.shape[0]].set(inc)
+    slot = jnp.arange(size)
+
+    def edge(carry, e):
+        poly, cnt = carry
+        P = poly
+        Q = jnp.where((slot < cnt - 1)[:, None], jnp.roll(poly, -1, axis=0), poly[0])
+        in1 = dot(P - ref[e], pn[e]) > -1e-15
+        in2 = dot(Q - ref[e], pn[e]) > -1e-15
+        live = slot < cnt
+        PQ = Q - P
+        tmp = dot(PQ, pn[e])
+        t = (pd[e] - dot(P, pn[e])) / jnp.where(tmp != 0, tmp, 1.0)
+        s0 = live & (in1 != in2) & (tmp != 0) & (t >= 0) & (t <= 1)
+        s1 = live & in2
+        pts = jnp.stack([P + t[:, None] * PQ, Q], 1).reshape(-1, 3)
+        val = jnp.stack([s0, s1], 1).reshape(-1)
+        pos = jnp.where(val, jnp.cumsum(val) - 1, 2 * size)
+        new = jnp.zeros_like(poly).at[pos].set(pts, mode="drop")
+        use = e < kref
+        return (jnp.where(use, new, poly),
+                jnp.where(use, jnp.minimum(jnp.sum(val), size), cnt)), None
+
+    (poly, cnt), _ = inline.scan(edge, (poly, kinc), jnp.arange(K))
+    below = (slot < cnt) & (dot(poly - ref[0], nref) <= jnp.maximum(margin, 0.0))
+    pos = jnp.where(below, jnp.cumsum(below) - 1, 2 * size)
+    poly = jnp.zeros_like(poly).at[pos].set(poly, mode="drop")
+    return poly, jnp.sum(below)
+
+
+def _area4(a, b, c, d):
+    """Area of the quadrilateral abcd (half its diagonals' cross product), the measure
+    MuJoCo 4.0.0's polygonQuad maximises."""
+    return 0.5 * safe_norm(cross(a - c, b - d))
+
+
+def _polygon_quad(poly, n, tie=0.0):
+    """Indices (4,) of the greedy maximum-area quadrilateral of polygon ``poly`` (n
+    vertices, n > 4) as MuJoCo's polygonQuad walks it (index choice only: no gradient).
+    A step is taken when it grows the area by more than ``tie`` (relative)."""
+    p = jax.lax.stop_gradient(poly)
+    nx = lambda i: jnp.where(i >= n - 1, 0, i + 1)
+    ar = lambda a, b, c, d: _area4(p[a], p[b], p[c], p[d])
+
+    def grow(a, b, c, d, m, which):
+        def cond(s):
+            b, c, d, m = s
+            nb, nc = (nx(b), c) if which == "b" else (b, nx(c))
+            return ar(a, nb, nc, d) > m * (1.0 + tie)
+
+        def body(s):
+            b, c, d, m = s
+            b, c = (nx(b), c) if which == "b" else (b, nx(c))
+            return b, c, d, ar(a, b, c, d)
+        return inline.while_loop(cond, body, (b, c, d, m))
+
+    def outer(a, st):
+        b, c, d, m, res = st
+
+        def cond(s):
+            b, c, d, m, res = s
+            return ar(a, b, c, nx(d)) > m * (1.0 + tie)
+
+        def body(s):
+            b, c, d, m, res = s
+            d = nx(d)
+            m = ar(a, b, c, d)
+            b, c, d, m = grow(a, b, c, d, m, "c")
+            b, c, d, m = grow(a, b, c, d, m, "b")
+            return b, c, d, m, jnp.stack([a, b, c, d])
+        b, c, d, m, res = inline.while_loop(cond, body, (b, c, d, m, res))
+        bb = jnp.where(b == a, nx(b), b)
+        cc = jnp.where((b == a) & (c == bb), nx(c), c)
+        dd = jnp.where((b == a) & (c == bb) & (d == cc), nx(d), d)
+        return bb, cc, dd, m, res
+
+    i0 = jnp.asarray(0, jnp.int32)
+    st = (i0 + 1, i0 + 2, i0 + 3, ar(0, 1, 2, 3), jnp.arange(4, dtype=jnp.int32))
+    _, _, _, _, res = inline.fori_loop(0, n.astype(jnp.int32), outer, st)
+    return res
+
+
+def _farthest2(poly, n):
+    """The two most distant points of the first n (first pair wins ties)."""
+    P = poly.shape[0]
+    dp = poly[:, None] - poly[None]
+    d2 = dot(dp, dp)
+    i, j = jnp.arange(P)[:, None], jnp.arange(P)[None]
+    d2 = jnp.where((i < j) & (j < n), d2, -1.0)
+    a, b = jnp.unravel_index(argmax(d2.reshape(-1)), d2.shape)
+    return jnp.stack([a, b])
+
+
+def _segments(a0, a1, b0, b1):
+    """Closest points of segments a0a1 and b0b1."""
+    u, v, w = a1 - a0, b1 - b0, a0 - b0
+    uu, uv, vv, uw, vw = dot(u, u), dot(u, v), dot(v, v), dot(u, w), dot(v, w)
+    den = uu * vv - uv * uv
+    s = jnp.clip(jnp.where(den > 1e-30, (uv * vw - vv * uw) / jnp.where(den > 1e-30, den, 1),
+                           0.0), 0, 1)
+    t = jnp.clip((uv * s + vw) / jnp.where(vv > 1e-30, vv, 1), 0, 1)
+    s = jnp.clip((uv * t - uw) / jnp.where(uu > 1e-30, uu, 1), 0, 1)
+    return a0 + s * u, b0 + t * v
+
+
+def poly_contacts(t1, g1, t2, g2, n, dist, margin):
+    """Contacts of two polytopes (boxes, meshes) given the penetration normal ``n`` and
+    signed distance ``dist``: MuJoCo's multicontact (face-face or edge-face: the
+    incident feature clipped by the reference face, at most 4 points by polygonQuad),
+    else the single EPA witness of the support features. Returns a Pre of 5 slots."""
+    A, B = _polytope(t1, g1), _polytope(t2, g2)
+    ia, da = _feature(A, n)
+    ib, db = _feature(B, -n)
+    fa, oka = _feature_faces(A, ia, da)
+    fb, okb = _feature_faces(B, ib, db)
+    na, nb = A[3][fa], B[3][fb]                                   # (D, 3)
+    # MuJoCo takes the first qualifying pair in its polygon order; simjax the best
+    # aligned (the same whenever one pair qualifies)
+    cosf = na @ nb.T
+    (i, j), ff = _first((cosf < -FACE_TOL) & oka[:, None] & okb[None], cosf)
+    # edge of A lying in a face of B, or the other way round
+    ea, enda, okea = _feature_edges(A, ia, da)
+    eb, endb, okeb = _feature_edges(B, ib, db)
+    cosa, cosb = jnp.abs(nb @ ea.T), jnp.abs(na @ eb.T)
+    (jb, iea), ef = _first((cosa < EDGE_TOL) & okb[:, None] & okea[None], cosa)
+    (ja, ieb), fe = _first((cosb < EDGE_TOL) & oka[:, None] & okeb[None], cosb)
+    ef = ~ff & (da < 3) & (da <= db) & ef
+    fe = ~ff & ~((da < 3) & (da <= db)) & (db < 3) & fe
+    # MuJoCo 4.0 builds the patch whenever the pair is within the margin (points up to
+    # the margin above the reference face kept)
+    multi = (ff | ef | fe) & A[5] & B[5] & (dist < margin)
+
+    def face(P, f):
+        vw, fvert, fnum = P[0], P[1], P[2]
+        return vw[jnp.maximum(fvert[f], 0)], fnum[f]
+
+    # reference polygon: A's face (face-face, face-edge) or B's face (edge-face)
+    fa_ref = jnp.where(ff, fa[i], fa[ja])
+    ra, ka = face(A, fa_ref)
+    rb, kb = face(B, fb[jb])
+    K = max(ra.shape[0], rb.shape[0])
+    pad = lambda x: jnp.concatenate([x, jnp.zeros((K - x.shape[0], 3), x.dtype)])
+    ref = jnp.where(ef, pad(rb), pad(ra))
+    kref = jnp.where(ef, kb, ka)
+    nref = jnp.where(ef, B[3][fb[jb]], A[3][fa_ref])
+    # incident polygon: B's face, A's edge or B's edge
+    ib_face, kb_face = face(B, fb[j])
+    L = max(ib_face.shape[0], 2)
+    pad = lambda x: jnp.concatenate([x, jnp.zeros((L - x.shape[0], 3), x.dtype)])
+    edge_a = jnp.stack([A[0][ia[0]], A[0][enda[iea]]])
+    edge_b = jnp.stack([B[0][ib[0]], B[0][endb[ieb]]])
+    inc = jnp.where(ff, pad(ib_face), jnp.where(ef, pad(edge_a), pad(edge_b)))
+    kinc = jnp.where(ff, kb_face, 2)
+    # witness direction: B's face normal (face-face), minus the reference normal
+    wit = jnp.where(ff, nb[j], -nref)
+    pts, cnt = _clip(ref, kref, nref, inc, kinc, K + L, margin)
+    sel = jnp.where(cnt > 4, _polygon_quad(pts, cnt),
+                    jnp.where((kinc == 2) & (cnt > 2),
+                              jnp.concatenate([_farthest2(pts, cnt), jnp.zeros(2, jnp.int32)]),
+                              jnp.arange(4)))
+    nsel = jnp.where(cnt > 4, 4, jnp.where((kinc == 2) & (cnt > 2), 2, cnt))
+    v = pts[sel]
+    dd = dot(v - ref[0], nref)
+    # witnesses (MuJoCo 4.0): the clipped point and its projection onto the reference
+    # plane along the reference normal; the normal is minus the incident face's normal
+    # (face-face) or the reference normal pointing from geom1 to geom2; the depth is
+    # the witnesses' separation along the normal, the position geom1's witness moved
+    # half of it along the normal
+    proj = v - dd[:, None] * nref
+    x1, x2 = jnp.where(ef, v, proj), jnp.where(ef, proj, v)
+    mnrm = jnp.broadcast_to(jnp.where(ff, -wit, jnp.where(ef, -nref, nref)), v.shape)
+    dd = dot(x2 - x1, mnrm)
+    mpos = x1 + 0.5 * dd[:, None] * mnrm
+    mvalid = multi & (cnt >= 1) & (jnp.arange(4) < nsel) & (jnp.min(
+        jnp.where(jnp.arange(4) < nsel, dd, jnp.inf)) < margin)
+    # single witness (EPA): vertex against anything, or the closest points of two edges
+    a0, b0 = A[0][ia[0]], B[0][ib[0]]
+    ca, cb = _segments(a0, A[0][ia[1]], b0, B[0][ib[1]])
+    spos = jnp.where(da == 1, a0 + 0.5 * dist * n,
+                     jnp.where(db == 1, b0 - 0.5 * dist * n, 0.5 * (ca + cb)))
+    svalid = ~(multi & (cnt >= 1)) & (dist <= margin)
+    return Pre(jnp.concatenate([dist[None], dd]), jnp.concatenate([spos[None], mpos]),
+               jnp.concatenate([n[None], jnp.where(multi, mnrm, n)]),
+               jnp.zeros((5, 3), n.dtype), jnp.concatenate([svalid[None], mvalid]))
