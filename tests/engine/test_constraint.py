@@ -149,14 +149,3 @@ def test_capacity_is_static():
     assert constraint.nefc_capacity(m, [3, 3, 1]) == n0 + 4 + 4 + 1
     m2 = m.replace(opt=m.opt.replace(cone=1))
     assert constraint.nefc_capacity(m2, [3, 6]) == n0 + 3 + 6
-
-
-@pytest.mark.parametrize("rel", ["gym_ant/ant.xml", "mjx_shadow_hand/scene_right.xml"])
-def test_anc_mask_matches_table(rel):
-    """Dof masks by body-id range compares equal the ancestor-dof table (one tree and
-    two trees)."""
-    from simjax.engine import tables
-    _, m = __import__("engine_helpers").load(rel, constraints=True)
-    assert constraint._dof_ranges(m) is not None
-    got = np.asarray(constraint._anc_mask(m, jnp.arange(m.nbody), jnp.float64))
-    assert np.array_equal(got, tables.get(m).anc_dof)
