@@ -18,7 +18,8 @@ the static contact dimension of each slot of ``Data.contact``:
 Inactive rows are exactly neutral: ``efc_active`` is false, ``efc_J`` is zero, and the
 solvers give them zero force. A non-contact constraint whose rows all have an
 identically zero Jacobian is inactive, as MuJoCo skips it; contact rows are kept even
-with a zero Jacobian (as MuJoCo). ``ne``, ``nf``, ``nl`` and ``nefc`` count the active rows of each kind.
+with a zero Jacobian (as MuJoCo). ``ne``, ``nf``, ``nl`` and ``nefc`` count the active
+rows of each kind.
 
 ``efc_id`` holds the element id (equality, dof, tendon, joint) or, for contacts, the
 slot index into ``Data.contact``.
@@ -142,8 +143,12 @@ def _block(m, d, blk, geo=None):
     dtype = d.qpos.dtype
     n, k = blk.n, blk.k
     zero = jnp.zeros(n * k, dtype)
-    flat = lambda x: x.reshape((n * k,) + x.shape[2:])
-    rep = lambda x: jnp.repeat(x, k, 0) if k > 1 else x
+
+    def flat(x):
+        return x.reshape((n * k,) + x.shape[2:])
+
+    def rep(x):
+        return jnp.repeat(x, k, 0) if k > 1 else x
     nok = np.zeros(n * k, bool)
     if blk.kind in ("connect", "weld", "jointeq", "tendoneq"):
         jac, cpos, ipos, dg, act = _eq_rows(m, d, blk)
@@ -366,8 +371,8 @@ def _jacdot_v(m, d, points, bodies):
     jt = np.asarray(m.jnt_type)
     dj = np.asarray(m.dof_jntid)
     dadr = np.asarray(m.jnt_dofadr)[dj]
-    is_quat = (jt[dj] == JointType.BALL) | ((jt[dj] == JointType.FREE) &
-                                             (np.arange(m.nv) >= dadr + 3))
+    is_quat = (jt[dj] == JointType.BALL) | ((jt[dj] == JointType.FREE)
+                                            & (np.arange(m.nv) >= dadr + 3))
     cdd = d.cdof_dot
     if is_quat.any():
         alt = math.motion_cross(d.cvel[np.asarray(m.dof_bodyid)], d.cdof)

@@ -29,8 +29,9 @@ CONTACT_KINDS = ("con1", "conpyr", "conell")
 @dataclasses.dataclass(frozen=True)
 class Block:
     """A static block of rows: ``n`` elements of ``k`` rows each from row ``start``."""
-    kind: str          # connect, weld, jointeq, tendoneq, frictiondof, frictionten,
-                       # limitjnt, limitball, limitten, con1, conpyr, conell
+    # connect, weld, jointeq, tendoneq, frictiondof, frictionten, limitjnt, limitball,
+    # limitten, con1, conpyr, conell
+    kind: str
     start: int
     n: int
     k: int

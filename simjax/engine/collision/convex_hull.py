@@ -77,9 +77,9 @@ def _quad(hv, ids, a):
 
     pts = [tuple(float(x) for x in hv[v]) for v in ids]
 
-    def area(i, j, k, l):
+    def area(i, j, k, q):
         u = [x - y for x, y in zip(pts[i], pts[k])]
-        w = [x - y for x, y in zip(pts[j], pts[l])]
+        w = [x - y for x, y in zip(pts[j], pts[q])]
         return 0.5 * math.sqrt(sum(c * c for c in _cross3(u, w)))
 
     b, c, d = (a + 1) % n, (a + 2) % n, (a + 3) % n
@@ -291,9 +291,9 @@ def plane_table(m, ids=None):
     """Static padded hull data for plane-mesh contacts only (what plane_convex reads),
     row k for mesh ``ids[k]`` (every mesh when None): vert (n, V, 3) hull vertices,
     and per vertex and hull polygon at it the polygon's normal pnorm (n, V, PV, 3) and
-    the three partners of its greedy quadrilateral pquad (n, V, PV, 3) (-1 padded). Lighter than mesh_table (no
-    edge or face-normal deduplication), so it serves large meshes such as the meshes
-    of SDF geoms (tens of thousands of vertices)."""
+    the three partners of its greedy quadrilateral pquad (n, V, PV, 3) (-1 padded).
+    Lighter than mesh_table (no edge or face-normal deduplication), so it serves large
+    meshes such as the meshes of SDF geoms (tens of thousands of vertices)."""
     ids = _mesh_ids(m, ids)
     key = (_mesh_key(m), ids)
     tab = _PLANE_CACHE.get(key)

@@ -147,8 +147,12 @@ def _polygon_quad(poly, n, tie=0.0):
     vertices, n > 4) as MuJoCo's polygonQuad walks it (index choice only: no gradient).
     A step is taken when it grows the area by more than ``tie`` (relative)."""
     p = jax.lax.stop_gradient(poly)
-    nx = lambda i: jnp.where(i >= n - 1, 0, i + 1)
-    ar = lambda a, b, c, d: _area4(p[a], p[b], p[c], p[d])
+
+    def nx(i):
+        return jnp.where(i >= n - 1, 0, i + 1)
+
+    def ar(a, b, c, d):
+        return _area4(p[a], p[b], p[c], p[d])
 
     def grow(a, b, c, d, m, which):
         def cond(s):
@@ -247,14 +251,18 @@ def poly_contacts(t1, g1, t2, g2, n, dist, margin):
     ra, ka = face(A, fa_ref)
     rb, kb = face(B, fb[jb])
     K = max(ra.shape[0], rb.shape[0])
-    pad = lambda x: jnp.concatenate([x, jnp.zeros((K - x.shape[0], 3), x.dtype)])
+
+    def pad(x):
+        return jnp.concatenate([x, jnp.zeros((K - x.shape[0], 3), x.dtype)])
     ref = jnp.where(ef, pad(rb), pad(ra))
     kref = jnp.where(ef, kb, ka)
     nref = jnp.where(ef, B[3][fb[jb]], A[3][fa_ref])
     # incident polygon: B's face, A's edge or B's edge
     ib_face, kb_face = face(B, fb[j])
     L = max(ib_face.shape[0], 2)
-    pad = lambda x: jnp.concatenate([x, jnp.zeros((L - x.shape[0], 3), x.dtype)])
+
+    def pad(x):
+        return jnp.concatenate([x, jnp.zeros((L - x.shape[0], 3), x.dtype)])
     edge_a = jnp.stack([A[0][ia[0]], A[0][enda[iea]]])
     edge_b = jnp.stack([B[0][ib[0]], B[0][endb[ieb]]])
     inc = jnp.where(ff, pad(ib_face), jnp.where(ef, pad(edge_a), pad(edge_b)))

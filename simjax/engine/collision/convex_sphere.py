@@ -81,7 +81,9 @@ def sphere_table(m, ids=None):
     one_tabs = [_tables_one(H._hull_vertices(allv[i])) for i in ids]
     T = max(len(t[0]) for t in one_tabs)
     E = max(len(t[2]) for t in one_tabs)
-    pad = lambda x, n: x[np.minimum(np.arange(n), len(x) - 1)]
+
+    def pad(x, n):
+        return x[np.minimum(np.arange(n), len(x) - 1)]
     tab = dict(tplane=np.stack([pad(t[0], T) for t in one_tabs]),
                tedge=np.stack([pad(t[1], T) for t in one_tabs]),
                edge=np.stack([pad(t[2], E) for t in one_tabs]))
@@ -181,7 +183,7 @@ def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
     if any(batched[2:]) or not (batched[0] or batched[1]):
         axes = tuple(0 if b else None for b in batched)
         return jax.vmap(_select_passing.fun, in_axes=axes)(c, ok, tplane, tedge,
-                                                            edge), (True, True, True)
+                                                           edge), (True, True, True)
     c = c if batched[0] else jnp.broadcast_to(c, (size,) + c.shape)
     ok = ok if batched[1] else jnp.broadcast_to(ok, (size,) + ok.shape)
     n = c.shape[1]
