@@ -96,12 +96,10 @@ import numpy as np
 from simjax.engine import inline
 from simjax.engine.collision.common import Pre, argmax, argmin, cross, dot, normalize, one
 # static hull tables (convex_hull.py) and box/mesh multi-contact (convex_polytope.py);
-# attach_meshes, mesh_table, plane_table and the multi-contact tolerances are also read
-# from here
+# attach_meshes, mesh_table and plane_table are also read from here
 from simjax.engine.collision.convex_hull import (  # noqa: F401
     attach_meshes, mesh_table, plane_table)
-from simjax.engine.collision.convex_polytope import (  # noqa: F401
-    EDGE_TOL, FACE_TOL, FEATURE_TOL, poly_contacts)
+from simjax.engine.collision.convex_polytope import poly_contacts
 from simjax.types import GeomType as GT
 
 #: refinement iterations for curved pairs
