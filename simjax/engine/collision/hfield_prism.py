@@ -1,0 +1,569 @@
+"""One geom against the triangular prisms of a height field: the per-prism part of
+MuJoCo's mjc_ConvexHField (engine_collision_convex.c), which runs its convex collider
+(mjc_ccd: GJK / EPA, engine_collision_gjk.c) on each prism. hfield.py plans the sub-grid
+window and builds the prisms; the functions here return (dist, pos, normal) per prism
+(see hfield.py's module docstring for the method per geom type and the differences
+from MuJoCo):
+
+- prism geometry: face planes, edges, closest points on the boundary and of segments;
+- spheres: ``_sphere_canon``, component-major over all prisms at once, each in its
+  triangle's canonical frame, in materialised stages (``_materialise``);
+- capsules: ``_capsule_prism`` (closest points outside, separating axes crossing);
+- boxes, meshes, ellipsoids, cylinders: ``_convex_prism`` (separating axes, refined
+  over unit directions for curved geoms; the ellipsoid's Newton polish and the
+  cylinder's per-vertex optimum).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import inline
+from simjax.engine.collision.common import (MINVAL, argmax, argmin, cross, dot, normalize,
+                                            safe_norm, sel)
+from simjax.engine.math import where
+from simjax.types import GeomType as GT
+
+#: refinement iterations for curved geoms (ellipsoid, cylinder) against a prism
+REFINE_ITERS = 60
+
+_FIXED_DIRS = np.array([(x, y, z) for x in (-1, 0, 1) for y in (-1, 0, 1) for z in (-1, 0, 1)
+                        if (x, y, z) != (0, 0, 0)], np.float64)
+_FIXED_DIRS /= np.linalg.norm(_FIXED_DIRS, axis=1, keepdims=True)
+
+
+# --------------------------------------------------------------------------- supports
+def _support(t, size, vert, mat, pos, d):
+    """World (height-field frame) support point of a geom for directions d (..., 3)."""
+    ld = d @ mat
+    if t == GT.SPHERE:
+        u, _ = normalize(ld)
+        loc = u * size[0]
+    elif t == GT.CAPSULE:
+        u, _ = normalize(ld)
+        loc = u * size[0] + jnp.asarray([0, 0, 1.0], d.dtype) * sel(
+            ld[..., 2:3] >= 0, size[1], -size[1])
+    elif t == GT.ELLIPSOID:
+        u, _ = normalize(ld * size)
+        loc = u * size
+    elif t == GT.CYLINDER:
+        xy = ld * jnp.asarray([1.0, 1.0, 0.0], d.dtype)
+        u, n = normalize(xy)
+        u = sel((n > MINVAL)[..., None], u, 0.0)
+        loc = u * size[0] + jnp.asarray([0, 0, 1.0], d.dtype) * sel(
+            ld[..., 2:3] >= 0, size[1], -size[1])
+    elif t == GT.BOX:
+        loc = sel(ld >= 0, size, -size)
+    elif t == GT.MESH:
+        pr = ld @ vert.T
+        loc = vert[argmax(pr)]
+    else:
+        raise ValueError(t)
+    return loc @ mat.T + pos
+
+
+# --------------------------------------------------------------------------- prisms
+def _prism_planes(v, base):
+    """Outward unit normals (5, 3) and offsets (5,) of a prism's faces: top, bottom,
+    three sides (side i through top vertices i and i+1)."""
+    t = v[3:]
+    dt = v.dtype
+    ntop = cross(t[1] - t[0], t[2] - t[0])
+    ntop = sel(ntop[2] < 0, -ntop, ntop)
+    ntop, _ = normalize(ntop)
+    nbot = jnp.asarray([0.0, 0.0, -1.0], dt)
+    e = jnp.roll(t, -1, axis=0) - t                         # edges i -> i+1
+    side = jnp.stack([e[:, 1], -e[:, 0], jnp.zeros(3, dt)], -1)
+    side, _ = normalize(side)
+    cen = (t[0] + t[1] + t[2]) / 3
+    out = dot(side, cen - t) > 0
+    side = sel(out[:, None], -side, side)
+    nrm = jnp.concatenate([ntop[None], nbot[None], side])
+    off = jnp.concatenate([dot(ntop, t[0])[None], jnp.asarray(base, dt)[None],
+                           dot(side, t)])
+    return nrm, off
+
+
+def _prism_edges(v):
+    """The prism's 9 edges as (9, 2, 3) end points: the top edges i -> i+1, the bottom
+    edges i -> i+1, the vertical edges bottom i -> top i (two concatenations: a stack
+    per edge costs a kernel each)."""
+    b, t = v[:3], v[3:]
+    roll = lambda x: jnp.concatenate([x[1:], x[:1]])
+    return jnp.stack([jnp.concatenate([t, b, b]), jnp.concatenate([roll(t), roll(b), t])], 1)
+
+
+def _seg_closest(p, a, b):
+    """Closest point of segment ab to points p (..., 3)."""
+    ab = b - a
+    den = dot(ab, ab)
+    s = jnp.clip(dot(p - a, ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
+    return a + s[..., None] * ab
+
+
+def _point_prism(p, v, nrm, off):
+    """Closest point on the prism boundary to point p (outside): the projection of p
+    on a face plane where it falls in that face (a convex polytope's face is its part
+    of the plane: the projection satisfies the other four planes), else the closest
+    point of the 9 edges (vertices included). Exact as the closest point over the
+    boundary triangles, with 5 projections and 9 segments instead of 8 triangles'
+    projections and 24 segments. ``nrm``, ``off``: the prism's planes
+    (:func:`_prism_planes`)."""
+    s = dot(nrm, p) - off                                        # (5,) heights
+    q = p - s[:, None] * nrm                                     # projections
+    # viol[f, j]: projection on face f against plane j (0 on f itself)
+    viol = (q[:, None, 0] * nrm[None, :, 0] + q[:, None, 1] * nrm[None, :, 1] +
+            q[:, None, 2] * nrm[None, :, 2]) - off[None, :]
+    viol = sel(jnp.eye(5, dtype=bool), -1.0, viol)
+    inface = (s > 0) & jnp.all(viol <= 0, axis=1)
+    edges = _prism_edges(v)
+    qe = _seg_closest(p, edges[:, 0], edges[:, 1])              # (9, 3)
+    cand = jnp.concatenate([q, qe])
+    dc = cand - p
+    d2 = sel(jnp.concatenate([inface, jnp.ones(9, bool)]), dot(dc, dc), jnp.inf)
+    pick = jnp.arange(14) == argmin(d2)
+    return jnp.sum(sel(pick[:, None], cand, 0.0), 0)
+
+
+def _seg_seg(a0, a1, b0, b1):
+    """Closest points (x on a, y on b) of two segments (Ericson 5.1.9, guarded)."""
+    d1, d2, r = a1 - a0, b1 - b0, a0 - b0
+    aa, ee, f = dot(d1, d1), dot(d2, d2), dot(d2, r)
+    c, bb = dot(d1, r), dot(d1, d2)
+    den = aa * ee - bb * bb
+    safe = lambda x: sel(jnp.abs(x) > MINVAL, x, 1.0)
+    s = sel(den > MINVAL * jnp.maximum(aa * ee, MINVAL),
+            jnp.clip((bb * f - c * ee) / safe(den), 0.0, 1.0), 0.0)
+    t = (bb * s + f) / safe(ee)
+    s = sel(t < 0, jnp.clip(-c / safe(aa), 0.0, 1.0),
+            sel(t > 1, jnp.clip((bb - c) / safe(aa), 0.0, 1.0), s))
+    t = jnp.clip(t, 0.0, 1.0)
+    return a0 + s * d1, b0 + t * d2
+
+
+# --------------------------------------------------------------------------- per prism
+# component-major sphere maths: 3-vectors as tuples of (P,) arrays (one entry per prism),
+# where an entry may be the Python float 0.0 (a static zero: its terms are skipped)
+def _z(x):
+    return isinstance(x, float) and x == 0.0
+
+
+def _vsub(a, b):
+    return tuple(0.0 if x is y else x if _z(y) else -y if _z(x) else x - y
+                 for x, y in zip(a, b))
+
+
+def _vdot(a, b):
+    terms = [x * y for x, y in zip(a, b) if not (_z(x) or _z(y))]
+    out = terms[0]
+    for t in terms[1:]:
+        out = out + t
+    return out
+
+
+class _Like:
+    """Constant (P,) arrays of one shape and dtype, made once per value (vmapped, each
+    new constant is a broadcast equation)."""
+
+    def __init__(self, a):
+        self.shape, self.dtype, self._c = a.shape, a.dtype, {}
+
+    def full(self, v):
+        if v not in self._c:
+            self._c[v] = jnp.full(self.shape, v, self.dtype)
+        return self._c[v]
+
+
+def _vsel(c, a, b, like):
+    return tuple(x if _z(x) and _z(y) else
+                 sel(c, like.full(0.0) if _z(x) else x, like.full(0.0) if _z(y) else y)
+                 for x, y in zip(a, b))
+
+
+def _vnormalize(a, like):
+    """(a / |a|, |a|) as :func:`normalize` ((1, 0, 0) below mjMINVAL); ``like``: the
+    components' :class:`_Like`."""
+    sq = _vdot(a, a)
+    ok = sq > MINVAL * MINVAL
+    n = sel(ok, jnp.sqrt(sel(ok, sq, like.full(1.0))), like.full(0.0))
+    ok = n >= MINVAL
+    den = sel(ok, n, like.full(1.0))
+    unit = (1.0, 0.0, 0.0)
+    out = tuple(x if _z(x) and u == 0 else
+                sel(ok, like.full(0.0) if _z(x) else x / den, like.full(u))
+                for x, u in zip(a, unit))
+    return out, n
+
+
+#: parts per stack of :func:`_materialise`
+_STACK = 8
+
+
+def _materialise(parts):
+    """The (P,) arrays ``parts`` computed once. On CPU, XLA fuses a whole expression DAG
+    into its consumer and a concatenation (or several outputs) of it evaluates the DAG
+    again per operand; a reduction is a fusion root whose result is stored, so the
+    maximum of the stacked parts and -inf over a new axis of two ends the fusion in one
+    kernel per stack, with exactly the values (as :func:`common.once`; the former
+    product with the identity took a concatenation kernel and a matrix kernel per
+    stack). In stacks of at most ``_STACK`` parts: XLA fuses the operands of such a
+    concatenation into it (one kernel), of a longer one it makes a kernel each."""
+    shape = max((jnp.shape(p) for p in parts), key=len)
+    parts = [jnp.broadcast_to(p, shape) for p in parts]
+    out = []
+    for i in range(0, len(parts), _STACK):
+        x = jnp.stack(parts[i:i + _STACK], -1)
+        x = jnp.max(jnp.stack([x, jnp.full_like(x, -jnp.inf)]), axis=0)
+        out += [y[:, 0] for y in jnp.split(x, x.shape[-1], axis=-1)]
+    return out
+
+
+def _sphere_canon(z, p, dx, dy, base, r):
+    """(dist, pos, normal) of a sphere of radius r against P prisms in the canonical
+    frame of their triangle: top vertices A = (0, dy, z[0]), B = (0, 0, z[1]),
+    C = (dx, dy, z[2]) (the first triangle of a cell in the cell's frame; the second,
+    turned half a turn about the cell's centre, is the same), bottom at -base; ``z``
+    three (P,) arrays, ``p`` the centre as three (P,) arrays in each prism's frame.
+    The method of :func:`_point_prism` (centre outside: the closest of the five face
+    projections that fall in their face and the nine edges' closest points; inside:
+    the nearest face), with the static parts of the planes and edges (the sides are
+    the planes x = 0, y = dy and the diagonal, the bottom z = -base) written out. In
+    stages whose results are materialised (:func:`_materialise`). Outputs (P,) and
+    three-tuples of (P,) arrays, in the canonical frame."""
+    za, zb, zc = z
+    px, py, pz = p
+    L = float(np.hypot(dx, dy))
+    a3, b3 = dy / L, dx / L                       # diagonal side's normal (a3, -b3, 0)
+    one = jnp.ones_like(za)
+    pb = pz + base                                # centre above the bottom
+    # stage 1: the top plane (normal (tx, ty, tz), offset to), the centre's height over
+    # it and the vertical edges' parameters
+    ex, ey = -dy * (zc - za), dx * (zb - za)
+    ez = dx * dy
+    nn = jnp.sqrt(ex * ex + ey * ey + ez * ez)
+    tx, ty, tz = ex / nn, ey / nn, ez / nn
+    to = ty * dy + tz * za
+    s0 = tx * px + ty * py + tz * pz - to
+
+    def vert_u(zv):
+        den = zv + base
+        return jnp.clip(pb / where(den > MINVAL, den, one), 0.0, 1.0)
+    tx, ty, tz, to, s0, u6, u7, u8 = _materialise([tx, ty, tz, to, s0, vert_u(za),
+                                                   vert_u(zb), vert_u(zc)])
+    top = lambda qx, qy, qz: tx * qx + ty * qy + tz * qz - to
+    # stage 2: heights over the other faces, the face projections inside their face,
+    # the top edges' parameters, squared distances of the 14 candidates
+    s1, s2, s3, s4 = -pb, -px, a3 * px - b3 * py, py - dy
+    q0 = (px - s0 * tx, py - s0 * ty, pz - s0 * tz)
+    q3x, q3y = px - s3 * a3, py + s3 * b3
+    in0 = ((s0 > 0) & (-q0[2] - base <= 0) & (-q0[0] <= 0) &
+           (a3 * q0[0] - b3 * q0[1] <= 0) & (q0[1] - dy <= 0))
+    in1 = (s1 > 0) & (top(px, py, -base) <= 0) & (s2 <= 0) & (s3 <= 0) & (s4 <= 0)
+    in2 = (s2 > 0) & (top(0.0, py, pz) <= 0) & (s1 <= 0) & (-b3 * py <= 0) & (s4 <= 0)
+    in3 = (s3 > 0) & (top(q3x, q3y, pz) <= 0) & (s1 <= 0) & (-q3x <= 0) & (q3y - dy <= 0)
+    in4 = ((s4 > 0) & (top(px, dy, pz) <= 0) & (s1 <= 0) & (s2 <= 0) &
+           (a3 * px - b3 * dy <= 0))
+    # a projection outside its face: the largest finite value, never nearer than a
+    # projection inside its face
+    big = jnp.full_like(za, np.finfo(za.dtype).max)
+    dface = [where(ok, sf * sf, big) for ok, sf in
+             ((in0, s0), (in1, s1), (in2, s2), (in3, s3), (in4, s4))]
+
+    def seg_u(ax, ay, az, bx, by, bz):          # parameter of the closest point
+        den = bx * bx + by * by + bz * bz
+        num = (px - ax) * bx + (py - ay) * by + (pz - az) * bz
+        return jnp.clip(num / where(den > MINVAL, den, one), 0.0, 1.0)
+    # top edges A -> B, B -> C, C -> A as (start, direction)
+    tedge = [((0.0, dy, za), (0.0, -dy, zb - za)), ((0.0, 0.0, zb), (dx, dy, zc - zb)),
+             ((dx, dy, zc), (-dx, 0.0, za - zc))]
+    u0, u1, u2 = (seg_u(*a, *b) for a, b in tedge)
+    # bottom edges A' -> B', B' -> C', C' -> A' (horizontal, at -base)
+    u3 = jnp.clip((dy - py) / dy, 0.0, 1.0)
+    u4 = jnp.clip((px * dx + py * dy) / (dx * dx + dy * dy), 0.0, 1.0)
+    u5 = jnp.clip((dx - px) / dx, 0.0, 1.0)
+
+    def points(u):        # the nine edges' closest points (x, y, z) for parameters u
+        out = [(a[0] + u[i] * b[0], a[1] + u[i] * b[1], a[2] + u[i] * b[2])
+               for i, (a, b) in enumerate(tedge)]
+        out += [(0.0, dy - u[3] * dy, -base), (u[4] * dx, u[4] * dy, -base),
+                (dx - u[5] * dx, dy, -base)]
+        out += [(x, y, -base + u[6 + i] * (zv + base))
+                for i, (x, y, zv) in enumerate(((0.0, dy, za), (0.0, 0.0, zb),
+                                                (dx, dy, zc)))]
+        return out
+
+    def d2(q):
+        ox, oy, oz = px - q[0], py - q[1], pz - q[2]
+        return ox * ox + oy * oy + oz * oz
+    dedge = [d2(q) for q in points((u0, u1, u2, u3, u4, u5, u6, u7, u8))]
+    vals = _materialise([u0, u1, u2] + dface + dedge)
+    u0, u1, u2, dist2 = vals[0], vals[1], vals[2], vals[3:]
+    # stage 3: the nearest face (first maximum) and the closest candidate (first
+    # minimum), its point recomputed from the heights and edge parameters
+    fn = [(tx, ty, tz), (0.0, 0.0, -1.0), (-1.0, 0.0, 0.0), (a3, -b3, 0.0), (0.0, 1.0, 0.0)]
+    sf = [s0, s1, s2, s3, s4]
+    fq = [q0, (px, py, -base), (0.0, py, pz), (q3x, q3y, pz), (px, dy, pz)]
+    cand = fq + points((u0, u1, u2, u3, u4, u5, u6, u7, u8))
+    full = lambda v: v if not isinstance(v, float) else jnp.full_like(za, v)
+    # the two choices once (their indices materialised), then the picked values:
+    # in one stack with them, every output repeated the comparison chains
+    sk, fi = sf[0], jnp.zeros_like(za)
+    for f in range(1, 5):
+        better = sf[f] > sk
+        sk = where(better, sf[f], sk)
+        fi = where(better, float(f), fi)
+    best, ji = dist2[0], jnp.zeros_like(za)
+    for j in range(1, 14):
+        closer = dist2[j] < best
+        best = where(closer, dist2[j], best)
+        ji = where(closer, float(j), ji)
+    fi, ji, sk = _materialise([fi, ji, sk])
+    nk = tuple(full(x) for x in fn[0])
+    for f in range(1, 5):
+        nk = tuple(where(fi == f, full(a), b) for a, b in zip(fn[f], nk))
+    q = tuple(full(x) for x in cand[0])
+    for j in range(1, 14):
+        q = tuple(where(ji == j, full(a), b) for a, b in zip(cand[j], q))
+    vals = _materialise(list(q) + list(nk))
+    q, nk = tuple(vals[:3]), tuple(vals[3:6])
+    # stage 4: the contact
+    like = _Like(za)
+    inside = sk <= 0
+    n_out, dd = _vnormalize(_vsub((px, py, pz), q), like)
+    n = _vsel(inside, nk, n_out, like)
+    dist = where(inside, sk, dd) - r
+    pos = tuple(c - n[i] * (r + 0.5 * dist) for i, c in enumerate((px, py, pz)))
+    return dist, pos, n
+
+
+def _sep_axes(axes, v, lo):
+    """Separation along unit axes (A, 3) of a prism (vertices v) and a shape whose
+    minimum projection along each axis is lo (A,): min(shape) - max(prism)."""
+    return lo - jnp.max(axes @ v.T, -1)
+
+
+def _capsule_prism(v, base, a0, a1, r):
+    """(dist, pos, normal) of a capsule (segment a0 a1, radius r) against prism v."""
+    nrm, off = _prism_planes(v, base)
+    edges = _prism_edges(v)
+    seg = a1 - a0
+    ed = edges[:, 1] - edges[:, 0]
+    cr, ln = normalize(cross(ed, seg))
+    cr = sel((ln > 1e-9)[:, None], cr, nrm[:1])
+    axes = jnp.concatenate([nrm, cr, -cr])
+    lo = jnp.minimum(axes @ a0, axes @ a1)
+    s = _sep_axes(axes, v, lo)
+    k = argmax(s)
+    n_sat, s_sat = axes[k], s[k]
+    crossing = s_sat <= 0
+    # separated: closest points of the segment and the prism boundary
+    qa0, qa1 = _point_prism(a0, v, nrm, off), _point_prism(a1, v, nrm, off)
+    xe, ye = jax.vmap(_seg_seg, (None, None, 0, 0))(a0, a1, edges[:, 0], edges[:, 1])
+    xs = jnp.concatenate([a0[None], a1[None], xe])
+    ys = jnp.concatenate([qa0[None], qa1[None], ye])
+    dxy = xs - ys
+    j = argmin(dot(dxy, dxy))
+    n_out, dd = normalize(xs[j] - ys[j])
+    # crossing: witness on the segment along the best axis
+    is_face = k < 5
+    e_lo = sel(dot(n_sat, a0) <= dot(n_sat, a1), 0, 1)
+    xf = sel(e_lo == 0, a0, a1)
+    ke = sel(k >= 5 + 9, k - 14, k - 5)
+    kc = jnp.clip(ke, 0, 8)
+    xc, _ = _seg_seg(a0, a1, edges[kc, 0], edges[kc, 1])
+    xin = sel(is_face, xf, xc)
+    n = sel(crossing, n_sat, n_out)
+    dist = sel(crossing, s_sat, dd) - r
+    x = sel(crossing, xin, xs[j])
+    pos = x - n * (r + 0.5 * dist)
+    return dist, pos, n
+
+
+def _geom_axes(t, mat, mesh):
+    """Face normals and edge directions of a geom (height-field frame)."""
+    dt = mat.dtype
+    if t == GT.BOX:
+        return mat.T, mat.T
+    if t == GT.MESH:
+        return jnp.asarray(mesh[1], dt) @ mat.T, jnp.asarray(mesh[2], dt) @ mat.T
+    if t == GT.CYLINDER:
+        return mat[:, 2][None], mat[:, 2][None]
+    if t == GT.CAPSULE:
+        return jnp.zeros((0, 3), dt), mat[:, 2][None]
+    return jnp.zeros((0, 3), dt), jnp.zeros((0, 3), dt)
+
+
+def _mesh_sep(vert, mat, pos, mesh, v, dirs, nfirst):
+    """sep of a mesh against prism v along _convex_prism's directions (prism normals
+    (nfirst), then the mesh face normals gf and -gf, then the rest), for the best
+    direction's index only (no gradient). Along its own face normals the mesh's
+    support values come from its static hull table; the others are reduced in
+    bounded chunks (convex.mesh_support)."""
+    from simjax.engine.collision import convex
+    vert, mat, pos, v, dirs = jax.lax.stop_gradient((vert, mat, pos, v, dirs))
+    nf = mesh[1].shape[0]
+    hface = jnp.asarray(mesh[3], dirs.dtype)
+    off = dirs[nfirst:nfirst + nf] @ pos
+    # mesh support along -n: -gf for n = gf, gf for n = -gf
+    rest = jnp.concatenate([dirs[:nfirst], dirs[nfirst + 2 * nf:]])
+    hr = dot(convex.mesh_support(vert, mat, pos, -rest), rest)
+    hm = jnp.concatenate([hr[:nfirst], off - hface[:, 1], -off - hface[:, 0], hr[nfirst:]])
+    return hm - jnp.max(dirs @ v.T, -1)
+
+
+def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
+    """(dist, pos, normal) of a convex geom against prism v: separating axes (exact for
+    boxes and meshes) refined over unit directions for curved geoms."""
+    dt = v.dtype
+    nrm, _ = _prism_planes(v, base)
+    pedge = _prism_edges(v)
+    pdir, _ = normalize(pedge[:, 1] - pedge[:, 0])
+    gf, ge = _geom_axes(t, mat, mesh)
+    dirs = [nrm, gf, -gf]
+    if ge.shape[0]:
+        c, ln = normalize(cross(pdir[:, None, :], ge[None, :, :]).reshape(-1, 3))
+        c = sel((ln > 1e-9)[:, None], c, nrm[:1])
+        dirs += [c, -c]
+    cdif, _ = normalize(pos - jnp.mean(v, 0))
+    dirs += [cdif[None], jnp.asarray(_FIXED_DIRS, dt), mat.T, -mat.T]
+    dirs = jnp.concatenate(dirs)
+
+    def sep(n):
+        b = _support(t, size, vert, mat, pos, -n)
+        return dot(b, n) - jnp.max(n @ v.T, -1)
+
+    s = _mesh_sep(vert, mat, pos, mesh, v, dirs, nrm.shape[0]) if t == GT.MESH else sep(dirs)
+    k = argmax(s)
+    n, sb = dirs[k], s[k]
+    if t not in (GT.BOX, GT.MESH):
+        scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
+
+        def body(carry, _):
+            n, sb, eta = carry
+            b = _support(t, size, vert, mat, pos, -n)
+            a = v[argmax(v @ n)]
+            g = b - a
+            gt = g - n * dot(g, n)
+            trial, _ = normalize(n + eta * gt)
+            st = sep(trial)
+            better = st > sb
+            return (sel(better, trial, n), sel(better, st, sb),
+                    sel(better, eta * 1.5, eta * 0.3)), None
+
+        (n, sb, _), _ = inline.scan(body, (n, sb, 1.0 / scale), None, length=REFINE_ITERS)
+        if t == GT.ELLIPSOID:      # polish from the refined and the top-face normals
+            starts = jnp.concatenate([n[None], nrm[:1]])
+            cands = jax.vmap(lambda n0: _ellipsoid_polish(size, mat, pos, v, n0, sep))(starts)
+            n = cands[argmax(sep(cands))]
+        else:       # cylinder: exact optimum of each prism vertex alone
+            cands = jnp.concatenate([n[None], jax.vmap(
+                lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
+            n = cands[argmax(sep(cands))]
+    b = _support(t, size, vert, mat, pos, -n)
+    dist = sep(n)
+    pos_b = b - n * (0.5 * dist)
+    if t not in (GT.BOX, GT.MESH, GT.CYLINDER):
+        return dist, pos_b, n
+    # witness: the geom's support point when unique, else the prism's when unique
+    tol = 1e-9 * (jnp.max(jnp.abs(v)) + jnp.max(size) + jnp.max(jnp.abs(pos)))
+    pv = jnp.sort(v @ n)
+    prism_unique = pv[-1] - pv[-2] > tol
+    ld = mat.T @ n
+    if t == GT.BOX:
+        geom_unique = jnp.all(jnp.abs(ld) * size > tol)
+    elif t == GT.MESH:
+        gv = jnp.sort(-(jnp.asarray(vert, dt) @ ld))
+        geom_unique = gv[-1] - gv[-2] > tol
+    else:
+        geom_unique = (jnp.abs(ld[2]) * size[1] > tol) & \
+            (safe_norm(ld[:2]) * size[0] > tol)
+    a = v[argmax(v @ n)]
+    use_a = prism_unique & ~geom_unique
+    return dist, sel(use_a, a + n * (0.5 * dist), pos_b), n
+
+
+def _point_cylinder_dir(p, c, a, r, h):
+    """Direction n maximising the separation of point p from a cylinder (centre c,
+    unit axis a, radius r, half length h): towards the closest point when p is
+    outside, away from the nearest side / cap when inside."""
+    x = p - c
+    z = dot(a, x)
+    rv = x - z * a
+    rdir, rho = normalize(rv)
+    outside = (rho > r) | (jnp.abs(z) > h)
+    q = c + jnp.clip(z, -h, h) * a + jnp.minimum(rho, r) * rdir
+    n_out, _ = normalize(q - p)
+    cap = jnp.abs(z) - h > rho - r
+    n_in = sel(cap, -jnp.sign(z) * a, -rdir)
+    return sel(outside, n_out, n_in)
+
+
+def _ellipsoid_polish(size, mat, pos, v, n0, sep):
+    """Newton polish of the ellipsoid-prism separation for every active set of prism
+    features: each vertex k (maximise s_k(n) = (c - v_k).n - sqrt(n'Qn) over unit n,
+    Q = R S^2 R') and each edge (the same on the great circle orthogonal to the edge),
+    started from n0. The true separation (all vertices) picks the best of n0 and the
+    polished directions, so the optimum is found to Newton accuracy whenever its active
+    set's local maximum is the one reached from n0."""
+    dt = v.dtype
+    q = (mat * (size * size)[None, :]) @ mat.T
+
+    def parts(w, n):
+        qn = q @ n
+        sig = jnp.sqrt(jnp.maximum(dot(n, qn), MINVAL))
+        grad = w - qn / sig
+        hess = -q / sig + jnp.outer(qn, qn) / sig ** 3
+        return grad, hess
+
+    def basis(n):
+        a = sel(jnp.abs(n[0]) < 0.6, jnp.asarray([1.0, 0, 0], dt),
+                jnp.asarray([0, 1.0, 0], dt))
+        t1, _ = normalize(cross(n, a))
+        return jnp.stack([t1, cross(n, t1)], -1)           # (3, 2)
+
+    def vertex(vk):
+        w = pos - vk
+
+        def step(n, _):
+            grad, hess = parts(w, n)
+            tb = basis(n)
+            gt = tb.T @ grad
+            ht = tb.T @ hess @ tb - dot(n, grad) * jnp.eye(2, dtype=dt)
+            det = ht[0, 0] * ht[1, 1] - ht[0, 1] * ht[1, 0]
+            nd = (ht[0, 0] < 0) & (det > MINVAL)
+            inv = jnp.stack([jnp.stack([ht[1, 1], -ht[0, 1]]),
+                             jnp.stack([-ht[1, 0], ht[0, 0]])]) / sel(nd, det, 1.0)
+            dlt = sel(nd, -inv @ gt, gt * 0.1)
+            ln = safe_norm(dlt)
+            dlt = dlt * jnp.minimum(1.0, 0.5 / jnp.maximum(ln, MINVAL))
+            out, _ = normalize(n + tb @ dlt)
+            return out, None
+
+        n, _ = inline.scan(step, n0, None, length=12)
+        return n
+
+    def edge(va, vb):
+        w = pos - va
+        u, _ = normalize(vb - va)
+        p0, ok = normalize(n0 - u * dot(n0, u))
+        p0 = sel(ok > 1e-9, p0, basis(u)[:, 0])
+        q0 = cross(u, p0)
+
+        def step(th, _):
+            n = jnp.cos(th) * p0 + jnp.sin(th) * q0
+            dn = -jnp.sin(th) * p0 + jnp.cos(th) * q0
+            grad, hess = parts(w, n)
+            g1 = dot(grad, dn)
+            g2 = dn @ hess @ dn - dot(grad, n)
+            dth = sel(g2 < -MINVAL, -g1 / sel(g2 < -MINVAL, g2, -1.0), 0.1 * g1)
+            return th + jnp.clip(dth, -0.5, 0.5), None
+
+        th, _ = inline.scan(step, jnp.zeros((), dt), None, length=12)
+        return jnp.cos(th) * p0 + jnp.sin(th) * q0
+
+    ends = _prism_edges(v)
+    cands = jnp.concatenate([n0[None], jax.vmap(vertex)(v),
+                             jax.vmap(edge)(ends[:, 0], ends[:, 1])])
+    s = sep(cands)
+    return cands[argmax(s)]
