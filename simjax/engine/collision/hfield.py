@@ -212,7 +212,9 @@ def disc_cover(dx, dy, rho):
     # signed side of each edge (triangles counter-clockwise or not: compare with the
     # opposite vertex), inside when on the opposite vertex's side of all three edges
     opp = np.roll(tri, 1, axis=1)
-    cr = lambda e, v: e[..., 0] * v[..., 1] - e[..., 1] * v[..., 0]
+
+    def cr(e, v):
+        return e[..., 0] * v[..., 1] - e[..., 1] * v[..., 0]
     inside = np.all(cr(ab[None], pts[:, :, None] - a[None]) * cr(ab, opp - a)[None] >= 0,
                     axis=2)
     t = np.clip(np.sum((pts[:, :, None] - a[None]) * ab[None], -1) /
@@ -293,7 +295,9 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
         # turned half a turn about the cell's centre, (x1, y1) to the origin; results
         # back in the height-field frame (exact: sign flips)
         fn = None
-        pair = lambda a, b: jnp.stack([a, b], -1).reshape(-1)
+
+        def pair(a, b):
+            return jnp.stack([a, b], -1).reshape(-1)
         sgn = np.tile(np.array([1.0, -1.0], dt), x0.shape[0])
         ox, oy = pair(x0, x1), pair(y0, y1)
         z = (pair(h[:, 2], h[:, 1]), pair(h[:, 0], h[:, 3]), pair(h[:, 3], h[:, 0]))
@@ -305,9 +309,12 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
         dist, pos, n = vals[0], jnp.stack(vals[1:4], -1), jnp.stack(vals[4:], -1)
     elif t2 == GT.CAPSULE:
         ax = lmat[:, 2] * g2.size[1]
-        fn = lambda v: _capsule_prism(v, s3, lpos - ax, lpos + ax, g2.size[0])
+
+        def fn(v):
+            return _capsule_prism(v, s3, lpos - ax, lpos + ax, g2.size[0])
     else:
-        fn = lambda v: _convex_prism(t2, g2.size, vert, lmat, lpos, mesh, v, s3)
+        def fn(v):
+            return _convex_prism(t2, g2.size, vert, lmat, lpos, mesh, v, s3)
     if fn is not None:
         dist, pos, n = jax.vmap(fn)(prisms)
     valid = pok & (dist < margin)

@@ -90,7 +90,9 @@ def _prism_edges(v):
     edges i -> i+1, the vertical edges bottom i -> top i (two concatenations: a stack
     per edge costs a kernel each)."""
     b, t = v[:3], v[3:]
-    roll = lambda x: jnp.concatenate([x[1:], x[:1]])
+
+    def roll(x):
+        return jnp.concatenate([x[1:], x[:1]])
     return jnp.stack([jnp.concatenate([t, b, b]), jnp.concatenate([roll(t), roll(b), t])], 1)
 
 
@@ -132,7 +134,9 @@ def _seg_seg(a0, a1, b0, b1):
     aa, ee, f = dot(d1, d1), dot(d2, d2), dot(d2, r)
     c, bb = dot(d1, r), dot(d1, d2)
     den = aa * ee - bb * bb
-    safe = lambda x: sel(jnp.abs(x) > MINVAL, x, 1.0)
+
+    def safe(x):
+        return sel(jnp.abs(x) > MINVAL, x, 1.0)
     s = sel(den > MINVAL * jnp.maximum(aa * ee, MINVAL),
             jnp.clip((bb * f - c * ee) / safe(den), 0.0, 1.0), 0.0)
     t = (bb * s + f) / safe(ee)
@@ -251,7 +255,9 @@ def _sphere_canon(z, p, dx, dy, base, r):
         return jnp.clip(pb / where(den > MINVAL, den, one), 0.0, 1.0)
     tx, ty, tz, to, s0, u6, u7, u8 = _materialise([tx, ty, tz, to, s0, vert_u(za),
                                                    vert_u(zb), vert_u(zc)])
-    top = lambda qx, qy, qz: tx * qx + ty * qy + tz * qz - to
+
+    def top(qx, qy, qz):
+        return tx * qx + ty * qy + tz * qz - to
     # stage 2: heights over the other faces, the face projections inside their face,
     # the top edges' parameters, squared distances of the 14 candidates
     s1, s2, s3, s4 = -pb, -px, a3 * px - b3 * py, py - dy
@@ -305,7 +311,9 @@ def _sphere_canon(z, p, dx, dy, base, r):
     sf = [s0, s1, s2, s3, s4]
     fq = [q0, (px, py, -base), (0.0, py, pz), (q3x, q3y, pz), (px, dy, pz)]
     cand = fq + points((u0, u1, u2, u3, u4, u5, u6, u7, u8))
-    full = lambda v: v if not isinstance(v, float) else jnp.full_like(za, v)
+
+    def full(v):
+        return v if not isinstance(v, float) else jnp.full_like(za, v)
     # the two choices once (their indices materialised), then the picked values:
     # in one stack with them, every output repeated the comparison chains
     sk, fi = sf[0], jnp.zeros_like(za)
