@@ -956,3 +956,31 @@ def test_group_chunks():
     for x, y in zip(jax.tree_util.tree_leaves(alone.contact),
                     jax.tree_util.tree_leaves(got.contact)):
         np.testing.assert_array_equal(np.asarray(x)[0], np.asarray(y)[7])
+
+
+def test_group_chunks_capacity():
+    """A group run in chunks keeps at most its pair capacity (``driver._pair_cap``) of
+    broadphase-passing pairs, as a compacted cheap group does: its output rows are that
+    many (rounded up to whole chunks), and a world passing more pairs reports the
+    overflow (WARN_CONTACTFULL); with room for every pair, none."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(_CHUNK_SCENE)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    grp = next(g for g in p.groups if g.fn is driver.P.capsule_box)
+    q = np.tile([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], mjm.nq // 7)
+    mjd.qpos[:] = q                     # every body at the origin: all 25 pairs pass
+    mujoco.mj_kinematics(mjm, mjd)
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    for ncon_max, over in ((1, True), (200, False)):
+        d = geom_poses(io.make_data(m, ncon_max=ncon_max), mjd)
+        split = driver.dim_split(m, ncon_max)
+        cap = driver._pair_cap(m, p, grp, split)
+        pre, rows, count, overflow, _ = jax.jit(
+            lambda d: driver.narrow_group(m, d, p, grp, dm, split))(d)
+        assert int(count) == len(grp.cand)
+        nrow = -(-min(cap, len(grp.cand)) // driver.CHUNK) * driver.CHUNK
+        assert rows.shape == (nrow,) and pre.dist.shape[0] == nrow
+        assert bool(overflow) == over

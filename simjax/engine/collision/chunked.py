@@ -55,9 +55,11 @@ def _zeros(types):
 #: pairs per chunk of a costly collider group of more than CHUNK_MIN candidates
 #: without mesh data: the group's broadphase-passing pairs, compacted in order, run
 #: CHUNK at a time, and a chunk none of whose pairs passes in any world of the batch is
-#: skipped; every passing pair runs (no capacity), so the contacts are those of running
-#: all candidates. Groups with mesh tables are not chunked: gathering their per-pair
-#: tables by traced pair index makes them per-world arrays (sphere-mesh ~2x slower)
+#: skipped; the passing pairs up to the group's pair capacity run (``nrow`` of
+#: :func:`_chunked`), so the contacts are those of running all candidates unless more
+#: pairs pass (then WARN_CONTACTFULL). Groups with mesh tables are not chunked:
+#: gathering their per-pair tables by traced pair index makes them per-world arrays
+#: (sphere-mesh ~2x slower)
 CHUNK = 4
 CHUNK_MIN = 16
 
@@ -151,7 +153,7 @@ _SEARCH_IN_CHUNK = True
 _SEARCH = "count"
 
 
-def _chunked(fn, take, ok, count, found, ftype):
+def _chunked(fn, take, ok, count, found, ftype, nrow=None):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over the
     chunks of the passing pairs (compacted in order by a cumulative count and, in the
     chunk's branch, a count of the cumulative counts below its pairs' ranks, see
@@ -169,7 +171,7 @@ def _chunked(fn, take, ok, count, found, ftype):
     past the passing pairs, the last pair); sets ``found["unpack"]``, the output's
     unpacking (:func:`_pack`)."""
     n = ok.shape[0]
-    nch = -(-n // CHUNK)
+    nch = -(-(n if nrow is None else nrow) // CHUNK)      # rows: nrow, else one per pair
     most = batch_max(count)
     jf = _packed_chunk(fn)
     width = (inline.outside(jf.trace) if _JIT_IN_STEP else jf.trace)(

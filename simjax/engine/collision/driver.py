@@ -19,12 +19,13 @@ Three steps:
    whose pairs passes the broadphase is skipped by a ``lax.cond`` (under ``vmap``: none
    in any world of the batch, :func:`batch_max`), except cheap colliders (their
    broadphase-passing pairs compacted to a pair capacity first when a group has more
-   candidates, ``PAIRS_PER_SLOT``; pairs beyond it are dropped, WARN_CONTACTFULL). Valid contacts
-   get their parameters (mj_contactParam / pair parameters, ``EnableBit.OVERRIDE``,
-   mj_setContact) and are compacted into ``Data.contact``: slots grouped by static
-   contact dimension, valid slots first in each group, in MuJoCo's contact order
-   (mj_collision's order of pairs, :func:`mujoco_rank`; :func:`contact_order` merges
-   the dims), ``Data.ncon`` valid in all. When a world's valid contacts of a dim exceed
+   candidates, ``PAIRS_PER_SLOT``; pairs beyond it are dropped, WARN_CONTACTFULL; a
+   group run in chunks keeps as many passing pairs). Valid contacts get their
+   parameters (mj_contactParam / pair parameters, ``EnableBit.OVERRIDE``, mj_setContact)
+   and are compacted into ``Data.contact``: slots grouped by static contact dimension,
+   valid slots first in each group, in MuJoCo's contact order (mj_collision's order of
+   pairs, :func:`mujoco_rank`; :func:`contact_order` merges the dims), ``Data.ncon``
+   valid in all. When a world's valid contacts of a dim exceed
    its slots, the deepest ones (smallest dist, as MJX keeps them) fill the slots, still
    in MuJoCo's order, and ``Data.warning[WARN_CONTACTFULL]`` is raised.
 
@@ -543,7 +544,8 @@ def narrow_group(m, d, p, grp, det_margin, split):
     passes the broadphase: then a ``lax.cond`` skips it (under ``vmap``: no pair in
     any world, :func:`batch_max`). Cheap colliders (``CHEAP``) and SDF pairs always run;
     a cheap group of more candidates than its pair capacity (:func:`_pair_cap`) runs on
-    its broadphase-passing pairs compacted to that capacity (pairs beyond are dropped).
+    its broadphase-passing pairs compacted to that capacity (pairs beyond are dropped);
+    a chunked group keeps as many (``_CHUNK_CAP``).
     Returns (pre, ok, count, overflow, sel): collider output with a leading pair axis,
     which of its rows are broadphase-passing pairs (rows of the others are not
     contacts, whatever their ``valid``), how many pass, whether passing pairs were
@@ -617,7 +619,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
     if chunks:
         # the chunk scan skipped whole when no world has a passing pair (its rows
         # are then zeros, and those of the pairs past the passing ones the last pair)
-        nrow = -(-len(grp.cand) // CHUNK) * CHUNK
+        nrow = -(-min(n, _pair_cap(m, p, grp, split) if _CHUNK_CAP else n) // CHUNK) * CHUNK
         idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
 
         found = {}
@@ -627,9 +629,9 @@ def narrow_group(m, d, p, grp, det_margin, split):
                     jnp.asarray(idx, jnp.int32))
         out, rows, sel = _run_or_skip(batch_max(count) > 0,
                                       lambda: _chunked(grp.fn, take, ok, count, found,
-                                                       ftype),
+                                                       ftype, nrow),
                                       skip)
-        return found["unpack"](out), rows, count, no, sel
+        return found["unpack"](out), rows, count, count > nrow if nrow < n else no, sel
     if getattr(grp.fn, "hfield", False) and not _PACK_HFIELD:
         # height-field colliders return their leaves as they are (a zero fill each when
         # skipped): packed, the concatenation of the leaves was one kernel that cost
@@ -649,6 +651,15 @@ def narrow_group(m, d, p, grp, det_margin, split):
 #: boxed groups whose collider runs on few pairs gather from the per-geom table, not a
 #: pair table (off: the pair table for every group; for paired measurements)
 _GEOM_ROWS = True
+
+#: a chunked group keeps at most its pair capacity (:func:`_pair_cap`) of passing pairs,
+#: as a compacted cheap group does (pairs beyond it dropped, WARN_CONTACTFULL): its
+#: output rows are that many, not one per candidate (the shadow hand's capsule-box
+#: group: 48 rows, not 120, of which the bench states pass at most one; its step:
+#: without / with 1.043 [0.969, 1.083] and 1.068 [0.992, 1.123], with / without 0.972
+#: [0.821, 1.009], 8-12 pairs in one process; compile 1.015 [0.964, 1.051] without /
+#: with). Off: a row per candidate, every passing pair runs
+_CHUNK_CAP = True
 
 #: a boxed group run whole in a branch gets its passing pairs stored once (off: the
 #: former way; for paired measurements)
