@@ -478,7 +478,7 @@ def rne(m, d, flg_acc=False):
     """
     if not m.nv:
         return jnp.zeros(0, d.qpos.dtype)
-    if _RNE_COMPONENT_MAJOR:
+    if m.nbody >= _RNE_COMPONENT_MAJOR_NBODY:
         return _rne_component_major(m, d, flg_acc)
     tab = tables.get(m)
     dtype = d.qpos.dtype
@@ -506,13 +506,16 @@ def rne(m, d, flg_acc=False):
     return out
 
 
-#: rne keeps body quantities component-major, (6, nbody) per world (see
-#: _rne_component_major). Measured (bench rollouts, float32, batch 1024, 4 steps, process
-#: CPU per world-step, new/old medians of paired rounds in one process, machine load 6-8):
-#: shadow hand 0.973 [0.827, 1.121], 0.974 [0.910, 1.075], 0.972 [0.855, 1.061] (16-20
-#: rounds each); humanoid 0.977 [0.714, 1.160]; ant 1.001 [0.951, 1.051]; barkour 1.002
-#: [0.733, 1.030]. rne alone (isolated, hand) 1.41 -> 1.06 us per world
-_RNE_COMPONENT_MAJOR = True
+#: smallest nbody for which rne keeps body quantities component-major (see
+#: _rne_component_major; read at trace time). Measured (bench rollouts, float32, batch
+#: 1024, 4 steps, process CPU per world-step, component-major / body-major medians of
+#: paired rounds in one process, machine load 6-8): shadow hand (nbody 27) 0.973 [0.827,
+#: 1.121], 0.974 [0.910, 1.075], 0.972 [0.855, 1.061] (16-20 rounds each); humanoid (17)
+#: 0.977 [0.714, 1.160]; ant (14) 1.001 [0.951, 1.051]; barkour (14) 1.002 [0.733,
+#: 1.030]; rne alone (hand) 1.41 -> 1.06 us per world. Without contacts, idle machine,
+#: 10-12 rounds: half cheetah (8) 0.92 [0.65, 1.04]; but hopper (5) 1.20 [1.05, 1.30],
+#: reacher (5) 1.41 [1.22, 1.57] and the inverted pendulum (3) 1.69 [1.42, 2.31] slower
+_RNE_COMPONENT_MAJOR_NBODY = 8
 
 
 def _tree_t(x, mat):
