@@ -514,8 +514,11 @@ def rne(m, d, flg_acc=False):
 #: 0.977 [0.714, 1.160]; ant (14) 1.001 [0.951, 1.051]; barkour (14) 1.002 [0.733,
 #: 1.030]; rne alone (hand) 1.41 -> 1.06 us per world. Without contacts, idle machine,
 #: 10-12 rounds: half cheetah (8) 0.92 [0.65, 1.04]; but hopper (5) 1.20 [1.05, 1.30],
-#: reacher (5) 1.41 [1.22, 1.57] and the inverted pendulum (3) 1.69 [1.42, 2.31] slower
-_RNE_COMPONENT_MAJOR_NBODY = 8
+#: reacher (5) 1.41 [1.22, 1.57] and the inverted pendulum (3) 1.69 [1.42, 2.31] slower.
+#: Compile CPU (5 rounds, caches cleared), body-major / component-major: ant 0.973
+#: [0.959, 1.005], humanoid 0.984 [0.934, 1.070]; so 16: ant and barkour, no faster at
+#: run time, keep the form that compiles faster
+_RNE_COMPONENT_MAJOR_NBODY = 16
 
 
 def _tree_t(x, mat):
