@@ -74,8 +74,8 @@ def _star_xml(nbranch):
         f'axis="0 1 0"/><geom size="0.02" fromto="0 0 0 0.2 0 0" type="capsule"/>'
         f'<body pos="0.2 0 0"><joint type="hinge" axis="0 1 0"/><geom size="0.02" '
         f'fromto="0 0 0 0.2 0 0" type="capsule"/></body></body>' for i in range(nbranch))
-    return f'<mujoco><worldbody><body><freejoint/><geom size="0.1"/>{legs}</body></worldbody></mujoco>'
-
+    return (f'<mujoco><worldbody><body><freejoint/><geom size="0.1"/>{legs}</body>'
+            '</worldbody></mujoco>')
 
 
 # rne takes one of two forms by body count (smooth._RNE_COMPONENT_MAJOR_NBODY, 16):
