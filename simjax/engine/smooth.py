@@ -471,10 +471,27 @@ def gravity(m, dtype):
     return _f(m.opt.gravity, dtype).reshape(3)
 
 
+def _body_forces(d, cacc):
+    """rne's body forces cinert * cacc + cvel x* (cinert * cvel), as 6 component arrays
+    (nbody,) (rotation first; com frame), from ``cacc``'s 6 components.
+
+    Component arrays, not vectors along a last axis of 3 or 6: those cost XLA CPU
+    slices and concatenations per element.
+    """
+    inert, vel = math.unstack(d.cinert), math.unstack(d.cvel)
+    mom = math.c_inert_mul(inert, vel)
+    w, u = vel[:3], vel[3:]
+    bias = (math.c_add(math.c_cross(w, mom[:3]), math.c_cross(u, mom[3:])) +
+            math.c_cross(w, mom[3:]))
+    return math.c_add(math.c_inert_mul(inert, cacc), bias)
+
+
 def rne(m, d, flg_acc=False):
     """Recursive Newton-Euler: qfrc_bias = C(qpos, qvel) (mj_rne), plus M qacc if flg_acc.
 
     Returns (nv,) generalised forces; gravity enters as a world acceleration of -g.
+    Models of ``_RNE_COMPONENT_MAJOR_NBODY`` bodies or more take
+    :func:`_rne_component_major` (same values, another summation order).
     """
     if not m.nv:
         return jnp.zeros(0, d.qpos.dtype)
@@ -488,14 +505,7 @@ def rne(m, d, flg_acc=False):
     if flg_acc:
         acc_dof = acc_dof + d.cdof * d.qacc[:, None]
     cacc = anc @ acc_dof + jnp.concatenate([jnp.zeros(3, dtype), -g])
-    # body forces on component arrays (nbody,): vectors along a last axis of 3 or 6
-    # cost XLA CPU slices and concatenations per element
-    inert, vel = math.unstack(d.cinert), math.unstack(d.cvel)
-    mom = math.c_inert_mul(inert, vel)
-    w, u = vel[:3], vel[3:]
-    bias = (math.c_add(math.c_cross(w, mom[:3]), math.c_cross(u, mom[3:])) +
-            math.c_cross(w, mom[3:]))
-    cfrc = math.stack(math.c_add(math.c_inert_mul(inert, math.unstack(cacc)), bias))
+    cfrc = math.stack(_body_forces(d, math.unstack(cacc)))
     cfrc = jnp.asarray(tab.desc_noworld, dtype) @ cfrc
     # the dot over 6 as explicit adds: a reduction over a short last axis is a
     # separate kernel on CPU
@@ -545,12 +555,7 @@ def _rne_component_major(m, d, flg_acc=False):
         acc = tuple(a + c * d.qacc for a, c in zip(acc, cdof))
     cacc = math.unstack(_tree_t(jnp.stack(acc), tab.anc_dof), 0)
     cacc = cacc[:3] + tuple(c - gk for c, gk in zip(cacc[3:], g))
-    inert, vel = math.unstack(d.cinert), math.unstack(d.cvel)
-    mom = math.c_inert_mul(inert, vel)
-    w, u = vel[:3], vel[3:]
-    bias = (math.c_add(math.c_cross(w, mom[:3]), math.c_cross(u, mom[3:])) +
-            math.c_cross(w, mom[3:]))
-    cfrc = jnp.stack(math.c_add(math.c_inert_mul(inert, cacc), bias))
+    cfrc = jnp.stack(_body_forces(d, cacc))
     # subtree sums of the body forces at each dof's body, dotted with the dof axis
     f = _tree_t(cfrc, tab.desc_noworld)[:, np.asarray(m.dof_bodyid)]
     out = cdof[0] * f[0]
