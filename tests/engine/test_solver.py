@@ -254,6 +254,7 @@ def test_newton_one_iteration_in_chunks(monkeypatch):
     forces as MuJoCo's (1e-10 relative), alone and under vmap (the later chunks in
     blocks of the worlds that use them, and on the whole batch)."""
     from simjax.engine import solver as S
+    from simjax.engine import solver_gather as G
     from simjax.engine import solver_rows as R
     monkeypatch.setattr(S, "row_capacity",
                         lambda spec: (4, tuple(2 for _ in spec.ell)))
@@ -271,7 +272,7 @@ def test_newton_one_iteration_in_chunks(monkeypatch):
     m, d = seen[0]
     two = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), d)
     for few in (True, False):
-        monkeypatch.setattr(R, "_few_rows", lambda spec: few)
+        monkeypatch.setattr(G, "_few_rows", lambda spec: few)
         batched = jax.jit(jax.vmap(lambda d: S.fwd_constraint(m, d)))(two)
         for w in range(2):
             np.testing.assert_allclose(np.asarray(batched.qacc[w]), np.asarray(out.qacc),
@@ -426,8 +427,9 @@ def test_chunks_under_vmap(monkeypatch, blocks, block):
     chunks, here one or two worlds per block, the last block of two padded) each get
     the solution on the whole rows."""
     from simjax.engine import solver as S
+    from simjax.engine import solver_gather as G
     from simjax.engine import solver_rows as R
-    monkeypatch.setattr(R, "_few_rows", lambda spec: blocks)
+    monkeypatch.setattr(G, "_few_rows", lambda spec: blocks)
     monkeypatch.setattr(R, "_CHUNK_BLOCK", block)
     rel, edit, opts = CASES["ant_newton"]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
@@ -446,149 +448,6 @@ def test_chunks_under_vmap(monkeypatch, blocks, block):
     scale = max(1.0, np.abs(want[0]).max())
     for w, g in zip(want + [want[0], want[0]], list(got) + [one]):
         assert np.abs(g - w).max() / scale < 1e-12
-
-
-def test_pack_round_trip():
-    """The later chunks' blocks gather their worlds' inputs as one table of bits
-    (solver_rows._pack): every leaf (booleans, integers, floats) comes back from the
-    gathered columns as it was, bit for bit (negative zero, NaN and tiny values
-    included)."""
-    from simjax.engine.solver_rows import _pack, _unpack
-    rng = np.random.default_rng(0)
-    size = 7
-    f = rng.standard_normal((size, 3, 2)).astype(np.float32)
-    f[0, 0, 0], f[1, 0, 0], f[2, 0, 0] = -0.0, np.nan, 1e-42
-    leaves = [f, rng.integers(-5, 300, (size, 4)).astype(np.int32),
-              rng.random((size, 5)) < 0.5, rng.standard_normal((size,)).astype(np.float32)]
-    ids = np.array([4, 0, 6])
-
-    def run(*leaves):
-        tab = jnp.take(_pack(list(leaves), size), jnp.asarray(ids), axis=1)
-        like = [jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for v in leaves]
-        return jax.vmap(lambda col: _unpack(col, like), in_axes=1)(tab)
-
-    for got, want in zip(jax.jit(run)(*leaves), leaves):
-        assert got.dtype == want.dtype
-        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
-                                      want[ids].view(np.uint8))
-
-
-def test_pack_stacked_round_trip():
-    """Leaves with as many entries per world are one stacked operand of their table
-    (solver_rows._tables): every leaf comes back bit for bit, in the tables' order."""
-    from simjax.engine.solver_rows import _pack, _tables, _unpack
-    rng = np.random.default_rng(1)
-    size = 5
-    f = rng.standard_normal((size, 3, 2)).astype(np.float32)
-    f[0, 0, 0], f[1, 0, 0] = -0.0, np.nan
-    leaves = [f, rng.integers(-5, 300, (size, 6)).astype(np.int32),
-              rng.random((size, 4)) < 0.5, rng.standard_normal((size, 4)).astype(np.float32),
-              rng.standard_normal((size,)).astype(np.float32), rng.random((size,)) < 0.5,
-              rng.standard_normal((size, 6)).astype(np.float32)]
-    ids = np.array([3, 0, 4, 4])
-    like = [jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for v in leaves]
-    tables = _tables(like)
-    assert len(tables) == 1 and len(tables[0]) == 3     # sizes 6, 4 and 1
-
-    def run(*leaves):
-        got = [None] * len(leaves)
-        for t in tables:
-            tab = jnp.take(_pack([[leaves[i] for i in op] for op in t], size),
-                           jnp.asarray(ids), axis=1)
-            order = [i for op in t for i in op]
-            out = jax.vmap(lambda col: _unpack(col, [like[i] for i in order]),
-                           in_axes=1)(tab)
-            for i, x in zip(order, out):
-                got[i] = x
-        return got
-
-    for got, want in zip(jax.jit(run)(*leaves), leaves):
-        assert got.dtype == want.dtype
-        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
-                                      want[ids].view(np.uint8))
-
-
-@pytest.mark.parametrize("n", [40, 341, 1500])
-def test_first_true_matches_nonzero(n):
-    """The compaction's index search (blocked triangular products up to _TRIU_MAX rows,
-    the last block partial at 40 and 341 rows; a scan beyond) returns jnp.nonzero's
-    first k indices, padded with n, and the cumulative count; the later chunks' search
-    (from that count) the next k indices each."""
-    from simjax.engine.solver_rows import _chunk_positions
-    from simjax.engine.solver_rows import first_true as _first_true
-    rng = np.random.default_rng(n)
-    k = 32
-    for p in (0.0, 0.05, 0.5, 1.0):
-        a = rng.random(n) < p
-        pos, cs = jax.jit(_first_true, static_argnums=1)(jnp.asarray(a), k)
-        on = np.nonzero(a)[0]
-        want = np.concatenate([on, np.full(4 * k, n)])
-        np.testing.assert_array_equal(np.asarray(pos), want[:k])
-        np.testing.assert_array_equal(np.asarray(cs), np.cumsum(a))
-        for c in (1, 3):
-            got = jax.jit(lambda cs: _chunk_positions((cs,), (k, ()), c)[0])(cs)
-            np.testing.assert_array_equal(np.asarray(got), want[c * k:(c + 1) * k])
-
-
-@pytest.mark.parametrize("size", [5, 300])
-def test_where_needed_under_vmap(size):
-    """where_needed under vmap: fn's result on the worlds in need (gathered in blocks, a
-    batch not a multiple of the block, or the whole batch where most need it), the old
-    value elsewhere, bit for bit as the vmapped fn on a CPU; one world: a conditional.
-    On a GPU the kernels picked for a block of worlds and for the whole batch can round
-    differently (the last bit of a float64 product, seen on an H200), so there the
-    values are compared to rounding."""
-    from simjax.engine import solver_rows as R
-
-    def same(got, want):
-        if jax.default_backend() == "cpu":
-            np.testing.assert_array_equal(got, want)
-        else:
-            np.testing.assert_allclose(got, want, rtol=1e-14, atol=0)
-
-    rng = np.random.default_rng(size)
-    a = jnp.asarray(rng.standard_normal((size, 6, 6)))
-    b = jnp.asarray(rng.standard_normal(6))
-    old = jnp.asarray(rng.standard_normal((size, 6)))
-
-    def fn(x, y):
-        return jnp.tanh(x @ y) * jnp.sum(x * x)
-
-    run = jax.jit(jax.vmap(lambda n, x, o: R.where_needed(fn, n, (x, b), o)))
-    full = np.asarray(jax.jit(jax.vmap(fn, in_axes=(0, None)))(a, b))
-    for p in (0.0, 0.02, 0.5, 0.9, 1.0):
-        need = rng.random(size) < p
-        got = np.asarray(run(jnp.asarray(need), a, old))
-        same(got, np.where(need[:, None], full, np.asarray(old)))
-    # the same flag for every world (not batched)
-    all_on = jax.jit(jax.vmap(lambda x, o: R.where_needed(fn, jnp.asarray(True), (x, b), o)))
-    same(np.asarray(all_on(a, old)), full)
-    one = jax.jit(lambda n, x, o: R.where_needed(fn, n, (x, b), o))
-    same(np.asarray(one(True, a[0], old[0])), full[0])
-    np.testing.assert_array_equal(np.asarray(one(False, a[0], old[0])), np.asarray(old[0]))
-
-
-def test_any_world_loop():
-    """any_world: a loop flag true while any world's is (unbatched under vmap, nested
-    vmaps included); a loop whose body leaves finished worlds as they are then gives
-    every world the result of its own loop."""
-    from simjax.engine import solver_rows as R
-
-    def count(n):
-        # doubles x until it passes n; the body leaves x alone once it has
-        def body(x):
-            return jnp.where(x > n, x, 2.0 * x)
-        return jax.lax.while_loop(lambda x: R.any_world(x <= n), body, jnp.ones(()))
-
-    n = jnp.asarray([0.5, 3.0, 100.0, 7.0])
-    want = np.asarray([1.0, 4.0, 128.0, 8.0])
-    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(count))(n)), want)
-    np.testing.assert_array_equal(np.asarray(jax.jit(count)(n[2])), want[2])
-    nested = jax.jit(jax.vmap(jax.vmap(count)))(n.reshape(2, 2))
-    np.testing.assert_array_equal(np.asarray(nested), want.reshape(2, 2))
-    flags = jax.jit(jax.vmap(R.any_world))(jnp.asarray([False, True, False]))
-    assert np.asarray(flags).all()
-    assert not np.asarray(jax.jit(jax.vmap(R.any_world))(jnp.zeros(3, bool))).any()
 
 
 @pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])

@@ -12,7 +12,8 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.math import reduce_fused
-from simjax.engine.solver_rows import batched_like, count_below, cumcount, first_true
+from simjax.engine.solver_gather import count_below, cumcount, first_true
+from simjax.engine.solver_worlds import batched_like
 from simjax.types import GeomType as GT
 
 
@@ -147,7 +148,7 @@ _SEARCH_IN_CHUNK = True
 
 
 #: a chunk's pairs found by counting the cumulative counts below each of its ranks
-#: (``solver_rows.count_below``: one reduction kernel, where the binary search,
+#: (``solver_gather.count_below``: one reduction kernel, where the binary search,
 #: "scan", was a loop of 8 kernels; the same indices; any method of
 #: ``jnp.searchsorted`` for paired measurements)
 _SEARCH = "count"

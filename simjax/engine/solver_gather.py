@@ -1,0 +1,407 @@
+"""The row chunks' layout and gathers (:mod:`simjax.engine.solver_rows`): the chunk
+capacity (:func:`row_capacity`), the index search of the active rows (:func:`first_true`,
+:func:`cumcount`, :func:`count_below`), the per-row values of the chunks
+(:class:`Chunked`) and their rows (:class:`Rows`), chunk 0 gathered once per solve
+(:func:`gather`, or every row as one chunk: :func:`whole`), a later chunk's rows found
+and gathered when a loop visits it (:func:`_chunk_rows`, :func:`_take_rest`), and the
+chunks' values spread back to the problem's rows (:func:`spread`). MuJoCo iterates on
+its active rows (mj_constraintUpdate's efc arrays hold those alone); the chunks are the
+same rows in a static layout."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import inline
+from simjax.engine.math import where
+from simjax.engine.solver_worlds import any_world, needy_table
+
+
+#: where a quarter of the rows is under two per dof: the later chunks run on the worlds
+#: that use them (:func:`_needy_loop`); False: chunk 0 takes 3/8 of the rows there
+#: instead, and the later chunks run on the whole batch (kept to compare the two)
+_BLOCKS = True
+
+
+def _few_rows(spec):
+    """Whether the rows that are not equality rows are fewer than 7 per dof (barkour 6.7,
+    shadow hand 3.6; humanoid 7.5, ant 8.3): such a chunk 0 overflows in states in
+    motion (:func:`row_capacity`). The bound was 8 while every dof had a friction-loss
+    row; without the rows of zero losses each model has about one row per dof fewer.
+    Humanoid bench rollouts (batch 1024) reach 32 active rows, under its chunk of 51: the
+    blocks would cost it 58 kernels (compile 0.96x, 4 rounds) for nothing (run 0.99x,
+    16 rounds, noise)."""
+    rest = int(np.sum(~ell_mask(spec))) - int(np.sum(spec.eq))
+    return rest < 7 * spec.nv
+
+
+def row_capacity(spec):
+    """Static size of a chunk: (scalar rows, contacts per elliptic block).
+
+    Equality rows are usually all active and are always kept; the remaining rows get a
+    quarter of their capacity, at most two per dof (at least 16 rows / 4 contacts).
+    Typical states have about nv active rows or fewer (bench states: barkour 1.6 nv,
+    humanoid 1.3 nv, ant 1.1 nv, shadow hand 0.5 nv), while the capacity, every contact
+    slot of the broadphase's worst case, grows faster than nv: the shadow hand's quarter
+    was 86 rows (nv 30) for 14 active rows, and every row of a chunk costs work in
+    every pass (the Hessian's rows nv^2) and memory, in use or not (shadow hand at 60
+    rows: solve 120 -> 90 us per world, batch 1024). States with more rows run more
+    chunks (same solution, up to rounding). Where a quarter is under two rows per dof
+    (:func:`_few_rows`; barkour, shadow hand: 35 rows) bench rollouts (batch 1024)
+    reach 49 active rows on barkour and 51 on the hand, and about 1% of the worlds
+    pass 35 on every step: the later chunks run on those worlds only
+    (:func:`_needy_loop`). With the later chunks on the whole batch, one world past
+    chunk 0 cost barkour's step 13-17%, the hand's 8%, and 3/8 of the rows (52) were
+    taken instead, which cost 6-8% on batches that never pass 35 (MuJoCo-settled
+    states). Against that, the blocks ran barkour's step 0.93x (settled states) and
+    0.94x (bench states), the hand's 0.90x and 0.98x (paired, batch 1024, float32,
+    5-step rollouts, loaded machine: ranges of +-15%), for more kernels: barkour
+    525 -> 596 (compile 6.7-7.5 -> 6.9-8.3 s CPU, about +10%), shadow hand 786 ->
+    875. Since zero friction losses have no rows, the chunks are 30 rows (barkour) and
+    27 (hand), and 35-60% of barkour's bench worlds pass 30 active rows after the first
+    step; chunks of 35 ran barkour 0.987x and the hand 0.982x (12 rounds each, ranges
+    +-15%): noise, so the quarter stays."""
+    in_ell = ell_mask(spec)
+    ns = int(np.sum(~in_ell))
+    neq = int(np.sum(spec.eq))
+    rest, nv = ns - neq, spec.nv
+    quarter = -(-rest // 4)
+    if not _BLOCKS and _few_rows(spec):
+        # fewer than 8 rows per dof: 3/8 of them, at most 3 per dof
+        cap = min(-(-3 * rest // 8), 3 * nv)
+    else:
+        cap = min(quarter, 2 * nv)
+    ks = min(ns, neq + max(16, cap))
+    ke = tuple(min(n, max(4, -(-n // 4))) for (_, n, _) in spec.ell)
+    return ks, ke
+
+
+def ell_mask(spec):
+    in_ell = np.zeros(spec.nefc, bool)
+    for start, n, dim in spec.ell:
+        in_ell[start:start + n * dim] = True
+    return in_ell
+
+
+_TRIU_MAX = 1024     # rows up to which cumcount counts in one pass (cumsum, or _cumcount)
+
+
+#: cumulative counts up to _TRIU_MAX rows by jnp.cumsum (XLA CPU: two reduce-windows,
+#: as many kernels) instead of :func:`_cumcount`'s triangular products, read at trace
+#: time. Alone (batch 1024, process CPU): 138 rows 0.59 -> 0.36 us per world, 342 rows
+#: 1.12 -> 0.75, 60 rows 0.20 both; barkour's bench step 0.968-0.971x (paired, 16
+#: rounds). The same counts (integers)
+_CUMSUM = True
+
+
+_BLOCK = 16          # block of _cumcount's triangular products
+
+
+def _cumcount(a):
+    """Cumulative count of the true entries of ``a`` (n,) (int32): triangular products
+    within blocks of _BLOCK entries, then of the block totals (exact in float32 below
+    2^24). One (n, n) triangular product did n^2 work per world: shadow hand (n 342)
+    5.2 -> 1.5 us per world (batch 1024), barkour (n 170) 1.7 -> 1.0."""
+    n = a.shape[0]
+    nb = -(-n // _BLOCK)
+    x = jnp.pad(a.astype(jnp.float32), (0, nb * _BLOCK - n)).reshape(nb, _BLOCK)
+    within = x @ np.triu(np.ones((_BLOCK, _BLOCK), np.float32))
+    before = within[:, -1] @ np.triu(np.ones((nb, nb), np.float32), 1)
+    return (within + before[:, None]).reshape(-1)[:n].astype(jnp.int32)
+
+
+def first_true(a, k):
+    """Indices of the first ``k`` true entries of the boolean vector ``a`` in order,
+    len(a) where there are fewer, and the cumulative count of true entries (jnp.nonzero(a,
+    size=k) without its scatter). The cumulative count is :func:`cumcount` (an
+    associative scan emitted ~15 kernels, for no run-time gain) and the indices a
+    binary search (a loop, so that they are materialised once: a direct count fuses
+    into every gather that uses them)."""
+    cs = cumcount(a)
+    pos = inline.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
+    return pos, cs
+
+
+def cumcount(a):
+    """Cumulative count (int32) of the true entries of the boolean vector ``a``, as
+    :func:`first_true` takes it (its binary search for the k-th true entry is
+    ``searchsorted(cumcount(a), k)``)."""
+    if a.shape[0] <= _TRIU_MAX:
+        if _CUMSUM:
+            return jnp.cumsum(a, dtype=jnp.int32)
+        return _cumcount(a)
+    # the constants and work per world would outgrow the scan
+    return jax.lax.associative_scan(jnp.add, a.astype(jnp.int32))
+
+
+#: per-row problem entries gathered into the chunks, and the value of padding rows
+#: (inactive one-sided rows with D = 0: zero force, cost and Hessian terms whatever
+#: their Jacobian rows, :func:`_take_J`)
+_FILL = {"aref": 0.0, "D": 0.0, "R": 1.0, "floss": 0.0, "active": False}
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class Chunked:
+    """A per-row value of the chunks: ``head`` that of chunk 0, ``rest`` those of the
+    later chunks (leading axis the chunk, nchunk - 1 of them; zero past the chunks in
+    use). Apart, chunk 0 (usually the only one in use) never reads or writes a
+    (chunk, ...) buffer: the solves of one-chunk states ran 10-20% slower with the
+    chunk values in one (nchunk, ...) array."""
+    head: object
+    rest: object
+
+    def tree_flatten(self):
+        return (self.head, self.rest), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+
+def _is_chunked(x):
+    return isinstance(x, Chunked)
+
+
+def heads(tree):
+    """``tree`` with every :class:`Chunked` value replaced by its ``head``."""
+    return jax.tree_util.tree_map(lambda c: c.head, tree, is_leaf=_is_chunked)
+
+
+def rests(tree):
+    return jax.tree_util.tree_map(lambda c: c.rest, tree, is_leaf=_is_chunked)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """The rows of a primal problem in ``nchunk`` chunks of the layout ``spec`` (a
+    :class:`simjax.engine.solver.Spec` of one chunk; its masks are per-chunk entries
+    where the rows were gathered, else static). ``x0``: the per-row problem entries of
+    chunk 0 (``mu`` / ``fr`` tuples per elliptic block) and ``J0`` its Jacobian rows,
+    gathered once; ``nact`` the chunks in use (traced, at least 1). The later chunks
+    are gathered when visited (usually never) from ``src`` (the problem's per-row
+    entries, full Jacobian ``J``) at their source rows ``rest`` (leading axis the
+    chunk; () until the first loop over the later chunks has found them from ``find``:
+    the rows' (layout, caps, nefc) of :func:`_chunk_rows`, their cumulative counts and
+    chunk 0's (rows, positions), for shapes; :func:`find_chunks`): XLA CPU gathers are
+    slow, and gathering every chunk up front cost the humanoid / shadow hand solves
+    10-50%; searching every chunk's rows up front cost the one-chunk solves about 10%.
+    ``rank``: the cumulative count of active rows over the scalar rows (None: the
+    whole rows in one chunk, :func:`whole`), for :func:`spread`. ``blocks``: under
+    vmap the later chunks run on the worlds that use them (:func:`_needy_loop`, from
+    their table ``needy``, :func:`needy_table`), else on the whole batch."""
+    spec: object
+    nchunk: int
+    x0: dict
+    nact: object
+    J0: object
+    src: dict = None
+    rest: tuple = ()
+    find: tuple = ()
+    rank: object = None
+    blocks: bool = False
+    needy: object = None
+
+
+def spread(rows, active, vals):
+    """Per-row values of the chunks (a list of :class:`Chunked`, or of plain arrays for
+    whole rows) at the problem's rows: (nefc, len(vals)), zero on inactive rows.
+    Without elliptic blocks the active rows fill the chunks in row order, so an active
+    row's entry is entry ``rank - 1`` of the chunks laid end to end (``rank``: the
+    cumulative count of active rows, :func:`gather`): one gather, the rows' products
+    not made again at their full capacity. None where the chunks hold elliptic
+    contacts."""
+    if rows.rank is None:
+        if isinstance(vals[0], Chunked):
+            vals = [v.head for v in vals]
+        return where(active[:, None], jnp.stack(vals, 1), 0.0)
+    if rows.spec.ell:
+        return None
+
+    def take(cols, in_table):
+        tab = jnp.stack(cols, 1)
+        n = tab.shape[0]
+        # a zero row for the rows not in the table: in bounds, no fill select
+        tab = jnp.concatenate([tab, jnp.zeros((1, len(vals)), tab.dtype)])
+        idx = where(in_table, rows.rank - 1, n)
+        return tab.at[idx].get(mode="promise_in_bounds")
+
+    head = [v.head for v in vals]
+    ks = head[0].shape[0]
+    if rows.nchunk == 1:
+        return take(head, active)
+    # the later chunks only where a world uses them (usually none): their values laid
+    # after chunk 0's are a table of every chunk's rows to copy
+    return jax.lax.cond(
+        any_world(rows.nact > 1),
+        lambda: take([jnp.concatenate([v.head, v.rest.reshape(-1)]) for v in vals], active),
+        lambda: take(head, active & (rows.rank <= ks)))
+
+
+def _chunk_rows(layout, caps, nefc, pos):
+    """Source rows (rows,) and source contacts per elliptic block of a chunk whose
+    ``pos`` are the positions of its scalar rows among the scalar rows and of its
+    contacts in their blocks (``len`` of the source where there are fewer)."""
+    srows, ell = layout
+    ks, ke = caps
+    idx = [jnp.take(jnp.asarray(srows, jnp.int32), pos[0], mode="fill", fill_value=nefc)]
+    for (start, n, dim), ps in zip(ell, pos[1:]):
+        rows = start + ps[:, None] * dim + np.arange(dim)
+        idx.append(where(ps[:, None] < n, rows, nefc).reshape(-1))
+    return jnp.concatenate(idx), tuple(pos[1:])
+
+
+def count_below(cs, q):
+    """Entries of the sorted ``cs`` (n,) below each of ``q`` (k,) (int32; searchsorted's
+    left positions): a count over blocks of 32 entries, summed. With every reduction at
+    most 32 long (XLA CPU splits longer ones into a reduce-window, whose input is
+    materialised: a (worlds, n, k) array) the comparisons fuse into one reduction;
+    the binary search (a loop) compiled 9 kernels in the loop over the later chunks."""
+    n = cs.shape[0]
+    nb = -(-n // 32)
+    big = jnp.iinfo(jnp.int32).max
+    blocks = jnp.pad(cs, (0, nb * 32 - n), constant_values=big).reshape(nb, 32)
+    per = jnp.sum((blocks[None] < q[:, None, None]).astype(jnp.int32), -1,
+                  dtype=jnp.int32)
+    return jnp.sum(per, -1, dtype=jnp.int32)
+
+
+def _chunk_positions(counts, caps, c):
+    """Positions of chunk ``c``'s rows (:func:`_chunk_rows`) from the cumulative counts:
+    entry j of a chunk of capacity k is the (c k + j + 1)-th active one."""
+    ks, ke = caps
+    out = []
+    for cs, k in zip(counts, (ks,) + tuple(ke)):
+        q = c * k + jnp.arange(1, k + 1, dtype=jnp.int32)
+        out.append(count_below(cs, q))
+    return out
+
+
+def _take_chunk(nisl, src, idx, pos):
+    """Chunk entries at source rows ``idx`` and elliptic contacts ``pos`` (fill:
+    padding rows, inactive one-sided rows)."""
+    take = lambda x, fill: jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
+    x = {key: take(src[key], fill) for key, fill in _FILL.items()}
+    x.update(eq=take(src["eq"], False), fric=take(src["fric"], False),
+             ineq=take(src["ineq"], True),
+             mu=tuple(jnp.take(mu, ps, mode="fill", fill_value=1.0)
+                      for mu, ps in zip(src["mu"], pos)),
+             fr=tuple(jnp.take(fr, ps, axis=0, mode="fill", fill_value=1.0)
+                      for fr, ps in zip(src["fr"], pos)))
+    if "rowisl" in src:
+        x["rowisl"] = take(src["rowisl"], nisl)
+    return x
+
+
+#: the row masks of a later chunk's table (:func:`_take_rest`) and their padding
+_MASKS = {"eq": False, "fric": False, "ineq": True}
+
+
+def _take_rest(nisl, src, idx, pos, J):
+    """:func:`_take_chunk` (and the Jacobian rows, unless ``J`` is None) on a later
+    chunk: the per-row entries (the static masks as one constant column of codes,
+    exact small numbers) are stacked into one table, its last row the padding row's
+    entries, and the chunk's rows are one gather from it (XLA fuses the table into
+    it), (mu, friction) one per elliptic block, the island ids one. Built inside the
+    loop over the later chunks, the table costs nothing where the loop runs no
+    iteration; a gather per entry compiled about 10 kernels per loop, and an integer
+    column or three broadcast masks in the table made it a kernel of its own with
+    their conversions (shadow hand: 27 kernels over its five loops). (With the
+    Jacobian in the table as well, XLA built the whole table on every visit: the
+    solves with several chunks in use ran 25% slower.)"""
+    dtype = src["aref"].dtype
+    keys = list(_FILL.items())
+    # the static masks as one constant column of codes, eq + 2 fric + 4 ineq
+    code = sum(np.asarray(src[key]).astype(np.float32) * 2.0 ** j
+               for j, key in enumerate(_MASKS))
+    pad = sum(float(v) * 2.0 ** j for j, v in enumerate(_MASKS.values()))
+    cols = [src[key].astype(dtype)[:, None] for key, _ in keys] + [code.astype(dtype)[:, None]]
+    fill = [float(v) for _, v in keys] + [pad]
+    tab = jnp.concatenate([jnp.concatenate(cols, 1), jnp.asarray(fill, dtype)[None]])
+    rows = tab.at[idx].get(mode="promise_in_bounds")
+    x = {}
+    for j, (key, v) in enumerate(keys):
+        x[key] = rows[:, j] != 0 if isinstance(v, bool) else rows[:, j]
+    bits = rows[:, len(keys)].astype(jnp.int32)
+    for j, key in enumerate(_MASKS):
+        x[key] = (bits & (1 << j)) != 0
+    if "rowisl" in src:
+        x["rowisl"] = jnp.take(src["rowisl"], idx, mode="fill", fill_value=nisl)
+    ell = [jnp.concatenate([jnp.concatenate([mu[:, None], fr], 1),
+                            jnp.ones((1, fr.shape[1] + 1), dtype)]
+                           ).at[ps].get(mode="promise_in_bounds")
+           for mu, fr, ps in zip(src["mu"], src["fr"], pos)]
+    x.update(mu=tuple(e[:, 0] for e in ell), fr=tuple(e[:, 1:] for e in ell))
+    if J is not None:
+        J = _take_J(J, idx)
+    return x, J
+
+
+def _take_J(J, idx):
+    """Jacobian rows at ``idx`` (padding entries past the last row). A padding row is
+    the last row's copy, not zero: with D = 0 (and inactive, :data:`_FILL`) its force,
+    cost, Hessian and line-search terms are exactly zero whatever its Jacobian, and a
+    clamped gather needs no select of the fill value (a kernel as long as the gather
+    on CPU)."""
+    return jnp.take(J, idx, axis=0, mode="clip")
+
+
+def gather(spec, p, caps):
+    """The active rows of problem ``p`` (row structure ``spec``) in the chunks of
+    :class:`Rows`, chunk sizes ``caps`` (:func:`row_capacity`)."""
+    ks, ke = caps
+    nefc = spec.nefc
+    act = p["active"]
+    srows = np.nonzero(~ell_mask(spec))[0]
+    ns = len(srows)
+    nchunk = max([-(-ns // ks) if ks else 0]
+                 + [-(-n // k) for (_, n, _), k in zip(spec.ell, ke)] + [1])
+    pos, cs = first_true(act[srows], ks)
+    pos, counts = [pos], [cs]
+    nact = -(-cs[-1] // ks) if ks else jnp.zeros((), jnp.int32)
+    ell = []
+    row = ks
+    for (start, n, dim), k in zip(spec.ell, ke):
+        ps, cs = first_true(act[start:start + n * dim:dim], k)
+        pos.append(ps)
+        counts.append(cs)
+        nact = jnp.maximum(nact, -(-cs[-1] // k))
+        ell.append((row, k, dim))
+        row += k * dim
+    layout = (srows, tuple(spec.ell))
+    idx, cpos = _chunk_rows(layout, caps, nefc, pos)
+    nact = jnp.maximum(nact, 1).astype(jnp.int32)
+    # the later chunks' rows are found by the first loop over them (find_chunks)
+    like = (idx, cpos) if nchunk > 1 else ()
+    find = ((layout, caps, nefc), tuple(counts), like) if nchunk > 1 else ()
+    # materialised once: fused into the gathers, the index search would be recomputed
+    # for every gathered element
+    idx, cpos = jax.lax.optimization_barrier((idx, cpos))
+    src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
+    # the static masks stay numpy: the later chunks' loops close over them and gather
+    # them as one constant column of codes (_take_rest)
+    src.update(eq=np.asarray(spec.eq), fric=np.asarray(spec.fric),
+               ineq=np.asarray(spec.ineq))
+    x0 = _take_chunk(spec.nisl, src, idx, cpos)
+    cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
+                                nefc=row)
+    J0 = _take_J(p["J"], idx)
+    src["J"] = p["J"]
+    blocks = nchunk > 1 and _BLOCKS and _few_rows(spec)
+    return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0], blocks,
+                needy_table(nact) if blocks else None)
+
+
+def whole(spec, p):
+    """All rows of ``p`` as a single chunk (static masks: no gather)."""
+    x0 = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
+    return Rows(spec, 1, x0, jnp.ones((), jnp.int32), p["J"])
+
+
+def _chunk_spec(spec, x):
+    if "eq" in x:
+        spec = dataclasses.replace(spec, eq=x["eq"], fric=x["fric"], ineq=x["ineq"])
+    return spec

@@ -1,0 +1,186 @@
+"""Per-world machinery of the primal solvers under ``vmap`` (:mod:`simjax.engine.solver`,
+:mod:`simjax.engine.solver_rows`): work done only on the worlds of a batch that need it
+(:func:`where_needed`: Newton's Hessian factorisations; :func:`needy_table`: the worlds
+whose active rows pass chunk 0), written back row by row (:func:`_put_rows`), and loop
+flags and initial values made unbatched / batched for ``lax.while_loop`` under vmap
+(:func:`any_world`, :func:`batched_like`). MuJoCo solves one world at a time; these
+rules keep a batch's work close to that of the worlds that need it."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from simjax.engine import inline
+from simjax.engine.math import reduce_fused, where
+
+
+_WORLD_BLOCK = 128   # worlds per block of :func:`where_needed`
+
+
+def _first_worlds(need, k):
+    """Indices of the true entries of ``need`` (n,) in order, then n, k of them: one
+    sort of keys that put the true entries first, each keeping its index. For the
+    worlds of a batch (one vector, not under vmap) the sort is 3 kernels where
+    :func:`first_true`'s count and binary search were 18 (the humanoid's step 653 ->
+    638 kernels), in the same time at 1024 worlds (27 us); over each world's rows
+    (under vmap) it ran 2x slower than first_true (232 rows: 3.8 against 1.8 us per
+    world)."""
+    n = need.shape[0]
+    ids = jnp.arange(n, dtype=jnp.int32)
+    key = jnp.sort(where(need, ids, n + ids))
+    pos = where(key < n, key, n)
+    return jnp.concatenate([pos, jnp.full((k - n,), n, jnp.int32)]) if k > n else pos[:k]
+
+
+def needy_table(nact):
+    """Under ``vmap``, the worlds whose active rows pass chunk 0 (``nact`` > 1), found
+    once per solve for all its loops over the later chunks (:func:`_needy_loop`): their
+    indices in order, then the batch size (worlds,) (int32). Without vmap (or for an
+    unbatched ``nact``) zero, unused."""
+    @jax.custom_batching.custom_vmap
+    def run(n):
+        return jnp.zeros((), jnp.int32)
+
+    @run.def_vmap
+    @inline.inlined
+    def _rule(size, flags, n):
+        if not flags[0]:
+            return jnp.zeros((), jnp.int32), False
+        return _first_worlds(n > 1, size), True
+
+    return run(nact)
+
+
+def _put_rows(full, ids, rows):
+    """``full`` (a tree, leading axis the worlds) with entry ``ids()[j]`` replaced by
+    ``rows``' entry j for the entries of ``ids()`` (a function: the indices computed
+    where used) before the first past the last world:
+    one loop of in-place row updates for every leaf (a scatter is a loop of its own per
+    leaf on XLA CPU: :func:`where_needed`'s Hessian factors, humanoid and ant 2 kernels
+    more), over the worlds of the block only."""
+    size = jax.tree_util.tree_leaves(full)[0].shape[0]
+    n = jax.tree_util.tree_leaves(rows)[0].shape[0]
+
+    def put(c):
+        j, full = c
+        one = lambda f, r: jax.lax.dynamic_update_index_in_dim(
+            f, jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True), ids()[j], 0)
+        return j + 1, jax.tree_util.tree_map(one, full, rows)
+
+    more = lambda c: (c[0] < n) & (ids()[jnp.minimum(c[0], n - 1)] < size)
+    return inline.while_loop(more, put, (jnp.zeros((), jnp.int32), full))[1]
+
+
+#: :func:`where_needed` writes a block's results back by :func:`_put_rows`, a loop to
+#: the block's last world, read at trace time (False: a scatter per leaf, a loop over
+#: every entry of the block, kept to compare): humanoid's bench rollout 660 -> 658
+#: kernels, ant 592 -> 590; outputs bit-identical; run time within noise (scatter /
+#: put rows: humanoid 1.063 [0.93, 1.34], ant 1.016 [0.85, 1.29], 8 paired rounds)
+_PUT_ROWS = True
+
+
+def where_needed(fn, need, args, old):
+    """``fn(*args)`` where ``need``, else ``old`` (a tree shaped as fn's output).
+
+    One world computes fn only where needed (a conditional). Under ``vmap`` (a
+    ``custom_vmap`` rule) the worlds that need it are found, gathered in blocks of
+    _WORLD_BLOCK and computed block by block, their results scattered into ``old``:
+    the work follows the number of worlds in need, not the batch size, and every world's
+    result is computed as the vmapped fn computes it (the same bits on a CPU; on a GPU
+    a block's kernels may round the last bit differently). Where most worlds
+    need it, fn runs on the whole batch instead (gathering and scattering them cost
+    about a third of fn's work for a Newton Hessian factorisation). fn is compiled in
+    both branches (~10 kernels for a Newton Hessian factorisation); computing every
+    world in consecutive blocks instead compiled it once, but ran the humanoid's solves
+    with several row chunks in use (every world in need on every pass) 5-10% slower."""
+    @jax.custom_batching.custom_vmap
+    def run(need, args, old):
+        return jax.lax.cond(need, lambda: fn(*args), lambda: old)
+
+    @run.def_vmap
+    @inline.inlined
+    def _rule(size, flags, need, args, old):
+        nb, ab, ob = flags
+        # an unbatched flag (the same for every world) is spread like the rest
+        need, old = jax.tree_util.tree_map(
+            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
+            (need, old), (nb, ob))
+        axes = jax.tree_util.tree_map(lambda f: 0 if f else None, ab)
+        vfn = jax.vmap(fn, in_axes=tuple(axes))
+        count = reduce_fused(need.astype(jnp.int32), 0)
+
+        def whole():
+            def keep(n, o):
+                return where(need.reshape((size,) + (1,) * (o.ndim - 1)), n, o)
+
+            return jax.tree_util.tree_map(keep, vfn(*args), old)
+
+        def blocks():
+            blk = min(_WORLD_BLOCK, size)
+            nblk = -(-size // blk)
+            pos = _first_worlds(need, nblk * blk)
+
+            def body(c):
+                b, out = c
+                ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
+                # padding entries (index size) read the last world and are not written
+                sub = jax.tree_util.tree_map(
+                    lambda a, f: jnp.take(a, ids, axis=0, mode="clip") if f else a,
+                    args, ab)
+                new = vfn(*sub)
+                if _PUT_ROWS:
+                    out = _put_rows(out, lambda: jax.lax.dynamic_slice_in_dim(
+                        pos, b * blk, blk), new)
+                else:
+                    out = jax.tree_util.tree_map(
+                        lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
+                return b + 1, out
+
+            return inline.while_loop(lambda c: c[0] * blk < count, body,
+                                     (jnp.zeros((), jnp.int32), old))[1]
+
+        out = jax.lax.cond(5 * count > 3 * size, whole, blocks)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return run(need, args, old)
+
+
+def any_world(flag):
+    """A loop's continue flag, made unbatched under ``vmap``: true while it is true for
+    any world. For a loop whose body leaves a world's carried values as they are once
+    its flag is false, the loop is then the same, world by world: with the flag batched,
+    vmap would instead select, every trip, between the body's outputs and its inputs for
+    every carried value (all of them, the Newton factor included)."""
+    @jax.custom_batching.custom_vmap
+    def run(flag):
+        return flag
+
+    @run.def_vmap
+    @inline.inlined
+    def _rule(size, flags, flag):
+        return (reduce_fused(flag.reshape(size, -1), 0, "any").any(-1) if flags[0]
+                else flag), False
+
+    return run(flag)
+
+
+def batched_like(tree, like):
+    """``tree`` as it is; under ``vmap``, where ``like`` is batched, every leaf batched
+    (broadcast over the worlds). For a loop's initial values: vmap batches a loop body
+    again for every round in which an unbatched initial value is found to become
+    batched in the body (Newton's loop: four rounds, each one re-tracing the
+    conditionals and custom rules inside); with every value batched from the start,
+    one."""
+    @jax.custom_batching.custom_vmap
+    def run(tree, like):
+        return tree
+
+    @run.def_vmap
+    @inline.inlined
+    def _rule(size, flags, tree, like):
+        out = jax.tree_util.tree_map(
+            lambda v, f: v if f else jnp.broadcast_to(v, (size,) + jnp.shape(v)), tree,
+            flags[0])
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return run(tree, like)
