@@ -1,0 +1,147 @@
+"""The primal constraint problem's cost (:mod:`simjax.engine.solver`; Todorov 2014, "Convex
+and analytically-invertible dynamics with contacts and constraints"): the rows' static
+structure (:class:`Spec`), the forces, states and cost at jar = J qacc - aref (MuJoCo's
+mj_constraintUpdate, the elliptic cone zones included), the Hessian (MakeHessian,
+HessianCone) and the optimality residual g(qacc) that the implicit derivative
+differentiates."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import constraint as C
+from simjax.engine.math import reduce_fused, where
+from simjax.engine.solver_search import _ell_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Static structure of the rows: masks (numpy) and elliptic blocks (start, n, dim);
+    ``nisl`` the number of constraint islands the primal solvers iterate on separately
+    (1: one problem; else the island capacity, rows and dofs in ``p['rowisl']``,
+    ``p['dofisl']``)."""
+    eq: np.ndarray
+    fric: np.ndarray
+    ineq: np.ndarray
+    ell: tuple
+    nefc: int
+    nv: int
+    nisl: int = 1
+
+    def __hash__(self):
+        return hash((self.eq.tobytes(), self.fric.tobytes(), self.ell, self.nefc, self.nv,
+                     self.nisl))
+
+    def __eq__(self, other):
+        return hash(self) == hash(other)
+
+
+def spec_from_layout(lay, nv):
+    t = lay.efc_type
+    ell = tuple((b.start, b.n, b.dim) for b in lay.blocks if b.kind == "conell")
+    return Spec(eq=t == C.EQUALITY, fric=(t == C.FRICTION_DOF) | (t == C.FRICTION_TENDON),
+                ineq=(t >= C.LIMIT_JOINT) & (t != C.CONTACT_ELLIPTIC), ell=ell,
+                nefc=len(t), nv=nv)
+
+
+def _ell_update(jar, D, mu, fr):
+    """Elliptic cone zones (mj_constraintUpdate): force (n,dim), cost (n,), state (n,)."""
+    u = jnp.concatenate([jar[:, :1] * mu[:, None], jar[:, 1:] * fr], 1)
+    nn = u[:, 0]
+    tt2 = jnp.sum(u[:, 1:] ** 2, 1)
+    pos = tt2 > 0
+    tt = jnp.sqrt(where(pos, tt2, 1.0))
+    tt = where(pos, tt, 0.0)
+    top = (nn >= mu * tt) | (~pos & (nn >= 0))
+    bottom = ~top & ((mu * nn + tt <= 0) | (~pos & (nn < 0)))
+    dm = D[:, 0] / (mu * mu * (1 + mu * mu))
+    nmt = nn - mu * tt
+    f0 = -dm * nmt * mu
+    tsafe = where(pos, tt, 1.0)
+    fj = -f0[:, None] / tsafe[:, None] * u[:, 1:] * fr
+    fmid = jnp.concatenate([f0[:, None], fj], 1)
+    fq = -D * jar
+    force = where(top[:, None], 0.0, where(bottom[:, None], fq, fmid))
+    cost = where(top, 0.0, where(bottom, 0.5 * jnp.sum(D * jar * jar, 1),
+                                 0.5 * dm * nmt * nmt))
+    state = where(top, C.SATISFIED, where(bottom, C.QUADRATIC, C.CONE))
+    return force, cost, state
+
+
+def _ell_mid_cost(jar, D0, mu, fr):
+    u = jnp.concatenate([jar[:1] * mu, jar[1:] * fr])
+    tt = jnp.sqrt(jnp.sum(u[1:] ** 2))
+    dm = D0 / (mu * mu * (1 + mu * mu))
+    return 0.5 * dm * (u[0] - mu * tt) ** 2
+
+
+def update(spec, p, jar):
+    """Forces, states and constraint cost at jar = J qacc - aref (mj_constraintUpdate)."""
+    D, R, fl = p["D"], p["R"], p["floss"]
+    # negations fall on the values at jar, not on the rows' constants (the same bits): a
+    # negated constant is hoisted out of the solver loops, one more (worlds, rows) array
+    # kept through the solve
+    force = -(D * jar)
+    cost_row = 0.5 * D * jar * jar
+    state = jnp.full(jar.shape, C.QUADRATIC, jnp.int32)
+    # friction loss (Huber)
+    rf = R * fl
+    neg = spec.fric & (-jar >= rf)
+    posv = spec.fric & ~neg & (jar >= rf)
+    force = where(neg | posv, fl * where(neg, 1.0, -1.0), force)
+    cost_row = where(neg, -0.5 * R * fl * fl - fl * jar,
+                     where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
+    state = where(neg, C.LINEARNEG, where(posv, C.LINEARPOS, state))
+    # one-sided rows
+    sat = spec.ineq & (jar >= 0)
+    force = where(sat, 0.0, force)
+    cost_row = where(sat, 0.0, cost_row)
+    state = where(sat, C.SATISFIED, state)
+    cost = reduce_fused(where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0), 0)
+    for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+        f, c, s = _ell_update(_ell_rows(jar, start, n, dim), _ell_rows(D, start, n, dim),
+                              mu, fr)
+        sl = slice(start, start + n * dim)
+        force = force.at[sl].set(f.reshape(-1))
+        state = state.at[sl].set(jnp.repeat(s, dim).astype(jnp.int32))
+        cost = cost + jnp.sum(c)
+    if "active" in p:
+        state = where(p["active"], state, C.SATISFIED)
+    return force, state, cost
+
+
+def _quad_weights(p, state):
+    """D_q: the rows' D where quadratic (and active), else 0 (MakeHessian)."""
+    return where((state == C.QUADRATIC) & p["active"], p["D"], 0.0)
+
+
+def _quad_hessian(H, J, dq, JT=None):
+    """H + J' diag(dq) J: the quadratic rows' part of :func:`_hessian` (``JT``: J',
+    where made once for many products)."""
+    return H + (J.T if JT is None else JT) @ (dq[:, None] * J)
+
+
+def _hessian(spec, p, J, jar, state, H, JT=None):
+    """H + J' D_q J + sum of elliptic cone Hessians (MakeHessian, HessianCone; H = M
+    for the whole Hessian) of the rows of ``p``, Jacobian ``J`` (``JT``: see
+    :func:`_quad_hessian`)."""
+    H = _quad_hessian(H, J, _quad_weights(p, state), JT)
+    for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
+        jr = _ell_rows(jar, start, n, dim)
+        d0 = p["D"][start:start + n * dim:dim]
+        hc = jax.vmap(jax.hessian(_ell_mid_cost))(jr, d0, mu, fr)           # (n, d, d)
+        cone = state[start:start + n * dim:dim] == C.CONE
+        hc = where(cone[:, None, None], hc, 0.0)
+        jb = J[start:start + n * dim].reshape(n, dim, -1)
+        H = H + jnp.einsum("nik,nij,njl->kl", jb, hc, jb)
+    return H
+
+
+def gradient(spec, p, qacc):
+    """g(qacc) = M qacc - qfrc_smooth - J' f(J qacc - aref): zero at the optimum."""
+    jar = p["J"] @ qacc - p["aref"]
+    force, _, _ = update(spec, p, jar)
+    return p["M"] @ qacc - p["qfrc_smooth"] - p["J"].T @ force

@@ -1,0 +1,93 @@
+"""Dense linear algebra of the constraint solvers (:mod:`simjax.engine.solver`): the
+Cholesky factor of the constraint Hessian M + J' D J (MuJoCo's mju_cholFactor in
+mj_solNewton; LAPACK potrf, called directly on CPU), its solves (mju_cholSolve), and
+products with a few columns (the warm start's two points)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine import lapack_chol
+from simjax.engine.math import where
+
+
+def spd_factor(a):
+    """Lower Cholesky factor of a symmetric positive definite (..., n, n) matrix
+    (LAPACK potrf on CPU, batched under vmap; many times faster than the column loop
+    of :func:`simjax.engine.pgs.cholesky`). For the constraint Hessians, M + J' D J
+    with M positive definite.
+
+    The input is symmetrised (as jnp.linalg.cholesky does) and handed to LAPACK, which
+    reads column-major, as its transpose (the same symmetric matrix): a free relabelling
+    of the row-major array. Handed the matrix itself, XLA stores it transposed, and
+    propagates that layout up to M: batches of small transposes of M around the
+    solver loops cost more than the factorisation."""
+    t = lambda x: jnp.swapaxes(x, -1, -2)
+    return jax.lax.linalg.cholesky(t(0.5 * (a + t(a))), symmetrize_input=False)
+
+
+def _potrf(a):
+    """(U, LAPACK info): the upper Cholesky factor U (row-major, U' U = a) of the
+    exactly symmetric ``a`` (..., n, n) by LAPACK potrf (CPU). potrf writes the lower
+    factor L column-major over its input, the same memory as L' = U row-major: the
+    buffers are declared row-major, ``a`` being its own transpose; U's strictly lower
+    triangle is the input's."""
+    from jaxlib import lapack
+    call = jax.ffi.ffi_call(
+        lapack.prepare_lapack_call("potrf_ffi", a.dtype),
+        (jax.ShapeDtypeStruct(a.shape, a.dtype),
+         jax.ShapeDtypeStruct(a.shape[:-2], jnp.int32)),
+        input_output_aliases={0: 0})
+    return call(a, uplo=np.uint8(ord("L")))
+
+
+@jax.custom_batching.custom_vmap
+def _potrf_v(a):
+    """:func:`_potrf`; under ``vmap`` one call on the batch (LAPACK loops over it)."""
+    return _potrf(a)
+
+
+@_potrf_v.def_vmap
+def _potrf_rule(size, flags, a):
+    return _potrf_v(a), (flags[0], flags[0])
+
+
+def factor_t(a):
+    """:func:`spd_factor` of ``a`` (..., n, n) transposed: the upper factor U = L',
+    row-major (the layout XLA gives loop-carried and conditional values), NaN in U[0, 0]
+    where the factorisation failed (:func:`spd_solve` then gives NaN). On CPU LAPACK is
+    called directly (:func:`_potrf`): jax's cholesky zeroes the upper triangle and
+    selects NaN on failure in the factor's column-major layout, and XLA made those
+    selects two transposing passes over the factors (kernels slow to compile as well);
+    U's strictly lower triangle is not zeroed (:func:`spd_solve` reads U's upper
+    triangle, L's lower, only). The same bits as :func:`spd_factor`."""
+    t = lambda x: jnp.swapaxes(x, -1, -2)
+    if not lapack_chol.enabled(a.shape[-1]):
+        return t(spd_factor(a))
+    up, info = _potrf_v(0.5 * (a + t(a)))
+    # failure marked by one NaN on the diagonal (a whole NaN factor is a pass of its own)
+    return up.at[..., 0, 0].set(where(info == 0, up[..., 0, 0], jnp.nan))
+
+
+def spd_solve(low, b):
+    """Solve (L L') x = b for a factor of :func:`spd_factor`; b (n,)."""
+    tri = jax.lax.linalg.triangular_solve
+    y = tri(low, b[:, None], left_side=True, lower=True)
+    return tri(low, y, left_side=True, lower=True, transpose_a=True)[:, 0]
+
+
+#: products with the warm start's two points (nv, 2) as two matrix-vector products,
+#: read at trace time: XLA CPU hands a batched (n, nv) x (nv, 2) product to YNNPACK,
+#: whose per-world cost is 2-3x that of two of its own matrix-vector products
+#: (batch 1024, float32, process CPU: 18 x 18 0.37 -> 0.12 us per world, 35 x 18
+#: 0.52 -> 0.21, 54 x 27 0.77 -> 0.35)
+_COLUMNS = True
+
+
+def _times_cols(a, x):
+    """a x for ``a`` (n, k) and ``x`` (k, c) (few columns): with :data:`_COLUMNS`
+    column by column."""
+    if not _COLUMNS:
+        return a @ x
+    return jnp.stack([a @ x[:, j] for j in range(x.shape[1])], 1)

@@ -1,0 +1,135 @@
+"""The primal solvers' start (:mod:`simjax.engine.solver`; mj_fwdConstraint's warmstart):
+the lower total cost of qacc_warmstart and qacc_smooth, both evaluated in one pass over
+the row chunks (:mod:`simjax.engine.solver_rows`), and the chosen point's products the
+iterations start from (M qacc0, J qacc0 - aref per chunk and, for a Newton solve of one
+iteration, the later chunks' sums of its first pass)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from simjax.engine.math import where
+from simjax.engine.solver_cost import _hessian, update
+from simjax.engine.solver_dense import _times_cols
+from simjax.engine.solver_gather import Chunked
+from simjax.engine.solver_rows import find_chunks, head_chunk, rest_zeros
+
+
+def _jaref_rest(spec, x, e, sc, J, q, acc):
+    return acc, J @ q - x["aref"]
+
+
+def _jaref(rows, q):
+    """J q - aref of the rows in use, per chunk."""
+    head = rows.J0 @ q - rows.x0["aref"]
+    _, rest, rows = find_chunks(rows, _jaref_rest, (), args=q, jac=True,
+                                state=rest_zeros(rows, head))
+    return Chunked(head, rest), rows
+
+
+def _warm_cost(spec, x, J, both, acc):
+    """Constraint costs at the two columns of ``both`` added to acc (2,), and the
+    rows' J q - aref (rows, 2)."""
+    jb = _times_cols(J, both) - x["aref"][:, None]
+    return acc + jax.vmap(lambda jar: update(spec, x, jar)[2], 1)(jb), jb
+
+
+def _warm_head(spec, x, e, J, both, acc):
+    return _warm_cost(spec, x, J, both, acc)
+
+
+def _warm_first(spec, x, e, sc, J, both, acc):
+    """:func:`_warm_rest` with, at both columns, the sums of a Newton first pass
+    (:func:`_update_chunk` with no step): acc (costs (2,), (J' force (nv, 2), Hessian
+    terms (2, nv, nv)))."""
+    cost, (f, H) = acc
+    jb = _times_cols(J, both) - x["aref"][:, None]
+
+    def one(jar, f, H):
+        force, state, c = update(spec, x, jar)
+        return c, f + J.T @ force, _hessian(spec, x, J, jar, state, H)
+
+    c, f, H = jax.vmap(one, (1, 1, 0), (0, 1, 0))(jb, f, H)
+    return (cost + c, (f, H)), (sc if isinstance(sc, tuple) else jb)
+
+
+def _warm_pick(cost, sums, start):
+    """A world's first-pass start (J' force, M + Hessian terms) of the later chunks
+    at the point of lower total cost ``cost`` (2,) (:func:`_warm_first`'s sums
+    ``sums``), from ``start`` (zero, M)."""
+    f, H = sums
+    pick = cost[0] > cost[1]
+    return (where(pick, f[:, 1], f[:, 0]),
+            start[1] + where(pick, H[1], H[0]))
+
+
+def _warm_rest(spec, x, e, sc, J, both, acc):
+    """:func:`_warm_cost` on a later chunk; its rows kept unless ``sc`` is () (no
+    state: the rows are remade at the chosen point)."""
+    acc, jb = _warm_cost(spec, x, J, both, acc)
+    return acc, (sc if isinstance(sc, tuple) else jb)
+
+
+def _primal_start(rows, p, qs, qw, nisl, first=False):
+    """((qacc0, M qacc0, J qacc0 - aref per chunk[, first]), rows with the later chunks
+    found, J qacc_smooth - aref per chunk or None where it was not kept) the primal
+    solvers start from. With
+    ``qw`` (warmstart): one choice for all islands (MuJoCo's warmstart precedes the
+    island solves), the lower total cost of qacc_warmstart and qacc_smooth, both
+    evaluated in one pass; the chosen point's products start the solver (the later
+    chunks' rows at both points are kept from that pass: a second loop over the chunks
+    to remake them at the chosen point compiled its own gathers). With islands, the
+    dofs in no island start at qacc_smooth: no active row's Jacobian touches them
+    (:class:`~simjax.engine.solver_islands.Islands`), so the later chunks' J qacc0 -
+    aref are those of the chosen point, up to rounding (a loop over the chunks to
+    remake them compiled about 25 kernels on the shadow hand). ``first``: the solver's
+    first pass is a Newton one known statically (one iteration at most,
+    :func:`_primal`): the later chunks' sums of that pass (J' force, Hessian terms)
+    are made by this pass over them, at both points, and the chosen point's are
+    returned as ``first``: (J' force, M + Hessian terms) of the later chunks, (0, M)
+    where there are none (the first pass's own loop over the later chunks compiled
+    about 25 kernels on the shadow hand and barkour; the worlds that visit them keep
+    the sums at both points only by their block of :func:`~simjax.engine.
+    solver_rows.find_chunks`, as (worlds, 2, nv, nv) sums filled on every call ran
+    barkour's step 3% slower)."""
+    M = p["M"]
+    if qw is None:
+        jaref, rows = _jaref(rows, qs)
+        return (qs, M @ qs, jaref), rows, jaref
+    both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
+    Mb = _times_cols(M, both)
+    cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
+    rest = rest_zeros(rows, jb)
+    first = first and rows.nchunk > 1 and _FIRST
+    smooth_cost = 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
+    if first:
+        # the total cost known in the loop (the smooth part added first): each world
+        # in it keeps the first pass's sums at its chosen point only
+        nv = qs.shape[0]
+        local = (jax.ShapeDtypeStruct((nv, 2), qs.dtype),
+                 jax.ShapeDtypeStruct((2, nv, nv), qs.dtype))
+        (cost, extra), rest, rows = find_chunks(
+            rows, _warm_first, cost + smooth_cost, args=both, jac=True, state=rest,
+            finish=(_warm_pick, local, (jnp.zeros_like(qs), M)))
+    else:
+        cost, rest, rows = find_chunks(rows, _warm_rest, cost, args=both, jac=True,
+                                       state=rest)
+        cost = cost + smooth_cost
+    pick = cost[0] > cost[1]
+    smooth = Chunked(jb[..., 1], jax.tree_util.tree_map(lambda x: x[..., 1], rest))
+    qacc0, Ma0, jaref0, rest = jax.tree_util.tree_map(
+        lambda x: where(pick, x[..., 1], x[..., 0]), (both, Mb, jb, rest))
+    if nisl > 1:
+        # dofs in no island start (and stay) at qacc_smooth
+        qacc0 = where(p["dofisl"] == nisl, qs, qacc0)
+        # chunk 0's rows remade at qacc0 (a product over the chunk, as before: the
+        # same bits); the later chunks' (usually none) kept from the warm start's pass
+        head = rows.J0 @ qacc0 - rows.x0["aref"]
+        return ((qacc0, M @ qacc0, Chunked(head, rest)) + ((extra,) if first else ()), rows,
+                smooth if rows.nchunk == 1 else None)
+    return (qacc0, Ma0, Chunked(jaref0, rest)) + ((extra,) if first else ()), rows, smooth
+
+
+#: the later chunks' first-pass sums made by the warm start's pass (False: by a loop
+#: of the first pass, the former way, kept to compare)
+_FIRST = True
