@@ -90,6 +90,7 @@ def group_narrow(m, grp, cap):
 def profile_groups(m, d, pre_b, repeat):
     """Per collider group: the driver's broadphase + compaction + narrow phase alone."""
     from simjax.engine.collision import driver
+    from simjax.engine.collision.narrow import _pair_cap
     p = driver.plan(m)
     cap = d.contact.dist.shape[0]
     split = driver.dim_split(m, cap)
@@ -97,7 +98,7 @@ def profile_groups(m, d, pre_b, repeat):
     rows = []
     for grp in p.groups:
         n = len(grp.cand)
-        npair_cap = min(n, driver._pair_cap(m, p, grp, split))
+        npair_cap = min(n, _pair_cap(m, p, grp, split))
         narrow = group_narrow(m, grp, cap)
         f = jax.vmap(narrow)
         neq = count_eqns(jax.make_jaxpr(f)(pre_b).jaxpr)

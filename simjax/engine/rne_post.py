@@ -183,7 +183,7 @@ def _contact_body_set(m, side=None):
     the collision driver may test (``candidate_pairs``; with ``side`` 0 or 1, those of
     the pairs' first or second geom, the contact's geom[side]); every body > 0 when the
     geoms' contype or conaffinity are traced."""
-    from simjax.engine.collision.driver import candidate_pairs
+    from simjax.engine.collision.pairs import candidate_pairs
     if tables.concrete(m.geom_contype) is None or tables.concrete(m.geom_conaffinity) is None:
         return np.arange(1, m.nbody)
     g1, g2, _ = candidate_pairs(m)

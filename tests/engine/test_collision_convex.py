@@ -12,7 +12,7 @@ import pytest
 from engine_helpers import geom_poses
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import io
-from simjax.engine.collision import driver
+from simjax.engine.collision import driver, narrow
 
 _ASSETS = """<asset>
   <mesh name="cube" vertex="-.1 -.1 -.1  .1 -.1 -.1  -.1 .1 -.1  .1 .1 -.1
@@ -145,8 +145,8 @@ def test_large_mesh_scores_and_memory(nvert):
         t1, t2 = types
         for k in grp.cand:
             g1, g2 = p.g1[k:k + 1], p.g2[k:k + 1]
-            i1, geo1 = driver._geoms(m, d, g1, slice(None), jnp.float64)
-            i2, geo2 = driver._geoms(m, d, g2, slice(None), jnp.float64)
+            i1, geo1 = narrow._geoms(m, d, g1, slice(None), jnp.float64)
+            i2, geo2 = narrow._geoms(m, d, g2, slice(None), jnp.float64)
             # the SAT tables (sphere-mesh pairs run convex_sphere at run time)
             sat = convex._make(convex.convex_convex, t1, t2)
             geo1, geo2 = convex.attach_meshes(m, sat, geo1, geo2, i1, i2, jnp.float64)

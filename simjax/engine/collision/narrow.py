@@ -1,0 +1,209 @@
+"""Broadphase and narrow phase of one collider group of the static plan
+(:mod:`simjax.engine.collision.pairs`; mj_collision's per-pair mj_filterSphere and
+collider calls, engine_collision_driver.c): the group's geom rows (a pair table, or the
+per-geom table for few pairs), the broadphase and bounding-box filter
+(:mod:`simjax.engine.collision.broadphase`), and the collider run on every candidate,
+compacted to the group's pair capacity (cheap colliders), in chunks
+(:mod:`simjax.engine.collision.chunked`), or skipped where no pair passes
+(:func:`narrow_group`). :mod:`simjax.engine.collision.driver` orders the groups'
+contacts into ``Data.contact``."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simjax.engine.collision import convex
+from simjax.engine.collision import primitive as P
+from simjax.engine.collision.broadphase import (
+    _BOXED, _box_filter, _broadphase, _geom_cols, _geom_rows, _geom_table, _pair_cols,
+    _pair_rows, _pair_table)
+from simjax.engine.collision.chunked import (
+    CHUNK, _chunked, _chunks, _pack, _run_or_skip, _zeros, batch_max, first_k)
+from simjax.engine.collision.common import once
+from simjax.engine.collision.pairs import sdf_pair
+from simjax.engine.collision.primitive import Geom
+from simjax.engine.math import reduce_fused, where
+
+
+def _geoms(m, d, g, sel, ftype):
+    """Geom tuples of the geoms ``g[sel]``."""
+    gg = jnp.asarray(g)[sel]
+    size = jnp.asarray(m.geom_size, ftype)[gg]
+    return gg, Geom(d.geom_xpos[gg], d.geom_xmat[gg], size)
+
+
+def _sdf_group(m, d, g1, g2):
+    """SDF pairs: sdf.collide_pairs (one vmapped descent per kind of pair)."""
+    from simjax.engine.collision import sdf
+    from simjax.engine.collision.common import Pre
+    dist, pos, frame, valid = sdf.collide_pairs(m, d, g1, g2)
+    return Pre(dist, pos, frame[..., 0, :], frame[..., 1, :], valid)
+
+
+#: colliders within a few times the bounding-box filter's cost (~50 ns per pair, batched
+#: on CPU): they always run, without the filter (it would cost about what skipping saves)
+#: cheap colliders' narrow-phase pairs per contact slot: when a cheap group has more
+#: candidates than PAIRS_PER_SLOT * (slots of its contact dims) + 16, its
+#: broadphase-passing pairs are compacted to that many first; pairs beyond are dropped
+#: (WARN_CONTACTFULL)
+PAIRS_PER_SLOT = 2
+CHEAP = (P.plane_sphere, P.plane_capsule, P.sphere_sphere, P.sphere_capsule, P.sphere_box,
+         P.capsule_capsule)
+
+
+def _group_args(m, d, fn, g1, g2, dm, ftype):
+    """The collider's arguments for every pair of a group (geoms with their mesh data)."""
+    return _pose_args(m, fn, g1, g2, dm, (d.geom_xpos[g1], d.geom_xmat[g1]),
+                      (d.geom_xpos[g2], d.geom_xmat[g2]), ftype)
+
+
+def _pair_cap(m, p, grp, split):
+    """Narrow-phase pairs of a cheap collider group: PAIRS_PER_SLOT per contact slot of
+    the group's contact dims (plus 16)."""
+    nslot = sum(split.get(int(dim), 0) for dim in np.unique(p.dim[grp.cand]))
+    return PAIRS_PER_SLOT * nslot + 16
+
+
+def _pose_args(m, fn, g1, g2, dm, pose1, pose2, ftype, sizes=None):
+    """The collider's arguments from the pairs' gathered poses and sizes (``sizes``:
+    (size1, size2) when already gathered)."""
+    if sizes is None:
+        size = jnp.asarray(m.geom_size, ftype)
+        sizes = size[g1], size[g2]
+    geo1, geo2 = Geom(*pose1, sizes[0]), Geom(*pose2, sizes[1])
+    geo1, geo2 = convex.attach_meshes(m, fn, geo1, geo2, jnp.asarray(g1), jnp.asarray(g2),
+                                      ftype, geoms=(g1, g2))
+    return geo1, geo2, dm
+
+
+def narrow_group(m, d, p, grp, det_margin, split):
+    """Broadphase and narrow phase of one collider group.
+
+    The collider runs on every candidate pair of the group (vmapped), unless no pair
+    passes the broadphase: then a ``lax.cond`` skips it (under ``vmap``: no pair in
+    any world, :func:`batch_max`). Cheap colliders (``CHEAP``) and SDF pairs always run;
+    a cheap group of more candidates than its pair capacity (:func:`_pair_cap`) runs on
+    its broadphase-passing pairs compacted to that capacity (pairs beyond are dropped);
+    a chunked group keeps as many (``_CHUNK_CAP``).
+    Returns (pre, ok, count, overflow, sel): collider output with a leading pair axis,
+    which of its rows are broadphase-passing pairs (rows of the others are not
+    contacts, whatever their ``valid``), how many pass, whether passing pairs were
+    dropped, and the group-local pair of each row when compacted (traced; else None:
+    one row per candidate in ``grp.cand`` order). The group gathers its own geom
+    poses: gathered once for all groups and sliced, they cost run time (humanoid
+    collision ~2x). A pair table (:func:`_pair_table`) is written for a collider that
+    runs on every pair; for a group of geoms with box bounds whose collider runs on few
+    pairs (compacted, chunked or skipped) the broadphase gathers from the per-geom
+    poses (fused into its arithmetic) and the collider takes the rows of the pairs it
+    runs on from the per-geom table (:func:`_geom_table`; shadow_hand's step ~0.9x:
+    its 120-pair capsule-box table was written every step)."""
+    ftype = d.geom_xpos.dtype
+    g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
+    dm = det_margin[grp.cand]
+    n = len(grp.cand)
+    cap = _pair_cap(m, p, grp, split) if grp.fn in CHEAP else None
+    every = grp.fn is sdf_pair or (cap is not None and cap >= n)
+    gtype = np.asarray(m.geom_type)
+    boxed = bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)))
+    if every or not boxed or not _GEOM_ROWS:
+        # the collider runs on every pair: the pair table feeds it and the broadphase.
+        # So do groups with a plane or height field: plane-box through the per-geom
+        # table gave wrong reverse-mode contact derivatives when compiled with
+        # --xla_backend_optimization_level=0 (right at the default level; the cause
+        # was not found), test_collision.test_grad_vs_finite_differences
+        table = _pair_table(m, d, g1, g2, ftype)
+        cols = _pair_cols(table)
+        rows = lambda sel=None: _pair_rows(table, sel)
+    else:
+        # it runs on few pairs (compacted, or skipped when none passes): the broadphase
+        # gathers its operands itself (fused, no pair table) and the collider its pairs'
+        # rows from the per-geom table (passed whole into branches and loops)
+        gtable = _geom_table(m, d, ftype)
+        cols = _geom_cols(m, d, g1, g2, ftype)
+        rows = lambda sel=None: _geom_rows(gtable, g1, g2, sel)
+    ok = _broadphase(m, d, g1, g2, dm, cols)
+
+    def args():          # sliced where used (inside the branches below)
+        r1, r2 = rows()
+        return _pose_args(m, grp.fn, g1, g2, dm, r1[:2], r2[:2], ftype,
+                          sizes=(r1[2], r2[2]))
+
+    def take(idx):       # the arguments of pairs idx (a collider without mesh data)
+        r1, r2 = rows(idx)
+        return Geom(*r1[:3]), Geom(*r2[:3]), dm[idx]
+    no = jnp.zeros((), bool)
+    if grp.fn is sdf_pair:
+        return _sdf_group(m, d, g1, g2), ok, reduce_fused(ok, 0), no, None
+    group = getattr(grp.fn, "group", None)    # takes ``ok`` as it is when run is called
+    run = lambda: group(*args(), ok) if group else jax.vmap(grp.fn)(*args())
+    if grp.fn in CHEAP:
+        count = reduce_fused(ok, 0)
+        if cap >= n:
+            return run(), ok, count, no, None
+        ar = np.arange(n)
+        sel = first_k(where(ok, ar, n + ar), cap)    # passing pairs, in order
+        r1, r2 = rows(sel)
+        pre = jax.vmap(grp.fn)(Geom(*r1[:3]), Geom(*r2[:3]), dm[sel])
+        return pre, jnp.arange(cap) < count, count, count > cap, sel
+    chunks = _chunks(grp.fn, len(grp.cand))
+    if boxed:
+        ok = ok & _box_filter(m, d, g1, g2, dm, cols)
+        if _ONCE_OK and not chunks and not group and not getattr(grp.fn, "hfield", False):
+            # the passing pairs stored once: the pair count and the contacts' validity
+            # (two consumers) each evaluated the broadphase and the bounding-box
+            # filter again, the per-component gathers of the geom poses (shadow hand's
+            # box-box group) as 24 kernels of their own
+            ok = once(ok)
+    count = reduce_fused(ok, 0)
+    if chunks:
+        # the chunk scan skipped whole when no world has a passing pair (its rows
+        # are then zeros, and those of the pairs past the passing ones the last pair)
+        nrow = -(-min(n, _pair_cap(m, p, grp, split) if _CHUNK_CAP else n) // CHUNK) * CHUNK
+        idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
+
+        found = {}
+
+        def skip(types):
+            return (jnp.zeros(types[0].shape, types[0].dtype), jnp.zeros(nrow, bool),
+                    jnp.asarray(idx, jnp.int32))
+        out, rows, sel = _run_or_skip(batch_max(count) > 0,
+                                      lambda: _chunked(grp.fn, take, ok, count, found,
+                                                       ftype, nrow),
+                                      skip)
+        return found["unpack"](out), rows, count, count > nrow if nrow < n else no, sel
+    if getattr(grp.fn, "hfield", False) and not _PACK_HFIELD:
+        # height-field colliders return their leaves as they are (a zero fill each when
+        # skipped): packed, the concatenation of the leaves was one kernel that cost
+        # barkour's collision about a third of its time
+        return _run_or_skip(batch_max(count) > 0, run, _zeros), ok, count, no, None
+    # the branches return the collider output packed in one array: the skip branch is
+    # one zero fill, not one per output leaf
+    found = {}
+
+    def packed():
+        out, found["unpack"] = _pack(run())
+        return out
+    out = _run_or_skip(batch_max(count) > 0, packed, _zeros)
+    return found["unpack"](out), ok, count, no, None
+
+
+#: boxed groups whose collider runs on few pairs gather from the per-geom table, not a
+#: pair table (off: the pair table for every group; for paired measurements)
+_GEOM_ROWS = True
+
+#: a chunked group keeps at most its pair capacity (:func:`_pair_cap`) of passing pairs,
+#: as a compacted cheap group does (pairs beyond it dropped, WARN_CONTACTFULL): its
+#: output rows are that many, not one per candidate (the shadow hand's capsule-box
+#: group: 48 rows, not 120, of which the bench states pass at most one; its step:
+#: without / with 1.043 [0.969, 1.083] and 1.068 [0.992, 1.123], with / without 0.972
+#: [0.821, 1.009], 8-12 pairs in one process; compile 1.015 [0.964, 1.051] without /
+#: with). Off: a row per candidate, every passing pair runs
+_CHUNK_CAP = True
+
+#: a boxed group run whole in a branch gets its passing pairs stored once (off: the
+#: former way; for paired measurements)
+_ONCE_OK = True
+
+#: pack height-field colliders' outputs too (the former way; for paired measurements)
+_PACK_HFIELD = False

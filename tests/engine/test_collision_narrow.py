@@ -1,0 +1,193 @@
+"""Broadphase and narrow phase of the collider groups (simjax.engine.collision.narrow):
+the bounding-box filter, groups skipped under vmap, groups run in chunks and their pair
+capacity, against MuJoCo."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import pytest
+
+from engine_helpers import geom_poses, normalize_quaternions
+from simjax.engine import io
+from simjax.engine.collision import broadphase, chunked, driver, narrow, primitive
+
+
+_FILTER_SCENE = """<mujoco><worldbody>
+  <body><freejoint/><geom type="box" size=".1 .05 .02" margin=".01"/></body>
+  <body><freejoint/><geom type="capsule" size=".03 .1" margin=".01"/></body>
+  <body><freejoint/><geom type="box" size=".04 .08 .06"/></body>
+</worldbody></mujoco>"""
+
+
+_SKIP_SCENE = """<mujoco><worldbody>
+  <body><freejoint/><geom type="box" size=".1 .05 .02" margin=".01"/></body>
+  <body><freejoint/><geom type="capsule" size=".03 .1" margin=".01"/></body>
+</worldbody></mujoco>"""
+
+
+def _filter_batch(n, xml=_FILTER_SCENE):
+    """(mjModel, Model, plan, batched Data with n random close poses of a scene, the
+    poses' qpos)."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    rng = np.random.default_rng(0)
+    ds, qs = [], []
+    for _ in range(n):
+        q = rng.standard_normal(mjm.nq)
+        for b in range(mjm.nbody - 1):
+            q[7 * b:7 * b + 3] = rng.uniform(0, 0.35 / np.sqrt(3), 3)
+        qs.append(normalize_quaternions(mjm, q))
+        mjd.qpos[:] = qs[-1]
+        mujoco.mj_kinematics(mjm, mjd)
+        ds.append(geom_poses(io.make_data(m), mjd))
+    return mjm, m, p, jax.tree_util.tree_map(lambda *x: jnp.stack(x), *ds), qs
+
+
+@pytest.mark.slow
+def test_box_filter():
+    """The bounding-box filter never rejects a pair whose collider finds a contact (300
+    random poses of two boxes and a capsule within 0.35 of each other, margin 0.01 on
+    two geoms) and rejects some that pass the sphere test."""
+    _, m, p, batch, _ = _filter_batch(300)
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    rejected = 0
+    for grp in p.groups:
+        if grp.fn in narrow.CHEAP:
+            continue
+        g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
+        dmg = dm[grp.cand]
+
+        def one(d):
+            pre = jax.vmap(grp.fn)(*narrow._group_args(m, d, grp.fn, g1, g2, dmg,
+                                                       jnp.float64))
+            return (broadphase._broadphase(m, d, g1, g2, dmg),
+                    broadphase._box_filter(m, d, g1, g2, dmg), jnp.any(pre.valid, axis=1))
+        sphere, box, hit = map(np.asarray, jax.jit(jax.vmap(one))(batch))
+        assert not np.any(hit & sphere & ~box)
+        rejected += int(np.sum(sphere & ~box & ~hit))
+    assert rejected > 50
+
+
+def test_group_skip():
+    """A vmapped batch gives every world MuJoCo's contacts whether its collider groups
+    run (some world in contact) or are skipped (no world: ``batch_max``); a box and a
+    capsule (one non-cheap group, capsule-box)."""
+    mjm, m, _, batch, qs = _filter_batch(4, _SKIP_SCENE)
+    coll = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))
+    got = coll(batch)
+    mjd = mujoco.MjData(mjm)
+    for i, q in enumerate(qs):
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        assert int(got.ncon[i]) == mjd.ncon
+        dist = np.asarray(got.contact.dist[i])[np.asarray(got.contact.valid[i])]
+        np.testing.assert_allclose(np.sort(dist), np.sort(mjd.contact.dist[:mjd.ncon]),
+                                   rtol=0, atol=1e-9)
+    assert int(np.sum(np.asarray(got.ncon))) > 0
+    # geoms 10 apart along x: nothing within reach in any world (every group skipped)
+    far = batch.replace(geom_xpos=batch.geom_xpos + jnp.asarray(
+        np.arange(m.ngeom)[:, None] * [10.0, 0.0, 0.0]))
+    assert int(np.sum(np.asarray(coll(far).ncon))) == 0
+
+
+_CHUNK_SCENE = "<mujoco><worldbody>" + "".join(
+    '<body><freejoint/><geom type="capsule" size=".03 .1" margin=".01"/></body>'
+    '<body><freejoint/><geom type="box" size=".1 .05 .02"/></body>' for _ in range(5)) + \
+    "</worldbody></mujoco>"
+
+
+def test_group_chunks():
+    """A costly group of more than ``CHUNK_MIN`` candidates (25 capsule-box pairs) runs
+    its passing pairs chunk by chunk: every world gets MuJoCo's contacts (distances,
+    positions, normals) in MuJoCo's order, with worlds passing more pairs than a chunk
+    holds and worlds passing none in one batch."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(_CHUNK_SCENE)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    grp = next(g for g in p.groups if g.fn is primitive.capsule_box)
+    assert chunked._chunks(grp.fn, len(grp.cand))
+    rng = np.random.default_rng(1)
+    ds, qs = [], []
+    for i in range(8):
+        q = normalize_quaternions(mjm, rng.standard_normal(mjm.nq))
+        q = q.reshape(-1, 7)
+        q[:, :3] = rng.uniform(0, 0.4 if i < 6 else 0.1, (len(q), 3))
+        if i == 7:                                  # far apart: no pair passes
+            q[:, 0] = 10.0 * np.arange(len(q))
+        qs.append(q.ravel())
+        mjd.qpos[:] = qs[-1]
+        mujoco.mj_kinematics(mjm, mjd)
+        ds.append(geom_poses(io.make_data(m, ncon_max=200), mjd))
+    batch = jax.tree_util.tree_map(lambda *x: np.stack(x), *ds)   # numpy: no eager ops
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    split = driver.dim_split(m, 200)
+    # jitted, and reused at the same batch shape below: run eagerly, the group's ops
+    # compile one by one (about 40 s)
+    count_fn = jax.jit(jax.vmap(lambda d: narrow.narrow_group(m, d, p, grp, dm, split)[2]))
+    collide = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))
+    count = count_fn(batch)
+    assert int(np.max(count)) > chunked.CHUNK and int(np.min(count)) == 0
+    got = collide(batch)
+    order = jax.jit(jax.vmap(lambda d: driver.contact_order(m, d)))(got)
+    for i, q in enumerate(qs):
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        n = mjd.ncon
+        assert int(got.ncon[i]) == n
+        k = np.asarray(order[i])[:n]
+        con = got.contact
+        np.testing.assert_array_equal(np.asarray(con.geom[i])[k], mjd.contact.geom[:n])
+        # box-box pairs too: their clipped-face contacts in MuJoCo's order
+        np.testing.assert_allclose(np.asarray(con.dist[i])[k], mjd.contact.dist[:n],
+                                   rtol=0, atol=1e-9)
+        np.testing.assert_allclose(np.asarray(con.pos[i])[k], mjd.contact.pos[:n],
+                                   rtol=0, atol=1e-9)
+        np.testing.assert_allclose(np.asarray(con.frame[i])[k][:, 0],
+                                   mjd.contact.frame[:n, :3], rtol=0, atol=1e-9)
+    assert int(np.sum(np.asarray(got.ncon))) > 0
+    # a batch of copies of the far-apart world: no pair passes in the batch, the chunk
+    # scan is skipped whole; its contacts are those of the mixed batch (MuJoCo's,
+    # checked above)
+    far = jax.tree_util.tree_map(lambda x: np.repeat(x[7:], len(qs), axis=0), batch)
+    alone = collide(far)
+    assert int(np.max(count_fn(far))) == 0
+    for x, y in zip(jax.tree_util.tree_leaves(alone.contact),
+                    jax.tree_util.tree_leaves(got.contact)):
+        np.testing.assert_array_equal(np.asarray(x)[0], np.asarray(y)[7])
+
+
+def test_group_chunks_capacity():
+    """A group run in chunks keeps at most its pair capacity (``narrow._pair_cap``) of
+    broadphase-passing pairs, as a compacted cheap group does: its output rows are that
+    many (rounded up to whole chunks), and a world passing more pairs reports the
+    overflow (WARN_CONTACTFULL); with room for every pair, none."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(_CHUNK_SCENE)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    grp = next(g for g in p.groups if g.fn is primitive.capsule_box)
+    q = np.tile([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], mjm.nq // 7)
+    mjd.qpos[:] = q                     # every body at the origin: all 25 pairs pass
+    mujoco.mj_kinematics(mjm, mjd)
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    for ncon_max, over in ((1, True), (200, False)):
+        d = geom_poses(io.make_data(m, ncon_max=ncon_max), mjd)
+        split = driver.dim_split(m, ncon_max)
+        cap = narrow._pair_cap(m, p, grp, split)
+        pre, rows, count, overflow, _ = jax.jit(
+            lambda d: narrow.narrow_group(m, d, p, grp, dm, split))(d)
+        assert int(count) == len(grp.cand)
+        nrow = -(-min(cap, len(grp.cand)) // chunked.CHUNK) * chunked.CHUNK
+        assert rows.shape == (nrow,) and pre.dist.shape[0] == nrow
+        assert bool(overflow) == over
