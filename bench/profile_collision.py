@@ -82,7 +82,7 @@ def group_narrow(m, grp, cap):
     def narrow(dd):
         prm = driver.pair_params(m, p, dd.geom_xpos.dtype)
         pre, _, count, _, _ = driver.narrow_group(m, dd, p, grp, prm["margin"] + prm["gap"],
-                                               split)
+                                                  split)
         return pre, count
     return narrow
 

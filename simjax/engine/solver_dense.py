@@ -23,7 +23,9 @@ def spd_factor(a):
     of the row-major array. Handed the matrix itself, XLA stores it transposed, and
     propagates that layout up to M: batches of small transposes of M around the
     solver loops cost more than the factorisation."""
-    t = lambda x: jnp.swapaxes(x, -1, -2)
+    def t(x):
+        return jnp.swapaxes(x, -1, -2)
+
     return jax.lax.linalg.cholesky(t(0.5 * (a + t(a))), symmetrize_input=False)
 
 
@@ -62,7 +64,9 @@ def factor_t(a):
     selects two transposing passes over the factors (kernels slow to compile as well);
     U's strictly lower triangle is not zeroed (:func:`spd_solve` reads U's upper
     triangle, L's lower, only). The same bits as :func:`spd_factor`."""
-    t = lambda x: jnp.swapaxes(x, -1, -2)
+    def t(x):
+        return jnp.swapaxes(x, -1, -2)
+
     if not lapack_chol.enabled(a.shape[-1]):
         return t(spd_factor(a))
     up, info = _potrf_v(0.5 * (a + t(a)))

@@ -283,7 +283,9 @@ def _chunk_positions(counts, caps, c):
 def _take_chunk(nisl, src, idx, pos):
     """Chunk entries at source rows ``idx`` and elliptic contacts ``pos`` (fill:
     padding rows, inactive one-sided rows)."""
-    take = lambda x, fill: jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
+    def take(x, fill):
+        return jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
+
     x = {key: take(src[key], fill) for key, fill in _FILL.items()}
     x.update(eq=take(src["eq"], False), fric=take(src["fric"], False),
              ineq=take(src["ineq"], True),

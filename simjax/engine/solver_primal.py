@@ -215,7 +215,10 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             beta = where((dy < MINVAL) | first, 0.0, jnp.maximum(eta_k, beta_hz))
             new_search = -mgrad + isl.dx(beta, 0.0) * search
         kd = isl.dx(~take, True)
-        keep = lambda a, b: where(kd, a, b)
+
+        def keep(a, b):
+            return where(kd, a, b)
+
         done = where(first, conv0 | ~exists | (iterations <= 0),
                      s["done"] | ~move | conv | (it >= iterations))
         out = dict(qacc=keep(s["qacc"], qacc), Ma=keep(s["Ma"], Ma), jaref=jaref_new,

@@ -78,7 +78,10 @@ def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None):
         g, xaxis, cax = fn, jax.tree_util.tree_map(lambda _: 0, xs), 0
     else:
         xb, ab = batch
-        ax = lambda b: jax.tree_util.tree_map(lambda f: 0 if f else None, b)
+
+        def ax(b):
+            return jax.tree_util.tree_map(lambda f: 0 if f else None, b)
+
         aax = ax(ab) if args_axis is None else args_axis
         g = jax.vmap(fn, in_axes=(None, ax(xb), 0, aax, 0))
         xaxis = jax.tree_util.tree_map(lambda f: 1 if f else 0, xb)
@@ -142,9 +145,12 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
     the returned acc is then (acc, out)."""
     spec, nchunk = rows.spec, rows.nchunk
     g, local_like, fin = finish if finish is not None else (None, (), ())
+
     # zeros made where used: the loops close over no traced value
-    local0 = lambda *size: jax.tree_util.tree_map(
-        lambda l: jnp.zeros(size + tuple(l.shape), l.dtype), local_like)
+    def local0(*size):
+        return jax.tree_util.tree_map(
+            lambda x: jnp.zeros(size + tuple(x.shape), x.dtype), local_like)
+
     if nchunk == 1:
         return (acc, fin) if g is not None else acc, state, rows
     src = dict(rows.src)
@@ -255,8 +261,9 @@ def _tables(like):
 def _pack(leaves, size):
     """Leaves (size, ...) as one (columns, size) table of unsigned integers as wide as
     the widest leaf (an entry of ``leaves`` may be a list of leaves of as many entries
-    per world: one stacked operand, :func:`_tables`), every entry's bits kept (:func:`_unpack`), each leaf's columns
-    transposed and concatenated on the major axis: a gather of the table's columns is
+    per world: one stacked operand, :func:`_tables`), every entry's bits kept
+    (:func:`_unpack`), each leaf's columns transposed and concatenated on the major
+    axis: a gather of the table's columns is
     then one kernel, the concatenation fused into it (XLA CPU built a concatenation on
     the minor axis apart, a copy of every leaf for the whole batch; leaves padded to
     the table's width and or'ed fused, but cost every gathered entry a select per
@@ -354,9 +361,11 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
 
     if nblk * blk > size:
         tab = jnp.concatenate([tab, jnp.full((nblk * blk - size,), size, jnp.int32)])
+
     # the worlds of block b (padding entries, index size, read the last world and are
     # not written), sliced where used (not made a buffer of its own: a kernel)
-    block = lambda b: jax.lax.dynamic_slice_in_dim(tab, b * blk, blk)
+    def block(b):
+        return jax.lax.dynamic_slice_in_dim(tab, b * blk, blk)
 
     def body(c):
         b, acc_all, state_all, fin_all = c
@@ -367,10 +376,14 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
         rows = [jnp.take(_pack([[src[i] for i in op] for op in t], size), ids, axis=1,
                          mode="clip")
                 for t in tables]
-        take = lambda v: jnp.take(v, ids, axis=0, mode="clip")
+
+        def take(v):
+            return jnp.take(v, ids, axis=0, mode="clip")
+
         # the block's largest count
-        most = lambda: jnp.max(where(block(b) < size,
-                                         jnp.take(n, block(b), mode="clip"), 1))
+        def most():
+            return jnp.max(where(block(b) < size, jnp.take(n, block(b), mode="clip"), 1))
+
         acc, state, fin = jax.tree_util.tree_map(take, (acc_all, state_all, fin_all))
         if g is not None:
             acc = (acc, local0(blk))
@@ -383,7 +396,9 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
                                     (acc, state, fin))
 
     # blocks while one holds a world in need
-    more = lambda c: (c[0] < nblk) & (tab[jnp.minimum(c[0], nblk - 1) * blk] < size)
+    def more(c):
+        return (c[0] < nblk) & (tab[jnp.minimum(c[0], nblk - 1) * blk] < size)
+
     return inline.while_loop(more, body,
                              (jnp.zeros((), jnp.int32), acc, state, fin))[1:]
 

@@ -63,11 +63,16 @@ def _put_rows(full, ids, rows):
 
     def put(c):
         j, full = c
-        one = lambda f, r: jax.lax.dynamic_update_index_in_dim(
-            f, jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True), ids()[j], 0)
+
+        def one(f, r):
+            return jax.lax.dynamic_update_index_in_dim(
+                f, jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True), ids()[j], 0)
+
         return j + 1, jax.tree_util.tree_map(one, full, rows)
 
-    more = lambda c: (c[0] < n) & (ids()[jnp.minimum(c[0], n - 1)] < size)
+    def more(c):
+        return (c[0] < n) & (ids()[jnp.minimum(c[0], n - 1)] < size)
+
     return inline.while_loop(more, put, (jnp.zeros((), jnp.int32), full))[1]
 
 

@@ -76,7 +76,10 @@ def pair_params(m, p: Plan, dtype):
     """Per candidate pair: margin, gap, friction (5), solref, solreffriction, solimp
     (mj_contactParam, explicit pair parameters, mj_assign* with override)."""
     g1, g2, ip = p.g1, p.g2, p.ipair
-    f = lambda x: jnp.asarray(x, dtype)
+
+    def f(x):
+        return jnp.asarray(x, dtype)
+
     margin = f(m.geom_margin)[g1] + f(m.geom_margin)[g2]
     gap = f(m.geom_gap)[g1] + f(m.geom_gap)[g2]
     pr = np.asarray(m.geom_priority)
@@ -106,7 +109,10 @@ def pair_params(m, p: Plan, dtype):
     if m.npair and np.any(ip >= 0):
         isp = ip >= 0
         k = np.maximum(ip, 0)
-        sel = lambda a, b: where(isp.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+
+        def sel(a, b):
+            return where(isp.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+
         margin = sel(f(m.pair_margin)[k], margin)
         gap = sel(f(m.pair_gap)[k], gap)
         friction = sel(f(m.pair_friction)[k], friction)
@@ -302,7 +308,10 @@ def collision(m, d):
     cand = jnp.asarray(cand)[idx]
     par = _contact_params(m, p, prm, ftype)[cand]
     dist, includemargin = row[:, 0], par[:, 0]
-    zero = lambda x: where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
+
+    def zero(x):
+        return where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
+
     con = d.contact.replace(
         dist=zero(dist), pos=zero(row[:, 1:4]), frame=zero(make_frame(row[:, 4:7],
                                                                       row[:, 7:10])),

@@ -114,14 +114,18 @@ def narrow_group(m, d, p, grp, det_margin, split):
         # was not found), test_collision.test_grad_vs_finite_differences
         table = _pair_table(m, d, g1, g2, ftype)
         cols = _pair_cols(table)
-        rows = lambda sel=None: _pair_rows(table, sel)
+
+        def rows(sel=None):
+            return _pair_rows(table, sel)
     else:
         # it runs on few pairs (compacted, or skipped when none passes): the broadphase
         # gathers its operands itself (fused, no pair table) and the collider its pairs'
         # rows from the per-geom table (passed whole into branches and loops)
         gtable = _geom_table(m, d, ftype)
         cols = _geom_cols(m, d, g1, g2, ftype)
-        rows = lambda sel=None: _geom_rows(gtable, g1, g2, sel)
+
+        def rows(sel=None):
+            return _geom_rows(gtable, g1, g2, sel)
     ok = _broadphase(m, d, g1, g2, dm, cols)
 
     def args():          # sliced where used (inside the branches below)
@@ -136,7 +140,10 @@ def narrow_group(m, d, p, grp, det_margin, split):
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, reduce_fused(ok, 0), no, None
     group = getattr(grp.fn, "group", None)    # takes ``ok`` as it is when run is called
-    run = lambda: group(*args(), ok) if group else jax.vmap(grp.fn)(*args())
+
+    def run():
+        return group(*args(), ok) if group else jax.vmap(grp.fn)(*args())
+
     if grp.fn in CHEAP:
         count = reduce_fused(ok, 0)
         if cap >= n:

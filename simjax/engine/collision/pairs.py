@@ -135,7 +135,7 @@ def _mixed_condim(m, g1, g2):
     pr = np.asarray(m.geom_priority)
     cd = np.asarray(m.geom_condim)
     return np.where(pr[g1] > pr[g2], cd[g1], np.where(pr[g1] < pr[g2], cd[g2],
-                                                       np.maximum(cd[g1], cd[g2])))
+                                                      np.maximum(cd[g1], cd[g2])))
 
 
 def candidate_pairs(m):
