@@ -94,7 +94,10 @@ def _blob_scene(nvert, seed=0):
     pts = rng.standard_normal((nvert, 3))
     pts = pts / np.linalg.norm(pts, axis=1, keepdims=True) * [0.1, 0.07, 0.05]
     rock = rng.standard_normal((40, 3)) * [0.05, 0.04, 0.03]
-    fmt = lambda p: " ".join(f"{x:.9f}" for x in p.reshape(-1))
+
+    def fmt(p):
+        return " ".join(f"{x:.9f}" for x in p.reshape(-1))
+
     return f"""<mujoco><asset><mesh name="blob" vertex="{fmt(pts)}"/>
       <mesh name="rock" vertex="{fmt(rock)}"/></asset><worldbody>
       <body><freejoint/><geom type="mesh" mesh="blob"/></body>
@@ -150,7 +153,10 @@ def test_large_mesh_scores_and_memory(nvert):
             # the SAT tables (sphere-mesh pairs run convex_sphere at run time)
             sat = convex._make(convex.convex_convex, t1, t2)
             geo1, geo2 = convex.attach_meshes(m, sat, geo1, geo2, i1, i2, jnp.float64)
-            one = lambda g: jax.tree_util.tree_map(lambda x: x[0], g)
+
+            def one(g):
+                return jax.tree_util.tree_map(lambda x: x[0], g)
+
             geo1, geo2 = one(geo1), one(geo2)
             dirs, s = convex._candidates(t1, geo1, t2, geo2)
             want, _, _ = convex._sep(t1, geo1, t2, geo2, dirs)

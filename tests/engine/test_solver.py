@@ -107,7 +107,10 @@ def test_pgs_elliptic_not_worse_than_mujoco():
     p = S._problem(m, d, lay)
     ar = np.asarray(S._ar(p))
     b = np.asarray(out.efc_b)
-    dual = lambda f: 0.5 * f @ ar @ f + f @ b
+
+    def dual(f):
+        return 0.5 * f @ ar @ f + f @ b
+
     f_ours = np.asarray(out.efc_force)
     f_mj = np.zeros_like(f_ours)
     f_mj[rows] = mjd.efc_force
@@ -438,7 +441,10 @@ def test_chunks_under_vmap(monkeypatch, blocks, block):
     d1 = d.replace(efc_active=d.efc_active.at[off].set(False),
                    efc_D=d.efc_D.at[off].set(0.0), efc_J=d.efc_J.at[off].set(0.0))
     batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b, a]), d, d1)
-    fwd = lambda m, d: S.fwd_constraint(m, d).qacc
+
+    def fwd(m, d):
+        return S.fwd_constraint(m, d).qacc
+
     monkeypatch.setattr(S, "row_capacity", lambda spec: (spec.nefc, ()))
     want = [np.asarray(jax.jit(fwd)(m, x)) for x in (d, d1)]
     caps = (max(1, len(on) // 3), ())
@@ -459,6 +465,7 @@ def test_newton_factor_under_vmap(case):
     from simjax.engine import solver as S
     rel, edit, opts = CASES[case]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
+
     def solve(m, d):
         out = S.fwd_constraint(m, d)
         return out.qacc, out.solver_niter
