@@ -50,6 +50,13 @@ from simjax.engine.constraint_rows import (  # noqa: F401
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, JointType
 
+# the module's own names and the layout names other modules read from here
+__all__ = ["make_constraint", "inv_constraint", "reference_constraint", "SATISFIED", "QUADRATIC",
+           "LINEARNEG", "LINEARPOS", "CONE", "MINVAL", "MINIMP", "MAXIMP", "CONTACT_ELLIPTIC",
+           "CONTACT_FRICTIONLESS", "CONTACT_KINDS", "CONTACT_PYRAMIDAL", "EQUALITY",
+           "FRICTION_DOF", "FRICTION_TENDON", "LIMIT_JOINT", "LIMIT_TENDON", "friction_masks",
+           "layout", "make_efc", "nefc_capacity", "slot_dims", "put_at", "take"]
+
 # mjtConstraintState
 SATISFIED, QUADRATIC, LINEARNEG, LINEARPOS, CONE = 0, 1, 2, 3, 4
 

@@ -102,6 +102,11 @@ from simjax.engine.collision.convex_hull import (  # noqa: F401
 from simjax.engine.collision.convex_polytope import poly_contacts
 from simjax.types import GeomType as GT
 
+# the module's own names and the hull tables other modules read from here
+__all__ = ["local_support", "support", "plane_convex", "mesh_support", "convex_convex", "CONVEX",
+           "PLANE", "PLANE_SDF", "MAXCON", "REFINE_ITERS", "MAX_EDGE_PAIRS", "SUPPORT_CHUNK",
+           "attach_meshes", "mesh_table", "plane_table"]
+
 #: refinement iterations for curved pairs
 REFINE_ITERS = 40
 #: maximum number of hull edge pairs evaluated as SAT axes

@@ -452,7 +452,7 @@ def box_box(g1, g2, margin):
     # edge-edge contact for the winning (i, j) (dynamic indices)
     eidx = jnp.clip(code - 6, 0, 8)
     e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod_small(eidx, 3, 3))
-    # stored once (:func:`once`): each field of the packed output (driver._pack)
+    # stored once (:func:`once`): each field of the packed output (chunked._pack)
     # evaluated the edge search again
     e = once(e_dist, *[e_pos[c] for c in range(3)], *[e_nrm[c] for c in range(3)])
     e_dist, e_pos, e_nrm = e[0], _vec3(e[1:4]), _vec3(e[4:7])
