@@ -27,6 +27,7 @@ from simjax.engine import gc_pause
 from simjax.engine import history
 from simjax.engine import inline
 from simjax.engine import io
+from simjax.engine import level_ld
 from simjax.engine import math
 from simjax.engine import passive
 from simjax.engine import precision
@@ -58,13 +59,19 @@ def _fwd_position(m, d: Data, euler_diag=None):
     """:func:`fwd_position`; with ``euler_diag`` (nv,) also the factor of
     qM + diag(euler_diag) that mj_Euler will need, computed with qLD (one program for
     both factorisations, see tree_linalg.factor_ld_pair): (Data, that factor or None,
-    both factors packed for tree_linalg.solve_ld_pair or None)."""
+    both factors packed for tree_linalg.solve_ld_pair or None). Without it, qLD alone
+    may come packed as well (level_ld.factor_ld_packed)."""
     d = smooth.kinematics(m, d)
     d = smooth.com_pos(m, d)
     d = smooth.camlight(m, d)
     d = smooth.tendon(m, d)
     qld_euler = packed = None
-    if euler_diag is None:
+    if euler_diag is None and level_ld.use_level(m):
+        # mj_factorM level by level, packed for the solve of mj_fwdAcceleration
+        d, lower = smooth.crb_lower(m, d)
+        qld, packed = level_ld.factor_ld_packed(m, d.qM, lower if _LOWER else None)
+        d = d.replace(qLD=qld)
+    elif euler_diag is None:
         d = smooth.crb(m, d)
         d = smooth.factor_m(m, d)
     else:
@@ -116,10 +123,15 @@ def fwd_acceleration(m, d: Data) -> Data:
 def _fwd_acceleration(m, d: Data, pair=None):
     """:func:`fwd_acceleration`; with ``pair`` (packed factors, the Euler factor) also
     mj_Euler's acceleration for a step without constraint forces, solved together
-    with qacc_smooth (tree_linalg.solve_ld_pair): (Data, that acceleration or None)."""
+    with qacc_smooth (tree_linalg.solve_ld_pair): (Data, that acceleration or None).
+    ``pair`` may instead hold qLD's packed factor alone (level_ld.solve_ld_packed)."""
     qfrc = d.qfrc_passive - d.qfrc_bias + d.qfrc_applied + d.qfrc_actuator
     if m.nbody > 1 and m.nv:
         qfrc = qfrc + support.xfrc_accumulate(m, d)
+    if pair is not None and len(pair) == 1:
+        # qLD's packed factor alone (level_ld.factor_ld_packed)
+        qacc = level_ld.solve_ld_packed(m, pair[0], d.qLD, qfrc)
+        return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc), None
     if pair is not None:
         qacc, qacc_euler = tree_linalg.solve_ld_pair(m, pair[0], d.qLD, pair[1], qfrc)
         return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc), qacc_euler
@@ -171,12 +183,11 @@ def _forward_parts(m, d: Data, sensors, euler_diag=None):
             return fn(m, d)
         return jax.lax.cond(sensors, lambda x: fn(m, x), lambda x: x, d)
 
-    if euler_diag is None:
-        d, qld_euler, packed = fwd_position(m, d), None, None
-    else:
-        d, qld_euler, packed = _fwd_position(m, d, euler_diag)
+    d, qld_euler, packed = _fwd_position(m, d, euler_diag)
     pair = None
-    if packed is not None and not d.efc_J.shape[-2] and _SOLVE_PAIR:
+    if packed is not None and qld_euler is None:
+        pair = (packed,)
+    elif packed is not None and not d.efc_J.shape[-2] and _SOLVE_PAIR:
         pair = (packed, qld_euler)
     d = run(sensor.sensor_pos, d)
     d = fwd_velocity(m, d)

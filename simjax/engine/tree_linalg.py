@@ -555,30 +555,36 @@ def _level_ld_blocks(plan, pk):
 
 
 def _level_pair_batched(plan, n, a, diag):
-    """(qLD of a, qLD of a + diag(diag)) for a batch: a (B, n, n), diag (B, n)."""
+    """(qLD of a, qLD of a + diag(diag), packed) for a batch: a (B, n, n), diag (B, n);
+    with diag None, (qLD of a, packed). ``packed``: (B, r, S + 1), r the number of
+    factors."""
     b = a.shape[0]
     w = _LANES
     pad = -b % w
     if pad:
         a = jnp.concatenate([a, jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), (pad, n, n))])
-        diag = jnp.concatenate([diag, jnp.zeros((pad, n), diag.dtype)])
+        if diag is not None:
+            diag = jnp.concatenate([diag, jnp.zeros((pad, n), diag.dtype)])
     g = (b + pad) // w
     # pack the tree entries with the worlds of a block on the minor axis
     real = jnp.asarray(plan.real[None, :, None])
     pk = where(real, a.reshape(g, w, n * n).transpose(0, 2, 1)[:, plan.src], 0)
-    isdiag = jnp.asarray((plan.real & (plan.src % (n + 1) == 0))[None, :, None])
-    dg = diag.reshape(g, w, n).transpose(0, 2, 1)[:, plan.src // n]
-    pk = jnp.concatenate([pk, pk + where(isdiag, dg, 0)])
+    if diag is not None:
+        isdiag = jnp.asarray((plan.real & (plan.src % (n + 1) == 0))[None, :, None])
+        dg = diag.reshape(g, w, n).transpose(0, 2, 1)[:, plan.src // n]
+        pk = jnp.concatenate([pk, pk + where(isdiag, dg, 0)])
     q = _level_ld_blocks(plan, pk)
-    # the packed factors per world (B, 2, S + 1): a layout change that
+    r = q.shape[0] // g
+    # the packed factors per world (B, r, S + 1): a layout change that
     # :func:`solve_ld_pair`'s batched rule undoes, so that XLA removes both where the
     # solve is their only reader
-    packed = q.reshape(2, g, q.shape[1], w).transpose(1, 3, 0, 2).reshape(g * w, 2, -1)
+    packed = q.reshape(r, g, q.shape[1], w).transpose(1, 3, 0, 2).reshape(g * w, r, -1)
 
     def dense(part):      # packed -> dense (B, n, n), worlds back on the major axis
         out = part[:, plan.dense].transpose(0, 2, 1).reshape(g * w, n, n)
         return out[:b] if pad else out
-    return dense(q[:g]), dense(q[g:]), (packed[:b] if pad else packed)
+    return tuple(dense(q[i * g:(i + 1) * g]) for i in range(r)) + (
+        packed[:b] if pad else packed,)
 
 
 def _pack_world(plan, qld):
@@ -781,6 +787,28 @@ def _solve_order(plan, tabs):
     return np.concatenate([np.asarray(dofs) for dofs, _, _ in groups] + [tabs["ids"]])
 
 
+def _packed_solves(m, plan, axis_size, packed, b, b_batched):
+    """x (r, B, n): a batch of right-hand sides b (B, n) (or one, (n,), if not
+    ``b_batched``) solved with each of r packed factors, ``packed`` (B, r, S + 1), on
+    the packed factors with the worlds on the minor axis (:func:`_level_solve_blocks`)."""
+    n, r = m.nv, packed.shape[1]
+    w = _LANES
+    pad = -axis_size % w
+    g = (axis_size + pad) // w
+    b = b if b_batched else jnp.broadcast_to(b, (axis_size,) + b.shape)
+    if pad:
+        # worlds of ones (unit factors) and zero right-hand sides: finite, unread
+        packed = jnp.pad(packed, ((0, pad), (0, 0), (0, 0)), constant_values=1)
+        b = jnp.pad(b, ((0, pad), (0, 0)))
+    q = packed.reshape(g, w, r, -1).transpose(2, 0, 3, 1).reshape(r * g, -1, w)
+    bl = b.reshape(g, w, n).transpose(0, 2, 1)
+    tabs = _solve_tables(m, plan)
+    x = _level_solve_blocks(plan, tabs, q, bl)
+    # worlds back on the major axis, then the dofs in order (a gather of rows)
+    x = x.reshape(r, g, n, w).transpose(0, 1, 3, 2).reshape(r, g * w, n)
+    return x[:, :axis_size, np.argsort(_solve_order(plan, tabs))]
+
+
 def _solve_pair_bound(m):
     """:func:`solve_ld_pair` for model ``m``: a custom_vmap (lane blocks) inside a
     custom_jvp (the derivative is the dense solves')."""
@@ -788,7 +816,7 @@ def _solve_pair_bound(m):
     fn = _CACHE.get(key)
     if fn is not None:
         return fn
-    plan, n = _level_plan(m), m.nv
+    plan = _level_plan(m)
 
     # one solve, jitted: traced once for both factors (the unbatched program is traced
     # even where only the batched rule runs)
@@ -806,21 +834,7 @@ def _solve_pair_bound(m):
         if not in_batched[0]:
             axes = [0 if f else None for f in in_batched[1:]]
             return jax.vmap(dense, in_axes=axes)(q0, q1, b), (True, True)
-        w = _LANES
-        pad = -axis_size % w
-        g = (axis_size + pad) // w
-        b = b if in_batched[3] else jnp.broadcast_to(b, (axis_size,) + b.shape)
-        if pad:
-            # worlds of ones (unit factors) and zero right-hand sides: finite, unread
-            packed = jnp.pad(packed, ((0, pad), (0, 0), (0, 0)), constant_values=1)
-            b = jnp.pad(b, ((0, pad), (0, 0)))
-        q = packed.reshape(g, w, 2, -1).transpose(2, 0, 3, 1).reshape(2 * g, -1, w)
-        bl = b.reshape(g, w, n).transpose(0, 2, 1)
-        tabs = _solve_tables(m, plan)
-        x = _level_solve_blocks(plan, tabs, q, bl)
-        # worlds back on the major axis, then the dofs in order (a gather of rows)
-        x = x.reshape(2, g, n, w).transpose(0, 1, 3, 2).reshape(2, g * w, n)
-        x = x[:, :axis_size, np.argsort(_solve_order(plan, tabs))]
+        x = _packed_solves(m, plan, axis_size, packed, b, in_batched[3])
         return (x[0], x[1]), (True, True)
 
     fn = jax.custom_jvp(pair)
