@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import lapack_chol
 from simjax.engine import tree_linalg as tl
 
 
@@ -27,11 +26,7 @@ def use_level(m) -> bool:
     """Whether :func:`factor_ld_packed` factorises a batch level by level: where
     tree_linalg.factor_ld would call LAPACK, on trees within the level plan's bounds
     and without a root chain (see ``_MAX_CHAIN``)."""
-    if not (_ON and m.nv > tl._UNROLL_NV and lapack_chol.enabled(m.nv)):
-        return False
-    plan = tl._level_plan(m)
-    return (len(plan.groups) <= tl._LEVEL_MAX_GROUPS and plan.pairs <= tl._LEVEL_MAX_TERMS
-            and plan.chain <= _MAX_CHAIN)
+    return _ON and tl.level_plan_fits(m, _MAX_CHAIN)
 
 
 def factor_ld_packed(m, a, lower=None):

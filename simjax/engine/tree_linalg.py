@@ -930,12 +930,22 @@ def factor_ld_pair_packed(m, a, add_diag, lower=None):
     level: (qLD, qLD of a + diag(add_diag), packed or None)."""
     dtype = a.dtype
     add_diag = add_diag.astype(dtype)
-    if m.nv > _UNROLL_NV and lapack_chol.enabled(m.nv):
-        plan = _level_plan(m)
-        if len(plan.groups) <= _LEVEL_MAX_GROUPS and plan.pairs <= _LEVEL_MAX_TERMS:
-            return _level_pair_bound(m)(a, a if lower is None else lower.astype(dtype),
-                                        add_diag)
+    if level_plan_fits(m):
+        return _level_pair_bound(m)(a, a if lower is None else lower.astype(dtype),
+                                    add_diag)
     return factor_ld(m, a), factor_ld(m, a, add_diag=add_diag), None
+
+
+def level_plan_fits(m, max_chain=None):
+    """Whether a CPU batch of ``m``'s inertia matrices may be factorised level by level
+    (:func:`factor_ld_pair`, level_ld.factor_ld_packed): where :func:`factor_ld` would
+    call LAPACK, on trees within ``_LEVEL_MAX_GROUPS`` / ``_LEVEL_MAX_TERMS`` and, if
+    ``max_chain`` is given, with a root chain of at most that many dofs."""
+    if not (m.nv > _UNROLL_NV and lapack_chol.enabled(m.nv)):
+        return False
+    plan = _level_plan(m)
+    return (len(plan.groups) <= _LEVEL_MAX_GROUPS and plan.pairs <= _LEVEL_MAX_TERMS
+            and (max_chain is None or plan.chain <= max_chain))
 
 
 #: bounds on the trees :func:`factor_ld_pair` factorises level by level: its program
