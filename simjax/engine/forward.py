@@ -37,6 +37,7 @@ from simjax.engine import solver
 from simjax.engine import support
 from simjax.engine import tables
 from simjax.engine import tendon
+from simjax.engine import tree_level
 from simjax.engine import tree_linalg
 from simjax.engine.solver_rows import batched_like
 from simjax.engine.data import (DATA_FIELD_NAMES, NWARNING, WARN_BADQACC, WARN_BADQPOS,
@@ -58,8 +59,8 @@ def fwd_position(m, d: Data) -> Data:
 def _fwd_position(m, d: Data, euler_diag=None):
     """:func:`fwd_position`; with ``euler_diag`` (nv,) also the factor of
     qM + diag(euler_diag) that mj_Euler will need, computed with qLD (one program for
-    both factorisations, see tree_linalg.factor_ld_pair): (Data, that factor or None,
-    both factors packed for tree_linalg.solve_ld_pair or None). Without it, qLD alone
+    both factorisations, see tree_level.factor_ld_pair): (Data, that factor or None,
+    both factors packed for tree_level.solve_ld_pair or None). Without it, qLD alone
     may come packed as well (level_ld.factor_ld_packed)."""
     d = smooth.kinematics(m, d)
     d = smooth.com_pos(m, d)
@@ -78,8 +79,8 @@ def _fwd_position(m, d: Data, euler_diag=None):
         d, lower = smooth.crb_lower(m, d)
         if not _LOWER:
             lower = None
-        qld, qld_euler, packed = tree_linalg.factor_ld_pair_packed(m, d.qM, euler_diag,
-                                                                   lower=lower)
+        qld, qld_euler, packed = tree_level.factor_ld_pair_packed(m, d.qM, euler_diag,
+                                                                  lower=lower)
         d = d.replace(qLD=qld)
     d = collision.collision(m, d)
     d = constraint.make_constraint(m, d)
@@ -123,7 +124,7 @@ def fwd_acceleration(m, d: Data) -> Data:
 def _fwd_acceleration(m, d: Data, pair=None):
     """:func:`fwd_acceleration`; with ``pair`` (packed factors, the Euler factor) also
     mj_Euler's acceleration for a step without constraint forces, solved together
-    with qacc_smooth (tree_linalg.solve_ld_pair): (Data, that acceleration or None).
+    with qacc_smooth (tree_level.solve_ld_pair): (Data, that acceleration or None).
     ``pair`` may instead hold qLD's packed factor alone (level_ld.solve_ld_packed)."""
     qfrc = d.qfrc_passive - d.qfrc_bias + d.qfrc_applied + d.qfrc_actuator
     if m.nbody > 1 and m.nv:
@@ -133,7 +134,7 @@ def _fwd_acceleration(m, d: Data, pair=None):
         qacc = level_ld.solve_ld_packed(m, pair[0], d.qLD, qfrc)
         return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc), None
     if pair is not None:
-        qacc, qacc_euler = tree_linalg.solve_ld_pair(m, pair[0], d.qLD, pair[1], qfrc)
+        qacc, qacc_euler = tree_level.solve_ld_pair(m, pair[0], d.qLD, pair[1], qfrc)
         return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc), qacc_euler
     qacc = smooth.solve_m(m, d, qfrc) if m.nv else qfrc
     return d.replace(qfrc_smooth=qfrc, qacc_smooth=qacc), None
@@ -671,5 +672,5 @@ _PAIR_FACTOR = True
 #: (read at trace time; False: from qM)
 _LOWER = True
 #: whether, without constraint rows, mj_Euler's solve runs with mj_fwdAcceleration's
-#: on the packed pair of factors (tree_linalg.solve_ld_pair; read at trace time)
+#: on the packed pair of factors (tree_level.solve_ld_pair; read at trace time)
 _SOLVE_PAIR = True

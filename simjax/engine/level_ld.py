@@ -1,11 +1,11 @@
 """mj_factorM (and mj_solveM) for a CPU batch, level by level with the worlds on the
-minor axis (one matrix: the single form of tree_linalg.factor_ld_pair and
-tree_linalg.solve_ld_pair).
+minor axis (one matrix: the single form of tree_level.factor_ld_pair and
+tree_level.solve_ld_pair).
 
 Where :func:`tree_linalg.factor_ld` would call LAPACK (a chunked loop of small dense
 Cholesky calls, nv^3/3 operations per matrix, and a transposing copy of the batch) a
 batch (under ``vmap``) is instead factorised with MuJoCo's tree L'DL one group of rows
-per kernel (tree_linalg._level_ld_blocks, about sum(depth^2) operations). Stage alone
+per kernel (tree_level._level_ld_blocks, about sum(depth^2) operations). Stage alone
 (float32, batch 1024, us CPU per world): factor shadow hand 1.2 against 2.2, barkour
 0.65 against 0.98, ant 0.55 against 0.74; the humanoid (a root chain of 9 dofs, 15
 groups) 2.3 against 2.4. Used where it pays in the whole step (``_ON``, ``_MAX_CHAIN``).
@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import tree_level
 from simjax.engine import tree_linalg as tl
 
 
@@ -26,7 +27,7 @@ def use_level(m) -> bool:
     """Whether :func:`factor_ld_packed` factorises a batch level by level: where
     tree_linalg.factor_ld would call LAPACK, on trees within the level plan's bounds
     and without a root chain (see ``_MAX_CHAIN``)."""
-    return _ON and tl.level_plan_fits(m, _MAX_CHAIN)
+    return _ON and tree_level.level_plan_fits(m, _MAX_CHAIN)
 
 
 def factor_ld_packed(m, a, lower=None):
@@ -54,10 +55,10 @@ def _factor_bound(m):
     fn = tl._CACHE.get(key)
     if fn is not None:
         return fn
-    plan, n = tl._level_plan(m), m.nv
+    plan, n = tree_level._level_plan(m), m.nv
     # unbatched (traced even where only the batched rule runs): jitted, traced once
     one = jax.jit(lambda a: tl.factor_ld(m, a))
-    pack = jax.jit(lambda q: tl._pack_world(plan, q)[None])
+    pack = jax.jit(lambda q: tree_level._pack_world(plan, q)[None])
 
     @jax.custom_batching.custom_vmap
     def single(a, lower):
@@ -67,7 +68,7 @@ def _factor_bound(m):
     @single.def_vmap
     def _single_vmap(axis_size, in_batched, a, lower):
         lower = lower if in_batched[1] else jnp.broadcast_to(lower, (axis_size,) + lower.shape)
-        return tl._level_pair_batched(plan, n, lower, None), (True, True)
+        return tree_level._level_pair_batched(plan, n, lower, None), (True, True)
 
     fn = jax.custom_jvp(single)
 
@@ -77,7 +78,7 @@ def _factor_bound(m):
         a, lower = primals
         da, _ = tangents
         _, dq = jax.jvp(lambda x: tl._factor_ld_pure(m, x), (a,), (da,))
-        return fn(a, lower), (dq, tl._pack_world(plan, dq)[None])
+        return fn(a, lower), (dq, tree_level._pack_world(plan, dq)[None])
     tl._CACHE[key] = fn
     return fn
 
@@ -89,7 +90,7 @@ def _solve_bound(m):
     fn = tl._CACHE.get(key)
     if fn is not None:
         return fn
-    plan = tl._level_plan(m)
+    plan = tree_level._level_plan(m)
     one = jax.jit(lambda q, b: tl.solve_ld(m, q, b))
 
     @jax.custom_batching.custom_vmap
@@ -101,7 +102,7 @@ def _solve_bound(m):
         if not in_batched[0]:
             axes = [0 if f else None for f in in_batched[1:]]
             return jax.vmap(one, in_axes=axes)(qld, b), True
-        return tl._packed_solves(m, plan, axis_size, packed, b, in_batched[2])[0], True
+        return tree_level._packed_solves(m, plan, axis_size, packed, b, in_batched[2])[0], True
 
     fn = jax.custom_jvp(single)
 
@@ -120,7 +121,7 @@ def _solve_bound(m):
 #: shadow hand run time 0.973 (0.91-1.03, 8 rounds) of LAPACK's, compile CPU 0.985
 #: (0.94-1.04, 6 rounds), 3 kernels more and one loop less
 _ON = True
-#: longest root chain (tree_linalg._chain_plan: a free joint's dofs and the hinges below
+#: longest root chain (tree_level._chain_plan: a free joint's dofs and the hinges below
 #: it) of a tree factorised level by level. Paired, whole bench step (float32, batch
 #: 1024): with chains up to 6 the barkour ran 2.3% and the ant 2.2% faster but barkour's
 #: compile took 5.5% more CPU (8 kernels more: the chain's gather and reduction); the

@@ -399,7 +399,7 @@ def crb_lower(m, d):
     """:func:`crb`, and an (nv, nv) matrix equal to qM on and below the diagonal (zero
     above it), or None where qM has tendon terms (Data, that matrix).
 
-    A factorisation that reads only qM's lower triangle (tree_linalg.factor_ld_pair)
+    A factorisation that reads only qM's lower triangle (tree_level.factor_ld_pair)
     can take it in place of qM: XLA fuses qM's expression into its reader, and qM's
     lower entries read the product's transpose as well (its strictly upper, masked
     entries), a second strided read per entry that the lower matrix does without."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import load, random_state, set_state, to_data
-from simjax.engine import lapack_chol, make_data, smooth, support, tree_linalg
+from simjax.engine import lapack_chol, make_data, smooth, support, tree_level, tree_linalg
 
 # jaxlib's CPU LAPACK kernels hand a batch to the thread pool from this much work on
 _POOL_WORK = 200_000
@@ -121,14 +121,14 @@ def test_factor_ld_pair_batched(path):
     is the pure-JAX factorisation's."""
     mjm, m = load(path)
     rng, qpos, d0, qm, add = _pair_batch(mjm, m, 7)
-    pair = jax.jit(jax.vmap(lambda a, x: tree_linalg.factor_ld_pair(m, a, x)))
+    pair = jax.jit(jax.vmap(lambda a, x: tree_level.factor_ld_pair(m, a, x)))
     got0, got1 = pair(qm[:5], add[:5])
     want0 = jax.jit(jax.vmap(lambda a: tree_linalg.factor_ld(m, a)))(qm[:5])
     want1 = jax.jit(jax.vmap(lambda a, x: tree_linalg.factor_ld(m, a, add_diag=x)))(
         qm[:5], add[:5])
     np.testing.assert_allclose(got0, want0, rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(got1, want1, rtol=1e-11, atol=1e-12)
-    nested = jax.jit(jax.vmap(jax.vmap(lambda a, x: tree_linalg.factor_ld_pair(m, a, x))))
+    nested = jax.jit(jax.vmap(jax.vmap(lambda a, x: tree_level.factor_ld_pair(m, a, x))))
     n0, n1 = nested(qm.reshape((2, 3) + qm.shape[1:]), add.reshape(2, 3, -1))
     np.testing.assert_allclose(n0.reshape(qm.shape)[:5], want0, rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(n1.reshape(qm.shape)[:5], want1, rtol=1e-11, atol=1e-12)
@@ -141,7 +141,7 @@ def test_factor_ld_pair_batched(path):
     def loss(fac, q, x):
         return jnp.sum(tree_linalg.solve_ld(m, fac(_qm(m, d0.replace(qpos=q)), x), v) ** 2)
     g = jax.jit(jax.vmap(jax.grad(lambda q, x: loss(
-        lambda a, y: tree_linalg.factor_ld_pair(m, a, y)[1], q, x), argnums=(0, 1))))(qpos, add)
+        lambda a, y: tree_level.factor_ld_pair(m, a, y)[1], q, x), argnums=(0, 1))))(qpos, add)
     g_ref = jax.jit(jax.vmap(jax.grad(lambda q, x: loss(
         lambda a, y: tree_linalg._factor_ld_pure(m, a + jnp.diag(y)), q, x),
         argnums=(0, 1))))(qpos, add)
@@ -159,9 +159,9 @@ def test_solve_ld_pair_batched(path):
     rhs = jnp.asarray(rng.standard_normal((6, mjm.nv)))
 
     def both(a, y, b):
-        q0, q1, packed = tree_linalg.factor_ld_pair_packed(m, a, y)
+        q0, q1, packed = tree_level.factor_ld_pair_packed(m, a, y)
         assert packed is not None
-        return tree_linalg.solve_ld_pair(m, packed, q0, q1, b)
+        return tree_level.solve_ld_pair(m, packed, q0, q1, b)
 
     def ref(a, y, b):
         q0, q1 = tree_linalg.factor_ld(m, a), tree_linalg.factor_ld(m, a, add_diag=y)
@@ -203,8 +203,8 @@ def test_batched_euler_step_matches_single(monkeypatch):
     mjm, m = load("mujoco_humanoid/humanoid.xml")
     assert forward._euler_damped(m) is True
     calls = []
-    real = tree_linalg._level_solve_blocks
-    monkeypatch.setattr(tree_linalg, "_level_solve_blocks",
+    real = tree_level._level_solve_blocks
+    monkeypatch.setattr(tree_level, "_level_solve_blocks",
                         lambda *a: calls.append(1) or real(*a))
     rng = np.random.default_rng(2)
     states = [random_state(mjm, rng, qscale=0.1, vscale=0.3) for _ in range(5)]
