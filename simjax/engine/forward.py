@@ -348,12 +348,16 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
         d, vel, acc, actdot, sv, sa, sact, keep, hist, bada = carry
         a, b, first = coef[0], coef[1], coef[2] > 0
         dqvel, dqacc, dact = a * vel, a * acc, a * actdot
-        pick = lambda x0, x: math.where(first, x0, x) if evaluate_first else x
+
+        def pick(x0, x):
+            return math.where(first, x0, x) if evaluate_first else x
         # with autoreset, a world whose first evaluation had a bad qacc is evaluated at
         # its initial state again, so that the derived fields of the last stage, which
         # step returns, belong to the state step returns for it (the one it came with)
         stay = (first | bada) if evaluate_first and autoreset else first
-        hold = lambda x0, x: math.where(stay, x0, x) if evaluate_first else x
+
+        def hold(x0, x):
+            return math.where(stay, x0, x) if evaluate_first else x
         di = d.replace(qpos=hold(qpos0, support.integrate_pos(m, qpos0, dqvel, h)),
                        qvel=hold(qvel0, qvel0 + h * dqacc), act=hold(act0, act0 + h * dact),
                        time=hold(t0, t0 + a * h))

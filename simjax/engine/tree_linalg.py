@@ -74,7 +74,9 @@ def factor(m, a, symmetric=True):
     """
     low_p, up_p, diag_p = factor_permuted(m, a, symmetric)
     plan = _plan(m)
-    unperm = lambda x: x[plan.inv[:, None], plan.inv[None, :]]   # noqa: E731
+
+    def unperm(x):
+        return x[plan.inv[:, None], plan.inv[None, :]]
     low = unperm(low_p)
     return low, (low.T if symmetric else unperm(up_p)), diag_p[plan.inv]
 
@@ -165,7 +167,9 @@ def solve_permuted(m, low, up, diag, b):
 def solve(m, low, up, diag, b):
     """Solve (U diag(D) L) x = b with factors from :func:`factor`; b (nv,) or (nv, k)."""
     plan = _plan(m)
-    perm = lambda x: x[plan.perm][:, plan.perm]           # noqa: E731
+
+    def perm(x):
+        return x[plan.perm][:, plan.perm]
     return solve_permuted(m, perm(low), perm(up), diag[plan.perm], b)
 
 

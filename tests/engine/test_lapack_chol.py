@@ -76,7 +76,8 @@ def test_factor_ld_damped_and_grad(path):
 
 def _potrf_calls(hlo):
     """(batch, n) of every LAPACK Cholesky in compiled HLO text."""
-    pat = r"\(f(?:32|64)\[([0-9,]*)\][^)]*\) custom-call\([^)]*\), custom_call_target=\"lapack_[sd]potrf"
+    pat = (r"\(f(?:32|64)\[([0-9,]*)\][^)]*\) custom-call\([^)]*\), "
+           r"custom_call_target=\"lapack_[sd]potrf")
     out = []
     for dims in re.findall(pat, hlo):
         shape = [int(x) for x in dims.split(",")]
@@ -210,7 +211,9 @@ def test_batched_euler_step_matches_single(monkeypatch):
     states = [random_state(mjm, rng, qscale=0.1, vscale=0.3) for _ in range(5)]
     stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *states)
     batch = jax.vmap(lambda st: to_data(make_data(m), st))(stacked)
-    two = lambda d: forward.step(m, forward.step(m, d))          # noqa: E731
+
+    def two(d):
+        return forward.step(m, forward.step(m, d))
     out = jax.jit(jax.vmap(two))(batch)
     assert calls, "the batched step did not solve on the packed factors"
     for i in (0, 4):
