@@ -447,6 +447,18 @@ def _identity(kind, dtype):
 _FUSED_SUMS = 4
 
 
+#: :func:`reduce_fused`'s windows of an order-free reduction are of equal widths (the
+#: axis padded where they do not divide it, by less than a window count), not of
+#: _XLA_WINDOW entries with the last one padded; read at trace time (False: the
+#: former way, kept to compare). A pad fused into a reduction costs LLVM compile time
+#: (as in :func:`simjax.engine.solver_gather.count_below`); barkour's 120 rows are 4
+#: windows of 30, the hand's 108 of 27. Barkour's bench rollout: two padded
+#: reductions fewer (the same kernels); not measured alone (in the paired compile of
+#: the solver chunks' changes, :data:`simjax.engine.solver_rows._FRESH`); outputs
+#: bit-identical (float64: humanoid, barkour, shadow hand; float32 bench rollouts)
+_EVEN_WINDOWS = True
+
+
 def reduce_fused(x, axis, kind="sum"):
     """``jnp.sum`` / ``any`` / ``max`` / ``min`` (``kind``) of ``x`` over one ``axis``,
     the values XLA:CPU computes for them (float sums: the same additions in the same
@@ -482,13 +494,16 @@ def reduce_fused(x, axis, kind="sum"):
             part = red(lax.slice_in_dim(x, a, b, axis=axis), axis)
             out = part if out is None else comb(out, part)
         return out
-    pad = [(0, 0, 0)] * x.ndim
-    pad[axis] = (0, len(wins) * _XLA_WINDOW - n, 0)
-    x = lax.pad(x, jnp.asarray(_identity(kind, x.dtype)), pad)
-    out = lax.slice_in_dim(x, 0, _XLA_WINDOW, axis=axis)
+    # windows of equal widths, at most _XLA_WINDOW: padded only where they do not
+    # divide the axis (:data:`_EVEN_WINDOWS`)
+    w = -(-n // len(wins)) if _EVEN_WINDOWS else _XLA_WINDOW
+    if len(wins) * w > n:
+        pad = [(0, 0, 0)] * x.ndim
+        pad[axis] = (0, len(wins) * w - n, 0)
+        x = lax.pad(x, jnp.asarray(_identity(kind, x.dtype)), pad)
+    out = lax.slice_in_dim(x, 0, w, axis=axis)
     for j in range(1, len(wins)):
-        out = comb(out, lax.slice_in_dim(x, j * _XLA_WINDOW, (j + 1) * _XLA_WINDOW,
-                                         axis=axis))
+        out = comb(out, lax.slice_in_dim(x, j * w, (j + 1) * w, axis=axis))
     return red(out, axis)
 
 

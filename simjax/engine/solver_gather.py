@@ -254,16 +254,28 @@ def _chunk_rows(layout, caps, nefc, pos):
     return jnp.concatenate(idx), tuple(pos[1:])
 
 
+#: :func:`count_below`'s blocks are of equal sizes, at most 32 (``cs`` padded only where
+#: they do not divide it: barkour's 120 rows are 4 blocks of 30, the hand's 108 of
+#: 27), not of 32 entries with the last one padded; read at trace time (False: the
+#: former way, kept to compare). A pad fused into the reduction made the kernel
+#: costlier to compile; XLA compile of barkour's bench rollout 1/1.042 [0.938, 1.078]
+#: (paired, 6 rounds, loaded machine). The same counts (integers); float32 bench
+#: rollouts bit-identical (all four bench models), float64 steps within rounding
+#: (humanoid qacc 2e-11 of 707 after 4 steps: kernels fused differently)
+_EVEN = True
+
+
 def count_below(cs, q):
     """Entries of the sorted ``cs`` (n,) below each of ``q`` (k,) (int32; searchsorted's
-    left positions): a count over blocks of 32 entries, summed. With every reduction at
+    left positions): a count over blocks of at most 32 entries, summed. With every reduction at
     most 32 long (XLA CPU splits longer ones into a reduce-window, whose input is
     materialised: a (worlds, n, k) array) the comparisons fuse into one reduction;
     the binary search (a loop) compiled 9 kernels in the loop over the later chunks."""
     n = cs.shape[0]
     nb = -(-n // 32)
+    w = -(-n // nb) if _EVEN else 32
     big = jnp.iinfo(jnp.int32).max
-    blocks = jnp.pad(cs, (0, nb * 32 - n), constant_values=big).reshape(nb, 32)
+    blocks = jnp.pad(cs, (0, nb * w - n), constant_values=big).reshape(nb, w)
     per = jnp.sum((blocks[None] < q[:, None, None]).astype(jnp.int32), -1,
                   dtype=jnp.int32)
     return jnp.sum(per, -1, dtype=jnp.int32)

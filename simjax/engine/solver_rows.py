@@ -50,7 +50,7 @@ from simjax.engine.solver_gather import (
     Chunked, Rows, _chunk_positions, _chunk_rows, _chunk_spec, _take_rest, count_below,
     cumcount, ell_mask, first_true, gather, heads, row_capacity, rests, spread, whole)
 from simjax.engine.solver_worlds import (
-    _put_rows, any_world, batched_like, needy_table, where_needed)
+    _put_rows, any_world, batched_like, entry, needy_table, nonneg, where_needed)
 
 #: the loops over the chunks, and (re-exported) the chunks' layout and gathers
 #: (:mod:`simjax.engine.solver_gather`) and the per-world rules
@@ -64,7 +64,8 @@ __all__ = ["head_chunk", "rest_chunks", "find_chunks", "rest_zeros",
 # --------------------------------------------------------------------------- loops
 def _index(tree, c, axis):
     return jax.tree_util.tree_map(
-        lambda a, ax: jax.lax.dynamic_index_in_dim(a, c, ax, keepdims=False), tree, axis)
+        lambda a, ax: jax.lax.dynamic_index_in_dim(a, c, ax, keepdims=False, **nonneg()),
+        tree, axis)
 
 
 def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None):
@@ -92,7 +93,8 @@ def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None):
         sc = _index(state, c - 1, jax.tree_util.tree_map(lambda _: cax, state))
         acc, sc = g(c, _index(xs, c - 1, xaxis), sc, args, acc)
         state = jax.tree_util.tree_map(
-            lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, c - 1, cax), state, sc)
+            lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, c - 1, cax, **nonneg()),
+            state, sc)
         return c + 1, acc, state
 
     # n a function: the count computed in the loop's condition
@@ -117,7 +119,8 @@ def rest_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=()):
     return find_chunks(rows, fn, acc, extra, args, jac, state)[:2]
 
 
-def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=None):
+def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=None,
+                fresh=False):
     """Fold over the chunks in use after chunk 0, 1 <= c < rows.nact: ``acc, s_c =
     fn(spec_c, x_c, e_c, s_c, J_c, args, acc)`` as :func:`head_chunk`, with ``e_c``
     chunk ``c`` of ``extra`` (a tree of :class:`Chunked`) and ``s_c`` chunk ``c`` of
@@ -142,7 +145,10 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
     :attr:`Rows.blocks`, by their block: never a (worlds, ...) array to fill on every
     call), and where a world visits them its ``out`` becomes ``g(acc, local, out)``
     (every world without blocks: ``g`` must keep ``out`` for a ``local`` of zeros);
-    the returned acc is then (acc, out)."""
+    the returned acc is then (acc, out).
+
+    ``fresh``: ``state`` is zero on entry (the worlds' blocks under vmap then start it
+    from zeros, :data:`_FRESH`)."""
     spec, nchunk = rows.spec, rows.nchunk
     g, local_like, fin = finish if finish is not None else (None, (), ())
 
@@ -205,7 +211,7 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
             (acc, state, fin), (accb, sb, fb))
         if nb and tb:
             out = _needy_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab),
-                              (g, local0, fin))
+                              (g, local0, fin), fresh=_FRESH and fresh, found=finding)
         else:
             out = whole_loop(reduce_fused(n, 0, "max") if nb else n, xs, a, acc, state, fin,
                              batch=(xb, ab), size=size)
@@ -221,6 +227,18 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
         return acc, state, dataclasses.replace(rows, rest=found)
     return acc, state, rows
 
+
+#: a block of :func:`_needy_loop` starts a state that is zero on entry (``fresh`` of
+#: :func:`find_chunks`, and the rows the first loop finds) from zeros, not from a
+#: gather of the block's worlds; read at trace time (False: gathered, kept to
+#: compare). Barkour's warm start: two gathers fewer (zero fills instead: the kernel
+#: count stays), XLA compile of the bench rollout 1/1.041 [0.971, 1.076] (paired,
+#: 6 rounds, loaded machine: noise-level alone); outputs bit-identical. With
+#: solver_gather._EVEN, solver_worlds._NONNEG and math._EVEN_WINDOWS, all four off /
+#: on: XLA compile of the bench rollout barkour 1.032 [0.957, 1.153] (8 rounds),
+#: shadow hand 1.023 [0.986, 1.057] (6 rounds); run time 0.997 [0.950, 1.058] (12
+#: rounds), 1.011 [0.926, 1.128] (10 rounds): noise
+_FRESH = True
 
 _CHUNK_BLOCK = 32    # worlds per block of :func:`_needy_loop`
 _PACK = 8            # leaves per table of :func:`_needy_loop`
@@ -307,7 +325,8 @@ def _unpack(col, like):
     return out
 
 
-def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
+def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=False,
+                found=False):
     """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only, from
     their table ``tab`` (:func:`needy_table`, made once per solve): in blocks of
     _CHUNK_BLOCK worlds, looped to the block's largest count, their (acc, state)
@@ -331,7 +350,8 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
     and the whole batch compiled it twice (barkour's step 729 kernels against 635).
     ``finish``: (g, local, out) of :func:`find_chunks` (g None: none), ``local`` a
     function making the zero local accumulators of n worlds (the block's only);
-    returns (acc, state, out)."""
+    returns (acc, state, out). ``fresh``: the state is zero on entry; ``found``: its
+    second part (the later chunks' rows found by the first loop) is (:func:`_block_state`)."""
     xb, ab = batch
     g, local0, fin = finish
     blk = min(_CHUNK_BLOCK, size)
@@ -365,7 +385,7 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
     # the worlds of block b (padding entries, index size, read the last world and are
     # not written), sliced where used (not made a buffer of its own: a kernel)
     def block(b):
-        return jax.lax.dynamic_slice_in_dim(tab, b * blk, blk)
+        return jax.lax.dynamic_slice_in_dim(tab, b * blk, blk, **nonneg())
 
     def body(c):
         b, acc_all, state_all, fin_all = c
@@ -384,7 +404,8 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
         def most():
             return jnp.max(where(block(b) < size, jnp.take(n, block(b), mode="clip"), 1))
 
-        acc, state, fin = jax.tree_util.tree_map(take, (acc_all, state_all, fin_all))
+        acc, fin = jax.tree_util.tree_map(take, (acc_all, fin_all))
+        state = _block_state(state_all, take, blk, fresh, found)
         if g is not None:
             acc = (acc, local0(blk))
         acc, state = _loop(fn, most, (), (rows, off), acc, state,
@@ -397,10 +418,25 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish):
 
     # blocks while one holds a world in need
     def more(c):
-        return (c[0] < nblk) & (tab[jnp.minimum(c[0], nblk - 1) * blk] < size)
+        return (c[0] < nblk) & (entry(tab, jnp.minimum(c[0], nblk - 1) * blk) < size)
 
     return inline.while_loop(more, body,
                              (jnp.zeros((), jnp.int32), acc, state, fin))[1:]
+
+
+def _block_state(state, take, blk, fresh, found):
+    """A block's initial per-chunk state (a tree, leading axis the worlds): ``take``
+    (the block's worlds), or zeros where it is zero on entry (:data:`_FRESH`):
+    ``fresh``, all of it; ``found``, its second part (the rows the loop finds)."""
+    if found:
+        user, rows = state
+        rows = jax.tree_util.tree_map(
+            lambda v: jnp.zeros((blk,) + v.shape[1:], v.dtype) if _FRESH else take(v), rows)
+        return (_block_state(user, take, blk, fresh, False), rows)
+    if fresh:
+        return jax.tree_util.tree_map(lambda v: jnp.zeros((blk,) + v.shape[1:], v.dtype),
+                                      state)
+    return jax.tree_util.tree_map(take, state)
 
 
 def rest_zeros(rows, like):

@@ -23,7 +23,7 @@ def _jaref(rows, q):
     """J q - aref of the rows in use, per chunk."""
     head = rows.J0 @ q - rows.x0["aref"]
     _, rest, rows = find_chunks(rows, _jaref_rest, (), args=q, jac=True,
-                                state=rest_zeros(rows, head))
+                                state=rest_zeros(rows, head), fresh=True)
     return Chunked(head, rest), rows
 
 
@@ -110,10 +110,10 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
                  jax.ShapeDtypeStruct((2, nv, nv), qs.dtype))
         (cost, extra), rest, rows = find_chunks(
             rows, _warm_first, cost + smooth_cost, args=both, jac=True, state=rest,
-            finish=(_warm_pick, local, (jnp.zeros_like(qs), M)))
+            finish=(_warm_pick, local, (jnp.zeros_like(qs), M)), fresh=True)
     else:
         cost, rest, rows = find_chunks(rows, _warm_rest, cost, args=both, jac=True,
-                                       state=rest)
+                                       state=rest, fresh=True)
         cost = cost + smooth_cost
     pick = cost[0] > cost[1]
     smooth = Chunked(jb[..., 1], jax.tree_util.tree_map(lambda x: x[..., 1], rest))

@@ -51,6 +51,26 @@ def needy_table(nact):
     return run(nact)
 
 
+#: the loops' dynamic indices (chunk, block, entry counters) are never negative: their
+#: slices and updates are made without jax's wrap of negative indices (a select per
+#: index, a scalar kernel of its own or a select in the slice's kernel); read at trace
+#: time (False: with the wrap, kept to compare). Barkour's bench rollout one kernel
+#: fewer (a dynamic slice in the Newton pass's loop over the later chunks), the
+#: selects gone from the others; outputs bit-identical
+_NONNEG = True
+
+
+def nonneg():
+    """Keyword arguments of jax's dynamic slices and updates for indices that are never
+    negative (:data:`_NONNEG`)."""
+    return dict(allow_negative_indices=False) if _NONNEG else {}
+
+
+def entry(a, i):
+    """Entry ``i`` (traced, not negative) of the vector ``a``."""
+    return jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False, **nonneg())
+
+
 def _put_rows(full, ids, rows):
     """``full`` (a tree, leading axis the worlds) with entry ``ids()[j]`` replaced by
     ``rows``' entry j for the entries of ``ids()`` (a function: the indices computed
@@ -66,12 +86,13 @@ def _put_rows(full, ids, rows):
 
         def one(f, r):
             return jax.lax.dynamic_update_index_in_dim(
-                f, jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True), ids()[j], 0)
+                f, jax.lax.dynamic_index_in_dim(r, j, 0, keepdims=True, **nonneg()),
+                entry(ids(), j), 0, **nonneg())
 
         return j + 1, jax.tree_util.tree_map(one, full, rows)
 
     def more(c):
-        return (c[0] < n) & (ids()[jnp.minimum(c[0], n - 1)] < size)
+        return (c[0] < n) & (entry(ids(), jnp.minimum(c[0], n - 1)) < size)
 
     return inline.while_loop(more, put, (jnp.zeros((), jnp.int32), full))[1]
 
@@ -127,7 +148,7 @@ def where_needed(fn, need, args, old):
 
             def body(c):
                 b, out = c
-                ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
+                ids = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk, **nonneg())
                 # padding entries (index size) read the last world and are not written
                 sub = jax.tree_util.tree_map(
                     lambda a, f: jnp.take(a, ids, axis=0, mode="clip") if f else a,
@@ -135,7 +156,7 @@ def where_needed(fn, need, args, old):
                 new = vfn(*sub)
                 if _PUT_ROWS:
                     out = _put_rows(out, lambda: jax.lax.dynamic_slice_in_dim(
-                        pos, b * blk, blk), new)
+                        pos, b * blk, blk, **nonneg()), new)
                 else:
                     out = jax.tree_util.tree_map(
                         lambda o, n: o.at[ids].set(n, mode="drop"), out, new)
