@@ -236,8 +236,10 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
 #: 6 rounds, loaded machine: noise-level alone); outputs bit-identical. With
 #: solver_gather._EVEN, solver_worlds._NONNEG and math._EVEN_WINDOWS, all four off /
 #: on: XLA compile of the bench rollout barkour 1.032 [0.957, 1.153] (8 rounds),
-#: shadow hand 1.023 [0.986, 1.057] (6 rounds); run time 0.997 [0.950, 1.058] (12
-#: rounds), 1.011 [0.926, 1.128] (10 rounds): noise
+#: shadow hand 1.023 [0.986, 1.057] (6 rounds), humanoid 1.032 [0.952, 1.108] (5),
+#: ant 1.027 [0.977, 1.072] (4); kernels barkour 640 -> 639, hand 858 -> 857,
+#: humanoid 652 -> 650, ant 585 -> 583; run time 0.997 [0.950, 1.058] (barkour, 12
+#: rounds), 1.011 [0.926, 1.128] (hand, 10 rounds): noise
 _FRESH = True
 
 _CHUNK_BLOCK = 32    # worlds per block of :func:`_needy_loop`
