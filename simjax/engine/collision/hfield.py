@@ -305,7 +305,7 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
               jnp.broadcast_to(lpos[2], ox.shape))
         dist, pc, nc_ = _sphere_canon(z, pl, dx, dy, s3, g2.size[0])
         vals = _materialise([dist, ox + sgn * pc[0], oy + sgn * pc[1], pc[2],
-                             sgn * nc_[0], sgn * nc_[1], nc_[2]])
+                             sgn * nc_[0], sgn * nc_[1], nc_[2]], shared=True)
         dist, pos, n = vals[0], jnp.stack(vals[1:4], -1), jnp.stack(vals[4:], -1)
     elif t2 == GT.CAPSULE:
         ax = lmat[:, 2] * g2.size[1]
