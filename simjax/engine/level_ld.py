@@ -77,7 +77,7 @@ def _factor_bound(m):
         # ``lower`` equals ``a`` where it is read: the derivative is a's
         a, lower = primals
         da, _ = tangents
-        _, dq = jax.jvp(lambda x: tl._factor_ld_pure(m, x), (a,), (da,))
+        dq = tl.factor_ld_tangent(m, a, da)
         return fn(a, lower), (dq, tree_level._pack_world(plan, dq)[None])
     tl._CACHE[key] = fn
     return fn

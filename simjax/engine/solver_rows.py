@@ -211,7 +211,8 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
             (acc, state, fin), (accb, sb, fb))
         if nb and tb:
             out = _needy_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab),
-                              (g, local0, fin), fresh=_FRESH and fresh, found=finding)
+                              (g, local0, fin), fresh=_FRESH and fresh,
+                              found=_FRESH and finding)
         else:
             out = whole_loop(reduce_fused(n, 0, "max") if nb else n, xs, a, acc, state, fin,
                              batch=(xb, ab), size=size)
@@ -428,17 +429,18 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
 
 def _block_state(state, take, blk, fresh, found):
     """A block's initial per-chunk state (a tree, leading axis the worlds): ``take``
-    (the block's worlds), or zeros where it is zero on entry (:data:`_FRESH`):
-    ``fresh``, all of it; ``found``, its second part (the rows the loop finds)."""
+    (the block's worlds), or zeros where the caller knows it is zero on entry
+    (:data:`_FRESH`): ``fresh``, all of it; ``found``, its second part (the rows the
+    loop finds)."""
+    def zeros(tree):
+        return jax.tree_util.tree_map(lambda v: jnp.zeros((blk,) + v.shape[1:], v.dtype),
+                                      tree)
+
     if found:
         user, rows = state
-        rows = jax.tree_util.tree_map(
-            lambda v: jnp.zeros((blk,) + v.shape[1:], v.dtype) if _FRESH else take(v), rows)
+        rows = zeros(rows)
         return (_block_state(user, take, blk, fresh, False), rows)
-    if fresh:
-        return jax.tree_util.tree_map(lambda v: jnp.zeros((blk,) + v.shape[1:], v.dtype),
-                                      state)
-    return jax.tree_util.tree_map(take, state)
+    return zeros(state) if fresh else jax.tree_util.tree_map(take, state)
 
 
 def rest_zeros(rows, like):

@@ -23,7 +23,8 @@ from jax import lax
 
 from simjax.engine import inline, lapack_chol
 from simjax.engine.math import where
-from simjax.engine.tree_linalg import _CACHE, _UNROLL_NV, _factor_ld_pure, factor_ld, solve_ld
+from simjax.engine.tree_linalg import (
+    _CACHE, _UNROLL_NV, factor_ld, factor_ld_tangent, solve_ld)
 
 #: worlds per lane block of :func:`factor_ld_pair`'s batched layout
 _LANES = 8
@@ -548,7 +549,6 @@ def _level_pair_bound(m):
     if fn is not None:
         return fn
     plan, n = _level_plan(m), m.nv
-    eye = np.eye(n)
 
     # one factorisation and one packing, jitted: traced once for both matrices (the
     # unbatched program is traced even where only the batched rule runs); factor_ld
@@ -578,10 +578,7 @@ def _level_pair_bound(m):
         a, lower, diag = primals
         da, _, ddiag = tangents
         out = fn(a, lower, diag)
-        e = jnp.asarray(eye, a.dtype)
-        _, d0 = jax.jvp(lambda x: _factor_ld_pure(m, x), (a,), (da,))
-        _, d1 = jax.jvp(lambda x, y: _factor_ld_pure(m, x + e * y[:, None]), (a, diag),
-                        (da, ddiag))
+        d0, d1 = factor_ld_tangent(m, a, da), factor_ld_tangent(m, a, da, diag, ddiag)
         return out, (d0, d1, jnp.stack([_pack_world(plan, d0), _pack_world(plan, d1)]))
     _CACHE[key] = fn
     return fn

@@ -225,6 +225,17 @@ def _factor_ld_pure(m, a):
     return pack_ld(low, diag)
 
 
+def factor_ld_tangent(m, a, da, diag=None, ddiag=None):
+    """The tangent of qLD of ``a + diag(diag)`` (``diag`` None: of ``a``) along ``da``
+    (and ``ddiag``), from the pure-JAX factorisation: the derivative of every
+    factorisation path (LAPACK's and the level-by-level ones produce the same qLD)."""
+    if diag is None:
+        return jax.jvp(lambda x: _factor_ld_pure(m, x), (a,), (da,))[1]
+    eye = jnp.asarray(np.eye(m.nv), a.dtype)
+    return jax.jvp(lambda x, y: _factor_ld_pure(m, x + eye * y[:, None]), (a, diag),
+                   (da, ddiag))[1]
+
+
 def _chol_ld(a, mask, diag):
     """qLD of ``a + diag(diag)`` from one Cholesky of the dof-reversed matrix (see
     lapack_chol.ld_reversed): eliminating the reversed dofs in order goes from the
@@ -248,11 +259,7 @@ def _chol_ld_bound(m):
         def _jvp(primals, tangents):
             a, mask, diag = primals
             da, _, ddiag = tangents
-            out = fn(a, mask, diag)
-            eye = jnp.asarray(np.eye(m.nv), a.dtype)
-            _, dout = jax.jvp(lambda x, y: _factor_ld_pure(m, x + eye * y[:, None]),
-                              (a, diag), (da, ddiag))
-            return out, dout
+            return fn(a, mask, diag), factor_ld_tangent(m, a, da, diag, ddiag)
         _CACHE[key] = fn
     return fn
 
