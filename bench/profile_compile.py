@@ -23,8 +23,9 @@ Measured on the 2-core machine (loaded, so walls are inflated): shadow hand trac
 s and lowering 0.7-1.0 s CPU, during which 4 full collections of 200-400 thousand objects
 took 1.0-1.3 s wall; with the collector off over trace and lowering, those two took
 0.6-1.4 s less CPU (fresh processes), but a gc.disable() scoped to simjax.step did not
-pay (the collections then come when it returns). A second trace and lowering in the
-same process takes 2.8-3.0 s instead of about 4 s (jax's nested-jit traces and
+pay (the collections then come when it returns); simjax.engine.gc_pause now holds the pause until
+jax has lowered the program (no full collection left in trace or lowering). A second trace and
+lowering in the same process takes 2.8-3.0 s instead of about 4 s (jax's nested-jit traces and
 lowering caches are warm: 1081 nested jit traces in the first, 2 in the second). Ant:
 trace 1.4, lowering 0.8, HLO passes 1.2 (the "simplification" fixpoint 0.54 s of it, 16
 iterations of while-loop constant sinking and simplification), LLVM about 4.4

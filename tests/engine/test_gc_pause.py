@@ -96,3 +96,79 @@ def test_step_forward_inverse_run_with_gc_paused(gc_restored, monkeypatch):
     np.testing.assert_allclose(out.qvel, fwd.qvel + m.opt.timestep * fwd.qacc, rtol=1e-6)
     np.testing.assert_allclose(inv.qfrc_inverse, fwd.qfrc_actuator + fwd.qfrc_passive
                                + fwd.qfrc_applied, atol=1e-6)
+
+
+def test_traced_call_holds_the_pause_until_lowered(gc_restored):
+    """Traced inside a jit, the pause outlasts the call (jax re-batches and lowers the
+    enclosing program after it) and ends once jax has lowered that program."""
+    after = []
+
+    @gc_pause.gc_paused
+    def f(x):
+        return x * 2
+
+    def outer(x):
+        y = jax.vmap(f)(x)
+        after.append(gc.isenabled())      # still inside the jit trace
+        return y + 1
+
+    gc.enable()
+    out = jax.jit(outer)(np.arange(3.0))
+    np.testing.assert_allclose(out, [1.0, 3.0, 5.0])
+    assert after == [False] and gc.isenabled()
+    # an eager call is not held
+    assert f(np.float64(2.0)) == 4.0 and gc.isenabled()
+
+
+def test_hold_switch_off_and_errors_resume_at_once(gc_restored, monkeypatch):
+    after = []
+
+    @gc_pause.gc_paused
+    def f(x):
+        return x * 2
+
+    @gc_pause.gc_paused
+    def bad(x):
+        raise ValueError("boom")
+
+    def outer(x):
+        y = f(x)
+        after.append(gc.isenabled())
+        return y
+
+    gc.enable()
+    monkeypatch.setattr(gc_pause, "HOLD", False)
+    jax.jit(outer)(1.0)
+    monkeypatch.setattr(gc_pause, "HOLD", True)
+    with pytest.raises(ValueError, match="boom"):
+        jax.jit(bad)(1.0)
+    assert after == [True] and gc.isenabled()
+
+
+def test_hold_without_lowering_ends_by_the_fallback(gc_restored, monkeypatch):
+    """A trace that is never lowered (make_jaxpr) ends the hold by the fallback timer."""
+    import time
+
+    @gc_pause.gc_paused
+    def f(x):
+        return x * 2
+
+    monkeypatch.setattr(gc_pause, "_FALLBACK_S", 0.05)
+    gc.enable()
+    jax.make_jaxpr(lambda x: f(x) + 1)(1.0)
+    for _ in range(100):
+        if gc.isenabled():
+            break
+        time.sleep(0.02)
+    assert gc.isenabled()
+
+
+def test_eager_vmap_is_paused_for_the_call_alone(gc_restored):
+    """Outside a jit trace (an eager vmap: no lowering follows) nothing is held."""
+    @gc_pause.gc_paused
+    def f(x):
+        return x * 2
+
+    gc.enable()
+    np.testing.assert_allclose(jax.vmap(f)(np.arange(3.0)), [0.0, 2.0, 4.0])
+    assert gc.isenabled() and not gc_pause._state["held"]
