@@ -272,6 +272,8 @@ def count_below(cs, q):
     materialised: a (worlds, n, k) array) the comparisons fuse into one reduction;
     the binary search (a loop) compiled 9 kernels in the loop over the later chunks."""
     n = cs.shape[0]
+    if n == 0:          # no rows of this kind (e.g. a model without elliptic contacts)
+        return jnp.zeros(q.shape, jnp.int32)
     nb = -(-n // 32)
     w = -(-n // nb) if _EVEN else 32
     big = jnp.iinfo(jnp.int32).max

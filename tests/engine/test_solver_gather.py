@@ -27,3 +27,15 @@ def test_first_true_matches_nonzero(n):
         for c in (1, 3):
             got = jax.jit(lambda cs: _chunk_positions((cs,), (k, ()), c)[0])(cs)
             np.testing.assert_array_equal(np.asarray(got), want[c * k:(c + 1) * k])
+
+
+@pytest.mark.parametrize("n", [0, 1, 30, 33, 120, 200])
+def test_count_below_matches_searchsorted(n):
+    """count_below's blocked count is searchsorted's left position, including a kind of
+    row the model does not have (n = 0: every count 0)."""
+    from simjax.engine.solver_gather import count_below
+    rng = np.random.default_rng(n)
+    cs = np.cumsum(rng.random(n) < 0.5).astype(np.int32)
+    q = np.arange(1, 41, dtype=np.int32)
+    got = jax.jit(count_below)(jnp.asarray(cs), jnp.asarray(q))
+    np.testing.assert_array_equal(np.asarray(got), np.searchsorted(cs, q, side="left"))
