@@ -21,7 +21,7 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.collision.common import (MINVAL, argmax, argmin, cross, dot, normalize,
-                                            safe_norm, sel)
+                                            reduce_shared, safe_norm, sel)
 from simjax.engine.math import where
 from simjax.types import GeomType as GT
 
@@ -211,27 +211,6 @@ _STACK = 8
 _SHARED = True
 
 
-def _max_each(a, b):
-    return tuple(jax.lax.max(x, y) for x, y in zip(a, b))
-
-
-@jax.custom_jvp
-def _reduce_shared(*parts):
-    """``parts`` (arrays of one shape) as the outputs of one reduction: each part's
-    maximum with -inf over a new leading axis of two, so exactly the part."""
-    ninf = jnp.asarray(-jnp.inf, parts[0].dtype)
-    cfg = [(0, 1, 0)] + [(0, 0, 0)] * parts[0].ndim
-    xs = tuple(jax.lax.pad(p[None], ninf, cfg) for p in parts)
-    return tuple(jax.lax.reduce(xs, (ninf,) * len(xs), _max_each, (0,)))
-
-
-@_reduce_shared.defjvp
-def _reduce_shared_jvp(primals, tangents):
-    # the identity's (jax's rule for a reduction of several operands cannot take
-    # symbolic zero tangents)
-    return _reduce_shared(*primals), tuple(tangents)
-
-
 def _materialise(parts, shared=False):
     """The (P,) arrays ``parts`` computed once. On CPU, XLA fuses a whole expression DAG
     into its consumer and a concatenation (or several outputs) of it evaluates the DAG
@@ -252,7 +231,7 @@ def _materialise(parts, shared=False):
     out = []
     for i in range(0, len(parts), _STACK):
         if shared and _SHARED:
-            out += _reduce_shared(*parts[i:i + _STACK])
+            out += reduce_shared(*parts[i:i + _STACK])
             continue
         x = jnp.stack(parts[i:i + _STACK], -1)
         x = jnp.max(jnp.stack([x, jnp.full_like(x, -jnp.inf)]), axis=0)

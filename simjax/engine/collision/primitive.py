@@ -213,6 +213,13 @@ def sphere_box(g1, g2, margin):
 
 
 # --------------------------------------------------------------------------- capsules
+#: capsule_capsule's products and segment parameters stored by two kernels (off: the
+#: former way). Humanoid off / on: XLA compile CPU 1.044 [0.952, 1.077] (6 rounds), one
+#: kernel fewer, bench step 1.023 [0.781, 1.127] (10 rounds, load 10); the collider
+#: alone (1024 x 40 pairs) run on / off 0.942 [0.703, 1.244] and 0.874 [0.785, 1.132]
+_CC_ONCE = True
+
+
 def capsule_capsule(g1, g2, margin):
     """Nearest points of the two segments (general), or up to two end-point contacts
     for parallel axes (mjraw_CapsuleCapsule)."""
@@ -221,6 +228,10 @@ def capsule_capsule(g1, g2, margin):
     dif = g1.pos - g2.pos
     ma, mb, mc = dot(axis1, axis1), -dot(axis1, axis2), dot(axis2, axis2)
     u, v = -dot(axis1, dif), dot(axis2, dif)
+    if _CC_ONCE:
+        # the products stored by one kernel (:func:`once`): the kernels of the
+        # divisions below each evaluated the dot products they read again
+        ma, mb, mc, u, v = once(ma, mb, mc, u, v)
     det = ma * mc - mb * mb
     general = jnp.abs(det) >= MINVAL
     sdet = sel(general, det, 1.0)
@@ -228,9 +239,14 @@ def capsule_capsule(g1, g2, margin):
     x2 = (ma * v - mb * u) / sdet
     x2 = sel(x1 > 1, (v - mb) / mc, sel(x1 < -1, (v + mb) / mc, x2))
     x1 = jnp.clip(x1, -1, 1)
-    x1 = sel(x2 > 1, jnp.clip((u - mb) / ma, -1, 1),
-             sel(x2 < -1, jnp.clip((u + mb) / ma, -1, 1), x1))
+    e1p, e1m = jnp.clip((u - mb) / ma, -1, 1), jnp.clip((u + mb) / ma, -1, 1)
+    e2p, e2m = jnp.clip((v - mb) / mc, -1, 1), jnp.clip((v + mb) / mc, -1, 1)
+    x1 = sel(x2 > 1, e1p, sel(x2 < -1, e1m, x1))
     x2 = jnp.clip(x2, -1, 1)
+    if _CC_ONCE:
+        # the segment parameters stored by one kernel (:func:`once`): the divisions,
+        # read by broadcasts into 3-vectors, were five kernels (three remain)
+        x1, x2, e1p, e1m, e2p, e2m = once(x1, x2, e1p, e1m, e2p, e2m)
     r1, r2 = g1.size[0], g2.size[0]
 
     def ss(c1, c2):
@@ -241,11 +257,9 @@ def capsule_capsule(g1, g2, margin):
     # set of kernels instead of four), the first the general one or the first end
     gen1, gen2 = g1.pos + axis1 * x1, g2.pos + axis2 * x2
     c1 = jnp.stack([sel(general, gen1, g1.pos + axis1), g1.pos - axis1,
-                    g1.pos + axis1 * jnp.clip((u - mb) / ma, -1, 1),
-                    g1.pos + axis1 * jnp.clip((u + mb) / ma, -1, 1)])
-    c2 = jnp.stack([sel(general, gen2, g2.pos + axis2 * jnp.clip((v - mb) / mc, -1, 1)),
-                    g2.pos + axis2 * jnp.clip((v + mb) / mc, -1, 1), g2.pos + axis2,
-                    g2.pos - axis2])
+                    g1.pos + axis1 * e1p, g1.pos + axis1 * e1m])
+    c2 = jnp.stack([sel(general, gen2, g2.pos + axis2 * e2p),
+                    g2.pos + axis2 * e2m, g2.pos + axis2, g2.pos - axis2])
     dist, pos, nrm, v4 = jax.vmap(ss)(c1, c2)
     v1, v2, v3, v4 = v4[0], v4[1], v4[2], v4[3]
     c12 = v1.astype(jnp.int32) + v2
@@ -265,7 +279,8 @@ def _onehot(i, dtype):
 
 
 def _box_edge(g1, g2, rot, pos21, i, j):
-    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal).
+    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal),
+    the vectors as lists of three scalars.
     Written on component lists (scalars): picks of traced components by selects
     (:func:`pick3`), no stacked vectors (on CPU a stacked vector with several users, or
     a vmapped gather, is a kernel of its own)."""
@@ -320,8 +335,10 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     dist = sum((w2[c] - w1[c]) * ax[c] for c in range(3))
     mid = [0.5 * (w1[c] + w2[c]) for c in range(3)]
     mat = g1.mat
-    pos = mat[:, 0] * mid[0] + mat[:, 1] * mid[1] + mat[:, 2] * mid[2] + g1.pos
-    return dist, pos, mat[:, 0] * ax[0] + mat[:, 1] * ax[1] + mat[:, 2] * ax[2]
+    pos = [mat[c, 0] * mid[0] + mat[c, 1] * mid[1] + mat[c, 2] * mid[2] + g1.pos[c]
+           for c in range(3)]
+    return dist, pos, [mat[c, 0] * ax[0] + mat[c, 1] * ax[1] + mat[c, 2] * ax[2]
+                       for c in range(3)]
 
 
 #: vertex capacity of the clipped incident face (a quad cut by four half-planes)
@@ -353,11 +370,19 @@ def _clip_half_plane(poly, n, coord, sign, lim):
     return out, jnp.minimum(jnp.sum(cnt), _CLIPMAX).astype(n.dtype)
 
 
+#: :func:`_once_scalars` as :func:`once` (one reduction with an output per scalar; off:
+#: packed by selects, the former way)
+_SCALARS_SHARED = True
+
+
 def _once_scalars(*xs):
-    """:func:`once` of scalars (ints and bools exactly, as small whole numbers), packed
-    side by side by selects on an index: XLA on CPU evaluates each operand of a
-    concatenate in a branch of its own, so values the scalars share (here the whole
-    separating-axis test) are evaluated again per scalar; behind selects, once."""
+    """:func:`once` of scalars: XLA on CPU evaluates each operand of a concatenate in a
+    branch of its own, so values the scalars share (here the whole separating-axis
+    test) would be evaluated again per scalar. As one reduction with an output per
+    scalar (:func:`common.reduce_shared`), or (off) packed side by side by selects on an
+    index (ints and bools exactly, as small whole numbers)."""
+    if _SCALARS_SHARED:
+        return once(*xs)
     dt = next((x.dtype for x in xs if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32)
     k = jax.lax.iota(jnp.int32, len(xs))
     flat = [jnp.asarray(x).astype(dt) for x in xs]
@@ -454,7 +479,7 @@ def box_box(g1, g2, margin):
     e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod_small(eidx, 3, 3))
     # stored once (:func:`once`): each field of the packed output (chunked._pack)
     # evaluated the edge search again
-    e = once(e_dist, *[e_pos[c] for c in range(3)], *[e_nrm[c] for c in range(3)])
+    e = once(e_dist, *e_pos, *e_nrm)
     e_dist, e_pos, e_nrm = e[0], _vec3(e[1:4]), _vec3(e[4:7])
     e_valid = is_edge & ~separated & (e_dist <= septol)
 
