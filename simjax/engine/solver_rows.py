@@ -253,7 +253,10 @@ _PACK = 8            # leaves per table of :func:`_needy_loop`
 #: unpack a transposed read, kept to compare). The loops' kernels' optimised LLVM IR
 #: (bench rollouts): shadow hand 11200 -> 9959 lines (the line search's sum 1834 ->
 #: 1091), barkour 10619 -> 9723 with :data:`~simjax.engine.solver_warmstart._HAX` and
-#: ``_ONE_DOT``; kernels +3 (the copies); float32 bench rollouts bit-identical
+#: ``_ONE_DOT``; kernels +3 (the copies); float32 bench rollouts bit-identical. The
+#: three off / on, paired XLA compile CPU of the bench rollout (6 rounds, loaded
+#: machine): shadow hand 1.032 [1.005, 1.081], barkour 0.986 [0.946, 1.047]; barkour's
+#: run time 1.049 [0.915, 1.244] (10 rounds): noise
 _MAJOR = True
 
 

@@ -41,7 +41,7 @@ def _warm_head(spec, x, e, J, both, acc):
 def _warm_first(spec, x, e, sc, J, both, acc):
     """:func:`_warm_rest` with, at both columns, the sums of a Newton first pass
     (:func:`_update_chunk` with no step): acc (costs (2,), (J' force (nv, 2), Hessian
-    terms (2, nv, nv)))."""
+    terms (nv, 2, nv), :data:`_HAX`))."""
     cost, (f, H) = acc
     jb = _times_cols(J, both) - x["aref"][:, None]
     if _ONE_DOT and _HAX and not spec.ell:
