@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from simjax.engine.math import where
-from simjax.engine.solver_cost import _hessian, update
+from simjax.engine.solver_cost import _hessian, _quad_weights, update
 from simjax.engine.solver_dense import _times_cols
 from simjax.engine.solver_gather import Chunked
 from simjax.engine.solver_rows import find_chunks, head_chunk, rest_zeros
@@ -41,16 +41,34 @@ def _warm_head(spec, x, e, J, both, acc):
 def _warm_first(spec, x, e, sc, J, both, acc):
     """:func:`_warm_rest` with, at both columns, the sums of a Newton first pass
     (:func:`_update_chunk` with no step): acc (costs (2,), (J' force (nv, 2), Hessian
-    terms (2, nv, nv)))."""
+    terms (nv, 2, nv), :data:`_HAX`))."""
     cost, (f, H) = acc
     jb = _times_cols(J, both) - x["aref"][:, None]
+    if _ONE_DOT and _HAX and not spec.ell:
+        c, f, H = _quad_sums(spec, x, J, jb, f, H)
+        return (cost + c, (f, H)), (sc if isinstance(sc, tuple) else jb)
 
     def one(jar, f, H):
         force, state, c = update(spec, x, jar)
         return c, f + J.T @ force, _hessian(spec, x, J, jar, state, H)
 
-    c, f, H = jax.vmap(one, (1, 1, 0), (0, 1, 0))(jb, f, H)
+    hax = 1 if _HAX else 0
+    c, f, H = jax.vmap(one, (1, 1, hax), (0, 1, hax))(jb, f, H)
     return (cost + c, (f, H)), (sc if isinstance(sc, tuple) else jb)
+
+
+def _quad_sums(spec, x, J, jb, f, H):
+    """Costs (2,) at the rows' ``jb`` (rows, 2) and the sums of :func:`_warm_first`
+    without cone rows, J' force and J' D_q J at both points added to f (nv, 2) and H
+    (nv, 2, nv): one product of J' with the forces and weighted rows of both points
+    (:data:`_ONE_DOT`)."""
+    force, state, c = jax.vmap(lambda jar: update(spec, x, jar), 1, (1, 1, 0))(jb)
+    dq = jax.vmap(lambda s: _quad_weights(x, s), 1, 1)(state)          # (rows, 2)
+    rows, nv = J.shape
+    w = jnp.concatenate([force, (dq[:, :, None] * J[:, None, :]).reshape(rows, 2 * nv)],
+                        1)
+    prod = J.T @ w                                                   # (nv, 2 + 2 nv)
+    return c, f + prod[:, :2], H + prod[:, 2:].reshape(nv, 2, nv)
 
 
 def _warm_pick(cost, sums, start):
@@ -59,6 +77,9 @@ def _warm_pick(cost, sums, start):
     ``sums``), from ``start`` (zero, M)."""
     f, H = sums
     pick = cost[0] > cost[1]
+    if _HAX:
+        return (where(pick, f[:, 1], f[:, 0]),
+                start[1] + where(pick, H[:, 1], H[:, 0]))
     return (where(pick, f[:, 1], f[:, 0]),
             start[1] + where(pick, H[1], H[0]))
 
@@ -107,7 +128,7 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
         # in it keeps the first pass's sums at its chosen point only
         nv = qs.shape[0]
         local = (jax.ShapeDtypeStruct((nv, 2), qs.dtype),
-                 jax.ShapeDtypeStruct((2, nv, nv), qs.dtype))
+                 jax.ShapeDtypeStruct((nv, 2, nv) if _HAX else (2, nv, nv), qs.dtype))
         (cost, extra), rest, rows = find_chunks(
             rows, _warm_first, cost + smooth_cost, args=both, jac=True, state=rest,
             finish=(_warm_pick, local, (jnp.zeros_like(qs), M)), fresh=True)
@@ -133,3 +154,21 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
 #: the later chunks' first-pass sums made by the warm start's pass (False: by a loop
 #: of the first pass, the former way, kept to compare)
 _FIRST = True
+
+
+#: the Hessian terms at both points (:func:`_warm_first`) are kept (nv, 2, nv), as the
+#: product of both points' rows makes them, read at trace time (False: (2, nv, nv), a
+#: transposing copy fused into every chunk's sum, kept to compare): the shadow hand's
+#: costliest kernel of the warm start's loop (a 4-d transpose and an add, 72 ms of LLVM
+#: time on an idle machine) becomes a plain add; the same kernels and optimised IR
+#: lines; float32 bench rollouts bit-identical
+_HAX = True
+
+
+#: without cone rows, :func:`_warm_first`'s J' force and Hessian terms at both points are
+#: one product (:func:`_quad_sums`), read at trace time (False: two, kept to compare):
+#: a dot kernel and an add fewer (shadow hand 860 -> 858 kernels, barkour 640 -> 638,
+#: with :data:`~simjax.engine.solver_rows._MAJOR`); float32 bench rollouts
+#: bit-identical. (The costs summed by that product as well, by a row of ones under
+#: J': barkour 3 kernels more, a pad of J among them)
+_ONE_DOT = True
