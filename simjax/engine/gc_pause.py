@@ -49,7 +49,9 @@ _TRACED = "/jax/core/compile/jaxpr_trace_duration"
 _LOWERED = ("/jax/core/compile/jaxpr_to_mlir_module_duration",
             "/jax/core/compile/backend_compile_duration")
 #: seconds after the outermost trace's end at which a hold ends where no lowering
-#: follows (``make_jaxpr``, ``jit(f).trace`` alone, an error in the trace)
+#: follows (``make_jaxpr``, ``jit(f).trace`` alone, an error in the trace). The timer
+#: enables the collector even where the caller disabled it in that time: a hold
+#: cannot tell the caller's gc.disable() from its own
 _FALLBACK_S = 20.0
 
 _lock = threading.Lock()
