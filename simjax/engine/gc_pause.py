@@ -44,10 +44,9 @@ HOLD = True
 #: a hold is taken only inside one, so an eager ``vmap`` / ``grad`` of ``step`` (no
 #: lowering follows) is paused for the call alone.
 _TRACED = "/jax/core/compile/jaxpr_trace_duration"
-#: the end of lowering the traced program to StableHLO, or the start of its XLA
-#: compile, whichever comes first: either ends a hold
-_LOWERED = ("/jax/core/compile/jaxpr_to_mlir_module_duration",
-            "/jax/core/compile/backend_compile_duration")
+#: the end of lowering the traced program to StableHLO (before its XLA compile): ends a
+#: hold
+_LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 #: seconds after the outermost trace's end at which a hold ends where no lowering
 #: follows (``make_jaxpr``, ``jit(f).trace`` alone, an error in the trace). The timer
 #: enables the collector even where the caller disabled it in that time: a hold
@@ -71,10 +70,9 @@ def _resume():
 
 
 def _on_scalar(event, value, **kwargs):
+    # a trace's start is recorded as a scalar (its start time)
     if event == _TRACED:
         _state["tracing"] = True
-    elif event == _LOWERED[1] and _state["held"]:
-        _resume()
 
 
 def _on_duration(event, duration, **kwargs):
@@ -86,7 +84,7 @@ def _on_duration(event, duration, **kwargs):
                 t.daemon = True
                 _state["timer"] = t
                 t.start()
-    elif event in _LOWERED and _state["held"]:
+    elif event == _LOWERED and _state["held"]:
         _resume()
 
 

@@ -46,14 +46,13 @@ def _warm_first(spec, x, e, sc, J, both, acc):
     jb = _times_cols(J, both) - x["aref"][:, None]
     if _ONE_DOT and _HAX and not spec.ell:
         c, f, H = _quad_sums(spec, x, J, jb, f, H)
-        return (cost + c, (f, H)), (sc if isinstance(sc, tuple) else jb)
+    else:
+        def one(jar, f, H):
+            force, state, c = update(spec, x, jar)
+            return c, f + J.T @ force, _hessian(spec, x, J, jar, state, H)
 
-    def one(jar, f, H):
-        force, state, c = update(spec, x, jar)
-        return c, f + J.T @ force, _hessian(spec, x, J, jar, state, H)
-
-    hax = 1 if _HAX else 0
-    c, f, H = jax.vmap(one, (1, 1, hax), (0, 1, hax))(jb, f, H)
+        hax = 1 if _HAX else 0
+        c, f, H = jax.vmap(one, (1, 1, hax), (0, 1, hax))(jb, f, H)
     return (cost + c, (f, H)), (sc if isinstance(sc, tuple) else jb)
 
 
@@ -76,12 +75,9 @@ def _warm_pick(cost, sums, start):
     at the point of lower total cost ``cost`` (2,) (:func:`_warm_first`'s sums
     ``sums``), from ``start`` (zero, M)."""
     f, H = sums
+    H0, H1 = (H[:, 0], H[:, 1]) if _HAX else (H[0], H[1])
     pick = cost[0] > cost[1]
-    if _HAX:
-        return (where(pick, f[:, 1], f[:, 0]),
-                start[1] + where(pick, H[:, 1], H[:, 0]))
-    return (where(pick, f[:, 1], f[:, 0]),
-            start[1] + where(pick, H[1], H[0]))
+    return where(pick, f[:, 1], f[:, 0]), start[1] + where(pick, H1, H0)
 
 
 def _warm_rest(spec, x, e, sc, J, both, acc):
