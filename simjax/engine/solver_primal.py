@@ -165,11 +165,9 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         jaref_new = Chunked(head, rest)
         grad = Ma - p["qfrc_smooth"] - acc[0]
         if hess:
-            # the Hessian is a function of the rows' states (and of the cone rows'
-            # jaref): where no state changed and no row is in a cone, the factor in
-            # hand is that of the new Hessian, bit for bit. Worlds (under vmap) whose
-            # factor is remade are computed apart (where_needed): a world's last
-            # iterations usually change no state
+            # the factor is remade where a row changed state (:func:`_refactor`); worlds
+            # (under vmap) whose factor is remade are computed apart (where_needed): a
+            # world's last iterations usually change no state
             if search_on or not _HEAD_CHANGES:
                 refactor = _refactor(rows, first, changed, acc, head, hstate, J0T)
             if search_on:
