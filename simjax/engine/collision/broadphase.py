@@ -77,27 +77,30 @@ def _pair_cols(table):
 
 class _Rows:
     """The first ``count`` rows of ``x`` (k, n) as (n,) arrays, by one split (as
-    math.unstack), each row squeezed out where first read: the broadphase alone reads
-    12 of a pair's 24 pose rows, the entries a group without the box filter leaves
-    unread are not traced (about 75 equations fewer on the shadow hand)."""
+    math.unstack), each row squeezed out (and passed through ``post``) where first read:
+    the broadphase alone reads 12 of a pair's 24 pose rows, the entries a group without
+    the box filter leaves unread are not traced (about 75 equations fewer on the shadow
+    hand, 30 on the humanoid)."""
 
-    def __init__(self, x, count, _parts=None):
+    def __init__(self, x, count, _parts=None, post=None):
         self._parts = _parts if _parts is not None else lax.split(
             x, (1,) * count + ((x.shape[0] - count,) if count < x.shape[0] else ()), 0)
         self._rows = {}
         self._idx = list(range(count))
+        self._post = post
 
     def __len__(self):
         return len(self._idx)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            out = _Rows(None, 0, self._parts)
+            out = _Rows(None, 0, self._parts, self._post)
             out._rows, out._idx = self._rows, self._idx[i]
             return out
         j = self._idx[i]
         if j not in self._rows:
-            self._rows[j] = lax.squeeze(self._parts[j], (0,))
+            row = lax.squeeze(self._parts[j], (0,))
+            self._rows[j] = row if self._post is None else self._post(row)
         return self._rows[j]
 
     def __iter__(self):
@@ -174,6 +177,10 @@ def _geom_cols(m, d, g1, g2, ftype):
         st = static[g]
         # split per pair side, not shared by both: shared, XLA fused the broadphase
         # differently (float64 results moved by an ulp)
+        if _LAZY_ROWS and isinstance(mat, jax.Array):
+            return ([take_rows(x, g) for x in unstack(pos, 0)],
+                    _Rows(mat, 9, post=lambda x: take_rows(x, g)),
+                    [st[:, i] for i in range(3)], st[:, 3])
         p, r = unstack(pos, 0), unstack(mat, 0)
         return ([take_rows(p[i], g) for i in range(3)],
                 [take_rows(r[i], g) for i in range(9)],
