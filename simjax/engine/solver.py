@@ -180,7 +180,7 @@ def fwd_constraint(m, d):
         f0 = jnp.zeros(nefc, qs.dtype)
         if warm:
             qw = sg(d.qacc_warmstart)
-            fw, _, _ = update(spec, ps, ps["J"] @ qw - ps["aref"])
+            fw, _, _ = update(spec, ps, ps["J"] @ qw - ps["aref"], "f")
             AR = _ar(ps)
             dual = jnp.dot(fw, ps["efc_b"]) + 0.5 * jnp.dot(fw, AR @ fw)
             f0 = where(dual > 0, 0.0, fw)
@@ -209,7 +209,7 @@ def fwd_constraint(m, d):
                          solver_improvement=_per_island(imp),
                          solver_gradient=_per_island(gnorm))
     jar = d.efc_J @ qacc - d.efc_aref
-    force, state, _ = update(spec, p, jar)
+    force, state, _ = update(spec, p, jar, "fs")
     if force_solver is not None:
         force = force + sg(force_solver - force)
         state = _dual_state(spec, p, force_solver, state)
@@ -240,7 +240,7 @@ def _rows_outputs(spec, p, rows, jaref, qfrc, jb_smooth):
     if full is None:
         return None
     active = p["active"]
-    force, state, _ = update(spec, p, full[:, 0])
+    force, state, _ = update(spec, p, full[:, 0], "fs")
     force = where(active, force, 0.0)
     if qfrc is None:
         qfrc = p["J"].T @ force
@@ -251,7 +251,7 @@ def _rows_outputs(spec, p, rows, jaref, qfrc, jb_smooth):
 def _full_outputs(spec, with_b, diff, qacc, qs, active):
     """efc_force, qfrc_constraint (and efc_b) of solution ``qacc`` over every row."""
     J, aref = diff["J"], diff["aref"]
-    force, _, _ = update(spec, dict(diff, active=active), J @ qacc - aref)
+    force, _, _ = update(spec, dict(diff, active=active), J @ qacc - aref, "f")
     force = where(active, force, 0.0)
     out = (force, J.T @ force)
     if with_b:
@@ -306,7 +306,7 @@ def inv_constraint(m, d):
     lay = C.layout(m, C.slot_dims(d))
     spec = spec_from_layout(lay, m.nv)
     p = _problem(m, d, lay)
-    force, state, _ = update(spec, p, d.efc_J @ d.qacc - d.efc_aref)
+    force, state, _ = update(spec, p, d.efc_J @ d.qacc - d.efc_aref, "fs")
     force = where(d.efc_active, force, 0.0)
     return d.replace(efc_force=force, efc_state=state, qfrc_constraint=d.efc_J.T @ force)
 

@@ -47,8 +47,9 @@ def spec_from_layout(lay, nv):
                 nefc=len(t), nv=nv)
 
 
-def _ell_update(jar, D, mu, fr):
-    """Elliptic cone zones (mj_constraintUpdate): force (n,dim), cost (n,), state (n,)."""
+def _ell_update(jar, D, mu, fr, want="fcs"):
+    """Elliptic cone zones (mj_constraintUpdate): force (n,dim), cost (n,), state (n,);
+    of those named in ``want`` (f, c, s), None for the others."""
     u = jnp.concatenate([jar[:, :1] * mu[:, None], jar[:, 1:] * fr], 1)
     nn = u[:, 0]
     tt2 = jnp.sum(u[:, 1:] ** 2, 1)
@@ -57,17 +58,22 @@ def _ell_update(jar, D, mu, fr):
     tt = where(pos, tt, 0.0)
     top = (nn >= mu * tt) | (~pos & (nn >= 0))
     bottom = ~top & ((mu * nn + tt <= 0) | (~pos & (nn < 0)))
-    dm = D[:, 0] / (mu * mu * (1 + mu * mu))
-    nmt = nn - mu * tt
-    f0 = -dm * nmt * mu
-    tsafe = where(pos, tt, 1.0)
-    fj = -f0[:, None] / tsafe[:, None] * u[:, 1:] * fr
-    fmid = jnp.concatenate([f0[:, None], fj], 1)
-    fq = -D * jar
-    force = where(top[:, None], 0.0, where(bottom[:, None], fq, fmid))
-    cost = where(top, 0.0, where(bottom, 0.5 * jnp.sum(D * jar * jar, 1),
-                                 0.5 * dm * nmt * nmt))
-    state = where(top, C.SATISFIED, where(bottom, C.QUADRATIC, C.CONE))
+    force = cost = state = None
+    if "f" in want or "c" in want:
+        dm = D[:, 0] / (mu * mu * (1 + mu * mu))
+        nmt = nn - mu * tt
+    if "f" in want:
+        f0 = -dm * nmt * mu
+        tsafe = where(pos, tt, 1.0)
+        fj = -f0[:, None] / tsafe[:, None] * u[:, 1:] * fr
+        fmid = jnp.concatenate([f0[:, None], fj], 1)
+        fq = -D * jar
+        force = where(top[:, None], 0.0, where(bottom[:, None], fq, fmid))
+    if "c" in want:
+        cost = where(top, 0.0, where(bottom, 0.5 * jnp.sum(D * jar * jar, 1),
+                                     0.5 * dm * nmt * nmt))
+    if "s" in want:
+        state = where(top, C.SATISFIED, where(bottom, C.QUADRATIC, C.CONE))
     return force, cost, state
 
 
@@ -78,39 +84,67 @@ def _ell_mid_cost(jar, D0, mu, fr):
     return 0.5 * dm * (u[0] - mu * tt) ** 2
 
 
-def update(spec, p, jar):
-    """Forces, states and constraint cost at jar = J qacc - aref (mj_constraintUpdate)."""
+def update(spec, p, jar, want="fsc"):
+    """Forces, states and constraint cost at jar = J qacc - aref (mj_constraintUpdate):
+    those named in ``want`` (f, s, c), None for the others. The parts a caller drops
+    are not traced: XLA removed them anyway, but each traced equation costs trace,
+    batching and lowering time (all three built, about 150 of the shadow hand's
+    equations were dropped)."""
     D, R, fl = p["D"], p["R"], p["floss"]
+    want = want if _PARTS else "fsc"
+    F, S, K = ("f" in want), ("s" in want), ("c" in want)
     # negations fall on the values at jar, not on the rows' constants (the same bits): a
     # negated constant is hoisted out of the solver loops, one more (worlds, rows) array
     # kept through the solve
-    force = -(D * jar)
-    cost_row = 0.5 * D * jar * jar
-    state = jnp.full(jar.shape, C.QUADRATIC, jnp.int32)
+    force = -(D * jar) if F else None
+    cost_row = 0.5 * D * jar * jar if K else None
+    state = jnp.full(jar.shape, C.QUADRATIC, jnp.int32) if S else None
     # friction loss (Huber)
     rf = R * fl
     neg = spec.fric & (-jar >= rf)
     posv = spec.fric & ~neg & (jar >= rf)
-    force = where(neg | posv, fl * where(neg, 1.0, -1.0), force)
-    cost_row = where(neg, -0.5 * R * fl * fl - fl * jar,
-                     where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
-    state = where(neg, C.LINEARNEG, where(posv, C.LINEARPOS, state))
+    if F:
+        force = where(neg | posv, fl * where(neg, 1.0, -1.0), force)
+    if K:
+        cost_row = where(neg, -0.5 * R * fl * fl - fl * jar,
+                         where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
+    if S:
+        state = where(neg, C.LINEARNEG, where(posv, C.LINEARPOS, state))
     # one-sided rows
     sat = spec.ineq & (jar >= 0)
-    force = where(sat, 0.0, force)
-    cost_row = where(sat, 0.0, cost_row)
-    state = where(sat, C.SATISFIED, state)
-    cost = reduce_fused(where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0), 0)
+    if F:
+        force = where(sat, 0.0, force)
+    if K:
+        cost_row = where(sat, 0.0, cost_row)
+    if S:
+        state = where(sat, C.SATISFIED, state)
+    cost = reduce_fused(where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0), 0) if K else None
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         f, c, s = _ell_update(_ell_rows(jar, start, n, dim), _ell_rows(D, start, n, dim),
-                              mu, fr)
+                              mu, fr, want)
         sl = slice(start, start + n * dim)
-        force = force.at[sl].set(f.reshape(-1))
-        state = state.at[sl].set(jnp.repeat(s, dim).astype(jnp.int32))
-        cost = cost + jnp.sum(c)
-    if "active" in p:
+        if F:
+            force = force.at[sl].set(f.reshape(-1))
+        if S:
+            state = state.at[sl].set(jnp.repeat(s, dim).astype(jnp.int32))
+        if K:
+            cost = cost + jnp.sum(c)
+    if S and "active" in p:
         state = where(p["active"], state, C.SATISFIED)
     return force, state, cost
+
+
+#: whether :func:`update` traces only the parts its caller asks for (False: all three,
+#: for paired measurements). Measured together with solver_primal._HEAD_CHANGES and
+#: collision.broadphase._LAZY_ROWS (the bench rollout's dead equations, shadow hand
+#: 11983 -> 11599 equations, barkour 6896 -> 6600): trace + lowering CPU, all three off
+#: against on (in one process, alternated, jax.clear_caches() between, load 9-13),
+#: shadow hand 1.017 [0.999, 1.051] (8 rounds) and 1.009 [0.969, 1.092] (10; the trace
+#: alone 1.025 and 1.018), barkour 1.002 [0.954, 1.115] (8) and 1.021 [0.974, 1.055]
+#: (10), humanoid 1.046 [0.973, 1.062] (8; 6893 -> 6618 equations), ant 1.016 [0.980,
+#: 1.089] (8; 5202 -> 4973); the optimised HLO the same instructions (hand, barkour,
+#: humanoid), outputs bit-identical (float64 and float32, the four models)
+_PARTS = True
 
 
 def _quad_weights(p, state):
@@ -143,5 +177,5 @@ def _hessian(spec, p, J, jar, state, H, JT=None):
 def gradient(spec, p, qacc):
     """g(qacc) = M qacc - qfrc_smooth - J' f(J qacc - aref): zero at the optimum."""
     jar = p["J"] @ qacc - p["aref"]
-    force, _, _ = update(spec, p, jar)
+    force, _, _ = update(spec, p, jar, "f")
     return p["M"] @ qacc - p["qfrc_smooth"] - p["J"].T @ force

@@ -151,7 +151,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         # they are (no J search)
         acc, (head, hstate, changed) = head_chunk(
             rows, functools.partial(_update_head, hess and not search_on,
-                                    JT=J0T_first if hess and not search_on else None), acc,
+                                    JT=J0T_first if hess and not search_on else None,
+                                    changes=hess and search_on or not _HEAD_CHANGES), acc,
             extra=jaref, args=(alpha, take, rpre["Jv"] if search_on else None), jac=True)
         if first_rest is not None and hess and not search_on:
             # a first pass known statically makes no step: the later chunks' rows stay
@@ -164,23 +165,13 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         jaref_new = Chunked(head, rest)
         grad = Ma - p["qfrc_smooth"] - acc[0]
         if hess:
-            # the Hessian is a function of the rows' states (and of the cone rows'
-            # jaref): where no state changed and no row is in a cone, the factor in
-            # hand is that of the new Hessian, bit for bit. Worlds (under vmap) whose
-            # factor is remade are computed apart (where_needed): a world's last
-            # iterations usually change no state
-            need = first | changed | (rows.nact > 1)
-            if rows.spec.ell:
-                fx = functools.partial(_factor, rows.spec)
-                hx = (acc[1], rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate,
-                      J0T)
-            else:
-                # no cone rows: the rows enter by their quadratic weights alone, one
-                # (rows,) array for where_needed to gather per block, not three
-                fx = _factor_quad
-                hx = (acc[1], rows.J0, _quad_weights(rows.x0, hstate), J0T)
+            # the factor is remade where a row changed state (:func:`_refactor`); worlds
+            # (under vmap) whose factor is remade are computed apart (where_needed): a
+            # world's last iterations usually change no state
+            if search_on or not _HEAD_CHANGES:
+                refactor = _refactor(rows, first, changed, acc, head, hstate, J0T)
             if search_on:
-                lowt = where_needed(fx, need, hx, s["lowt"])
+                lowt = where_needed(*refactor, s["lowt"])
             else:
                 lowt = factor_t(acc[1])
             mgrad = spd_solve(jnp.swapaxes(lowt, -1, -2), grad)
@@ -305,6 +296,20 @@ def _eval_rest(spec, x, jaref, sc, J, args, acc):
                   fric), sc)
 
 
+def _refactor(rows, first, changed, acc, head, hstate, J0T):
+    """(factor function, worlds that need it, its operands) for where_needed: the
+    Hessian is a function of the rows' states (and of the cone rows' jaref): where no
+    state changed and no row is in a cone, the factor in hand is that of the new
+    Hessian, bit for bit."""
+    need = first | changed | (rows.nact > 1)
+    if rows.spec.ell:
+        return (functools.partial(_factor, rows.spec), need,
+                (acc[1], rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate, J0T))
+    # no cone rows: the rows enter by their quadratic weights alone, one (rows,) array
+    # for where_needed to gather per block, not three
+    return _factor_quad, need, (acc[1], rows.J0, _quad_weights(rows.x0, hstate), J0T)
+
+
 def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False, JT=None):
     """Step of the rows of a chunk (``Jv`` = J search, None: no step): J' force added
     to acc[0], with ``hess`` the Hessian's row terms to acc[1] (``JT``: J' for them,
@@ -314,7 +319,7 @@ def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False, JT=None):
     alpha, take, Jv = args
     isl = Islands(spec.nisl, x.get("rowisl"))
     new = jaref if Jv is None else jaref + isl.rx(alpha, 0.0) * Jv
-    force, state, _ = update(spec, x, new)
+    force, state, _ = update(spec, x, new, "fs")
     out = (acc[0] + J.T @ force,) + acc[1:]
     if hess:
         out = out[:1] + (_hessian(spec, x, J, new, state, acc[1], JT),)
@@ -322,17 +327,25 @@ def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False, JT=None):
     return out, ((kept, state) if states else kept)
 
 
-def _update_head(hess, spec, x, jaref, J, args, acc, JT=None):
+def _update_head(hess, spec, x, jaref, J, args, acc, JT=None, changes=True):
     """:func:`_update_chunk` on chunk 0; out (jaref, the rows' new states, whether a
-    state changed)."""
+    state changed: None unless ``changes``, where the caller reads it, so that the
+    states before the step are not traced only to be dropped)."""
     acc, (out, state) = _update_chunk(hess, spec, x, jaref, J, args, acc, states=True,
                                       JT=JT)
-    changed = reduce_fused(state != update(spec, x, jaref)[1], 0, "any")
+    if not changes:
+        return acc, (out, state, None)
+    changed = reduce_fused(state != update(spec, x, jaref, "s")[1], 0, "any")
     if spec.ell:
         # the cone Hessians follow jaref
         changed = changed | reduce_fused(state == C.CONE, 0, "any")
     return acc, (out, state, changed)
 
+
+#: whether :func:`_update_head` leaves out the state comparison, and _primal the
+#: refactorisation's operands, where they are not read (False: always traced, for
+#: paired measurements)
+_HEAD_CHANGES = True
 
 #: the per-row entries of the Hessian's row terms (:func:`_hessian`)
 _HESS_KEYS = ("D", "active", "mu", "fr")

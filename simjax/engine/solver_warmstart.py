@@ -31,7 +31,7 @@ def _warm_cost(spec, x, J, both, acc):
     """Constraint costs at the two columns of ``both`` added to acc (2,), and the
     rows' J q - aref (rows, 2)."""
     jb = _times_cols(J, both) - x["aref"][:, None]
-    return acc + jax.vmap(lambda jar: update(spec, x, jar)[2], 1)(jb), jb
+    return acc + jax.vmap(lambda jar: update(spec, x, jar, "c")[2], 1)(jb), jb
 
 
 def _warm_head(spec, x, e, J, both, acc):
