@@ -221,7 +221,9 @@ _TRANSITIONS = _transitions()
 #: the line search's loop runs while an island of any world searches (an unbatched flag
 #: under vmap, :func:`~simjax.engine.solver_worlds.any_world`), the islands done kept
 #: as they are by the body; read at trace time (False: a flag per world, for which vmap
-#: selects between the body's output and its input on every trip, kept to compare)
+#: selects between the body's output and its input on every trip, kept to compare).
+#: Ant's bench rollout 585 -> 584 kernels, XLA compile off / on 0.997 [0.989, 1.038]
+#: (6 rounds), run 1.005 [0.968, 1.041] (8 rounds); outputs bit-identical
 _ANY_WORLD = True
 
 
