@@ -301,9 +301,9 @@ def _take_chunk(nisl, src, idx, pos):
         return jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
 
     x = {key: take(src[key], fill) for key, fill in _FILL.items()}
-    x.update(eq=take(src["eq"], False), fric=take(src["fric"], False),
-             ineq=take(src["ineq"], True),
-             mu=tuple(jnp.take(mu, ps, mode="fill", fill_value=1.0)
+    x.update({key: _uniform(src[key], fill, idx.shape[0]) for key, fill in _MASKS.items()})
+    x.update({key: take(src[key], fill) for key, fill in _MASKS.items() if x[key] is None})
+    x.update(mu=tuple(jnp.take(mu, ps, mode="fill", fill_value=1.0)
                       for mu, ps in zip(src["mu"], pos)),
              fr=tuple(jnp.take(fr, ps, axis=0, mode="fill", fill_value=1.0)
                       for fr, ps in zip(src["fr"], pos)))
@@ -314,6 +314,25 @@ def _take_chunk(nisl, src, idx, pos):
 
 #: the row masks of a later chunk's table (:func:`_take_rest`) and their padding
 _MASKS = {"eq": False, "fric": False, "ineq": True}
+
+
+#: a row mask (static) whose rows are all its padding value is that value on every row
+#: of a chunk (:func:`_uniform`), read at trace time (False: gathered, kept to compare).
+#: The bench models' rows are all one-sided (no equality or friction-loss rows): bench
+#: rollouts (batch 1024, float32) barkour 637 -> 634 kernels, ant 585 -> 584; paired XLA
+#: compile CPU (6 rounds, loaded machine) off / on barkour 1.042 [0.982, 1.113], ant
+#: 1.029 [1.008, 1.063]; barkour run 1.014 [0.918, 1.132] (8 rounds). The steps are
+#: bit-identical; the last forward's solver outputs differ by rounding (kernels fused
+#: differently: barkour float32 qacc 6e-5 of 974)
+_STATIC_MASKS = True
+
+
+def _uniform(mask, fill, n):
+    """The static mask (n,) of a chunk's rows where every row of ``mask`` (static) is
+    ``fill`` (the padding rows' value): known without a gather; else None."""
+    if _STATIC_MASKS and isinstance(mask, np.ndarray) and np.all(mask == fill):
+        return np.full(n, fill)
+    return None
 
 
 def _take_rest(nisl, src, idx, pos, J):
@@ -331,20 +350,24 @@ def _take_rest(nisl, src, idx, pos, J):
     solves with several chunks in use ran 25% slower.)"""
     dtype = src["aref"].dtype
     keys = list(_FILL.items())
+    known = {key: _uniform(src[key], v, idx.shape[0]) for key, v in _MASKS.items()}
+    masks = [key for key in _MASKS if known[key] is None]
     # the static masks as one constant column of codes, eq + 2 fric + 4 ineq
     code = sum(np.asarray(src[key]).astype(np.float32) * 2.0 ** j
-               for j, key in enumerate(_MASKS))
-    pad = sum(float(v) * 2.0 ** j for j, v in enumerate(_MASKS.values()))
-    cols = [src[key].astype(dtype)[:, None] for key, _ in keys] + [code.astype(dtype)[:, None]]
-    fill = [float(v) for _, v in keys] + [pad]
+               for j, key in enumerate(masks))
+    pad = sum(float(_MASKS[key]) * 2.0 ** j for j, key in enumerate(masks))
+    cols = ([src[key].astype(dtype)[:, None] for key, _ in keys]
+            + ([code.astype(dtype)[:, None]] if masks else []))
+    fill = [float(v) for _, v in keys] + ([pad] if masks else [])
     tab = jnp.concatenate([jnp.concatenate(cols, 1), jnp.asarray(fill, dtype)[None]])
     rows = tab.at[idx].get(mode="promise_in_bounds")
-    x = {}
+    x = {key: v for key, v in known.items() if v is not None}
     for j, (key, v) in enumerate(keys):
         x[key] = rows[:, j] != 0 if isinstance(v, bool) else rows[:, j]
-    bits = rows[:, len(keys)].astype(jnp.int32)
-    for j, key in enumerate(_MASKS):
-        x[key] = (bits & (1 << j)) != 0
+    if masks:
+        bits = rows[:, len(keys)].astype(jnp.int32)
+        for j, key in enumerate(masks):
+            x[key] = (bits & (1 << j)) != 0
     if "rowisl" in src:
         x["rowisl"] = jnp.take(src["rowisl"], idx, mode="fill", fill_value=nisl)
     ell = [jnp.concatenate([jnp.concatenate([mu[:, None], fr], 1),
