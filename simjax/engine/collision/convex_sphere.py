@@ -123,7 +123,8 @@ def _select(c, tplane, tedge, edge):
 
 
 #: :func:`_select`'s face chosen by one search over the triangles (off: two, the
-#: nearest face and the highest, then picked; for paired measurements)
+#: nearest face and the highest, then picked; shadow hand 6 kernels more; see
+#: narrow.AS_GROUP; for paired measurements)
 _ONE_ARG = True
 
 

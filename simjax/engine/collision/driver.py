@@ -251,7 +251,8 @@ def _contact_params(m, p, prm, ftype):
 #: the contacts' fields of one shape stored by one kernel (:func:`common.reduce_shared`),
 #: the frame's rows zeroed before they are stacked (the stack and its zeroing are one
 #: kernel), where each field was a kernel of its own; ``ncon`` from the dims' counts, not
-#: a count of the slots (off: the former way; for paired measurements)
+#: a count of the slots (see narrow.AS_GROUP for the measurements; off: the former way,
+#: for paired measurements)
 _SHARED_FIELDS = True
 
 

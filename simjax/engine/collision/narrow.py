@@ -56,8 +56,11 @@ CHEAP = (P.plane_sphere, P.plane_capsule, P.sphere_sphere, P.sphere_capsule, P.s
 #: group, geom 2's sizes scaled by a static factor (a sphere is a capsule of
 #: half-length 0: sphere_capsule gives sphere_sphere's contact exactly, the segment's
 #: nearest point being the centre; plane_capsule plane_sphere's, see there). One
-#: group's kernels fewer each (shadow hand, humanoid, ant). Empty: every collider its
-#: own group (for paired measurements)
+#: group's kernels fewer each (bench rollouts, with driver._SHARED_FIELDS and
+#: convex_sphere._ONE_ARG: shadow hand 854 -> 833 kernels, humanoid 649 -> 631, ant
+#: 585 -> 574, barkour 638 -> 632; shadow hand XLA compile CPU off / on 1.067 [0.980,
+#: 1.096], 6 rounds in one process, load 10-15; humanoid step off / on 1.011 [0.895,
+#: 1.049], 8 rounds). Empty: every collider its own group (for paired measurements)
 AS_GROUP = {P.sphere_sphere: (P.sphere_capsule, (1.0, 0.0, 1.0)),
             P.plane_sphere: (P.plane_capsule, (1.0, 0.0, 1.0))}
 
