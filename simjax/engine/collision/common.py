@@ -260,9 +260,8 @@ def normalize(v):
     return out, n
 
 
-def make_frame(normal, tangent):
-    """Contact frame rows (normal, t1, t2) as mju_makeFrame: t1 is ``tangent`` made
-    orthogonal to the normal, or (0, 1, 0) / (0, 0, 1) when ``tangent`` is ~zero."""
+def frame_rows(normal, tangent):
+    """The first two rows of :func:`make_frame` (normal, t1)."""
     n, _ = normalize(normal)
     small = dot(tangent, tangent) < 0.25
     ey, ez = _unit(n.shape, 1, n.dtype), _unit(n.shape, 2, n.dtype)
@@ -270,6 +269,13 @@ def make_frame(normal, tangent):
     t = sel(bcast(small, n.shape), alt, tangent)
     t = t - n * bcast(dot(n, t), n.shape)
     t, _ = normalize(t)
+    return n, t
+
+
+def make_frame(normal, tangent):
+    """Contact frame rows (normal, t1, t2) as mju_makeFrame: t1 is ``tangent`` made
+    orthogonal to the normal, or (0, 1, 0) / (0, 0, 1) when ``tangent`` is ~zero."""
+    n, t = frame_rows(normal, tangent)
     return jnp.stack([n, t, cross(n, t)], axis=-2)
 
 

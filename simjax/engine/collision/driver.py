@@ -46,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision.chunked import first_k
-from simjax.engine.collision.common import make_frame
-from simjax.engine.collision.narrow import narrow_group
+from simjax.engine.collision.common import cross, frame_rows, make_frame, reduce_shared
+from simjax.engine.collision.narrow import narrow_group, run_groups
 from simjax.engine.collision.pairs import (
     Group, Plan, candidate_pairs, contact_capacity, dim_split, make_contacts, mujoco_rank,
     plan, register_collider, sdf_pair)
@@ -248,6 +248,44 @@ def _contact_params(m, p, prm, ftype):
                             jnp.asarray(np.stack([p.g1, p.g2], 1), ftype)], axis=1)
 
 
+#: the contacts' fields of one shape stored by one kernel (:func:`common.reduce_shared`),
+#: the frame's rows zeroed before they are stacked (the stack and its zeroing are one
+#: kernel), where each field was a kernel of its own; ``ncon`` from the dims' counts, not
+#: a count of the slots (see narrow.AS_GROUP for the measurements; off: the former way,
+#: for paired measurements)
+_SHARED_FIELDS = True
+
+
+def _fill(con, valid, row, par):
+    """``con`` (``Data.contact``) with the fields of the slots: ``row`` (slots, 10) their
+    entries' dist, pos, normal, tangent, ``par`` (slots, 17) their pairs'
+    :func:`_contact_params`; zeros (geom -1) in the slots not ``valid``."""
+    dist, includemargin = row[:, 0], par[:, 0]
+
+    def zero(x):
+        return where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
+
+    geom = where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1)
+    exclude = (valid & (dist >= includemargin)).astype(jnp.int32)
+    if not _SHARED_FIELDS:
+        return con.replace(
+            dist=zero(dist), pos=zero(row[:, 1:4]), frame=zero(make_frame(row[:, 4:7],
+                                                                          row[:, 7:10])),
+            includemargin=zero(includemargin), friction=zero(par[:, 1:6]),
+            solref=zero(par[:, 6:8]), solreffriction=zero(par[:, 8:10]),
+            solimp=zero(par[:, 10:15]), geom=geom, exclude=exclude,
+            efc_address=jnp.full(valid.shape, -1, jnp.int32), valid=valid)
+    n, t = (zero(x) for x in frame_rows(row[:, 4:7], row[:, 7:10]))
+    dist, includemargin, exclude = reduce_shared(zero(dist), zero(includemargin), exclude)
+    friction, solimp = reduce_shared(zero(par[:, 1:6]), zero(par[:, 10:15]))
+    solref, solreffriction, geom = reduce_shared(zero(par[:, 6:8]), zero(par[:, 8:10]), geom)
+    return con.replace(
+        dist=dist, pos=zero(row[:, 1:4]), frame=jnp.stack([n, t, cross(n, t)], axis=-2),
+        includemargin=includemargin, friction=friction, solref=solref,
+        solreffriction=solreffriction, solimp=solimp, geom=geom, exclude=exclude,
+        efc_address=jnp.full(valid.shape, -1, jnp.int32), valid=valid)
+
+
 def collision(m, d):
     """Collision detection (mj_collision): fills ``d.contact`` and ``d.ncon``.
 
@@ -275,7 +313,7 @@ def collision(m, d):
     overflow = jnp.zeros((), bool)
     parts = []
     most = {}               # contact dim -> most valid entries (static)
-    for grp in p.groups:
+    for grp in run_groups(p):
         pre, ok, _, over, sel = narrow_group(m, d, p, grp, det_margin, split)
         overflow = overflow | over
         cand = grp.cand if sel is None else jnp.asarray(grp.cand)[sel]
@@ -287,13 +325,17 @@ def collision(m, d):
             m_ = mine[:, None] if sel is None else jnp.asarray(mine)[sel][:, None]
             vd = vd & m_
         parts.append((pre, vd, cand, grp.cand[mine]))
-        per = min(vd.shape[1], getattr(grp.fn, "bound", vd.shape[1]))
-        for dm, nd in zip(*np.unique(p.dim[grp.cand[mine]], return_counts=True)):
-            most[int(dm)] = most.get(int(dm), 0) + per * min(int(nd), vd.shape[0])
+        per = np.full(len(grp.cand), min(vd.shape[1], getattr(grp.fn, "bound", vd.shape[1])))
+        if grp.pairmax is not None:
+            per = np.minimum(per, grp.pairmax)
+        for dm in np.unique(p.dim[grp.cand[mine]]):
+            # the pairs of the dim with the most valid contacts, at most a row each
+            top = np.sort(per[mine & (p.dim[grp.cand] == dm)])[::-1][:vd.shape[0]]
+            most[int(dm)] = most.get(int(dm), 0) + int(np.sum(top))
     fields, depth, valid, key, dim, cand, total = _entries(p, parts)
     nent = valid.shape[0]
     ar = np.arange(nent)
-    idx, vtake = [], []
+    idx, vtake, ncon = [], [], 0
     for dm in sorted(split):
         nslot = split[dm]
         mine = valid if dim is None else valid & (dim == dm)
@@ -302,28 +344,17 @@ def collision(m, d):
         idx.append(_select(where(mine, key, total + ar), mine, depth,
                            count > nslot, nslot, most.get(dm, 0) <= nslot))
         vtake.append(jnp.arange(nslot) < count)
+        ncon = ncon + jnp.minimum(count, nslot)        # the dim's valid slots
     idx = jnp.minimum(jnp.concatenate(idx), nent - 1)
     valid = jnp.concatenate(vtake)
     row = fields[idx]
     cand = jnp.asarray(cand)[idx]
     par = _contact_params(m, p, prm, ftype)[cand]
-    dist, includemargin = row[:, 0], par[:, 0]
-
-    def zero(x):
-        return where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
-
-    con = d.contact.replace(
-        dist=zero(dist), pos=zero(row[:, 1:4]), frame=zero(make_frame(row[:, 4:7],
-                                                                      row[:, 7:10])),
-        includemargin=zero(includemargin), friction=zero(par[:, 1:6]),
-        solref=zero(par[:, 6:8]), solreffriction=zero(par[:, 8:10]),
-        solimp=zero(par[:, 10:15]),
-        geom=where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1),
-        exclude=(valid & (dist >= includemargin)).astype(jnp.int32),
-        efc_address=jnp.full(valid.shape, -1, jnp.int32),
-        valid=valid)
+    con = _fill(d.contact, valid, row, par)
     warning = d.warning.at[WARN_CONTACTFULL].add(overflow.astype(jnp.int32))
-    return d.replace(contact=con, ncon=reduce_fused(valid, 0).astype(jnp.int32), warning=warning)
+    if not _SHARED_FIELDS:
+        ncon = reduce_fused(valid, 0)
+    return d.replace(contact=con, ncon=jnp.asarray(ncon).astype(jnp.int32), warning=warning)
 
 
 def contact_order(m, d):

@@ -95,6 +95,8 @@ class Group:
     fn: object              # collider
     cand: np.ndarray        # (n,) candidate indices
     maxcon: int             # max valid contacts per pair
+    size2: object = None    # (n, 3) static factors of geom 2's sizes, or None (all ones)
+    pairmax: object = None  # (n,) max valid contacts of each pair, or None (maxcon)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -52,13 +52,18 @@ def plane_sphere(g1, g2, margin):
 
 
 def plane_capsule(g1, g2, margin):
-    """Two contacts, one per capsule end; frames aligned with the capsule axis."""
+    """Two contacts, one per capsule end; frames aligned with the capsule axis. A
+    capsule of half-length 0 (a sphere run in this group, ``narrow.AS_GROUP``; MuJoCo's
+    capsules have a positive one) gives :func:`plane_sphere`'s contact: no tangent,
+    the second slot not valid."""
     axis = g2.mat[:, 2]
     seg = axis * g2.size[1]
+    long = g2.size[1] > 0
+    tangent = sel(long, axis, 0.0)
     out = []
-    for end in (g2.pos + seg, g2.pos - seg):
+    for k, end in enumerate((g2.pos + seg, g2.pos - seg)):
         d, p, n, v = _plane_sphere_raw(g1.pos, g1.mat, end, g2.size[0], margin)
-        out.append(one(d, p, n, v, tangent=axis))
+        out.append(one(d, p, n, v & long if k else v, tangent=tangent))
     return stack(out)
 
 
