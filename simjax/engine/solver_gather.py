@@ -341,13 +341,12 @@ def _take_rest(nisl, src, idx, pos, J):
     one constant column of codes, exact small numbers) are stacked into one table, its
     last row the padding row's entries, and the chunk's rows are one gather from it
     (XLA fuses the table into it), (mu, friction) one per elliptic block, the island
-    ids one. Built inside the
-    loop over the later chunks, the table costs nothing where the loop runs no
-    iteration; a gather per entry compiled about 10 kernels per loop, and an integer
-    column or three broadcast masks in the table made it a kernel of its own with
-    their conversions (shadow hand: 27 kernels over its five loops). (With the
-    Jacobian in the table as well, XLA built the whole table on every visit: the
-    solves with several chunks in use ran 25% slower.)"""
+    ids one. Built inside the loop over the later chunks, the table costs nothing
+    where the loop runs no iteration; a gather per entry compiled about 10 kernels per
+    loop, and an integer column or three broadcast masks in the table made it a kernel
+    of its own with their conversions (shadow hand: 27 kernels over its five loops).
+    (With the Jacobian in the table as well, XLA built the whole table on every visit:
+    the solves with several chunks in use ran 25% slower.)"""
     dtype = src["aref"].dtype
     keys = list(_FILL.items())
     known = {key: _uniform(src[key], v, idx.shape[0]) for key, v in _MASKS.items()}
