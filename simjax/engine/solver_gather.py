@@ -3,7 +3,7 @@ capacity (:func:`row_capacity`), the index search of the active rows (:func:`fir
 :func:`cumcount`, :func:`count_below`), the per-row values of the chunks
 (:class:`Chunked`) and their rows (:class:`Rows`), chunk 0 gathered once per solve
 (:func:`gather`, or every row as one chunk: :func:`whole`), a later chunk's rows found
-and gathered when a loop visits it (:func:`_chunk_rows`, :func:`_take_rest`), and the
+and gathered when a loop visits it (:func:`_chunk_rows`, :func:`_take_rows`), and the
 chunks' values spread back to the problem's rows (:func:`spread`). MuJoCo iterates on
 its active rows (mj_constraintUpdate's efc arrays hold those alone); the chunks are the
 same rows in a static layout."""
@@ -294,25 +294,7 @@ def _chunk_positions(counts, caps, c):
     return out
 
 
-def _take_chunk(nisl, src, idx, pos):
-    """Chunk entries at source rows ``idx`` and elliptic contacts ``pos`` (fill:
-    padding rows, inactive one-sided rows)."""
-    def take(x, fill):
-        return jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
-
-    x = {key: take(src[key], fill) for key, fill in _FILL.items()}
-    x.update({key: _uniform(src[key], fill, idx.shape[0]) for key, fill in _MASKS.items()})
-    x.update({key: take(src[key], fill) for key, fill in _MASKS.items() if x[key] is None})
-    x.update(mu=tuple(jnp.take(mu, ps, mode="fill", fill_value=1.0)
-                      for mu, ps in zip(src["mu"], pos)),
-             fr=tuple(jnp.take(fr, ps, axis=0, mode="fill", fill_value=1.0)
-                      for fr, ps in zip(src["fr"], pos)))
-    if "rowisl" in src:
-        x["rowisl"] = take(src["rowisl"], nisl)
-    return x
-
-
-#: the row masks of a later chunk's table (:func:`_take_rest`) and their padding
+#: the row masks of a chunk's table (:func:`_take_rows`) and their padding
 _MASKS = {"eq": False, "fric": False, "ineq": True}
 
 
@@ -335,9 +317,10 @@ def _uniform(mask, fill, n):
     return None
 
 
-def _take_rest(nisl, src, idx, pos, J):
-    """:func:`_take_chunk` (and the Jacobian rows, unless ``J`` is None) on a later
-    chunk, or on chunk 0 (:data:`_TABLE0`): the per-row entries (the static masks as
+def _take_rows(nisl, src, idx, pos, J):
+    """A chunk's entries at source rows ``idx`` and elliptic contacts ``pos`` (padding
+    rows: the padding entries) and, unless ``J`` is None, its Jacobian rows: the
+    per-row entries (the static masks not known without a gather, :func:`_uniform`, as
     one constant column of codes, exact small numbers) are stacked into one table, its
     last row the padding row's entries, and the chunk's rows are one gather from it
     (XLA fuses the table into it), (mu, friction) one per elliptic block, the island
@@ -346,7 +329,10 @@ def _take_rest(nisl, src, idx, pos, J):
     loop, and an integer column or three broadcast masks in the table made it a kernel
     of its own with their conversions (shadow hand: 27 kernels over its five loops).
     (With the Jacobian in the table as well, XLA built the whole table on every visit:
-    the solves with several chunks in use ran 25% slower.)"""
+    the solves with several chunks in use ran 25% slower.) Chunk 0 is taken the same
+    way: against a gather per entry, bench rollouts (batch 1024, float32) barkour 638
+    -> 633 kernels, shadow hand 854 -> 849, humanoid 649 -> 647, run time within noise
+    (barkour 0.998 [0.864, 1.079], 12 paired rounds), the same values gathered."""
     dtype = src["aref"].dtype
     keys = list(_FILL.items())
     known = {key: _uniform(src[key], v, idx.shape[0]) for key, v in _MASKS.items()}
@@ -388,19 +374,6 @@ def _take_J(J, idx):
     return jnp.take(J, idx, axis=0, mode="clip")
 
 
-#: chunk 0's per-row entries are gathered as the later chunks' are (:func:`_take_rest`:
-#: one table of the entries, its last row the padding row's, one gather), read at trace
-#: time (False: a gather per entry with a fill value, :func:`_take_chunk`, kept to
-#: compare). Bench rollouts (batch 1024, float32, 4 steps) kernels barkour 638 -> 633,
-#: shadow hand 854 -> 849, humanoid 649 -> 647, ant 585 -> 585; barkour's step 0.998
-#: [0.864, 1.079] (paired, 12 rounds), its solve alone on bench states 1.001 [0.954,
-#: 1.077] (12 rounds): run time within noise. The same values gathered: outputs
-#: bit-identical (barkour, humanoid, ant, float32 and float64); the shadow hand's
-#: steps within rounding (float64 qacc 3e-11 of 2e3 after 4 steps: XLA fuses a kernel
-#: of its solve differently)
-_TABLE0 = True
-
-
 def gather(spec, p, caps):
     """The active rows of problem ``p`` (row structure ``spec``) in the chunks of
     :class:`Rows`, chunk sizes ``caps`` (:func:`row_capacity`)."""
@@ -433,12 +406,11 @@ def gather(spec, p, caps):
     # for every gathered element
     idx, cpos = jax.lax.optimization_barrier((idx, cpos))
     src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
-    # the static masks stay numpy: the later chunks' loops close over them and gather
-    # them as one constant column of codes (_take_rest)
+    # the static masks stay numpy: every chunk's gather (_take_rows; the later chunks'
+    # loops close over them) takes them as one constant column of codes
     src.update(eq=np.asarray(spec.eq), fric=np.asarray(spec.fric),
                ineq=np.asarray(spec.ineq))
-    x0 = (_take_rest(spec.nisl, src, idx, cpos, None)[0] if _TABLE0
-          else _take_chunk(spec.nisl, src, idx, cpos))
+    x0, _ = _take_rows(spec.nisl, src, idx, cpos, None)
     cspec = dataclasses.replace(spec, eq=None, fric=None, ineq=None, ell=tuple(ell),
                                 nefc=row)
     J0 = _take_J(p["J"], idx)

@@ -47,7 +47,7 @@ import numpy as np
 from simjax.engine import inline
 from simjax.engine.math import reduce_fused, where
 from simjax.engine.solver_gather import (
-    Chunked, Rows, _chunk_positions, _chunk_rows, _chunk_spec, _take_rest, count_below,
+    Chunked, Rows, _chunk_positions, _chunk_rows, _chunk_spec, _take_rows, count_below,
     cumcount, ell_mask, first_true, gather, heads, row_capacity, rests, spread, whole)
 from simjax.engine.solver_worlds import (
     _put_rows, any_world, batched_like, entry, needy_table, nonneg, where_needed)
@@ -183,7 +183,7 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
         # before the loop (loop-invariant), on every call (one-chunk solves 15% slower)
         src, _ = jax.lax.optimization_barrier((src, idx))
         src = dict(src, **static)
-        x, J = _take_rest(spec.nisl, src, idx, pos, J)
+        x, J = _take_rows(spec.nisl, src, idx, pos, J)
         acc, sc = fn(_chunk_spec(spec, x), x, e, sc, J, user, acc)
         return acc, ((sc, found) if finding else sc)
 
