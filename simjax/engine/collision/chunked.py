@@ -41,7 +41,10 @@ def _run_or_skip(pred, run, skip):
     them made batched; the second pass gives the first's program again but misses jax's
     cache (another key). Its cost, measured by reusing the first pass inside jax (not
     done here): the bench rollouts' trace 0.92x (shadow hand, [0.87, 0.98]) and 0.94x
-    (barkour), trace + lowering 0.96x (6 pairs each)."""
+    (barkour), trace + lowering 0.96x (6 pairs each). The run branch traced as the body
+    of a one-step ``lax.scan`` (whose batching the second pass takes from jax's cache)
+    saved 0.05 s of the shadow hand's batching but its trace took 0.11 s more: trace
+    1.06x (shadow hand, 12 pairs, [0.98, 1.10]) and 1.09x (barkour, 10 pairs), not done."""
     seen = []
 
     def run_branch():
