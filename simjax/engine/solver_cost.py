@@ -84,6 +84,33 @@ def _ell_mid_cost(jar, D0, mu, fr):
     return 0.5 * dm * (u[0] - mu * tt) ** 2
 
 
+#: row masks that are static (numpy) and the same on every row (no friction-loss row,
+#: every row one-sided, no equality row: a chunk's masks where
+#: :func:`simjax.engine.solver_gather._uniform` knows them) leave out their selects and
+#: logical operations in :func:`update` (:func:`maybe`, :func:`mask_and`), read at
+#: trace time (False: traced, kept to compare). XLA folded only some of them: bench
+#: rollouts (batch 1024, float32) ant 572 -> 569 kernels (4960 -> 4775 equations; the
+#: warm start's two-point updates lose mask broadcasts and transposes), humanoid 628 ->
+#: 626 (6399 -> 6214), barkour 625 (6682 -> 6470), shadow hand 823 (11481 -> 11269).
+#: Ant run (paired, 10 rounds) off / on 1.016 [0.959, 1.042]; compile CPU (6 rounds)
+#: off / on trace + lower 0.955 [0.637, 1.134], XLA 0.974 [0.950, 1.111] (noise). The
+#: same in :func:`simjax.engine.solver_search._eval` (act, qrow) removed 2 more kernels
+#: per model but ran ant's rollout slower (off / on 0.963 [0.922, 1.007], 0.983 [0.931,
+#: 1.277]) and changed rounding (kernels fused differently): not done
+_STATIC = True
+
+
+def maybe(mask, value):
+    """Whether a row of ``mask`` may be ``value``: False only for a static mask
+    (:data:`_STATIC`) with no such row."""
+    return not (_STATIC and isinstance(mask, np.ndarray) and not np.any(mask == value))
+
+
+def mask_and(mask, x):
+    """``mask & x``: ``x`` where no row of ``mask`` may be false (:func:`maybe`)."""
+    return mask & x if maybe(mask, False) else x
+
+
 def update(spec, p, jar, want="fsc"):
     """Forces, states and constraint cost at jar = J qacc - aref (mj_constraintUpdate):
     those named in ``want`` (f, s, c), None for the others. The parts a caller drops
@@ -100,25 +127,30 @@ def update(spec, p, jar, want="fsc"):
     cost_row = 0.5 * D * jar * jar if K else None
     state = jnp.full(jar.shape, C.QUADRATIC, jnp.int32) if S else None
     # friction loss (Huber)
-    rf = R * fl
-    neg = spec.fric & (-jar >= rf)
-    posv = spec.fric & ~neg & (jar >= rf)
-    if F:
-        force = where(neg | posv, fl * where(neg, 1.0, -1.0), force)
-    if K:
-        cost_row = where(neg, -0.5 * R * fl * fl - fl * jar,
-                         where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
-    if S:
-        state = where(neg, C.LINEARNEG, where(posv, C.LINEARPOS, state))
+    if maybe(spec.fric, True):
+        rf = R * fl
+        neg = spec.fric & (-jar >= rf)
+        posv = spec.fric & ~neg & (jar >= rf)
+        if F:
+            force = where(neg | posv, fl * where(neg, 1.0, -1.0), force)
+        if K:
+            cost_row = where(neg, -0.5 * R * fl * fl - fl * jar,
+                             where(posv, -0.5 * R * fl * fl + fl * jar, cost_row))
+        if S:
+            state = where(neg, C.LINEARNEG, where(posv, C.LINEARPOS, state))
     # one-sided rows
-    sat = spec.ineq & (jar >= 0)
-    if F:
-        force = where(sat, 0.0, force)
+    if maybe(spec.ineq, True):
+        sat = mask_and(spec.ineq, jar >= 0)
+        if F:
+            force = where(sat, 0.0, force)
+        if K:
+            cost_row = where(sat, 0.0, cost_row)
+        if S:
+            state = where(sat, C.SATISFIED, state)
+    cost = None
     if K:
-        cost_row = where(sat, 0.0, cost_row)
-    if S:
-        state = where(sat, C.SATISFIED, state)
-    cost = reduce_fused(where(spec.eq | spec.fric | spec.ineq, cost_row, 0.0), 0) if K else None
+        rows = spec.eq | spec.fric | spec.ineq
+        cost = reduce_fused(where(rows, cost_row, 0.0) if maybe(rows, False) else cost_row, 0)
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         f, c, s = _ell_update(_ell_rows(jar, start, n, dim), _ell_rows(D, start, n, dim),
                               mu, fr, want)

@@ -250,8 +250,13 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     and only selections: the results are those of the per-slot selects.
     """
     zero = jnp.zeros((k, 4), dtype)
-    newton = lambda q: q[0] - q[2] / q[3]
-    i32 = lambda x: jnp.asarray(x, jnp.int32)
+
+    def newton(q):
+        return q[0] - q[2] / q[3]
+
+    def i32(x):
+        return jnp.asarray(x, jnp.int32)
+
     table = jnp.asarray(_TRANSITIONS)
 
     def body(s, f):

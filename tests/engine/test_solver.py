@@ -489,3 +489,29 @@ def test_newton_factor_under_vmap(case):
     # the first world is MuJoCo's state: its iterations as MuJoCo's (a stale factor
     # still converges, in more iterations)
     np.testing.assert_array_equal(np.asarray(got[1][0]), mjd.solver_niter)
+
+
+@pytest.mark.parametrize("kinds", ["uniform", "mixed"])
+def test_update_static_masks(kinds):
+    """update() with static row masks the same on every row (their selects left out:
+    solver_cost.maybe) gives the forces, states and cost it gives with the masks
+    traced; mixed masks keep every select."""
+    import dataclasses
+
+    from simjax.engine.solver_cost import Spec, update
+    rng = np.random.default_rng(3)
+    n = 12
+    if kinds == "uniform":
+        eq, fric, ineq = np.zeros(n, bool), np.zeros(n, bool), np.ones(n, bool)
+    else:
+        t = rng.integers(0, 3, n)
+        eq, fric, ineq = t == 0, t == 1, t == 2
+    spec = Spec(eq=eq, fric=fric, ineq=ineq, ell=(), nefc=n, nv=3)
+    traced = dataclasses.replace(spec, eq=jnp.asarray(eq), fric=jnp.asarray(fric),
+                                 ineq=jnp.asarray(ineq))
+    p = dict(D=jnp.asarray(rng.random(n) + 0.5), R=jnp.asarray(rng.random(n) + 0.1),
+             floss=jnp.asarray(rng.random(n) * fric), active=jnp.asarray(rng.random(n) < 0.8),
+             mu=(), fr=())
+    jar = jnp.asarray(rng.standard_normal(n))
+    for a, b in zip(update(spec, p, jar), update(traced, p, jar)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
