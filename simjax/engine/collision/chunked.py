@@ -37,17 +37,10 @@ def _run_or_skip(pred, run, skip):
     pytree of run's outputs: lax.cond traces its true branch first, run's output types
     are recorded there (no trace of the collider for its shapes alone); were the order
     otherwise, ``jax.eval_shape`` of run gives them. Under ``vmap`` (predicate unbatched)
-    jax batches each branch twice: once to learn which outputs are batched, once with
-    them made batched; the second pass gives the first's program again but misses jax's
-    cache (another key). Its cost, measured by reusing the first pass inside jax (not
-    done here): the bench rollouts' trace 0.92x (shadow hand, [0.87, 0.98]) and 0.94x
-    (barkour), trace + lowering 0.96x (6 pairs each). The run branch traced as the body
-    of a one-step ``lax.scan`` (whose batching the second pass takes from jax's cache)
-    saved 0.05 s of the shadow hand's batching but its trace took 0.11 s more: trace
-    1.06x (shadow hand, 12 pairs, [0.98, 1.10]) and 1.09x (barkour, 10 pairs), not done.
-    As a ``jax.checkpoint`` call (every residual saved, no barrier: the lowered program
-    byte-identical), the second pass likewise cached: shadow hand trace 1.03x (10 pairs,
-    [0.93, 1.10]), the batching no shorter, 0.1 s more outside it; not done."""
+    jax batches each branch twice, the second pass missing its cache: at most 0.92x the
+    shadow hand's trace (0.96x with lowering) were it reused. Tried, not done: the run
+    branch as a one-step ``lax.scan`` (trace 1.06x hand, 1.09x barkour) or as a
+    ``jax.checkpoint`` call (1.03x hand): both cache the second pass but trace more."""
     seen = []
 
     def run_branch():
