@@ -87,7 +87,7 @@ def _ell_mid_cost(jar, D0, mu, fr):
 #: row masks that are static (numpy) and the same on every row (no friction-loss row,
 #: every row one-sided, no equality row: a chunk's masks where
 #: :func:`simjax.engine.solver_gather._uniform` knows them) leave out their selects and
-#: logical operations in :func:`update` (:func:`maybe`, :func:`mask_and`), read at
+#: logical operations in :func:`update` (:func:`_maybe`, :func:`_mask_and`), read at
 #: trace time (False: traced, kept to compare). XLA folded only some of them: bench
 #: rollouts (batch 1024, float32) ant 572 -> 569 kernels (4960 -> 4775 equations; the
 #: warm start's two-point updates lose mask broadcasts and transposes), humanoid 628 ->
@@ -100,15 +100,15 @@ def _ell_mid_cost(jar, D0, mu, fr):
 _STATIC = True
 
 
-def maybe(mask, value):
+def _maybe(mask, value):
     """Whether a row of ``mask`` may be ``value``: False only for a static mask
     (:data:`_STATIC`) with no such row."""
     return not (_STATIC and isinstance(mask, np.ndarray) and not np.any(mask == value))
 
 
-def mask_and(mask, x):
-    """``mask & x``: ``x`` where no row of ``mask`` may be false (:func:`maybe`)."""
-    return mask & x if maybe(mask, False) else x
+def _mask_and(mask, x):
+    """``mask & x``: ``x`` where no row of ``mask`` may be false (:func:`_maybe`)."""
+    return mask & x if _maybe(mask, False) else x
 
 
 def update(spec, p, jar, want="fsc"):
@@ -127,7 +127,7 @@ def update(spec, p, jar, want="fsc"):
     cost_row = 0.5 * D * jar * jar if K else None
     state = jnp.full(jar.shape, C.QUADRATIC, jnp.int32) if S else None
     # friction loss (Huber)
-    if maybe(spec.fric, True):
+    if _maybe(spec.fric, True):
         rf = R * fl
         neg = spec.fric & (-jar >= rf)
         posv = spec.fric & ~neg & (jar >= rf)
@@ -139,8 +139,8 @@ def update(spec, p, jar, want="fsc"):
         if S:
             state = where(neg, C.LINEARNEG, where(posv, C.LINEARPOS, state))
     # one-sided rows
-    if maybe(spec.ineq, True):
-        sat = mask_and(spec.ineq, jar >= 0)
+    if _maybe(spec.ineq, True):
+        sat = _mask_and(spec.ineq, jar >= 0)
         if F:
             force = where(sat, 0.0, force)
         if K:
@@ -150,7 +150,7 @@ def update(spec, p, jar, want="fsc"):
     cost = None
     if K:
         rows = spec.eq | spec.fric | spec.ineq
-        cost = reduce_fused(where(rows, cost_row, 0.0) if maybe(rows, False) else cost_row, 0)
+        cost = reduce_fused(where(rows, cost_row, 0.0) if _maybe(rows, False) else cost_row, 0)
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         f, c, s = _ell_update(_ell_rows(jar, start, n, dim), _ell_rows(D, start, n, dim),
                               mu, fr, want)

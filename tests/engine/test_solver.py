@@ -494,7 +494,7 @@ def test_newton_factor_under_vmap(case):
 @pytest.mark.parametrize("kinds", ["uniform", "mixed"])
 def test_update_static_masks(kinds):
     """update() with static row masks the same on every row (their selects left out:
-    solver_cost.maybe) gives the forces, states and cost it gives with the masks
+    solver_cost._maybe) gives the forces, states and cost it gives with the masks
     traced; mixed masks keep every select."""
     import dataclasses
 
