@@ -265,25 +265,22 @@ def _fill(con, valid, row, par):
     def zero(x):
         return where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
 
-    geom = where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1)
-    exclude = (valid & (dist >= includemargin)).astype(jnp.int32)
-    if not _SHARED_FIELDS:
-        return con.replace(
-            dist=zero(dist), pos=zero(row[:, 1:4]), frame=zero(make_frame(row[:, 4:7],
-                                                                          row[:, 7:10])),
-            includemargin=zero(includemargin), friction=zero(par[:, 1:6]),
-            solref=zero(par[:, 6:8]), solreffriction=zero(par[:, 8:10]),
-            solimp=zero(par[:, 10:15]), geom=geom, exclude=exclude,
-            efc_address=jnp.full(valid.shape, -1, jnp.int32), valid=valid)
-    n, t = (zero(x) for x in frame_rows(row[:, 4:7], row[:, 7:10]))
-    dist, includemargin, exclude = reduce_shared(zero(dist), zero(includemargin), exclude)
-    friction, solimp = reduce_shared(zero(par[:, 1:6]), zero(par[:, 10:15]))
-    solref, solreffriction, geom = reduce_shared(zero(par[:, 6:8]), zero(par[:, 8:10]), geom)
-    return con.replace(
-        dist=dist, pos=zero(row[:, 1:4]), frame=jnp.stack([n, t, cross(n, t)], axis=-2),
-        includemargin=includemargin, friction=friction, solref=solref,
-        solreffriction=solreffriction, solimp=solimp, geom=geom, exclude=exclude,
-        efc_address=jnp.full(valid.shape, -1, jnp.int32), valid=valid)
+    fields = dict(
+        dist=zero(dist), pos=zero(row[:, 1:4]), includemargin=zero(includemargin),
+        friction=zero(par[:, 1:6]), solref=zero(par[:, 6:8]),
+        solreffriction=zero(par[:, 8:10]), solimp=zero(par[:, 10:15]),
+        geom=where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1),
+        exclude=(valid & (dist >= includemargin)).astype(jnp.int32))
+    if _SHARED_FIELDS:
+        n, t = (zero(x) for x in frame_rows(row[:, 4:7], row[:, 7:10]))
+        frame = jnp.stack([n, t, cross(n, t)], axis=-2)
+        for keys in (("dist", "includemargin", "exclude"), ("friction", "solimp"),
+                     ("solref", "solreffriction", "geom")):
+            fields.update(zip(keys, reduce_shared(*(fields[k] for k in keys))))
+    else:
+        frame = zero(make_frame(row[:, 4:7], row[:, 7:10]))
+    return con.replace(frame=frame, efc_address=jnp.full(valid.shape, -1, jnp.int32),
+                       valid=valid, **fields)
 
 
 def collision(m, d):
