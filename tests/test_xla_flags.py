@@ -18,6 +18,10 @@ FLAGS = {
         {"0.4.38": False, "0.10.1": False, "0.10.2": True, "0.10.3rc1": True,
          "0.11.0": False, "garbage": False},
         "--xla_cpu_experimental_ynn_fusion_type=+dot"),
+    "unroll": (
+        "_unroll_flag",
+        {"0.4.38": True, "0.10.2": True, "0.11.0": False, "garbage": False},
+        "--xla_backend_extra_options=-unroll-threshold=100"),
 }
 
 
@@ -58,6 +62,7 @@ def test_flags_set_on_import():
     flags = os.environ.get("XLA_FLAGS", "")
     assert "--xla_cpu_use_fusion_emitters=false" in flags
     assert "--xla_cpu_experimental_ynn_fusion_type=-reduce" in flags
+    assert "--xla_backend_extra_options=-unroll-full-max-count=8" in flags
     hlo = jax.jit(lambda x: jnp.sum(x * x, -1)).lower(
         jnp.ones((1024, 14), jnp.float32)).compile().as_text()
     assert "reduce" in hlo and "ynn_fusion" not in hlo
