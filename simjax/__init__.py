@@ -70,9 +70,24 @@ def _unroll_flag():
     rounds: hand 0.995 [0.926, 1.077], ant 0.987 [0.904, 1.293], barkour 0.975, humanoid
     0.999; a cap of 4 compiled faster (ant 0.82) but ran 4-6% slower, 16 gained nothing).
     Results move by rounding only (another contraction of multiply-adds). Same conditions
-    as :func:`_legacy_emitters_flag`; a user's own xla_backend_extra_options win.
+    as :func:`_legacy_emitters_flag`; a user's own xla_backend_extra_options win. The
+    option reaches every LLVM backend of the process, GPU code generation included, where
+    it is not measured: so it is set only where JAX can run on the CPU alone
+    (:func:`_cpu_only`).
     """
-    return _flag_wanted("xla_backend_extra_options")
+    return _flag_wanted("xla_backend_extra_options") and _cpu_only()
+
+
+def _cpu_only():
+    """Whether JAX can use no backend but the CPU: JAX_PLATFORMS names only ``cpu``, or
+    no PJRT plugin is installed (JAX finds GPU and TPU plugins in the ``jax_plugins``
+    namespace package, and the CUDA ones also as ``jax_cuda*_plugin`` modules)."""
+    platforms = [p.strip() for p in _os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+    if platforms:
+        return all(p == "cpu" for p in platforms)
+    from importlib.util import find_spec
+    return all(find_spec(name) is None for name in (
+        "jax_plugins", "jax_cuda12_plugin", "jax_cuda13_plugin"))
 
 
 _FLAGS = []
