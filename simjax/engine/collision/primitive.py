@@ -290,19 +290,14 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     (:func:`pick3`), no stacked vectors (on CPU a stacked vector with several users, or
     a vmapped gather, is a kernel of its own).
 
-    Measured, not done: the four candidates vmapped (every input broadcast to them) and
-    the winner taken by one variadic reduction over them, so that XLA emits a candidate's
-    code once in a loop: shadow hand's bench rollout 823 -> 818 kernels, optimised LLVM
-    IR 105111 -> 103010 lines (this kernel 1913 -> 537), outputs bit-identical; but its
-    XLA compile CPU written out / vmapped 0.947 [0.928, 0.986] (6 paired rounds) and
-    box_box alone (1024 x 40 pairs) ran vmapped / written out 1.095 [1.037, 1.123] (the
-    shared axis computed per candidate); with the axis stored once before the
-    candidates: compile 0.982 [0.801, 1.047], run 1.023 [1.000, 1.031]. The size of this
-    scalar code is not what the compile pays for: box_box compiled alone, with / without
-    the edge contact's code 1.016 [0.804, 1.093] (10 rounds), with / without the four
-    clipping passes (6 kernels and a loop) 1.184 [1.025, 1.307] (8 rounds); box_box is
-    0.13 of the hand's XLA compile CPU (without / with 0.866 [0.796, 1.030], 6 rounds)
-    for 3 pairs that the bench states never pass."""
+    Measured, not done: the four candidates vmapped, the winner by one variadic
+    reduction (a candidate's code emitted once): shadow hand 823 -> 818 kernels,
+    optimised LLVM IR -2%, outputs bit-identical, but its XLA compile CPU 1/0.947 [0.928,
+    0.986] slower (6 paired rounds) and box_box alone 1.095x slower (the shared axis
+    computed per candidate). This code's size is not what compile pays for: box_box
+    compiled alone with / without it 1.016 [0.804, 1.093], with / without the four
+    clipping passes 1.184 [1.025, 1.307]; box_box is 0.13 of the hand's XLA compile CPU
+    (without / with 0.866 [0.796, 1.030]) for 3 pairs the bench states never pass."""
     s1 = [g1.size[c] for c in range(3)]
     s2 = [g2.size[c] for c in range(3)]
     R = [[rot[r, c] for c in range(3)] for r in range(3)]
