@@ -73,8 +73,9 @@ def test_unroll_flag_cpu_only(monkeypatch):
 
 
 def test_flags_set_on_import():
-    """With jaxlib 0.10.2 (the test environment's) both flags are added at import, and
-    XLA:CPU then compiles a short batched reduction as its own kernel, not YNNPACK's."""
+    """With jaxlib 0.10.2 (the test environment's) the flags are added at import (the
+    unroll cap where JAX can use the CPU alone), and XLA:CPU then compiles a short
+    batched reduction as its own kernel, not YNNPACK's."""
     import os
 
     import jax
