@@ -5,6 +5,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from simjax.engine import inline
 
@@ -71,3 +72,27 @@ def test_callers_disabled_jit_is_left_alone():
         inline.inlined(step)(1.0)
         assert jax.config.jax_disable_jit
     assert seen == {"active": False, "jit_off": True}
+
+
+def test_scan_builds_uniform_constants_inside():
+    """With ``consts_inside``, a scan body's constant arrays that are uniform (all
+    entries equal) or 0, 1, ... are built in the body, not passed in as loop operands;
+    other constants are; the results are the same."""
+    table, zeros, idx = np.array([1.0, 2.0, 5.0]), np.zeros(3), np.arange(3)
+
+    def body(c, x):
+        return c * table + zeros[idx] + idx + x, c
+
+    def consts(fn, *args):
+        eqn = next(e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns
+                   if e.primitive.name == "scan")
+        return [v.aval.shape for v in eqn.invars[:eqn.params["num_consts"]]]
+
+    c0, xs = jnp.ones(3), jnp.arange(2.0)
+    plain = inline.inlined(lambda c: inline.scan(body, c, xs))
+    inside = inline.inlined(lambda c: inline.scan(body, c, xs, consts_inside=True))
+    assert len(consts(plain, c0)) > 1
+    assert consts(inside, c0) == [(3,)]         # the table only
+    for a, b in zip(jax.tree_util.tree_leaves(jax.jit(inside)(c0)),
+                    jax.tree_util.tree_leaves(jax.jit(plain)(c0))):
+        np.testing.assert_array_equal(a, b)
