@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import constraint_rows
 from simjax.engine import math
 from simjax.engine import tables
 from simjax.engine import tree_linalg
@@ -231,6 +232,11 @@ def _block(m, d, blk, geo=None):
 _CAT_MAJOR = True
 
 
+#: the longest concatenation along the minor axis (vmapped: the per-world axis) that
+#: XLA on CPU fuses into its users (see :func:`math.concat_major`)
+MINOR_CAT_MAX = 128
+
+
 def _cat_rows(xs):
     """The blocks' rows of one field concatenated; 1-d fields by
     :func:`math.concat_major` (vmapped, a concatenation along the minor axis stores
@@ -270,7 +276,11 @@ def make_constraint(m, d):
     parts = [_block(m, d, blk, geo) for blk in lay.blocks]
     cat = {f: [jnp.asarray(p[0][f], dtype if f != "active" else bool) for p in parts]
            for f in parts[0][0]}
-    cat = {f: _cat_rows(x) for f, x in cat.items()}
+    # efc_active along the minor axis where that fuses (along a major axis it is stored
+    # twice, in two layouts)
+    minor = constraint_rows._MAKECON and n <= MINOR_CAT_MAX
+    cat = {f: jnp.concatenate(x) if f == "active" and minor else _cat_rows(x)
+           for f, x in cat.items()}
     J, active, diag = cat["J"], cat["active"], cat["diag"]
     # impedance and reference once for all elements, then spread to their rows
     el = [jnp.concatenate([jnp.asarray(p[1][i], dtype) for p in parts]) for i in range(4)]
@@ -341,7 +351,12 @@ def _contact_R(m, d, lay, R):
         else:
             mu2 = fr[:, 0] ** 2 * (r1 / r0)
             new = jnp.repeat((2 * mu2 * r0)[:, None], blk.k, 1)
-        R = R.at[blk.start:blk.start + blk.n * blk.k].set(new.reshape(-1))
+        if constraint_rows._MAKECON and len(R) <= MINOR_CAT_MAX:
+            # a concatenation fuses into R's users (a slice update is a kernel)
+            end = blk.start + blk.n * blk.k
+            R = jnp.concatenate([R[:blk.start], new.reshape(-1), R[end:]])
+        else:
+            R = R.at[blk.start:blk.start + blk.n * blk.k].set(new.reshape(-1))
     return R
 
 

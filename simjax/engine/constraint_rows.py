@@ -320,6 +320,12 @@ def _contact_geometry(m, d, lay):
                 tran=iw[b1, 0] + iw[b2, 0], rot=iw[b1, 1] + iw[b2, 1], ok=ok)
 
 
+#: pyramidal rows' vectors by a sign (no stack), the contact R of the friction rows and
+#: efc_active joined by concatenations (off: a stack, a slice update and a concatenation
+#: along a major axis; for paired measurements)
+_MAKECON = True
+
+
 def _contact_rows(m, d, blk, geo):
     """Contact rows of one block: J (n,k,nv) (zero for inactive contacts), friction,
     diag tran/rot, ok (n,). Pyramidal rows combine the frame's 6-vectors
@@ -330,7 +336,14 @@ def _contact_rows(m, d, blk, geo):
     dim, n, k = blk.dim, blk.n, blk.k
     fr = take(geo["fr"], slots)
     w = take(geo["w"], slots)[:, :dim]                                  # (n, dim, 6)
-    if blk.kind == "conpyr":
+    if blk.kind == "conpyr" and _MAKECON:
+        # w_0 + fw and w_0 - fw as w_0 + s fw, s = +-1 (s fw exact): no stack, so the
+        # rows' vectors fuse into the row products (a stack of them is a kernel of its
+        # own)
+        fw = fr[:, :dim - 1, None] * w[:, 1:dim]                        # (n, dim-1, 6)
+        sgn = np.array([1.0, -1.0])[:, None]
+        w = (w[:, :1, None] + sgn * fw[:, :, None]).reshape(n, k, 6)
+    elif blk.kind == "conpyr":
         fw = fr[:, :dim - 1, None] * w[:, 1:dim]                        # (n, dim-1, 6)
         w = jnp.stack([w[:, :1] + fw, w[:, :1] - fw], 2).reshape(n, k, 6)
     cd = geo["cdof"]
