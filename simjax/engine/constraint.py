@@ -68,7 +68,14 @@ MINIMP, MAXIMP = 0.0001, 0.9999
 # --------------------------------------------------------------------------- impedance
 def _impedance(solimp, pos, margin):
     """Impedance and its derivative w.r.t. pos (getimpedance); solimp: its five
-    components, clamped (:func:`_clamp_solimp`)."""
+    components, clamped (:func:`_clamp_solimp`).
+
+    Measured and not kept: the power as a product of factors where every row's power is
+    known at trace time (the Model closed over, all powers 2): optimised LLVM IR 1.7%
+    (shadow hand) and 1.6% (ant) fewer lines, compile within noise, run time 0.97-1.00
+    (12 paired rounds). For contact rows the power would have to be taken from the
+    model's geoms and pairs, not from the contacts' solimp that is read here, so a
+    contact edited between collision and this call would lose its power."""
     d0, dw, width, mid, power = solimp
     flat = (d0 == dw) | (width <= MINVAL)
     wsafe = math.where(flat, 1.0, width)
