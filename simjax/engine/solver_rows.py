@@ -88,19 +88,24 @@ def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None):
         xaxis = jax.tree_util.tree_map(lambda f: 1 if f else 0, xb)
         cax = 1
 
+    # the loop counts k = c - 1 from 0: a ``c - 1`` in the body is rewritten by XLA as
+    # c + (-1), whose negation of a constant its loop-invariant code motion hoists out of
+    # every enclosing loop before folding it; the folded constant then sinks back one
+    # loop level per round of XLA's simplification fixpoint (a round more on the ant)
     def body(s):
-        c, acc, state = s
-        sc = _index(state, c - 1, jax.tree_util.tree_map(lambda _: cax, state))
-        acc, sc = g(c, _index(xs, c - 1, xaxis), sc, args, acc)
+        k, acc, state = s
+        c = k + 1
+        sc = _index(state, k, jax.tree_util.tree_map(lambda _: cax, state))
+        acc, sc = g(c, _index(xs, k, xaxis), sc, args, acc)
         state = jax.tree_util.tree_map(
-            lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, c - 1, cax, **nonneg()),
+            lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, k, cax, **nonneg()),
             state, sc)
-        return c + 1, acc, state
+        return c, acc, state
 
     # n a function: the count computed in the loop's condition
     bound = n if callable(n) else lambda: n
-    _, acc, state = inline.while_loop(lambda s: s[0] < bound(), body,
-                                      (jnp.ones((), jnp.int32), acc, state))
+    _, acc, state = inline.while_loop(lambda s: s[0] + 1 < bound(), body,
+                                      (jnp.zeros((), jnp.int32), acc, state))
     return acc, state
 
 
