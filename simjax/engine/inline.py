@@ -65,6 +65,14 @@ def inlined(fn):
     return run
 
 
+#: whether simjax's loops leave out the loop inputs that XLA's simplification fixpoint
+#: finds dead only in its late rounds (a fori_loop's second counter in
+#: lapack_chol._chunked and solver_gather.first_true's search, a ``c - 1`` in
+#: solver_rows._loop, the solver's traced gradient tolerance); read at trace time (False:
+#: as they were, kept to compare)
+LEAN = True
+
+
 def _body(fn):
     return inlined(fn) if active() else fn
 

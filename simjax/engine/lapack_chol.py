@@ -82,6 +82,8 @@ def _chunked(fn, flat, *extra):
     # carries the scan's counter besides fori_loop's (XLA merges and drops the second
     # only in late rounds of its simplification fixpoint)
     n = -(-total // c)
+    if not inline.LEAN:
+        return inline.fori_loop(0, n, lambda i, out: body((i, out))[1], flat)
     return inline.while_loop(lambda cr: cr[0] < n, body, (jnp.zeros((), jnp.int32), flat))[1]
 
 

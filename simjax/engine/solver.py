@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint as C
-from simjax.engine import tables, tree_linalg
+from simjax.engine import inline, tables, tree_linalg
 from simjax.engine.data import NISLAND
 from simjax.engine.math import reduce_fused, where
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
@@ -96,7 +96,8 @@ def _product(a, b, dtype):
     tolerance of a model closed over: a traced product would be a loop input of the
     solver's loop, which XLA drops only in a late round of its simplification
     fixpoint), else traced."""
-    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
+    if (isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer)
+            or not inline.LEAN):
         return jnp.asarray(a, dtype) * jnp.asarray(b, dtype)
     return np.asarray(a, dtype) * np.asarray(b, dtype)
 

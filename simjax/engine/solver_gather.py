@@ -121,7 +121,10 @@ def first_true(a, k):
     binary search (a loop, so that they are materialised once: a direct count fuses
     into every gather that uses them)."""
     cs = cumcount(a)
-    return _bisect(cs, jnp.arange(1, k + 1, dtype=jnp.int32)), cs
+    q = jnp.arange(1, k + 1, dtype=jnp.int32)
+    if not inline.LEAN:
+        return inline.searchsorted(cs, q, method="scan"), cs
+    return _bisect(cs, q), cs
 
 
 def _bisect(cs, q):

@@ -104,6 +104,19 @@ def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None):
 
     # n a function: the count computed in the loop's condition
     bound = n if callable(n) else lambda: n
+    if not inline.LEAN:
+        def body1(s):
+            c, acc, state = s
+            sc = _index(state, c - 1, jax.tree_util.tree_map(lambda _: cax, state))
+            acc, sc = g(c, _index(xs, c - 1, xaxis), sc, args, acc)
+            state = jax.tree_util.tree_map(
+                lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, c - 1, cax,
+                                                                 **nonneg()),
+                state, sc)
+            return c + 1, acc, state
+        _, acc, state = inline.while_loop(lambda s: s[0] < bound(), body1,
+                                          (jnp.ones((), jnp.int32), acc, state))
+        return acc, state
     _, acc, state = inline.while_loop(lambda s: s[0] + 1 < bound(), body,
                                       (jnp.zeros((), jnp.int32), acc, state))
     return acc, state
