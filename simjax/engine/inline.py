@@ -66,6 +66,19 @@ def inlined(fn):
     return run
 
 
+#: whether simjax's loops leave out the loop inputs that XLA's simplification fixpoint
+#: finds dead only in its late rounds (a fori_loop's second counter in
+#: lapack_chol._chunked and solver_gather.first_true's search, a ``c - 1`` in
+#: solver_rows._loop, the solver's traced gradient tolerance); read at trace time (False:
+#: as they were, kept to compare). Bench rollouts (batch 1024, float32): rounds of XLA's
+#: simplification fixpoints ant 17 -> 14, humanoid 15 -> 13 (barkour 16, shadow hand 11
+#: unchanged); XLA compile, paired fresh processes on an idle machine: ant wall 0.982
+#: [0.965, 0.996] (6 pairs), humanoid 1.000 [0.954, 1.080], barkour 0.999 [0.970, 1.026]
+#: (4 pairs each); ant run time 1.011 [0.946, 1.032] and 1 / 1.003 (12 rounds, both
+#: orders); outputs bit-identical (float32 ant, humanoid, barkour; float64 ant)
+LEAN = True
+
+
 def _body(fn):
     return inlined(fn) if active() else fn
 

@@ -70,14 +70,21 @@ def _chunked(fn, flat, *extra):
         return fn(flat, *extra)
     rows = np.arange(c)
 
-    def body(i, out):
+    def body(carry):
+        i, out = carry
         start = jnp.minimum(i * c, total - c)
         x = lax.dynamic_slice_in_dim(out, start, c)
         y = fn(x, *(lax.dynamic_slice_in_dim(e, start, c) for e in extra))
         new = (start + rows >= i * c).reshape((c,) + (1,) * (flat.ndim - 1))
-        return lax.dynamic_update_slice_in_dim(out, lax.select(
+        return i + 1, lax.dynamic_update_slice_in_dim(out, lax.select(
             jnp.broadcast_to(new, y.shape), y, x), start, 0)
-    return inline.fori_loop(0, -(-total // c), body, flat)
+    # a while loop, not fori_loop: with static bounds fori_loop is a scan, whose loop
+    # carries the scan's counter besides fori_loop's (XLA merges and drops the second
+    # only in late rounds of its simplification fixpoint)
+    n = -(-total // c)
+    if not inline.LEAN:
+        return inline.fori_loop(0, n, lambda i, out: body((i, out))[1], flat)
+    return inline.while_loop(lambda cr: cr[0] < n, body, (jnp.zeros((), jnp.int32), flat))[1]
 
 
 @jax.custom_batching.custom_vmap

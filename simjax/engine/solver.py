@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint as C
-from simjax.engine import tables, tree_linalg
+from simjax.engine import inline, tables, tree_linalg
 from simjax.engine.data import NISLAND
 from simjax.engine.math import reduce_fused, where
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
@@ -75,6 +75,7 @@ def _problem(m, d, lay):
              ls_tolerance=jnp.asarray(m.opt.ls_tolerance, dtype),
              noslip_tolerance=jnp.asarray(m.opt.noslip_tolerance, dtype),
              meaninertia=jnp.asarray(m.stat.meaninertia, dtype),
+             gtol_base=_product(m.opt.tolerance, m.opt.ls_tolerance, dtype),
              solve_m=lambda x: tree_linalg.solve_ld(m, d.qLD, x))
     mus, frs = [], []
     for blk in lay.blocks:
@@ -88,6 +89,17 @@ def _problem(m, d, lay):
         frs.append(fr)
     p["mu"], p["fr"] = tuple(mus), tuple(frs)
     return p
+
+
+def _product(a, b, dtype):
+    """``a * b`` in ``dtype``: a constant where both are (the line search's gradient
+    tolerance of a model closed over: a traced product would be a loop input of the
+    solver's loop, which XLA drops only in a late round of its simplification
+    fixpoint), else traced."""
+    if (isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer)
+            or not inline.LEAN):
+        return jnp.asarray(a, dtype) * jnp.asarray(b, dtype)
+    return np.asarray(a, dtype) * np.asarray(b, dtype)
 
 
 _DIFF_KEYS = ("M", "qfrc_smooth", "J", "aref", "D", "R", "floss", "mu", "fr")

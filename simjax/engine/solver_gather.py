@@ -121,8 +121,29 @@ def first_true(a, k):
     binary search (a loop, so that they are materialised once: a direct count fuses
     into every gather that uses them)."""
     cs = cumcount(a)
-    pos = inline.searchsorted(cs, jnp.arange(1, k + 1, dtype=jnp.int32), method="scan")
-    return pos, cs
+    q = jnp.arange(1, k + 1, dtype=jnp.int32)
+    if not inline.LEAN:
+        return inline.searchsorted(cs, q, method="scan"), cs
+    return _bisect(cs, q), cs
+
+
+def _bisect(cs, q):
+    """``jnp.searchsorted(cs, q, method="scan")`` (side "left", int32) of the sorted
+    int32 ``cs`` (n,) for the queries ``q`` (k,): the same bisection, as a while loop
+    carrying one counter and int32 bounds (jax's scan carries two counters and halves
+    unsigned bounds by a division whose divisor XLA's loop-invariant code motion makes
+    a loop input, dropped only in a late round of XLA's simplification fixpoint)."""
+    n = cs.shape[0]
+    levels = int(np.ceil(np.log2(n + 1)))
+
+    def body(s):
+        i, lo, hi = s
+        mid = lo + jax.lax.shift_right_logical(hi - lo, jnp.ones_like(lo))
+        left = q <= cs[mid]
+        return i + 1, jnp.where(left, lo, mid), jnp.where(left, mid, hi)
+    init = (jnp.zeros((), jnp.int32), jnp.zeros(q.shape, jnp.int32),
+            jnp.full(q.shape, n, jnp.int32))
+    return inline.while_loop(lambda s: s[0] < levels, body, init)[2]
 
 
 def cumcount(a):

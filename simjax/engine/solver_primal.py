@@ -85,7 +85,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         scale = 1.0 / where(trace > 0, trace, 1.0)
         exists = isl.rsum(p["active"].astype(jnp.int32)) > 0
     solve_m = p["solve_m"]
-    gtol_base = tol * p["ls_tolerance"]
+    gtol_base = p["gtol_base"]
     # the line search evaluates the friction-loss rows' Huber terms only where a row of
     # the batch is one (the flag is the same for every world: any_world)
     fric_rows = rows.src["fric"] if rows.src is not None else rows.spec.fric
