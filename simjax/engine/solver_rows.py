@@ -96,33 +96,24 @@ def _loop(fn, n, xs, args, acc, state, batch=None, args_axis=None, from_zero=Tru
     # rollout's fixpoints: ant 16 -> 14, humanoid 15 -> 13). Not in _needy_loop's blocks
     # (``from_zero`` False), where the chunk index c = k + 1 feeds the rows' positions
     # c k_cap + j: there it cost rounds (barkour 16 -> 21, shadow hand 11 -> 13)
+    zero = inline.LEAN and from_zero
+
     def body(s):
-        k, acc, state = s
-        c = k + 1
+        # the counter i: the entry k = c - 1 of chunk c = i + 1 (zero), else c itself
+        i, acc, state = s
+        c, k = (i + 1, i) if zero else (i, i - 1)
         sc = _index(state, k, jax.tree_util.tree_map(lambda _: cax, state))
         acc, sc = g(c, _index(xs, k, xaxis), sc, args, acc)
         state = jax.tree_util.tree_map(
             lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, k, cax, **nonneg()),
             state, sc)
-        return c, acc, state
+        return (c if zero else c + 1), acc, state
 
     # n a function: the count computed in the loop's condition
     bound = n if callable(n) else lambda: n
-    if not (inline.LEAN and from_zero):
-        def body1(s):
-            c, acc, state = s
-            sc = _index(state, c - 1, jax.tree_util.tree_map(lambda _: cax, state))
-            acc, sc = g(c, _index(xs, c - 1, xaxis), sc, args, acc)
-            state = jax.tree_util.tree_map(
-                lambda b, o: jax.lax.dynamic_update_index_in_dim(b, o, c - 1, cax,
-                                                                 **nonneg()),
-                state, sc)
-            return c + 1, acc, state
-        _, acc, state = inline.while_loop(lambda s: s[0] < bound(), body1,
-                                          (jnp.ones((), jnp.int32), acc, state))
-        return acc, state
-    _, acc, state = inline.while_loop(lambda s: s[0] + 1 < bound(), body,
-                                      (jnp.zeros((), jnp.int32), acc, state))
+    _, acc, state = inline.while_loop(
+        lambda s: (s[0] + 1 if zero else s[0]) < bound(), body,
+        (jnp.full((), 0 if zero else 1, jnp.int32), acc, state))
     return acc, state
 
 
