@@ -128,7 +128,7 @@ def first_true(a, k):
 
 
 def _bisect(cs, q):
-    """``jnp.searchsorted(cs, q, method="scan")`` (side "left", int32) of the sorted
+    """jax.numpy's ``searchsorted`` (``method="scan"``, side "left", int32) of the sorted
     int32 ``cs`` (n,) for the queries ``q`` (k,): the same bisection, as a while loop
     carrying one counter and int32 bounds (jax's scan carries two counters and halves
     unsigned bounds by a division whose divisor XLA's loop-invariant code motion makes
