@@ -239,11 +239,6 @@ def _block(m, d, blk, geo=None):
 _CAT_MAJOR = True
 
 
-#: the longest concatenation along the minor axis (vmapped: the per-world axis) that
-#: XLA on CPU fuses into its users (see :func:`math.concat_major`)
-MINOR_CAT_MAX = 128
-
-
 def _cat_rows(xs):
     """The blocks' rows of one field concatenated; 1-d fields by
     :func:`math.concat_major` (vmapped, a concatenation along the minor axis stores
@@ -285,7 +280,7 @@ def make_constraint(m, d):
            for f in parts[0][0]}
     # efc_active along the minor axis where that fuses (along a major axis it is stored
     # twice, in two layouts)
-    minor = constraint_rows._MAKECON and n <= MINOR_CAT_MAX
+    minor = constraint_rows._MAKECON and n <= math.MINOR_CAT_MAX
     cat = {f: jnp.concatenate(x) if f == "active" and minor else _cat_rows(x)
            for f, x in cat.items()}
     J, active, diag = cat["J"], cat["active"], cat["diag"]
@@ -358,7 +353,7 @@ def _contact_R(m, d, lay, R):
         else:
             mu2 = fr[:, 0] ** 2 * (r1 / r0)
             new = jnp.repeat((2 * mu2 * r0)[:, None], blk.k, 1)
-        if constraint_rows._MAKECON and len(R) <= MINOR_CAT_MAX:
+        if constraint_rows._MAKECON and len(R) <= math.MINOR_CAT_MAX:
             # a concatenation fuses into R's users (a slice update is a kernel)
             end = blk.start + blk.n * blk.k
             R = jnp.concatenate([R[:blk.start], new.reshape(-1), R[end:]])

@@ -514,10 +514,15 @@ def reduce_fused(x, axis, kind="sum"):
     return red(out, axis)
 
 
+#: the longest concatenation along the minor axis (vmapped: the per-world axis) that XLA
+#: on CPU fuses into its users (see :func:`concat_major`)
+MINOR_CAT_MAX = 128
+
+
 def concat_major(xs):
     """``jnp.concatenate`` of 1-d arrays, as a concatenation along a major axis (a
     trailing axis of one, then dropped): XLA on CPU fuses no operand into a
-    concatenation along the minor axis of more than 128 entries (vmapped: the
+    concatenation along the minor axis of more than MINOR_CAT_MAX entries (vmapped: the
     per-world axis), it stores every operand in a kernel of its own and copies them
     (float32 and bool alike); along a major axis up to 8 operands fuse into one
     kernel. That kernel loops over entries one at a time (its minor axis has one

@@ -96,10 +96,10 @@ def _product(a, b, dtype):
     tolerance of a model closed over: a traced product would be a loop input of the
     solver's loop, which XLA drops only in a late round of its simplification
     fixpoint), else traced."""
-    if (isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer)
-            or not inline.LEAN):
+    ca, cb = tables.concrete(a), tables.concrete(b)
+    if ca is None or cb is None or not inline.LEAN:
         return jnp.asarray(a, dtype) * jnp.asarray(b, dtype)
-    return np.asarray(a, dtype) * np.asarray(b, dtype)
+    return np.asarray(ca, dtype) * np.asarray(cb, dtype)
 
 
 _DIFF_KEYS = ("M", "qfrc_smooth", "J", "aref", "D", "R", "floss", "mu", "fr")
