@@ -222,7 +222,11 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
         acc, state, fin = jax.tree_util.tree_map(
             lambda v, f: v if f else jnp.broadcast_to(v, (size,) + v.shape),
             (acc, state, fin), (accb, sb, fb))
-        if nb and tb:
+        if nb and tb and _PER_WORLD:
+            out = _world_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab),
+                              (g, local0, fin), fresh=_FRESH and fresh,
+                              found=_FRESH and finding)
+        elif nb and tb:
             out = _needy_loop(inner, size, n, tab, xs, a, acc, state, (xb, ab),
                               (g, local0, fin), fresh=_FRESH and fresh,
                               found=_FRESH and finding)
@@ -461,13 +465,65 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
                              (jnp.zeros((), jnp.int32), acc, state, fin))[1:]
 
 
+#: the later chunks of the worlds in need run one world at a time (:func:`_world_loop`)
+#: rather than in blocks of worlds (:func:`_needy_loop`); read at trace time
+_PER_WORLD = True
+
+
+def _world_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=False,
+                found=False):
+    """:func:`_needy_loop` one world at a time: for each world of ``tab`` (in order, up
+    to the first entry past the last world), its inputs sliced, the loop over its
+    chunks run on the world alone, and its (acc, state, out) written back in place."""
+    xb, ab = batch
+    g, local0, fin = finish
+
+    def pick(w):
+        return lambda v: entry(v, w) if v.ndim == 1 else jax.lax.dynamic_index_in_dim(
+            v, w, 0, keepdims=False, **nonneg())
+
+    def fn(c, _, sc, args, acc):
+        xs, a, w = args
+        # the world's inputs sliced in the loop over its chunks: XLA would otherwise
+        # copy each leaf out of the batch before it (loop-invariant), a kernel per leaf
+        w, _ = jax.lax.optimization_barrier((w, c))
+        get = pick(w)
+        xw, aw = jax.tree_util.tree_map(lambda v, f: get(v) if f else v, (xs, a), (xb, ab))
+        return inner(c, _index(xw, c - 1, jax.tree_util.tree_map(lambda _: 0, xw)), sc,
+                     aw, acc)
+
+    def body(c):
+        j, acc_all, state_all, fin_all = c
+        w = entry(tab, j)
+        get = pick(w)
+        accw, finw = jax.tree_util.tree_map(get, (acc_all, fin_all))
+        sw = _block_state(state_all, get, None, fresh, found)
+        if g is not None:
+            accw = (accw, local0())
+        accw, sw = _loop(fn, entry(n, w), (), (xs, a, w), accw, sw, from_zero=False)
+        if g is not None:
+            accw, local = accw
+            finw = g(accw, local, finw)
+        out = jax.tree_util.tree_map(
+            lambda full, v: jax.lax.dynamic_update_index_in_dim(full, v, w, 0, **nonneg()),
+            (acc_all, state_all, fin_all), (accw, sw, finw))
+        return (j + 1,) + out
+
+    def more(c):
+        return (c[0] < size) & (entry(tab, jnp.minimum(c[0], size - 1)) < size)
+
+    return inline.while_loop(more, body,
+                             (jnp.zeros((), jnp.int32), acc, state, fin))[1:]
+
+
 def _block_state(state, take, blk, fresh, found):
     """A block's initial per-chunk state (a tree, leading axis the worlds): ``take``
     (the block's worlds), or zeros where the caller knows it is zero on entry
     (:data:`_FRESH`): ``fresh``, all of it; ``found``, its second part (the rows the
     loop finds)."""
     def zeros(tree):
-        return jax.tree_util.tree_map(lambda v: jnp.zeros((blk,) + v.shape[1:], v.dtype),
+        lead = () if blk is None else (blk,)
+        return jax.tree_util.tree_map(lambda v: jnp.zeros(lead + v.shape[1:], v.dtype),
                                       tree)
 
     if found:
