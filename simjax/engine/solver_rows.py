@@ -500,7 +500,8 @@ def _world_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
         sw = _block_state(state_all, get, None, fresh, found)
         if g is not None:
             accw = (accw, local0())
-        accw, sw = _loop(fn, entry(n, w), (), (xs, a, w), accw, sw, from_zero=False)
+        accw, sw = _loop(fn, lambda: entry(n, w), (), (xs, a, w), accw, sw,
+                         from_zero=False)
         if g is not None:
             accw, local = accw
             finw = g(accw, local, finw)
