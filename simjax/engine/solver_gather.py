@@ -21,8 +21,9 @@ from simjax.engine.solver_worlds import any_world, needy_table
 
 
 #: where a quarter of the rows is under two per dof: the later chunks run on the worlds
-#: that use them (:func:`_needy_loop`); False: chunk 0 takes 3/8 of the rows there
-#: instead, and the later chunks run on the whole batch (kept to compare the two)
+#: that use them (:func:`~simjax.engine.solver_rows._world_loop`); False: chunk 0 takes
+#: 3/8 of the rows there instead, and the later chunks run on the whole batch (kept to
+#: compare the two)
 _BLOCKS = True
 
 
@@ -53,8 +54,9 @@ def row_capacity(spec):
     (:func:`_few_rows`; barkour, shadow hand: 35 rows) bench rollouts (batch 1024)
     reach 49 active rows on barkour and 51 on the hand, and about 1% of the worlds
     pass 35 on every step: the later chunks run on those worlds only
-    (:func:`_needy_loop`). With the later chunks on the whole batch, one world past
-    chunk 0 cost barkour's step 13-17%, the hand's 8%, and 3/8 of the rows (52) were
+    (:func:`_world_loop`, formerly in blocks of worlds, :func:`_needy_loop`). With
+    the later chunks on the whole batch, one world past chunk 0 cost barkour's step
+    13-17%, the hand's 8%, and 3/8 of the rows (52) were
     taken instead, which cost 6-8% on batches that never pass 35 (MuJoCo-settled
     states). Against that, the blocks ran barkour's step 0.93x (settled states) and
     0.94x (bench states), the hand's 0.90x and 0.98x (paired, batch 1024, float32,
@@ -212,7 +214,7 @@ class Rows:
     10-50%; searching every chunk's rows up front cost the one-chunk solves about 10%.
     ``rank``: the cumulative count of active rows over the scalar rows (None: the
     whole rows in one chunk, :func:`whole`), for :func:`spread`. ``blocks``: under
-    vmap the later chunks run on the worlds that use them (:func:`_needy_loop`, from
+    vmap the later chunks run on the worlds that use them (:func:`_world_loop`, from
     their table ``needy``, :func:`needy_table`), else on the whole batch."""
     spec: object
     nchunk: int

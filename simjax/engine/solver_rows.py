@@ -18,8 +18,9 @@ Under ``vmap`` a loop with a batched trip count would batch its counter, and eve
 chunk access would become a gather: :func:`rest_chunks` is a ``custom_vmap`` whose rule
 runs to the largest count of the batch with an unbatched counter (worlds with fewer
 chunks add the zero contributions of their padding rows, which are exact), on the
-whole batch or, where chunk 0 is small (:attr:`Rows.blocks`), on blocks of the worlds
-that use the later chunks (:func:`_needy_loop`).
+whole batch or, where chunk 0 is small (:attr:`Rows.blocks`), on the worlds that use
+the later chunks alone, one world at a time (:func:`_world_loop`; in blocks of worlds
+with :data:`_PER_WORLD` off, :func:`_needy_loop`).
 
 The one-chunk path must cost what a single compact buffer cost: chunk 0's values are
 kept apart from the later chunks' (:class:`Chunked`), the later chunks' rows are
@@ -32,7 +33,8 @@ faulted in (system time), which cost the barkour solve 25% when a (worlds, rows,
 rows) search count pushed them there.
 
 This module holds the loops over the chunks (:func:`head_chunk`, :func:`find_chunks`,
-:func:`rest_chunks`, :func:`_needy_loop` with its tables of bits); the chunks' layout,
+:func:`rest_chunks`, :func:`_world_loop`, :func:`_needy_loop` with its tables of
+bits); the chunks' layout,
 index search and gathers are in :mod:`simjax.engine.solver_gather`, the per-world rules
 under vmap in :mod:`simjax.engine.solver_worlds`.
 """
@@ -155,13 +157,13 @@ def find_chunks(rows, fn, acc, extra=(), args=(), jac=False, state=(), finish=No
     ``finish``: None, or ``(g, local, out)``: ``fn`` then folds ``(acc, local)``,
     ``local`` a per-world accumulator (a tree of ``jax.ShapeDtypeStruct``, zero at the
     start) kept only by the worlds that visit the chunks (under vmap with
-    :attr:`Rows.blocks`, by their block: never a (worlds, ...) array to fill on every
-    call), and where a world visits them its ``out`` becomes ``g(acc, local, out)``
-    (every world without blocks: ``g`` must keep ``out`` for a ``local`` of zeros);
-    the returned acc is then (acc, out).
+    :attr:`Rows.blocks`, by the world, or its block: never a (worlds, ...) array to
+    fill on every call), and where a world visits them its ``out`` becomes ``g(acc,
+    local, out)`` (every world without blocks: ``g`` must keep ``out`` for a ``local``
+    of zeros); the returned acc is then (acc, out).
 
     ``fresh``: ``state`` is zero on entry (the worlds' blocks under vmap then start it
-    from zeros, :data:`_FRESH`)."""
+    from zeros, :data:`_FRESH`; the worlds of :func:`_world_loop` likewise)."""
     spec, nchunk = rows.spec, rows.nchunk
     g, local_like, fin = finish if finish is not None else (None, (), ())
 
@@ -360,7 +362,8 @@ def _unpack(col, like):
 
 def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=False,
                 found=False):
-    """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only, from
+    """:func:`_loop` under vmap on the worlds with chunks after chunk 0 only (with
+    :data:`_PER_WORLD` off; kept to compare with :func:`_world_loop`), from
     their table ``tab`` (:func:`needy_table`, made once per solve): in blocks of
     _CHUNK_BLOCK worlds, looped to the block's largest count, their (acc, state)
     written back over the block's worlds (:func:`_put_rows`); the other worlds' are
@@ -466,21 +469,34 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
 
 
 #: the later chunks of the worlds in need run one world at a time (:func:`_world_loop`)
-#: rather than in blocks of worlds (:func:`_needy_loop`); read at trace time
+#: rather than in blocks of worlds (:func:`_needy_loop`), read at trace time (False:
+#: blocks, kept to compare). No tables of bits, block gathers or write-back loops: bench
+#: rollouts (batch 1024, float32) shadow hand 820 -> 795 kernels and 11259 -> 11026
+#: jaxpr equations, barkour 622 -> 597 and 6456 -> 6235 (ant and humanoid, without
+#: blocks, the same program). Barkour's step ran 0.826x [0.754, 0.908] and 1/1.212x
+#: [0.891, 1.376] (paired in one process, 12 rounds each order; a block gathered every
+#: input of its 32 worlds, the whole Jacobian among them, on every pass, and ran each
+#: chunk to the block's largest count), the hand's 1/1.023x [0.850, 1.206] (12
+#: rounds); float32 outputs within rounding (barkour qfrc_constraint 8e-6 of 1370)
 _PER_WORLD = True
 
 
 def _world_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=False,
                 found=False):
-    """:func:`_needy_loop` one world at a time: for each world of ``tab`` (in order, up
-    to the first entry past the last world), its inputs sliced, the loop over its
-    chunks run on the world alone, and its (acc, state, out) written back in place."""
+    """:func:`_needy_loop` one world at a time (:data:`_PER_WORLD`): for each world of
+    ``tab`` (in order, up to the first entry past the last world) the loop over its
+    chunks runs on the world alone (unbatched, as without vmap), its inputs sliced
+    inside that loop (fused into the kernels that read them), and its (acc, state,
+    out) are written back in place; the other worlds' are left as they are. The work
+    follows the rows in use of the worlds in need, not a block's largest count. A
+    world's results are those of the loop without vmap (same kernels, up to XLA's
+    fusion choices). ``finish``, ``fresh`` and ``found`` as for :func:`_needy_loop`;
+    returns (acc, state, out)."""
     xb, ab = batch
     g, local0, fin = finish
 
     def pick(w):
-        return lambda v: entry(v, w) if v.ndim == 1 else jax.lax.dynamic_index_in_dim(
-            v, w, 0, keepdims=False, **nonneg())
+        return lambda v: jax.lax.dynamic_index_in_dim(v, w, 0, keepdims=False, **nonneg())
 
     def fn(c, _, sc, args, acc):
         xs, a, w = args
@@ -518,8 +534,8 @@ def _world_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
 
 
 def _block_state(state, take, blk, fresh, found):
-    """A block's initial per-chunk state (a tree, leading axis the worlds): ``take``
-    (the block's worlds), or zeros where the caller knows it is zero on entry
+    """A block's initial per-chunk state (a tree, leading axis the worlds; ``blk`` None:
+    one world's, without that axis): ``take`` (the block's worlds), or zeros where the caller knows it is zero on entry
     (:data:`_FRESH`): ``fresh``, all of it; ``found``, its second part (the rows the
     loop finds)."""
     def zeros(tree):

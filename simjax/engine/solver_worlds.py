@@ -34,8 +34,9 @@ def _first_worlds(need, k):
 
 def needy_table(nact):
     """Under ``vmap``, the worlds whose active rows pass chunk 0 (``nact`` > 1), found
-    once per solve for all its loops over the later chunks (:func:`_needy_loop`): their
-    indices in order, then the batch size (worlds,) (int32). Without vmap (or for an
+    once per solve for all its loops over the later chunks (:func:`~simjax.engine.
+    solver_rows._world_loop`): their indices in order, then the batch size (worlds,)
+    (int32). Without vmap (or for an
     unbatched ``nact``) zero, unused."""
     @jax.custom_batching.custom_vmap
     def run(n):
