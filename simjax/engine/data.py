@@ -42,7 +42,10 @@ def count_warning(warning, slot, flag):
     actuation's, and the factor's failure mark in solver_dense): XLA's simplification
     rounds 13 -> 8 (the fixpoint after the expansion 6 rounds -> 1), 545 -> 542
     kernels, XLA compile CPU 0.91x [0.85, 1.06] (6 paired fresh processes, load
-    9-12); float32 outputs bit-identical, float64 within rounding (1e-14 relative)."""
+    9-12), run time 1.000x [0.86, 1.23] (12 rounds, load 16). Outputs after 4 steps
+    and a forward (batch 32): float32 bit-identical, float64 within rounding (1e-14
+    relative; the kernels fuse differently); the batch-1024 rollout in float32 within
+    rounding (qacc_smooth 1.9e-6 of 156)."""
     flag = flag.astype(warning.dtype)
     if not ONEHOT_WARNING:
         return warning.at[slot].add(flag)
