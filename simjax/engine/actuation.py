@@ -44,7 +44,7 @@ from simjax.engine import dcmotor
 from simjax.engine import math
 from simjax.engine.muscle import muscle_bias, muscle_dynamics, muscle_gain  # noqa: F401
 from simjax.engine import tables as tables_mod
-from simjax.engine.data import WARN_BADCTRL
+from simjax.engine.data import WARN_BADCTRL, count_warning
 from simjax.plugins import engine as plugins
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import BiasType, DisableBit, DynType, GainType, JointType, TrnType
@@ -691,7 +691,7 @@ def actuation(m, d):
     tab = tables(m)
     nact = m.nactuator
     ctrl, bad = _controls(m, d)
-    warning = d.warning.at[WARN_BADCTRL].add(bad.astype(d.warning.dtype))
+    warning = count_warning(d.warning, WARN_BADCTRL, bad)
 
     length = d.actuator_length[tab.outadr]
     velocity = d.actuator_velocity[tab.outadr]

@@ -357,9 +357,22 @@ def _contact_R(m, d, lay, R):
             # a concatenation fuses into R's users (a slice update is a kernel)
             end = blk.start + blk.n * blk.k
             R = jnp.concatenate([R[:blk.start], new.reshape(-1), R[end:]])
+        elif _SLICE_SELECT:
+            # a select of the padded rows: elementwise, it fuses as the concatenation
+            # does (``.at[].set`` is a scatter, a loop of its own on XLA CPU, after
+            # whose expansion the simplification passes run over the program again)
+            end = blk.start + blk.n * blk.k
+            mask = np.zeros(len(R), bool)
+            mask[blk.start:end] = True
+            R = math.where(mask, jnp.pad(new.reshape(-1), (blk.start, len(R) - end)), R)
         else:
             R = R.at[blk.start:blk.start + blk.n * blk.k].set(new.reshape(-1))
     return R
+
+
+#: whether :func:`_contact_R` writes rows past the concatenation limit by a select (read
+#: at trace time; False: ``.at[].set``, a scatter, kept to compare)
+_SLICE_SELECT = True
 
 
 def _check_unsupported(m, lay):

@@ -218,7 +218,17 @@ def obj_acceleration(m, d, objtype, objid, local):
     vel = math.transform_motion(d.cvel[body], pos, d.subtree_com[root], rot)
     # MuJoCo 4.0 reports the acceleration of dof-less (static, mocap) bodies too: the
     # world's -gravity, seen by an accelerometer on the world as +g up
-    return acc.at[:, 3:].add(math.cross(vel[:, :3], vel[:, 3:]))
+    if not _CONCAT_LIN:
+        return acc.at[:, 3:].add(math.cross(vel[:, :3], vel[:, 3:]))
+    lin = acc[:, 3:] + math.cross(vel[:, :3], vel[:, 3:])
+    # a concatenation (``.at[:, 3:].add`` is a scatter: a loop of its own on XLA CPU,
+    # after whose expansion the simplification passes run over the program again)
+    return jnp.concatenate([acc[:, :3], lin], axis=1)
+
+
+#: whether :func:`obj_acceleration` adds the Coriolis term by a concatenation (read at
+#: trace time; False: ``.at[:, 3:].add``, a scatter, kept to compare)
+_CONCAT_LIN = True
 
 
 def inside_geom(pos, mat, size, gtype, point):

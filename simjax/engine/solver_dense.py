@@ -69,9 +69,36 @@ def factor_t(a):
 
     if not lapack_chol.enabled(a.shape[-1]):
         return t(spd_factor(a))
+    if _MARK_INSIDE:
+        return _potrf_marked(0.5 * (a + t(a)))
     up, info = _potrf_v(0.5 * (a + t(a)))
     # failure marked by one NaN on the diagonal (a whole NaN factor is a pass of its own)
     return up.at[..., 0, 0].set(where(info == 0, up[..., 0, 0], jnp.nan))
+
+
+#: whether :func:`factor_t` marks a failed factorisation inside :func:`_potrf_marked`
+#: (read at trace time; False: ``.at[..., 0, 0].set`` after the call, kept to compare)
+_MARK_INSIDE = True
+
+
+@jax.custom_batching.custom_vmap
+def _potrf_marked(a):
+    """:func:`_potrf`'s U with NaN in U[..., 0, 0] where the factorisation failed; under
+    ``vmap`` one call on the batch, as :func:`_potrf_v`.
+
+    The mark is a dynamic update slice of the corners of the whole batch, written in
+    place, done here where the batch is explicit: ``.at[..., 0, 0].set`` (or a slice
+    update batched by vmap) is a scatter, which XLA CPU expands into a loop of its own
+    before running its simplification fixpoint over the whole program again (see
+    :func:`simjax.engine.data.count_warning` for what the ant's rollout saved)."""
+    up, info = _potrf(a)
+    first = where(info == 0, up[..., 0, 0], jnp.nan)
+    return jax.lax.dynamic_update_slice(up, first[..., None, None], (0,) * up.ndim)
+
+
+@_potrf_marked.def_vmap
+def _potrf_marked_rule(size, flags, a):
+    return _potrf_marked(a), flags[0]
 
 
 def spd_solve(low, b):

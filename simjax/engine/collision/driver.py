@@ -51,7 +51,7 @@ from simjax.engine.collision.narrow import narrow_group, run_groups
 from simjax.engine.collision.pairs import (
     Group, Plan, candidate_pairs, contact_capacity, dim_split, make_contacts, mujoco_rank,
     plan, register_collider, sdf_pair)
-from simjax.engine.data import WARN_CONTACTFULL
+from simjax.engine.data import WARN_CONTACTFULL, count_warning
 from simjax.engine.math import reduce_fused, where
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import EnableBit
@@ -348,7 +348,7 @@ def collision(m, d):
     cand = jnp.asarray(cand)[idx]
     par = _contact_params(m, p, prm, ftype)[cand]
     con = _fill(d.contact, valid, row, par)
-    warning = d.warning.at[WARN_CONTACTFULL].add(overflow.astype(jnp.int32))
+    warning = count_warning(d.warning, WARN_CONTACTFULL, overflow)
     if not _SHARED_FIELDS:
         ncon = reduce_fused(valid, 0)
     return d.replace(contact=con, ncon=jnp.asarray(ncon).astype(jnp.int32), warning=warning)
