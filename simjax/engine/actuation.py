@@ -252,7 +252,8 @@ def _common_dofs(m, site, refsite):
 
 def _gear(m, dtype):
     """(nact, 6) gear of each actuator's first output."""
-    return jnp.asarray(m.actuator_gear, dtype).reshape(-1, 6)[tables(m).outadr]
+    return math.take(jnp.asarray(m.actuator_gear, dtype).reshape(-1, 6),
+                          tables(m).outadr)
 
 
 def _to_outputs(m, tab, siso, so3_rows):
@@ -414,7 +415,8 @@ def transmission(m, d):
     local = jnp.zeros((nact, 6), dtype).at[:, 0].set(gear[:, 0])
     length = jnp.zeros(nact, dtype)
     if np.any(kind == _K_SCALAR):
-        length = math.where(kind == _K_SCALAR, d.qpos[tab.qadr] * gear[:, 0], length)
+        length = math.where(kind == _K_SCALAR, math.take(d.qpos, tab.qadr) * gear[:, 0],
+                            length)
     if np.any((kind == _K_BALL) | (kind == _K_FREE)):
         # ball: quaternion at qadr; free: quaternion after the position
         off = np.where(kind == _K_FREE, 3, 0)
@@ -693,14 +695,15 @@ def actuation(m, d):
     ctrl, bad = _controls(m, d)
     warning = count_warning(d.warning, WARN_BADCTRL, bad)
 
-    length = d.actuator_length[tab.outadr]
-    velocity = d.actuator_velocity[tab.outadr]
+    length = math.take(d.actuator_length, tab.outadr)
+    velocity = math.take(d.actuator_velocity, tab.outadr)
     dynprm = jnp.asarray(m.actuator_dynprm, dtype).reshape(nact, -1)
     gainprm = jnp.asarray(m.actuator_gainprm, dtype).reshape(nact, -1)
     biasprm = jnp.asarray(m.actuator_biasprm, dtype).reshape(nact, -1)
     period = _wrap_period(m, tab, gainprm, biasprm, dtype)
     has_ctrl = tab.ctrlnum > 0
-    cfirst = math.where(has_ctrl, ctrl[np.where(has_ctrl, tab.ctrladr, 0)], 0.0) if m.nu \
+    cfirst = math.where(has_ctrl, math.take(ctrl, np.where(has_ctrl, tab.ctrladr, 0)),
+                        0.0) if m.nu \
         else jnp.zeros(nact, dtype)
 
     # activation dynamics

@@ -187,11 +187,11 @@ def _block(m, d, blk, geo=None):
     if blk.kind.startswith("limit"):
         jac, dist, mg, dg, act, static = _limit_rows(m, d, blk)
         if blk.kind == "limitten":
-            ref = _f(m.tendon_solref_lim, dtype).reshape(-1, 2)[blk.ids]
-            sim = _f(m.tendon_solimp_lim, dtype).reshape(-1, 5)[blk.ids]
+            ref = math.take(_f(m.tendon_solref_lim, dtype).reshape(-1, 2), blk.ids)
+            sim = math.take(_f(m.tendon_solimp_lim, dtype).reshape(-1, 5), blk.ids)
         else:
-            ref = _f(m.jnt_solref, dtype).reshape(-1, 2)[blk.ids]
-            sim = _f(m.jnt_solimp, dtype).reshape(-1, 5)[blk.ids]
+            ref = math.take(_f(m.jnt_solref, dtype).reshape(-1, 2), blk.ids)
+            sim = math.take(_f(m.jnt_solimp, dtype).reshape(-1, 5), blk.ids)
         if not static:
             act = act & jnp.any(jac != 0, axis=2)
         act = flat(act)

@@ -202,17 +202,17 @@ def _limit_rows(m, d, blk):
     ids = blk.ids
     dinv = _f(m.dof_invweight0, dtype).reshape(-1)
     if blk.kind == "limitten":
-        rng = _f(m.tendon_range, dtype).reshape(-1, 2)[ids]
-        margin = _f(m.tendon_margin, dtype).reshape(-1)[ids]
-        value = d.ten_length[ids]
-        jrow = d.ten_J[ids]
-        diag = _f(m.tendon_invweight0, dtype).reshape(-1)[ids]
+        rng = math.take(_f(m.tendon_range, dtype).reshape(-1, 2), ids)
+        margin = math.take(_f(m.tendon_margin, dtype).reshape(-1), ids)
+        value = math.take(d.ten_length, ids)
+        jrow = math.take(d.ten_J, ids)
+        diag = math.take(_f(m.tendon_invweight0, dtype).reshape(-1), ids)
         static = False
     else:
-        rng = _f(m.jnt_range, dtype).reshape(-1, 2)[ids]
-        margin = _f(m.jnt_margin, dtype).reshape(-1)[ids]
+        rng = math.take(_f(m.jnt_range, dtype).reshape(-1, 2), ids)
+        margin = math.take(_f(m.jnt_margin, dtype).reshape(-1), ids)
         dadr = np.asarray(m.jnt_dofadr)[ids]
-        diag = dinv[dadr]
+        diag = math.take(dinv, dadr)
         if blk.kind == "limitball":
             adr = np.asarray(m.jnt_qposadr)[ids]
             quat = math.quat_normalize(d.qpos[adr[:, None] + np.arange(4)])
@@ -222,7 +222,7 @@ def _limit_rows(m, d, blk):
             jac = jnp.zeros((len(ids), m.nv), dtype)
             jac = jac.at[np.arange(len(ids))[:, None], dadr[:, None] + np.arange(3)].set(-axis)
             return jac[:, None], dist[:, None], margin, diag, (dist < margin)[:, None], True
-        value = d.qpos[np.asarray(m.jnt_qposadr)[ids]]
+        value = math.take(d.qpos, np.asarray(m.jnt_qposadr)[ids])
         jrow = np.eye(m.nv)[dadr]
         static = True
     # side -1 (lower) then +1 (upper), as MuJoCo emits them
@@ -283,7 +283,7 @@ def _shifted_cdof_t(m, d, origin):
     # transposed by a gather, a kernel of its own: a transpose (or a stack of columns)
     # is fused into the row products as a strided read, recomputed per row
     perm = np.arange(6 * m.nv).reshape(m.nv, 6).T.reshape(-1)
-    return shifted.reshape(-1)[perm].reshape(6, m.nv)
+    return math.take(shifted.reshape(-1), perm).reshape(6, m.nv)
 
 
 def _contact_geometry(m, d, lay):

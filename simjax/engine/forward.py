@@ -561,12 +561,15 @@ def _select_fields(pred, a, b, names):
     lax.select on an explicit broadcast traces to two operations per field, where
     jnp.where adds a nested jit with its own promotions and broadcasts per field.
     """
-    out = {}
+    out, preds = {}, {}
     for name in names:
         x = a[name] if isinstance(a, dict) else getattr(a, name)
         y = getattr(b, name)
         if y.size:
-            out[name] = jax.lax.select(jnp.broadcast_to(pred, y.shape),
+            # one broadcast of pred per shape (XLA merged the repeated ones anyway)
+            if y.shape not in preds:
+                preds[y.shape] = jnp.broadcast_to(pred, y.shape)
+            out[name] = jax.lax.select(preds[y.shape],
                                        jnp.broadcast_to(x.astype(y.dtype), y.shape), y)
     return b.replace(**out)
 

@@ -66,13 +66,13 @@ def _joint_spring_dofs(m, qpos, dtype):
 
     scalar = np.nonzero((jtype == JointType.HINGE) | (jtype == JointType.SLIDE))[0]
     if len(scalar):
-        x = qpos[qadr[scalar]] - qspring[qadr[scalar]]
+        x = math.take(qpos, qadr[scalar]) - qspring[qadr[scalar]]
         parts.append((dadr[scalar], -x * poly_force(k[scalar], poly[scalar], x, False)))
 
     free = np.nonzero(jtype == JointType.FREE)[0]
     if len(free):
         idx = qadr[free][:, None] + np.arange(3)
-        dif = qpos[idx] - qspring[idx]
+        dif = math.take(qpos, idx) - qspring[idx]
         r = math.norm(dif)
         kr = poly_force(k[free], poly[free], r, False)
         parts.append(((dadr[free][:, None] + np.arange(3)).ravel(),
@@ -82,7 +82,7 @@ def _joint_spring_dofs(m, qpos, dtype):
     if len(rot):
         off = np.where(jtype[rot] == JointType.FREE, 3, 0)
         idx = (qadr[rot] + off)[:, None] + np.arange(4)
-        dif = math.sub_quat(math.quat_normalize(qpos[idx]), qspring[idx])
+        dif = math.sub_quat(math.quat_normalize(math.take(qpos, idx)), qspring[idx])
         r = math.norm(dif)
         kr = poly_force(k[rot], poly[rot], r, False)
         parts.append((((dadr[rot] + off)[:, None] + np.arange(3)).ravel(),
@@ -95,7 +95,7 @@ def _joint_spring_dofs(m, qpos, dtype):
     # each dof appears at most once: a permutation gather instead of a scatter
     src = np.full(m.nv, len(idx))
     src[idx] = np.arange(len(idx))
-    return jnp.concatenate([val, jnp.zeros(1, dtype)])[src]
+    return math.take(jnp.concatenate([val, jnp.zeros(1, dtype)]), src)
 
 
 def _damping(m, dtype, kind, damping, poly, n):

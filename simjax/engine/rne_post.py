@@ -168,7 +168,7 @@ def rne_post_constraint(m, d):
     # external forces: perturbations applied at the body com
     xfrc = d.xfrc_applied
     wrench = jnp.concatenate([xfrc[:, 3:], xfrc[:, :3]], -1)
-    ext = transform_force(wrench, d.subtree_com[root], d.xipos)
+    ext = transform_force(wrench, math.take(d.subtree_com, root), d.xipos)
     ext = _zero_world(ext)
     ext = ext + _contact_ext(m, d) + _equality_ext(m, d)
     body = math.inert_mul(d.cinert, cacc) + math.force_cross(
@@ -224,7 +224,7 @@ def _contact_ext(m, d):
         acc = acc + sign * part
     row = np.zeros(m.nbody, np.int64)
     row[cand] = 1 + np.arange(len(cand))
-    return jnp.concatenate([jnp.zeros((1, 6), dtype), acc])[row]
+    return math.take(jnp.concatenate([jnp.zeros((1, 6), dtype), acc]), row)
 
 
 def _weld_torque(m, d, ids, data, lam):

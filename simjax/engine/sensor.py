@@ -136,7 +136,7 @@ def _by_kind(kinds, fns):
     order = np.concatenate(order)
     inv = np.empty_like(order)
     inv[order] = np.arange(len(order))
-    return jnp.concatenate(parts)[inv]
+    return math.take(jnp.concatenate(parts), inv)
 
 
 def obj_body(m, objtype, objid):
@@ -166,8 +166,8 @@ def obj_frame(m, d, objtype, objid):
     (get_xpos_xmat of engine_sensor)."""
     objtype, objid = np.asarray(objtype), np.asarray(objid)
     obj_body(m, objtype, objid)                          # validates the types
-    pos = _by_kind(objtype, lambda t, p: _frame_arrays(d, t)[0][objid[p]])
-    mat = _by_kind(objtype, lambda t, p: _frame_arrays(d, t)[1][objid[p]])
+    pos = _by_kind(objtype, lambda t, p: math.take(_frame_arrays(d, t)[0], objid[p]))
+    mat = _by_kind(objtype, lambda t, p: math.take(_frame_arrays(d, t)[1], objid[p]))
     return pos, mat
 
 
@@ -180,10 +180,10 @@ def obj_quat(m, d, objtype, objid):
              ObjType.CAMERA: "cam_quat"}
 
     def fn(t, p):
-        q = d.xquat[body[p]]
+        q = math.take(d.xquat, body[p])
         if t == ObjType.XBODY:
             return q
-        return math.quat_mul(q, _f(getattr(m, local[t]), dtype)[objid[p]])
+        return math.quat_mul(q, math.take(_f(getattr(m, local[t]), dtype), objid[p]))
     return _by_kind(objtype, fn)
 
 
@@ -214,8 +214,9 @@ def obj_acceleration(m, d, objtype, objid, local):
     pos, mat = obj_frame(m, d, objtype, objid)
     rot = mat if local else None
     root = np.asarray(m.body_rootid)[body]
-    acc = math.transform_motion(d.cacc[body], pos, d.subtree_com[root], rot)
-    vel = math.transform_motion(d.cvel[body], pos, d.subtree_com[root], rot)
+    com = math.take(d.subtree_com, root)
+    acc = math.transform_motion(math.take(d.cacc, body), pos, com, rot)
+    vel = math.transform_motion(math.take(d.cvel, body), pos, com, rot)
     # MuJoCo 4.0 reports the acceleration of dof-less (static, mocap) bodies too: the
     # world's -gravity, seen by an accelerometer on the world as +g up
     if not _CONCAT_LIN:
@@ -450,7 +451,7 @@ def _pos_values(m, d, t, ids):
     if t == S.RANGEFINDER:
         return _rangefinder(m, d, ids)
     if t == S.JOINTPOS:
-        return d.qpos[np.asarray(m.jnt_qposadr)[oi]]
+        return math.take(d.qpos, np.asarray(m.jnt_qposadr)[oi])
     if t == S.TENDONPOS:
         return d.ten_length[oi]
     if t == S.ACTUATORPOS:
@@ -520,7 +521,7 @@ def _vel_values(m, d, t, ids):
         vel = obj_velocity(m, d, ot, oi, True)
         return vel[:, 3:] if t == S.VELOCIMETER else vel[:, :3]
     if t == S.JOINTVEL:
-        return d.qvel[np.asarray(m.jnt_dofadr)[oi]]
+        return math.take(d.qvel, np.asarray(m.jnt_dofadr)[oi])
     if t == S.TENDONVEL:
         return d.ten_velocity[oi]
     if t == S.ACTUATORVEL:
@@ -648,7 +649,7 @@ def _write(m, d, ids, vals):
     n = m.nsensordata
     src = np.arange(len(idx), len(idx) + n)
     src[idx] = np.arange(len(idx))
-    return jnp.concatenate([vals.astype(d.sensordata.dtype), d.sensordata])[src]
+    return math.take(jnp.concatenate([vals.astype(d.sensordata.dtype), d.sensordata]), src)
 
 
 def _stage(m, d, stage, values_fn):

@@ -47,7 +47,7 @@ import numpy as np
 from simjax.engine import constraint as C
 from simjax.engine import inline, tables, tree_linalg
 from simjax.engine.data import NISLAND
-from simjax.engine.math import reduce_fused, where
+from simjax.engine.math import reduce_fused, take, where
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_cost import Spec, gradient, spec_from_layout, update
 from simjax.engine.solver_dense import factor_t, spd_factor, spd_solve
@@ -301,7 +301,7 @@ def island_ids(m, d, lay):
     n = int(m.ntree)
     rowisl, tree_isl = _islands(_row_trees(m, d, lay, lay.nefc), d.efc_active)
     dof_tree = np.asarray(m.dof_treeid).reshape(-1)
-    return jnp.minimum(rowisl, n), jnp.minimum(tree_isl[dof_tree], n)
+    return jnp.minimum(rowisl, n), jnp.minimum(take(tree_isl, dof_tree), n)
 
 
 def inv_constraint(m, d):

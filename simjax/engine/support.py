@@ -124,16 +124,17 @@ def apply_ft(m, d, force, torque, point, bodies):
     # on component arrays (n,): a cross product along a last axis of 3 and a dot over
     # 6 cost XLA CPU concatenations and a reduction kernel (humanoid's xfrc_applied:
     # 0.95 -> 0.67 us per world)
-    offset = math.unstack(point - d.subtree_com[np.asarray(m.body_rootid)[bodies]])
+    offset = math.unstack(point - math.take(d.subtree_com, np.asarray(m.body_rootid)[bodies]))
     zero = (jnp.zeros_like(offset[0]),) * 3
     f = zero if force is None else math.unstack(force)
     t = zero if torque is None else math.unstack(torque)
     wrench = math.stack(math.c_add(t, math.c_cross(offset, f)) + f)   # about the tree com
     anc = jnp.asarray(tables.get(m).anc_dof[bodies], dtype)        # (n, nv)
-    g = anc.T @ wrench
-    out = d.cdof[:, 0] * g[:, 0]
+    g = math.unstack(anc.T @ wrench)
+    cdof = math.unstack(d.cdof)
+    out = cdof[0] * g[0]
     for k in range(1, 6):
-        out = out + d.cdof[:, k] * g[:, k]
+        out = out + cdof[k] * g[k]
     return out
 
 
@@ -148,8 +149,9 @@ def object_velocity(m, d, bodies, pos, rot=None):
     """6D velocity (n, 6, rot:lin) of frames at ``pos`` rigidly attached to ``bodies``
     (mj_objectVelocity); in the frames ``rot`` (n, 3, 3) if given, else world axes."""
     bodies = np.asarray(bodies)
-    vel = math.transform_motion(d.cvel[bodies], pos,
-                                d.subtree_com[np.asarray(m.body_rootid)[bodies]], rot)
+    vel = math.transform_motion(
+        math.take(d.cvel, bodies), pos,
+        math.take(d.subtree_com, np.asarray(m.body_rootid)[bodies]), rot)
     static = np.asarray(m.body_dofnum)[np.asarray(m.body_weldid)[bodies]] == 0
     if static.any():
         vel = math.where(static[:, None], 0.0, vel)
@@ -173,22 +175,24 @@ def integrate_pos(m, qpos, qvel, dt):
     qadr, dadr = np.asarray(m.jnt_qposadr), np.asarray(m.jnt_dofadr)
     g = _joint_groups(m)
     idx, vals = [], []
+    take = math.take
     scalar = np.concatenate([g[JointType.HINGE], g[JointType.SLIDE]])
     if len(scalar):
         idx.append(qadr[scalar])
-        vals.append(qpos[qadr[scalar]] + dt * qvel[dadr[scalar]])
+        vals.append(take(qpos, qadr[scalar]) + dt * take(qvel, dadr[scalar]))
     free = g[JointType.FREE]
     if len(free):
         pi = (qadr[free][:, None] + np.arange(3)).ravel()
         idx.append(pi)
-        vals.append(qpos[pi] + dt * qvel[(dadr[free][:, None] + np.arange(3)).ravel()])
+        vals.append(take(qpos, pi) +
+                    dt * take(qvel, (dadr[free][:, None] + np.arange(3)).ravel()))
     rot = np.concatenate([free, g[JointType.BALL]])
     if len(rot):
         off = np.where(np.asarray(m.jnt_type)[rot] == JointType.FREE, 3, 0)
         qi = (qadr[rot] + off)[:, None] + np.arange(4)
         vi = (dadr[rot] + off)[:, None] + np.arange(3)
         idx.append(qi.ravel())
-        vals.append(_quat_integrate(qpos[qi], qvel[vi], dt).ravel())
+        vals.append(_quat_integrate(take(qpos, qi), take(qvel, vi), dt).ravel())
     return _assemble(m.nq, qpos, idx, vals)
 
 
@@ -209,7 +213,7 @@ def _assemble(n, base, idx, vals):
     vals = jnp.concatenate(vals)
     src = np.arange(len(idx), len(idx) + n)
     src[idx] = np.arange(len(idx))
-    return jnp.concatenate([vals, base])[src]
+    return math.take(jnp.concatenate([vals, base]), src)
 
 
 def differentiate_pos(m, qpos1, qpos2, dt):

@@ -357,7 +357,8 @@ def tendon(m, d):
         w = tab.fixed_wraps
         jid = np.asarray(m.wrap_objid)[w]
         memb = jnp.asarray(tab.fixed_member[:, w], dtype)
-        length = length + memb @ (prm[w] * d.qpos[np.asarray(m.jnt_qposadr)[jid]])
+        qj = math.take(d.qpos, np.asarray(m.jnt_qposadr)[jid])
+        length = length + memb @ (prm[w] * qj)
         onehot = np.zeros((len(w), m.nv))
         onehot[np.arange(len(w)), np.asarray(m.jnt_dofadr)[jid]] = 1.0
         ten_j = ten_j + memb @ (prm[w][:, None] * jnp.asarray(onehot, dtype))

@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from simjax.engine import inline, lapack_chol, tables
-from simjax.engine.math import where
+from simjax.engine.math import take, where
 
 _CACHE: dict = {}
 
@@ -315,7 +315,7 @@ def _solve_ld_scan(qld, b):
     # compiled outside the loop
     u = _SOLVE_UNROLL
     x, _ = inline.scan(up, b, _padded(np.arange(n - 1, 0, -1), 0, u), unroll=u)
-    x = x / qld.reshape(-1)[np.arange(n) * (n + 1)].reshape((n,) + tail)
+    x = x / take(qld.reshape(-1), np.arange(n) * (n + 1)).reshape((n,) + tail)
     x, _ = inline.scan(down, x, _padded(np.arange(0, n - 1), n - 1, u), unroll=u)
     return x
 
