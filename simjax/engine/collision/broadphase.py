@@ -253,8 +253,12 @@ def _box_filter(m, d, g1, g2, margin, cols=None):
     # the half sizes, margins and capsule sizes (constants of the model) broadcast
     # over the worlds once: vmap broadcasts an unbatched operand for every operation
     # that reads it (XLA merges the copies: the same optimised program, about 100
-    # traced equations fewer on the shadow hand)
-    h1, h2, margin, s1_ = batched_like((h1, h2, margin, s1_[:2] if seg else s1_), p1[0])
+    # traced equations fewer on the shadow hand). Without gradients: the filter's
+    # output is a mask, and batched_like's custom batching rule has no reverse mode
+    consts = jax.tree_util.tree_map(
+        lambda v: lax.stop_gradient(v) if isinstance(v, jax.core.Tracer) else v,
+        (h1, h2, margin, s1_[:2] if seg else s1_))
+    h1, h2, margin, s1_ = batched_like(consts, lax.stop_gradient(p1[0]))
     dc = [c2[i] - c1[i] for i in range(3)]
     # rabs[i][j] = |m1[:, i] . m2[:, j]|
     rabs = [[jnp.abs(_dot3(_col(m1, i), _col(m2, j))) for j in range(3)] for i in range(3)]
