@@ -216,7 +216,7 @@ def _half_extent(m, g, ftype, pos, mat, size):
     gtype = np.asarray(m.geom_type)[g]
     r = size[0]
     # NumPy where the sizes (and mesh boxes) are constants: jnp's operations on
-    # constants are traced equations (XLA folds them to the same constants)
+    # constants are traced equations
     aabb = concrete(m.geom_aabb) if np.any(gtype == GT.MESH) else None
     static = all(isinstance(x, np.ndarray) for x in size) and (
         aabb is not None or not np.any(gtype == GT.MESH))
@@ -252,8 +252,7 @@ def _box_filter(m, d, g1, g2, margin, cols=None):
     seg = _SEGMENT_AXES and bool(np.any(cap))
     # the half sizes, margins and capsule sizes (constants of the model) broadcast
     # over the worlds once: vmap broadcasts an unbatched operand for every operation
-    # that reads it (XLA merges the copies: the same optimised program, about 100
-    # traced equations fewer on the shadow hand). Without gradients: the filter's
+    # that reads it (about 100 traced equations fewer on the shadow hand). Without gradients: the filter's
     # output is a mask, and batched_like's custom batching rule has no reverse mode
     consts = jax.tree_util.tree_map(
         lambda v: lax.stop_gradient(v) if isinstance(v, jax.core.Tracer) else v,

@@ -90,7 +90,7 @@ def pair_params(m, p: Plan, dtype):
     """Per candidate pair: margin, gap, friction (5), solref, solreffriction, solimp
     (mj_contactParam, explicit pair parameters, mj_assign* with override). NumPy where
     the model's fields are constants (as usual): jnp's operations on constants are
-    traced equations (about 80 per step) that XLA folds into the same constants."""
+    traced equations (about 80 per step)."""
     g1, g2, ip = p.g1, p.g2, p.ipair
     xp, wh = (np, np.where) if _params_concrete(m) else (jnp, where)
 

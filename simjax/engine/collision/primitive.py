@@ -425,7 +425,7 @@ def box_box(g1, g2, margin):
     # small products written out (vmapped, 3x3 matmuls are batched dot kernels on CPU)
     m1, m2 = g1.mat, g2.mat
     # components read once each (math.unstack: one split, a squeeze each), not a
-    # slice and a squeeze per read: the same optimised program, fewer traced equations
+    # slice and a squeeze per read: fewer traced equations
     m1r, m2r = unstack(m1, 0), unstack(m2, 0)
     rot = (m1r[0][:, None] * m2r[0][None, :] + m1r[1][:, None] * m2r[1][None, :] +
            m1r[2][:, None] * m2r[2][None, :])                     # m1.T @ m2
@@ -450,8 +450,7 @@ def box_box(g1, g2, margin):
     # columns times constant 0/1 weights (a concatenate of slices is a kernel of its
     # own on CPU once it has several users)
     # (the three weighted terms as one product over a new axis c, summed by one split:
-    # the same sums in the same order, 10 traced equations instead of 20; the shadow
-    # hand's optimised program is unchanged)
+    # the same sums in the same order, 10 traced equations instead of 20)
     def up(x, k, axis):                                     # x[(i + k) % 3] along axis
         w = np.roll(np.eye(3), k, axis=1).astype(dt)        # w[i, (i + k) % 3] = 1
         if x.ndim == 1:                                     # sum_c x[c] w[i, c]
