@@ -10,6 +10,7 @@ import numpy as np
 from jax import lax
 
 from simjax.engine.math import ops, take_rows, unstack, where
+from simjax.engine.solver_worlds import batched_like
 from simjax.engine.tables import concrete
 from simjax.types import GeomType as GT
 
@@ -32,7 +33,7 @@ def _broadphase(m, d, g1, g2, margin, cols=None):
     sphere = _dot3(dif, dif) <= (r1 + r2 + margin) ** 2
     plane1 = _dot3([p2[i] - p1[i] for i in range(3)], _col(mat1, 2)) <= margin + r2
     out = where((r1 > 0) & (r2 > 0), sphere, where(
-        jnp.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
+        np.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
     return out
 
 
@@ -214,16 +215,22 @@ def _half_extent(m, g, ftype, pos, mat, size):
     and size, component-major."""
     gtype = np.asarray(m.geom_type)[g]
     r = size[0]
+    # NumPy where the sizes (and mesh boxes) are constants: jnp's operations on
+    # constants are traced equations
+    aabb = concrete(m.geom_aabb) if np.any(gtype == GT.MESH) else None
+    static = all(isinstance(x, np.ndarray) for x in size) and (
+        aabb is not None or not np.any(gtype == GT.MESH))
+    lib, wh = (np, np.where) if static else (jnp, where)
     # sphere (r, r, r), capsule (r, r, r + h), cylinder (r, r, h), ellipsoid/box sizes
-    sph, cap, cyl = (jnp.asarray(gtype == t) for t in (GT.SPHERE, GT.CAPSULE, GT.CYLINDER))
-    hs = [where(sph, r, size[i]) for i in range(3)]
-    hs = [where(cap, x, h) for x, h in zip((r, r, r + size[1]), hs)]
-    hs = [where(cyl, x, h) for x, h in zip((r, r, size[1]), hs)]
+    sph, cap, cyl = (lib.asarray(gtype == t) for t in (GT.SPHERE, GT.CAPSULE, GT.CYLINDER))
+    hs = [wh(sph, r, size[i]) for i in range(3)]
+    hs = [wh(cap, x, h) for x, h in zip((r, r, r + size[1]), hs)]
+    hs = [wh(cyl, x, h) for x, h in zip((r, r, size[1]), hs)]
     if np.any(gtype == GT.MESH):
-        aabb = jnp.asarray(m.geom_aabb, ftype)[g]
-        mesh = jnp.asarray(gtype == GT.MESH)
-        hs = [where(mesh, aabb[:, 3 + i], hs[i]) for i in range(3)]
-        off = [where(mesh, aabb[:, i], 0.0) for i in range(3)]
+        aabb = (np.asarray(aabb, ftype) if static else jnp.asarray(m.geom_aabb, ftype))[g]
+        mesh = lib.asarray(gtype == GT.MESH)
+        hs = [wh(mesh, aabb[:, 3 + i], hs[i]) for i in range(3)]
+        off = [wh(mesh, aabb[:, i], lib.zeros((), ftype)) for i in range(3)]
         pos = [pos[i] + off[0] * mat[3 * i] + off[1] * mat[3 * i + 1] +
                off[2] * mat[3 * i + 2] for i in range(3)]
     return pos, hs
@@ -241,6 +248,16 @@ def _box_filter(m, d, g1, g2, margin, cols=None):
     (p1, m1, s1_, _), (p2, m2, s2_, _) = cols
     c1, h1 = _half_extent(m, g1, ftype, p1, m1, s1_)
     c2, h2 = _half_extent(m, g2, ftype, p2, m2, s2_)
+    cap = np.asarray(m.geom_type)[g1] == GT.CAPSULE
+    seg = _SEGMENT_AXES and bool(np.any(cap))
+    # the half sizes, margins and capsule sizes (constants of the model) broadcast
+    # over the worlds once: vmap broadcasts an unbatched operand for every operation
+    # that reads it (about 100 traced equations fewer on the shadow hand). Without gradients: the filter's
+    # output is a mask, and batched_like's custom batching rule has no reverse mode
+    consts = jax.tree_util.tree_map(
+        lambda v: lax.stop_gradient(v) if isinstance(v, jax.core.Tracer) else v,
+        (h1, h2, margin, s1_[:2] if seg else s1_))
+    h1, h2, margin, s1_ = batched_like(consts, lax.stop_gradient(p1[0]))
     dc = [c2[i] - c1[i] for i in range(3)]
     # rabs[i][j] = |m1[:, i] . m2[:, j]|
     rabs = [[jnp.abs(_dot3(_col(m1, i), _col(m2, j))) for j in range(3)] for i in range(3)]
@@ -250,17 +267,17 @@ def _box_filter(m, d, g1, g2, margin, cols=None):
            for i in range(3)]                                       # h2 on box1 axes
     r21 = [rabs[0][j] * h1[0] + rabs[1][j] * h1[1] + rabs[2][j] * h1[2]
            for j in range(3)]                                       # h1 on box2 axes
-    cap = np.asarray(m.geom_type)[g1] == GT.CAPSULE
-    seg = _SEGMENT_AXES and bool(np.any(cap))
     if seg:
         # a capsule's own extent along box2's axes, r + h |a . b_j| (its box bound's
         # is larger, up to (r + h) |a . b_j| + r (|x . b_j| + |y . b_j|))
         capj = jnp.asarray(cap)
         r, hl = s1_[0], s1_[1]
         r21 = [where(capj, r + hl * rabs[2][j], r21[j]) for j in range(3)]
-    sep = jnp.zeros(margin.shape, bool)
+    sep = None
     for t, h, r in zip(t1 + t2, h1 + h2, r12 + r21):
-        sep = sep | (jnp.abs(t) - h - r > margin + 1e-3 * (jnp.abs(t) + h + r))
+        at = jnp.abs(t)
+        out = at - h - r > margin + 1e-3 * (at + h + r)
+        sep = out if sep is None else sep | out
     if seg:
         sep = sep | (capj & _segment_cross_sep(m1, m2, dc, s1_, h2, rabs, margin))
     return ~sep

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from simjax.engine.math import ops, where
+from simjax.engine.math import ops, unstack, where
 
 #: mjMINVAL
 MINVAL = 1e-15
@@ -66,14 +66,16 @@ def rot(mat, v):
     """``mat @ v`` for a 3x3 matrix and vectors v (..., 3) (rows: ``v @ mat.T``),
     written out: vmapped, small matrix products are slow batched kernels on CPU."""
     x, y, z = jnp.split(v, 3, axis=-1)
-    return x * mat[:, 0] + y * mat[:, 1] + z * mat[:, 2]
+    c0, c1, c2 = unstack(mat, 1)            # one split (see pick3)
+    return x * c0 + y * c1 + z * c2
 
 
 def rot_t(mat, v):
     """``mat.T @ v`` for a 3x3 matrix and vectors v (..., 3) (rows: ``v @ mat``),
     written out (see :func:`rot`)."""
     x, y, z = jnp.split(v, 3, axis=-1)
-    return x * mat[0] + y * mat[1] + z * mat[2]
+    r0, r1, r2 = unstack(mat, 0)
+    return x * r0 + y * r1 + z * r2
 
 
 #: :func:`once` of several values of one shape as one reduction with an output per
@@ -156,6 +158,10 @@ def sel(c, a, b):
     jnp.where traces as a jit of its own with converts and broadcasts, several traced
     equations where one does (trace and lowering cost per equation). Else jnp.where."""
     if isinstance(c, jax.Array) and c.dtype == jnp.bool_:
+        if _scalar(a) and type(a) is type(b):
+            # two Python scalars: their fills as jnp.where makes them (weakly typed, of
+            # the default dtype of their kind), without its jit wrapper equation
+            return lax.select(c, lax.full(c.shape, a), lax.full(c.shape, b))
         if _scalar(a) and isinstance(b, jax.Array) and jnp.result_type(a, b) == b.dtype:
             a = lax.full_like(b, a)
         elif _scalar(b) and isinstance(a, jax.Array) and jnp.result_type(a, b) == a.dtype:
@@ -173,7 +179,8 @@ def pick3(v, i):
     arrays of one shape and dtype. (Rows of an array by slices: a split into three
     was a kernel of its own in capsule-box.)"""
     i = jnp.asarray(i)
-    xs = [v[0], v[1], v[2]]
+    # an array's rows by one split (math.unstack), not a slice and a squeeze each
+    xs = list(unstack(v, 0, 3)) if isinstance(v, jax.Array) else [v[0], v[1], v[2]]
     if (jnp.issubdtype(i.dtype, jnp.integer) and i.shape == ()
             and all(isinstance(x, jax.Array) for x in xs)
             and len({(x.shape, x.dtype) for x in xs}) == 1):

@@ -53,6 +53,7 @@ from simjax.engine.collision.pairs import (
     plan, register_collider, sdf_pair)
 from simjax.engine.data import WARN_CONTACTFULL, count_warning
 from simjax.engine.math import reduce_fused, where
+from simjax.engine.tables import concrete
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import EnableBit
 
@@ -72,13 +73,29 @@ def _override(m):
     return bool(m.opt.enableflags & EnableBit.OVERRIDE)
 
 
+def _params_concrete(m):
+    """Whether every model field :func:`pair_params` reads is a constant (NumPy-able)."""
+    names = ["geom_margin", "geom_gap", "geom_priority", "geom_solmix", "geom_solref",
+             "geom_solimp", "geom_friction"]
+    if m.npair:
+        names += ["pair_margin", "pair_gap", "pair_friction", "pair_solref",
+                  "pair_solimp", "pair_solreffriction"]
+    vals = [getattr(m, k) for k in names]
+    if _override(m):
+        vals += [m.opt.o_margin, m.opt.o_friction, m.opt.o_solref, m.opt.o_solimp]
+    return all(concrete(v) is not None for v in vals)
+
+
 def pair_params(m, p: Plan, dtype):
     """Per candidate pair: margin, gap, friction (5), solref, solreffriction, solimp
-    (mj_contactParam, explicit pair parameters, mj_assign* with override)."""
+    (mj_contactParam, explicit pair parameters, mj_assign* with override). NumPy where
+    the model's fields are constants (as usual): jnp's operations on constants are
+    traced equations (about 80 per step)."""
     g1, g2, ip = p.g1, p.g2, p.ipair
+    xp, wh = (np, np.where) if _params_concrete(m) else (jnp, where)
 
     def f(x):
-        return jnp.asarray(x, dtype)
+        return xp.asarray(x, dtype)
 
     margin = f(m.geom_margin)[g1] + f(m.geom_margin)[g2]
     gap = f(m.geom_gap)[g1] + f(m.geom_gap)[g2]
@@ -88,30 +105,30 @@ def pair_params(m, p: Plan, dtype):
     sm = f(m.geom_solmix)
     s1, s2 = sm[g1], sm[g2]
     both = (s1 >= 1e-15) & (s2 >= 1e-15)
-    mix = where(both, s1 / where(both, s1 + s2, 1.0),
-                where((s1 < 1e-15) & (s2 < 1e-15), 0.5,
-                      where(s1 < 1e-15, 0.0, 1.0)))[:, None]
+    mix = wh(both, s1 / wh(both, s1 + s2, f(1.0)),
+             wh((s1 < 1e-15) & (s2 < 1e-15), f(0.5),
+                wh(s1 < 1e-15, f(0.0), f(1.0))))[:, None]
     sr = f(m.geom_solref)
     r1, r2 = sr[g1], sr[g2]
-    solref = where(((r1[:, :1] > 0) & (r2[:, :1] > 0)), mix * r1 + (1 - mix) * r2,
-                   jnp.minimum(r1, r2))
+    solref = wh(((r1[:, :1] > 0) & (r2[:, :1] > 0)), mix * r1 + (1 - mix) * r2,
+                xp.minimum(r1, r2))
     si = f(m.geom_solimp)
     i1, i2 = si[g1], si[g2]
     solimp = mix * i1 + (1 - mix) * i2
     fr = f(m.geom_friction)
     fr1, fr2 = fr[g1], fr[g2]
-    fri = jnp.maximum(fr1, fr2)
-    solref = where(hi1, r1, where(hi2, r2, solref))
-    solimp = where(hi1, i1, where(hi2, i2, solimp))
-    fri = where(hi1, fr1, where(hi2, fr2, fri))
-    friction = fri[:, jnp.asarray([0, 0, 1, 2, 2])]
-    solreffriction = jnp.zeros_like(solref)
+    fri = xp.maximum(fr1, fr2)
+    solref = wh(hi1, r1, wh(hi2, r2, solref))
+    solimp = wh(hi1, i1, wh(hi2, i2, solimp))
+    fri = wh(hi1, fr1, wh(hi2, fr2, fri))
+    friction = fri[:, np.asarray([0, 0, 1, 2, 2])]
+    solreffriction = xp.zeros_like(solref)
     if m.npair and np.any(ip >= 0):
         isp = ip >= 0
         k = np.maximum(ip, 0)
 
         def sel(a, b):
-            return where(isp.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+            return wh(isp.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
 
         margin = sel(f(m.pair_margin)[k], margin)
         gap = sel(f(m.pair_gap)[k], gap)
@@ -119,16 +136,16 @@ def pair_params(m, p: Plan, dtype):
         solref = sel(f(m.pair_solref)[k], solref)
         solimp = sel(f(m.pair_solimp)[k], solimp)
         srf = f(m.pair_solreffriction)[k]
-        srf = where(jnp.any(srf != 0, axis=1, keepdims=True), srf, 0.0)
+        srf = wh(xp.any(srf != 0, axis=1, keepdims=True), srf, f(0.0))
         solreffriction = sel(srf, solreffriction)
     n = len(g1)
     if _override(m):
-        margin = jnp.broadcast_to(f(m.opt.o_margin), (n,))
-        friction = jnp.broadcast_to(f(m.opt.o_friction), (n, 5))
-        solref = jnp.broadcast_to(f(m.opt.o_solref), (n, 2))
-        solreffriction = jnp.broadcast_to(f(m.opt.o_solref), (n, 2))
-        solimp = jnp.broadcast_to(f(m.opt.o_solimp), (n, 5))
-    friction = jnp.maximum(MINMU, friction)
+        margin = xp.broadcast_to(f(m.opt.o_margin), (n,))
+        friction = xp.broadcast_to(f(m.opt.o_friction), (n, 5))
+        solref = xp.broadcast_to(f(m.opt.o_solref), (n, 2))
+        solreffriction = xp.broadcast_to(f(m.opt.o_solref), (n, 2))
+        solimp = xp.broadcast_to(f(m.opt.o_solimp), (n, 5))
+    friction = xp.maximum(f(MINMU), friction)
     return dict(margin=margin, gap=gap, friction=friction, solref=solref,
                 solreffriction=solreffriction, solimp=solimp)
 
@@ -243,9 +260,10 @@ def _contact_params(m, p, prm, ftype):
     solreffriction (2), solimp (5), geom1, geom2 (as floats: exact below 2**24), so
     that the contacts' parameters are one gather."""
     n = len(p.g1)
-    return jnp.concatenate([prm["margin"].reshape(n, 1), prm["friction"], prm["solref"],
-                            prm["solreffriction"], prm["solimp"],
-                            jnp.asarray(np.stack([p.g1, p.g2], 1), ftype)], axis=1)
+    xp = np if all(isinstance(v, np.ndarray) for v in prm.values()) else jnp
+    return xp.concatenate([prm["margin"].reshape(n, 1), prm["friction"], prm["solref"],
+                           prm["solreffriction"], prm["solimp"],
+                           xp.asarray(np.stack([p.g1, p.g2], 1), ftype)], axis=1)
 
 
 #: the contacts' fields of one shape stored by one kernel (:func:`common.reduce_shared`),
@@ -346,7 +364,7 @@ def collision(m, d):
     valid = jnp.concatenate(vtake)
     row = fields[idx]
     cand = jnp.asarray(cand)[idx]
-    par = _contact_params(m, p, prm, ftype)[cand]
+    par = jnp.asarray(_contact_params(m, p, prm, ftype))[cand]
     con = _fill(d.contact, valid, row, par)
     warning = count_warning(d.warning, WARN_CONTACTFULL, overflow)
     if not _SHARED_FIELDS:

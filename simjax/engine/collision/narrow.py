@@ -149,7 +149,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
     its 120-pair capsule-box table was written every step)."""
     ftype = d.geom_xpos.dtype
     g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
-    dm = det_margin[grp.cand]
+    dm = jnp.asarray(det_margin[grp.cand])     # NumPy (model constants): read traced
     n = len(grp.cand)
     cap = _pair_cap(m, p, grp, split) if grp.fn in CHEAP else None
     every = grp.fn is sdf_pair or (cap is not None and cap >= n)

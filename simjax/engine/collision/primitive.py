@@ -23,6 +23,7 @@ from simjax.engine import inline
 from simjax.engine.collision.common import (MINVAL, Pre, argmin, cross, dot, normalize,
                                             once, one, pick3, safe_norm, sel, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
+from simjax.engine.math import unstack
 
 
 class Geom(NamedTuple):
@@ -283,9 +284,11 @@ def _onehot(i, dtype):
     return (jnp.arange(3) == i).astype(dtype)
 
 
-def _box_edge(g1, g2, rot, pos21, i, j):
-    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame); (dist, pos, normal),
-    the vectors as lists of three scalars.
+def _box_edge(g1, R, p21, s1, s2, i, j):
+    """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame; ``R[r][c]`` the
+    entries of rot, ``p21``, ``s1``, ``s2`` the components of pos21 and the two boxes'
+    sizes, as :func:`box_box` read them); (dist, pos, normal), the vectors as lists of
+    three scalars.
     Written on component lists (scalars): picks of traced components by selects
     (:func:`pick3`), no stacked vectors (on CPU a stacked vector with several users, or
     a vmapped gather, is a kernel of its own).
@@ -298,10 +301,6 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     compiled alone with / without it 1.016 [0.804, 1.093], with / without the four
     clipping passes 1.184 [1.025, 1.307]; box_box is 0.13 of the hand's XLA compile CPU
     (without / with 0.866 [0.796, 1.030]) for 3 pairs the bench states never pass."""
-    s1 = [g1.size[c] for c in range(3)]
-    s2 = [g2.size[c] for c in range(3)]
-    R = [[rot[r, c] for c in range(3)] for r in range(3)]
-    p21 = [pos21[c] for c in range(3)]
     i1, i2, j1, j2 = _next3(i), _prev3(i), _next3(j), _prev3(j)
     d2 = [pick3(R[r], j) for r in range(3)]                          # rot[:, j]
     u, v = -pick3(d2, i2), pick3(d2, i1)
@@ -317,16 +316,19 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     b = pick3(d2, i)
     small = 1 - b * b < MINVAL
     idenom = 1 / sel(small, 1.0, 1 - b * b)
-    c1 = [sel(i == c, 0.0, sel(ax[c] >= 0, s1[c], -s1[c])) for c in range(3)]
-    cc = [sel(j == c, 0.0, sel(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
+    # the index tests once each (every test and constant fill is traced equations)
+    ieq, jeq = [i == c for c in range(3)], [j == c for c in range(3)]
+    c1 = [sel(ieq[c], 0.0, sel(ax[c] >= 0, s1[c], -s1[c])) for c in range(3)]
+    cc = [sel(jeq[c], 0.0, sel(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
+    am1, am2 = [amb1 == c for c in range(3)], [amb2 == c for c in range(3)]
     s1i, s2j = pick3(s1, i), pick3(s2, j)
     # the four candidate edge pairs (the ambiguous corner of either edge flipped or
     # not); first minimum of the gap in MuJoCo's order
     gaps, ends = [], []
     for k in range(4):
         f1, f2 = k >= 2, k % 2 == 1
-        c1v = [sel(amb1 == c, -c1[c], c1[c]) if f1 else c1[c] for c in range(3)]
-        ccv = [sel(amb2 == c, -cc[c], cc[c]) if f2 else cc[c] for c in range(3)]
+        c1v = [sel(am1[c], -c1[c], c1[c]) if f1 else c1[c] for c in range(3)]
+        ccv = [sel(am2[c], -cc[c], cc[c]) if f2 else cc[c] for c in range(3)]
         c2 = [R[r][0] * ccv[0] + R[r][1] * ccv[1] + R[r][2] * ccv[2] + p21[r]
               for r in range(3)]
         e = [c2[c] - c1v[c] for c in range(3)]
@@ -335,7 +337,7 @@ def _box_edge(g1, g2, rot, pos21, i, j):
         sp = jnp.clip(sp, -s1i, s1i)
         t = jnp.clip(b * sp - d2e, -s2j, s2j)
         sp = jnp.clip(d1e + b * t, -s1i, s1i)
-        p1 = [c1v[c] + sel(i == c, sp, 0.0) for c in range(3)]
+        p1 = [c1v[c] + sel(ieq[c], sp, 0.0) for c in range(3)]
         p2 = [c2[c] + d2[c] * t for c in range(3)]
         dp = [p2[c] - p1[c] for c in range(3)]
         gap2 = dp[0] * dp[0] + dp[1] * dp[1] + dp[2] * dp[2]
@@ -348,10 +350,11 @@ def _box_edge(g1, g2, rot, pos21, i, j):
     _, (w1, w2) = _first_best(gaps, ends, jnp.less)
     dist = sum((w2[c] - w1[c]) * ax[c] for c in range(3))
     mid = [0.5 * (w1[c] + w2[c]) for c in range(3)]
-    mat = g1.mat
-    pos = [mat[c, 0] * mid[0] + mat[c, 1] * mid[1] + mat[c, 2] * mid[2] + g1.pos[c]
+    mat = [unstack(r, 0) for r in unstack(g1.mat, 0)]
+    p1w = unstack(g1.pos, 0)
+    pos = [mat[c][0] * mid[0] + mat[c][1] * mid[1] + mat[c][2] * mid[2] + p1w[c]
            for c in range(3)]
-    return dist, pos, [mat[c, 0] * ax[0] + mat[c, 1] * ax[1] + mat[c, 2] * ax[2]
+    return dist, pos, [mat[c][0] * ax[0] + mat[c][1] * ax[1] + mat[c][2] * ax[2]
                        for c in range(3)]
 
 
@@ -421,8 +424,11 @@ def box_box(g1, g2, margin):
     dt = s1.dtype
     # small products written out (vmapped, 3x3 matmuls are batched dot kernels on CPU)
     m1, m2 = g1.mat, g2.mat
-    rot = (m1[0][:, None] * m2[0][None, :] + m1[1][:, None] * m2[1][None, :] +
-           m1[2][:, None] * m2[2][None, :])                       # m1.T @ m2
+    # components read once each (math.unstack: one split, a squeeze each), not a
+    # slice and a squeeze per read: fewer traced equations
+    m1r, m2r = unstack(m1, 0), unstack(m2, 0)
+    rot = (m1r[0][:, None] * m2r[0][None, :] + m1r[1][:, None] * m2r[1][None, :] +
+           m1r[2][:, None] * m2r[2][None, :])                     # m1.T @ m2
     rabs = jnp.abs(rot)
     pos21 = _rot_t(m1, g2.pos - g1.pos)
     pos12 = _rot_t(m2, g1.pos - g2.pos)
@@ -431,7 +437,7 @@ def box_box(g1, g2, margin):
     septol = margin + _SEPEPS * (jnp.sum(s1) + jnp.sum(s2))
     sep1 = jnp.abs(pos21) - s1 - _rot(rabs, s2)
     sep2 = jnp.abs(pos12) - s2 - _rot_t(rabs, s1)
-    seps = jnp.concatenate([sep1, sep2])
+    seps = unstack(jnp.concatenate([sep1, sep2]), 0)
     # ORs of scalars, not a reduction: a reduction is a kernel of its own that
     # evaluates the separations again
     separated = functools.reduce(jnp.logical_or, [seps[k] > septol for k in range(6)])
@@ -443,14 +449,21 @@ def box_box(g1, g2, margin):
     # as (3, 3) arrays [i, j]; index shifts (i + 1) % 3 etc. as sums of rows or
     # columns times constant 0/1 weights (a concatenate of slices is a kernel of its
     # own on CPU once it has several users)
+    # (the three weighted terms as one product over a new axis c, summed by one split:
+    # the same sums in the same order, 10 traced equations instead of 20)
     def up(x, k, axis):                                     # x[(i + k) % 3] along axis
-        w = np.roll(np.eye(3), k, axis=1)                   # w[i, (i + k) % 3] = 1
-        if x.ndim == 1:
-            return x[0] * w[:, 0] + x[1] * w[:, 1] + x[2] * w[:, 2]
-        if axis == 0:
-            return (x[0][None, :] * w[:, 0:1] + x[1][None, :] * w[:, 1:2] +
-                    x[2][None, :] * w[:, 2:3])
-        return x[:, 0:1] * w[:, 0] + x[:, 1:2] * w[:, 1] + x[:, 2:3] * w[:, 2]
+        w = np.roll(np.eye(3), k, axis=1).astype(dt)        # w[i, (i + k) % 3] = 1
+        if x.ndim == 1:                                     # sum_c x[c] w[i, c]
+            p = jax.lax.broadcast_in_dim(x, (3, 3), (1,)) * w
+            c = 1
+        elif axis == 0:                                     # sum_c x[c, j] w[i, c]
+            p = jax.lax.broadcast_in_dim(x, (3, 3, 3), (1, 2)) * w[:, :, None]
+            c = 1
+        else:                                               # sum_c x[r, c] w[i, c]
+            p = jax.lax.broadcast_in_dim(x, (3, 3, 3), (0, 2)) * w[None]
+            c = 2
+        p = unstack(p, c)
+        return p[0] + p[1] + p[2]
     rot1, rot2 = up(rot, 1, 0), up(rot, 2, 0)
     ax1, ax2 = -rot2, rot1
     n2 = ax1 * ax1 + ax2 * ax2
@@ -463,7 +476,7 @@ def box_box(g1, g2, margin):
     r2 = up(s2, 1, 0)[None, :] * jnp.abs(b1) + up(s2, 2, 0)[None, :] * jnp.abs(b2)
     sep = (jnp.abs(ax1 * up(pos21, 1, 0)[:, None] + ax2 * up(pos21, 2, 0)[:, None]) - r1 -
            r2)
-    use, sep = use.reshape(9), sep.reshape(9)                  # k = 3 i + j
+    use, sep = unstack(use.reshape(9), 0), unstack(sep.reshape(9), 0)    # k = 3 i + j
     separated = functools.reduce(jnp.logical_or, [use[k] & (sep[k] > septol)
                                                   for k in range(9)], separated)
     for k in range(9):          # sequential: each winner raises the bar for the next
@@ -494,7 +507,9 @@ def box_box(g1, g2, margin):
 
     # edge-edge contact for the winning (i, j) (dynamic indices)
     eidx = jnp.clip(code - 6, 0, 8)
-    e_dist, e_pos, e_nrm = _box_edge(g1, g2, rot, pos21, *_divmod_small(eidx, 3, 3))
+    R = [unstack(r, 0) for r in unstack(rot, 0)]             # R[r][c] = rot[r, c]
+    s1c, s2c, p21c, p12c = (unstack(x, 0) for x in (s1, s2, pos21, pos12))
+    e_dist, e_pos, e_nrm = _box_edge(g1, R, p21c, s1c, s2c, *_divmod_small(eidx, 3, 3))
     # stored once (:func:`once`): each field of the packed output (chunked._pack)
     # evaluated the edge search again
     e = once(e_dist, *e_pos, *e_nrm)
@@ -507,10 +522,10 @@ def box_box(g1, g2, margin):
     a = jnp.clip(a, 0, 2)
     # component lists (scalars): a stacked vector with several users or picks is a
     # kernel of its own on CPU
-    sizeref = [sel(ref1, s1[c], s2[c]) for c in range(3)]
-    sizeinc = [sel(ref1, s2[c], s1[c]) for c in range(3)]
-    posoi = [sel(ref1, pos21[c], pos12[c]) for c in range(3)]
-    rinc = [[sel(ref1, rot[r, c], rot[c, r]) for c in range(3)] for r in range(3)]
+    sizeref = [sel(ref1, s1c[c], s2c[c]) for c in range(3)]
+    sizeinc = [sel(ref1, s2c[c], s1c[c]) for c in range(3)]
+    posoi = [sel(ref1, p21c[c], p12c[c]) for c in range(3)]
+    rinc = [[sel(ref1, R[r][c], R[c][r]) for c in range(3)] for r in range(3)]
     matref = sel(ref1, g1.mat, g2.mat)
     posref = sel(ref1, g1.pos, g2.pos)
     sgn = sel(pick3(posoi, a) >= 0, 1.0, -1.0)
