@@ -110,9 +110,9 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
     returned as ``first``: (J' force, M + Hessian terms) of the later chunks, (0, M)
     where there are none (the first pass's own loop over the later chunks compiled
     about 25 kernels on the shadow hand and barkour; the worlds that visit them keep
-    the sums at both points only by their block of :func:`~simjax.engine.
-    solver_rows.find_chunks`, as (worlds, 2, nv, nv) sums filled on every call ran
-    barkour's step 3% slower)."""
+    the sums at both points only while :func:`~simjax.engine.solver_rows.find_chunks`
+    visits them, one world at a time (``_world_loop``), as (worlds, 2, nv, nv) sums
+    filled on every call ran barkour's step 3% slower)."""
     M = p["M"]
     if qw is None:
         jaref, rows = _jaref(rows, qs)
