@@ -39,6 +39,13 @@ def _few_rows(spec):
     return rest < 7 * spec.nv
 
 
+#: where a quarter of the rows is under two per dof (:func:`_few_rows`) and a third of
+#: them holds two per dof, chunk 0 takes that third (barkour 30 -> 40 rows, 4 -> 3
+#: chunks; the shadow hand's third, 36 of 108 rows, is under its 60 = two per dof: it
+#: keeps its quarter), read at trace time (False: the quarter, kept to compare)
+_THIRD = True
+
+
 def row_capacity(spec):
     """Static size of a chunk: (scalar rows, contacts per elliptic block).
 
@@ -74,6 +81,9 @@ def row_capacity(spec):
     if not _BLOCKS and _few_rows(spec):
         # fewer than 8 rows per dof: 3/8 of them, at most 3 per dof
         cap = min(-(-3 * rest // 8), 3 * nv)
+    elif _THIRD and _few_rows(spec) and 3 * 2 * nv <= rest:
+        # a third of the rows, where that holds two per dof (barkour)
+        cap = -(-rest // 3)
     else:
         cap = min(quarter, 2 * nv)
     ks = min(ns, neq + max(16, cap))
@@ -93,10 +103,12 @@ _TRIU_MAX = 1024     # rows up to which cumcount counts in one pass (cumsum, or 
 
 #: cumulative counts up to _TRIU_MAX rows by jnp.cumsum (XLA CPU: two reduce-windows,
 #: as many kernels) instead of :func:`_cumcount`'s triangular products, read at trace
-#: time. Alone (batch 1024, process CPU): 138 rows 0.59 -> 0.36 us per world, 342 rows
-#: 1.12 -> 0.75, 60 rows 0.20 both; barkour's bench step 0.968-0.971x (paired, 16
-#: rounds). The same counts (integers)
-_CUMSUM = True
+#: time. Once faster (138 rows 0.59 -> 0.36 us per world), the reduce-windows of jax
+#: 0.10's XLA CPU are now about 5x slower than the triangular products: 120 rows
+#: (barkour's solver rows, batch 1024, process CPU, one core) 2.0 against 0.35 us per
+#: world, and 2.3 against 0.6-0.7 on two loaded cores; the counts are the same
+#: (integers)
+_CUMSUM = False
 
 
 _BLOCK = 16          # block of _cumcount's triangular products
