@@ -72,7 +72,12 @@ def row_capacity(spec):
     875. Since zero friction losses have no rows, the chunks are 30 rows (barkour) and
     27 (hand), and 35-60% of barkour's bench worlds pass 30 active rows after the first
     step; chunks of 35 ran barkour 0.987x and the hand 0.982x (12 rounds each, ranges
-    +-15%): noise, so the quarter stays."""
+    +-15%): noise, so the quarter stayed. With the later chunks one world at a time, each
+    world in need runs about 15 small kernels per pass and chunk: where a third of the
+    rows holds two per dof (:data:`_THIRD`: barkour, 40 rows; 0-0.6% of its bench worlds
+    pass 36 on a step) chunk 0 takes that third. Barkour's bench sequence (from the
+    bench's start, 6 calls of 4 steps) ran 0.904x [0.760, 1.103] (12 rounds, load 15),
+    states after 1-2 calls 0.82-0.90x, after 8 calls 0.97-1.05x (noise)."""
     in_ell = ell_mask(spec)
     ns = int(np.sum(~in_ell))
     neq = int(np.sum(spec.eq))
