@@ -241,11 +241,18 @@ def transform_motion(vec, newpos, oldpos, rot=None):
 # Hot tree recursions keep vectors as tuples of per-component arrays: a cross product
 # is then 9 elementwise ops instead of ~25 (no slicing, reshaping or stacking), which
 # keeps the compiled program small and fast.
+#: :func:`unstack` is one ``lax.unstack`` equation (lowered to a slice and a reshape
+#: per component, as before); read at trace time (False: a split and a squeeze per
+#: component, kept to compare)
+_UNSTACK = True
+
+
 def unstack(x, axis=-1, count=None):
     """Tuple of the components of x along ``axis`` (the last by default), ``axis``
     removed: ``x[..., i]`` for every i (the first ``count`` of them when given). One
-    split and a squeeze per component instead of a slice and a squeeze each: the same
-    slices compiled, fewer traced equations (cheaper to trace, batch and lower)."""
+    ``lax.unstack`` (after a split off of the first ``count``) instead of a slice and
+    a squeeze each: the same slices and reshapes lowered, fewer traced equations
+    (cheaper to trace, batch and lower)."""
     axis = axis % x.ndim
     size = x.shape[axis]
     count = size if count is None else count
@@ -254,6 +261,10 @@ def unstack(x, axis=-1, count=None):
         return tuple(x[(slice(None),) * axis + (i, Ellipsis)] for i in range(count))
     if size == 1:
         return (lax.squeeze(x, (axis,)),)[:count]
+    if _UNSTACK:
+        if count < size:
+            x = lax.split(x, (count, size - count), axis)[0]
+        return tuple(lax.unstack(x, axis))
     parts = lax.split(x, (1,) * count + ((size - count,) if count < size else ()), axis)
     return tuple(lax.squeeze(p, (axis,)) for p in parts[:count])
 
