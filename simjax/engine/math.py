@@ -25,8 +25,18 @@ def dot(a, b):
     return jnp.sum(a * b, axis=-1)
 
 
+#: the array helpers below (:func:`cross`, :func:`quat_mul`, :func:`quat_to_mat`,
+#: :func:`motion_cross`, :func:`force_cross`, :func:`inert_mul`) split their operands
+#: once (:func:`unstack`) and compute on the components, with the same operations in
+#: the same order (fewer traced equations: no slice and squeeze per component use, one
+#: stack); read at trace time (False: as they were, kept to compare)
+_COMPONENTS = True
+
+
 def cross(a, b):
     """3D cross product over the last axis."""
+    if _COMPONENTS:
+        return stack(c_cross(unstack(a), unstack(b)))
     a0, a1, a2 = unstack(a)
     b0, b1, b2 = unstack(b)
     return jnp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
@@ -86,6 +96,8 @@ def quat_neg(q):
 
 def quat_mul(a, b):
     """Hamilton product a * b (mju_mulQuat)."""
+    if _COMPONENTS:
+        return stack(c_qmul(unstack(a), unstack(b)))
     a0, a1, a2, a3 = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
     b0, b1, b2, b3 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
     return jnp.stack([
@@ -105,7 +117,7 @@ def rot_vec_quat(v, q):
 
 def quat_to_mat(q):
     """Rotation matrix (..., 3, 3) of unit quaternion q (mju_quat2Mat)."""
-    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    w, x, y, z = unstack(q) if _COMPONENTS else (q[..., 0], q[..., 1], q[..., 2], q[..., 3])
     ww, wx, wy, wz = w * w, w * x, w * y, w * z
     xx, xy, xz = x * x, x * y, x * z
     yy, yz, zz = y * y, y * z, z * z
@@ -166,6 +178,10 @@ def sub_quat(qa, qb):
 # --------------------------------------------------------------------------- spatial algebra
 def motion_cross(vel, v):
     """Spatial motion cross product vel x v (mju_crossMotion), rot:lin layout."""
+    if _COMPONENTS:
+        vc, v = unstack(vel), unstack(v)
+        w, u = vc[:3], vc[3:]
+        return stack(c_cross(w, v[:3]) + c_add(c_cross(w, v[3:]), c_cross(u, v[:3])))
     w, u = vel[..., :3], vel[..., 3:]
     return jnp.concatenate([cross(w, v[..., :3]),
                             cross(w, v[..., 3:]) + cross(u, v[..., :3])], -1)
@@ -173,6 +189,10 @@ def motion_cross(vel, v):
 
 def force_cross(vel, f):
     """Spatial force cross product vel x* f (mju_crossForce), rot:lin layout."""
+    if _COMPONENTS:
+        vc, f = unstack(vel), unstack(f)
+        w, u = vc[:3], vc[3:]
+        return stack(c_add(c_cross(w, f[:3]), c_cross(u, f[3:])) + c_cross(w, f[3:]))
     w, u = vel[..., :3], vel[..., 3:]
     return jnp.concatenate([cross(w, f[..., :3]) + cross(u, f[..., 3:]),
                             cross(w, f[..., 3:])], -1)
@@ -212,6 +232,8 @@ def inert_com(inertia, mat, dif, mass):
 
 def inert_mul(i, v):
     """6D inertia (10-vector) times 6D motion vector (mju_mulInertVec)."""
+    if _COMPONENTS:
+        return stack(c_inert_mul(unstack(i), unstack(v)))
     i0, i1, i2, i3, i4, i5 = (i[..., k] for k in range(6))
     c = i[..., 6:9]
     mass = i[..., 9:10]
@@ -264,6 +286,11 @@ def unstack(x, axis=-1, count=None):
     if _UNSTACK:
         if count < size:
             x = lax.split(x, (count, size - count), axis)[0]
+        # an identity reshape (bound as such: lax.reshape drops it), for its batching
+        # rule: under vmap it moves the batch axis first, as the squeezes did (inputs
+        # batched along another axis, as the body arrays of the tree recursions), and
+        # the components keep their layout; unbatched, XLA drops it
+        x = lax.reshape_p.bind(x, new_sizes=x.shape, dimensions=None, sharding=None)
         return tuple(lax.unstack(x, axis))
     parts = lax.split(x, (1,) * count + ((size - count,) if count < size else ()), axis)
     return tuple(lax.squeeze(p, (axis,)) for p in parts[:count])
@@ -555,11 +582,24 @@ def reduce_fused(x, axis, kind="sum"):
         pad = [(0, 0, 0)] * x.ndim
         pad[axis] = (0, len(wins) * w - n, 0)
         x = lax.pad(x, jnp.asarray(_identity(kind, x.dtype)), pad)
-    parts = _windows(x, [w] * len(wins), axis)
+    m = len(wins)
+    while _HALVES and m % 2 == 0:
+        # (:data:`_HALVES`) the windows' two halves combined entry by entry
+        m //= 2
+        x = comb(*lax.split(x, (m * w, m * w), axis))
+    parts = _windows(x, [w] * m, axis)
     out = parts[0]
     for part in parts[1:]:
         out = comb(out, part)
     return red(out, axis)
+
+
+#: :func:`reduce_fused` combines the windows of an order-free reduction by halves (the
+#: first half of the windows with the second, and so on), not one after another: the
+#: same number of combinations (order-free: the same values), traced in 2 log2(m)
+#: equations, not m (32 windows over 1024 worlds: 10, not 32); read at trace time
+#: (False: in window order, kept to compare)
+_HALVES = True
 
 
 #: :func:`reduce_fused` cuts its windows by one ``lax.split`` (lowered to the same

@@ -226,6 +226,13 @@ _TRANSITIONS = _transitions()
 #: (6 rounds), run 1.005 [0.968, 1.041] (8 rounds); outputs bit-identical
 _ANY_WORLD = True
 
+#: the line search's decisions traced with fewer operations, the same outcomes: the
+#: bracket updates' sign tests as ``d < c < 0 or d > c > 0`` (the sign of ``d`` is
+#: implied) with the candidates' signs computed once for both ends, and the first
+#: convergence candidate tested without the (empty) earlier ones; read at trace time
+#: (False: as MuJoCo writes them, kept to compare)
+_LEAN = True
+
 
 def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     """MuJoCo's PrimalSearch on every island at once, returning (alpha, improvement),
@@ -285,21 +292,37 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
         lb = where(lb1, 0, where(lb2, 1, 2))
         # phase 4: convergence over the candidates p1n, p2n, q and the bracket updates
         cands = (p1n, p2n, q)
-        best, bestc, found = i32(0), jnp.zeros(k, dtype), jnp.zeros(k, bool)
+        if _LEAN:
+            # the first candidate: nothing found before it (best stays 0)
+            found = jnp.abs(p1n[2]) < gtol
+            best, bestc = i32(0), where(found, p1n[1], jnp.zeros(k, dtype))
+        else:
+            best, bestc, found = i32(0), jnp.zeros(k, dtype), jnp.zeros(k, bool)
         for j, cand in enumerate(cands):
+            if _LEAN and j == 0:
+                continue
             ok = (jnp.abs(cand[2]) < gtol) & (~found | (cand[1] < bestc))
             best = where(ok, j, best)
             bestc = where(ok, cand[1], bestc)
             found = found | ok
+        # the candidates' slope signs, shared by both ends (:data:`_LEAN`)
+        signs = [(cand[2] < 0, cand[2] > 0) for cand in cands] if _LEAN else None
 
         def upd(pb):
             # the candidate (1 + its position; 0: pb itself) that replaces pb
             j, d = i32(0), pb[2]
             for c, cand in enumerate(cands):
-                neg = (d < 0) & (cand[2] < 0) & (d < cand[2])
-                posd = ~neg & (d > 0) & (cand[2] > 0) & (d > cand[2])
-                j = where(neg | posd, c + 1, j)
-                d = where(neg | posd, cand[2], d)
+                if _LEAN:
+                    # d < cand < 0 or d > cand > 0: MuJoCo's tests (both slopes
+                    # negative, d the lower; else both positive, d the higher), d's
+                    # sign implied by the candidate's
+                    neg, pos = signs[c]
+                    move = (neg & (d < cand[2])) | (pos & (d > cand[2]))
+                else:
+                    neg = (d < 0) & (cand[2] < 0) & (d < cand[2])
+                    move = neg | (~neg & (d > 0) & (cand[2] > 0) & (d > cand[2]))
+                j = where(move, c + 1, j)
+                d = where(move, cand[2], d)
             return j
 
         u1, u2 = upd(p1), upd(p2)
