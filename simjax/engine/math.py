@@ -269,6 +269,20 @@ def transform_motion(vec, newpos, oldpos, rot=None):
 _UNSTACK = True
 
 
+#: where :func:`unstack` moves a batch axis first under vmap (for inputs batched along
+#: another axis, as the tree recursions' body arrays): "each" component, as the
+#: squeezes did; the "whole" input first (one transposing copy, not one per
+#: component); None: nowhere (the components batched as the input); read at trace time
+_UNSTACK_MAJOR = "each"
+
+
+def _major(x):
+    """``x`` itself; under vmap, batched along its first axis (an identity reshape,
+    bound as such: lax.reshape drops it; vmap's rule for it moves the batch axis first,
+    and drops it where it is first; unbatched, XLA drops it)."""
+    return lax.reshape_p.bind(x, new_sizes=x.shape, dimensions=None, sharding=None)
+
+
 def unstack(x, axis=-1, count=None):
     """Tuple of the components of x along ``axis`` (the last by default), ``axis``
     removed: ``x[..., i]`` for every i (the first ``count`` of them when given). One
@@ -286,12 +300,10 @@ def unstack(x, axis=-1, count=None):
     if _UNSTACK:
         if count < size:
             x = lax.split(x, (count, size - count), axis)[0]
-        # an identity reshape (bound as such: lax.reshape drops it), for its batching
-        # rule: under vmap it moves the batch axis first, as the squeezes did (inputs
-        # batched along another axis, as the body arrays of the tree recursions), and
-        # the components keep their layout; unbatched, XLA drops it
-        x = lax.reshape_p.bind(x, new_sizes=x.shape, dimensions=None, sharding=None)
-        return tuple(lax.unstack(x, axis))
+        if _UNSTACK_MAJOR == "whole":
+            x = _major(x)
+        out = tuple(lax.unstack(x, axis))
+        return tuple(_major(c) for c in out) if _UNSTACK_MAJOR == "each" else out
     parts = lax.split(x, (1,) * count + ((size - count,) if count < size else ()), axis)
     return tuple(lax.squeeze(p, (axis,)) for p in parts[:count])
 

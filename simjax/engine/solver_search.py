@@ -166,8 +166,12 @@ def _eval(spec, p, isl, pre, start, alpha, acc, fric=True):
 def _eval_point(qg, alpha, tot):
     """(islands, 4) points (alpha, cost(alpha) - cost(0), d cost, d2 cost) from the row
     sums ``tot`` of :func:`_eval` and the Gauss term ``qg`` of :func:`_prepare_dofs`."""
-    q0, q1, q2 = tot[:, 0], tot[:, 1] + qg[:, 0], tot[:, 2] + qg[:, 1]
-    cost, d0, d1 = tot[:, 3], tot[:, 4], tot[:, 5]
+    if _LEAN:
+        (q0, q1, q2, cost, d0, d1), (g0, g1) = unstack(tot, 1), unstack(qg, 1)
+        q1, q2 = q1 + g0, q2 + g1
+    else:
+        q0, q1, q2 = tot[:, 0], tot[:, 1] + qg[:, 0], tot[:, 2] + qg[:, 1]
+        cost, d0, d1 = tot[:, 3], tot[:, 4], tot[:, 5]
     cost = cost + alpha * alpha * q2 + alpha * q1 + q0
     d0 = d0 + 2 * alpha * q2 + q1
     d1 = d1 + 2 * q2
@@ -229,8 +233,9 @@ _ANY_WORLD = True
 #: the line search's decisions traced with fewer operations, the same outcomes: the
 #: bracket updates' sign tests as ``d < c < 0 or d > c > 0`` (the sign of ``d`` is
 #: implied) with the candidates' signs computed once for both ends, and the first
-#: convergence candidate tested without the (empty) earlier ones; read at trace time
-#: (False: as MuJoCo writes them, kept to compare)
+#: convergence candidate tested without the (empty) earlier ones; the points' and
+#: sums' columns split once (:func:`~simjax.engine.math.unstack`), not sliced one by
+#: one; read at trace time (False: as MuJoCo writes them, kept to compare)
 _LEAN = True
 
 
@@ -368,10 +373,17 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
         return pack_meta(s, jnp.stack([s[key] for key in pts], 1))
 
     def unpack(f):
-        s = {key: f[:, j] for j, key in enumerate(pts)}
-        meta = f[:, len(pts):].reshape(k, 8)
-        return dict(s, dir=meta[:, 0], ph=meta[:, 1].astype(jnp.int32),
-                    n=meta[:, 2].astype(jnp.int32), f2=meta[:, 4] != 0, done=meta[:, 5] != 0)
+        if _LEAN:
+            # the slots split once, the two meta slots' columns once each
+            rows = unstack(f, 1)
+            s = dict(zip(pts, rows))
+            meta = unstack(rows[len(pts)], 1) + unstack(rows[len(pts) + 1], 1)
+        else:
+            s = {key: f[:, j] for j, key in enumerate(pts)}
+            meta = f[:, len(pts):].reshape(k, 8)
+            meta = {j: meta[:, j] for j in (0, 1, 2, 4, 5)}
+        return dict(s, dir=meta[0], ph=meta[1].astype(jnp.int32),
+                    n=meta[2].astype(jnp.int32), f2=meta[4] != 0, done=meta[5] != 0)
 
     s = dict(ph=jnp.zeros(k, jnp.int32), p1=zero, p2=zero, p1n=zero, p2n=zero,
              n=jnp.zeros(k, jnp.int32), dir=jnp.ones(k, dtype), f2=jnp.zeros(k, bool),
