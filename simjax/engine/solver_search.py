@@ -239,6 +239,18 @@ _ANY_WORLD = True
 _LEAN = True
 
 
+def _select(conds, choices, default):
+    """``jnp.select``: with :data:`_LEAN` as nested selects (the first condition that
+    holds picks its choice; jnp's stacks the conditions and takes their argmax, a
+    reduction)."""
+    if not _LEAN:
+        return jnp.select(conds, choices, default)
+    out = jnp.broadcast_to(default, conds[0].shape)
+    for c, x in zip(conds[::-1], choices[::-1]):
+        out = jax.lax.select(c, jnp.broadcast_to(x, c.shape), out)
+    return out
+
+
 def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
     """MuJoCo's PrimalSearch on every island at once, returning (alpha, improvement),
     (islands,) each; islands in ``skip`` are not searched (alpha 0); ``evaluate(alpha)``
@@ -275,9 +287,9 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
         # the points' columns (x, f, f', f''), each split once
         ph, p1, p2, p1n, p2n = (s["ph"], unstack(s["p1"]), unstack(s["p2"]),
                                 unstack(s["p1n"], count=3), unstack(s["p2n"], count=3))
-        alpha = jnp.select([ph == 0, ph == 1, ph == 4, ph == 6],
-                           [jnp.zeros(k, dtype), newton(p2), 0.5 * (p1[0] + p2[0]),
-                            newton(p2)], newton(p1))
+        alpha = _select([ph == 0, ph == 1, ph == 4, ph == 6],
+                        [jnp.zeros(k, dtype), newton(p2), 0.5 * (p1[0] + p2[0]),
+                         newton(p2)], newton(p1))
         q_ = evaluate(alpha)
         q = unstack(q_, count=3)
         n = s["n"] + 1
@@ -339,8 +351,8 @@ def _linesearch(evaluate, k, dtype, gtol, ls_iter, skip):
         t5 = where(s["f2"], 31, where(stop, 33 + lb, 32))
         t6 = where(stop, 37 + lb, 36)
         t3 = where(stop, 8 + lb, 7)
-        t = jnp.select([ph == 0, ph <= 2, ph == 3, ph == 4, ph == 5],
-                       [i32(0), t12, t3, t4, t5], t6)
+        t = _select([ph == 0, ph <= 2, ph == 3, ph == 4, ph == 5],
+                    [i32(0), t12, t3, t4, t5], t6)
         if k > 1 or _ANY_WORLD:
             # islands (and, under vmap with :data:`_ANY_WORLD`, worlds) that finished
             # earlier stay as they are
