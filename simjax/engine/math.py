@@ -273,7 +273,7 @@ _UNSTACK = True
 #: another axis, as the tree recursions' body arrays): "each" component, as the
 #: squeezes did; the "whole" input first (one transposing copy, not one per
 #: component); None: nowhere (the components batched as the input); read at trace time
-_UNSTACK_MAJOR = "whole"
+_UNSTACK_MAJOR = "each"
 
 
 def _major(x):
