@@ -245,9 +245,15 @@ def _select(conds, choices, default):
     reduction)."""
     if not _LEAN:
         return jnp.select(conds, choices, default)
-    out = jnp.broadcast_to(default, conds[0].shape)
+    # jnp.select's result type (a weak integer takes the strong one's width)
+    dtype = jnp.result_type(default, *choices)
+
+    def full(v):
+        return jnp.broadcast_to(jnp.asarray(v, dtype), conds[0].shape)
+
+    out = full(default)
     for c, x in zip(conds[::-1], choices[::-1]):
-        out = jax.lax.select(c, jnp.broadcast_to(x, c.shape), out)
+        out = jax.lax.select(c, full(x), out)
     return out
 
 
