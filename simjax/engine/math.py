@@ -26,14 +26,21 @@ def dot(a, b):
 
 
 #: the array helpers below (:func:`cross`, :func:`quat_mul`, :func:`quat_to_mat`,
-#: :func:`motion_cross`, :func:`force_cross`, :func:`inert_mul`) split their operands
+#: :func:`motion_cross`; :func:`force_cross` and :func:`inert_mul` with
+#: :data:`_COMPONENTS_RNE`) split their operands
 #: once (:func:`unstack`) and compute on the components, with the same operations in
 #: the same order (fewer traced equations: no slice and squeeze per component use, one
 #: stack); read at trace time (False: as they were, kept to compare). The bench's
 #: batched rollout: ant 3746 -> 3733 equations, humanoid 5048 -> 5035, barkour 5365
-#: -> 5237 (rne_post's spatial algebra); float outputs bit-identical (ant, humanoid)
-#: but for barkour's cfrc_int (rounding: float64 1.6e-14 of 445, float32 1.5e-5)
+#: -> 5222 (5133 with :data:`_COMPONENTS_RNE`: rne_post's spatial algebra); float outputs
+#: bit-identical (ant, humanoid; barkour without :data:`_COMPONENTS_RNE`)
 _COMPONENTS = True
+
+#: :data:`_COMPONENTS` for :func:`force_cross` and :func:`inert_mul` too (rne_post's
+#: body forces); read at trace time. Off: with it, barkour's cfrc_int came out rounded
+#: otherwise (float64 1.6e-14 of 445, float32 1.5e-5; XLA fused the products
+#: differently), its other outputs bit-identical
+_COMPONENTS_RNE = False
 
 
 def cross(a, b):
@@ -192,7 +199,7 @@ def motion_cross(vel, v):
 
 def force_cross(vel, f):
     """Spatial force cross product vel x* f (mju_crossForce), rot:lin layout."""
-    if _COMPONENTS:
+    if _COMPONENTS and _COMPONENTS_RNE:
         vc, f = unstack(vel), unstack(f)
         w, u = vc[:3], vc[3:]
         return stack(c_add(c_cross(w, f[:3]), c_cross(u, f[3:])) + c_cross(w, f[3:]))
@@ -235,7 +242,7 @@ def inert_com(inertia, mat, dif, mass):
 
 def inert_mul(i, v):
     """6D inertia (10-vector) times 6D motion vector (mju_mulInertVec)."""
-    if _COMPONENTS:
+    if _COMPONENTS and _COMPONENTS_RNE:
         return stack(c_inert_mul(unstack(i), unstack(v)))
     i0, i1, i2, i3, i4, i5 = (i[..., k] for k in range(6))
     c = i[..., 6:9]
