@@ -25,8 +25,28 @@ def dot(a, b):
     return jnp.sum(a * b, axis=-1)
 
 
+#: the array helpers below (:func:`cross`, :func:`quat_mul`, :func:`quat_to_mat`,
+#: :func:`motion_cross`; :func:`force_cross` and :func:`inert_mul` with
+#: :data:`_COMPONENTS_RNE`) split their operands
+#: once (:func:`unstack`) and compute on the components, with the same operations in
+#: the same order (fewer traced equations: no slice and squeeze per component use, one
+#: stack); read at trace time (False: as they were, kept to compare). The bench's
+#: batched rollout: ant 3746 -> 3733 equations, humanoid 5048 -> 5035, barkour 5365
+#: -> 5222 (5133 with :data:`_COMPONENTS_RNE`: rne_post's spatial algebra); float outputs
+#: bit-identical (ant, humanoid; barkour without :data:`_COMPONENTS_RNE`)
+_COMPONENTS = True
+
+#: :data:`_COMPONENTS` for :func:`force_cross` and :func:`inert_mul` too (rne_post's
+#: body forces); read at trace time. Off: with it, barkour's cfrc_int came out rounded
+#: otherwise (float64 1.6e-14 of 445, float32 1.5e-5; XLA fused the products
+#: differently), its other outputs bit-identical
+_COMPONENTS_RNE = False
+
+
 def cross(a, b):
     """3D cross product over the last axis."""
+    if _COMPONENTS:
+        return stack(c_cross(unstack(a), unstack(b)))
     a0, a1, a2 = unstack(a)
     b0, b1, b2 = unstack(b)
     return jnp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
@@ -86,6 +106,8 @@ def quat_neg(q):
 
 def quat_mul(a, b):
     """Hamilton product a * b (mju_mulQuat)."""
+    if _COMPONENTS:
+        return stack(c_qmul(unstack(a), unstack(b)))
     a0, a1, a2, a3 = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
     b0, b1, b2, b3 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
     return jnp.stack([
@@ -105,7 +127,7 @@ def rot_vec_quat(v, q):
 
 def quat_to_mat(q):
     """Rotation matrix (..., 3, 3) of unit quaternion q (mju_quat2Mat)."""
-    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    w, x, y, z = unstack(q) if _COMPONENTS else (q[..., 0], q[..., 1], q[..., 2], q[..., 3])
     ww, wx, wy, wz = w * w, w * x, w * y, w * z
     xx, xy, xz = x * x, x * y, x * z
     yy, yz, zz = y * y, y * z, z * z
@@ -166,6 +188,10 @@ def sub_quat(qa, qb):
 # --------------------------------------------------------------------------- spatial algebra
 def motion_cross(vel, v):
     """Spatial motion cross product vel x v (mju_crossMotion), rot:lin layout."""
+    if _COMPONENTS:
+        vc, v = unstack(vel), unstack(v)
+        w, u = vc[:3], vc[3:]
+        return stack(c_cross(w, v[:3]) + c_add(c_cross(w, v[3:]), c_cross(u, v[:3])))
     w, u = vel[..., :3], vel[..., 3:]
     return jnp.concatenate([cross(w, v[..., :3]),
                             cross(w, v[..., 3:]) + cross(u, v[..., :3])], -1)
@@ -173,6 +199,10 @@ def motion_cross(vel, v):
 
 def force_cross(vel, f):
     """Spatial force cross product vel x* f (mju_crossForce), rot:lin layout."""
+    if _COMPONENTS and _COMPONENTS_RNE:
+        vc, f = unstack(vel), unstack(f)
+        w, u = vc[:3], vc[3:]
+        return stack(c_add(c_cross(w, f[:3]), c_cross(u, f[3:])) + c_cross(w, f[3:]))
     w, u = vel[..., :3], vel[..., 3:]
     return jnp.concatenate([cross(w, f[..., :3]) + cross(u, f[..., 3:]),
                             cross(w, f[..., 3:])], -1)
@@ -212,6 +242,8 @@ def inert_com(inertia, mat, dif, mass):
 
 def inert_mul(i, v):
     """6D inertia (10-vector) times 6D motion vector (mju_mulInertVec)."""
+    if _COMPONENTS and _COMPONENTS_RNE:
+        return stack(c_inert_mul(unstack(i), unstack(v)))
     i0, i1, i2, i3, i4, i5 = (i[..., k] for k in range(6))
     c = i[..., 6:9]
     mass = i[..., 9:10]
@@ -241,11 +273,39 @@ def transform_motion(vec, newpos, oldpos, rot=None):
 # Hot tree recursions keep vectors as tuples of per-component arrays: a cross product
 # is then 9 elementwise ops instead of ~25 (no slicing, reshaping or stacking), which
 # keeps the compiled program small and fast.
+#: :func:`unstack` is one ``lax.unstack`` equation (lowered to a slice and a reshape
+#: per component, as before); read at trace time (False: a split and a squeeze per
+#: component, kept to compare). The bench's batched rollout (with the rest of this
+#: module's switches on): ant 3971 -> 3733 equations, humanoid 5272 -> 5035
+_UNSTACK = True
+
+
+#: where :func:`unstack` moves a batch axis first under vmap (for inputs batched along
+#: another axis, as the tree recursions' body arrays): "each" component, as the
+#: squeezes did; the "whole" input first (one transposing copy, not one per
+#: component); None: nowhere (the components batched as the input); read at trace time.
+#: Neither compiles the program of the squeezes (there the slices were transposed,
+#: here the reshaped components, or the input). "each": float64 and float32 bench
+#: outputs bit-identical (ant, humanoid); "whole": 17 equations fewer (ant 3733 ->
+#: 3716), 24 transposes and 24 copies fewer in ant's optimised HLO, but outputs that
+#: differ by rounding (float64 ant efc_KBIP 4.4e-11 of 2770, humanoid 2e-13 relative);
+#: None: ant's optimised HLO 66 instructions more
+_UNSTACK_MAJOR = "each"
+
+
+def _major(x):
+    """``x`` itself; under vmap, batched along its first axis (an identity reshape,
+    bound as such: lax.reshape drops it; vmap's rule for it moves the batch axis first,
+    and drops it where it is first; unbatched, XLA drops it)."""
+    return lax.reshape_p.bind(x, new_sizes=x.shape, dimensions=None, sharding=None)
+
+
 def unstack(x, axis=-1, count=None):
     """Tuple of the components of x along ``axis`` (the last by default), ``axis``
     removed: ``x[..., i]`` for every i (the first ``count`` of them when given). One
-    split and a squeeze per component instead of a slice and a squeeze each: the same
-    slices compiled, fewer traced equations (cheaper to trace, batch and lower)."""
+    ``lax.unstack`` (after a split off of the first ``count``) instead of a slice and
+    a squeeze each: the same slices and reshapes lowered, fewer traced equations
+    (cheaper to trace, batch and lower)."""
     axis = axis % x.ndim
     size = x.shape[axis]
     count = size if count is None else count
@@ -254,6 +314,13 @@ def unstack(x, axis=-1, count=None):
         return tuple(x[(slice(None),) * axis + (i, Ellipsis)] for i in range(count))
     if size == 1:
         return (lax.squeeze(x, (axis,)),)[:count]
+    if _UNSTACK:
+        if count < size:
+            x = lax.split(x, (count, size - count), axis)[0]
+        if _UNSTACK_MAJOR == "whole":
+            x = _major(x)
+        out = tuple(lax.unstack(x, axis))
+        return tuple(_major(c) for c in out) if _UNSTACK_MAJOR == "each" else out
     parts = lax.split(x, (1,) * count + ((size - count,) if count < size else ()), axis)
     return tuple(lax.squeeze(p, (axis,)) for p in parts[:count])
 
@@ -515,7 +582,8 @@ def reduce_fused(x, axis, kind="sum"):
     over up to _FUSED_SUMS windows: each window is the sum of a slice and the sums
     are added in window order, which is what that reduce-window and reduce compute;
     the other kinds do not depend on the order: the windows (padded with the
-    reduction's identity to equal lengths) are combined entry by entry, then reduced
+    reduction's identity to equal lengths; cut by one split, :data:`_SPLIT`) are
+    combined entry by entry (by halves, :data:`_HALVES`), then reduced
     over _XLA_WINDOW entries. (A reshape into windows or a reduction of partial
     reductions would not do: XLA's simplifier merges them back into one long
     reduction, which it then rewrites.) Other axes: the plain reduction."""
@@ -533,8 +601,8 @@ def reduce_fused(x, axis, kind="sum"):
         if len(wins) > _FUSED_SUMS:
             return red(x, axis)
         out = None
-        for a, b in wins:
-            part = red(lax.slice_in_dim(x, a, b, axis=axis), axis)
+        for part in _windows(x, [b - a for a, b in wins], axis):
+            part = red(part, axis)
             out = part if out is None else comb(out, part)
         return out
     # windows of equal widths, at most _XLA_WINDOW: padded only where they do not
@@ -544,10 +612,46 @@ def reduce_fused(x, axis, kind="sum"):
         pad = [(0, 0, 0)] * x.ndim
         pad[axis] = (0, len(wins) * w - n, 0)
         x = lax.pad(x, jnp.asarray(_identity(kind, x.dtype)), pad)
-    out = lax.slice_in_dim(x, 0, w, axis=axis)
-    for j in range(1, len(wins)):
-        out = comb(out, lax.slice_in_dim(x, j * w, (j + 1) * w, axis=axis))
+    m = len(wins)
+    while _HALVES and m % 2 == 0:
+        # (:data:`_HALVES`) the windows' two halves combined entry by entry
+        m //= 2
+        x = comb(*lax.split(x, (m * w, m * w), axis))
+    parts = _windows(x, [w] * m, axis)
+    out = parts[0]
+    for part in parts[1:]:
+        out = comb(out, part)
     return red(out, axis)
+
+
+#: :func:`reduce_fused` combines the windows of an order-free reduction by halves (the
+#: first half of the windows with the second, and so on), not one after another: the
+#: same number of combinations (order-free: the same values), traced in 2 log2(m)
+#: equations, not m (32 windows over 1024 worlds: 10, not 32); read at trace time
+#: (False: in window order, kept to compare). The bench's batched rollout: ant 3876 ->
+#: 3733 equations, humanoid 5178 -> 5035 (a different optimised program: the
+#: combinations a tree; values the same)
+_HALVES = True
+
+
+#: :func:`reduce_fused` cuts its windows by one ``lax.split`` (lowered to the same
+#: slices), not by a slice each; read at trace time (False: a slice each, kept to
+#: compare). A reduction over 1024 worlds traces 31 equations fewer: the bench's
+#: batched rollout ant 4469 -> 4240, humanoid 5808 -> 5541, barkour 5793 -> 5719,
+#: shadow hand 9864 -> 9765 (with :func:`simjax.engine.collision.chunked.reduce_windows`
+#: now this for all kinds; combined in window order, before :data:`_HALVES`); the
+#: optimised HLO the same up to names (ant, humanoid)
+_SPLIT = True
+
+
+def _windows(x, sizes, axis):
+    """The consecutive windows of ``sizes`` entries (summing to the axis) of ``x``
+    along ``axis``."""
+    if _SPLIT:
+        return lax.split(x, sizes, axis)
+    starts = np.cumsum([0] + list(sizes))
+    return [lax.slice_in_dim(x, int(a), int(b), axis=axis)
+            for a, b in zip(starts[:-1], starts[1:])]
 
 
 #: the longest concatenation along the minor axis (vmapped: the per-world axis) that XLA

@@ -6,14 +6,11 @@ pairs (:func:`_chunked`), the packing of a collider's output into one array
 :mod:`simjax.engine.collision.driver` (``narrow_group``), which re-exports these names."""
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline
-from simjax.engine import math as _math
 from simjax.engine.math import reduce_fused
 from simjax.engine.solver_gather import count_below, cumcount, first_true
 from simjax.engine.solver_worlds import batched_like
@@ -36,23 +33,8 @@ def _batch_max_rule(axis_size, in_batched, x):
 
 
 def reduce_windows(x, kind):
-    """``math.reduce_fused(x, 0, kind)`` of integer ``x`` (``kind``: "max", "min" or
-    "sum"), its windows cut by one ``lax.split``, not a slice each (a split
-    lowers to the same slices): 31 traced equations fewer over 1024 worlds (a run-or-skip group's
-    predicate, four on the shadow hand, and the mesh search's count of passing worlds
-    per pair). Other dtypes, and windows that need padding (other batch sizes):
-    reduce_fused itself."""
-    n = x.shape[0]
-    win = _math._XLA_WINDOW
-    if (n <= win or n > win ** 2 or not _math._FUSE_REDUCTIONS
-            or not jnp.issubdtype(x.dtype, jnp.integer) or kind not in ("max", "min", "sum")):
-        return reduce_fused(x, 0, kind)
-    nwin = len(_math._xla_windows(n))
-    w = -(-n // nwin) if _math._EVEN_WINDOWS else win
-    if nwin * w != n:
-        return reduce_fused(x, 0, kind)
-    red, comb = _math._REDUCERS[kind]
-    return red(functools.reduce(comb, jax.lax.split(x, (w,) * nwin, 0)), 0)
+    """``math.reduce_fused(x, 0, kind)`` (``kind``: "max", "min" or "sum")."""
+    return reduce_fused(x, 0, kind)
 
 
 def _run_or_skip(pred, run, skip):
