@@ -8,6 +8,7 @@ and square roots never produce NaN gradients at zero.
 """
 from __future__ import annotations
 
+import functools
 import operator
 
 import jax
@@ -297,7 +298,16 @@ def _major(x):
     """``x`` itself; under vmap, batched along its first axis (an identity reshape,
     bound as such: lax.reshape drops it; vmap's rule for it moves the batch axis first,
     and drops it where it is first; unbatched, XLA drops it)."""
-    return lax.reshape_p.bind(x, new_sizes=x.shape, dimensions=None, sharding=None)
+    return lax.reshape_p.bind(x, **dict(_reshape_params(), new_sizes=x.shape))
+
+
+@functools.lru_cache(maxsize=None)
+def _reshape_params():
+    """The parameters other than ``new_sizes`` of jax's reshape primitive, read from
+    one traced ``lax.reshape`` (they differ between jax versions; ``dimensions`` and
+    ``sharding`` in 0.10)."""
+    eqn = jax.make_jaxpr(lambda x: lax.reshape(x, (2,)))(np.zeros((1, 2), np.float32)).eqns[0]
+    return {k: v for k, v in eqn.params.items() if k != "new_sizes"}
 
 
 def unstack(x, axis=-1, count=None):
