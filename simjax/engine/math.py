@@ -648,7 +648,7 @@ _HALVES = True
 #: slices), not by a slice each; read at trace time (False: a slice each, kept to
 #: compare). A reduction over 1024 worlds traces 31 equations fewer: the bench's
 #: batched rollout ant 4469 -> 4240, humanoid 5808 -> 5541, barkour 5793 -> 5719,
-#: shadow hand 9864 -> 9765 (with :func:`simjax.engine.collision.chunked.reduce_windows`
+#: shadow hand 9864 -> 9765 (with collision's former integer-only split helper
 #: now this for all kinds; combined in window order, before :data:`_HALVES`); the
 #: optimised HLO the same up to names (ant, humanoid)
 _SPLIT = True

@@ -29,12 +29,7 @@ def batch_max(x):
 @batch_max.def_vmap
 def _batch_max_rule(axis_size, in_batched, x):
     del axis_size
-    return (reduce_windows(x, "max") if in_batched[0] else x), False
-
-
-def reduce_windows(x, kind):
-    """``math.reduce_fused(x, 0, kind)`` (``kind``: "max", "min" or "sum")."""
-    return reduce_fused(x, 0, kind)
+    return (reduce_fused(x, 0, "max") if in_batched[0] else x), False
 
 
 def _run_or_skip(pred, run, skip):

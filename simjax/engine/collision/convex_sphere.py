@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline
-from simjax.engine.collision.chunked import reduce_windows
 from simjax.engine.collision.common import argmax, argmin, dot, normalize, one
 from simjax.engine.math import reduce_fused, where
 from simjax.types import GeomType as GT
@@ -220,7 +219,7 @@ def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
 
     def pair(k, out):
         need = jax.lax.dynamic_index_in_dim(ok, k, 1, keepdims=False)
-        count = reduce_windows(need.astype(jnp.int32), "sum")
+        count = reduce_fused(need.astype(jnp.int32), 0, "sum")
         # the passing worlds in order, then the others (padding reads them, its
         # results are not taken); each world's place in that order by a second sort
         pos = jnp.sort(where(need, ids, size + ids)) % size
