@@ -146,7 +146,11 @@ _SOLVE = False
 #: shuffles, and the shadow hand's such kernel (the first dof of the object's free
 #: joint: 5 terms, slices of 5 other groups' blocks) was the costliest of its XLA
 #: compile (5.1K lines of optimised LLVM IR; the one of XLA's 32 LLVM modules that
-#: held it took 6-7 s of thread time, the others 0.5-1.5 s, loaded machine). With 32
+#: held it took 6-7 s by XLA's log, the others 0.5-1.5 s, loaded machine). With 32
 #: worlds per block the minor loop is 32 long and contiguous. The same values: the
-#: operations per world do not change
+#: operations per world do not change. Shadow hand bench rollout (float32, batch 1024),
+#: 32 / 8: XLA compile CPU 0.892 [0.813, 1.000] (7 fresh-process pairs) and 0.940
+#: [0.889, 1.039] (6 alternated compiles in one process), load 8-12; run time 1.016
+#: [0.863, 1.167] (16 rounds, load 9). The pair factorisation (tree_level._LANES) on
+#: the humanoid: compile 0.980 [0.791, 1.140] (6 rounds), so it keeps 8
 _LANES = 32
