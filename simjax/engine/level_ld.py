@@ -68,7 +68,8 @@ def _factor_bound(m):
     @single.def_vmap
     def _single_vmap(axis_size, in_batched, a, lower):
         lower = lower if in_batched[1] else jnp.broadcast_to(lower, (axis_size,) + lower.shape)
-        return tree_level._level_pair_batched(plan, n, lower, None), (True, True)
+        return tree_level._level_pair_batched(plan, n, lower, None, _lanes(axis_size)), (
+            True, True)
 
     fn = jax.custom_jvp(single)
 
@@ -81,6 +82,12 @@ def _factor_bound(m):
         return fn(a, lower), (dq, tree_level._pack_world(plan, dq)[None])
     tl._CACHE[key] = fn
     return fn
+
+
+def _lanes(axis_size):
+    """Worlds per lane block of the batched factorisation: ``_LANES`` for batches of at
+    least four such blocks (padding then at most a quarter), else tree_level's."""
+    return _LANES if axis_size >= 4 * _LANES else tree_level._LANES
 
 
 def _solve_bound(m):
@@ -133,3 +140,17 @@ _MAX_CHAIN = 0
 #: the scan: 0.973), compile CPU 1.04 (hand) and 1.08 (barkour); 10 kernels more than
 #: the scan
 _SOLVE = False
+#: worlds per lane block of the batched factorisation (read at trace time; see
+#: :func:`_lanes`; tree_level._LANES, 8, to compare). A group of one row is then a
+#: (G, 1, 8) kernel: LLVM vectorised it across the blocks with strided loads and
+#: shuffles, and the shadow hand's such kernel (the first dof of the object's free
+#: joint: 5 terms, slices of 5 other groups' blocks) was the costliest of its XLA
+#: compile (5.1K lines of optimised LLVM IR; the one of XLA's 32 LLVM modules that
+#: held it took 6-7 s by XLA's log, the others 0.5-1.5 s, loaded machine). With 32
+#: worlds per block the minor loop is 32 long and contiguous. The same values: the
+#: operations per world do not change. Shadow hand bench rollout (float32, batch 1024),
+#: 32 / 8: XLA compile CPU 0.892 [0.813, 1.000] (7 fresh-process pairs) and 0.940
+#: [0.889, 1.039] (6 alternated compiles in one process), load 8-12; run time 1.016
+#: [0.863, 1.167] (16 rounds, load 9). The pair factorisation (tree_level._LANES) on
+#: the humanoid: compile 0.980 [0.791, 1.140] (6 rounds), so it keeps 8
+_LANES = 32

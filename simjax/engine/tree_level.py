@@ -238,12 +238,12 @@ def _level_ld_blocks(plan, pk):
     return jnp.concatenate(flat + [jnp.zeros((g, 1, w), pk.dtype)], 1)
 
 
-def _level_pair_batched(plan, n, a, diag):
+def _level_pair_batched(plan, n, a, diag, lanes=None):
     """(qLD of a, qLD of a + diag(diag), packed) for a batch: a (B, n, n), diag (B, n);
     with diag None, (qLD of a, packed). ``packed``: (B, r, S + 1), r the number of
-    factors."""
+    factors. ``lanes``: worlds per lane block (default ``_LANES``)."""
     b = a.shape[0]
-    w = _LANES
+    w = lanes or _LANES
     pad = -b % w
     if pad:
         a = jnp.concatenate([a, jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), (pad, n, n))])

@@ -79,3 +79,23 @@ def test_root_chain_keeps_lapack(path):
     _, m = load(path)
     assert not level_ld.use_level(m)
     assert level_ld.factor_ld_packed(m, jnp.eye(m.nv))[1] is None
+
+
+def test_wide_lane_blocks(monkeypatch):
+    """A batch of at least four of level_ld's lane blocks (32 worlds each, the last
+    padded) gives the same factors as the 8-world blocks of smaller batches, bit for
+    bit (the same operations per world), and factor_ld's up to rounding."""
+    mjm, m = load(_MODELS[0])
+    _, _, _, qm = _batch(mjm, m, 5)
+    nb = 4 * level_ld._LANES + 3
+    assert level_ld._lanes(nb) == level_ld._LANES > level_ld._lanes(6)
+    a = jnp.asarray(np.resize(np.asarray(qm), (nb,) + qm.shape[1:]))
+    a = a * (1.0 + 0.01 * jnp.arange(nb))[:, None, None]
+    fn = jax.jit(jax.vmap(lambda x: level_ld.factor_ld_packed(m, x)))
+    wide = fn(a)
+    monkeypatch.setattr(level_ld, "_LANES", 8)
+    narrow = jax.jit(jax.vmap(lambda x: level_ld.factor_ld_packed(m, x)))(a)
+    for x, y in zip(wide, narrow):
+        np.testing.assert_array_equal(x, y)
+    want = jax.jit(jax.vmap(lambda x: tree_linalg.factor_ld(m, x)))(a)
+    np.testing.assert_allclose(wide[0], want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
