@@ -376,6 +376,25 @@ def take(x, idx):
                       mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 
+#: False: :func:`const_dot` is ``C @ x`` (kept to compare)
+_CONST_DOT = True
+
+
+def const_dot(c, x):
+    """``c @ x`` for a constant (NumPy) matrix ``c`` (m, n) and an array ``x`` (n, ...),
+    as a dot that contracts x's first axis with c's second, the result (..., m) moved
+    back to (m, ...). Vmapped, ``c @ x`` is a dot whose batched operand XLA CPU first
+    copies to (n, batch * ...) (a transposing kernel of its own, fused with x's
+    producer) and whose result it copies back; contracting x's axis in place, it emits
+    one batched dot. The tree sums of the smooth and post-constraint passes
+    (ancestor and descendant matrices) are such products."""
+    c = np.asarray(c)
+    if not _CONST_DOT or x.ndim < 2 or c.ndim != 2:
+        return jnp.asarray(c, x.dtype) @ x
+    out = lax.dot_general(x, c.astype(x.dtype), (((0,), (1,)), ((), ())))
+    return lax.transpose(out, (out.ndim - 1,) + tuple(range(out.ndim - 1)))
+
+
 def _where_operand(v, like):
     """(v's dtype, v) for :func:`where`: an array of a strong dtype, or a Python scalar
     taking the other operand's (``like``) dtype as jnp's promotion gives it; None for

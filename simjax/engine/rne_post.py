@@ -162,7 +162,7 @@ def rne_post_constraint(m, d):
     world = jnp.concatenate([jnp.zeros(3, dtype), -smooth.gravity(m, dtype)])
     if m.nv:
         acc_dof = d.cdof_dot * d.qvel[:, None] + d.cdof * d.qacc[:, None]
-        cacc = jnp.asarray(tab.anc_dof, dtype) @ acc_dof + world
+        cacc = math.const_dot(tab.anc_dof, acc_dof) + world
     else:
         cacc = jnp.broadcast_to(world, (nbody, 6))
     # external forces: perturbations applied at the body com
@@ -174,7 +174,7 @@ def rne_post_constraint(m, d):
     body = math.inert_mul(d.cinert, cacc) + math.force_cross(
         d.cvel, math.inert_mul(d.cinert, d.cvel))
     own = _zero_world(body - ext)
-    cfrc_int = jnp.asarray(tab.desc, dtype) @ own
+    cfrc_int = math.const_dot(tab.desc, own)
     return d.replace(cacc=cacc, cfrc_ext=ext, cfrc_int=cfrc_int)
 
 

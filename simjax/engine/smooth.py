@@ -282,7 +282,7 @@ def com_pos(m, d):
     mass = _f(m.body_mass, dtype)
     desc = jnp.asarray(tab.desc, dtype)
     smass = desc @ mass
-    moment = desc @ (mass[:, None] * d.xipos)
+    moment = math.const_dot(tab.desc, mass[:, None] * d.xipos)
     small = smass < math.MINVAL
     subtree_com = math.where(small[:, None], d.xipos,
                              moment / math.where(small, 1.0, smass)[:, None])
@@ -411,7 +411,7 @@ def crb_lower(m, d):
     entries), a second strided read per entry that the lower matrix does without."""
     tab = tables.get(m)
     dtype = d.qpos.dtype
-    crb_ = jnp.asarray(tab.desc_noworld, dtype) @ d.cinert
+    crb_ = math.const_dot(tab.desc_noworld, d.cinert)
     if not m.nv:
         return d.replace(crb=crb_), None
     f = math.stack(math.c_inert_mul(math.unstack(math.take(crb_, np.asarray(m.dof_bodyid))),
@@ -461,10 +461,9 @@ def com_vel(m, d):
     if not m.nv:
         return d
     tab = tables.get(m)
-    dtype = d.qpos.dtype
     v = d.cdof * d.qvel[:, None]
-    cvel = jnp.asarray(tab.anc_dof, dtype) @ v
-    before = jnp.asarray(tab.pred, dtype) @ v
+    cvel = math.const_dot(tab.anc_dof, v)
+    before = math.const_dot(tab.pred, v)
     cdof_dot = math.motion_cross(before, d.cdof)
     cdof_dot = math.where(tab.free_trans_dof[:, None], 0.0, cdof_dot)
     return d.replace(cvel=cvel, cdof_dot=cdof_dot)
@@ -505,14 +504,13 @@ def rne(m, d, flg_acc=False):
         return _rne_component_major(m, d, flg_acc)
     tab = tables.get(m)
     dtype = d.qpos.dtype
-    anc = jnp.asarray(tab.anc_dof, dtype)
     g = gravity(m, dtype)
     acc_dof = d.cdof_dot * d.qvel[:, None]
     if flg_acc:
         acc_dof = acc_dof + d.cdof * d.qacc[:, None]
-    cacc = anc @ acc_dof + jnp.concatenate([jnp.zeros(3, dtype), -g])
+    cacc = math.const_dot(tab.anc_dof, acc_dof) + jnp.concatenate([jnp.zeros(3, dtype), -g])
     cfrc = math.stack(_body_forces(d, math.unstack(cacc)))
-    cfrc = jnp.asarray(tab.desc_noworld, dtype) @ cfrc
+    cfrc = math.const_dot(tab.desc_noworld, cfrc)
     # the dot over 6 as explicit adds: a reduction over a short last axis is a
     # separate kernel on CPU
     f = math.unstack(math.take(cfrc, np.asarray(m.dof_bodyid)))

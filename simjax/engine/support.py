@@ -119,7 +119,6 @@ def apply_ft(m, d, force, torque, point, bodies):
     force, torque: (n, 3) world frame (either may be None); point: (n, 3) world
     application points; bodies: (n,) static body ids. Vectorised over all n at once.
     """
-    dtype = d.qpos.dtype
     bodies = np.asarray(bodies)
     # on component arrays (n,): a cross product along a last axis of 3 and a dot over
     # 6 cost XLA CPU concatenations and a reduction kernel (humanoid's xfrc_applied:
@@ -129,8 +128,7 @@ def apply_ft(m, d, force, torque, point, bodies):
     f = zero if force is None else math.unstack(force)
     t = zero if torque is None else math.unstack(torque)
     wrench = math.stack(math.c_add(t, math.c_cross(offset, f)) + f)   # about the tree com
-    anc = jnp.asarray(tables.get(m).anc_dof[bodies], dtype)        # (n, nv)
-    g = math.unstack(anc.T @ wrench)
+    g = math.unstack(math.const_dot(tables.get(m).anc_dof[bodies].T, wrench))   # (nv, 6)
     cdof = math.unstack(d.cdof)
     out = cdof[0] * g[0]
     for k in range(1, 6):
