@@ -34,7 +34,9 @@ def dot(a, b):
 #: stack); read at trace time (False: as they were, kept to compare). The bench's
 #: batched rollout: ant 3746 -> 3733 equations, humanoid 5048 -> 5035, barkour 5365
 #: -> 5222 (5133 with :data:`_COMPONENTS_RNE`: rne_post's spatial algebra); float outputs
-#: bit-identical (ant, humanoid; barkour without :data:`_COMPONENTS_RNE`)
+#: bit-identical (ant, humanoid; barkour without :data:`_COMPONENTS_RNE`). Off: 2
+#: kernels more; XLA CPU ant 0.960x [0.940, 0.993], humanoid 1.049x [0.960, 1.288]
+#: (fresh processes alternated, 3 pairs each, load 5-11): noise, so on
 _COMPONENTS = True
 
 #: :data:`_COMPONENTS` for :func:`force_cross` and :func:`inert_mul` too (rne_post's
@@ -277,7 +279,12 @@ def transform_motion(vec, newpos, oldpos, rot=None):
 #: :func:`unstack` is one ``lax.unstack`` equation (lowered to a slice and a reshape
 #: per component, as before); read at trace time (False: a split and a squeeze per
 #: component, kept to compare). The bench's batched rollout (with the rest of this
-#: module's switches on): ant 3971 -> 3733 equations, humanoid 5272 -> 5035
+#: module's switches on): ant 3971 -> 3733 equations, humanoid 5272 -> 5035. Its
+#: compile effect is inside this host's noise: off (3 transposing kernels fewer, from
+#: the "each" reshapes) XLA CPU ant 0.978 [0.701, 1.025], humanoid 0.903 [0.870,
+#: 0.930], barkour 1.041 [0.897, 1.129], shadow hand 1.002 [0.913, 1.026] (fresh
+#: processes alternated, 4 pairs each, load 6-11); trace 1.047x, lowering 1.010x
+#: (humanoid, one process, 10 alternations); run 0.94-1.07x (12 rounds each): kept on
 _UNSTACK = True
 
 
@@ -659,7 +666,11 @@ def reduce_fused(x, axis, kind="sum"):
 #: equations, not m (32 windows over 1024 worlds: 10, not 32); read at trace time
 #: (False: in window order, kept to compare). The bench's batched rollout: ant 3876 ->
 #: 3733 equations, humanoid 5178 -> 5035 (a different optimised program: the
-#: combinations a tree; values the same)
+#: combinations a tree; values the same). Off measured worse in XLA CPU although it
+#: has fewer kernels (on, the first combination of 512 worlds is a kernel of its
+#: own: shadow hand 790 -> 796, humanoid and barkour 1 more): off ant 1.064x [1.043,
+#: 1.131], shadow hand 1.067x [0.921, 1.094] (fresh processes alternated, 4 pairs
+#: each, load 7-11)
 _HALVES = True
 
 
@@ -669,7 +680,9 @@ _HALVES = True
 #: batched rollout ant 4469 -> 4240, humanoid 5808 -> 5541, barkour 5793 -> 5719,
 #: shadow hand 9864 -> 9765 (with collision's former integer-only split helper
 #: now this for all kinds; combined in window order, before :data:`_HALVES`); the
-#: optimised HLO the same up to names (ant, humanoid)
+#: optimised HLO the same up to names (ant, humanoid, barkour, shadow hand: no XLA
+#: difference); with :data:`_HALVES` on, off adds few equations (ant 0, humanoid 44,
+#: barkour 4, shadow hand 6)
 _SPLIT = True
 
 

@@ -365,7 +365,8 @@ def _uniform(mask, fill, n):
 #: :func:`_take_rows` stacks the table's columns at once and splits the gathered rows'
 #: columns once (:func:`~simjax.engine.math.unstack`), not a reshape and a slice each
 #: (the same table and slices lowered); read at trace time (False: one by one, kept
-#: to compare). The bench's batched rollout: ant 3789 -> 3733 equations
+#: to compare). The bench's batched rollout: ant 3789 -> 3733 equations; the
+#: optimised HLO the same up to names (ant, humanoid, barkour, shadow hand)
 _SPLIT = True
 
 
