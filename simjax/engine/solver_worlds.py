@@ -106,20 +106,36 @@ def _put_rows(full, ids, rows):
 _PUT_ROWS = True
 
 
+#: where_needed's branches, read at trace time: "blocks", the worlds in need in blocks
+#: whatever their number; "both" (kept to compare), a conditional between fn on the
+#: whole batch, where more than 3/5 of the worlds need it, and the blocks. Inside
+#: Newton's loop the conditional's operand and result, the Hessian factors of the
+#: batch, were copied on every pass (two f32[1024, 27, 27] copies per pass on the
+#: humanoid). Bench rollouts (batch 1024, float32, from the state after 12 steps,
+#: paired in one process, process CPU, loads 5-10): humanoid 0.940 [0.758, 1.097]
+#: (10 rounds), 0.921 [0.712, 1.269] (20), 0.984 [0.717, 1.118] (20); ant 0.961
+#: [0.764, 1.505] (14), 1.016 [0.945, 1.124] (20); with every world in need on every
+#: pass (humanoid, chunk 0 cut to 8 rows past the equality rows) 1.029 [0.928,
+#: 1.081] (12). Kernels (fn compiled once): humanoid 618 -> 610, ant 534 -> 526; XLA
+#: CPU time 0.96, 0.95 (3 pairs). Float32 outputs bit-identical; float64 ant
+#: bit-identical, humanoid within 2e-13 relative (XLA's fusions around the loop
+#: differ; a factor alone is the same bits either way)
+_BRANCHES = "blocks"
+
+
 def where_needed(fn, need, args, old):
     """``fn(*args)`` where ``need``, else ``old`` (a tree shaped as fn's output).
 
     One world computes fn only where needed (a conditional). Under ``vmap`` (a
     ``custom_vmap`` rule) the worlds that need it are found, gathered in blocks of
-    _WORLD_BLOCK and computed block by block, their results scattered into ``old``:
+    _WORLD_BLOCK and computed block by block, their results written into ``old``:
     the work follows the number of worlds in need, not the batch size, and every world's
     result is computed as the vmapped fn computes it (the same bits on a CPU; on a GPU
-    a block's kernels may round the last bit differently). Where most worlds
-    need it, fn runs on the whole batch instead (gathering and scattering them cost
-    about a third of fn's work for a Newton Hessian factorisation). fn is compiled in
-    both branches (~10 kernels for a Newton Hessian factorisation); computing every
-    world in consecutive blocks instead compiled it once, but ran the humanoid's solves
-    with several row chunks in use (every world in need on every pass) 5-10% slower."""
+    a block's kernels may round the last bit differently). Where most worlds need it,
+    they are still computed in blocks (:data:`_BRANCHES`): a conditional between fn on
+    the whole batch and the blocks compiled fn twice, and inside Newton's loop its
+    operand and result (the Hessian factors of the batch) were copied on every pass,
+    about what gathering and writing back the worlds costs."""
     @jax.custom_batching.custom_vmap
     def run(need, args, old):
         return jax.lax.cond(need, lambda: fn(*args), lambda: old)
@@ -166,7 +182,10 @@ def where_needed(fn, need, args, old):
             return inline.while_loop(lambda c: c[0] * blk < count, body,
                                      (jnp.zeros((), jnp.int32), old))[1]
 
-        out = jax.lax.cond(5 * count > 3 * size, whole, blocks)
+        if _BRANCHES == "blocks":
+            out = blocks()
+        else:
+            out = jax.lax.cond(5 * count > 3 * size, whole, blocks)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return run(need, args, old)
