@@ -477,7 +477,17 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
 #: [0.891, 1.376] (paired in one process, 12 rounds each order; a block gathered every
 #: input of its 32 worlds, the whole Jacobian among them, on every pass, and ran each
 #: chunk to the block's largest count), the hand's 1/1.023x [0.850, 1.206] (12
-#: rounds); float32 outputs within rounding (barkour qfrc_constraint 8e-6 of 1370)
+#: rounds); float32 outputs within rounding (barkour qfrc_constraint 8e-6 of 1370).
+#: With barkour's chunk 0 of 40 rows (solver_gather._THIRD) what is left of the later
+#: chunks is small: the loops over them left out altogether (a measurement only, the
+#: worlds in need then solved wrongly) ran its bench sequence (batch 1024, float32, 16
+#: calls of 4 steps from the bench's start) 0.981x [0.835, 1.084] (8 rounds) and the
+#: calls from the state after 16 calls 1.003x [0.899, 1.265] (12 rounds), paired in one
+#: process on a loaded machine: a faster way through them (their line-search terms
+#: over the batch, say) can gain barkour 2% at most. Their compile is the larger
+#: share: without them the bench rollout has 493 kernels, not 587 (warm start's loop
+#: 28, Newton update's 18, line search's 14, the rest their tables, states and
+#: copies), XLA compile CPU 0.88x [0.79, 1.13] (3 pairs, load 8-10)
 _PER_WORLD = True
 
 
