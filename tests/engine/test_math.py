@@ -113,3 +113,19 @@ def test_where_as_jnp_where():
     g = jax.grad(lambda x: jnp.sum(math.where(c, x * x, -x)))(x)
     np.testing.assert_array_equal(g, jnp.where(c, 2 * x, -1.0))
     assert math.where(c[0]).__len__() == 1          # one argument: jnp.where's nonzero
+
+
+@pytest.mark.parametrize("ncol", [3, 14])
+def test_const_dot_is_matmul_under_vmap(ncol):
+    """const_dot(c, x) equals c @ x, for a short contraction (kept as c @ x) and a
+    long one (contracted in place), on one world and vmapped over a batch."""
+    import jax
+    import jax.numpy as jnp
+    c = RNG.integers(0, 2, (ncol + 2, ncol)).astype(float)
+    x = RNG.standard_normal((5, ncol, 6))
+    got = jax.vmap(lambda v: math.const_dot(c, v))(jnp.asarray(x))
+    np.testing.assert_allclose(got, np.einsum("mn,bnk->bmk", c, x), rtol=1e-12, atol=1e-12)
+    one = math.const_dot(c, jnp.asarray(x[0]))
+    assert one.shape == (ncol + 2, 6)
+    np.testing.assert_allclose(one, c @ x[0], rtol=1e-12, atol=1e-12)
+    assert (ncol >= math._CONST_DOT_MIN) == (ncol == 14)
