@@ -390,8 +390,13 @@ _CONST_DOT = True
 #: (batch 1024, float32, one process, alternated, 6 rounds): the inverted pendulum
 #: (3 bodies, 2 dofs) ran 2.45x slower in place (4.66 against 1.90 us per world-step);
 #: the humanoid without contacts (17 bodies, 27 dofs) 0.94x, barkour and the ant
-#: (14 bodies) 0.92-0.94x
-_CONST_DOT_MIN = 8
+#: (14 bodies) 0.92-0.94x. Walker2d without contacts (8 bodies, 9 dofs: contractions of
+#: 7-9 columns; 12 rounds) ran 0.81x [0.78, 0.84] with every product ``C @ x`` against
+#: in place from 8 columns, 0.84x [0.74, 1.09] with 10 as the threshold; the pusher
+#: (11-13 columns) 1.06x [0.88, 1.30] with every product ``C @ x`` against in place
+#: (noise); the hopper (5-6 columns) 1.73x [1.54, 2.18] in place. The four bench
+#: models' shortest contraction has 13 columns
+_CONST_DOT_MIN = 10
 
 
 def const_dot(c, x):

@@ -81,7 +81,7 @@ def _star_xml(nbranch):
 # rne takes one of two forms by body count (smooth._RNE_COMPONENT_MAJOR_NBODY, 16):
 # each pair of leg counts stays on one side of it (8 and 12 bodies; 18 and 50).
 # math.const_dot takes one of two forms by the length of its contraction
-# (math._CONST_DOT_MIN, 8 columns); at 0 every tree product takes the in-place form
+# (math._CONST_DOT_MIN, 10 columns); at 0 every tree product takes the in-place form
 @pytest.mark.parametrize("nbranch", [(3, 5), (8, 24)])
 def test_program_size_independent_of_body_count(nbranch, monkeypatch):
     from mujoco_oracle import model_from_mujoco
