@@ -487,7 +487,15 @@ def _needy_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
 #: over the batch, say) can gain barkour 2% at most. Their compile is the larger
 #: share: without them the bench rollout has 493 kernels, not 587 (warm start's loop
 #: 28, Newton update's 18, line search's 14, the rest their tables, states and
-#: copies), XLA compile CPU 0.88x [0.79, 1.13] (3 pairs, load 8-10)
+#: copies), XLA compile CPU 0.88x [0.79, 1.13] (3 pairs, load 8-10). A world's later
+#: chunks visited at once, as one chunk of their rows end to end (80 rows on barkour,
+#: padding rows adding exact zeros; the inner loop over chunks gone) cut 27 kernels
+#: (barkour 584 -> 557, shadow hand 793 -> 767) but did not compile faster: XLA CPU
+#: barkour 0.942 [0.766, 1.154] (6 pairs) and 1.010 [0.908, 1.470] (4), the hand 1.096
+#: [0.977, 1.260] and 1.172 [1.039, 1.304] (4 pairs each); barkour's run 1.024 [0.834,
+#: 1.193] (12 rounds); and its Newton step, reading and writing the world's slice of
+#: the batch's row state in one loop body, made XLA copy that state twice per visit
+#: until the step wrote into a zeroed state
 _PER_WORLD = True
 
 
