@@ -280,8 +280,7 @@ def com_pos(m, d):
     tab = tables.get(m)
     dtype = d.qpos.dtype
     mass = _f(m.body_mass, dtype)
-    desc = jnp.asarray(tab.desc, dtype)
-    smass = desc @ mass
+    smass = subtree_mass(m, dtype)
     moment = math.const_dot(tab.desc, mass[:, None] * d.xipos)
     small = smass < math.MINVAL
     subtree_com = math.where(small[:, None], d.xipos,
@@ -593,7 +592,7 @@ def subtree_vel(m, d):
     vel = math.transform_motion(d.cvel, d.xipos, d.subtree_com[root])
     vel = math.where((weld_dofnum == 0)[:, None], 0.0, vel)   # static / mocap bodies
     ang, lin = vel[:, :3], vel[:, 3:]
-    smass = desc @ mass
+    smass = subtree_mass(m, dtype)
     linvel = (desc @ (mass[:, None] * lin)) / jnp.maximum(math.MINVAL, smass)[:, None]
     inertia = _f(m.body_inertia, dtype)
     iw = math.matvec(d.ximat, inertia * math.matTvec(d.ximat, ang))
