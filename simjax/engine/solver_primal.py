@@ -44,6 +44,21 @@ _JT = True
 _JT_FIRST = True
 
 
+#: J' force of the loop's last pass carried out of Newton's / CG's loop as
+#: qfrc_constraint: every pass sums it over the rows in use, at every world's final jaref
+#: (a world that does not move keeps its jaref), so the product over every row of the
+#: capacity after the solve (the ant's 116 rows for a handful in use) is not made.
+#: Read at trace time (False: that product, kept to compare). Bench rollouts (batch
+#: 1024, float32, 4 steps, paired in one process, loads 7-12): ant 0.928 [0.837, 1.175]
+#: (14 rounds) and, switch order reversed, 1 / 1.052 [0.860, 1.297] (14); humanoid
+#: 1.065 [0.895, 1.178] and reversed 1 / 1.009 (12 each), barkour 1.001 [0.908, 1.471]
+#: (12): noise. Ant compile (3 fresh-process pairs) wall 0.970, XLA CPU 0.918, 523
+#: kernels both, 3702 -> 3705 eqns. Outputs: ant, barkour, shadow hand bit-identical in
+#: float32 and float64; humanoid (rows in later chunks: the sum in another order)
+#: within 2.5e-14 relative in float64
+_CARRY_QFRC = True
+
+
 def _primal(rows, p, start, newton, iterations, ls_iterations):
     """Newton / CG (mj_solPrimal) on the rows ``rows`` (:class:`simjax.engine.
     solver_rows.Rows`) of problem ``p``, every island (``rows.spec.nisl``, rows
@@ -59,8 +74,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     per island (islands,): iterations, and the scaled improvement and gradient norm of
     the last iteration; jaref the rows' J qacc - aref (:class:`~simjax.engine.
     solver_rows.Chunked`, kept up to date by the steps as MuJoCo's Jaref is), and qfrc
-    J' force at it (nv,) where the last pass computed it (one iteration at most),
-    else None.
+    J' force at it (nv,) as the last pass computed it (None where the loop does not
+    carry it out, :data:`_CARRY_QFRC` false).
 
     The initial gradient, Hessian factor and search direction are computed by a first
     pass of the loop body with no line search (alpha 0), so that the update, Hessian
@@ -229,7 +244,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     # the kernels writing them (a concatenation across a wider minor axis, that LLVM
     # unswitches and vectorises per operand) took 5-10x the compile time (humanoid:
     # 0.47 of 0.81 s of the loop's LLVM time in two kernels)
-    vecs = ("qacc", "Ma", "search", "grad", "mgrad")
+    vecs = ("qacc", "Ma", "search", "grad", "mgrad") + (("qfrc",) if _CARRY_QFRC else ())
     fdt = qacc0.dtype
 
     def pack(s):
@@ -251,7 +266,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         return out
 
     zv = jnp.zeros_like(qacc0)
-    s = dict(qacc=qacc0, Ma=Ma0, jaref=jaref0, search=zv, grad=zv, mgrad=zv,
+    s = dict(qacc=qacc0, Ma=Ma0, jaref=jaref0, search=zv, grad=zv, mgrad=zv, qfrc=zv,
              iter=jnp.zeros(isl.n, jnp.int32), done=jnp.zeros(isl.n, bool),
              imp=jnp.zeros(isl.n, qacc0.dtype), gnorm=jnp.zeros(isl.n, qacc0.dtype),
              first=jnp.ones((), bool))
@@ -270,7 +285,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             lambda c: any_world((c[2][0, 4] != 0) | jnp.any(c[2][:, 3] == 0)),
             lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0))
         s = unpack(c)
-        qfrc = None
+        qfrc = s["qfrc"] if _CARRY_QFRC else None
     return s["qacc"], s["iter"], s["imp"], s["gnorm"], s["jaref"], qfrc
 
 
