@@ -55,6 +55,32 @@ def cross(a, b):
     return jnp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
 
 
+def clip(x, lo, hi):
+    """``jnp.clip(x, lo, hi)`` of a float ``x`` (the same values: ``lax.clamp`` computes
+    the same maximum and minimum), differentiated by ``lax.clamp``'s rule: the tangent
+    passes where ``lo < x < hi``, tested against the bounds. jnp.clip's maximum and
+    minimum pass it where the result *equals* the operand, and XLA recomputes the
+    operand in the kernels of the derivatives. XLA:CPU lets LLVM contract multiply-adds
+    into FMAs kernel by kernel, so one expression can round differently in two kernels
+    (at --xla_backend_optimization_level=0 only where the fast instruction selector
+    hands a block to the full one): the equality then fails by an ulp far from any
+    bound and the tangent is lost (box-sphere contact normals' derivatives were off by
+    up to 6.6, test_collision.test_grad_vs_finite_differences). Bounds: scalars or
+    arrays that broadcast with ``x``; other operands (ints, a bound None): jnp.clip."""
+    if (lo is None or hi is None or not isinstance(x, (jax.Array, np.ndarray))
+            or not jnp.issubdtype(x.dtype, jnp.floating)
+            or any(hasattr(v, "dtype") and v.dtype != x.dtype for v in (lo, hi))):
+        return jnp.clip(x, lo, hi)      # (a bound of another dtype: jnp's promotion)
+    shape = np.broadcast_shapes(np.shape(x), np.shape(lo), np.shape(hi))
+
+    def arg(v, scalar_ok):
+        v = jnp.asarray(v, x.dtype)
+        if scalar_ok and v.ndim == 0:
+            return v
+        return v if v.shape == shape else jnp.broadcast_to(v, shape)
+    return lax.clamp(arg(lo, True), arg(x, False), arg(hi, True))
+
+
 def safe_sqrt(x):
     """sqrt(x) for x >= 0 whose gradient at 0 is 0 instead of inf/NaN."""
     pos = x > 0

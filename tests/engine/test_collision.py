@@ -571,8 +571,12 @@ def _quat_mat(q):
     pytest.param("box", "0.2 0.15 0.1", "box", "0.1 0.12 0.15", marks=pytest.mark.slow),
 ])
 def test_grad_vs_finite_differences(a, sa, b, sb):
-    """d(dist, pos, normal)/d(qpos) of every contact (reverse mode) against central
-    differences; geom poses follow the two free joints (geoms at the body origins)."""
+    """d(dist, pos, normal)/d(qpos) of every contact (reverse and forward mode) against
+    central differences; geom poses follow the two free joints (geoms at the body
+    origins). Forward mode, box-sphere: with jnp.clip in the collider, the compiled
+    derivatives recomputed the clipped centre in another kernel, rounded otherwise (an
+    FMA), and jnp.clip's equality test dropped its tangent (normal off by 6.6; tests
+    compile at --xla_backend_optimization_level=0)."""
     from mujoco_oracle import model_from_mujoco
     mjm = mujoco.MjModel.from_xml_string(_SCENE.format(a=a, sa=sa, b=b, sb=sb))
     m = model_from_mujoco(mjm)
@@ -596,7 +600,8 @@ def test_grad_vs_finite_differences(a, sa, b, sb):
     _, valid0 = f(jnp.asarray(q0))
     assert np.asarray(valid0).sum() >= 2
     jac = np.asarray(jax.jit(jax.jacrev(lambda q: feats(q)[0]))(jnp.asarray(q0)))
-    assert np.all(np.isfinite(jac))
+    jfw = np.asarray(jax.jit(jax.jacfwd(lambda q: feats(q)[0]))(jnp.asarray(q0)))
+    assert np.all(np.isfinite(jac)) and np.all(np.isfinite(jfw))
     eps = 1e-6
     checked = 0
     for k in range(len(q0)):
@@ -607,6 +612,7 @@ def test_grad_vs_finite_differences(a, sa, b, sb):
             continue
         fd = (np.asarray(fp) - np.asarray(fm)) / (2 * eps)
         np.testing.assert_allclose(jac[:, k], fd, atol=1e-5)
+        np.testing.assert_allclose(jfw[:, k], fd, atol=1e-5)
         checked += 1
     assert checked >= 10
 

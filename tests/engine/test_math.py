@@ -129,3 +129,34 @@ def test_const_dot_is_matmul_under_vmap(ncol):
     assert one.shape == (ncol + 2, 6)
     np.testing.assert_allclose(one, c @ x[0], rtol=1e-12, atol=1e-12)
     assert (ncol >= math._CONST_DOT_MIN) == (ncol == 14)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clip_values_as_jnp_clip_tangent_from_bounds(dtype):
+    """math.clip: jnp.clip's values bit for bit (NaN, -0.0, infinities, array bounds
+    broadcast); its tangent tests the operand against the bounds, never for equality
+    with the result (jnp.clip's maximum / minimum do: a recomputation of the operand
+    that rounds otherwise drops the tangent)."""
+    import jax
+    import jax.numpy as jnp
+    x = np.concatenate([RNG.standard_normal(40), [np.nan, -0.0, 0.0, np.inf, -np.inf,
+                                                  1.0, -1.0]]).astype(dtype)
+    n = len(x)
+    bounds = [(-1.0, 1.0), (0.0, -0.0), (-0.0, 0.0),
+              (RNG.standard_normal(n).astype(dtype) - 1, RNG.standard_normal(n).astype(dtype) + 1)]
+    for lo, hi in bounds:
+        for fn in (lambda f: f, jax.jit):
+            ref = np.asarray(fn(jnp.clip)(jnp.asarray(x), lo, hi))
+            out = np.asarray(fn(math.clip)(jnp.asarray(x), lo, hi))
+            assert out.dtype == ref.dtype
+            np.testing.assert_array_equal(out.view(np.uint8), ref.view(np.uint8))
+    xs = RNG.standard_normal((4, 1, 3)).astype(dtype)
+    lo = -np.abs(RNG.standard_normal(3)).astype(dtype)
+    np.testing.assert_array_equal(np.asarray(math.clip(jnp.asarray(xs), lo, -lo)),
+                                  np.asarray(jnp.clip(xs, lo, -lo)))
+    jaxpr = jax.make_jaxpr(lambda v: jax.jvp(lambda u: math.clip(u, -1.0, 1.0), (v,), (v,)))(
+        jnp.asarray(x))
+    prims = {e.primitive.name for e in jaxpr.jaxpr.eqns}
+    assert "eq" not in prims and {"gt", "lt"} <= prims
+    g = jax.grad(lambda v: math.clip(v, -0.5, 0.5).sum())(jnp.asarray([-1.0, 0.1, 2.0], dtype))
+    np.testing.assert_array_equal(np.asarray(g), [0.0, 1.0, 0.0])

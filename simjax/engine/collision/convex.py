@@ -94,6 +94,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline
+from simjax.engine.math import clip
 from simjax.engine.collision.common import Pre, argmax, argmin, cross, dot, normalize, one
 # static hull tables (convex_hull.py) and box/mesh multi-contact (convex_polytope.py);
 # attach_meshes, mesh_table and plane_table are also read from here
@@ -347,7 +348,7 @@ def _capsule_witness(g, n, a, b):
     ``b`` (where EPA's final face puts it)."""
     axis = g.mat[:, 2]
     flat = jnp.abs(dot(n, axis)) < np.sqrt(np.finfo(n.dtype).eps)
-    t = jnp.clip(dot(b - g.pos, axis), -g.size[1], g.size[1])
+    t = clip(dot(b - g.pos, axis), -g.size[1], g.size[1])
     return jnp.where(flat, g.pos + t * axis + g.size[0] * n, a)
 
 

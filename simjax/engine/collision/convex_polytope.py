@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline
+from simjax.engine.math import clip
 from simjax.engine.collision.common import (Pre, argmax, cross, dot, normalize, safe_norm,
                                             first_where as _first)
 from simjax.types import GeomType as GT
@@ -208,10 +209,10 @@ def _segments(a0, a1, b0, b1):
     u, v, w = a1 - a0, b1 - b0, a0 - b0
     uu, uv, vv, uw, vw = dot(u, u), dot(u, v), dot(v, v), dot(u, w), dot(v, w)
     den = uu * vv - uv * uv
-    s = jnp.clip(jnp.where(den > 1e-30, (uv * vw - vv * uw) / jnp.where(den > 1e-30, den, 1),
+    s = clip(jnp.where(den > 1e-30, (uv * vw - vv * uw) / jnp.where(den > 1e-30, den, 1),
                            0.0), 0, 1)
-    t = jnp.clip((uv * s + vw) / jnp.where(vv > 1e-30, vv, 1), 0, 1)
-    s = jnp.clip((uv * t - uw) / jnp.where(uu > 1e-30, uu, 1), 0, 1)
+    t = clip((uv * s + vw) / jnp.where(vv > 1e-30, vv, 1), 0, 1)
+    s = clip((uv * t - uw) / jnp.where(uu > 1e-30, uu, 1), 0, 1)
     return a0 + s * u, b0 + t * v
 
 

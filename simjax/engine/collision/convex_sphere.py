@@ -31,7 +31,7 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.collision.common import argmax, argmin, dot, normalize, one
-from simjax.engine.math import reduce_fused, where
+from simjax.engine.math import clip, reduce_fused, where
 from simjax.types import GeomType as GT
 
 #: a projection within this distance (m) outside a triangle's edge still counts inside
@@ -105,7 +105,7 @@ def _select(c, tplane, tedge, edge):
     dface = where(inside & (s >= 0), s, jnp.inf)
     w = c - edge[:, :3]
     d = edge[:, 3:6]
-    t = jnp.clip(dot(w, d) * edge[:, 6], 0.0, 1.0)
+    t = clip(dot(w, d) * edge[:, 6], 0.0, 1.0)
     r = w - t[:, None] * d
     d2 = dot(r, r)
     te = argmin(d2)
@@ -155,7 +155,7 @@ def sphere_mesh(g1, g2, margin, t2=None, feature=None):
     pl = tplane[tri]
     hface = dot(pl[:3], c) - pl[3]
     er = edge[te]
-    tt = jnp.clip(dot(c - er[:3], er[3:6]) * er[6], 0.0, 1.0)
+    tt = clip(dot(c - er[:3], er[3:6]) * er[6], 0.0, 1.0)
     nedge, dedge = normalize(er[:3] + tt * er[3:6] - c)
     nloc = where(face, -pl[:3], nedge)
     dist = where(face, hface, dedge) - r

@@ -292,10 +292,10 @@ def _fill(con, valid, row, par):
     if _SHARED_FIELDS:
         # The frame computed component by component and stored by the reduction of
         # dist, includemargin and exclude was 8 kernels fewer on every bench model
-        # (XLA CPU 0.989 [0.843, 1.146], 5 pairs: not shown faster) but gave wrong
-        # reverse-mode contact positions (box on sphere, up to 6.6) when compiled with
-        # --xla_backend_optimization_level=0, right at the default level (the cause
-        # not found; see narrow.py's pair table): not taken
+        # (XLA CPU 0.989 [0.843, 1.146], 5 pairs: not shown faster). Its wrong
+        # box-sphere derivatives at --xla_backend_optimization_level=0 were
+        # sphere_box's jnp.clip tangent (see math.clip), now right: not taken, as
+        # not measured faster
         n, t = (zero(x) for x in frame_rows(row[:, 4:7], row[:, 7:10]))
         frame = jnp.stack([n, t, cross(n, t)], axis=-2)
         for keys in (("dist", "includemargin", "exclude"), ("friction", "solimp"),

@@ -22,7 +22,7 @@ import numpy as np
 from simjax.engine import inline
 from simjax.engine.collision.common import (MINVAL, argmax, argmin, cross, dot, normalize,
                                             reduce_shared, safe_norm, sel)
-from simjax.engine.math import where
+from simjax.engine.math import clip, where
 from simjax.types import GeomType as GT
 
 #: refinement iterations for curved geoms (ellipsoid, cylinder) against a prism
@@ -100,7 +100,7 @@ def _seg_closest(p, a, b):
     """Closest point of segment ab to points p (..., 3)."""
     ab = b - a
     den = dot(ab, ab)
-    s = jnp.clip(dot(p - a, ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
+    s = clip(dot(p - a, ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
     return a + s[..., None] * ab
 
 
@@ -138,11 +138,11 @@ def _seg_seg(a0, a1, b0, b1):
     def safe(x):
         return sel(jnp.abs(x) > MINVAL, x, 1.0)
     s = sel(den > MINVAL * jnp.maximum(aa * ee, MINVAL),
-            jnp.clip((bb * f - c * ee) / safe(den), 0.0, 1.0), 0.0)
+            clip((bb * f - c * ee) / safe(den), 0.0, 1.0), 0.0)
     t = (bb * s + f) / safe(ee)
-    s = sel(t < 0, jnp.clip(-c / safe(aa), 0.0, 1.0),
-            sel(t > 1, jnp.clip((bb - c) / safe(aa), 0.0, 1.0), s))
-    t = jnp.clip(t, 0.0, 1.0)
+    s = sel(t < 0, clip(-c / safe(aa), 0.0, 1.0),
+            sel(t > 1, clip((bb - c) / safe(aa), 0.0, 1.0), s))
+    t = clip(t, 0.0, 1.0)
     return a0 + s * d1, b0 + t * d2
 
 
@@ -268,7 +268,7 @@ def _sphere_canon(z, p, dx, dy, base, r):
 
     def vert_u(zv):
         den = zv + base
-        return jnp.clip(pb / where(den > MINVAL, den, one), 0.0, 1.0)
+        return clip(pb / where(den > MINVAL, den, one), 0.0, 1.0)
     tx, ty, tz, to, s0, u6, u7, u8 = _materialise([tx, ty, tz, to, s0, vert_u(za),
                                                    vert_u(zb), vert_u(zc)])
 
@@ -295,15 +295,15 @@ def _sphere_canon(z, p, dx, dy, base, r):
     def seg_u(ax, ay, az, bx, by, bz):          # parameter of the closest point
         den = bx * bx + by * by + bz * bz
         num = (px - ax) * bx + (py - ay) * by + (pz - az) * bz
-        return jnp.clip(num / where(den > MINVAL, den, one), 0.0, 1.0)
+        return clip(num / where(den > MINVAL, den, one), 0.0, 1.0)
     # top edges A -> B, B -> C, C -> A as (start, direction)
     tedge = [((0.0, dy, za), (0.0, -dy, zb - za)), ((0.0, 0.0, zb), (dx, dy, zc - zb)),
              ((dx, dy, zc), (-dx, 0.0, za - zc))]
     u0, u1, u2 = (seg_u(*a, *b) for a, b in tedge)
     # bottom edges A' -> B', B' -> C', C' -> A' (horizontal, at -base)
-    u3 = jnp.clip((dy - py) / dy, 0.0, 1.0)
-    u4 = jnp.clip((px * dx + py * dy) / (dx * dx + dy * dy), 0.0, 1.0)
-    u5 = jnp.clip((dx - px) / dx, 0.0, 1.0)
+    u3 = clip((dy - py) / dy, 0.0, 1.0)
+    u4 = clip((px * dx + py * dy) / (dx * dx + dy * dy), 0.0, 1.0)
+    u5 = clip((dx - px) / dx, 0.0, 1.0)
 
     def points(u):        # the nine edges' closest points (x, y, z) for parameters u
         out = [(a[0] + u[i] * b[0], a[1] + u[i] * b[1], a[2] + u[i] * b[2])
@@ -516,7 +516,7 @@ def _point_cylinder_dir(p, c, a, r, h):
     rv = x - z * a
     rdir, rho = normalize(rv)
     outside = (rho > r) | (jnp.abs(z) > h)
-    q = c + jnp.clip(z, -h, h) * a + jnp.minimum(rho, r) * rdir
+    q = c + clip(z, -h, h) * a + jnp.minimum(rho, r) * rdir
     n_out, _ = normalize(q - p)
     cap = jnp.abs(z) - h > rho - r
     n_in = sel(cap, -jnp.sign(z) * a, -rdir)
@@ -581,7 +581,7 @@ def _ellipsoid_polish(size, mat, pos, v, n0, sep):
             g1 = dot(grad, dn)
             g2 = dn @ hess @ dn - dot(grad, n)
             dth = sel(g2 < -MINVAL, -g1 / sel(g2 < -MINVAL, g2, -1.0), 0.1 * g1)
-            return th + jnp.clip(dth, -0.5, 0.5), None
+            return th + clip(dth, -0.5, 0.5), None
 
         th, _ = inline.scan(step, jnp.zeros((), dt), None, length=12)
         return jnp.cos(th) * p0 + jnp.sin(th) * q0

@@ -158,9 +158,9 @@ def narrow_group(m, d, p, grp, det_margin, split):
     if every or not boxed or not _GEOM_ROWS:
         # the collider runs on every pair: the pair table feeds it and the broadphase.
         # So do groups with a plane or height field: plane-box through the per-geom
-        # table gave wrong reverse-mode contact derivatives when compiled with
-        # --xla_backend_optimization_level=0 (right at the default level; the cause
-        # was not found), test_collision.test_grad_vs_finite_differences
+        # table gave wrong box-sphere contact derivatives when compiled with
+        # --xla_backend_optimization_level=0 (sphere_box's jnp.clip tangent, see
+        # math.clip; right since), test_collision.test_grad_vs_finite_differences
         table = _pair_table(m, d, g1, g2, ftype)
         cols = _pair_cols(table)
 

@@ -23,7 +23,7 @@ from simjax.engine import inline
 from simjax.engine.collision.common import (MINVAL, Pre, argmin, cross, dot, normalize,
                                             once, one, pick3, safe_norm, sel, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
-from simjax.engine.math import unstack
+from simjax.engine.math import clip, unstack
 
 
 class Geom(NamedTuple):
@@ -149,7 +149,7 @@ def sphere_sphere(g1, g2, margin):
 
 def sphere_capsule(g1, g2, margin):
     axis = g2.mat[:, 2]
-    x = jnp.clip(dot(axis, g1.pos - g2.pos), -g2.size[1], g2.size[1])
+    x = clip(dot(axis, g1.pos - g2.pos), -g2.size[1], g2.size[1])
     near = g2.pos + axis * x
     return one(*_sphere_sphere_raw(g1.pos, g1.mat, g1.size[0], near, g2.mat,
                                    g2.size[0], margin))
@@ -198,7 +198,7 @@ def sphere_box(g1, g2, margin):
     is inside."""
     size = g2.size
     center = _rot_t(g2.mat, g1.pos - g2.pos)
-    clamped = jnp.clip(center, -size, size)
+    clamped = clip(center, -size, size)
     tmp, dist = normalize(clamped - center)
     r = g1.size[0]
     valid = dist - r <= margin
@@ -244,11 +244,11 @@ def capsule_capsule(g1, g2, margin):
     x1 = (mc * u - mb * v) / sdet
     x2 = (ma * v - mb * u) / sdet
     x2 = sel(x1 > 1, (v - mb) / mc, sel(x1 < -1, (v + mb) / mc, x2))
-    x1 = jnp.clip(x1, -1, 1)
-    e1p, e1m = jnp.clip((u - mb) / ma, -1, 1), jnp.clip((u + mb) / ma, -1, 1)
-    e2p, e2m = jnp.clip((v - mb) / mc, -1, 1), jnp.clip((v + mb) / mc, -1, 1)
+    x1 = clip(x1, -1, 1)
+    e1p, e1m = clip((u - mb) / ma, -1, 1), clip((u + mb) / ma, -1, 1)
+    e2p, e2m = clip((v - mb) / mc, -1, 1), clip((v + mb) / mc, -1, 1)
     x1 = sel(x2 > 1, e1p, sel(x2 < -1, e1m, x1))
-    x2 = jnp.clip(x2, -1, 1)
+    x2 = clip(x2, -1, 1)
     if _CC_ONCE:
         # the segment parameters stored by one kernel (:func:`once`): the divisions,
         # read by broadcasts into 3-vectors, were five kernels (three remain)
@@ -334,9 +334,9 @@ def _box_edge(g1, R, p21, s1, s2, i, j):
         e = [c2[c] - c1v[c] for c in range(3)]
         d1e, d2e = pick3(e, i), e[0] * d2[0] + e[1] * d2[1] + e[2] * d2[2]
         sp = sel(small, 0.0, (d1e - b * d2e) * idenom)
-        sp = jnp.clip(sp, -s1i, s1i)
-        t = jnp.clip(b * sp - d2e, -s2j, s2j)
-        sp = jnp.clip(d1e + b * t, -s1i, s1i)
+        sp = clip(sp, -s1i, s1i)
+        t = clip(b * sp - d2e, -s2j, s2j)
+        sp = clip(d1e + b * t, -s1i, s1i)
         p1 = [c1v[c] + sel(ieq[c], sp, 0.0) for c in range(3)]
         p2 = [c2[c] + d2[c] * t for c in range(3)]
         dp = [p2[c] - p1[c] for c in range(3)]
@@ -682,7 +682,7 @@ def capsule_box(g1, g2, margin):
     for i in (-1, 1):
         t = pos + i * ha
         out = (t < -size) | (t > size)
-        clamped = jnp.clip(t, -size, size)
+        clamped = clip(t, -size, size)
         nclamp = (out[0].astype(jnp.int32) + out[1].astype(jnp.int32) +
                   out[2].astype(jnp.int32))
         c2 = sel(out[2], 2, sel(out[1], 1, sel(out[0], 0, -1)))
@@ -711,13 +711,13 @@ def capsule_box(g1, g2, margin):
     x2 = (ma * v - mb * u) * idet
     s1 = sel(x1 > 1, 2, sel(x1 < -1, 0, 1))
     x2 = sel(x1 > 1, (v - mb) / mc, sel(x1 < -1, (v + mb) / mc, x2))
-    x1 = jnp.clip(x1, -1, 1)
+    x1 = clip(x1, -1, 1)
     s2 = sel(x2 > 1, 2, sel(x2 < -1, 0, 1))
     reclamp = (x2 > 1) | (x2 < -1)
     x1n = sel(x2 > 1, (u - mb) / ma, (u + mb) / ma)
     s1 = sel(reclamp, sel(x1n > 1, 2, sel(x1n < -1, 0, s1)), s1)
-    x1 = sel(reclamp, jnp.clip(x1n, -1, 1), x1)
-    x2 = jnp.clip(x2, -1, 1)
+    x1 = sel(reclamp, clip(x1n, -1, 1), x1)
+    x2 = clip(x2, -1, 1)
     d = dif - ha * x2[:, None] + jnp.asarray(np.eye(3)[J], dt) * (sj * x1)[:, None]
     d2 = sel(okd, dot(d, d), jnp.inf)
     k = argmin(d2)

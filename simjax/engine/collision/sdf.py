@@ -122,7 +122,7 @@ def distance(shape: Shape, x, size, params):
         inside = -jnp.min(-a_in / jnp.abs(b)) * jnp.linalg.norm(b)
         return jnp.where(outside, out, inside)
     if t == GeomType.CAPSULE:
-        a = x.at[2].add(-jnp.clip(x[2], -size[1], size[1]))
+        a = x.at[2].add(-math.clip(x[2], -size[1], size[1]))
         return math.norm(a) - size[0]
     if t == GeomType.ELLIPSOID:
         a = x / size
@@ -155,7 +155,7 @@ def gradient(shape: Shape, x, size, params):
         out = jnp.where(a > 0, b / c * sgn, 0.0)
         return jnp.where(inside, _radial(jnp.where(inside, a, -1.0), x, size), out)
     if t == GeomType.CAPSULE:
-        a = x.at[2].add(-jnp.clip(x[2], -size[1], size[1]))
+        a = x.at[2].add(-math.clip(x[2], -size[1], size[1]))
         return a / math.norm(a)
     if t == GeomType.ELLIPSOID:
         a = x / size
