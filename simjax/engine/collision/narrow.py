@@ -157,10 +157,11 @@ def narrow_group(m, d, p, grp, det_margin, split):
     boxed = bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)))
     if every or not boxed or not _GEOM_ROWS:
         # the collider runs on every pair: the pair table feeds it and the broadphase.
-        # So do groups with a plane or height field: plane-box through the per-geom
-        # table gave wrong box-sphere contact derivatives when compiled with
-        # --xla_backend_optimization_level=0 (sphere_box's jnp.clip tangent, see
-        # math.clip; right since), test_collision.test_grad_vs_finite_differences
+        # So do groups with a plane or height field: with the per-geom table the
+        # contact derivatives of test_collision.test_grad_vs_finite_differences went
+        # wrong when compiled with --xla_backend_optimization_level=0. The cause was
+        # sphere_box's jnp.clip tangent (see math.clip), mended since; the per-geom
+        # table for these groups has not been measured again
         table = _pair_table(m, d, g1, g2, ftype)
         cols = _pair_cols(table)
 
