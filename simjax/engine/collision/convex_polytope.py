@@ -210,7 +210,7 @@ def _segments(a0, a1, b0, b1):
     uu, uv, vv, uw, vw = dot(u, u), dot(u, v), dot(v, v), dot(u, w), dot(v, w)
     den = uu * vv - uv * uv
     s = clip(jnp.where(den > 1e-30, (uv * vw - vv * uw) / jnp.where(den > 1e-30, den, 1),
-                           0.0), 0, 1)
+                       0.0), 0, 1)
     t = clip((uv * s + vw) / jnp.where(vv > 1e-30, vv, 1), 0, 1)
     s = clip((uv * t - uw) / jnp.where(uu > 1e-30, uu, 1), 0, 1)
     return a0 + s * u, b0 + t * v
