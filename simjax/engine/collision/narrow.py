@@ -155,7 +155,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
     every = grp.fn is sdf_pair or (cap is not None and cap >= n)
     gtype = np.asarray(m.geom_type)
     boxed = bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)))
-    if every or not boxed or not _GEOM_ROWS:
+    if every or not _GEOM_ROWS or not (boxed or _GEOM_ROWS_PLANE):
         # the collider runs on every pair: the pair table feeds it and the broadphase.
         # So do groups with a plane or height field: with the per-geom table the
         # contact derivatives of test_collision.test_grad_vs_finite_differences went
@@ -250,6 +250,9 @@ def narrow_group(m, d, p, grp, det_margin, split):
 #: boxed groups whose collider runs on few pairs gather from the per-geom table, not a
 #: pair table (off: the pair table for every group; for paired measurements)
 _GEOM_ROWS = True
+
+#: with _GEOM_ROWS: so do groups with a plane or height field (off: the pair table)
+_GEOM_ROWS_PLANE = True
 
 #: a chunked group keeps at most its pair capacity (:func:`_pair_cap`) of passing pairs,
 #: as a compacted cheap group does (pairs beyond it dropped, WARN_CONTACTFULL): its
