@@ -309,7 +309,8 @@ def frame_cols(normal, tangent):
     consumer that reads each of its elements more than once: each normalisation and
     dot product was a kernel), so that one consumer holds them all."""
     n = _normalize_cols(normal)
-    small = tangent[0] * tangent[0] + tangent[1] * tangent[1] + tangent[2] * tangent[2] < 0.25
+    tx, ty, tz = tangent
+    small = tx * tx + ty * ty + tz * tz < 0.25
     ay = jnp.abs(n[1]) < 0.5
     alt = (jnp.zeros_like(n[0]), sel(ay, 1.0, 0.0).astype(n[0].dtype),
            sel(ay, 0.0, 1.0).astype(n[0].dtype))
