@@ -278,10 +278,11 @@ _SHARED_FIELDS = True
 #: by the reduction that stores dist, includemargin and exclude (the frame's
 #: normalisations fused into it, evaluated once per slot), then stacked. Bench rollouts
 #: (fresh-process pairs, load 9-16): 8 kernels fewer (ant 523 -> 515, barkour 584 ->
-#: 576), XLA compile CPU ant 0.918 [0.850, 1.070], barkour 0.929 [0.836, 1.243] (7 pairs
-#: each); ant 78 traced equations more (3705 -> 3783), trace 1.017 [0.745, 1.187]; ant
-#: step 0.948 [0.883, 1.185] (12 rounds in one process); float outputs within rounding.
-#: Off: the former way (for paired measurements)
+#: 576, shadow hand 793 -> 785), XLA compile CPU ant 0.918 [0.850, 1.070], barkour 0.929
+#: [0.836, 1.243] (7 pairs each), shadow hand 0.953 [0.889, 1.017] (2); ant 78 traced
+#: equations more (3705 -> 3783), trace 1.017 [0.745, 1.187]; ant step 0.948 [0.883,
+#: 1.185] (12 rounds in one process); float outputs within rounding. Off: the former
+#: way (for paired measurements)
 _FRAME_SHARED = True
 
 
