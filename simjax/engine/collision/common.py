@@ -289,3 +289,33 @@ def make_frame(normal, tangent):
 def axis_z(mat):
     """z axis (third column) of a rotation matrix."""
     return mat[..., :, 2]
+
+
+def _normalize_cols(v):
+    """:func:`normalize`'s unit vector of three (n,) components ``v``, component-wise."""
+    sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
+    ok = sq > MINVAL * MINVAL
+    n = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
+    ok = n >= MINVAL
+    d = sel(ok, n, 1.0)
+    return [sel(ok, x / d, float(i == 0)) for i, x in enumerate(v)]
+
+
+def frame_cols(normal, tangent):
+    """:func:`make_frame`'s nine components (normal, t1, t2; (n,) each) from the three
+    components of ``normal`` and of ``tangent``, component-wise: the same operations as
+    :func:`frame_rows` without broadcasts of per-contact values over the 3 components
+    (XLA on CPU does not fuse an expensive producer (square root, division) into a
+    consumer that reads each of its elements more than once: each normalisation and
+    dot product was a kernel), so that one consumer holds them all."""
+    n = _normalize_cols(normal)
+    tx, ty, tz = tangent
+    small = tx * tx + ty * ty + tz * tz < 0.25
+    ay = jnp.abs(n[1]) < 0.5
+    alt = (jnp.zeros_like(n[0]), sel(ay, 1.0, 0.0).astype(n[0].dtype),
+           sel(ay, 0.0, 1.0).astype(n[0].dtype))
+    t = [sel(small, a, x) for a, x in zip(alt, tangent)]
+    nt = n[0] * t[0] + n[1] * t[1] + n[2] * t[2]
+    t = _normalize_cols([x - y * nt for x, y in zip(t, n)])
+    b = [n[1] * t[2] - n[2] * t[1], n[2] * t[0] - n[0] * t[2], n[0] * t[1] - n[1] * t[0]]
+    return n + t + b

@@ -46,7 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine.collision.chunked import first_k
-from simjax.engine.collision.common import cross, frame_rows, make_frame, reduce_shared
+from simjax.engine.collision.common import (
+    cross, frame_cols, frame_rows, make_frame, reduce_shared)
 from simjax.engine.collision.narrow import narrow_group, run_groups
 from simjax.engine.collision.pairs import (
     Group, Plan, candidate_pairs, contact_capacity, dim_split, make_contacts, mujoco_rank,
@@ -273,6 +274,17 @@ def _contact_params(m, p, prm, ftype):
 #: for paired measurements)
 _SHARED_FIELDS = True
 
+#: with _SHARED_FIELDS: the frame's nine components (:func:`common.frame_cols`) stored
+#: by the reduction that stores dist, includemargin and exclude (the frame's
+#: normalisations fused into it, evaluated once per slot), then stacked. Bench rollouts
+#: (fresh-process pairs, load 9-16): 8 kernels fewer (ant 523 -> 515, barkour 584 ->
+#: 576, shadow hand 793 -> 785), XLA compile CPU ant 0.918 [0.850, 1.070], barkour 0.929
+#: [0.836, 1.243] (7 pairs each), shadow hand 0.953 [0.889, 1.017] (2); ant 78 traced
+#: equations more (3705 -> 3783), trace 1.017 [0.745, 1.187]; ant step 0.948 [0.883,
+#: 1.185] (12 rounds in one process); float outputs within rounding. Off: the former
+#: way (for paired measurements)
+_FRAME_SHARED = True
+
 
 def _fill(con, valid, row, par):
     """``con`` (``Data.contact``) with the fields of the slots: ``row`` (slots, 10) their
@@ -289,13 +301,16 @@ def _fill(con, valid, row, par):
         solreffriction=zero(par[:, 8:10]), solimp=zero(par[:, 10:15]),
         geom=where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1),
         exclude=(valid & (dist >= includemargin)).astype(jnp.int32))
-    if _SHARED_FIELDS:
-        # The frame computed component by component and stored by the reduction of
-        # dist, includemargin and exclude was 8 kernels fewer on every bench model
-        # (XLA CPU 0.989 [0.843, 1.146], 5 pairs: not shown faster). Its wrong
-        # box-sphere derivatives at --xla_backend_optimization_level=0 were
-        # sphere_box's jnp.clip tangent (see math.clip), now right: not taken, as
-        # not measured faster
+    if _SHARED_FIELDS and _FRAME_SHARED:
+        c = [row[:, i] for i in range(4, 10)]
+        cols = [zero(x) for x in frame_cols(c[:3], c[3:])]
+        keys = ("dist", "includemargin", "exclude")
+        out = reduce_shared(*(fields[k] for k in keys), *cols)
+        fields.update(zip(keys, out[:3]))
+        frame = jnp.stack(out[3:], axis=-1).reshape(-1, 3, 3)
+        for keys in (("friction", "solimp"), ("solref", "solreffriction", "geom")):
+            fields.update(zip(keys, reduce_shared(*(fields[k] for k in keys))))
+    elif _SHARED_FIELDS:
         n, t = (zero(x) for x in frame_rows(row[:, 4:7], row[:, 7:10]))
         frame = jnp.stack([n, t, cross(n, t)], axis=-2)
         for keys in (("dist", "includemargin", "exclude"), ("friction", "solimp"),

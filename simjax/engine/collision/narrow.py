@@ -155,13 +155,9 @@ def narrow_group(m, d, p, grp, det_margin, split):
     every = grp.fn is sdf_pair or (cap is not None and cap >= n)
     gtype = np.asarray(m.geom_type)
     boxed = bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)))
-    if every or not boxed or not _GEOM_ROWS:
+    if every or not _GEOM_ROWS or not (boxed or _GEOM_ROWS_PLANE):
         # the collider runs on every pair: the pair table feeds it and the broadphase.
-        # So do groups with a plane or height field: with the per-geom table the
-        # contact derivatives of test_collision.test_grad_vs_finite_differences went
-        # wrong when compiled with --xla_backend_optimization_level=0. The cause was
-        # sphere_box's jnp.clip tangent (see math.clip), mended since; the per-geom
-        # table for these groups has not been measured again
+        # So do groups with a plane or height field (see _GEOM_ROWS_PLANE)
         table = _pair_table(m, d, g1, g2, ftype)
         cols = _pair_cols(table)
 
@@ -250,6 +246,15 @@ def narrow_group(m, d, p, grp, det_margin, split):
 #: boxed groups whose collider runs on few pairs gather from the per-geom table, not a
 #: pair table (off: the pair table for every group; for paired measurements)
 _GEOM_ROWS = True
+
+#: with _GEOM_ROWS: groups with a plane or height field whose collider runs on few pairs
+#: take the per-geom table too (off: the pair table). Measured: barkour's height-field
+#: group (the one such group of the four bench models) 576 -> 586 kernels, XLA compile CPU
+#: 1.063 [0.899, 1.149] (3 fresh-process pairs), step 0.989 [0.780, 1.329] (12 rounds in
+#: one process), outputs bit-identical: not taken. (Its contact derivatives, once wrong
+#: at --xla_backend_optimization_level=0, were sphere_box's jnp.clip tangent, mended by
+#: math.clip: test_collision.test_grad_vs_finite_differences passes with it on.)
+_GEOM_ROWS_PLANE = False
 
 #: a chunked group keeps at most its pair capacity (:func:`_pair_cap`) of passing pairs,
 #: as a compacted cheap group does (pairs beyond it dropped, WARN_CONTACTFULL): its
