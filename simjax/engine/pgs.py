@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import inline
+from simjax.engine import inline, math
 from simjax.engine.constraint import CONTACT_KINDS
 from simjax.engine.math import reduce_fused, where
 
@@ -523,7 +523,7 @@ def _noslip(spec, p, force, iterations, lay, order):
     nefc = spec.nefc
     nisl = order["nisl"]
     scale = _island_scale(p, order, dtype)
-    dinv = 1.0 / jnp.maximum(MINVAL, jnp.diag(A))
+    dinv = 1.0 / math.maximum(MINVAL, jnp.diag(A))
     edims = order["edims"]
     dmax = max((2,) + edims)
     frtab = _fric_table(spec, p, nefc, max((1,) + edims), dtype)
@@ -531,7 +531,7 @@ def _noslip(spec, p, force, iterations, lay, order):
     def block(idx):
         ac = A[idx][:, idx]
         n = idx.shape[0]
-        return ac + jnp.diag(jnp.maximum(1e-10, jnp.diag(ac)) - jnp.diag(ac)) if n else ac
+        return ac + jnp.diag(math.maximum(1e-10, jnp.diag(ac)) - jnp.diag(ac)) if n else ac
 
     def cost_change(ac, new, old, r):
         dl = new - old
@@ -548,7 +548,7 @@ def _noslip(spec, p, force, iterations, lay, order):
     def fric(force, i):
         r = b[i] + A[i] @ force
         old = force[i]
-        f = jnp.clip(old - r * dinv[i], -fl[i], fl[i])
+        f = math.clip_as_jnp(old - r * dinv[i], -fl[i], fl[i])
         dl = f - old
         return pad(f[None]), 0.5 * dl * dl / dinv[i] + dl * r
 
