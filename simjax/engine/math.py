@@ -112,6 +112,17 @@ def clip_as_jnp(x, lo, hi):
     return _as_jnp(jnp.clip, rule, x, lo, hi)
 
 
+def amax(x, axis):
+    """``jnp.max(x, axis)``, its very operations, differentiated through the first
+    position of the maximum (``jnp.argmax``: comparisons); jnp's rule tests every
+    entry for equality with the result (averaging the tangents of the equal ones), which
+    a recomputed ``x`` rounded otherwise fails (see :func:`maximum`)."""
+    def rule(args, tans):
+        at = jnp.expand_dims(jnp.argmax(args[0], axis), axis)
+        return jnp.squeeze(jnp.take_along_axis(tans[0], at, axis), axis)
+    return _as_jnp(lambda v: jnp.max(v, axis), rule, x)
+
+
 def _extremum_jvp(upper):
     def rule(args, tans):
         x, y = args

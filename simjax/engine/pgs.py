@@ -36,7 +36,7 @@ def cholesky(a):
 
     def body(j, low):
         v = a[:, j] - low @ low[j]
-        djj = jnp.sqrt(jnp.maximum(v[j], MINVAL))
+        djj = jnp.sqrt(math.maximum(v[j], MINVAL))
         return low.at[:, j].set(where(idx >= j, v / djj, 0.0))
 
     return inline.fori_loop(0, n, body, jnp.zeros_like(a))
@@ -103,7 +103,7 @@ def _project_ellipsoid(fric, normal, mu, feasible):
     """Friction ``fric`` (dim-1,) scaled onto the ellipsoid sum (f_j / mu_j)^2 = normal^2
     (projectEllipsoid); with ``feasible`` (a static bool) only when it lies outside."""
     s = jnp.sum(fric * fric / (mu * mu))
-    scl = jnp.sqrt(normal * normal / jnp.maximum(MINVAL, s))
+    scl = jnp.sqrt(normal * normal / math.maximum(MINVAL, s))
     do = (s > normal * normal) | (not feasible)
     return where(do, fric * scl, fric)
 

@@ -81,7 +81,7 @@ def _depth(m, d, xpos, groups, active):
                                      in_axes=(0, None)))(lpos, size[gids])
         depth = -math.minimum(dist, 0.0)
         depth = jnp.where(active[gids][:, None], depth, 0.0)
-        out = jnp.maximum(out, jnp.max(depth, axis=0))
+        out = math.maximum(out, math.amax(depth, 0))
     return out
 
 

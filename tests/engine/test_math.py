@@ -163,12 +163,13 @@ def test_clip_values_as_jnp_clip_tangent_from_bounds(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_maximum_minimum_clip_as_jnp_same_program_tangent_by_comparison(dtype):
-    """math.maximum / minimum / clip_as_jnp: jnp's values bit for bit (NaN, -0.0,
-    infinities; traced or constant operands) from jnp's very program (the lowered text
-    is jnp's); their tangents compare the operands, never test the result for
+def test_maximum_minimum_clip_amax_same_program_tangent_by_comparison(dtype):
+    """math.maximum / minimum / clip_as_jnp / amax: jnp's values bit for bit (NaN,
+    -0.0, infinities; traced or constant operands) from jnp's very program (the lowered
+    text is jnp's); their tangents compare the operands, never test the result for
     equality with one (a recomputation that rounds otherwise would drop the tangent):
-    the greater (smaller) operand's, the mean at a tie; clip_as_jnp as math.clip."""
+    the greater (smaller) operand's, the mean at a tie; clip_as_jnp as math.clip; amax
+    the first maximal entry's."""
     import re
 
     import jax
@@ -217,3 +218,13 @@ def test_maximum_minimum_clip_as_jnp_same_program_tangent_by_comparison(dtype):
     g = jax.grad(lambda h: math.clip_as_jnp(jnp.asarray([0.1, 2.0], dtype), -h, h).sum())(
         jnp.asarray(0.5, dtype))
     np.testing.assert_array_equal(g, 1.0)           # the upper bound's tangent at 2.0
+    # amax: jnp.max's values and program; the tangent of the first maximal entry
+    z = jnp.asarray(np.stack([x, y, x[::-1]]))
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: math.amax(v, 0))(z)).view(np.uint8),
+                                  np.asarray(jax.jit(lambda v: jnp.max(v, 0))(z)).view(np.uint8))
+    assert text(lambda v: math.amax(v, 0), [z]) == text(lambda v: jnp.max(v, 0), [z])
+    jaxpr = jax.make_jaxpr(lambda v: jax.jvp(lambda u: math.amax(u, 1), (v,), (v,)))(z)
+    assert "eq" not in {e.primitive.name for e in jaxpr.jaxpr.eqns}
+    w = jnp.asarray([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]], dtype)
+    np.testing.assert_array_equal(jax.grad(lambda v: math.amax(v, 1).sum())(w),
+                                  [[0, 1, 0], [1, 0, 0]])
