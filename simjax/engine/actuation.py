@@ -499,7 +499,7 @@ def next_activation(m, act, act_dot, velocity=None):
     limited = limited & (tab.dyntype[own] != _DYN_DCMOTOR)
     if limited.any():
         rng = jnp.asarray(m.actuator_actrange, dtype).reshape(m.nactuator, 2)[own]
-        new = math.where(limited, jnp.clip(new, rng[:, 0], rng[:, 1]), new)
+        new = math.where(limited, math.clip_as_jnp(new, rng[:, 0], rng[:, 1]), new)
     return new
 
 
@@ -642,7 +642,7 @@ def _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm, act_dot):
     u = ctrl[tab.ctrladr]
     uw = math.where(period > 0, _wrap(u, prev, period), u)
     step = slew_s * h
-    u_eff = jnp.clip(uw, prev - step, prev + step)
+    u_eff = math.clip_as_jnp(uw, prev - step, prev + step)
     slew_dot = (u_eff - prev) / h
     u_new = math.where(has_slew, u_eff, u)
     pid_idx = np.nonzero(pid)[0]
@@ -653,8 +653,8 @@ def _pid_dynamics(m, d, tab, ctrl, length, period, dynprm, gainprm, act_dot):
     err = math.where(period > 0, err - safe * jnp.round(err / safe), err)
     imax = dynprm[:, 0]
     z = d.act[last]
-    err = math.where(imax > 0, math.where(z >= imax, jnp.minimum(err, 0.0),
-                                          math.where(z <= -imax, jnp.maximum(err, 0.0), err)),
+    err = math.where(imax > 0, math.where(z >= imax, math.minimum(err, 0.0),
+                                          math.where(z <= -imax, math.maximum(err, 0.0), err)),
                      err)
     has_int = jnp.asarray(pid) & (gainprm[:, 0] > 0)
     own, k = tab.act_owner, tab.act_k
@@ -675,7 +675,7 @@ def _controls(m, d):
         limited = np.asarray(m.actuator_ctrllimited, bool).reshape(-1)
         if limited.any():
             rng = jnp.asarray(m.actuator_ctrlrange, dtype).reshape(m.nu, 2)
-            ctrl = math.where(limited, jnp.clip(ctrl, rng[:, 0], rng[:, 1]), ctrl)
+            ctrl = math.where(limited, math.clip_as_jnp(ctrl, rng[:, 0], rng[:, 1]), ctrl)
     bad = jnp.any(jnp.isnan(ctrl) | (jnp.abs(ctrl) > 1e10))
     return math.where(bad, 0.0, ctrl), bad
 
@@ -783,7 +783,7 @@ def actuation(m, d):
     flim = np.asarray(m.actuator_forcelimited, bool).reshape(-1)
     if flim.any():
         rng = jnp.asarray(m.actuator_forcerange, dtype).reshape(nact, 2)
-        force = math.where(flim, jnp.clip(force, rng[:, 0], rng[:, 1]), force)
+        force = math.where(flim, math.clip_as_jnp(force, rng[:, 0], rng[:, 1]), force)
         if so3_rows is not None and flim[tab.so3].any():
             # so3: the torque's norm, direction kept
             hi = rng[tab.so3, 1][:, None]
@@ -805,7 +805,7 @@ def actuation(m, d):
         limited[dof] = True
         lo = jnp.full(m.nv, -jnp.inf, dtype).at[dof].set(rng[:, 0])
         hi = jnp.full(m.nv, jnp.inf, dtype).at[dof].set(rng[:, 1])
-        qfrc = math.where(limited, jnp.clip(qfrc, lo, hi), qfrc)
+        qfrc = math.where(limited, math.clip_as_jnp(qfrc, lo, hi), qfrc)
     return d.replace(act_dot=act_dot, actuator_force=force, qfrc_actuator=qfrc,
                      warning=warning)
 

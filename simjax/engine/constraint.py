@@ -83,14 +83,14 @@ def _impedance(solimp, pos, margin):
     sgn = math.where(xr < 0, -1.0, 1.0)
     x = jnp.abs(xr)
     sat = (x >= 1) | (x <= 0)
-    xs = jnp.clip(x, 1e-30, 1.0)
+    xs = math.clip_as_jnp(x, 1e-30, 1.0)
     lin = power == 1
     p = math.where(lin, 2.0, power)
     # a x^p below mid, 1 - b (1-x)^p above, a = 1/mid^(p-1), b = 1/(1-mid)^(p-1):
     # with u = x or 1-x and t = (u / mid or 1-mid)^(p-1), y = u t or 1 - u t and
     # y' = p t (one power per row)
     lo = xs <= mid
-    u = math.where(lo, xs, jnp.clip(1 - xs, 1e-30, None))
+    u = math.where(lo, xs, math.maximum(1 - xs, 1e-30))
     # the power as exp(log): XLA CPU vectorises exp and log but calls pow per element
     t = jnp.exp((p - 1) * jnp.log(u / math.where(lo, mid, 1 - mid)))
     y = math.where(lin, xs, math.where(lo, u * t, 1 - u * t))
@@ -104,9 +104,9 @@ def _clamp_solimp(solimp):
     """The five components of solimp (..., 5), clamped (a list, not a stack: on CPU a
     stacked array with several users is a kernel of its own)."""
     s = solimp
-    return [jnp.clip(s[..., 0], MINIMP, MAXIMP), jnp.clip(s[..., 1], MINIMP, MAXIMP),
-            jnp.maximum(s[..., 2], 0.0), jnp.clip(s[..., 3], MINIMP, MAXIMP),
-            jnp.maximum(s[..., 4], 1.0)]
+    return [math.clip_as_jnp(s[..., 0], MINIMP, MAXIMP), math.clip_as_jnp(s[..., 1], MINIMP, MAXIMP),
+            math.maximum(s[..., 2], 0.0), math.clip_as_jnp(s[..., 3], MINIMP, MAXIMP),
+            math.maximum(s[..., 4], 1.0)]
 
 
 def _safe_solref(m, ref, friction=False):
@@ -119,7 +119,7 @@ def _safe_solref(m, ref, friction=False):
     r1 = math.where(mixed, 0.0 if friction else 1.0, r1)
     if not _disabled(m, DisableBit.REFSAFE):
         ts = 2 * _f(m.opt.timestep, dtype)
-        r0 = math.where(r0 > 0, jnp.maximum(r0, ts), r0)
+        r0 = math.where(r0 > 0, math.maximum(r0, ts), r0)
     return r0, r1
 
 
@@ -127,10 +127,10 @@ def _kb(ref, dmax):
     """Stiffness and damping of a reference (standard or direct form); ``ref``: its two
     components (:func:`_safe_solref`)."""
     r0, r1 = ref
-    k = math.where(r0 > 0, 1 / jnp.maximum(MINVAL, dmax * dmax * r0 ** 2 * r1 ** 2),
-                   -r0 / jnp.maximum(MINVAL, dmax * dmax))
-    b = math.where(r1 > 0, 2 / jnp.maximum(MINVAL, dmax * r0),
-                   -r1 / jnp.maximum(MINVAL, dmax))
+    k = math.where(r0 > 0, 1 / math.maximum(MINVAL, dmax * dmax * r0 ** 2 * r1 ** 2),
+                   -r0 / math.maximum(MINVAL, dmax * dmax))
+    b = math.where(r1 > 0, 2 / math.maximum(MINVAL, dmax * r0),
+                   -r1 / math.maximum(MINVAL, dmax))
     return k, b
 
 
@@ -301,7 +301,7 @@ def make_constraint(m, d):
         # mj_makeY with diagexact: diagA = J_i M^-1 J_i' (exact), then impedance again
         minvjt = jax.vmap(lambda v: tree_linalg.solve_ld(m, d.qLD, v))(J)
         diag = math.where(active, jnp.sum(J * minvjt, 1), diag)
-    R = jnp.maximum(MINVAL, (1 - imp) * diag / imp)
+    R = math.maximum(MINVAL, (1 - imp) * diag / imp)
     R = _contact_R(m, d, lay, R)
     R = math.where(active, R, 1.0)
     D = math.where(active, 1 / R, 0.0)

@@ -51,7 +51,7 @@ def _dc_voltage(tab, ctrl, length, velocity, x_i, gainprm):
               gainprm[:, 5] * x_i + ff)
     v = r / jnp.where(k == 0, 1.0, k) * torque + k * velocity
     vmax = gainprm[:, 7]
-    v = jnp.where(vmax > 0, jnp.clip(v, -vmax, vmax), v)
+    v = jnp.where(vmax > 0, math.clip_as_jnp(v, -vmax, vmax), v)
     controlled = (tab.ctrlspec & (_act._IN_POS | _act._IN_VEL | _act._IN_FF)) != 0
     return jnp.where(controlled, v, 0.0) + volt
 
@@ -84,7 +84,7 @@ def dynamics(m, d, tab, ctrl, length, velocity, dynprm, gainprm, biasprm,
     cidx = np.clip(tab.ctrladr, 0, max(m.nu - 1, 0))
     u = ctrl[cidx] if m.nu else jnp.zeros(m.nactuator, dtype)
     step = dynprm[:, 7] * h
-    u_eff = jnp.clip(u, st[_SLEW] - step, st[_SLEW] + step)
+    u_eff = math.clip_as_jnp(u, st[_SLEW] - step, st[_SLEW] + step)
     rates[_SLEW] = (u_eff - st[_SLEW]) / h
     use = flags[:, _SLEW] & has_in
     if m.nu:
@@ -95,8 +95,8 @@ def dynamics(m, d, tab, ctrl, length, velocity, dynprm, gainprm, biasprm,
     x_i = jnp.where(flags[:, _INTEGRAL], st[_INTEGRAL], 0.0)
     err = u - length
     imax = dynprm[:, 8]
-    err = jnp.where(imax > 0, jnp.where(x_i >= imax, jnp.minimum(err, 0.0),
-                                        jnp.where(x_i <= -imax, jnp.maximum(err, 0.0), err)),
+    err = jnp.where(imax > 0, jnp.where(x_i >= imax, math.minimum(err, 0.0),
+                                        jnp.where(x_i <= -imax, math.maximum(err, 0.0), err)),
                     err)
     rates[_INTEGRAL] = err
     volt = _dc_voltage(tab, ctrl, length, velocity, x_i, gainprm)
@@ -106,15 +106,18 @@ def dynamics(m, d, tab, ctrl, length, velocity, dynprm, gainprm, biasprm,
     te = dynprm[:, 0]
     current = jnp.where(te > 0, st[_CURRENT], (volt - k * velocity) / r)
     rt = jnp.where(flags[:, _TEMP], dynprm[:, 2], 1.0)
-    rates[_TEMP] = (r * current * current - st[_TEMP] / rt) / dynprm[:, 3]
+    # (no thermal state: capacity 1, not 0; the rate is unused, but x / 0 made the
+    # reverse-mode derivatives NaN: the zero cotangent of a masked value divided by 0)
+    cap = jnp.where(flags[:, _TEMP], dynprm[:, 3], 1.0)
+    rates[_TEMP] = (r * current * current - st[_TEMP] / rt) / cap
     # LuGre bristle
     g = _lugre_stribeck(velocity, biasprm[:, 3], biasprm[:, 4], biasprm[:, 5])
-    a = -dynprm[:, 5] * jnp.abs(velocity) / jnp.maximum(math.MINVAL, g)
+    a = -dynprm[:, 5] * jnp.abs(velocity) / math.maximum(math.MINVAL, g)
     rates[_BRISTLE] = a * st[_BRISTLE] + velocity
     # armature current
     i_dot = (volt / r - k / r * velocity - st[_CURRENT]) / jnp.where(te > 0, te, 1.0)
     dimax = dynprm[:, 1]
-    rates[_CURRENT] = jnp.where(dimax > 0, jnp.clip(i_dot, -dimax, dimax), i_dot)
+    rates[_CURRENT] = jnp.where(dimax > 0, math.clip_as_jnp(i_dot, -dimax, dimax), i_dot)
     own, kk = tab.act_owner, jnp.asarray(tab.act_k)
     is_dc = jnp.asarray(dc[own])
     out = jnp.where(is_dc, 0.0, act_dot)
@@ -139,7 +142,7 @@ def force(m, d, tab, ctrl, act_dot, length, velocity, dynprm, gainprm):
     raw = ctrl[np.clip(tab.ctrladr, 0, max(m.nu - 1, 0))] if m.nu else jnp.zeros_like(k)
     inp = jnp.where(jnp.asarray(tab.ctrlnum > 0),
                     jnp.where(jnp.asarray(tab.ctrlspec == _act._IN_VOLTAGE), raw, volt), 0.0)
-    gain_free = k / jnp.maximum(math.MINVAL, r)
+    gain_free = k / math.maximum(math.MINVAL, r)
     stateless = gain_free * inp - gain_free * k * velocity
     if not m.na:
         return stateless
@@ -180,11 +183,11 @@ def next_activation(m, tab, act, act_dot, new, velocity, dtype):
     te = jnp.maximum(math.MINVAL, dynprm[own, 0])
     new = jnp.where(role(_CURRENT), act + act_dot * te * (1 - jnp.exp(-h / te)), new)
     imax = dynprm[own, 8]
-    new = jnp.where(role(_INTEGRAL) & (imax > 0), jnp.clip(new, -imax, imax), new)
+    new = jnp.where(role(_INTEGRAL) & (imax > 0), math.clip_as_jnp(new, -imax, imax), new)
     if True:
         v = velocity[tab.outadr[own]]
         g = _lugre_stribeck(v, biasprm[own, 3], biasprm[own, 4], biasprm[own, 5])
-        a = -dynprm[own, 5] * jnp.abs(v) / jnp.maximum(math.MINVAL, g)
+        a = -dynprm[own, 5] * jnp.abs(v) / math.maximum(math.MINVAL, g)
         e = jnp.exp(a * h)
         integ = jnp.where(jnp.abs(a) > math.MINVAL, (e - 1) / jnp.where(a == 0, 1.0, a), h)
         new = jnp.where(role(_BRISTLE), e * act + integ * v, new)
@@ -220,7 +223,7 @@ def vel_derivative(m, d):
     else:
         flags = jnp.zeros((nact, 5), bool)
         temp = x_i = cur_dot = jnp.zeros(nact, dtype)
-    r = jnp.maximum(math.MINVAL, _dc_resistance(dynprm, gainprm, flags, temp))
+    r = math.maximum(math.MINVAL, _dc_resistance(dynprm, gainprm, flags, temp))
     k = gainprm[:, 1]
     te = dynprm[:, 0]
     h = jnp.asarray(m.opt.timestep, dtype)

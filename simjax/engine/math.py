@@ -81,6 +81,86 @@ def clip(x, lo, hi):
     return lax.clamp(arg(lo, True), arg(x, False), arg(hi, True))
 
 
+def maximum(x, y):
+    """``jnp.maximum(x, y)``, its very operations (the compiled program is unchanged),
+    differentiated by comparing the operands: the tangent of the greater one, at a
+    tie (``x == y``) the mean of both (as jnp). jnp.maximum passes a tangent where
+    the result *equals* the operand, which fails far from any tie when XLA recomputes
+    the operand in a derivative kernel and rounds it otherwise (see :func:`clip`).
+    Operands that are not traced (constants) have no tangent; not floating: jnp's."""
+    return _as_jnp(jnp.maximum, _extremum_jvp(True), x, y)
+
+
+def minimum(x, y):
+    """``jnp.minimum(x, y)`` differentiated by comparing the operands: the tangent of
+    the smaller one (ties and the rest as :func:`maximum`)."""
+    return _as_jnp(jnp.minimum, _extremum_jvp(False), x, y)
+
+
+def clip_as_jnp(x, lo, hi):
+    """``jnp.clip(x, lo, hi)``, its very operations (a maximum and a minimum, where
+    :func:`clip` compiles to a clamp: the same values, but a changed program can fuse
+    and round its neighbours otherwise), differentiated as :func:`clip` (``lax.clamp``'s
+    rule: the operand's tangent where ``lo < x < hi``, a bound's beyond it). For sites
+    whose outputs must stay bit-identical to the jnp.clip they had."""
+    def rule(args, tans):
+        shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+        dtype = jnp.result_type(*args)
+        a, t = ([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in vs]
+                for vs in (args, tans))
+        return jax.jvp(lambda u, lo_, hi_: lax.clamp(lo_, u, hi_), a, t)[1]
+    return _as_jnp(jnp.clip, rule, x, lo, hi)
+
+
+def amax(x, axis):
+    """``jnp.max(x, axis)``, its very operations, differentiated through the first
+    position of the maximum (``jnp.argmax``: comparisons); jnp's rule tests every
+    entry for equality with the result (averaging the tangents of the equal ones), which
+    a recomputed ``x`` rounded otherwise fails (see :func:`maximum`)."""
+    def rule(args, tans):
+        at = jnp.expand_dims(jnp.argmax(args[0], axis), axis)
+        return jnp.squeeze(jnp.take_along_axis(tans[0], at, axis), axis)
+    return _as_jnp(lambda v: jnp.max(v, axis), rule, x)
+
+
+def _extremum_jvp(upper):
+    def rule(args, tans):
+        x, y = args
+        tx, ty = tans
+        win = jnp.greater if upper else jnp.less
+        return jnp.where(win(x, y), tx, jnp.where(win(y, x), ty, 0.5 * (tx + ty)))
+    return rule
+
+
+def _as_jnp(fn, rule, *args):
+    """``fn(*args)`` (float) as one ``jax.custom_jvp`` of its traced arguments (the
+    others: constants, closed over), its tangent ``rule(args, tangents)`` (zeros for
+    the constants). In the compiled program the call is inlined: fn's operations."""
+    traced = [i for i, a in enumerate(args) if isinstance(a, jax.core.Tracer)]
+    if not traced or not jnp.issubdtype(jnp.result_type(*args), jnp.floating):
+        return fn(*args)
+
+    def full(vals):
+        out = list(args)
+        for i, v in zip(traced, vals):
+            out[i] = v
+        return out
+
+    @jax.custom_jvp
+    def call(*vals):
+        return fn(*full(vals))
+
+    @call.defjvp
+    def _jvp(primals, tangents):
+        args_ = full(primals)
+        tans = [jnp.zeros((), jnp.result_type(a)) for a in args_]
+        for i, t in zip(traced, tangents):
+            tans[i] = t
+        out = fn(*args_)
+        return out, jnp.broadcast_to(rule(args_, tans), out.shape).astype(out.dtype)
+    return call(*[args[i] for i in traced])
+
+
 def safe_sqrt(x):
     """sqrt(x) for x >= 0 whose gradient at 0 is 0 instead of inf/NaN."""
     pos = x > 0

@@ -62,8 +62,8 @@ def muscle_bias(length, lengthrange, acc0, prm):
 def muscle_dynamics(ctrl, act, prm):
     """Muscle activation derivative (mju_muscleDynamics; Millard et al. 2013 time
     constants, optional sigmoid smoothing of width prm[2]), vectorised: (n,)."""
-    ctrlc = jnp.clip(ctrl, 0.0, 1.0)
-    actc = jnp.clip(act, 0.0, 1.0)
+    ctrlc = math.clip_as_jnp(ctrl, 0.0, 1.0)
+    actc = math.clip_as_jnp(act, 0.0, 1.0)
     tau_act = prm[:, 0] * (0.5 + 1.5 * actc)
     tau_deact = prm[:, 1] / (0.5 + 1.5 * actc)
     width = prm[:, 2]
@@ -71,8 +71,8 @@ def muscle_dynamics(ctrl, act, prm):
     hard = jnp.where(dctrl > 0, tau_act, tau_deact)
     x = dctrl / jnp.where(width < math.MINVAL, 1.0, width) + 0.5
     # mju_sigmoid: quintic smoothstep on [0, 1]
-    xc = jnp.clip(x, 0.0, 1.0)
+    xc = math.clip_as_jnp(x, 0.0, 1.0)
     sig = xc * xc * xc * (3 * xc * (2 * xc - 5) + 10)
     smooth = tau_deact + (tau_act - tau_deact) * sig
     tau = jnp.where(width < math.MINVAL, hard, smooth)
-    return dctrl / jnp.maximum(math.MINVAL, tau)
+    return dctrl / math.maximum(math.MINVAL, tau)

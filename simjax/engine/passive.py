@@ -234,9 +234,9 @@ def ellipsoid_force(lvel, density, viscosity, size, coef):
     sq = jnp.concatenate([(s1 * s2) ** 2, (s2 * s0) ** 2, (s0 * s1) ** 2], -1)
     proj_denom = jnp.sum(sq * sq * v * v, -1, keepdims=True)
     proj_num = jnp.sum(sq * v * v, -1, keepdims=True)
-    a_proj = jnp.pi * math.safe_sqrt(proj_denom / jnp.maximum(math.MINVAL, proj_num))
+    a_proj = jnp.pi * math.safe_sqrt(proj_denom / math.maximum(math.MINVAL, proj_num))
     speed = math.norm(v)[:, None]
-    cos_alpha = proj_num / jnp.maximum(math.MINVAL, speed * proj_denom)
+    cos_alpha = proj_num / math.maximum(math.MINVAL, speed * proj_denom)
     circ = math.cross(sq * v, v) * kutta * density * cos_alpha * a_proj
     kutta_force = math.cross(circ, v)
     eq_d = 2.0 / 3.0 * (s0 + s1 + s2)

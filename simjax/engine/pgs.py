@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import inline
+from simjax.engine import inline, math
 from simjax.engine.constraint import CONTACT_KINDS
 from simjax.engine.math import reduce_fused, where
 
@@ -36,7 +36,7 @@ def cholesky(a):
 
     def body(j, low):
         v = a[:, j] - low @ low[j]
-        djj = jnp.sqrt(jnp.maximum(v[j], MINVAL))
+        djj = jnp.sqrt(math.maximum(v[j], MINVAL))
         return low.at[:, j].set(where(idx >= j, v / djj, 0.0))
 
     return inline.fori_loop(0, n, body, jnp.zeros_like(a))
@@ -103,7 +103,7 @@ def _project_ellipsoid(fric, normal, mu, feasible):
     """Friction ``fric`` (dim-1,) scaled onto the ellipsoid sum (f_j / mu_j)^2 = normal^2
     (projectEllipsoid); with ``feasible`` (a static bool) only when it lies outside."""
     s = jnp.sum(fric * fric / (mu * mu))
-    scl = jnp.sqrt(normal * normal / jnp.maximum(MINVAL, s))
+    scl = jnp.sqrt(normal * normal / math.maximum(MINVAL, s))
     do = (s > normal * normal) | (not feasible)
     return where(do, fric * scl, fric)
 
@@ -523,7 +523,7 @@ def _noslip(spec, p, force, iterations, lay, order):
     nefc = spec.nefc
     nisl = order["nisl"]
     scale = _island_scale(p, order, dtype)
-    dinv = 1.0 / jnp.maximum(MINVAL, jnp.diag(A))
+    dinv = 1.0 / math.maximum(MINVAL, jnp.diag(A))
     edims = order["edims"]
     dmax = max((2,) + edims)
     frtab = _fric_table(spec, p, nefc, max((1,) + edims), dtype)
@@ -531,7 +531,7 @@ def _noslip(spec, p, force, iterations, lay, order):
     def block(idx):
         ac = A[idx][:, idx]
         n = idx.shape[0]
-        return ac + jnp.diag(jnp.maximum(1e-10, jnp.diag(ac)) - jnp.diag(ac)) if n else ac
+        return ac + jnp.diag(math.maximum(1e-10, jnp.diag(ac)) - jnp.diag(ac)) if n else ac
 
     def cost_change(ac, new, old, r):
         dl = new - old
@@ -548,7 +548,7 @@ def _noslip(spec, p, force, iterations, lay, order):
     def fric(force, i):
         r = b[i] + A[i] @ force
         old = force[i]
-        f = jnp.clip(old - r * dinv[i], -fl[i], fl[i])
+        f = math.clip_as_jnp(old - r * dinv[i], -fl[i], fl[i])
         dl = f - old
         return pad(f[None]), 0.5 * dl * dl / dinv[i] + dl * r
 

@@ -616,7 +616,7 @@ def _cutoff_static(cut, real, positive, vals):
     hi = np.where(on & (real | positive), cut, np.inf).astype(vals.dtype)
     if np.all(lo == -np.inf) and np.all(hi == np.inf):
         return vals
-    return jnp.minimum(jnp.maximum(vals, lo), hi)
+    return math.minimum(math.maximum(vals, lo), hi)
 
 
 def _cutoff(m, ids, vals, dtype):
@@ -636,8 +636,8 @@ def _cutoff(m, ids, vals, dtype):
     # traces to a scatter-add and a cumulative sum: on barkour 15 kernels more)
     cut = _f(m.sensor_cutoff, dtype).reshape(-1)[np.repeat(ids, dim)]
     on = cut > 0
-    clipped = math.where(real, jnp.clip(vals, -cut, cut),
-                         math.where(positive, jnp.minimum(cut, vals), vals))
+    clipped = math.where(real, math.clip_as_jnp(vals, -cut, cut),
+                         math.where(positive, math.minimum(cut, vals), vals))
     return math.where(on, clipped, vals)
 
 

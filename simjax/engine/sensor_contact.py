@@ -136,7 +136,7 @@ def _one_contact_sensor(m, d, i):
     if reduce == REDUCE_NETFORCE:
         wrench = jnp.where((ok & ~flip)[:, None], frc, jnp.where(ok[:, None], -frc, 0.0))
         weight = math.norm(wrench[:, :3])
-        point = jnp.sum(weight[:, None] * con.pos, 0) / jnp.maximum(jnp.sum(weight), math.MINVAL)
+        point = jnp.sum(weight[:, None] * con.pos, 0) / math.maximum(jnp.sum(weight), math.MINVAL)
         fw = math.matTvec(con.frame, wrench[:, :3])
         tw = math.matTvec(con.frame, wrench[:, 3:])
         force = jnp.sum(fw, 0)

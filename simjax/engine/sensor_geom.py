@@ -41,7 +41,7 @@ def _plane_sphere(ppos, pmat, c, r):
 
 
 def _segment_point(a, axis, half, p):
-    t = jnp.clip(math.dot(p - a, axis), -half, half)
+    t = math.clip_as_jnp(math.dot(p - a, axis), -half, half)
     return a + t * axis
 
 

@@ -79,9 +79,9 @@ def _depth(m, d, xpos, groups, active):
         else:
             dist = jax.vmap(jax.vmap(lambda x, s: sdf.distance(shape, x, s, ()),
                                      in_axes=(0, None)))(lpos, size[gids])
-        depth = -jnp.minimum(dist, 0.0)
+        depth = -math.minimum(dist, 0.0)
         depth = jnp.where(active[gids][:, None], depth, 0.0)
-        out = jnp.maximum(out, jnp.max(depth, axis=0))
+        out = math.maximum(out, math.amax(depth, 0))
     return out
 
 

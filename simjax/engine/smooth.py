@@ -593,7 +593,7 @@ def subtree_vel(m, d):
     vel = math.where((weld_dofnum == 0)[:, None], 0.0, vel)   # static / mocap bodies
     ang, lin = vel[:, :3], vel[:, 3:]
     smass = subtree_mass(m, dtype)
-    linvel = (desc @ (mass[:, None] * lin)) / jnp.maximum(math.MINVAL, smass)[:, None]
+    linvel = (desc @ (mass[:, None] * lin)) / math.maximum(math.MINVAL, smass)[:, None]
     inertia = _f(m.body_inertia, dtype)
     iw = math.matvec(d.ximat, inertia * math.matTvec(d.ximat, ang))
     # angular momentum about the subtree com: sum of spins plus orbital terms

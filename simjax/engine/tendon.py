@@ -140,11 +140,11 @@ def _intersect(p1, p2, p3, p4):
 
 
 def _acos(x):
-    return jnp.arccos(jnp.clip(x, -1.0, 1.0))
+    return jnp.arccos(math.clip_as_jnp(x, -1.0, 1.0))
 
 
 def _asin(x):
-    return jnp.arcsin(jnp.clip(x, -1.0, 1.0))
+    return jnp.arcsin(math.clip_as_jnp(x, -1.0, 1.0))
 
 
 def _cross2(ax, ay, bx, by):
@@ -172,7 +172,7 @@ def _wrap_circle(end, side, has_side, radius):
     dx, dy = x1 - x0, y1 - y0
     dd = dx * dx + dy * dy
     fail = fail | (dd < math.MINVAL)
-    a = jnp.clip(-(dx * x0 + dy * y0) / jnp.where(dd < math.MINVAL, 1.0, dd), 0.0, 1.0)
+    a = math.clip_as_jnp(-(dx * x0 + dy * y0) / jnp.where(dd < math.MINVAL, 1.0, dd), 0.0, 1.0)
     tx, ty = a * dx + x0, a * dy + y0
     miss = tx * tx + ty * ty > sqr
     r0 = math.safe_sqrt(sq0 - sqr)
@@ -246,7 +246,7 @@ def _wrap_inside(end, radius):
 
     def dfun(z):
         def inv(c):
-            return 1.0 / jnp.maximum(math.MINVAL, math.safe_sqrt(1 - z * z * c * c))
+            return 1.0 / math.maximum(math.MINVAL, math.safe_sqrt(1 - z * z * c * c))
         return A * inv(A) + B * inv(B) - 2 * inv(jnp.ones_like(z))
 
     hi = jnp.full_like(radius, zinit)

@@ -16,6 +16,7 @@ agree to ~1e-13 (tolerance 1e-8). Models go through model_from_mujoco, and separ
 through simjax's own compiler (fields and a 30-step trajectory against MuJoCo).
 """
 import jax
+import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest
@@ -195,3 +196,34 @@ def test_compiled_servo_trajectories(name, jitted):
     worst = _worst_step_error(mjm, mjd, m, d, stp, 30)
     print(name, "worst relative error", worst)
     assert worst < 1e-8
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "dcmotor"
+                                  else n for n in sorted(MODELS)])
+def test_servo_derivatives_vs_finite_differences(name):
+    """d(qacc, act_dot, actuator_force)/d(qpos, qvel, act, ctrl) of forward, reverse and
+    forward mode, against central differences at a random state (the slew, integral,
+    voltage and current limits of the pid / dcmotor servos, the orientation servos'
+    force range). dcmotor: the temperature rate of motors without a thermal state
+    divided by their capacity 0 (an unused value), which made every reverse-mode
+    derivative through it NaN."""
+    mjm, m = _load(name)
+    nq, nv, na = mjm.nq, mjm.nv, mjm.na
+    d0 = make_data(m)
+    st = random_state(mjm, np.random.default_rng(3), qscale=0.5, uscale=1.5)
+    x0 = jnp.asarray(np.concatenate([st["qpos"], st["qvel"], st["act"], st["ctrl"]]))
+
+    def f(x):
+        q, v, a, u = jnp.split(x, np.cumsum([nq, nv, na]))
+        d = forward(m, d0.replace(qpos=q, qvel=v, act=a, ctrl=u))
+        return jnp.concatenate([d.qacc, d.act_dot, d.actuator_force])
+
+    fj = jax.jit(f)
+    rev = np.asarray(jax.jit(jax.jacrev(f))(x0))
+    fwd = np.asarray(jax.jit(jax.jacfwd(f))(x0))
+    eps = 1e-6
+    fd = np.stack([(np.asarray(fj(x0.at[k].add(eps))) - np.asarray(fj(x0.at[k].add(-eps))))
+                   / (2 * eps) for k in range(x0.shape[0])], 1)
+    tol = 1e-5 * (1 + np.abs(fd))
+    assert np.all(np.abs(rev - fd) <= tol), np.abs(rev - fd).max()
+    assert np.all(np.abs(fwd - fd) <= tol), np.abs(fwd - fd).max()

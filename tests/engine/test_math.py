@@ -160,3 +160,71 @@ def test_clip_values_as_jnp_clip_tangent_from_bounds(dtype):
     assert "eq" not in prims and {"gt", "lt"} <= prims
     g = jax.grad(lambda v: math.clip(v, -0.5, 0.5).sum())(jnp.asarray([-1.0, 0.1, 2.0], dtype))
     np.testing.assert_array_equal(np.asarray(g), [0.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_maximum_minimum_clip_amax_same_program_tangent_by_comparison(dtype):
+    """math.maximum / minimum / clip_as_jnp / amax: jnp's values bit for bit (NaN,
+    -0.0, infinities; traced or constant operands) from jnp's very program (the lowered
+    text is jnp's); their tangents compare the operands, never test the result for
+    equality with one (a recomputation that rounds otherwise would drop the tangent):
+    the greater (smaller) operand's, the mean at a tie; clip_as_jnp as math.clip; amax
+    the first maximal entry's."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    special = [np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, -1.0, 0.5]
+    x = np.concatenate([RNG.standard_normal(24), special]).astype(dtype)
+    y = np.concatenate([RNG.standard_normal(24), special[::-1]]).astype(dtype)
+    y[:4] = x[:4]                                               # ties
+    lo = (RNG.standard_normal(len(x)) - 1).astype(dtype)
+    cases = [(math.maximum, jnp.maximum, (x, y)), (math.minimum, jnp.minimum, (x, y)),
+             (math.maximum, jnp.maximum, (x, 0.0)), (math.minimum, jnp.minimum, (-0.0, x)),
+             (math.clip_as_jnp, jnp.clip, (x, -1.0, 1.0)), (math.clip_as_jnp, jnp.clip, (x, lo, y)),
+             (math.clip_as_jnp, jnp.clip, (x, lo, 0.0))]
+
+    def text(f, args):
+        return re.sub(r"loc\(.*?\)|#loc.*", "", jax.jit(f).lower(*args).as_text())
+    for ours, ref, args in cases:
+        traced = [i for i, a in enumerate(args) if np.ndim(a)]
+        for pick in ([traced[0]], traced):      # one array traced, the rest constants
+            def call(fn, *vals):
+                full = list(args)
+                for i, v in zip(pick, vals):
+                    full[i] = v
+                return fn(*full)
+            vals = [jnp.asarray(args[i]) for i in pick]
+            got = np.asarray(jax.jit(lambda *v: call(ours, *v))(*vals))
+            want = np.asarray(jax.jit(lambda *v: call(ref, *v))(*vals))
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+            assert (text(lambda *v: call(ours, *v), vals)
+                    == text(lambda *v: call(ref, *v), vals))
+            jaxpr = jax.make_jaxpr(lambda *v: jax.jvp(lambda *u: call(ours, *u), v, v))(*vals)
+            assert "eq" not in {e.primitive.name for e in jaxpr.jaxpr.eqns}
+    a = jnp.asarray([1.0, 2.0, 3.0], dtype)
+    b = jnp.asarray([2.0, 2.0, 1.0], dtype)
+    ta, tb = jnp.asarray([1.0, 1.0, 1.0], dtype), jnp.asarray([10.0, 10.0, 10.0], dtype)
+    np.testing.assert_array_equal(jax.jvp(math.maximum, (a, b), (ta, tb))[1], [10, 5.5, 1])
+    np.testing.assert_array_equal(jax.jvp(math.minimum, (a, b), (ta, tb))[1], [1, 5.5, 10])
+    g = jax.grad(lambda v: math.maximum(v, 2 * v).sum())(jnp.asarray([-1.0, 0.0, 1.0], dtype))
+    np.testing.assert_array_equal(g, [1.0, 1.5, 2.0])
+    g = jax.grad(lambda v: math.maximum(0.0, v).sum())(jnp.asarray([-1.0, 0.0, 1.0], dtype))
+    np.testing.assert_array_equal(g, [0.0, 0.5, 1.0])
+    g = jax.grad(lambda v: math.clip_as_jnp(v, -0.5, 0.5).sum())(
+        jnp.asarray([-1.0, 0.1, 2.0], dtype))
+    np.testing.assert_array_equal(g, [0.0, 1.0, 0.0])
+    g = jax.grad(lambda h: math.clip_as_jnp(jnp.asarray([0.1, 2.0], dtype), -h, h).sum())(
+        jnp.asarray(0.5, dtype))
+    np.testing.assert_array_equal(g, 1.0)           # the upper bound's tangent at 2.0
+    # amax: jnp.max's values and program; the tangent of the first maximal entry
+    z = jnp.asarray(np.stack([x, y, x[::-1]]))
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: math.amax(v, 0))(z)).view(np.uint8),
+                                  np.asarray(jax.jit(lambda v: jnp.max(v, 0))(z)).view(np.uint8))
+    assert text(lambda v: math.amax(v, 0), [z]) == text(lambda v: jnp.max(v, 0), [z])
+    jaxpr = jax.make_jaxpr(lambda v: jax.jvp(lambda u: math.amax(u, 1), (v,), (v,)))(z)
+    assert "eq" not in {e.primitive.name for e in jaxpr.jaxpr.eqns}
+    w = jnp.asarray([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]], dtype)
+    np.testing.assert_array_equal(jax.grad(lambda v: math.amax(v, 1).sum())(w),
+                                  [[0, 1, 0], [1, 0, 0]])
