@@ -104,8 +104,9 @@ def _clamp_solimp(solimp):
     """The five components of solimp (..., 5), clamped (a list, not a stack: on CPU a
     stacked array with several users is a kernel of its own)."""
     s = solimp
-    return [math.clip_as_jnp(s[..., 0], MINIMP, MAXIMP), math.clip_as_jnp(s[..., 1], MINIMP, MAXIMP),
-            math.maximum(s[..., 2], 0.0), math.clip_as_jnp(s[..., 3], MINIMP, MAXIMP),
+    clip = math.clip_as_jnp
+    return [clip(s[..., 0], MINIMP, MAXIMP), clip(s[..., 1], MINIMP, MAXIMP),
+            math.maximum(s[..., 2], 0.0), clip(s[..., 3], MINIMP, MAXIMP),
             math.maximum(s[..., 4], 1.0)]
 
 
