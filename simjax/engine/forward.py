@@ -70,7 +70,7 @@ def _fwd_position(m, d: Data, euler_diag=None):
     if euler_diag is None and level_ld.use_level(m):
         # mj_factorM level by level, packed for the solve of mj_fwdAcceleration; qM
         # comes from the factorisation where crb_lower gives its factors
-        d, lower = smooth.crb_lower(m, d, factors=_LOWER)
+        d, lower = smooth.crb_lower(m, d, factors=_LOWER and level_ld._FACTORS)
         qm = None if isinstance(lower, tuple) else d.qM
         qld, packed, qm = level_ld.factor_ld_packed(m, qm, lower if _LOWER else None,
                                                     with_matrix=True)

@@ -169,3 +169,11 @@ _SOLVE = False
 #: [0.863, 1.167] (16 rounds, load 9). The pair factorisation (tree_level._LANES) on
 #: the humanoid: compile 0.980 [0.791, 1.140] (6 rounds), so it keeps 8
 _LANES = 32
+
+#: whether mj_factorM level by level takes qM's lower triangle as its factors
+#: (smooth.crb_lower with ``factors``, read at trace time where smooth._LOWER_FACTORS
+#: is on). Bench rollout (float32, batch 1024, process CPU, one process, alternated
+#: rounds, load 7-10): the shadow hand ran 1.032 [0.851, 1.254] (12 rounds) and 1.044
+#: [0.921, 1.366] (16) of the dense matrix's, reversed 1 / 0.943 [0.832, 1.081] (8),
+#: though kinematics to qLD alone took 0.79 of it (16 rounds); off
+_FACTORS = False
