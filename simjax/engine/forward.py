@@ -68,20 +68,23 @@ def _fwd_position(m, d: Data, euler_diag=None):
     d = smooth.tendon(m, d)
     qld_euler = packed = None
     if euler_diag is None and level_ld.use_level(m):
-        # mj_factorM level by level, packed for the solve of mj_fwdAcceleration
-        d, lower = smooth.crb_lower(m, d)
-        qld, packed = level_ld.factor_ld_packed(m, d.qM, lower if _LOWER else None)
-        d = d.replace(qLD=qld)
+        # mj_factorM level by level, packed for the solve of mj_fwdAcceleration; qM
+        # comes from the factorisation where crb_lower gives its factors
+        d, lower = smooth.crb_lower(m, d, factors=_LOWER and level_ld._FACTORS)
+        qm = None if isinstance(lower, tuple) else d.qM
+        qld, packed, qm = level_ld.factor_ld_packed(m, qm, lower if _LOWER else None,
+                                                    with_matrix=True)
+        d = d.replace(qLD=qld, qM=qm)
     elif euler_diag is None:
         d = smooth.crb(m, d)
         d = smooth.factor_m(m, d)
     else:
-        d, lower = smooth.crb_lower(m, d)
-        if not _LOWER:
-            lower = None
-        qld, qld_euler, packed = tree_level.factor_ld_pair_packed(m, d.qM, euler_diag,
-                                                                  lower=lower)
-        d = d.replace(qLD=qld)
+        # (qM's factors only for the level factorisation: LAPACK's reads qM)
+        d, lower = smooth.crb_lower(m, d, factors=_LOWER and tree_level.level_plan_fits(m))
+        qm = None if isinstance(lower, tuple) else d.qM
+        qld, qld_euler, packed, qm = tree_level.factor_ld_pair_packed(
+            m, qm, euler_diag, lower=lower if _LOWER else None, with_matrix=True)
+        d = d.replace(qLD=qld, qM=qm)
     d = collision.collision(m, d)
     d = constraint.make_constraint(m, d)
     d = actuation.transmission(m, d)

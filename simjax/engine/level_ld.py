@@ -16,7 +16,6 @@ step it gained nothing measurable over the scan and cost 10 kernels more.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import tree_level
@@ -30,14 +29,21 @@ def use_level(m) -> bool:
     return _ON and tree_level.level_plan_fits(m, _MAX_CHAIN)
 
 
-def factor_ld_packed(m, a, lower=None):
-    """(qLD of ``a``, its packed factor for :func:`solve_ld_packed` or None). ``lower``,
-    if given, equals ``a`` on and below the diagonal and is read instead of it when the
-    batch is factorised level by level (see smooth.crb_lower). Same results as
+def factor_ld_packed(m, a, lower=None, with_matrix=False):
+    """(qLD of ``a``, its packed factor for :func:`solve_ld_packed` or None), and
+    ``a`` as well with ``with_matrix``. ``lower``, if given, equals ``a`` on and below
+    the diagonal and is read instead of it when the batch is factorised level by level
+    (see smooth.crb_lower); it may instead be the factors of ``a``'s lower triangle
+    (smooth.crb_lower's, see tree_level._pack_factors), ``a`` then None: the ``a``
+    returned is made from them (batched, from the packed entries). Same results as
     tree_linalg.factor_ld up to rounding."""
     if not use_level(m):
-        return tl.factor_ld(m, a), None
-    return _factor_bound(m)(a, a if lower is None else lower.astype(a.dtype))
+        a = tl.from_factors(m, *lower)[0] if a is None else a
+        out = tl.factor_ld(m, a), None, a
+    else:
+        out = _factor_bound(m)(a, tree_level._as_lower(a, lower))
+        out = out if a is None else out + (a,)
+    return out if with_matrix else out[:2]
 
 
 def solve_ld_packed(m, packed, qld, b):
@@ -50,7 +56,9 @@ def solve_ld_packed(m, packed, qld, b):
 
 def _factor_bound(m):
     """:func:`factor_ld_packed`'s level factorisation for model ``m``: a custom_vmap
-    (the layout needs the batch) inside a custom_jvp (the pure-JAX tangent)."""
+    (the layout needs the batch) inside a custom_jvp (the pure-JAX tangent). Called
+    with ``a`` None and ``lower`` the factors of ``a``'s lower triangle, it computes
+    ``a`` from them and returns it as a third output."""
     key = ("level_one", np.asarray(m.dof_parentid).tobytes())
     fn = tl._CACHE.get(key)
     if fn is not None:
@@ -59,17 +67,20 @@ def _factor_bound(m):
     # unbatched (traced even where only the batched rule runs): jitted, traced once
     one = jax.jit(lambda a: tl.factor_ld(m, a))
     pack = jax.jit(lambda q: tree_level._pack_world(plan, q)[None])
+    matrix = tree_level._matrix_fn(m)
 
     @jax.custom_batching.custom_vmap
     def single(a, lower):
+        full = a is None
+        a = matrix(*lower) if full else a
         q = one(a)
-        return q, pack(q)
+        return (q, pack(q)) + ((a,) if full else ())
 
     @single.def_vmap
     def _single_vmap(axis_size, in_batched, a, lower):
-        lower = lower if in_batched[1] else jnp.broadcast_to(lower, (axis_size,) + lower.shape)
-        return tree_level._level_pair_batched(plan, n, lower, None, _lanes(axis_size)), (
-            True, True)
+        lower = tree_level._batched(lower, in_batched[1], axis_size)
+        out = tree_level._level_pair_batched(plan, n, lower, None, _lanes(axis_size))
+        return out, (True,) * len(out)
 
     fn = jax.custom_jvp(single)
 
@@ -77,9 +88,13 @@ def _factor_bound(m):
     def _jvp(primals, tangents):
         # ``lower`` equals ``a`` where it is read: the derivative is a's
         a, lower = primals
-        da, _ = tangents
+        da, dlower = tangents
+        full = a is None
+        if full:
+            a, da = jax.jvp(matrix, lower, dlower)
         dq = tl.factor_ld_tangent(m, a, da)
-        return fn(a, lower), (dq, tree_level._pack_world(plan, dq)[None])
+        return fn(*primals), (dq, tree_level._pack_world(plan, dq)[None]) + (
+            (da,) if full else ())
     tl._CACHE[key] = fn
     return fn
 
@@ -154,3 +169,11 @@ _SOLVE = False
 #: [0.863, 1.167] (16 rounds, load 9). The pair factorisation (tree_level._LANES) on
 #: the humanoid: compile 0.980 [0.791, 1.140] (6 rounds), so it keeps 8
 _LANES = 32
+
+#: whether mj_factorM level by level takes qM's lower triangle as its factors
+#: (smooth.crb_lower with ``factors``, read at trace time where smooth._LOWER_FACTORS
+#: is on). Bench rollout (float32, batch 1024, process CPU, one process, alternated
+#: rounds, load 7-10): the shadow hand ran 1.032 [0.851, 1.254] (12 rounds) and 1.044
+#: [0.921, 1.366] (16) of the dense matrix's, reversed 1 / 0.943 [0.832, 1.081] (8),
+#: though kinematics to qLD alone took 0.79 of it (16 rounds); off
+_FACTORS = False

@@ -400,14 +400,20 @@ def crb(m, d):
     return crb_lower(m, d)[0]
 
 
-def crb_lower(m, d):
+def crb_lower(m, d, factors=False):
     """:func:`crb`, and an (nv, nv) matrix equal to qM on and below the diagonal (zero
     above it), or None where qM has tendon terms (Data, that matrix).
 
     A factorisation that reads only qM's lower triangle (tree_level.factor_ld_pair)
     can take it in place of qM: XLA fuses qM's expression into its reader, and qM's
     lower entries read the product's transpose as well (its strictly upper, masked
-    entries), a second strided read per entry that the lower matrix does without."""
+    entries), a second strided read per entry that the lower matrix does without.
+
+    With ``factors`` (and ``_LOWER_FACTORS``), where qM has no tendon terms, the lower
+    triangle comes as its factors (f, cdof, armature; see tree_linalg.from_factors)
+    and qM is not computed: the Data's qM is left as it was, for the caller to set
+    from the factorisation (tree_level.factor_ld_pair_packed and
+    level_ld.factor_ld_packed with ``a`` None return it)."""
     tab = tables.get(m)
     dtype = d.qpos.dtype
     crb_ = math.const_dot(tab.desc_noworld, d.cinert)
@@ -415,28 +421,40 @@ def crb_lower(m, d):
         return d.replace(crb=crb_), None
     f = math.stack(math.c_inert_mul(math.unstack(math.take(crb_, np.asarray(m.dof_bodyid))),
                                     math.unstack(d.cdof)))
-    low = (f @ d.cdof.T) * jnp.asarray(tab.m_mask, dtype)
-    # mirror the lower triangle and add armature on the diagonal with static masks
-    # (elementwise, one kernel; jnp.diag of a traced matrix adds a conditional)
-    eye = np.eye(m.nv)
-    arm = jnp.asarray(eye, dtype) * dof_armature(m, dtype)[:, None]
-    qm = low + low.T * jnp.asarray(1.0 - eye, dtype) + arm
-    lower = low + arm
+    armv = dof_armature(m, dtype)
+    tendon = None
     if m.ntendon:
-        arm = _f(m.tendon_armature, dtype)
+        tendon = _f(m.tendon_armature, dtype)
         share = _actuator_share(m, "tendon")
         if share.any():
-            arm = arm + jnp.asarray(share, dtype) @ (_f(m.actuator_armature, dtype) *
-                                                     _gear2(m, dtype))
+            tendon = tendon + jnp.asarray(share, dtype) @ (_f(m.actuator_armature, dtype) *
+                                                           _gear2(m, dtype))
         elif _all_zero(m.tendon_armature):
             # MuJoCo skips tendons without armature
-            return d.replace(crb=crb_, qM=qm), lower
+            tendon = None
+    if factors and _LOWER_FACTORS and tendon is None:
+        return d.replace(crb=crb_), (f, d.cdof, armv)
+    qm, lower = tree_linalg.from_factors(m, f, d.cdof, armv)
+    if tendon is not None:
         # MuJoCo adds the tendon terms only where M's tree sparsity has room (dof pairs
         # on one ancestor chain); a tendon coupling two branches gets no cross term
         tree = tab.m_mask + tab.m_mask.T - np.eye(m.nv)
-        qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, arm, d.ten_J) * jnp.asarray(tree, dtype)
+        qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, tendon, d.ten_J) * jnp.asarray(tree,
+                                                                                     dtype)
         return d.replace(crb=crb_, qM=qm), None
     return d.replace(crb=crb_, qM=qm), lower
+
+
+#: whether :func:`crb_lower` gives qM's lower triangle as its factors where its caller
+#: takes them (read at trace time; False: the dense lower matrix and qM): the pair
+#: factorisation (tree_level) does, level_ld's does not (level_ld._FACTORS). Bench
+#: rollout (float32, batch 1024, process CPU, one process, alternated rounds, load
+#: 7-10): humanoid-smooth ran 0.852 [0.605, 1.077] (12 rounds); fresh-process compile
+#: pairs against the dense path (4 each): humanoid wall 1.009 [0.848, 1.059], trace
+#: 1.023 [0.637, 1.317], lowering 0.957 [0.903, 1.084], XLA 1.002 [0.898, 1.120]; the
+#: batched program traced 5082 equations (5078 without, 5092 with jnp's gathers).
+#: Outputs move by rounding (float64 2e-13 relative)
+_LOWER_FACTORS = True
 
 
 def factor_m(m, d):

@@ -173,6 +173,20 @@ def solve(m, low, up, diag, b):
     return solve_permuted(m, perm(low), perm(up), diag[plan.perm], b)
 
 
+def from_factors(m, f, cdof, arm):
+    """The inertia matrix from its factors (smooth.crb_lower): f and cdof (nv, 6), arm
+    (nv,); entry (i, j) within the tree sparsity on and below the diagonal is f_i .
+    cdof_j, plus arm_i where i = j. Returns (the full symmetric matrix, its lower
+    triangle: zero above the diagonal)."""
+    dtype = f.dtype
+    low = (f @ cdof.T) * jnp.asarray(tables.get(m).m_mask, dtype)
+    # mirror the lower triangle and add armature on the diagonal with static masks
+    # (elementwise, one kernel; jnp.diag of a traced matrix adds a conditional)
+    eye = np.eye(m.nv)
+    arm = jnp.asarray(eye, dtype) * arm[:, None]
+    return low + low.T * jnp.asarray(1.0 - eye, dtype) + arm, low + arm
+
+
 def pack_ld(low, diag):
     """Dense qLD in MuJoCo's convention: strictly lower L, diagonal D."""
     return low + jnp.diag(diag)

@@ -150,6 +150,45 @@ def test_factor_ld_pair_batched(path):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8 * np.abs(b).max())
 
 
+@pytest.mark.parametrize("nb", [5, 16])
+def test_factor_ld_pair_lower_factors(nb):
+    """qM's lower triangle given as its factors (smooth.crb_lower, ``a`` None) to the
+    pair factorisation (a padded lane block and whole ones): both factors, the solves
+    and qM equal the dense path's up to rounding; unbatched, qM is crb's bit for bit;
+    the derivatives are the dense path's."""
+    mjm, m = load("mujoco_humanoid/humanoid.xml")
+    assert tree_level.level_plan_fits(m)
+    rng, qpos, d0, _, add = _pair_batch(mjm, m, 13)
+    qpos = jnp.asarray(np.resize(np.asarray(qpos), (nb, mjm.nq)))
+    add = jnp.asarray(np.resize(np.asarray(add), (nb, mjm.nv)))
+    rhs = jnp.asarray(rng.standard_normal((nb, mjm.nv)))
+
+    def fwd(q, y, b, factors):
+        d = smooth.com_pos(m, smooth.kinematics(m, d0.replace(qpos=q)))
+        d, lower = smooth.crb_lower(m, d, factors=factors)
+        assert isinstance(lower, tuple) == factors
+        q0, q1, packed, qm = tree_level.factor_ld_pair_packed(
+            m, None if factors else d.qM, y, lower, with_matrix=True)
+        return (q0, q1, qm) + tree_level.solve_ld_pair(m, packed, q0, q1, b)
+
+    got = jax.jit(jax.vmap(lambda *a: fwd(*a, True)))(qpos, add, rhs)
+    want = jax.jit(jax.vmap(lambda *a: fwd(*a, False)))(qpos, add, rhs)
+    for x, y in zip(got, want):
+        np.testing.assert_allclose(x, y, rtol=1e-11, atol=1e-12 * np.abs(y).max())
+    one = jax.jit(lambda *a: fwd(*a, True))(qpos[0], add[0], rhs[0])
+    np.testing.assert_array_equal(one[2], jax.jit(lambda q: _qm(m, d0.replace(qpos=q)))(
+        qpos[0]))
+
+    def loss(factors, *a):
+        return sum(jnp.sum(jnp.sin(x)) for x in fwd(*a, factors))
+    g = jax.jit(jax.vmap(jax.grad(lambda *a: loss(True, *a), argnums=(0, 1))))(
+        qpos[:6], add[:6], rhs[:6])
+    g_ref = jax.jit(jax.vmap(jax.grad(lambda *a: loss(False, *a), argnums=(0, 1))))(
+        qpos[:6], add[:6], rhs[:6])
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8 * np.abs(b).max())
+
+
 @pytest.mark.parametrize("path", ["mujoco_humanoid/humanoid.xml", "gym_ant/ant.xml"])
 def test_solve_ld_pair_batched(path):
     """The pair solve on packed factors (vmapped: a batch not a multiple of the lane

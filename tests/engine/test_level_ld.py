@@ -99,3 +99,40 @@ def test_wide_lane_blocks(monkeypatch):
         np.testing.assert_array_equal(x, y)
     want = jax.jit(jax.vmap(lambda x: tree_linalg.factor_ld(m, x)))(a)
     np.testing.assert_allclose(wide[0], want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("nb", [5, 4 * level_ld._LANES + 3])
+def test_lower_factors(nb):
+    """qM's lower triangle given as its factors (smooth.crb_lower, ``a`` None): the
+    batched level factorisation (padded lane blocks of 8 and of level_ld._LANES
+    worlds) gives qLD, its solve and qM equal to the dense path's up to rounding;
+    unbatched, qM is crb's bit for bit; qM's and qLD's derivatives are the dense
+    path's."""
+    mjm, m = load(_MODELS[0])
+    rng, qpos, d0, _ = _batch(mjm, m, 7)
+    qpos = jnp.asarray(np.resize(np.asarray(qpos), (nb, mjm.nq)))
+    qpos = qpos + 0.01 * jnp.asarray(rng.standard_normal(qpos.shape))
+    rhs = jnp.asarray(rng.standard_normal((nb, mjm.nv)))
+
+    def fwd(q, b, factors):
+        d = smooth.com_pos(m, smooth.kinematics(m, d0.replace(qpos=q)))
+        d, lower = smooth.crb_lower(m, d, factors=factors)
+        assert isinstance(lower, tuple) == factors
+        a = None if factors else d.qM
+        qld, packed, qm = level_ld.factor_ld_packed(m, a, lower, with_matrix=True)
+        return qld, qm, level_ld.solve_ld_packed(m, packed, qld, b)
+
+    got = jax.jit(jax.vmap(lambda q, b: fwd(q, b, True)))(qpos, rhs)
+    want = jax.jit(jax.vmap(lambda q, b: fwd(q, b, False)))(qpos, rhs)
+    for x, y in zip(got, want):
+        np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12 * np.abs(y).max())
+    one = jax.jit(lambda q, b: fwd(q, b, True))(qpos[0], rhs[0])
+    np.testing.assert_array_equal(one[1], jax.jit(lambda q: _qm(m, d0.replace(qpos=q)))(
+        qpos[0]))
+
+    def loss(factors, q, b):
+        qld, qm, x = fwd(q, b, factors)
+        return jnp.sum(jnp.sin(qld)) + jnp.sum(qm ** 2) + jnp.sum(x ** 2)
+    g = jax.jit(jax.vmap(jax.grad(lambda q, b: loss(True, q, b))))(qpos[:6], rhs[:6])
+    g_ref = jax.jit(jax.vmap(jax.grad(lambda q, b: loss(False, q, b))))(qpos[:6], rhs[:6])
+    np.testing.assert_allclose(g, g_ref, rtol=1e-8, atol=1e-8 * np.abs(g_ref).max())
