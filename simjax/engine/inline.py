@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import math
+
 #: whether the disabled jit of this thread is simjax's own (:func:`inlined`), not the
 #: caller's: a caller who disabled jit (to debug) keeps jax's behaviour throughout
 _OURS = threading.local()
@@ -142,7 +144,7 @@ def _consts_inside(f, *args):
 
     def g(*a):
         consts = [c if k is None else
-                  (jax.lax.full(np.shape(c), k[1], np.asarray(c).dtype) if k[0] == "full"
+                  (math.fill(np.shape(c), k[1], np.asarray(c).dtype) if k[0] == "full"
                    else jax.lax.iota(np.asarray(c).dtype, np.size(c)))
                   for c, k in zip(closed.consts, kinds)]
         out = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree_util.tree_leaves(a))

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from simjax.engine.collision.chunked import first_k
@@ -53,7 +54,7 @@ from simjax.engine.collision.pairs import (
     Group, Plan, candidate_pairs, contact_capacity, dim_split, make_contacts, mujoco_rank,
     plan, register_collider, sdf_pair)
 from simjax.engine.data import WARN_CONTACTFULL, count_warning
-from simjax.engine.math import reduce_fused, where
+from simjax.engine.math import fill, reduce_fused, unstack, where
 from simjax.engine.tables import concrete
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import EnableBit
@@ -292,8 +293,18 @@ def _fill(con, valid, row, par):
     :func:`_contact_params`; zeros (geom -1) in the slots not ``valid``."""
     dist, includemargin = row[:, 0], par[:, 0]
 
+    # valid broadcast and the zero fill traced once per shape, for all fields of it
+    # (XLA merges repeated ones: the same program, fewer traced equations)
+    masks = {}
+
     def zero(x):
-        return where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
+        key = (x.shape, x.dtype)
+        if key not in masks:
+            masks[key] = (valid if x.shape == valid.shape else
+                          lax.broadcast_in_dim(valid, x.shape, (0,)),
+                          fill(x.shape, 0, x.dtype))
+        mask, zeros = masks[key]
+        return lax.select(mask, x, zeros)
 
     fields = dict(
         dist=zero(dist), pos=zero(row[:, 1:4]), includemargin=zero(includemargin),
@@ -302,7 +313,7 @@ def _fill(con, valid, row, par):
         geom=where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1),
         exclude=(valid & (dist >= includemargin)).astype(jnp.int32))
     if _SHARED_FIELDS and _FRAME_SHARED:
-        c = [row[:, i] for i in range(4, 10)]
+        c = unstack(row[:, 4:10], 1)
         cols = [zero(x) for x in frame_cols(c[:3], c[3:])]
         keys = ("dist", "includemargin", "exclude")
         out = reduce_shared(*(fields[k] for k in keys), *cols)
