@@ -123,7 +123,8 @@ def _uniform(c):
 def _consts_inside(f, *args):
     """``f`` (a loop body, called with ``args``: arrays or ShapeDtypeStructs) traced once
     here, returned as the re-evaluation of its jaxpr with its uniform constants
-    (:func:`_uniform`) built in the body (a broadcast of a scalar, an iota).
+    (:func:`_uniform`) built in the body (a broadcast of a scalar, traced once per
+    value and shape by :func:`simjax.engine.math.fill`; an iota).
 
     jax passes a loop body's constant arrays in as loop operands. XLA sinks a constant
     operand back into the body, but it turns a uniform one into a broadcast (and a 0, 1,

@@ -540,8 +540,11 @@ def fill(shape, value, dtype=None, like=None):
     traced once per trace and reused there: a select with a constant operand takes a
     fill of its shape, the same fill many times over in a traced step (and vmap
     broadcasts it again per select), every one a traced and lowered equation that XLA
-    merges with the others. (Bench rollouts: NNN equations fewer; the optimised program
-    the same.)"""
+    merges with the others. Bench rollouts (batch 1024): 63 traced equations fewer on
+    the ant (3751 -> 3688), 55 on the shadow hand (9098 -> 9043), the optimised
+    programs of the four bench models the same; trace and lowering CPU alternated in
+    one process, on / off: ant 0.956 [0.83, 1.29] and 0.926 [0.82, 1.37] (8 rounds),
+    shadow hand 0.963 [0.82, 1.20] and 1.029 [0.88, 1.17] (6; load 7-9): noise level."""
     def make():
         return lax.full(shape, value, dtype) if like is None else lax.full_like(like, value)
     if not _SHARED_FILLS or _top_trace is None or isinstance(value, jax.core.Tracer):
