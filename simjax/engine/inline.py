@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import math
+
 #: whether the disabled jit of this thread is simjax's own (:func:`inlined`), not the
 #: caller's: a caller who disabled jit (to debug) keeps jax's behaviour throughout
 _OURS = threading.local()
@@ -121,7 +123,8 @@ def _uniform(c):
 def _consts_inside(f, *args):
     """``f`` (a loop body, called with ``args``: arrays or ShapeDtypeStructs) traced once
     here, returned as the re-evaluation of its jaxpr with its uniform constants
-    (:func:`_uniform`) built in the body (a broadcast of a scalar, an iota).
+    (:func:`_uniform`) built in the body (a broadcast of a scalar, traced once per
+    value and shape by :func:`simjax.engine.math.fill`; an iota).
 
     jax passes a loop body's constant arrays in as loop operands. XLA sinks a constant
     operand back into the body, but it turns a uniform one into a broadcast (and a 0, 1,
@@ -142,7 +145,7 @@ def _consts_inside(f, *args):
 
     def g(*a):
         consts = [c if k is None else
-                  (jax.lax.full(np.shape(c), k[1], np.asarray(c).dtype) if k[0] == "full"
+                  (math.fill(np.shape(c), k[1], np.asarray(c).dtype) if k[0] == "full"
                    else jax.lax.iota(np.asarray(c).dtype, np.size(c)))
                   for c, k in zip(closed.consts, kinds)]
         out = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree_util.tree_leaves(a))

@@ -15,7 +15,7 @@ import numpy as np
 
 from simjax.engine import constraint as C
 from simjax.engine import inline
-from simjax.engine.math import reduce_fused, where
+from simjax.engine.math import reduce_fused, unstack, where
 from simjax.engine.solver_cost import _hessian, _quad_hessian, _quad_weights, update
 from simjax.engine.solver_dense import factor_t, spd_solve
 from simjax.engine.solver_gather import Chunked
@@ -258,9 +258,11 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
 
     def unpack(c):
         v, jaref, st, low = c
-        out = dict({key: v[:, j] for j, key in enumerate(vecs)}, jaref=jaref,
-                   imp=st[:, 0], gnorm=st[:, 1], iter=st[:, 2].astype(jnp.int32),
-                   done=st[:, 3] != 0, first=st[0, 4] != 0)
+        # the columns by one unstack each (math.unstack: fewer traced equations than a
+        # slice and a squeeze per column, the same slices compiled)
+        imp, gnorm, it, done = unstack(st, 1, 4)
+        out = dict(zip(vecs, unstack(v, 1)), jaref=jaref, imp=imp, gnorm=gnorm,
+                   iter=it.astype(jnp.int32), done=done != 0, first=st[0, 4] != 0)
         if newton:
             out["lowt"] = low
         return out

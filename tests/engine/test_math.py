@@ -115,6 +115,43 @@ def test_where_as_jnp_where():
     assert math.where(c[0]).__len__() == 1          # one argument: jnp.where's nonzero
 
 
+def test_fill_traced_once_per_trace():
+    """math.fill is lax.full (value, dtype, weak type; lax.full_like with ``like``),
+    one traced equation per trace for repeated fills of one shape, dtype and value
+    (a nested trace traces its own), and every where's fill goes through it."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    for args in [((3,), 1.0, None), ((3,), 1.0, jnp.float32), ((2, 3), -0.0, None),
+                 ((3,), np.float32(2.0), None), ((3,), 1, None), ((3,), True, None)]:
+        ref, out = lax.full(*args), jax.jit(lambda: math.fill(*args))()
+        assert (out.dtype, out.shape, out.weak_type) == (ref.dtype, ref.shape, ref.weak_type)
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(ref))
+        np.testing.assert_array_equal(out, ref)
+    x = jnp.arange(3.0)
+    assert math.fill((3,), 2.0, like=x).weak_type == lax.full_like(x, 2.0).weak_type
+
+    def f(c, x):
+        a = math.where(c, x, 0.0) + math.where(~c, 0.0, x * x)
+        # a loop body is a trace of its own: its fill is its own, not the outer one's
+        b = lax.fori_loop(0, 2, lambda i, v: math.where(c, v, 0.0), x)
+        return a + b + math.where(c, x, -0.0) + math.where(c, x, 1.0)
+    c = jnp.asarray([True, False, True])
+    jaxpr = jax.make_jaxpr(f)(c, x)
+    fills = [e for e in jaxpr.eqns if e.primitive.name == "broadcast_in_dim"]
+    assert sorted(str(e.invars[0].val) for e in fills) == ["-0.0", "0.0", "1.0"]
+    loop = next(e for e in jaxpr.eqns if e.primitive.name in ("scan", "while"))
+    body = [p.jaxpr for p in loop.params.values() if isinstance(p, jax.extend.core.ClosedJaxpr)]
+    assert any(e.primitive.name == "broadcast_in_dim" for b in body for e in b.eqns)
+    ref = (jnp.where(c, x, 0.0) + jnp.where(~c, 0.0, x * x) + jnp.where(c, x, 0.0)
+           + jnp.where(c, x, -0.0) + jnp.where(c, x, 1.0))
+    out = jax.jit(f)(c, x)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(jax.vmap(f)(jnp.stack([c, ~c]), jnp.stack([x, -x])),
+                                  jax.vmap(jax.jit(f))(jnp.stack([c, ~c]),
+                                                       jnp.stack([x, -x])))
+
+
 @pytest.mark.parametrize("ncol", [3, 14])
 def test_const_dot_is_matmul_under_vmap(ncol):
     """const_dot(c, x) equals c @ x, for a short contraction (kept as c @ x) and a

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from simjax.engine.math import ops, unstack, where
+from simjax.engine.math import fill, ops, unstack, where
 
 #: mjMINVAL
 MINVAL = 1e-15
@@ -156,16 +156,18 @@ def sel(c, a, b):
     """``jnp.where(c, a, b)``, as one ``lax.select`` where ``c`` is a bool array and ``a``,
     ``b`` arrays of its shape and one dtype (or a Python scalar and such an array):
     jnp.where traces as a jit of its own with converts and broadcasts, several traced
-    equations where one does (trace and lowering cost per equation). Else jnp.where."""
+    equations where one does (trace and lowering cost per equation); a Python scalar's
+    fill by :func:`simjax.engine.math.fill` (one per trace, shape and value). Else
+    jnp.where."""
     if isinstance(c, jax.Array) and c.dtype == jnp.bool_:
         if _scalar(a) and type(a) is type(b):
             # two Python scalars: their fills as jnp.where makes them (weakly typed, of
             # the default dtype of their kind), without its jit wrapper equation
-            return lax.select(c, lax.full(c.shape, a), lax.full(c.shape, b))
+            return lax.select(c, fill(c.shape, a), fill(c.shape, b))
         if _scalar(a) and isinstance(b, jax.Array) and jnp.result_type(a, b) == b.dtype:
-            a = lax.full_like(b, a)
+            a = fill(b.shape, a, like=b)
         elif _scalar(b) and isinstance(a, jax.Array) and jnp.result_type(a, b) == a.dtype:
-            b = lax.full_like(a, b)
+            b = fill(a.shape, b, like=a)
         if (isinstance(a, jax.Array) and isinstance(b, jax.Array) and a.dtype == b.dtype
                 and a.shape == b.shape == c.shape):
             return lax.select(c, a, b)
@@ -291,14 +293,15 @@ def axis_z(mat):
     return mat[..., :, 2]
 
 
-def _normalize_cols(v):
-    """:func:`normalize`'s unit vector of three (n,) components ``v``, component-wise."""
+def _normalize_cols(v, one, zero):
+    """:func:`normalize`'s unit vector of three (n,) components ``v``, component-wise;
+    ``one`` and ``zero``: fills of their shape and dtype."""
     sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
     ok = sq > MINVAL * MINVAL
-    n = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
+    n = lax.select(ok, jnp.sqrt(lax.select(ok, sq, one)), zero)
     ok = n >= MINVAL
-    d = sel(ok, n, 1.0)
-    return [sel(ok, x / d, float(i == 0)) for i, x in enumerate(v)]
+    d = lax.select(ok, n, one)
+    return [lax.select(ok, x / d, one if i == 0 else zero) for i, x in enumerate(v)]
 
 
 def frame_cols(normal, tangent):
@@ -307,15 +310,18 @@ def frame_cols(normal, tangent):
     :func:`frame_rows` without broadcasts of per-contact values over the 3 components
     (XLA on CPU does not fuse an expensive producer (square root, division) into a
     consumer that reads each of its elements more than once: each normalisation and
-    dot product was a kernel), so that one consumer holds them all."""
-    n = _normalize_cols(normal)
+    dot product was a kernel), so that one consumer holds them all. The fills (ones,
+    zeros) are traced once for all selects (XLA merges repeated ones: the same
+    program, fewer traced equations)."""
+    x0 = normal[0]
+    one, zero = fill(x0.shape, 1, x0.dtype), fill(x0.shape, 0, x0.dtype)
+    n = _normalize_cols(normal, one, zero)
     tx, ty, tz = tangent
     small = tx * tx + ty * ty + tz * tz < 0.25
     ay = jnp.abs(n[1]) < 0.5
-    alt = (jnp.zeros_like(n[0]), sel(ay, 1.0, 0.0).astype(n[0].dtype),
-           sel(ay, 0.0, 1.0).astype(n[0].dtype))
-    t = [sel(small, a, x) for a, x in zip(alt, tangent)]
+    alt = (zero, lax.select(ay, one, zero), lax.select(ay, zero, one))
+    t = [lax.select(small, a, x) for a, x in zip(alt, tangent)]
     nt = n[0] * t[0] + n[1] * t[1] + n[2] * t[2]
-    t = _normalize_cols([x - y * nt for x, y in zip(t, n)])
+    t = _normalize_cols([x - y * nt for x, y in zip(t, n)], one, zero)
     b = [n[1] * t[2] - n[2] * t[1], n[2] * t[0] - n[0] * t[2], n[0] * t[1] - n[1] * t[0]]
     return n + t + b
