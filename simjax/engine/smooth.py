@@ -439,8 +439,8 @@ def crb_lower(m, d, factors=False):
         # MuJoCo adds the tendon terms only where M's tree sparsity has room (dof pairs
         # on one ancestor chain); a tendon coupling two branches gets no cross term
         tree = tab.m_mask + tab.m_mask.T - np.eye(m.nv)
-        qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, tendon, d.ten_J) * jnp.asarray(tree,
-                                                                                     dtype)
+        qm = qm + jnp.einsum("ti,t,tj->ij", d.ten_J, tendon, d.ten_J) * jnp.asarray(
+            tree, dtype)
         return d.replace(crb=crb_, qM=qm), None
     return d.replace(crb=crb_, qM=qm), lower
 
