@@ -469,24 +469,27 @@ def take_rows(x, idx):
 _TAKE = True
 
 
-def take(x, idx):
+def take(x, idx, axis=0):
     """``x[idx]`` for a static (NumPy) integer index array ``idx`` of any shape (rows
-    of ``x``: the result is idx.shape + x.shape[1:]), as :func:`take_rows`: one traced
-    equation where jnp's indexing traces four (the negative-index normalisation of
-    constant indices, which XLA folds). Used by the engine's gathers of model-indexed
-    rows (bodies, joints, dofs, actuators, sensors): the bench's batched rollout traced
+    of ``x``: the result is idx.shape + x.shape[1:]; with ``axis``, ``x``'s entries
+    along that axis: x.shape[:axis] + idx.shape + x.shape[axis + 1:]), as
+    :func:`take_rows`: one traced equation where jnp's indexing traces four (the
+    negative-index normalisation of constant indices, which XLA folds). Used by the
+    engine's gathers of model-indexed rows (bodies, joints, dofs, actuators, sensors)
+    and the level factorisations' packing (axis 1): the bench's batched rollout traced
     111 equations fewer on the shadow hand, 171 on the ant, 192 on barkour, 141 on the
     humanoid. XLA gets the indices as literal constants (not jnp's folded selects:
     index computations and gathers of model constants fold away, a kernel or two
     fewer), the gathered values the same."""
     if (not _TAKE or not isinstance(x, jax.Array) or not isinstance(idx, np.ndarray)
             or x.ndim == 0 or idx.ndim == 0 or idx.dtype.kind not in "iu"):
-        return x[idx]
-    idx = np.where(idx < 0, idx + x.shape[0], idx).astype(np.int32)
+        return x[(slice(None),) * axis + (idx,)]
+    idx = np.where(idx < 0, idx + x.shape[axis], idx).astype(np.int32)
+    # x's other axes keep their places around idx's
     dnums = lax.GatherDimensionNumbers(
-        offset_dims=tuple(range(idx.ndim, idx.ndim + x.ndim - 1)),
-        collapsed_slice_dims=(0,), start_index_map=(0,))
-    return lax.gather(x, idx[..., None], dnums, (1,) + x.shape[1:],
+        offset_dims=tuple(range(axis)) + tuple(range(axis + idx.ndim, idx.ndim + x.ndim - 1)),
+        collapsed_slice_dims=(axis,), start_index_map=(axis,))
+    return lax.gather(x, idx[..., None], dnums, x.shape[:axis] + (1,) + x.shape[axis + 1:],
                       mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 

@@ -264,11 +264,11 @@ def _level_pair_batched(plan, n, a, diag, lanes=None):
     if factors:
         pk = _pack_factors(plan, n, a, g, w)
     else:
-        pk = _take(_pad1(a.reshape(g, w, n * n).transpose(0, 2, 1)),
-                   np.where(plan.real, plan.src, n * n))
+        pk = take(_pad1(a.reshape(g, w, n * n).transpose(0, 2, 1)),
+                  np.where(plan.real, plan.src, n * n), 1)
     if diag is not None:
         # diag's entries gathered onto the packed diagonal, a zero appended for the others
-        dg = _take(_pad1(diag.reshape(g, w, n).transpose(0, 2, 1)), _diag_index(plan, n))
+        dg = take(_pad1(diag.reshape(g, w, n).transpose(0, 2, 1)), _diag_index(plan, n), 1)
         pk = jnp.concatenate([pk, lax.add(pk, dg)])
     q = _level_ld_blocks(plan, pk)
     r = q.shape[0] // g
@@ -278,7 +278,7 @@ def _level_pair_batched(plan, n, a, diag, lanes=None):
     packed = q.reshape(r, g, q.shape[1], w).transpose(1, 3, 0, 2).reshape(g * w, r, -1)
 
     def dense(part, idx):  # packed -> dense (B, n, n), worlds back on the major axis
-        out = _take(part, idx).transpose(0, 2, 1).reshape(g * w, n, n)
+        out = take(part, idx, 1).transpose(0, 2, 1).reshape(g * w, n, n)
         return out[:b] if pad else out
     out = tuple(dense(q[i * g:(i + 1) * g], plan.dense) for i in range(r)) + (
         packed[:b] if pad else packed,)
@@ -293,17 +293,6 @@ def _level_pair_batched(plan, n, a, diag, lanes=None):
         zero = [pz.shape[1]]
         pz = jnp.concatenate([pz, jnp.zeros((g, 1, w), pk.dtype)], 1)
     return out + (dense(pz, _sym_index(plan, n, zero[0])),)
-
-
-def _take(x, idx):
-    """``x[:, idx]`` for x (G, M, W) and a static (NumPy) index array ``idx``: one
-    gather (jnp's indexing traces four equations: the negative-index normalisation of
-    constant indices, which XLA folds)."""
-    idx = np.asarray(idx, np.int32)
-    dnums = lax.GatherDimensionNumbers(offset_dims=(0, 2), collapsed_slice_dims=(1,),
-                                       start_index_map=(1,))
-    return lax.gather(x, idx[:, None], dnums, (x.shape[0], 1, x.shape[2]),
-                      mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 
 def _sym_index(plan, n, zero):
@@ -356,14 +345,14 @@ def _pack_factors(plan, n, factors, g, w):
     q = terms[0]
     for t in terms[1:]:
         q = lax.add(q, t)
-    pk = _take(q.reshape(g, (n + 1) * n, w), np.where(plan.real, plan.src, n * n))
+    pk = take(q.reshape(g, (n + 1) * n, w), np.where(plan.real, plan.src, n * n), 1)
     # the armature gathered onto the packed diagonal, a zero appended for the others
     if arm.ndim == 1:
         # one for all worlds (model constants)
         return lax.add(pk, lax.broadcast_in_dim(take(_pad1(arm, 0), _diag_index(plan, n)),
                                                 pk.shape, (1,)))
-    return lax.add(pk, _take(_pad1(arm.reshape(g, w, n).transpose(0, 2, 1)),
-                             _diag_index(plan, n)))
+    return lax.add(pk, take(_pad1(arm.reshape(g, w, n).transpose(0, 2, 1)),
+                            _diag_index(plan, n), 1))
 
 
 def _pack_world(plan, qld):
@@ -668,7 +657,7 @@ def _level_pair_bound(m):
         # the level factorisation reads only tree entries (on and below the diagonal):
         # those of ``lower``, whose expression may be cheaper than a's
         lower = _batched(lower, in_batched[1], axis_size)
-        diag = diag if in_batched[2] else jnp.broadcast_to(diag, (axis_size,) + diag.shape)
+        diag = _batched(diag, in_batched[2], axis_size)
         out = _level_pair_batched(plan, n, lower, diag)
         return out, (True,) * len(out)
 

@@ -280,3 +280,20 @@ def test_maximum_minimum_clip_amax_same_program_tangent_by_comparison(dtype):
     w = jnp.asarray([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]], dtype)
     np.testing.assert_array_equal(jax.grad(lambda v: math.amax(v, 1).sum())(w),
                                   [[0, 1, 0], [1, 0, 0]])
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_take_is_indexing(axis):
+    """math.take(x, idx, axis) equals jnp indexing along ``axis`` (1-D and 2-D static
+    indices, negative ones included), traced as one gather, also under vmap."""
+    import jax
+    import jax.numpy as jnp
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 5, 6)))
+    for idx in [np.array([3, 0, -1, 2]), np.array([[1, -2], [0, 0]])]:
+        want = x[(slice(None),) * axis + (idx,)]
+        np.testing.assert_array_equal(math.take(x, idx, axis), want)
+        jaxpr = jax.make_jaxpr(lambda v: math.take(v, idx, axis))(x)
+        assert [e.primitive.name for e in jaxpr.eqns] == ["gather"]
+        got = jax.vmap(lambda v: math.take(v, idx, max(axis - 1, 0)))(x)
+        np.testing.assert_array_equal(got, jax.vmap(
+            lambda v: v[(slice(None),) * max(axis - 1, 0) + (idx,)])(x))

@@ -293,9 +293,9 @@ def axis_z(mat):
     return mat[..., :, 2]
 
 
-def _normalize_cols(v, one, zero):
-    """:func:`normalize`'s unit vector of three (n,) components ``v``, component-wise;
-    ``one`` and ``zero``: fills of their shape and dtype."""
+def _normalize_cols(v):
+    """:func:`normalize`'s unit vector of three (n,) components ``v``, component-wise."""
+    one, zero = fill(v[0].shape, 1, v[0].dtype), fill(v[0].shape, 0, v[0].dtype)
     sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
     ok = sq > MINVAL * MINVAL
     n = lax.select(ok, jnp.sqrt(lax.select(ok, sq, one)), zero)
@@ -315,13 +315,13 @@ def frame_cols(normal, tangent):
     program, fewer traced equations)."""
     x0 = normal[0]
     one, zero = fill(x0.shape, 1, x0.dtype), fill(x0.shape, 0, x0.dtype)
-    n = _normalize_cols(normal, one, zero)
+    n = _normalize_cols(normal)
     tx, ty, tz = tangent
     small = tx * tx + ty * ty + tz * tz < 0.25
     ay = jnp.abs(n[1]) < 0.5
     alt = (zero, lax.select(ay, one, zero), lax.select(ay, zero, one))
     t = [lax.select(small, a, x) for a, x in zip(alt, tangent)]
     nt = n[0] * t[0] + n[1] * t[1] + n[2] * t[2]
-    t = _normalize_cols([x - y * nt for x, y in zip(t, n)], one, zero)
+    t = _normalize_cols([x - y * nt for x, y in zip(t, n)])
     b = [n[1] * t[2] - n[2] * t[1], n[2] * t[0] - n[0] * t[2], n[0] * t[1] - n[1] * t[0]]
     return n + t + b

@@ -295,18 +295,16 @@ def _fill(con, valid, row, par):
     :func:`_contact_params`; zeros (geom -1) in the slots not ``valid``."""
     dist, includemargin = row[:, 0], par[:, 0]
 
-    # valid broadcast and the zero fill traced once per shape, for all fields of it
-    # (XLA merges repeated ones: the same program, fewer traced equations)
+    # valid broadcast once per shape (and the zeros once per trace, by math.fill) for
+    # all fields of it (XLA merges repeated ones: the same program, fewer traced
+    # equations)
     masks = {}
 
     def zero(x):
-        key = (x.shape, x.dtype)
-        if key not in masks:
-            masks[key] = (valid if x.shape == valid.shape else
-                          lax.broadcast_in_dim(valid, x.shape, (0,)),
-                          fill(x.shape, 0, x.dtype))
-        mask, zeros = masks[key]
-        return lax.select(mask, x, zeros)
+        if x.shape not in masks:
+            masks[x.shape] = (valid if x.shape == valid.shape else
+                              lax.broadcast_in_dim(valid, x.shape, (0,)))
+        return lax.select(masks[x.shape], x, fill(x.shape, 0, x.dtype))
 
     fields = dict(
         dist=zero(dist), pos=zero(row[:, 1:4]), includemargin=zero(includemargin),
