@@ -175,5 +175,14 @@ _LANES = 32
 #: is on). Bench rollout (float32, batch 1024, process CPU, one process, alternated
 #: rounds, load 7-10): the shadow hand ran 1.032 [0.851, 1.254] (12 rounds) and 1.044
 #: [0.921, 1.366] (16) of the dense matrix's, reversed 1 / 0.943 [0.832, 1.081] (8),
-#: though kinematics to qLD alone took 0.79 of it (16 rounds); off
+#: though kinematics to qLD alone took 0.79 of it (16 rounds). Remeasured (load 4-8):
+#: that stage 0.785 [0.672, 1.050] (16 rounds), 2.4 of its 10.3 us per world, about 2%
+#: of the step (95-120 us): all the rollout can gain, and less than alternated rounds
+#: resolve here (single rounds spread 0.4-1.5): 0.977 [0.852, 1.218] (16 rounds), 1.039
+#: [0.404, 1.272] (40), 1.004 [0.370, 1.306] (30 with one XLA thread). No cause of a
+#: loss was found: the optimised HLO differs only in qM's and the packing's kernels
+#: (785 kernels each; qM's readers unchanged), the solver's iterations are capped at one
+#: (the batched loop runs once either way) and match MuJoCo's (float32 and float64), and
+#: profiler sums of the changed kernels moved by -1.2% and +0.7% of the rollout in two
+#: runs. Off until a measurement at rest resolves 2%
 _FACTORS = False
