@@ -74,6 +74,80 @@ def test_box_filter():
     assert rejected > 50
 
 
+_SEGMENT_SCENE = """<mujoco><worldbody>
+  <body><freejoint/><geom type="capsule" size=".02 .15" margin=".01"/></body>
+  <body><freejoint/><geom type="capsule" size=".03 .1"/></body>
+  <body><freejoint/><geom type="sphere" size=".04" margin=".005"/></body>
+</worldbody></mujoco>"""
+
+
+def test_segment_filter():
+    """The capsules' segment test never rejects a pair whose collider finds a contact
+    (300 random poses of two capsules and a sphere within 0.35 of each other, with
+    margins), and rejects some that pass the sphere test."""
+    _, m, p, batch, _ = _filter_batch(300, _SEGMENT_SCENE)
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    rejected = 0
+    for grp in p.groups:
+        g1, g2 = p.g1[grp.cand], p.g2[grp.cand]
+        dmg = dm[grp.cand]
+
+        def one(d):
+            pre = jax.vmap(grp.fn)(*narrow._group_args(m, d, grp.fn, g1, g2, dmg,
+                                                       jnp.float64))
+            cols = broadphase._pair_cols(broadphase._pair_table(m, d, g1, g2,
+                                                                jnp.float64))
+            return (broadphase._broadphase(m, d, g1, g2, dmg),
+                    broadphase._segment_filter(m, g1, g2, dmg, cols),
+                    jnp.any(pre.valid, axis=1))
+        sphere, seg, hit = map(np.asarray, jax.jit(jax.vmap(one))(batch))
+        assert not np.any(hit & sphere & ~seg)
+        rejected += int(np.sum(sphere & ~seg & ~hit))
+    assert rejected > 50
+
+
+# ten sticks (capsules along x) side by side 0.3 apart: bounding spheres (radius 0.51)
+# reach three neighbours on each side, segments one; sticks 0-1 and 8-9 touch
+_LADDER = [0.0, 0.015, 0.3, 0.6, 0.9, 1.2, 1.5, 1.8, 2.1, 2.115]
+_LADDER_SCENE = "<mujoco><worldbody>" + "".join(
+    f'<body pos="0 {y} 0"><freejoint/><geom type="capsule" size=".01 .5" '
+    'euler="0 90 0"/></body>' for y in _LADDER) + "</worldbody></mujoco>"
+
+
+def test_segment_filter_keeps_contacts_past_pair_capacity(monkeypatch):
+    """A compacted capsule-capsule group (45 candidates, capacity 16 here) whose sphere-
+    passing pairs (26) exceed its capacity: tested by segment (11 pass), no contact
+    pair is dropped and the contacts are MuJoCo's; by spheres alone the last touching
+    pair (sticks 8-9) is past the capacity and its contacts are lost."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(_LADDER_SCENE)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    assert mjd.ncon >= 4              # both touching pairs (two contacts each: parallel)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    grp = next(g for g in p.groups if g.fn is primitive.capsule_capsule)
+    monkeypatch.setattr(narrow, "PAIRS_PER_SLOT", 0)
+    split = driver.dim_split(m, 40)
+    assert narrow._pair_cap(m, p, grp, split) == 16 < len(grp.cand) == 45
+    d = geom_poses(io.make_data(m, ncon_max=40), mjd)
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    counts = {}
+    for on in (True, False):
+        monkeypatch.setattr(narrow, "_SEGMENT_FILTER", on)
+        counts[on] = int(jax.jit(
+            lambda d: narrow.narrow_group(m, d, p, grp, dm, split)[2])(d))
+        got = jax.jit(lambda d: driver.collision(m, d))(d)
+        if on:
+            _assert_mujoco_depths(mjm, jax.tree_util.tree_map(lambda x: x[None], got),
+                                  [mjd.qpos.copy()])
+        else:
+            assert 0 < int(got.ncon) < mjd.ncon
+    assert counts == {True: 11, False: 26}
+
+
 def _assert_mujoco_depths(mjm, got, qs):
     """Each world's contact count and depths (batched collision output ``got`` at the
     poses ``qs``) equal MuJoCo's."""
