@@ -49,7 +49,7 @@ def _segment_filter(m, g1, g2, margin, cols):
     ``cols``: the pairs' geoms as :func:`_pair_cols` gives them. Returns (n,) bool."""
     gtype = np.asarray(m.geom_type)
     out = None
-    for (pa, ma, sa, _), (pb, _, _, rb), ga in ((cols[0], cols[1], g1), (cols[1], cols[0], g2)):
+    for (pa, ma, sa, _), (pb, _, _, rb), ga in ((*cols, g1), (*cols[::-1], g2)):
         cap = gtype[ga] == GT.CAPSULE
         if not np.any(cap):
             continue
