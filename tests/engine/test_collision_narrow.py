@@ -148,6 +148,34 @@ def test_segment_filter_keeps_contacts_past_pair_capacity(monkeypatch):
     assert counts == {True: 11, False: 26}
 
 
+# twenty capsules above a plane, ten of them touching it
+_PLANE_SCENE = '<mujoco><worldbody><geom type="plane" size="5 5 .1"/>' + "".join(
+    f'<body pos="{0.3 * i} 0 {0.029 if i < 10 else 2.0}"><freejoint/>'
+    '<geom type="capsule" size=".03 .1" euler="0 90 0"/></body>' for i in range(20)) + \
+    "</worldbody></mujoco>"
+
+
+def test_plane_group_past_pair_capacity(monkeypatch):
+    """A compacted plane-capsule group (20 candidates, capacity 16 here, 10 passing the
+    plane test): the segment test leaves a plane's pairs to the plane test (a plane has
+    no bounding sphere), and the contacts are MuJoCo's."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(_PLANE_SCENE)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    assert mjd.ncon == 20             # two contacts for each of the ten lying capsules
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    grp = next(g for g in p.groups if g.fn is primitive.plane_capsule)
+    monkeypatch.setattr(narrow, "PAIRS_PER_SLOT", 0)
+    split = driver.dim_split(m, 40)
+    assert narrow._pair_cap(m, p, grp, split) == 16 < len(grp.cand) == 20
+    d = geom_poses(io.make_data(m, ncon_max=40), mjd)
+    got = jax.jit(lambda d: driver.collision(m, d))(d)
+    _assert_mujoco_depths(mjm, jax.tree_util.tree_map(lambda x: x[None], got),
+                          [mjd.qpos.copy()])
+
+
 def _assert_mujoco_depths(mjm, got, qs):
     """Each world's contact count and depths (batched collision output ``got`` at the
     poses ``qs``) equal MuJoCo's."""

@@ -42,7 +42,8 @@ def _segment_filter(m, g1, g2, margin, cols):
     (its axis, column 2 of its xmat) can touch a geom of bounding radius R only where
     the other geom's centre lies within r + R + ``margin`` of the capsule's segment
     (a point p2 of geom 2 within r + margin of the segment lies within R of its centre).
-    Tested from each capsule side of a pair; other sides pass. It rejects more than
+    Tested from each capsule side of a pair whose other geom has a bounding sphere
+    (R > 0, as :func:`_broadphase` tests); other pairs pass. It rejects more than
     the bounding spheres (:func:`_broadphase`): in fallen humanoids, 7 of 19 sphere-
     passing capsule-capsule pairs on average (at most 32 of 59), so that the compacted
     group's pair capacity is not outrun. A 1e-3 relative allowance covers rounding.
@@ -59,7 +60,8 @@ def _segment_filter(m, g1, g2, margin, cols):
         res = [dc[i] - t * axis[i] for i in range(3)]
         reach = sa[0] + rb + margin
         near = _dot3(res, res) <= (reach + 1e-3 * (reach + sa[1])) ** 2
-        near = where(np.asarray(cap), near, True)
+        # only against a bounding sphere: a plane's (rbound 0) pairs keep the plane test
+        near = where(np.asarray(cap) & (rb > 0), near, True)
         out = near if out is None else out & near
     return out
 
