@@ -44,10 +44,11 @@ def _segment_filter(m, g1, g2, margin, cols):
     (a point p2 of geom 2 within r + margin of the segment lies within R of its centre).
     Tested from each capsule side of a pair whose other geom has a bounding sphere
     (R > 0, as :func:`_broadphase` tests); other pairs pass. It rejects more than
-    the bounding spheres (:func:`_broadphase`): in fallen humanoids, 7 of 19 sphere-
-    passing capsule-capsule pairs on average (at most 32 of 59), so that the compacted
-    group's pair capacity is not outrun. A 1e-3 relative allowance covers rounding.
-    ``cols``: the pairs' geoms as :func:`_pair_cols` gives them. Returns (n,) bool."""
+    the bounding spheres (:func:`_broadphase`): of fallen humanoids' capsule-capsule
+    pairs, 7 on average where the spheres pass 19, at most 32 where they pass up to 59,
+    so that the compacted group's pair capacity (50) is not outrun. A 1e-3 relative
+    allowance covers rounding. ``cols``: the pairs' geoms as :func:`_pair_cols` gives
+    them. Returns (n,) bool."""
     gtype = np.asarray(m.geom_type)
     out = None
     for (pa, ma, sa, _), (pb, _, _, rb), ga in ((*cols, g1), (*cols[::-1], g2)):
