@@ -1,6 +1,6 @@
 """Broadphase and narrow phase of the collider groups (simjax.engine.collision.narrow):
-the bounding-box filter, groups skipped under vmap, groups run in chunks and their pair
-capacity, against MuJoCo."""
+the bounding-box filter, the capsules' segment test, groups skipped under vmap, groups
+run in chunks and their pair capacity, against MuJoCo."""
 from __future__ import annotations
 
 import jax
@@ -115,23 +115,38 @@ _LADDER_SCENE = "<mujoco><worldbody>" + "".join(
     'euler="0 90 0"/></body>' for y in _LADDER) + "</worldbody></mujoco>"
 
 
+def _past_capacity(monkeypatch, xml, fn, ncand):
+    """A one-world scene whose group of the cheap collider ``fn`` has ``ncand``
+    candidate pairs and a pair capacity of 16 (``PAIRS_PER_SLOT`` 0, 40 contact slots):
+    (mjModel, its MjData after mj_forward, Model, plan, the group, the contact dims'
+    slots, Data at MuJoCo's poses)."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    grp = next(g for g in p.groups if g.fn is fn)
+    monkeypatch.setattr(narrow, "PAIRS_PER_SLOT", 0)
+    split = driver.dim_split(m, 40)
+    assert narrow._pair_cap(m, p, grp, split) == 16 < len(grp.cand) == ncand
+    return mjm, mjd, m, p, grp, split, geom_poses(io.make_data(m, ncon_max=40), mjd)
+
+
+def _assert_one_world(mjm, mjd, got):
+    """Unbatched collision output ``got`` at ``mjd``'s poses has MuJoCo's contacts."""
+    _assert_mujoco_depths(mjm, jax.tree_util.tree_map(lambda x: x[None], got),
+                          [mjd.qpos.copy()])
+
+
 def test_segment_filter_keeps_contacts_past_pair_capacity(monkeypatch):
     """A compacted capsule-capsule group (45 candidates, capacity 16 here) whose sphere-
     passing pairs (26) exceed its capacity: tested by segment (11 pass), no contact
     pair is dropped and the contacts are MuJoCo's; by spheres alone the last touching
     pair (sticks 8-9) is past the capacity and its contacts are lost."""
-    from mujoco_oracle import model_from_mujoco
-    mjm = mujoco.MjModel.from_xml_string(_LADDER_SCENE)
-    mjd = mujoco.MjData(mjm)
-    mujoco.mj_forward(mjm, mjd)
+    mjm, mjd, m, p, grp, split, d = _past_capacity(
+        monkeypatch, _LADDER_SCENE, primitive.capsule_capsule, 45)
     assert mjd.ncon >= 4              # both touching pairs (two contacts each: parallel)
-    m = model_from_mujoco(mjm)
-    p = driver.plan(m)
-    grp = next(g for g in p.groups if g.fn is primitive.capsule_capsule)
-    monkeypatch.setattr(narrow, "PAIRS_PER_SLOT", 0)
-    split = driver.dim_split(m, 40)
-    assert narrow._pair_cap(m, p, grp, split) == 16 < len(grp.cand) == 45
-    d = geom_poses(io.make_data(m, ncon_max=40), mjd)
     prm = driver.pair_params(m, p, jnp.float64)
     dm = prm["margin"] + prm["gap"]
     counts = {}
@@ -141,8 +156,7 @@ def test_segment_filter_keeps_contacts_past_pair_capacity(monkeypatch):
             lambda d: narrow.narrow_group(m, d, p, grp, dm, split)[2])(d))
         got = jax.jit(lambda d: driver.collision(m, d))(d)
         if on:
-            _assert_mujoco_depths(mjm, jax.tree_util.tree_map(lambda x: x[None], got),
-                                  [mjd.qpos.copy()])
+            _assert_one_world(mjm, mjd, got)
         else:
             assert 0 < int(got.ncon) < mjd.ncon
     assert counts == {True: 11, False: 26}
@@ -159,21 +173,10 @@ def test_plane_group_past_pair_capacity(monkeypatch):
     """A compacted plane-capsule group (20 candidates, capacity 16 here, 10 passing the
     plane test): the segment test leaves a plane's pairs to the plane test (a plane has
     no bounding sphere), and the contacts are MuJoCo's."""
-    from mujoco_oracle import model_from_mujoco
-    mjm = mujoco.MjModel.from_xml_string(_PLANE_SCENE)
-    mjd = mujoco.MjData(mjm)
-    mujoco.mj_forward(mjm, mjd)
+    mjm, mjd, m, _, _, _, d = _past_capacity(
+        monkeypatch, _PLANE_SCENE, primitive.plane_capsule, 20)
     assert mjd.ncon == 20             # two contacts for each of the ten lying capsules
-    m = model_from_mujoco(mjm)
-    p = driver.plan(m)
-    grp = next(g for g in p.groups if g.fn is primitive.plane_capsule)
-    monkeypatch.setattr(narrow, "PAIRS_PER_SLOT", 0)
-    split = driver.dim_split(m, 40)
-    assert narrow._pair_cap(m, p, grp, split) == 16 < len(grp.cand) == 20
-    d = geom_poses(io.make_data(m, ncon_max=40), mjd)
-    got = jax.jit(lambda d: driver.collision(m, d))(d)
-    _assert_mujoco_depths(mjm, jax.tree_util.tree_map(lambda x: x[None], got),
-                          [mjd.qpos.copy()])
+    _assert_one_world(mjm, mjd, jax.jit(lambda d: driver.collision(m, d))(d))
 
 
 def _assert_mujoco_depths(mjm, got, qs):
