@@ -43,17 +43,19 @@ def _segment_filter(m, g1, g2, margin, cols):
     the other geom's centre lies within r + R + ``margin`` of the capsule's segment
     (a point p2 of geom 2 within r + margin of the segment lies within R of its centre).
     Tested from each capsule side of a pair whose other geom has a bounding sphere
-    (R > 0, as :func:`_broadphase` tests); other pairs pass. It rejects more than
+    (not a plane, as :func:`_broadphase` tests); other pairs pass. It rejects more than
     the bounding spheres (:func:`_broadphase`): of fallen humanoids' capsule-capsule
     pairs, 7 on average where the spheres pass 19, at most 32 where they pass up to 59,
     so that the compacted group's pair capacity (50) is not outrun. A 1e-3 relative
     allowance covers rounding. ``cols``: the pairs' geoms as :func:`_pair_cols` gives
-    them. Returns (n,) bool."""
+    them. Returns (n,) bool, or None where no pair has such a side."""
     gtype = np.asarray(m.geom_type)
     out = None
-    for (pa, ma, sa, _), (pb, _, _, rb), ga in ((*cols, g1), (*cols[::-1], g2)):
-        cap = gtype[ga] == GT.CAPSULE
-        if not np.any(cap):
+    for (pa, ma, sa, _), (pb, _, _, rb), ga, gb in ((*cols, g1, g2), (*cols[::-1], g2, g1)):
+        # only against a bounding sphere: pairs with a plane (rbound 0) keep the plane
+        # test; decided from the geom types, a NumPy mask
+        use = (gtype[ga] == GT.CAPSULE) & (gtype[gb] != GT.PLANE)
+        if not np.any(use):
             continue
         axis = _col(ma, 2)
         dc = [pb[i] - pa[i] for i in range(3)]
@@ -61,8 +63,7 @@ def _segment_filter(m, g1, g2, margin, cols):
         res = [dc[i] - t * axis[i] for i in range(3)]
         reach = sa[0] + rb + margin
         near = _dot3(res, res) <= (reach + 1e-3 * (reach + sa[1])) ** 2
-        # only against a bounding sphere: a plane's (rbound 0) pairs keep the plane test
-        near = where(np.asarray(cap) & (rb > 0), near, True)
+        near = near if np.all(use) else where(use, near, True)
         out = near if out is None else out & near
     return out
 

@@ -24,7 +24,6 @@ from simjax.engine.collision.common import once
 from simjax.engine.collision.pairs import Group, sdf_pair
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.math import reduce_fused, where
-from simjax.types import GeomType as GT
 
 
 def _geoms(m, d, g, sel, ftype):
@@ -197,8 +196,9 @@ def narrow_group(m, d, p, grp, det_margin, split):
     if grp.fn in CHEAP:
         if cap >= n:
             return run(), ok, reduce_fused(ok, 0), no, None
-        if _SEGMENT_FILTER and np.any(gtype[np.concatenate([g1, g2])] == GT.CAPSULE):
-            ok = ok & _segment_filter(m, g1, g2, dm, cols)
+        seg = _segment_filter(m, g1, g2, dm, cols) if _SEGMENT_FILTER else None
+        if seg is not None:
+            ok = ok & seg
         count = reduce_fused(ok, 0)
         ar = np.arange(n)
         sel = first_k(where(ok, ar, n + ar), cap)    # passing pairs, in order
