@@ -216,7 +216,7 @@ def _row_trees(m, d, lay, nefc):
         nrow = b.n * b.k
         row += nrow
         if b.kind in CONTACT_KINDS:
-            g = jnp.take(d.contact.geom, jnp.asarray(b.ids), axis=0)          # (n, 2)
+            g = _slots(d.contact.geom, b.ids)                                # (n, 2)
             t = where(g >= 0, jnp.asarray(geom_tree)[jnp.clip(g, 0, None)], -1)
             add = (t[:, :, None] == trees).any(1)                            # (n, ntree)
             parts.append(jnp.broadcast_to(add[:, None], (b.n, b.k, ntree)).reshape(nrow, ntree))
@@ -244,11 +244,23 @@ def _row_trees(m, d, lay, nefc):
     return jnp.concatenate(parts, 0) if parts else jnp.zeros((0, ntree), bool)
 
 
+def _slots(x, ids):
+    """``x[ids]`` for static slot indices ``ids``: a slice where they are consecutive
+    (it fuses into the kernels that read it; a gather by constant indices was a kernel
+    of its own)."""
+    ids = np.asarray(ids)
+    if len(ids) and np.array_equal(ids, np.arange(ids[0], ids[0] + len(ids))):
+        return x[int(ids[0]):int(ids[0]) + len(ids)]
+    return jnp.take(x, jnp.asarray(ids), axis=0)
+
+
 def _islands(inc, active):
     """Island of every row (mj_island): trees joined by rows, numbered in ascending order
     of their smallest tree; returns (row island (nefc,), number of islands)."""
     ntree = inc.shape[1]
     inc = inc & active[:, None]
+    if ntree == 2 and inc.shape[0] < 1 << 10:
+        return _two_islands(inc)
     incf = inc.astype(jnp.float32)
     adj = (incf.T @ incf) > 0                                       # (ntree, ntree)
     live = reduce_fused(inc, 0, "any")
@@ -274,6 +286,31 @@ def _islands(inc, active):
     first = jnp.argmax(inc, 1)
     row_isl = where(jnp.any(inc, 1), tree_isl[first], big)
     return row_isl, tree_isl
+
+
+def _two_islands(inc):
+    """:func:`_islands` of two trees (``inc`` the active rows' incidence (nefc, 2),
+    fewer than 1024 rows), in closed form: tree 0, where a row touches it, is island
+    0; tree 1 joins it where a row touches both, else is island 0 or 1 as tree 0 is
+    in no island or is; a row's island is that of the first tree it touches. One
+    reduction over the rows (what trees are touched, and whether together) and
+    selects: the label propagation's products, scan and first-tree search compiled
+    about ten kernels under vmap (shadow hand's bench rollout 785 -> 775 kernels; the
+    same integers)."""
+    big = jnp.int32(2)
+    t0, t1 = inc[:, 0], inc[:, 1]
+
+    def field(x, shift):
+        return x.astype(jnp.int32) << shift
+
+    # the rows touching tree 0, tree 1 and both, counted in bit fields of one integer
+    # sum (10 bits each): its operand elementwise, where a stack of the three flags
+    # was a kernel of its own
+    tot = reduce_fused(field(t0, 0) + field(t1, 10) + field(t0 & t1, 20), 0)
+    live0, live1, joined = (((tot >> s) & 1023) != 0 for s in (0, 10, 20))
+    isl1 = where(live1, where(joined, 0, live0.astype(jnp.int32)), big)
+    tree_isl = jnp.stack([where(live0, 0, big), isl1])
+    return where(t0, 0, where(t1, isl1, big)), tree_isl
 
 
 def block_order(m, d, lay):

@@ -301,6 +301,9 @@ def island_ids(m, d, lay):
     n = int(m.ntree)
     rowisl, tree_isl = _islands(_row_trees(m, d, lay, lay.nefc), d.efc_active)
     dof_tree = np.asarray(m.dof_treeid).reshape(-1)
+    if n == 2:
+        # two trees: a select by the dof's tree (a constant mask), not a gather
+        return rowisl, where(dof_tree == 0, tree_isl[0], tree_isl[1])
     return jnp.minimum(rowisl, n), jnp.minimum(take(tree_isl, dof_tree), n)
 
 

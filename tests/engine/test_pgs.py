@@ -154,6 +154,58 @@ def test_islands_equality_rows_match_mujoco():
     np.testing.assert_array_equal(np.asarray(rowisl)[rows], mjd.efc_island)
 
 
+TWO_TREES = """
+<mujoco>
+  <worldbody>
+    <geom type="plane" size="5 5 .1"/>
+    <body name="a" pos="{a}"><freejoint/><geom type="box" size=".1 .1 .1"/></body>
+    <body name="b" pos="{b}"><freejoint/><geom type="box" size=".1 .1 .1"/></body>
+  </worldbody>
+</mujoco>
+"""
+
+
+@pytest.mark.parametrize("a,b,nisland", [
+    ("0 0 .09", "1 0 .09", 2),        # both on the plane, apart: an island each
+    ("0 0 .09", "0 0 .28", 1),        # b stacked on a: one island
+    ("0 0 2", "1 0 .09", 1),          # a in the air: b's island is island 0
+])
+def test_two_tree_islands_match_mujoco(a, b, nisland):
+    """Islands of a model of two trees (found in closed form, pgs._two_islands): every
+    active row's island and the dofs' islands as MuJoCo's (mj_island)."""
+    from simjax.engine import solver
+    mjm = mujoco.MjModel.from_xml_string(TWO_TREES.format(a=a, b=b))
+    m = model_from_mujoco(mjm)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    st = dict(qpos=mjd.qpos.copy(), qvel=mjd.qvel.copy())
+    slot, d = inject_contacts(m, to_data(io.make_data(m), st), mjd)
+    d = smooth_jit(canonical(m), d)
+    lay = C.layout(m, C.slot_dims(d))
+    rowisl, dofisl = solver.island_ids(m, d, lay)
+    rows, extra = match_rows(mjd, d, slot)
+    assert mjm.ntree == 2 and mjd.nisland == nisland and (rows >= 0).all()
+    np.testing.assert_array_equal(np.asarray(rowisl)[rows], mjd.efc_island)
+    expect = np.where(mjd.dof_island >= 0, mjd.dof_island, 2)
+    np.testing.assert_array_equal(np.asarray(dofisl), expect)
+
+
+def test_two_tree_islands_match_label_propagation():
+    """pgs._islands of two trees (closed form) against its label propagation (the
+    same incidences with a third, untouched tree), on random incidences and active
+    rows."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 9))
+        inc = rng.random((n, 2)) < rng.random()
+        act = jnp.asarray(rng.random(n) < 0.7)
+        rows, trees = pgs._islands(jnp.asarray(inc), act)
+        rows3, trees3 = pgs._islands(jnp.asarray(np.pad(inc, ((0, 0), (0, 1)))), act)
+        np.testing.assert_array_equal(rows, np.minimum(rows3, 2))
+        np.testing.assert_array_equal(trees, np.minimum(trees3[:2], 2))
+
+
 def test_pcg32_matches_64bit_reference():
     """The two-word PCG32 against a direct 64-bit statement of the generator."""
     import jax.numpy as jnp
