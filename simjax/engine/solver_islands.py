@@ -1,8 +1,26 @@
 """Per-island reductions of the primal solvers (:mod:`simjax.engine.solver`): MuJoCo
 4.0.0 solves each constraint island (mj_island) on its own."""
+import jax
 import jax.numpy as jnp
 
 from simjax.engine.math import reduce_fused, where
+
+
+#: :meth:`Islands._expand` selects up to this many islands' values by their ids, a
+#: gather beyond
+_SELECTS = 4
+
+
+def _varying(ids, x):
+    """``ids``, made to depend on ``x`` (an optimisation barrier): the comparisons of
+    the ids (loop-invariant in the line search, where ``x`` is not) fuse into the
+    kernels that use them, where XLA's loop-invariant code motion made each one a
+    kernel of its own before the loop, materialised."""
+    return jax.lax.optimization_barrier((ids, x))[0] if _VARYING else ids
+
+
+#: :func:`_varying` is applied, read at trace time (False: not, kept to compare)
+_VARYING = True
 
 
 class Islands:
@@ -20,17 +38,12 @@ class Islands:
         # row or dof may be None where only the other side's reductions are used
         self.n = n
         if n > 1:
-            ids = jnp.arange(n, dtype=jnp.int32)
             self.row, self.dof = row, dof
-            if row is not None:
-                self.rmask = row[:, None] == ids                 # (nefc, n)
-            if dof is not None:
-                self.dmask = dof[:, None] == ids                 # (nv, n)
 
-    @staticmethod
-    def _sum(mask, x):
+    def _sum(self, ids, x):
         # exact segment sum (a select, not a product with a 0/1 matrix)
-        x = x.reshape(x.shape[:1] + (1,) * (mask.ndim - 1) + x.shape[1:])
+        mask = _varying(ids, x)[:, None] == jnp.arange(self.n, dtype=jnp.int32)
+        x = x.reshape(x.shape[:1] + (1,) + x.shape[1:])
         m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
         return reduce_fused(where(m, x, 0), 0)
 
@@ -38,20 +51,20 @@ class Islands:
         """(nefc, ...) -> (n, ...): sums over each island's rows."""
         if self.n == 1:
             return reduce_fused(x, 0)[None]
-        return self._sum(self.rmask, x)
+        return self._sum(self.row, x)
 
     def ddot(self, a, b):
         """(n,) dot products of two (nv,) vectors over each island's dofs."""
         if self.n == 1:
             return jnp.dot(a, b)[None]
-        return self._sum(self.dmask, a * b)
+        return self._sum(self.dof, a * b)
 
     def ddots(self, a, b):
         """(n, m) dot products of an (nv,) vector with the m columns of b (nv, m) over
         each island's dofs: one reduction for several dot products."""
         if self.n == 1:
             return reduce_fused(a[:, None] * b, 0)[None]
-        return self._sum(self.dmask, a[:, None] * b)
+        return self._sum(self.dof, a[:, None] * b)
 
     def norm(self, a):
         if self.n == 1:
@@ -60,6 +73,16 @@ class Islands:
 
     @staticmethod
     def _expand(v, ids, fill):
+        # a few islands: selects by the ids (elementwise, fused into their users; a
+        # gather from the values with the fill appended is a kernel of its own with
+        # the concatenation of its indices)
+        n = v.shape[0]
+        if n <= _SELECTS:
+            ids = _varying(ids, v)
+            out = jnp.full(ids.shape + v.shape[1:], fill, v.dtype)
+            for i in range(n):
+                out = where(ids == i, v[i], out)
+            return out
         return jnp.concatenate([v, jnp.full((1,), fill, v.dtype)])[ids]
 
     def rx(self, v, fill):
@@ -78,7 +101,7 @@ class Islands:
         """(contacts, ...) -> (n, ...) sums over each island's contacts of a block."""
         if self.n == 1:
             return reduce_fused(x, 0)[None]
-        return self._sum(ids[:, None] == jnp.arange(self.n, dtype=jnp.int32), x)
+        return self._sum(ids, x)
 
     def bx(self, ids, v):
         return v if self.n == 1 else self._expand(v, ids, 0)
