@@ -140,7 +140,8 @@ def first_true(a, k):
     binary search (a loop, so that they are materialised once: a direct count fuses
     into every gather that uses them)."""
     cs = cumcount(a)
-    q = jnp.arange(1, k + 1, dtype=jnp.int32)
+    # a constant (NumPy): an iota made a kernel of its own as the search loop's input
+    q = np.arange(1, k + 1, dtype=np.int32)
     if not inline.LEAN:
         return inline.searchsorted(cs, q, method="scan"), cs
     return _bisect(cs, q), cs
@@ -251,8 +252,9 @@ def spread(rows, active, vals):
     whole rows) at the problem's rows: (nefc, len(vals)), zero on inactive rows.
     Without elliptic blocks the active rows fill the chunks in row order, so an active
     row's entry is entry ``rank - 1`` of the chunks laid end to end (``rank``: the
-    cumulative count of active rows, :func:`gather`): one gather, the rows' products
-    not made again at their full capacity. None where the chunks hold elliptic
+    cumulative count of active rows, :func:`gather`): a gather from chunk 0's values
+    and one from the later chunks' (:data:`_SPREAD_SELECT`), the rows' products not
+    made again at their full capacity. None where the chunks hold elliptic
     contacts."""
     if rows.rank is None:
         if isinstance(vals[0], Chunked):
@@ -262,23 +264,45 @@ def spread(rows, active, vals):
         return None
 
     def take(cols, in_table):
-        tab = jnp.stack(cols, 1)
-        n = tab.shape[0]
-        # a zero row for the rows not in the table: in bounds, no fill select
-        tab = jnp.concatenate([tab, jnp.zeros((1, len(vals)), tab.dtype)])
-        idx = where(in_table, rows.rank - 1, n)
-        return tab.at[idx].get(mode="promise_in_bounds")
+        return _take_at(cols, in_table, rows.rank - 1)
 
     head = [v.head for v in vals]
     ks = head[0].shape[0]
-    if rows.nchunk == 1:
-        return take(head, active)
-    # the later chunks only where a world uses them (usually none): their values laid
-    # after chunk 0's are a table of every chunk's rows to copy
-    return jax.lax.cond(
-        any_world(rows.nact > 1),
-        lambda: take([jnp.concatenate([v.head, v.rest.reshape(-1)]) for v in vals], active),
-        lambda: take(head, active & (rows.rank <= ks)))
+    if rows.nchunk == 1 or not _SPREAD_SELECT:
+        if rows.nchunk == 1:
+            return take(head, active)
+        # the later chunks only where a world uses them (usually none): their values
+        # laid after chunk 0's are a table of every chunk's rows to copy
+        return jax.lax.cond(
+            any_world(rows.nact > 1),
+            lambda: take([jnp.concatenate([v.head, v.rest.reshape(-1)]) for v in vals],
+                         active),
+            lambda: take(head, active & (rows.rank <= ks)))
+    # (:data:`_SPREAD_SELECT`) a row past chunk 0 is entry rank - 1 - ks of the later
+    # chunks laid end to end; the zero row of either table is that of the rows not in it
+    later = [v.rest.reshape(-1) for v in vals]
+    return where((rows.rank <= ks)[:, None], take(head, active & (rows.rank <= ks)),
+                 _take_at(later, active & (rows.rank > ks), rows.rank - 1 - ks))
+
+
+def _take_at(cols, in_table, idx):
+    """Entries ``idx`` of the columns ``cols`` (a list of (n,) arrays) as (rows,
+    len(cols)), zero where not ``in_table``: a zero row appended for those, in bounds,
+    no fill select."""
+    tab = jnp.stack(cols, 1)
+    n = tab.shape[0]
+    tab = jnp.concatenate([tab, jnp.zeros((1, len(cols)), tab.dtype)])
+    return tab.at[where(in_table, idx, n)].get(mode="promise_in_bounds")
+
+
+#: :func:`spread` takes a row past chunk 0 from the later chunks' values (a second
+#: gather and a select, for every world), read at trace time (False: a conditional
+#: between chunk 0's table and every chunk's values end to end, where a world of the
+#: batch uses the later chunks, kept to compare). The conditional, its flag over the
+#: batch and the branches' concatenations were 9 kernels; the two gathers are 2 (ant's
+#: bench rollout 514 -> 506 kernels); the same values (float64 bench rollouts
+#: bit-identical)
+_SPREAD_SELECT = True
 
 
 def _chunk_rows(layout, caps, nefc, pos):
@@ -334,7 +358,7 @@ def _chunk_positions(counts, caps, c):
     ks, ke = caps
     out = []
     for cs, k in zip(counts, (ks,) + tuple(ke)):
-        q = c * k + jnp.arange(1, k + 1, dtype=jnp.int32)
+        q = c * k + np.arange(1, k + 1, dtype=np.int32)
         out.append(count_below(cs, q))
     return out
 
@@ -443,14 +467,14 @@ def gather(spec, p, caps):
                  + [-(-n // k) for (_, n, _), k in zip(spec.ell, ke)] + [1])
     pos, cs = first_true(act[srows], ks)
     pos, counts = [pos], [cs]
-    nact = -(-cs[-1] // ks) if ks else jnp.zeros((), jnp.int32)
+    nact = _chunks_of(cs[-1], ks) if ks else jnp.zeros((), jnp.int32)
     ell = []
     row = ks
     for (start, n, dim), k in zip(spec.ell, ke):
         ps, cs = first_true(act[start:start + n * dim:dim], k)
         pos.append(ps)
         counts.append(cs)
-        nact = jnp.maximum(nact, -(-cs[-1] // k))
+        nact = jnp.maximum(nact, _chunks_of(cs[-1], k))
         ell.append((row, k, dim))
         row += k * dim
     layout = (srows, tuple(spec.ell))
@@ -475,6 +499,13 @@ def gather(spec, p, caps):
     blocks = nchunk > 1 and _BLOCKS and _few_rows(spec)
     return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0], blocks,
                 needy_table(nact) if blocks else None)
+
+
+def _chunks_of(count, k):
+    """Chunks of ``k`` rows that ``count`` rows fill (int32, ``count`` >= 0): one
+    truncating division (jnp's floor division of signed integers adds a remainder and
+    its sign fix-up, two kernels under vmap)."""
+    return jax.lax.div(count + (k - 1), jnp.int32(k))
 
 
 def whole(spec, p):
