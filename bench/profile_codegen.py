@@ -35,7 +35,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from bench.profiling import _kernel_lines, kernel_ops  # noqa: E402
+from bench.profiling import _kernel_lines, kernel_ops, no_source_key  # noqa: E402
 
 _CHILD = """
 import sys, jax, jax.numpy as jnp
@@ -140,8 +140,8 @@ def profile(name, batch, top, only=None, by_comp=False):
     print(f"== {name}: {len(rows)} kernels, LLVM {total / 1e3:.2f} s in {len(ms)} modules "
           f"(per-kernel modules; per-thread time)")
     by, count = collections.Counter(), collections.Counter()
-    for cost, _, _, fr in rows:
-        key = f"{fr[-1][0]}.{fr[-1][1]}" if fr else "(no source frame)"
+    for cost, _, op, fr in rows:
+        key = f"{fr[-1][0]}.{fr[-1][1]}" if fr else no_source_key(op)
         by[key] += cost
         count[key] += 1
     print("  LLVM ms  kernels  innermost simjax function")

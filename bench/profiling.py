@@ -185,6 +185,37 @@ def kernel_ops(text):
             yield op, line, chain(int(sf.group(1))) if sf else []
 
 
+def no_source_key(op):
+    """The attribution key of a kernel whose instruction names no stack frame, by opcode.
+
+    What they are (bench rollouts, batch 1024, float32; ant 173 of 515 kernels, shadow
+    hand 223 of 785): ``copy`` (ant 152, hand 157) are the copies XLA's copy insertion
+    adds: of the rollout's parameters into its loop (one per Data leaf) and of loop
+    state that a loop body reads after writing; XLA CPU runs a plain copy as a copy
+    thunk (a memcpy, or a transposing copy), with no generated code, so that they cost
+    no LLVM time (per-kernel LLVM modules: 0 ms each). ``dot`` (ant 11, hand 16) are
+    simjax's batched matrix-vector products (J v, M v in the solver), which XLA CPU's
+    gemv rewriting re-creates without metadata: 60-150 ms of LLVM each in a loaded
+    per-kernel profile, the costly part of this class. ``broadcast`` (hand 27, ant 0)
+    are constants written where a loop, a conditional or the rollout needs a buffer
+    (constant Data fields such as the hand's efc_type or actuator_moment, zero loop
+    states, splat arrays passed into a collider group's branch), moved out of their
+    source by CSE or loop-invariant code motion, and ``iota`` (hand 2) the 0, 1, ...
+    constants passed into a loop or branch; ``reduce-window`` (hand 4) are the first
+    halves XLA's tree reduction rewriting makes of sums over more than 32 entries; the
+    rest are loop counters and the comparator of the contact TopK custom call
+    (``compare``, ``xor``, ``select``: counted, but run by the TopK, not compiled as
+    kernels). Tried against them (float64 outputs bit-identical each): the products
+    with the warm start's two columns as one gemv over the matrix broadcast to both
+    (3 dots fewer in each bench rollout, a broadcast and a transposing fusion more):
+    ant's run 1.039x [1.010, 1.230] process CPU (10 rounds), compile 1.017x [0.860,
+    1.150] (8 pairs); the collider branches' uniform constants built in the branch
+    (``inline._consts_inside``) and the iotas made where used: hand 785 -> 779
+    kernels, humanoid and barkour 1 fewer, compile 1.019x [0.917, 1.241] (hand, 6
+    pairs), humanoid run 1.036x [0.966, 1.090] (8 rounds)."""
+    return f"(no source frame: {op})"
+
+
 def hlo_attribution(text, package="simjax",
                     skip_modules=("forward", "gc_pause", "precision", "inline")):
     """Kernels of an optimised HLO module attributed to source functions.
@@ -195,17 +226,18 @@ def hlo_attribution(text, package="simjax",
     ``step`` that pause the garbage collector, set the matmul precision or trace it
     in line), and also to (that stage, the
     innermost module of ``package`` on the stack). Returns (by_stage, by_stage_leaf),
-    Counters of kernels."""
+    Counters of kernels. Kernels without a frame are counted by opcode
+    (:func:`no_source_key`)."""
     import collections
     stage, leaf = collections.Counter(), collections.Counter()
-    for _, _, chain in kernel_ops(text):
+    for op, _, chain in kernel_ops(text):
         frames = [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn)
                   for f, fn, _ in chain if package in f]
         st = next((f"{mod}.{fn}" for mod, fn in frames
                    if not any(mod.endswith(s) or s.endswith(mod) for s in skip_modules)),
                   None)
         if st is None:
-            st = f"{frames[-1][0]}.{frames[-1][1]}" if frames else "(no source frame)"
+            st = f"{frames[-1][0]}.{frames[-1][1]}" if frames else no_source_key(op)
         stage[st] += 1
         if frames:
             leaf[(st, frames[-1][0])] += 1

@@ -26,3 +26,16 @@ def test_hlo_attribution_charges_kernels_to_functions():
     assert sum(stage.values()) == st["kernels"]
     assert any("test_profiling." in k for k in stage), stage
     assert sum(leaf.values()) >= st["kernels"] - 1
+
+
+def _carry(x):
+    return jax.lax.fori_loop(0, 3, lambda i, c: c * 2 + x, x)
+
+
+def test_hlo_attribution_keys_unframed_kernels_by_opcode():
+    # XLA's copy of the parameter into the loop's buffer names no source frame
+    st = compile_stats(jax.vmap(_carry), jnp.ones((4, 8)))
+    stage, _ = hlo_attribution(st["exe"].as_text(), package="tests", skip_modules=())
+    assert stage["(no source frame: copy)"] >= 1, stage
+    unframed = [k for k in stage if "test_profiling." not in k]
+    assert all(k.startswith("(no source frame: ") for k in unframed), stage
