@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint as C
-from simjax.engine import inline
 from simjax.engine.math import reduce_fused, unstack, where
 from simjax.engine.solver_cost import _hessian, _quad_hessian, _quad_weights, update
 from simjax.engine.solver_dense import factor_t, spd_solve
@@ -23,7 +22,7 @@ from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import head_chunk, rest_chunks
 from simjax.engine.solver_search import MINVAL, _eval, _eval_point, _linesearch
 from simjax.engine.solver_search import _prepare, _prepare_dofs
-from simjax.engine.solver_worlds import any_world, batched_like, where_needed
+from simjax.engine.solver_worlds import any_world, batched_like, live_loop, where_needed
 
 
 #: Newton's Hessian row products J' (D J) with chunk 0's J' made once per solve, read at
@@ -283,9 +282,10 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     else:
         # a world whose islands are all done is left as it is by the body: the flag
         # is unbatched (any_world)
-        c = inline.while_loop(
-            lambda c: any_world((c[2][0, 4] != 0) | jnp.any(c[2][:, 3] == 0)),
-            lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0))
+        c = live_loop(lambda c: (c[2][0, 4] != 0) | jnp.any(c[2][:, 3] == 0),
+                      lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0),
+                      tables=(((rows.needy, rows.nact),) if rows.needy is not None
+                              else ()))
         s = unpack(c)
         qfrc = s["qfrc"] if _CARRY_QFRC else None
     return s["qacc"], s["iter"], s["imp"], s["gnorm"], s["jaref"], qfrc

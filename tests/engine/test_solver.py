@@ -423,24 +423,31 @@ def test_compact_rows(case, fit, monkeypatch):
     check_solve("case", cases)
 
 
+@pytest.mark.parametrize("compact", [8, 2])
 @pytest.mark.parametrize("blocks,block", [(False, 1), (True, 1), (True, 2)])
-def test_chunks_under_vmap(monkeypatch, blocks, block):
+def test_chunks_under_vmap(monkeypatch, blocks, block, compact):
     """Worlds of a batch that use different numbers of row chunks (the chunk loop runs
     to the largest count of the batch, or of a block of the worlds that use the later
     chunks, here one or two worlds per block, the last block of two padded) each get
-    the solution on the whole rows."""
+    the solution on the whole rows; with ``compact`` 2 Newton's last passes run on the
+    one world left live, gathered (solver_worlds.live_loop), the table of the worlds
+    using the later chunks remade for it."""
     from simjax.engine import solver as S
     from simjax.engine import solver_gather as G
     from simjax.engine import solver_rows as R
+    from simjax.engine import solver_worlds as W
     monkeypatch.setattr(G, "_few_rows", lambda spec: blocks)
     monkeypatch.setattr(R, "_CHUNK_BLOCK", block)
+    monkeypatch.setattr(W, "_COMPACT", compact)
     rel, edit, opts = CASES["ant_newton"]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
     on = np.nonzero(np.asarray(d.efc_active))[0]
     off = on[:len(on) // 2]          # rows made inactive in the second world
     d1 = d.replace(efc_active=d.efc_active.at[off].set(False),
                    efc_D=d.efc_D.at[off].set(0.0), efc_J=d.efc_J.at[off].set(0.0))
-    batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b, a]), d, d1)
+    # compacted: the world with the later chunks last live (as the batch's one laggard)
+    order = [0, 1, 0] if compact == 8 else [1, 0, 1]
+    batch = jax.tree_util.tree_map(lambda *a: jnp.stack([a[i] for i in order]), d, d1)
 
     def fwd(m, d):
         return S.fwd_constraint(m, d).qacc
@@ -452,17 +459,22 @@ def test_chunks_under_vmap(monkeypatch, blocks, block):
     got = np.asarray(jax.jit(jax.vmap(fwd, in_axes=(None, 0)))(m, batch))
     one = np.asarray(jax.jit(fwd)(m, d))
     scale = max(1.0, np.abs(want[0]).max())
-    for w, g in zip(want + [want[0], want[0]], list(got) + [one]):
+    for w, g in zip([want[i] for i in order] + [want[0]], list(got) + [one]):
         assert np.abs(g - w).max() / scale < 1e-12
 
 
+@pytest.mark.parametrize("compact", [8, 2])
 @pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
-def test_newton_factor_under_vmap(case):
+def test_newton_factor_under_vmap(case, compact, monkeypatch):
     """Newton keeps its Hessian factor where no row changed state and remakes it under
     vmap only on the worlds that need it: worlds of one batch starting from different
     points (different iterations and active sets) each get their own solution and
-    iteration count, as solved alone, and MuJoCo's iteration count."""
+    iteration count, as solved alone, and MuJoCo's iteration count; with ``compact`` 2
+    the last passes run on the (at most two) worlds left live, gathered
+    (solver_worlds.live_loop)."""
     from simjax.engine import solver as S
+    from simjax.engine import solver_worlds as W
+    monkeypatch.setattr(W, "_COMPACT", compact)
     rel, edit, opts = CASES[case]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
 

@@ -70,3 +70,99 @@ def test_any_world_loop():
     flags = jax.jit(jax.vmap(R.any_world))(jnp.asarray([False, True, False]))
     assert np.asarray(flags).all()
     assert not np.asarray(jax.jit(jax.vmap(R.any_world))(jnp.zeros(3, bool))).any()
+
+
+@pytest.mark.parametrize("compact", [0, 8])
+def test_live_loop(compact, monkeypatch):
+    """live_loop: every world's values those of its own loop, under vmap (the laggards
+    gathered and iterated alone once at most 1/8 of the worlds are live; batches too small
+    to compact; nested vmaps) and for one world; the body closes over batched floats and
+    integers and an unbatched integer."""
+    from simjax.engine import solver_worlds as R
+    monkeypatch.setattr(R, "_COMPACT", compact)
+    rng = np.random.default_rng(1)
+
+    def run(n, step, cap):
+        # doubles x (step times per pass) until it passes n or has made cap passes;
+        # a world that is done is left as it is
+        def live(c):
+            return (c[0] <= n) & (c[1] < cap)
+
+        def body(c):
+            on = live(c)
+            return (jnp.where(on, c[0] * 2.0 ** step, c[0]),
+                    jnp.where(on, c[1] + 1, c[1]))
+        return R.live_loop(live, body, (jnp.ones(()), jnp.zeros((), jnp.int32)))
+
+    def want(n, step, cap):
+        x, k = 1.0, 0
+        while x <= n and k < cap:
+            x, k = x * 2.0 ** step, k + 1
+        return x, k
+
+    for size in (5, 40, 300):
+        # a few laggards: most worlds stop after a pass or two
+        n = np.where(rng.random(size) < 0.1, 10.0 ** rng.uniform(2, 9, size),
+                     rng.uniform(0.5, 3.0, size))
+        step = rng.integers(1, 3, size).astype(np.int32)
+        got = jax.jit(jax.vmap(run, in_axes=(0, 0, None)))(jnp.asarray(n),
+                                                           jnp.asarray(step), 20)
+        ref = np.asarray([want(a, b, 20) for a, b in zip(n, step)])
+        np.testing.assert_array_equal(np.asarray(got[0]), ref[:, 0])
+        np.testing.assert_array_equal(np.asarray(got[1]), ref[:, 1])
+    nested = jax.jit(jax.vmap(jax.vmap(run, in_axes=(0, 0, None)), in_axes=(0, 0, None)))(
+        jnp.asarray(n[:40].reshape(2, 20)), jnp.asarray(step[:40].reshape(2, 20)), 7)
+    ref = np.asarray([want(a, b, 7) for a, b in zip(n[:40], step[:40])])
+    np.testing.assert_array_equal(np.asarray(nested[0]).reshape(-1), ref[:, 0])
+    np.testing.assert_array_equal(np.asarray(nested[1]).reshape(-1), ref[:, 1])
+    one = jax.jit(run)(jnp.asarray(n[0]), jnp.asarray(step[0]), 20)
+    assert (float(one[0]), int(one[1])) == want(n[0], step[0], 20)
+
+
+def test_live_loop_tables():
+    """live_loop remakes a needy_table the body closes over for the worlds it gathers:
+    the table lists worlds of the batch (a rule reading it as such, as the solver's
+    loops over later row chunks do, gives each world its own result only with the
+    table of the batch it runs on)."""
+    from simjax.engine import solver_worlds as R
+
+    @jax.custom_batching.custom_vmap
+    def bump(tab, nact, x):
+        # x + 1 where nact > 1; under vmap by the table's list of worlds
+        return jnp.where(nact > 1, x + 1.0, x)
+
+    @bump.def_vmap
+    def _rule(size, flags, tab, nact, x):
+        x = x if flags[2] else jnp.broadcast_to(x, (size,))
+
+        def put(c):
+            j, y = c
+            w = tab[j]
+            return j + 1, y.at[w].add(1.0)
+
+        def more(c):
+            return (c[0] < size) & (tab[jnp.minimum(c[0], size - 1)] < size)
+
+        return jax.lax.while_loop(more, put, (jnp.zeros((), jnp.int32), x))[1], True
+
+    def run(nact, cap):
+        tab = R.needy_table(nact)
+
+        def live(c):
+            return c[1] < cap
+
+        def body(c):
+            on = live(c)
+            return (jnp.where(on, bump(tab, nact, c[0]), c[0]),
+                    jnp.where(on, c[1] + 1, c[1]))
+        return R.live_loop(live, body, (jnp.zeros(()), jnp.zeros((), jnp.int32)),
+                           tables=((tab, nact),))
+
+    rng = np.random.default_rng(2)
+    size = 64
+    nact = rng.integers(0, 4, size).astype(np.int32)
+    # a few laggards (most worlds stop after one pass)
+    cap = np.where(rng.random(size) < 0.1, rng.integers(3, 9, size), 1).astype(np.int32)
+    got = jax.jit(jax.vmap(run))(jnp.asarray(nact), jnp.asarray(cap))
+    np.testing.assert_array_equal(np.asarray(got[0]), np.where(nact > 1, cap, 0))
+    np.testing.assert_array_equal(np.asarray(got[1]), cap)
