@@ -226,9 +226,11 @@ def narrow_group(m, d, p, grp, det_margin, split):
         def skip(types):
             return (jnp.zeros(types[0].shape, types[0].dtype), jnp.zeros(nrow, bool),
                     jnp.asarray(idx, jnp.int32))
-        out, rows, sel = _run_or_skip(batch_max(count) > 0,
+        # the batch's most passing pairs reduced once, for the skip and the chunks
+        most = batch_max(count)
+        out, rows, sel = _run_or_skip(most > 0,
                                       lambda: _chunked(grp.fn, take, ok, count, found,
-                                                       ftype, nrow),
+                                                       ftype, nrow, most),
                                       skip)
         return found["unpack"](out), rows, count, count > nrow if nrow < n else no, sel
     if getattr(grp.fn, "hfield", False) and not _PACK_HFIELD:
