@@ -230,12 +230,13 @@ def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
         pos = jnp.concatenate([pos, jnp.full((nblk * blk - size,), size - 1, jnp.int32)])
         tab = [jax.lax.dynamic_index_in_dim(t, k, 0, keepdims=False)
                for t in (tplane, tedge, edge)]
-        ck = jax.lax.dynamic_index_in_dim(c, k, 1, keepdims=False)
 
         def body(carry):
             b, buf = carry
             w = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
-            f = jax.vmap(_select, in_axes=(0, None, None, None))(ck[w], *tab)
+            # the block's centres gathered from all pairs' (a slice of the pair's
+            # first was a kernel of its own)
+            f = jax.vmap(_select, in_axes=(0, None, None, None))(c[w, k], *tab)
             f = jnp.stack([x.astype(jnp.int32) for x in f], -1)
             return b + 1, jax.lax.dynamic_update_slice_in_dim(buf, f, b * blk, 0)
         buf = inline.while_loop(lambda cr: cr[0] * blk < count, body,

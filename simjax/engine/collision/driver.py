@@ -238,7 +238,8 @@ def _entries(p, parts):
                                          (n, k)).reshape(-1))
         cands.append(lib.broadcast_to(cand[:, None], (n, k)).reshape(-1))
     valid = _cat_mask(valids) if _MASK_OR else jnp.concatenate(valids)
-    return (jnp.concatenate(fields), jnp.concatenate(depths), valid,
+    depth = _cat_select(depths) if _DEPTH_SELECT else jnp.concatenate(depths)
+    return (jnp.concatenate(fields), depth, valid,
             _cat(keys), None if one_dim else _cat(dims), _cat(cands), total)
 
 
@@ -260,6 +261,26 @@ def _cat_mask(xs):
         out = part if out is None else out | part
         off += x.shape[0]
     return once(out)
+
+
+#: the groups' depths joined by selects of padded parts (:func:`_cat_select`; off: a
+#: concatenation, for paired measurements)
+_DEPTH_SELECT = True
+
+
+def _cat_select(xs):
+    """Concatenation of 1-d arrays as selects of each padded into place (static masks):
+    fused into its consumer, where a concatenation was a kernel, and so was each part
+    read by another consumer too."""
+    total, out, off = sum(x.shape[0] for x in xs), None, 0
+    for x in xs:
+        n = x.shape[0]
+        part = jnp.pad(x, (off, total - off - n))
+        mask = np.zeros(total, bool)
+        mask[off:off + n] = True
+        out = part if out is None else where(mask, part, out)
+        off += n
+    return out
 
 
 def _cat(xs):
