@@ -179,7 +179,7 @@ _SEARCH_IN_CHUNK = True
 _SEARCH = "count"
 
 
-def _chunked(fn, take, ok, count, found, ftype, nrow=None):
+def _chunked(fn, take, ok, count, found, ftype, nrow=None, most=None):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over the
     chunks of the passing pairs (compacted in order by a cumulative count and, in the
     chunk's branch, a count of the cumulative counts below its pairs' ranks, see
@@ -195,10 +195,11 @@ def _chunked(fn, take, ok, count, found, ftype, nrow=None):
     its width from the trace of :func:`_packed_chunk`, which the body reuses). Returns (the
     packed collider output, which rows are passing pairs, the group-local pair of each row:
     past the passing pairs, the last pair); sets ``found["unpack"]``, the output's
-    unpacking (:func:`_pack`)."""
+    unpacking (:func:`_pack`). ``most``: :func:`batch_max` of ``count`` when the caller
+    has it (reduced again here, it was a kernel more)."""
     n = ok.shape[0]
     nch = -(-(n if nrow is None else nrow) // CHUNK)      # rows: nrow, else one per pair
-    most = batch_max(count)
+    most = batch_max(count) if most is None else most
     jf = _packed_chunk(fn)
     width = (inline.outside(jf.trace) if _JIT_IN_STEP else jf.trace)(
         *take(jnp.zeros(CHUNK, jnp.int32))).out_info.shape[1]

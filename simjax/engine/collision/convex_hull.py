@@ -326,6 +326,11 @@ def plane_table(m, ids=None):
     return tab
 
 
+def _cast(xp, x, ftype):
+    """Table ``x`` as an ``xp`` array, floats in ``ftype``."""
+    return xp.asarray(x, ftype) if x.dtype.kind == "f" else xp.asarray(x)
+
+
 def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=None):
     """Give mesh geoms of a convex collider group their hull data (vert, extra).
 
@@ -354,15 +359,19 @@ def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=None):
         names = ("normal", "edge", "hface", "fvert", "fnum", "fnormal", "vface", "npoly",
                  "nvert")
     # row of each geom's mesh in the tables (static when the geoms are)
-    lid = jnp.asarray(local[np.maximum(dataid_np, 0)])
+    lid = local[np.maximum(dataid_np, 0)]
     out = []
-    for t, geo, ig in zip(types, (geo1, geo2), (i1, i2)):
+    for t, geo, ig, gs in zip(types, (geo1, geo2), (i1, i2), geoms or (None, None)):
         if t == GT.MESH:
-            # only the tables this collider reads; gathered by mesh row at run time
-            mid = lid[ig]
-            extra = {k: (jnp.asarray(tab[k], ftype) if tab[k].dtype.kind == "f"
-                         else jnp.asarray(tab[k]))[mid] for k in names}
-            vert = jnp.asarray(tab["vert"], ftype)[mid] if "vert" in tab else None
+            # only the tables this collider reads: the pairs' rows taken in NumPy when
+            # the geoms are static (a constant; gathered in the program, each table's
+            # rows were a kernel), else gathered by mesh row at run time
+            if gs is not None and isinstance(gs, np.ndarray):
+                mid, xp = lid[gs], np
+            else:
+                mid, xp = jnp.asarray(lid)[ig], jnp
+            extra = {k: _cast(xp, tab[k], ftype)[mid] for k in names}
+            vert = _cast(xp, tab["vert"], ftype)[mid] if "vert" in tab else None
             geo = geo._replace(vert=vert, extra={**(geo.extra or {}), **extra})
         out.append(geo)
     return tuple(out)

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline
-from simjax.engine.collision.common import argmax, argmin, dot, normalize, one
+from simjax.engine.collision.common import (
+    argmax, argmin, dot, normalize, one, rot, rot_t)
 from simjax.engine.math import clip, reduce_fused, where
 from simjax.types import GeomType as GT
 
@@ -147,7 +148,9 @@ def sphere_mesh(g1, g2, margin, t2=None, feature=None):
     (:func:`sphere_mesh_group`)."""
     ex = g2.extra
     tplane, tedge, edge = ex["tplane"], ex["tedge"], ex["edge"]
-    c = (g1.pos - g2.pos) @ g2.mat                            # centre in the mesh frame
+    # products written out (common.rot_t, common.rot): vmapped, a matrix-vector
+    # product is a batched dot, an unfused kernel of its own on CPU
+    c = rot_t(g2.mat, g1.pos - g2.pos)                        # centre in the mesh frame
     if feature is None:
         feature = _select(jax.lax.stop_gradient(c), tplane, tedge, edge)
     face, tri, te = jax.lax.stop_gradient(feature)
@@ -159,7 +162,7 @@ def sphere_mesh(g1, g2, margin, t2=None, feature=None):
     nedge, dedge = normalize(er[:3] + tt * er[3:6] - c)
     nloc = where(face, -pl[:3], nedge)
     dist = where(face, hface, dedge) - r
-    n = g2.mat @ nloc
+    n = rot(g2.mat, nloc)
     pos = g1.pos + (r + 0.5 * dist) * n
     return one(dist, pos, n, dist <= margin)
 
@@ -173,7 +176,7 @@ def sphere_mesh_group(g1, g2, margin, ok):
     contacts (their feature is triangle 0)."""
     if not _PASSING:
         return jax.vmap(sphere_mesh)(g1, g2, margin)
-    c = jax.vmap(lambda a, b: (a.pos - b.pos) @ b.mat)(g1, g2)
+    c = jax.vmap(lambda a, b: rot_t(b.mat, a.pos - b.pos))(g1, g2)
     ex = g2.extra
     feature = _select_passing(jax.lax.stop_gradient(c), ok, ex["tplane"], ex["tedge"],
                               ex["edge"])
@@ -227,12 +230,13 @@ def _select_passing_rule(size, batched, c, ok, tplane, tedge, edge):
         pos = jnp.concatenate([pos, jnp.full((nblk * blk - size,), size - 1, jnp.int32)])
         tab = [jax.lax.dynamic_index_in_dim(t, k, 0, keepdims=False)
                for t in (tplane, tedge, edge)]
-        ck = jax.lax.dynamic_index_in_dim(c, k, 1, keepdims=False)
 
         def body(carry):
             b, buf = carry
             w = jax.lax.dynamic_slice_in_dim(pos, b * blk, blk)
-            f = jax.vmap(_select, in_axes=(0, None, None, None))(ck[w], *tab)
+            # the block's centres gathered from all pairs' (a slice of the pair's
+            # first was a kernel of its own)
+            f = jax.vmap(_select, in_axes=(0, None, None, None))(c[w, k], *tab)
             f = jnp.stack([x.astype(jnp.int32) for x in f], -1)
             return b + 1, jax.lax.dynamic_update_slice_in_dim(buf, f, b * blk, 0)
         buf = inline.while_loop(lambda cr: cr[0] * blk < count, body,

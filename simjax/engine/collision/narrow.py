@@ -224,12 +224,17 @@ def narrow_group(m, d, p, grp, det_margin, split):
         found = {}
 
         def skip(types):
-            return (jnp.zeros(types[0].shape, types[0].dtype), jnp.zeros(nrow, bool),
-                    jnp.asarray(idx, jnp.int32))
-        out, rows, sel = _run_or_skip(batch_max(count) > 0,
-                                      lambda: _chunked(grp.fn, take, ok, count, found,
-                                                       ftype, nrow),
-                                      skip)
+            return jnp.zeros(types[0].shape, types[0].dtype), jnp.asarray(idx, jnp.int32)
+
+        def run_chunks():
+            out, _, sel = _chunked(grp.fn, take, ok, count, found, ftype, nrow, most)
+            return out, sel
+        # the batch's most passing pairs reduced once, for the skip and the chunks
+        most = batch_max(count)
+        out, sel = _run_or_skip(most > 0, run_chunks, skip)
+        # which rows hold passing pairs, outside the branches (either branch's: none
+        # when skipped, every world's count being 0; an output of both, a kernel more)
+        rows = jnp.arange(nrow) < count
         return found["unpack"](out), rows, count, count > nrow if nrow < n else no, sel
     if getattr(grp.fn, "hfield", False) and not _PACK_HFIELD:
         # height-field colliders return their leaves as they are (a zero fill each when
