@@ -134,22 +134,29 @@ EQ_SCENE = """
 """
 
 
-def test_islands_equality_rows_match_mujoco():
-    """Connect and weld rows join the trees of their two bodies (mj_island), whatever
-    the contacts in the slots with the same index: boxes on the plane (contacts in the
-    first slots), two pairs of spheres in the air joined by a connect and a weld. Four
-    islands, every active row's island as MuJoCo's."""
+def _islands_of(xml):
+    """MuJoCo's forward of the scene ``xml`` and simjax's islands of its rows (with
+    MuJoCo's contacts injected): (mjm, mjd, row islands, dof islands, each MuJoCo row's
+    simjax row, simjax's rows not in MuJoCo's)."""
     from simjax.engine import solver
-    mjm = mujoco.MjModel.from_xml_string(EQ_SCENE)
+    mjm = mujoco.MjModel.from_xml_string(xml)
     m = model_from_mujoco(mjm)
     mjd = mujoco.MjData(mjm)
     mujoco.mj_forward(mjm, mjd)
     st = dict(qpos=mjd.qpos.copy(), qvel=mjd.qvel.copy())
     slot, d = inject_contacts(m, to_data(io.make_data(m), st), mjd)
     d = smooth_jit(canonical(m), d)
-    lay = C.layout(m, C.slot_dims(d))
-    rowisl, _ = solver.island_ids(m, d, lay)
+    rowisl, dofisl = solver.island_ids(m, d, C.layout(m, C.slot_dims(d)))
     rows, extra = match_rows(mjd, d, slot)
+    return mjm, mjd, rowisl, dofisl, rows, extra
+
+
+def test_islands_equality_rows_match_mujoco():
+    """Connect and weld rows join the trees of their two bodies (mj_island), whatever
+    the contacts in the slots with the same index: boxes on the plane (contacts in the
+    first slots), two pairs of spheres in the air joined by a connect and a weld. Four
+    islands, every active row's island as MuJoCo's."""
+    mjm, mjd, rowisl, _, rows, extra = _islands_of(EQ_SCENE)
     assert mjd.nisland == 4 and mjd.ncon == 8 and (rows >= 0).all() and not extra.any()
     np.testing.assert_array_equal(np.asarray(rowisl)[rows], mjd.efc_island)
 
@@ -173,17 +180,7 @@ TWO_TREES = """
 def test_two_tree_islands_match_mujoco(a, b, nisland):
     """Islands of a model of two trees (found in closed form, pgs._two_islands): every
     active row's island and the dofs' islands as MuJoCo's (mj_island)."""
-    from simjax.engine import solver
-    mjm = mujoco.MjModel.from_xml_string(TWO_TREES.format(a=a, b=b))
-    m = model_from_mujoco(mjm)
-    mjd = mujoco.MjData(mjm)
-    mujoco.mj_forward(mjm, mjd)
-    st = dict(qpos=mjd.qpos.copy(), qvel=mjd.qvel.copy())
-    slot, d = inject_contacts(m, to_data(io.make_data(m), st), mjd)
-    d = smooth_jit(canonical(m), d)
-    lay = C.layout(m, C.slot_dims(d))
-    rowisl, dofisl = solver.island_ids(m, d, lay)
-    rows, extra = match_rows(mjd, d, slot)
+    mjm, mjd, rowisl, dofisl, rows, _ = _islands_of(TWO_TREES.format(a=a, b=b))
     assert mjm.ntree == 2 and mjd.nisland == nisland and (rows >= 0).all()
     np.testing.assert_array_equal(np.asarray(rowisl)[rows], mjd.efc_island)
     expect = np.where(mjd.dof_island >= 0, mjd.dof_island, 2)

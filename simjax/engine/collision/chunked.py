@@ -179,7 +179,7 @@ _SEARCH_IN_CHUNK = True
 _SEARCH = "count"
 
 
-def _chunked(fn, take, ok, count, found, ftype, nrow=None, most=None):
+def _chunked(fn, take, ok, count, most, found, ftype, nrow=None):
     """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over the
     chunks of the passing pairs (compacted in order by a cumulative count and, in the
     chunk's branch, a count of the cumulative counts below its pairs' ranks, see
@@ -192,14 +192,14 @@ def _chunked(fn, take, ok, count, found, ftype, nrow=None, most=None):
     packed array (:func:`_pack`), is written into the rows of the group's output that the
     scan carries (zeros first): a skipped chunk writes nothing (stacked as the scan's
     outputs, every chunk wrote its rows, zeros when skipped, and the stack was copied out;
-    its width from the trace of :func:`_packed_chunk`, which the body reuses). Returns (the
-    packed collider output, which rows are passing pairs, the group-local pair of each row:
-    past the passing pairs, the last pair); sets ``found["unpack"]``, the output's
-    unpacking (:func:`_pack`). ``most``: :func:`batch_max` of ``count`` when the caller
-    has it (reduced again here, it was a kernel more)."""
+    its width from the trace of :func:`_packed_chunk`, which the body reuses). ``most``:
+    :func:`batch_max` of ``count``, the caller's (it also decides whether the group runs
+    at all). Returns (the packed collider output, the group-local pair of each row: past
+    the passing pairs, the last pair); the rows holding passing pairs are ``arange <
+    count``, made by the caller; sets ``found["unpack"]``, the output's unpacking
+    (:func:`_pack`)."""
     n = ok.shape[0]
     nch = -(-(n if nrow is None else nrow) // CHUNK)      # rows: nrow, else one per pair
-    most = batch_max(count) if most is None else most
     jf = _packed_chunk(fn)
     width = (inline.outside(jf.trace) if _JIT_IN_STEP else jf.trace)(
         *take(jnp.zeros(CHUNK, jnp.int32))).out_info.shape[1]
@@ -236,7 +236,7 @@ def _chunked(fn, take, ok, count, found, ftype, nrow=None, most=None):
     buf = batched_like(jnp.zeros((nch * CHUNK, width), ftype), ok)
     sel = batched_like(jnp.full(nch * CHUNK, n - 1, jnp.int32), ok)
     (out, sel), _ = inline.scan(body, (buf, sel), jnp.arange(nch))
-    return out, jnp.arange(nch * CHUNK) < count, sel
+    return out, sel
 
 
 def first_k(key, k):

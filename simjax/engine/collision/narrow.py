@@ -226,12 +226,11 @@ def narrow_group(m, d, p, grp, det_margin, split):
         def skip(types):
             return jnp.zeros(types[0].shape, types[0].dtype), jnp.asarray(idx, jnp.int32)
 
-        def run_chunks():
-            out, _, sel = _chunked(grp.fn, take, ok, count, found, ftype, nrow, most)
-            return out, sel
         # the batch's most passing pairs reduced once, for the skip and the chunks
         most = batch_max(count)
-        out, sel = _run_or_skip(most > 0, run_chunks, skip)
+        out, sel = _run_or_skip(
+            most > 0, lambda: _chunked(grp.fn, take, ok, count, most, found, ftype, nrow),
+            skip)
         # which rows hold passing pairs, outside the branches (either branch's: none
         # when skipped, every world's count being 0; an output of both, a kernel more)
         rows = jnp.arange(nrow) < count
