@@ -31,7 +31,7 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.collision.common import (
-    _first, argmax, argmin, dot, normalize, once, one, rot, rot_t)
+    MINVAL, _first, argmax, argmin, dot, normalize, once, one, rot, rot_t)
 from simjax.engine.math import clip, reduce_fused, unstack, where
 from simjax.types import GeomType as GT
 
@@ -177,6 +177,8 @@ def sphere_mesh(g1, g2, margin, t2=None, feature=None):
     pl = tplane[tri]
     hface = dot(pl[:3], c) - pl[3]
     er = edge[te]
+    if _SCALAR_TAIL:
+        return _tail(g1, g2, margin, face, pl, hface, er, c, r)
     tt = clip(dot(c - er[:3], er[3:6]) * er[6], 0.0, 1.0)
     nedge, dedge = normalize(er[:3] + tt * er[3:6] - c)
     nloc = where(face, -pl[:3], nedge)
@@ -184,6 +186,38 @@ def sphere_mesh(g1, g2, margin, t2=None, feature=None):
     n = rot(g2.mat, nloc)
     pos = g1.pos + (r + 0.5 * dist) * n
     return one(dist, pos, n, dist <= margin)
+
+
+#: :func:`sphere_mesh`'s contact from its feature on component scalars (:func:`_tail`;
+#: off: on 3-vectors, the former way, for paired measurements)
+_SCALAR_TAIL = True
+
+
+def _tail(g1, g2, margin, face, pl, hface, er, c, r):
+    """The contact of :func:`sphere_mesh` from the chosen feature: the face (plane
+    ``pl``, height ``hface``) or the edge (row ``er`` of the edge table; ``c`` the
+    centre in the mesh frame), with the operations of the edge's nearest point,
+    :func:`normalize` and :func:`rot` written on component scalars (a per-pair value
+    read by broadcasts over 3 components is stored by XLA on CPU as a kernel of its
+    own: the norm, the products, the unit vector)."""
+    e, c = unstack(er, 0), unstack(c, 0)
+    w = [c[k] - e[k] for k in range(3)]
+    tt = clip((w[0] * e[3] + w[1] * e[4] + w[2] * e[5]) * e[6], 0.0, 1.0)
+    v = [e[k] + tt * e[3 + k] - c[k] for k in range(3)]
+    sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
+    ok = sq > MINVAL * MINVAL
+    dedge = where(ok, jnp.sqrt(where(ok, sq, 1.0)), 0.0)
+    ok = dedge >= MINVAL
+    d = where(ok, dedge, 1.0)
+    nedge = [where(ok, x / d, 1.0 if k == 0 else 0.0) for k, x in enumerate(v)]
+    p = unstack(pl, 0)
+    nloc = [where(face, -p[k], nedge[k]) for k in range(3)]
+    dist = where(face, hface, dedge) - r
+    m = [unstack(col, 0) for col in unstack(g2.mat, 1)]      # m[k][i] = mat[i, k]
+    n = [m[0][i] * nloc[0] + m[1][i] * nloc[1] + m[2][i] * nloc[2] for i in range(3)]
+    p1 = unstack(g1.pos, 0)
+    pos = [p1[i] + (r + 0.5 * dist) * n[i] for i in range(3)]
+    return one(dist, jnp.stack(pos), jnp.stack(n), dist <= margin)
 
 
 def sphere_mesh_group(g1, g2, margin, ok):
