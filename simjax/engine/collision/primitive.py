@@ -413,6 +413,11 @@ def _once_scalars(*xs):
                  for j, x in enumerate(xs))
 
 
+#: box_box's edge axis against the best face axis on component scalars (off: as a
+#: 3-vector, the former way; for paired measurements)
+_EAXIS_SCALARS = True
+
+
 def box_box(g1, g2, margin):
     """Box-box (mjc_BoxBox, MuJoCo 4.0): separating-axis test over 15 axes with face
     preference; a face axis clips the incident face against the reference face (up to
@@ -494,11 +499,27 @@ def box_box(g1, g2, margin):
     ei, ej = _divmod_small(sel(is_edge, code - 6, 0), 3, 3)
     rcol = pick3(rot.T, ej)
     rot_e = pick3(rcol, _prev3(ei)), pick3(rcol, _next3(ei))
-    eaxis = _onehot(_next3(ei), dt) * -rot_e[0] + _onehot(_prev3(ei), dt) * rot_e[1]
-    eaxis, _ = normalize(eaxis)
     cf = sel(code_face < 3, code_face, code_face - 3)
-    face_dot = sel(code_face < 3, jnp.abs(pick3(eaxis, cf)),
-                   jnp.abs(dot(eaxis, pick3(rot.T, cf))))
+    if _EAXIS_SCALARS:
+        # on component scalars (normalize's and dot's operations): as a 3-vector its
+        # norm and unit vector were kernels of their own
+        ni, pi = _next3(ei), _prev3(ei)
+        ev = [(ni == c).astype(dt) * -rot_e[0] + (pi == c).astype(dt) * rot_e[1]
+              for c in range(3)]
+        sq = ev[0] * ev[0] + ev[1] * ev[1] + ev[2] * ev[2]
+        ok = sq > MINVAL * MINVAL
+        en = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
+        ok = en >= MINVAL
+        en = sel(ok, en, 1.0)
+        ev = [sel(ok, ev[c] / en, 1.0 if c == 0 else 0.0) for c in range(3)]
+        q = unstack(pick3(rot.T, cf), 0)
+        face_dot = sel(code_face < 3, jnp.abs(pick3(ev, cf)),
+                       jnp.abs(ev[0] * q[0] + ev[1] * q[1] + ev[2] * q[2]))
+    else:
+        eaxis = _onehot(_next3(ei), dt) * -rot_e[0] + _onehot(_prev3(ei), dt) * rot_e[1]
+        eaxis, _ = normalize(eaxis)
+        face_dot = sel(code_face < 3, jnp.abs(pick3(eaxis, cf)),
+                       jnp.abs(dot(eaxis, pick3(rot.T, cf))))
     subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
                                           + MINVAL)
     code = sel(subst, code_face, code)
