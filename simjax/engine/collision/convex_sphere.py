@@ -157,7 +157,13 @@ def _select(c, tplane, tedge, edge):
 _ONE_ARG = True
 
 #: with _ONE_ARG: the triangles' and the edges' searches as one (off: two; for paired
-#: measurements)
+#: measurements). Shadow hand bench rollout: sphere-mesh group 50 -> 44 kernels; with
+#: _SCALAR_TAIL and primitive._EAXIS_SCALARS (744 -> 728 kernels) XLA compile CPU
+#: 0.928 [0.814, 1.068] (10 rounds in one process, loaded host); its outputs
+#: bit-identical (float32, float64). The sphere-mesh test scene (float64, 600
+#: worlds): the same valid contacts and depths, positions within 3e-17, frames
+#: 3.3e-16 (kernels fused otherwise). Its collision run time (1024 worlds, both
+#: flags) on / off 1.266 [0.375, 2.691] (12 rounds, load 10-14): not resolved
 _ONE_SEARCH = True
 
 
@@ -189,7 +195,8 @@ def sphere_mesh(g1, g2, margin, t2=None, feature=None):
 
 
 #: :func:`sphere_mesh`'s contact from its feature on component scalars (:func:`_tail`;
-#: off: on 3-vectors, the former way, for paired measurements)
+#: shadow hand's sphere-mesh group 44 -> 41 kernels, see _ONE_SEARCH; off: on
+#: 3-vectors, the former way, for paired measurements)
 _SCALAR_TAIL = True
 
 

@@ -413,8 +413,14 @@ def _once_scalars(*xs):
                  for j, x in enumerate(xs))
 
 
-#: box_box's edge axis against the best face axis on component scalars (off: as a
-#: 3-vector, the former way; for paired measurements)
+#: box_box's edge axis against the best face axis on component scalars (shadow hand's
+#: box-box group 59 -> 54 kernels, see convex_sphere._ONE_SEARCH; off: as a 3-vector,
+#: the former way; for paired measurements). Measured, not done: the nine edge axes'
+#: separations on component scalars instead of :func:`box_box`'s (3, 3) arrays (59 ->
+#: 60 kernels; the rotation's entries from the matrices' products, 66); sphere_box on
+#: component scalars (its group 10 -> 7 kernels, capsule-box's 56 -> 59, and 56 with
+#: capsule-box on the vector form) but sphere_box alone (1024 x 40 pairs) 1.96x
+#: [1.23, 4.29] slower (12 rounds)
 _EAXIS_SCALARS = True
 
 
