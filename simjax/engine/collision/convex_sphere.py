@@ -31,7 +31,7 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.collision.common import (
-    MINVAL, _first, argmax, argmin, dot, normalize, once, one, rot, rot_t)
+    MINVAL, argmax, argmin, dot, normalize, one, rot, rot_t)
 from simjax.engine.math import clip, reduce_fused, unstack, where
 from simjax.types import GeomType as GT
 
@@ -99,6 +99,7 @@ def _select(c, tplane, tedge, edge):
     # separate slow kernels on CPU
     c0, c1, c2 = c[0], c[1], c[2]
     s = tplane[:, 0] * c0 + tplane[:, 1] * c1 + tplane[:, 2] * c2 - tplane[:, 3]
+    smax = reduce_fused(s, 0, "max")
     ein = (tedge[..., 0] * c0 + tedge[..., 1] * c1 + tedge[..., 2] * c2 - tedge[..., 3]
            >= -INSIDE_TOL)                                     # (T, 3)
     inside = ein[:, 0] & ein[:, 1] & ein[:, 2]
@@ -108,30 +109,14 @@ def _select(c, tplane, tedge, edge):
     t = clip(dot(w, d) * edge[:, 6], 0.0, 1.0)
     r = w - t[:, None] * d
     d2 = dot(r, r)
+    te = argmin(d2)
+    outside = smax > 0
     if _ONE_ARG:
         # outside: the nearest face with the projection inside; inside: the face of
         # largest height (the first maximum of s is the first minimum of -s), one
         # search over the triangles for either
-        outside = reduce_fused(s, 0, "max") > 0
-        if _ONE_SEARCH:
-            # the triangles' search and the edges' as one (2, L) search, each row
-            # padded with +inf (never before a first minimum): one stored key and one
-            # pair of reductions for both (two of each before). The face test reads
-            # the minima themselves: the values at the first minima (NaN, if any,
-            # being both)
-            L = max(s.shape[0], d2.shape[0])
-            inf = jnp.asarray(jnp.inf, s.dtype)
-            keys = once(jnp.stack([jax.lax.pad(x, inf, [(0, L - x.shape[0], 0)])
-                                   for x in (where(outside, dface, -s), d2)]))
-            best = jnp.min(keys, -1, keepdims=True)
-            tri, te = unstack(_first(keys, best), 0)
-            hf, he = unstack(best[:, 0], 0)
-            return ~outside | (hf * hf <= he), tri, te
-        te = argmin(d2)
         tri = argmin(where(outside, dface, -s))
         return ~outside | (dface[tri] * dface[tri] <= d2[te]), tri, te
-    outside = reduce_fused(s, 0, "max") > 0
-    te = argmin(d2)
     tf = argmin(dface)
     face = ~outside | (dface[tf] * dface[tf] <= d2[te])
     tri = where(outside, tf, argmax(s))
@@ -155,16 +140,6 @@ def _select(c, tplane, tedge, edge):
 #: math.reduce_fused: the search's 4 reduce-window kernels fewer, search run 1.17x
 #: [1.00, 1.31]
 _ONE_ARG = True
-
-#: with _ONE_ARG: the triangles' and the edges' searches as one (off: two; for paired
-#: measurements). Shadow hand bench rollout: sphere-mesh group 50 -> 44 kernels; with
-#: _SCALAR_TAIL and primitive._EAXIS_SCALARS (744 -> 728 kernels) XLA compile CPU
-#: 0.928 [0.814, 1.068] (10 rounds in one process, loaded host); its outputs
-#: bit-identical (float32, float64). The sphere-mesh test scene (float64, 600
-#: worlds): the same valid contacts and depths, positions within 3e-17, frames
-#: 3.3e-16 (kernels fused otherwise). Its collision run time (1024 worlds, both
-#: flags) on / off 1.266 [0.375, 2.691] (12 rounds, load 10-14): not resolved
-_ONE_SEARCH = True
 
 
 def sphere_mesh(g1, g2, margin, t2=None, feature=None):
@@ -195,8 +170,12 @@ def sphere_mesh(g1, g2, margin, t2=None, feature=None):
 
 
 #: :func:`sphere_mesh`'s contact from its feature on component scalars (:func:`_tail`;
-#: shadow hand's sphere-mesh group 44 -> 41 kernels, see _ONE_SEARCH; off: on
-#: 3-vectors, the former way, for paired measurements)
+#: off: on 3-vectors, the former way, for paired measurements). Shadow hand's
+#: sphere-mesh group 3 kernels fewer; the sphere-mesh test scene's collision (1024
+#: worlds, float32) on / off 0.962 [0.78, 1.10] (10 rounds, idle); float64 contacts of
+#: that scene within 3e-17 in position, 3.3e-16 in frame. Measured, not done: the
+#: triangles' and the edges' searches of :func:`_select` as one (2, L) search, rows
+#: padded with +inf (6 kernels fewer, but that collision 1.39x [1.31, 1.59] slower)
 _SCALAR_TAIL = True
 
 
