@@ -417,11 +417,11 @@ def _once_scalars(*xs):
 #: box-box group 59 -> 54 kernels; off: as a 3-vector, the former way; for paired
 #: measurements). A box-box scene's collision (1024 worlds, float32) on / off 0.997
 #: [0.85, 1.07] (10 rounds, idle), contacts bit-identical. Measured, not done: the
-#: nine edge axes' separations on component scalars instead of :func:`box_box`'s (3, 3) arrays (59 ->
-#: 60 kernels; the rotation's entries from the matrices' products, 66); sphere_box on
-#: component scalars (its group 10 -> 7 kernels, capsule-box's 56 -> 59, and 56 with
-#: capsule-box on the vector form) but sphere_box alone (1024 x 40 pairs) 1.96x
-#: [1.23, 4.29] slower (12 rounds)
+#: nine edge axes' separations on component scalars instead of :func:`box_box`'s (3, 3)
+#: arrays (59 -> 60 kernels; the rotation's entries from the matrices' products, 66);
+#: sphere_box on component scalars (its group 10 -> 7 kernels, capsule-box's 56 -> 59,
+#: and 56 with capsule-box on the vector form) but sphere_box alone (1024 x 40 pairs)
+#: 1.96x [1.23, 4.29] slower (12 rounds)
 _EAXIS_SCALARS = True
 
 
