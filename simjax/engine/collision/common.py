@@ -269,6 +269,19 @@ def normalize(v):
     return out, n
 
 
+def normalize_c(v):
+    """:func:`normalize` on component arrays: ``v`` a list of 3 arrays of one shape;
+    returns (the unit vector's 3 components, |v|). The same operations: a unit vector
+    read by broadcasts over a last axis of 3 is stored by XLA on CPU in kernels of its
+    own (its norm, products and quotient)."""
+    sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
+    ok = sq > MINVAL * MINVAL
+    n = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
+    ok = n >= MINVAL
+    d = sel(ok, n, 1.0)
+    return [sel(ok, x / d, 1.0 if k == 0 else 0.0) for k, x in enumerate(v)], n
+
+
 def frame_rows(normal, tangent):
     """The first two rows of :func:`make_frame` (normal, t1)."""
     n, _ = normalize(normal)

@@ -31,7 +31,7 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.collision.common import (
-    MINVAL, argmax, argmin, dot, normalize, one, rot, rot_t)
+    argmax, argmin, dot, normalize, normalize_c, one, rot, rot_t)
 from simjax.engine.math import clip, reduce_fused, unstack, where
 from simjax.types import GeomType as GT
 
@@ -190,12 +190,7 @@ def _tail(g1, g2, margin, face, pl, hface, er, c, r):
     w = [c[k] - e[k] for k in range(3)]
     tt = clip((w[0] * e[3] + w[1] * e[4] + w[2] * e[5]) * e[6], 0.0, 1.0)
     v = [e[k] + tt * e[3 + k] - c[k] for k in range(3)]
-    sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
-    ok = sq > MINVAL * MINVAL
-    dedge = where(ok, jnp.sqrt(where(ok, sq, 1.0)), 0.0)
-    ok = dedge >= MINVAL
-    d = where(ok, dedge, 1.0)
-    nedge = [where(ok, x / d, 1.0 if k == 0 else 0.0) for k, x in enumerate(v)]
+    nedge, dedge = normalize_c(v)
     p = unstack(pl, 0)
     nloc = [where(face, -p[k], nedge[k]) for k in range(3)]
     dist = where(face, hface, dedge) - r

@@ -21,7 +21,8 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.collision.common import (MINVAL, Pre, argmin, cross, dot, normalize,
-                                            once, one, pick3, safe_norm, sel, stack)
+                                            normalize_c, once, one, pick3, safe_norm,
+                                            sel, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
 from simjax.engine.math import clip, unstack
 
@@ -513,12 +514,7 @@ def box_box(g1, g2, margin):
         ni, pi = _next3(ei), _prev3(ei)
         ev = [(ni == c).astype(dt) * -rot_e[0] + (pi == c).astype(dt) * rot_e[1]
               for c in range(3)]
-        sq = ev[0] * ev[0] + ev[1] * ev[1] + ev[2] * ev[2]
-        ok = sq > MINVAL * MINVAL
-        en = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
-        ok = en >= MINVAL
-        en = sel(ok, en, 1.0)
-        ev = [sel(ok, ev[c] / en, 1.0 if c == 0 else 0.0) for c in range(3)]
+        ev, _ = normalize_c(ev)
         q = unstack(pick3(rot.T, cf), 0)
         face_dot = sel(code_face < 3, jnp.abs(pick3(ev, cf)),
                        jnp.abs(ev[0] * q[0] + ev[1] * q[1] + ev[2] * q[2]))
