@@ -268,9 +268,9 @@ def spread(rows, active, vals):
 
     head = [v.head for v in vals]
     ks = head[0].shape[0]
-    if rows.nchunk == 1 or not _SPREAD_SELECT:
-        if rows.nchunk == 1:
-            return take(head, active)
+    if rows.nchunk == 1:
+        return take(head, active)
+    if not _SPREAD_SELECT:
         # the later chunks only where a world uses them (usually none): their values
         # laid after chunk 0's are a table of every chunk's rows to copy
         return jax.lax.cond(

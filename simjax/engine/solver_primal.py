@@ -280,8 +280,9 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         s = body(body(s, search_on=False), hessian=False)
         qfrc = s["qfrc"]
     else:
-        # a world whose islands are all done is left as it is by the body: the flag
-        # is unbatched (any_world)
+        # a world whose islands are all done is left as it is by the body, as
+        # live_loop requires; its flag is the world's own (live_loop reduces it over
+        # the batch)
         c = live_loop(lambda c: (c[2][0, 4] != 0) | jnp.any(c[2][:, 3] == 0),
                       lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0),
                       tables=(((rows.needy, rows.nact),) if rows.needy is not None

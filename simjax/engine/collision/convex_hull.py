@@ -366,7 +366,7 @@ def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=None):
             # only the tables this collider reads: the pairs' rows taken in NumPy when
             # the geoms are static (a constant; gathered in the program, each table's
             # rows were a kernel), else gathered by mesh row at run time
-            if gs is not None and isinstance(gs, np.ndarray):
+            if isinstance(gs, np.ndarray):
                 mid, xp = lid[gs], np
             else:
                 mid, xp = jnp.asarray(lid)[ig], jnp
