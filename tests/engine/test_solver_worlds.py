@@ -166,3 +166,23 @@ def test_live_loop_tables():
     got = jax.jit(jax.vmap(run))(jnp.asarray(nact), jnp.asarray(cap))
     np.testing.assert_array_equal(np.asarray(got[0]), np.where(nact > 1, cap, 0))
     np.testing.assert_array_equal(np.asarray(got[1]), cap)
+
+
+def test_hoisted_body_traced_in_line():
+    """Inside simjax's in-line trace (simjax.engine.inline), a live_loop body hoisted by
+    _hoisted is traced in line too: its jax.numpy calls bind their primitives (no call
+    of jnp.where's own jit left in the body), with the same values."""
+    from simjax.engine import inline
+    from simjax.engine import solver_worlds as R
+
+    def body(c):
+        return jnp.where(c > 1.0, c * 0.5, c + 1.0)
+
+    def hoisted(x):
+        g, consts = R._hoisted(body, x)
+        return g(x, *consts)
+
+    x = jnp.asarray([0.5, 3.0])
+    eqns = jax.make_jaxpr(inline.inlined(hoisted))(x).jaxpr.eqns
+    assert {e.primitive.name for e in eqns} == {"gt", "mul", "add", "select_n"}
+    np.testing.assert_array_equal(np.asarray(inline.inlined(hoisted)(x)), [1.5, 1.5])
