@@ -7,7 +7,8 @@ from MuJoCo):
 
 - prism geometry: face planes, edges, closest points on the boundary and of segments;
 - spheres: ``_sphere_canon``, component-major over all prisms at once, each in its
-  triangle's canonical frame, in materialised stages (``_materialise``);
+  triangle's canonical frame (closest point of the prism without its top face, or of
+  the top triangle);
 - capsules: ``_capsule_prism`` (closest points outside, separating axes crossing);
 - boxes, meshes, ellipsoids, cylinders: ``_convex_prism`` (separating axes, refined
   over unit directions for curved geoms; the ellipsoid's Newton polish and the
@@ -21,7 +22,7 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.collision.common import (MINVAL, argmax, argmin, cross, dot, normalize,
-                                            reduce_shared, safe_norm, sel)
+                                            safe_norm, sel)
 from simjax.engine.math import clip, where
 from simjax.types import GeomType as GT
 
@@ -166,6 +167,10 @@ def _vdot(a, b):
     return out
 
 
+def _same(a, b):
+    return isinstance(a, float) and isinstance(b, float) and a == b
+
+
 class _Like:
     """Constant (P,) arrays of one shape and dtype, made once per value (vmapped, each
     new constant is a broadcast equation)."""
@@ -200,159 +205,79 @@ def _vnormalize(a, like):
     return out, n
 
 
-#: parts per stack of :func:`_materialise`
-_STACK = 8
-#: ``_materialise(..., shared=True)`` as one reduction with an output per part (off: as
-#: a stack, like the others; for paired measurements). barkour's sphere collider alone
-#: (batch 1024 x 4 feet, float32): XLA compile 0.88x, run 0.88-0.91x; bench rollout:
-#: 2 kernels fewer, run 0.99x, compile within noise. Shared for the first stage, the
-#: second or the point selection made the collider's run 1.05-1.10x (their consumers
-#: read many parts)
-_SHARED = True
-
-
-def _materialise(parts, shared=False):
-    """The (P,) arrays ``parts`` computed once. On CPU, XLA fuses a whole expression DAG
-    into its consumer and a concatenation (or several outputs) of it evaluates the DAG
-    again per operand; a reduction is a fusion root whose result is stored, so the
-    maximum of the stacked parts and -inf over a new axis of two ends the fusion in one
-    kernel per stack, with exactly the values (as :func:`common.once`; the former
-    product with the identity took a concatenation kernel and a matrix kernel per
-    stack). In stacks of at most ``_STACK`` parts: XLA fuses the operands of such a
-    concatenation into it (one kernel), of a longer one it makes a kernel each.
-
-    ``shared``: for parts that share costly subexpressions (a square root and the
-    divisions of a normalisation, comparison chains), one reduction per stack with an
-    output per part (each part with -inf over its own new axis of two): its kernel
-    evaluates the DAG once per element for all parts, where a concatenation's operands
-    each emit their own copy of it (LLVM code and run time)."""
-    shape = max((jnp.shape(p) for p in parts), key=len)
-    parts = [jnp.broadcast_to(p, shape) for p in parts]
-    out = []
-    for i in range(0, len(parts), _STACK):
-        if shared and _SHARED:
-            out += reduce_shared(*parts[i:i + _STACK])
-            continue
-        x = jnp.stack(parts[i:i + _STACK], -1)
-        x = jnp.max(jnp.stack([x, jnp.full_like(x, -jnp.inf)]), axis=0)
-        out += [y[:, 0] for y in jnp.split(x, x.shape[-1], axis=-1)]
-    return out
-
-
 def _sphere_canon(z, p, dx, dy, base, r):
     """(dist, pos, normal) of a sphere of radius r against P prisms in the canonical
     frame of their triangle: top vertices A = (0, dy, z[0]), B = (0, 0, z[1]),
     C = (dx, dy, z[2]) (the first triangle of a cell in the cell's frame; the second,
     turned half a turn about the cell's centre, is the same), bottom at -base; ``z``
-    three (P,) arrays, ``p`` the centre as three (P,) arrays in each prism's frame.
-    The method of :func:`_point_prism` (centre outside: the closest of the five face
-    projections that fall in their face and the nine edges' closest points; inside:
-    the nearest face), with the static parts of the planes and edges (the sides are
-    the planes x = 0, y = dy and the diagonal, the bottom z = -base) written out. In
-    stages whose results are materialised (:func:`_materialise`). Outputs (P,) and
-    three-tuples of (P,) arrays, in the canonical frame."""
+    and the centre ``p`` three (P,) arrays each. Outputs (P,) and three-tuples of (P,)
+    arrays, in the canonical frame: one expression (its caller stores it once).
+
+    The prism is the triangle T = ABC's (x, y) extent from z = -base up to the top
+    plane. Its closest point to a centre outside: B' = (the closest point of T to the
+    centre's (x, y), the centre's z raised to -base) when B' lies below the top plane
+    (the closest point without the top face's constraint, so the closest point);
+    otherwise the top face's constraint holds at the closest point, which is the
+    closest point of the top triangle (the plane projection if it falls in ABC, else
+    the closest of the three top edges). Four candidates where every face and edge
+    of the prism were fourteen. Centre inside: the nearest face, as before."""
     za, zb, zc = z
     px, py, pz = p
     L = float(np.hypot(dx, dy))
     a3, b3 = dy / L, dx / L                       # diagonal side's normal (a3, -b3, 0)
-    one = jnp.ones_like(za)
-    pb = pz + base                                # centre above the bottom
-    # stage 1: the top plane (normal (tx, ty, tz), offset to), the centre's height over
-    # it and the vertical edges' parameters
+    like = _Like(za)
+    one = like.full(1.0)
+    # the top plane (normal (tx, ty, tz), offset to) and the centre's height over it
     ex, ey = -dy * (zc - za), dx * (zb - za)
     ez = dx * dy
-    nn = jnp.sqrt(ex * ex + ey * ey + ez * ez)
-    tx, ty, tz = ex / nn, ey / nn, ez / nn
+    # one quotient, not three: XLA keeps a costly operation read more than once in its
+    # consumer out of it (a kernel of its own)
+    inv = 1 / jnp.sqrt(ex * ex + ey * ey + ez * ez)
+    tx, ty, tz = ex * inv, ey * inv, ez * inv
     to = ty * dy + tz * za
     s0 = tx * px + ty * py + tz * pz - to
+    # heights over the bottom and the three sides (x = 0, the diagonal, y = dy)
+    s1, s2, s3, s4 = -(pz + base), -px, a3 * px - b3 * py, py - dy
 
-    def vert_u(zv):
-        den = zv + base
-        return clip(pb / where(den > MINVAL, den, one), 0.0, 1.0)
-    tx, ty, tz, to, s0, u6, u7, u8 = _materialise([tx, ty, tz, to, s0, vert_u(za),
-                                                   vert_u(zb), vert_u(zc)])
-
-    def top(qx, qy, qz):
-        return tx * qx + ty * qy + tz * qz - to
-    # stage 2: heights over the other faces, the face projections inside their face,
-    # the top edges' parameters, squared distances of the 14 candidates
-    s1, s2, s3, s4 = -pb, -px, a3 * px - b3 * py, py - dy
+    def nearest(cands):        # first of the (distance, point) candidates nearest
+        best, q = cands[0]
+        for dj, qj in cands[1:]:
+            closer = dj < best
+            best = where(closer, dj, best)
+            q = tuple(a if _same(a, b) else where(closer, a, b) for a, b in zip(qj, q))
+        return q
+    # closest point of T to (px, py): the closest point of the quadrant x >= 0, y <= dy
+    # (clamped coordinates) where it lies in T, else (the diagonal's constraint then
+    # holds at the closest point) the closest point of the diagonal from B to C
+    qx, qy = jnp.maximum(px, 0.0), jnp.minimum(py, dy)
+    w = clip((px * dx + py * dy) / (dx * dx + dy * dy), 0.0, 1.0)
+    in_t = a3 * qx - b3 * qy <= 0
+    bx, by = where(in_t, qx, w * dx), where(in_t, qy, w * dy)
+    bz = jnp.maximum(pz, -base)
+    below = tx * bx + ty * by + tz * bz - to <= 0
+    # closest point of the top triangle: the plane projection inside ABC, else the
+    # nearest point of its edges A -> B, B -> C, C -> A
     q0 = (px - s0 * tx, py - s0 * ty, pz - s0 * tz)
-    q3x, q3y = px - s3 * a3, py + s3 * b3
-    in0 = ((s0 > 0) & (-q0[2] - base <= 0) & (-q0[0] <= 0) &
-           (a3 * q0[0] - b3 * q0[1] <= 0) & (q0[1] - dy <= 0))
-    in1 = (s1 > 0) & (top(px, py, -base) <= 0) & (s2 <= 0) & (s3 <= 0) & (s4 <= 0)
-    in2 = (s2 > 0) & (top(0.0, py, pz) <= 0) & (s1 <= 0) & (-b3 * py <= 0) & (s4 <= 0)
-    in3 = (s3 > 0) & (top(q3x, q3y, pz) <= 0) & (s1 <= 0) & (-q3x <= 0) & (q3y - dy <= 0)
-    in4 = ((s4 > 0) & (top(px, dy, pz) <= 0) & (s1 <= 0) & (s2 <= 0) &
-           (a3 * px - b3 * dy <= 0))
-    # a projection outside its face: the largest finite value, never nearer than a
-    # projection inside its face
-    big = jnp.full_like(za, np.finfo(za.dtype).max)
-    dface = [where(ok, sf * sf, big) for ok, sf in
-             ((in0, s0), (in1, s1), (in2, s2), (in3, s3), (in4, s4))]
-
-    def seg_u(ax, ay, az, bx, by, bz):          # parameter of the closest point
-        den = bx * bx + by * by + bz * bz
-        num = (px - ax) * bx + (py - ay) * by + (pz - az) * bz
-        return clip(num / where(den > MINVAL, den, one), 0.0, 1.0)
-    # top edges A -> B, B -> C, C -> A as (start, direction)
+    in0 = (q0[0] >= 0) & (a3 * q0[0] - b3 * q0[1] <= 0) & (q0[1] <= dy)
     tedge = [((0.0, dy, za), (0.0, -dy, zb - za)), ((0.0, 0.0, zb), (dx, dy, zc - zb)),
              ((dx, dy, zc), (-dx, 0.0, za - zc))]
-    u0, u1, u2 = (seg_u(*a, *b) for a, b in tedge)
-    # bottom edges A' -> B', B' -> C', C' -> A' (horizontal, at -base)
-    u3 = clip((dy - py) / dy, 0.0, 1.0)
-    u4 = clip((px * dx + py * dy) / (dx * dx + dy * dy), 0.0, 1.0)
-    u5 = clip((dx - px) / dx, 0.0, 1.0)
-
-    def points(u):        # the nine edges' closest points (x, y, z) for parameters u
-        out = [(a[0] + u[i] * b[0], a[1] + u[i] * b[1], a[2] + u[i] * b[2])
-               for i, (a, b) in enumerate(tedge)]
-        out += [(0.0, dy - u[3] * dy, -base), (u[4] * dx, u[4] * dy, -base),
-                (dx - u[5] * dx, dy, -base)]
-        out += [(x, y, -base + u[6 + i] * (zv + base))
-                for i, (x, y, zv) in enumerate(((0.0, dy, za), (0.0, 0.0, zb),
-                                                (dx, dy, zc)))]
-        return out
-
-    def d2(q):
-        ox, oy, oz = px - q[0], py - q[1], pz - q[2]
-        return ox * ox + oy * oy + oz * oz
-    dedge = [d2(q) for q in points((u0, u1, u2, u3, u4, u5, u6, u7, u8))]
-    vals = _materialise([u0, u1, u2] + dface + dedge)
-    u0, u1, u2, dist2 = vals[0], vals[1], vals[2], vals[3:]
-    # stage 3: the nearest face (first maximum) and the closest candidate (first
-    # minimum), its point recomputed from the heights and edge parameters
+    ecand = []
+    for (ax, ay, az), (vx, vy, vz) in tedge:
+        den = vx * vx + vy * vy + vz * vz
+        num = (px - ax) * vx + (py - ay) * vy + (pz - az) * vz
+        u = clip(num / where(den > MINVAL, den, one), 0.0, 1.0)
+        q = tuple(a if _z(v) else a + u * v for a, v in ((ax, vx), (ay, vy), (az, vz)))
+        ecand.append((_vdot(_vsub(p, q), _vsub(p, q)), q))
+    qe = nearest(ecand)
+    q = tuple(where(below, b, where(in0, a, e)) for a, b, e in zip(q0, (bx, by, bz), qe))
+    # centre inside: the nearest face (first maximum of the heights)
     fn = [(tx, ty, tz), (0.0, 0.0, -1.0), (-1.0, 0.0, 0.0), (a3, -b3, 0.0), (0.0, 1.0, 0.0)]
-    sf = [s0, s1, s2, s3, s4]
-    fq = [q0, (px, py, -base), (0.0, py, pz), (q3x, q3y, pz), (px, dy, pz)]
-    cand = fq + points((u0, u1, u2, u3, u4, u5, u6, u7, u8))
-
-    def full(v):
-        return v if not isinstance(v, float) else jnp.full_like(za, v)
-    # the two choices once (their indices materialised), then the picked values:
-    # in one stack with them, every output repeated the comparison chains
-    sk, fi = sf[0], jnp.zeros_like(za)
-    for f in range(1, 5):
-        better = sf[f] > sk
-        sk = where(better, sf[f], sk)
-        fi = where(better, float(f), fi)
-    best, ji = dist2[0], jnp.zeros_like(za)
-    for j in range(1, 14):
-        closer = dist2[j] < best
-        best = where(closer, dist2[j], best)
-        ji = where(closer, float(j), ji)
-    fi, ji, sk = _materialise([fi, ji, sk], shared=True)
-    nk = tuple(full(x) for x in fn[0])
-    for f in range(1, 5):
-        nk = tuple(where(fi == f, full(a), b) for a, b in zip(fn[f], nk))
-    q = tuple(full(x) for x in cand[0])
-    for j in range(1, 14):
-        q = tuple(where(ji == j, full(a), b) for a, b in zip(cand[j], q))
-    vals = _materialise(list(q) + list(nk))
-    q, nk = tuple(vals[:3]), tuple(vals[3:6])
-    # stage 4: the contact
-    like = _Like(za)
+    sk, nk = s0, fn[0]
+    for f, sf in enumerate((s1, s2, s3, s4), 1):
+        better = sf > sk
+        sk = where(better, sf, sk)
+        nk = tuple(where(better, like.full(a) if isinstance(a, float) else a, b)
+                   for a, b in zip(fn[f], nk))
     inside = sk <= 0
     n_out, dd = _vnormalize(_vsub((px, py, pz), q), like)
     n = _vsel(inside, nk, n_out, like)
