@@ -330,8 +330,9 @@ def _sphere_window(g1, g2, margin, ok, zmin, lpos, rmin, rmax, cmin, cmax, *, da
     the exact sphere-prism contact in the triangle's canonical frame
     (:func:`hfield_prism._sphere_canon`; the first triangle of a cell moved by -(x0,
     y0), the second turned half a turn about the cell's centre, (x1, y1) to the origin),
-    turned back and into the world frame, and stored by one reduction with an output
-    per component (:func:`common.reduce_shared`: the expression evaluated once)."""
+    its normal turned back and into the world frame, and stored by one reduction with
+    an output per component (:func:`common.reduce_shared`: the expression evaluated
+    once)."""
     dt = g1.pos.dtype
     s0, s1, s2, s3 = (float(x) for x in size)
     dx, dy = 2 * s0 / (ncol - 1), 2 * s1 / (nrow - 1)
@@ -351,21 +352,20 @@ def _sphere_window(g1, g2, margin, ok, zmin, lpos, rmin, rmax, cmin, cmax, *, da
     oy = dy * (r0 + tri).astype(dt) - s1
     sgn = (1 - 2 * tri).astype(dt)
     pl = (sgn * (lpos[0] - ox), sgn * (lpos[1] - oy), jnp.broadcast_to(lpos[2], ox.shape))
-    # the heights and the centre stored (one reduction): LLVM vectorises the contact's
-    # kernel then (with the gather in it, its loop stayed scalar: the collider alone
-    # took 1.6x the time)
-    za, zb, zc, *pl = reduce_shared(z[:, 0], z[:, 1], z[:, 2], *pl)
-    pok = cell_ok & ((za >= zmin - margin) | (zb >= zmin - margin) | (zc >= zmin - margin))
-    dist, pc, nc_ = _sphere_canon((za, zb, zc), pl, dx, dy, s3, g2.size[0])
-    pos = (ox + sgn * pc[0], oy + sgn * pc[1], pc[2])
-    n = (sgn * nc_[0], sgn * nc_[1], nc_[2])
+    pok = cell_ok & jnp.any(z >= zmin - margin, axis=1)
+    # the heights, the centre and the prisms' flags stored (one reduction): LLVM
+    # vectorises the contact's kernel then (with the gather in it, its loop stayed
+    # scalar: the collider alone took 1.6x the time), and the window's per-pair values
+    # are read by this kernel alone
+    za, zb, zc, *pl, pok = reduce_shared(z[:, 0], z[:, 1], z[:, 2], *pl, pok)
+    dist, nc_ = _sphere_canon((za, zb, zc), pl, dx, dy, s3, g2.size[0])
     hm = g1.mat
-
-    def world(v, o=None):      # rot's operations, per component
-        out = [v[0] * hm[i, 0] + v[1] * hm[i, 1] + v[2] * hm[i, 2] for i in range(3)]
-        return out if o is None else [x + o[i] for i, x in enumerate(out)]
-    valid = pok & (dist < margin)
-    vals = reduce_shared(dist, *world(pos, g1.pos), *world(n), valid)
+    n = (sgn * nc_[0], sgn * nc_[1], nc_[2])
+    n = [n[0] * hm[i, 0] + n[1] * hm[i, 1] + n[2] * hm[i, 2] for i in range(3)]
+    # the position from the sphere's centre (world frame): midway between the surfaces
+    k = g2.size[0] + 0.5 * dist
+    vals = reduce_shared(dist, *(g2.pos[i] - n[i] * k for i in range(3)), *n,
+                         pok & (dist < margin))
     pos, n = jnp.stack(vals[1:4], -1), jnp.stack(vals[4:7], -1)
     dist, pos, n, valid = _first(vals[0], pos, n, vals[7])
     return Pre(dist, pos, n, jnp.zeros_like(pos), valid)

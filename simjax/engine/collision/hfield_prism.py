@@ -206,12 +206,13 @@ def _vnormalize(a, like):
 
 
 def _sphere_canon(z, p, dx, dy, base, r):
-    """(dist, pos, normal) of a sphere of radius r against P prisms in the canonical
+    """(dist, normal) of a sphere of radius r against P prisms in the canonical
     frame of their triangle: top vertices A = (0, dy, z[0]), B = (0, 0, z[1]),
     C = (dx, dy, z[2]) (the first triangle of a cell in the cell's frame; the second,
     turned half a turn about the cell's centre, is the same), bottom at -base; ``z``
-    and the centre ``p`` three (P,) arrays each. Outputs (P,) and three-tuples of (P,)
-    arrays, in the canonical frame: one expression (its caller stores it once).
+    and the centre ``p`` three (P,) arrays each. Outputs (P,) and a three-tuple of (P,)
+    arrays, in the canonical frame: one expression (its caller stores it once; the
+    contact position is the centre less the normal times r + dist / 2).
 
     The prism is the triangle T = ABC's (x, y) extent from z = -base up to the top
     plane. Its closest point to a centre outside: B' = (the closest point of T to the
@@ -281,9 +282,7 @@ def _sphere_canon(z, p, dx, dy, base, r):
     inside = sk <= 0
     n_out, dd = _vnormalize(_vsub((px, py, pz), q), like)
     n = _vsel(inside, nk, n_out, like)
-    dist = where(inside, sk, dd) - r
-    pos = tuple(c - n[i] * (r + 0.5 * dist) for i, c in enumerate((px, py, pz)))
-    return dist, pos, n
+    return where(inside, sk, dd) - r, n
 
 
 def _sep_axes(axes, v, lo):
