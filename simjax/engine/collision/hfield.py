@@ -125,18 +125,18 @@ _COLLIDERS: dict = {}
 
 
 def collider_for(m, g1, g2, ipair=-1):
-    """Collider ``fn(geo1, geo2, margin) -> Pre`` for height-field geom g1 against geom
-    g2 (static hfield data, geom type, mesh hull and sub-grid window closed over;
-    cached, so pairs with equal static data share one collider and one vmap).
+    """Collider ``fn(geo1, geo2, margin) -> Pre`` for height-field geom g1 against geom g2
+    (static hfield data, geom type, mesh hull and sub-grid window closed over; cached,
+    so pairs with equal static data share one collider and one vmap).
     ``fn.maxcon``, the pair's share of the default contact capacity, is min(50, prisms
     in the margin-free window, triangles a disc of the geom's bounding radius can meet
-    (:func:`disc_cover`; e.g. 6 around one grid vertex for a small sphere)): static
-    data only, so capacities and their split by contact dimension do not depend on
-    whether the margins are traced. More contacts than the capacity raise
-    WARN_CONTACTFULL. ``fn.bound``: most valid contacts the collider can return for
-    this pair (its slots; for a sphere with a concrete margin, at most the triangles
-    the disc of radius rbound + margin meets, :func:`disc_cover`), so that the
-    driver can prove a contact dim never overflows its slots."""
+    (:func:`disc_cover`; e.g. 6 around one grid vertex for a small sphere)): static data
+    only, so capacities and their split by contact dimension do not depend on whether
+    the margins are traced. More contacts than the capacity raise WARN_CONTACTFULL.
+    ``fn.bound``: most valid contacts the collider can return for this pair (its slots;
+    for a sphere with a concrete margin, at most the triangles the disc of radius rbound
+    + margin meets, :func:`disc_cover`), so that the driver can prove a contact dim
+    never overflows its slots."""
     hid = int(np.asarray(m.geom_dataid)[g1])
     t2 = int(np.asarray(m.geom_type)[g2])
     nrow, ncol = int(np.asarray(m.hfield_nrow)[hid]), int(np.asarray(m.hfield_ncol)[hid])
