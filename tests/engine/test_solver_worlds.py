@@ -72,14 +72,17 @@ def test_any_world_loop():
     assert not np.asarray(jax.jit(jax.vmap(R.any_world))(jnp.zeros(3, bool))).any()
 
 
-@pytest.mark.parametrize("compact", [0, 8])
-def test_live_loop(compact, monkeypatch):
+@pytest.mark.parametrize("compact,gather", [(0, 0), (8, 0), (8, 8), (8, 16)])
+def test_live_loop(compact, gather, monkeypatch):
     """live_loop: every world's values those of its own loop, under vmap (the laggards
-    gathered and iterated alone once at most 1/8 of the worlds are live; batches too small
-    to compact; nested vmaps) and for one world; the body closes over batched floats and
-    integers and an unbatched integer."""
+    gathered and iterated alone once at most 1/8 of the worlds are live; or, with
+    ``gather``, every pass on the first 1/8 or 1/16 of the batch's live worlds gathered,
+    the batch not a multiple of it; batches too small to compact; nested vmaps) and for
+    one world; the body closes over batched floats and integers and an unbatched
+    integer."""
     from simjax.engine import solver_worlds as R
     monkeypatch.setattr(R, "_COMPACT", compact)
+    monkeypatch.setattr(R, "_GATHER", gather)
     rng = np.random.default_rng(1)
 
     def run(n, step, cap):
@@ -119,12 +122,15 @@ def test_live_loop(compact, monkeypatch):
     assert (float(one[0]), int(one[1])) == want(n[0], step[0], 20)
 
 
-def test_live_loop_tables():
-    """live_loop remakes a needy_table the body closes over for the worlds it gathers:
-    the table lists worlds of the batch (a rule reading it as such, as the solver's
-    loops over later row chunks do, gives each world its own result only with the
-    table of the batch it runs on)."""
+@pytest.mark.parametrize("gather", [0, 8])
+def test_live_loop_tables(gather, monkeypatch):
+    """live_loop remakes a needy_table the body closes over for the worlds it gathers
+    (the laggards, or with ``gather`` the worlds of every pass): the table lists worlds
+    of the batch (a rule reading it as such, as the solver's loops over later row chunks
+    do, gives each world its own result only with the table of the batch it runs
+    on)."""
     from simjax.engine import solver_worlds as R
+    monkeypatch.setattr(R, "_GATHER", gather)
 
     @jax.custom_batching.custom_vmap
     def bump(tab, nact, x):
