@@ -172,3 +172,39 @@ def test_live_loop_tables(gather, monkeypatch):
     got = jax.jit(jax.vmap(run))(jnp.asarray(nact), jnp.asarray(cap))
     np.testing.assert_array_equal(np.asarray(got[0]), np.where(nact > 1, cap, 0))
     np.testing.assert_array_equal(np.asarray(got[1]), cap)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_live_loop_lazy(lazy, monkeypatch):
+    """live_loop's gathered loop passes the arrays named ``lazy`` (read by the body only
+    where nact > 1) gathered for the trip's worlds on the trips that include such a
+    world, and on the others arrays no world reads (here NaN, solver_worlds._POISON):
+    every world's values those of its own loop, one or two worlds per trip, the worlds
+    reading them among others that do not."""
+    from simjax.engine import solver_worlds as R
+    monkeypatch.setattr(R, "_GATHER", 16)
+    monkeypatch.setattr(R, "_LAZY", lazy)
+    monkeypatch.setattr(R, "_POISON", True)
+
+    def run(nact, src, cap):
+        def live(c):
+            return c[1] < cap
+
+        def body(c):
+            on = live(c)
+            # the source row the pass reads: where nact > 1 only
+            add = jnp.where(nact > 1, src[c[1] % src.shape[0]], 0.5)
+            return jnp.where(on, c[0] + add, c[0]), jnp.where(on, c[1] + 1, c[1])
+        return R.live_loop(live, body, (jnp.zeros(()), jnp.zeros((), jnp.int32)),
+                           lazy=(nact, [src]))
+
+    rng = np.random.default_rng(3)
+    for size in (20, 40):
+        nact = np.where(rng.random(size) < 0.2, 2, 1).astype(np.int32)
+        src = rng.random((size, 5)).astype(np.float32)
+        cap = rng.integers(1, 7, size).astype(np.int32)
+        got = jax.jit(jax.vmap(run))(jnp.asarray(nact), jnp.asarray(src), jnp.asarray(cap))
+        want = [sum(float(src[w, i % 5]) if nact[w] > 1 else 0.5 for i in range(cap[w]))
+                for w in range(size)]
+        np.testing.assert_allclose(np.asarray(got[0]), want, rtol=1e-6)
+        np.testing.assert_array_equal(np.asarray(got[1]), cap)
