@@ -286,7 +286,9 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         c = live_loop(lambda c: (c[2][0, 4] != 0) | jnp.any(c[2][:, 3] == 0),
                       lambda c: pack(body(unpack(c))), batched_like(pack(s), qacc0),
                       tables=(((rows.needy, rows.nact),) if rows.needy is not None
-                              else ()))
+                              else ()),
+                      lazy=(rows.nact, jax.tree_util.tree_leaves((rows.src, rows.rest)))
+                      if rows.nchunk > 1 else None)
         s = unpack(c)
         qfrc = s["qfrc"] if _CARRY_QFRC else None
     return s["qacc"], s["iter"], s["imp"], s["gnorm"], s["jaref"], qfrc

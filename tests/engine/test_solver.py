@@ -423,15 +423,16 @@ def test_compact_rows(case, fit, monkeypatch):
     check_solve("case", cases)
 
 
-@pytest.mark.parametrize("compact", [8, 2])
+@pytest.mark.parametrize("compact,gather", [(8, 0), (2, 0), (2, 3)])
 @pytest.mark.parametrize("blocks,block", [(False, 1), (True, 1), (True, 2)])
-def test_chunks_under_vmap(monkeypatch, blocks, block, compact):
+def test_chunks_under_vmap(monkeypatch, blocks, block, compact, gather):
     """Worlds of a batch that use different numbers of row chunks (the chunk loop runs
     to the largest count of the batch, or of a block of the worlds that use the later
     chunks, here one or two worlds per block, the last block of two padded) each get
     the solution on the whole rows; with ``compact`` 2 Newton's last passes run on the
     one world left live, gathered (solver_worlds.live_loop), the table of the worlds
-    using the later chunks remade for it."""
+    using the later chunks remade for it; with ``gather`` 3 every pass runs on one live
+    world gathered."""
     from simjax.engine import solver as S
     from simjax.engine import solver_gather as G
     from simjax.engine import solver_rows as R
@@ -439,6 +440,7 @@ def test_chunks_under_vmap(monkeypatch, blocks, block, compact):
     monkeypatch.setattr(G, "_few_rows", lambda spec: blocks)
     monkeypatch.setattr(R, "_CHUNK_BLOCK", block)
     monkeypatch.setattr(W, "_COMPACT", compact)
+    monkeypatch.setattr(W, "_GATHER", gather)
     rel, edit, opts = CASES["ant_newton"]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
     on = np.nonzero(np.asarray(d.efc_active))[0]
@@ -463,18 +465,54 @@ def test_chunks_under_vmap(monkeypatch, blocks, block, compact):
         assert np.abs(g - w).max() / scale < 1e-12
 
 
-@pytest.mark.parametrize("compact", [8, 2])
+@pytest.mark.parametrize("gather", [3, 0])
+def test_chunk_sources_lazy(monkeypatch, gather):
+    """With every pass on one live world gathered (``gather`` 3, solver_worlds.
+    live_loop), the later chunks' sources are gathered only on the passes of a world
+    that uses them: on the others they are NaN (solver_worlds._POISON), and each world
+    of a batch mixing one-chunk worlds with a world using three gets its solution on
+    the whole rows (``gather`` 0: the passes on the batch, the same check)."""
+    from simjax.engine import solver as S
+    from simjax.engine import solver_worlds as W
+    monkeypatch.setattr(W, "_COMPACT", 2)
+    monkeypatch.setattr(W, "_GATHER", gather)
+    monkeypatch.setattr(W, "_POISON", True)
+    rel, edit, opts = CASES["ant_newton"]
+    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
+    on = np.nonzero(np.asarray(d.efc_active))[0]
+    cap = max(1, len(on) // 3)
+    off = on[cap:]                   # the second world's rows fit in chunk 0
+    d1 = d.replace(efc_active=d.efc_active.at[off].set(False),
+                   efc_D=d.efc_D.at[off].set(0.0), efc_J=d.efc_J.at[off].set(0.0))
+    order = [1, 0, 1]
+    batch = jax.tree_util.tree_map(lambda *a: jnp.stack([a[i] for i in order]), d, d1)
+
+    def fwd(m, d):
+        return S.fwd_constraint(m, d).qacc
+
+    monkeypatch.setattr(S, "row_capacity", lambda spec: (spec.nefc, ()))
+    want = [np.asarray(jax.jit(fwd)(m, x)) for x in (d, d1)]
+    monkeypatch.setattr(S, "row_capacity", lambda spec: (cap, ()))
+    got = np.asarray(jax.jit(jax.vmap(fwd, in_axes=(None, 0)))(m, batch))
+    scale = max(1.0, np.abs(want[0]).max())
+    for w, g in zip([want[i] for i in order], got):
+        assert np.abs(g - w).max() / scale < 1e-12
+
+
+@pytest.mark.parametrize("compact,gather", [(8, 0), (2, 0), (2, 2)])
 @pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
-def test_newton_factor_under_vmap(case, compact, monkeypatch):
+def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
     """Newton keeps its Hessian factor where no row changed state and remakes it under
     vmap only on the worlds that need it: worlds of one batch starting from different
     points (different iterations and active sets) each get their own solution and
     iteration count, as solved alone, and MuJoCo's iteration count; with ``compact`` 2
     the last passes run on the (at most two) worlds left live, gathered
-    (solver_worlds.live_loop)."""
+    (solver_worlds.live_loop); with ``gather`` 2 every pass runs on two live worlds
+    gathered."""
     from simjax.engine import solver as S
     from simjax.engine import solver_worlds as W
     monkeypatch.setattr(W, "_COMPACT", compact)
+    monkeypatch.setattr(W, "_GATHER", gather)
     rel, edit, opts = CASES[case]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
 

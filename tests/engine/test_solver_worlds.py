@@ -72,14 +72,17 @@ def test_any_world_loop():
     assert not np.asarray(jax.jit(jax.vmap(R.any_world))(jnp.zeros(3, bool))).any()
 
 
-@pytest.mark.parametrize("compact", [0, 8])
-def test_live_loop(compact, monkeypatch):
+@pytest.mark.parametrize("compact,gather", [(0, 0), (8, 0), (8, 8), (8, 16)])
+def test_live_loop(compact, gather, monkeypatch):
     """live_loop: every world's values those of its own loop, under vmap (the laggards
-    gathered and iterated alone once at most 1/8 of the worlds are live; batches too small
-    to compact; nested vmaps) and for one world; the body closes over batched floats and
-    integers and an unbatched integer."""
+    gathered and iterated alone once at most 1/8 of the worlds are live; or, with
+    ``gather``, every pass on the first 1/8 or 1/16 of the batch's live worlds gathered,
+    the batch not a multiple of it; batches too small to compact; nested vmaps) and for
+    one world; the body closes over batched floats and integers and an unbatched
+    integer."""
     from simjax.engine import solver_worlds as R
     monkeypatch.setattr(R, "_COMPACT", compact)
+    monkeypatch.setattr(R, "_GATHER", gather)
     rng = np.random.default_rng(1)
 
     def run(n, step, cap):
@@ -119,12 +122,15 @@ def test_live_loop(compact, monkeypatch):
     assert (float(one[0]), int(one[1])) == want(n[0], step[0], 20)
 
 
-def test_live_loop_tables():
-    """live_loop remakes a needy_table the body closes over for the worlds it gathers:
-    the table lists worlds of the batch (a rule reading it as such, as the solver's
-    loops over later row chunks do, gives each world its own result only with the
-    table of the batch it runs on)."""
+@pytest.mark.parametrize("gather", [0, 8])
+def test_live_loop_tables(gather, monkeypatch):
+    """live_loop remakes a needy_table the body closes over for the worlds it gathers
+    (the laggards, or with ``gather`` the worlds of every pass): the table lists worlds
+    of the batch (a rule reading it as such, as the solver's loops over later row chunks
+    do, gives each world its own result only with the table of the batch it runs
+    on)."""
     from simjax.engine import solver_worlds as R
+    monkeypatch.setattr(R, "_GATHER", gather)
 
     @jax.custom_batching.custom_vmap
     def bump(tab, nact, x):
@@ -186,3 +192,39 @@ def test_hoisted_body_traced_in_line():
     eqns = jax.make_jaxpr(inline.inlined(hoisted))(x).jaxpr.eqns
     assert {e.primitive.name for e in eqns} == {"gt", "mul", "add", "select_n"}
     np.testing.assert_array_equal(np.asarray(inline.inlined(hoisted)(x)), [1.5, 1.5])
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_live_loop_lazy(lazy, monkeypatch):
+    """live_loop's gathered loop passes the arrays named ``lazy`` (read by the body only
+    where nact > 1) gathered for the trip's worlds on the trips that include such a
+    world, and on the others arrays no world reads (here NaN, solver_worlds._POISON):
+    every world's values those of its own loop, one or two worlds per trip, the worlds
+    reading them among others that do not."""
+    from simjax.engine import solver_worlds as R
+    monkeypatch.setattr(R, "_GATHER", 16)
+    monkeypatch.setattr(R, "_LAZY", lazy)
+    monkeypatch.setattr(R, "_POISON", True)
+
+    def run(nact, src, cap):
+        def live(c):
+            return c[1] < cap
+
+        def body(c):
+            on = live(c)
+            # the source row the pass reads: where nact > 1 only
+            add = jnp.where(nact > 1, src[c[1] % src.shape[0]], 0.5)
+            return jnp.where(on, c[0] + add, c[0]), jnp.where(on, c[1] + 1, c[1])
+        return R.live_loop(live, body, (jnp.zeros(()), jnp.zeros((), jnp.int32)),
+                           lazy=(nact, [src]))
+
+    rng = np.random.default_rng(3)
+    for size in (20, 40):
+        nact = np.where(rng.random(size) < 0.2, 2, 1).astype(np.int32)
+        src = rng.random((size, 5)).astype(np.float32)
+        cap = rng.integers(1, 7, size).astype(np.int32)
+        got = jax.jit(jax.vmap(run))(jnp.asarray(nact), jnp.asarray(src), jnp.asarray(cap))
+        want = [sum(float(src[w, i % 5]) if nact[w] > 1 else 0.5 for i in range(cap[w]))
+                for w in range(size)]
+        np.testing.assert_allclose(np.asarray(got[0]), want, rtol=1e-6)
+        np.testing.assert_array_equal(np.asarray(got[1]), cap)
