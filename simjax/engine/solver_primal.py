@@ -14,14 +14,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import constraint as C
+from simjax.engine import solver_cost
 from simjax.engine.math import reduce_fused, unstack, where
-from simjax.engine.solver_cost import _hessian, _quad_hessian, _quad_weights, update
+from simjax.engine.solver_cost import (
+    _force_hessian, _hessian, _quad_hessian, _quad_weights, update)
 from simjax.engine.solver_dense import factor_t, spd_solve
 from simjax.engine.solver_gather import Chunked
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import head_chunk, rest_chunks
 from simjax.engine.solver_search import MINVAL, _eval, _eval_point, _linesearch
 from simjax.engine.solver_search import _prepare, _prepare_dofs
+from simjax.engine import solver_warmstart as W
 from simjax.engine.solver_worlds import any_world, batched_like, live_loop, where_needed
 
 
@@ -106,6 +109,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     fric = (any_world(reduce_fused(p["active"] & fric_rows, 0, "any")) if np.any(fric_rows)
             else False)
 
+    # M and chunk 0's J stacked for their products with the search direction
+    MJ0 = W.stack_mj(M, rows) if W._STACK_MJ else None
     # chunk 0's J' for the Hessians (:data:`_JT`)
     J0T = jnp.swapaxes(rows.J0, -1, -2) if newton and _JT else None
     # the statically first pass's (one iteration at most, below) Hessian by J0T as well
@@ -121,15 +126,18 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         first = s["first"]
         live = ~s["done"]
         if search_on:
-            pre = _prepare_dofs(p, isl, Ma, search)
+            # M search and chunk 0's J search (:data:`~simjax.engine.solver_warmstart.
+            # _STACK_MJ`)
+            Mv, Jv0 = W.stacked_times(MJ0, search) if MJ0 is not None else (None, None)
+            pre = _prepare_dofs(p, isl, Ma, search, Mv)
         else:
             # the search direction is zero: so are M search and its norm
             pre = dict(Mv=jnp.zeros_like(Ma), snorm=jnp.zeros(isl.n, Ma.dtype))
         if search_on:
             # chunk 0's line-search coefficients; the later chunks' are recomputed
             # where they are visited (usually never)
-            _, rpre = head_chunk(rows, _prepare_chunk, (), extra=jaref, args=search,
-                                 jac=True)
+            _, rpre = head_chunk(rows, _prepare_chunk, (), extra=jaref,
+                                 args=(search, Jv0), jac=True)
         snorm = pre["snorm"]
         small = snorm < MINVAL
         gtol = gtol_base * where(small, 1.0, snorm) / scale
@@ -292,8 +300,9 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     return s["qacc"], s["iter"], s["imp"], s["gnorm"], s["jaref"], qfrc
 
 
-def _prepare_chunk(spec, x, jaref, J, search, acc):
-    return acc, _prepare(spec, x, J, jaref, search)
+def _prepare_chunk(spec, x, jaref, J, args, acc):
+    search, Jv = args
+    return acc, _prepare(spec, x, J, jaref, search, Jv)
 
 
 def _eval_chunk(spec, x, jaref, J, args, acc):
@@ -338,8 +347,12 @@ def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False, JT=None):
     isl = Islands(spec.nisl, x.get("rowisl"))
     new = jaref if Jv is None else jaref + isl.rx(alpha, 0.0) * Jv
     force, state, _ = update(spec, x, new, "fs")
-    out = (acc[0] + J.T @ force,) + acc[1:]
-    if hess:
+    if hess and solver_cost._ONE_JT:
+        f, H = _force_hessian(spec, x, J, new, state, force, acc[1], JT)
+        out = (acc[0] + f, H)
+    else:
+        out = (acc[0] + J.T @ force,) + acc[1:]
+    if hess and not solver_cost._ONE_JT:
         out = out[:1] + (_hessian(spec, x, J, new, state, acc[1], JT),)
     kept = where(isl.rx(~take, True), jaref, new)
     return out, ((kept, state) if states else kept)
