@@ -208,7 +208,14 @@ def _force_hessian(spec, p, J, jar, state, force, H, JT=None):
 
 
 #: J' force and the Hessian's quadratic row terms J' D_q J of a pass's chunk as one
-#: product (:func:`_force_hessian`), read at trace time (False: two, kept to compare)
+#: product (:func:`_force_hessian`): the later chunks' step of a Newton pass and the
+#: first pass known statically, one matrix-vector product fewer (a kernel of its own,
+#: 25-35 ms of LLVM time, in each copy of the loop body: ant's bench rollout 634 ->
+#: 630 kernels); read at trace time (False: two, kept to compare). Alone (bench
+#: rollouts, paired in one process): XLA compile ant 1.004 [0.870, 1.042], humanoid
+#: 0.981 [0.899, 1.109] (8 rounds); run, process CPU, ant 0.967 [0.930, 1.028],
+#: humanoid 0.946 [0.795, 1.092] (12), barkour 1.004 [0.871, 1.321] (16): noise.
+#: Float64 bench outputs bit-identical (the four bench models)
 _ONE_JT = True
 
 

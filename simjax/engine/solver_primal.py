@@ -41,8 +41,9 @@ _JT = True
 #: once, J.T was folded into the product by XLA (a dot of its own with the transposed
 #: operand, not YNNPACK's). Barkour's bench step (batch 1024, float32, 4-step rollouts,
 #: paired in one process, 16 rounds) 0.952-0.960x; float32 outputs bit-identical.
-#: J' force by the same J' made the step 1.018x: it stays J.T @ force. Read at trace
-#: time; False: the former way, kept to compare
+#: J' force by the same J' made the step 1.018x: it stayed J.T @ force (with
+#: :data:`~simjax.engine.solver_cost._ONE_JT`, one product with the rows' terms).
+#: Read at trace time; False: the former way, kept to compare
 _JT_FIRST = True
 
 
@@ -59,6 +60,18 @@ _JT_FIRST = True
 #: float32 and float64; humanoid (rows in later chunks: the sum in another order)
 #: within 2.5e-14 relative in float64
 _CARRY_QFRC = True
+
+
+#: a pass's M search and J_0 search as one product as well (:data:`~simjax.engine.
+#: solver_warmstart._STACK_MJ`), read at trace time (True: kept to compare). A
+#: matrix-vector product fewer per copy of the loop body (ant 629 -> 630 kernels:
+#: the slice of J_0 search is materialised and the stacked matrix gathered for the
+#: compacted loop), XLA compile of ant's bench rollout with / without 0.999 [0.897,
+#: 1.057] (8 rounds), but humanoid's run 1.036 [0.912, 1.122] (14 rounds) and 1.053
+#: [0.912, 1.382] (12) slower: the stacked product alone, (78, 27) by 27, costs 0.21
+#: against 0.20 us per world for the two (batch 1024, float32), 0.28 with its slices,
+#: and M and J_0 are read twice. Float64 bench outputs bit-identical
+_STACK_PASS = False
 
 
 def _primal(rows, p, start, newton, iterations, ls_iterations):
@@ -110,7 +123,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             else False)
 
     # M and chunk 0's J stacked for their products with the search direction
-    MJ0 = W.stack_mj(M, rows) if W._STACK_MJ else None
+    MJ0 = W.stack_mj(M, rows) if W._STACK_MJ and _STACK_PASS else None
     # chunk 0's J' for the Hessians (:data:`_JT`)
     J0T = jnp.swapaxes(rows.J0, -1, -2) if newton and _JT else None
     # the statically first pass's (one iteration at most, below) Hessian by J0T as well
