@@ -195,6 +195,32 @@ def _hessian(spec, p, J, jar, state, H, JT=None):
     for the whole Hessian) of the rows of ``p``, Jacobian ``J`` (``JT``: see
     :func:`_quad_hessian`)."""
     H = _quad_hessian(H, J, _quad_weights(p, state), JT)
+    return _cone_hessian(spec, p, J, jar, state, H)
+
+
+def _force_hessian(spec, p, J, jar, state, force, H, JT=None):
+    """(J' force, :func:`_hessian`): J' force and J' D_q J as one product of J' with the
+    weighted rows and the force column (:data:`_ONE_JT`)."""
+    nv = J.shape[1]
+    w = jnp.concatenate([_quad_weights(p, state)[:, None] * J, force[:, None]], 1)
+    prod = (J.T if JT is None else JT) @ w                              # (nv, nv + 1)
+    return prod[:, nv], _cone_hessian(spec, p, J, jar, state, H + prod[:, :nv])
+
+
+#: J' force and the Hessian's quadratic row terms J' D_q J of a pass's chunk as one
+#: product (:func:`_force_hessian`): the later chunks' step of a Newton pass and the
+#: first pass known statically, one matrix-vector product fewer (a kernel of its own,
+#: 25-35 ms of LLVM time, in each copy of the loop body: ant's bench rollout 634 ->
+#: 630 kernels); read at trace time (False: two, kept to compare). Alone (bench
+#: rollouts, paired in one process): XLA compile ant 1.004 [0.870, 1.042], humanoid
+#: 0.981 [0.899, 1.109] (8 rounds); run, process CPU, ant 0.967 [0.930, 1.028],
+#: humanoid 0.946 [0.795, 1.092] (12), barkour 1.004 [0.871, 1.321] (16): noise.
+#: Float64 bench outputs bit-identical (the four bench models)
+_ONE_JT = True
+
+
+def _cone_hessian(spec, p, J, jar, state, H):
+    """H plus the elliptic cone Hessians of the rows of ``p`` (HessianCone)."""
     for (start, n, dim), mu, fr in zip(spec.ell, p["mu"], p["fr"]):
         jr = _ell_rows(jar, start, n, dim)
         d0 = p["D"][start:start + n * dim:dim]

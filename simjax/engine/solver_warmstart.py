@@ -15,27 +15,57 @@ from simjax.engine.solver_gather import Chunked
 from simjax.engine.solver_rows import find_chunks, head_chunk, rest_zeros
 
 
+#: M and chunk 0's J times a vector as one product, of the two stacked once per solve
+#: (:func:`stack_mj`): the warm start's two points (4 matrix-vector products -> 2, each
+#: a kernel of 25-35 ms of LLVM time) and, with
+#: :data:`~simjax.engine.solver_primal._STACK_PASS`, the passes' search directions;
+#: read at trace time (False: two products each, kept to compare). With
+#: :data:`~simjax.engine.solver_cost._ONE_JT`, against both off (bench rollouts,
+#: batch 1024, float32, paired in one process): kernels ant 634 -> 629, humanoid 725
+#: -> 720, barkour 566 -> 563; XLA compile ant 0.966 [0.935, 1.007] (10 rounds) and
+#: 0.962 [0.909, 1.103] (8), humanoid 1.001 [0.860, 1.154] (10) and 0.997 [0.916,
+#: 1.018] (8), barkour 1.008 [0.934, 1.031] (8); run, process CPU, ant 0.956 [0.867,
+#: 1.103] and 1.011 [0.921, 1.080], humanoid 1.016 [0.964, 1.107] and 1.008 [0.883,
+#: 1.200] (12 rounds each), barkour 1.003 [0.822, 1.494] (16): noise. Float64 bench
+#: outputs bit-identical (the four bench models)
+_STACK_MJ = True
+
+
+def stack_mj(M, rows):
+    """M (nv, nv) and chunk 0's Jacobian rows stacked, (nv + rows, nv)."""
+    return jnp.concatenate([M, rows.J0], 0)
+
+
+def stacked_times(MJ0, v):
+    """(M v, J_0 v) by one product with ``MJ0`` (:func:`stack_mj`), ``v`` (nv,) or (nv,
+    columns) (a column at a time, :func:`~simjax.engine.solver_dense._times_cols`)."""
+    nv = v.shape[0]
+    prod = MJ0 @ v if v.ndim == 1 else _times_cols(MJ0, v)
+    return prod[:nv], prod[nv:]
+
+
 def _jaref_rest(spec, x, e, sc, J, q, acc):
     return acc, J @ q - x["aref"]
 
 
-def _jaref(rows, q):
-    """J q - aref of the rows in use, per chunk."""
-    head = rows.J0 @ q - rows.x0["aref"]
+def _jaref(rows, q, Jq0=None):
+    """J q - aref of the rows in use, per chunk (``Jq0``: chunk 0's J q, where made)."""
+    head = (rows.J0 @ q if Jq0 is None else Jq0) - rows.x0["aref"]
     _, rest, rows = find_chunks(rows, _jaref_rest, (), args=q, jac=True,
                                 state=rest_zeros(rows, head), fresh=True)
     return Chunked(head, rest), rows
 
 
-def _warm_cost(spec, x, J, both, acc):
+def _warm_cost(spec, x, J, both, acc, Jb=None):
     """Constraint costs at the two columns of ``both`` added to acc (2,), and the
-    rows' J q - aref (rows, 2)."""
-    jb = _times_cols(J, both) - x["aref"][:, None]
+    rows' J q - aref (rows, 2) (``Jb``: J both, where made)."""
+    jb = (_times_cols(J, both) if Jb is None else Jb) - x["aref"][:, None]
     return acc + jax.vmap(lambda jar: update(spec, x, jar, "c")[2], 1)(jb), jb
 
 
-def _warm_head(spec, x, e, J, both, acc):
-    return _warm_cost(spec, x, J, both, acc)
+def _warm_head(spec, x, e, J, args, acc):
+    both, Jb = args
+    return _warm_cost(spec, x, J, both, acc, Jb)
 
 
 def _warm_first(spec, x, e, sc, J, both, acc):
@@ -114,12 +144,15 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
     visits them, one world at a time (``_world_loop``), as (worlds, 2, nv, nv) sums
     filled on every call ran barkour's step 3% slower)."""
     M = p["M"]
+    MJ0 = stack_mj(M, rows) if _STACK_MJ else None
     if qw is None:
-        jaref, rows = _jaref(rows, qs)
-        return (qs, M @ qs, jaref), rows, jaref
+        Mq, Jq0 = stacked_times(MJ0, qs) if _STACK_MJ else (M @ qs, None)
+        jaref, rows = _jaref(rows, qs, Jq0)
+        return (qs, Mq, jaref), rows, jaref
     both = jnp.stack([qw, qs], 1)                                    # (nv, 2)
-    Mb = _times_cols(M, both)
-    cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=both, jac=True)
+    Mb, Jb0 = stacked_times(MJ0, both) if _STACK_MJ else (_times_cols(M, both), None)
+    cost, jb = head_chunk(rows, _warm_head, jnp.zeros(2, qs.dtype), args=(both, Jb0),
+                          jac=True)
     rest = rest_zeros(rows, jb)
     first = first and rows.nchunk > 1 and _FIRST
     smooth_cost = 0.5 * jnp.sum((Mb - p["qfrc_smooth"][:, None]) * (both - qs[:, None]), 0)
@@ -145,8 +178,10 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
         qacc0 = where(p["dofisl"] == nisl, qs, qacc0)
         # chunk 0's rows remade at qacc0 (a product over the chunk, as before: the
         # same bits); the later chunks' (usually none) kept from the warm start's pass
-        head = rows.J0 @ qacc0 - rows.x0["aref"]
-        return ((qacc0, M @ qacc0, Chunked(head, rest)) + ((extra,) if first else ()), rows,
+        Mq, Jq0 = (stacked_times(MJ0, qacc0) if _STACK_MJ else
+                   (M @ qacc0, rows.J0 @ qacc0))
+        head = Jq0 - rows.x0["aref"]
+        return ((qacc0, Mq, Chunked(head, rest)) + ((extra,) if first else ()), rows,
                 smooth if rows.nchunk == 1 else None)
     return (qacc0, Ma0, Chunked(jaref0, rest)) + ((extra,) if first else ()), rows, smooth
 
