@@ -261,10 +261,13 @@ def live_loop(live, body, init, tables=(), lazy=None):
     """``while any world is live: init = body(init)``, with ``live(c)`` a world's flag,
     for a body that leaves a world's values as they are once it is not live (Newton's
     and CG's passes). One world: a while loop on ``live``. Under ``vmap``
-    the batch's last passes, run for its laggards, cost a pass over the batch each:
-    once at most 1/:data:`_COMPACT` of the worlds are live, those are gathered (the
-    loop's carry and the arrays ``body`` and ``live`` close over), iterated to the end
-    alone, and written back. Every world makes the same passes as it would alone.
+    the batch's last passes, run for its laggards, would cost a pass over the batch
+    each: by default (:data:`_GATHER`) every pass gathers the first 1/8 of the batch's
+    live worlds (the loop's carry and the arrays ``body`` and ``live`` close over),
+    makes one pass on them and writes them back, the body compiled once; with
+    :data:`_GATHER` 0, passes over the batch until at most 1/:data:`_COMPACT` of the
+    worlds are live, then those gathered and iterated to the end alone. Every world
+    makes the same passes as it would alone.
 
     ``tables``: pairs (table, nact) of :func:`needy_table`'s tables that ``body`` closes
     over (lists of worlds of the batch, not values per world): remade for the gathered
@@ -342,7 +345,7 @@ def live_loop(live, body, init, tables=(), lazy=None):
 #: :func:`live_loop` under vmap, read at trace time: 0, the batch's passes until at most
 #: 1/:data:`_COMPACT` of its worlds are live, then those gathered and iterated alone
 #: (the body compiled at two batch sizes); n > 0, :func:`_gathered` at 1/n of the
-#: batch (the body compiled once), kept to compare. Bench rollouts (batch 1024,
+#: batch (the body compiled once). Bench rollouts (batch 1024,
 #: float32, the state after 4 steps, process CPU, paired in one process, loads 6-11),
 #: _gathered / the two phases: humanoid n = 16 0.989 [0.756, 1.125], 1.153 [0.907,
 #: 1.345], 1.014 [0.832, 1.232] (8, 10, 10 rounds); n = 8 1.128, 1.058, 1.104; n = 32
@@ -361,8 +364,13 @@ def live_loop(live, body, init, tables=(), lazy=None):
 #: 0.77, 1.15, 0.85 against 7.68 ms). With :data:`_LAZY`, n = 8 against the two
 #: phases (bench rollouts, process CPU, 10 rounds, loads 7-8): ant 1.080 [1.032,
 #: 1.256], humanoid 0.972 [0.855, 1.018]; XLA compile CPU (8 rounds) ant 0.792
-#: [0.666, 0.859], humanoid 0.850 [0.811, 0.906]
-_GATHER = 0
+#: [0.666, 0.859], humanoid 0.850 [0.811, 0.906]. On an idle machine (wall time, 10
+#: rounds each): ant 1.062 [0.995, 1.317] and 1.082 [0.913, 1.535], humanoid 0.934
+#: [0.780, 1.148]; ant XLA compile CPU 0.814 [0.771, 0.978] (6 rounds). The default is
+#: 8 (0 kept to compare): the ant's step about 7% slower, its compile about a fifth
+#: shorter (compile is where the bench rollouts miss their target, not run time
+#: against MJX), the humanoid's run and compile both shorter
+_GATHER = 8
 
 
 #: :func:`_gathered` gathers the arrays ``live_loop``'s ``lazy`` names only on the
