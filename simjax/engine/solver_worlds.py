@@ -412,8 +412,9 @@ def _gathered(k, vbody, vlive, bconsts, lconsts, init, bf, lf, tables, lazy=None
             sb[i] = _needy(take(key) if f else jnp.broadcast_to(key, (k,)), k)
         if lz:
             nact, nf = lazy[:2]
-            need = reduce_fused(((take(nact) if nf else nact) > 1).astype(jnp.int32),
-                                0, "max") > 0
+            # an unbatched nact (one value for every world) is the trip's flag itself
+            need = (reduce_fused((take(nact) > 1).astype(jnp.int32), 0, "max") > 0
+                    if nf else nact > 1)
             cache = inline.while_loop(
                 lambda s: s[0],
                 lambda s: (jnp.zeros((), bool), [take(bconsts[i]) for i in lz]),

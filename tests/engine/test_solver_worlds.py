@@ -195,12 +195,14 @@ def test_hoisted_body_traced_in_line():
 
 
 @pytest.mark.parametrize("lazy", [False, True])
-def test_live_loop_lazy(lazy, monkeypatch):
+@pytest.mark.parametrize("shared_nact", [False, True])
+def test_live_loop_lazy(lazy, shared_nact, monkeypatch):
     """live_loop's gathered loop passes the arrays named ``lazy`` (read by the body only
     where nact > 1) gathered for the trip's worlds on the trips that include such a
     world, and on the others arrays no world reads (here NaN, solver_worlds._POISON):
     every world's values those of its own loop, one or two worlds per trip, the worlds
-    reading them among others that do not."""
+    reading them among others that do not. ``shared_nact``: one nact for every world
+    (unbatched), 2 in one batch and 1 in the other."""
     from simjax.engine import solver_worlds as R
     monkeypatch.setattr(R, "_GATHER", 16)
     monkeypatch.setattr(R, "_LAZY", lazy)
@@ -221,9 +223,13 @@ def test_live_loop_lazy(lazy, monkeypatch):
     rng = np.random.default_rng(3)
     for size in (20, 40):
         nact = np.where(rng.random(size) < 0.2, 2, 1).astype(np.int32)
+        if shared_nact:
+            nact[:] = 2 if size == 20 else 1
         src = rng.random((size, 5)).astype(np.float32)
         cap = rng.integers(1, 7, size).astype(np.int32)
-        got = jax.jit(jax.vmap(run))(jnp.asarray(nact), jnp.asarray(src), jnp.asarray(cap))
+        vrun = jax.vmap(run, in_axes=(None if shared_nact else 0, 0, 0))
+        got = jax.jit(vrun)(jnp.asarray(nact[0] if shared_nact else nact),
+                            jnp.asarray(src), jnp.asarray(cap))
         want = [sum(float(src[w, i % 5]) if nact[w] > 1 else 0.5 for i in range(cap[w]))
                 for w in range(size)]
         np.testing.assert_allclose(np.asarray(got[0]), want, rtol=1e-6)
