@@ -369,7 +369,10 @@ def live_loop(live, body, init, tables=(), lazy=None):
 #: [0.780, 1.148]; ant XLA compile CPU 0.814 [0.771, 0.978] (6 rounds). The default is
 #: 8 (0 kept to compare): the ant's step about 7% slower, its compile about a fifth
 #: shorter (compile is where the bench rollouts miss their target, not run time
-#: against MJX), the humanoid's run and compile both shorter
+#: against MJX), the humanoid's run and compile both shorter. Small batches, whose
+#: trips hold few worlds (one below 16 worlds), 8 against 0, idle, 8 rounds each: ant
+#: 1.053 [0.797, 1.180] at 32 worlds, 0.988 [0.874, 1.250] at 128, 0.947 [0.784, 1.297]
+#: at 4; humanoid 1.068 [0.836, 1.276] at 4 (the step's other costs dominate there)
 _GATHER = 8
 
 
