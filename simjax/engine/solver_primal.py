@@ -24,7 +24,6 @@ from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import head_chunk, rest_chunks
 from simjax.engine.solver_search import MINVAL, _eval, _eval_point, _linesearch
 from simjax.engine.solver_search import _prepare, _prepare_dofs
-from simjax.engine import solver_warmstart as W
 from simjax.engine.solver_worlds import any_world, batched_like, live_loop, where_needed
 
 
@@ -60,18 +59,6 @@ _JT_FIRST = True
 #: float32 and float64; humanoid (rows in later chunks: the sum in another order)
 #: within 2.5e-14 relative in float64
 _CARRY_QFRC = True
-
-
-#: a pass's M search and J_0 search as one product as well (:data:`~simjax.engine.
-#: solver_warmstart._STACK_MJ`), read at trace time (True: kept to compare). A
-#: matrix-vector product fewer per copy of the loop body (ant 629 -> 630 kernels:
-#: the slice of J_0 search is materialised and the stacked matrix gathered for the
-#: compacted loop), XLA compile of ant's bench rollout with / without 0.999 [0.897,
-#: 1.057] (8 rounds), but humanoid's run 1.036 [0.912, 1.122] (14 rounds) and 1.053
-#: [0.912, 1.382] (12) slower: the stacked product alone, (78, 27) by 27, costs 0.21
-#: against 0.20 us per world for the two (batch 1024, float32), 0.28 with its slices,
-#: and M and J_0 are read twice. Float64 bench outputs bit-identical
-_STACK_PASS = False
 
 
 def _primal(rows, p, start, newton, iterations, ls_iterations):
@@ -122,8 +109,6 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     fric = (any_world(reduce_fused(p["active"] & fric_rows, 0, "any")) if np.any(fric_rows)
             else False)
 
-    # M and chunk 0's J stacked for their products with the search direction
-    MJ0 = W.stack_mj(M, rows) if W._STACK_MJ and _STACK_PASS else None
     # chunk 0's J' for the Hessians (:data:`_JT`)
     J0T = jnp.swapaxes(rows.J0, -1, -2) if newton and _JT else None
     # the statically first pass's (one iteration at most, below) Hessian by J0T as well
@@ -139,18 +124,15 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
         first = s["first"]
         live = ~s["done"]
         if search_on:
-            # M search and chunk 0's J search (:data:`~simjax.engine.solver_warmstart.
-            # _STACK_MJ`)
-            Mv, Jv0 = W.stacked_times(MJ0, search) if MJ0 is not None else (None, None)
-            pre = _prepare_dofs(p, isl, Ma, search, Mv)
+            pre = _prepare_dofs(p, isl, Ma, search)
         else:
             # the search direction is zero: so are M search and its norm
             pre = dict(Mv=jnp.zeros_like(Ma), snorm=jnp.zeros(isl.n, Ma.dtype))
         if search_on:
             # chunk 0's line-search coefficients; the later chunks' are recomputed
             # where they are visited (usually never)
-            _, rpre = head_chunk(rows, _prepare_chunk, (), extra=jaref,
-                                 args=(search, Jv0), jac=True)
+            _, rpre = head_chunk(rows, _prepare_chunk, (), extra=jaref, args=search,
+                                 jac=True)
         snorm = pre["snorm"]
         small = snorm < MINVAL
         gtol = gtol_base * where(small, 1.0, snorm) / scale
@@ -315,9 +297,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     return s["qacc"], s["iter"], s["imp"], s["gnorm"], s["jaref"], qfrc
 
 
-def _prepare_chunk(spec, x, jaref, J, args, acc):
-    search, Jv = args
-    return acc, _prepare(spec, x, J, jaref, search, Jv)
+def _prepare_chunk(spec, x, jaref, J, search, acc):
+    return acc, _prepare(spec, x, J, jaref, search)
 
 
 def _eval_chunk(spec, x, jaref, J, args, acc):
@@ -362,13 +343,13 @@ def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False, JT=None):
     isl = Islands(spec.nisl, x.get("rowisl"))
     new = jaref if Jv is None else jaref + isl.rx(alpha, 0.0) * Jv
     force, state, _ = update(spec, x, new, "fs")
-    if hess and solver_cost._ONE_JT:
+    if not hess:
+        out = (acc[0] + J.T @ force,) + acc[1:]
+    elif solver_cost._ONE_JT:
         f, H = _force_hessian(spec, x, J, new, state, force, acc[1], JT)
         out = (acc[0] + f, H)
     else:
-        out = (acc[0] + J.T @ force,) + acc[1:]
-    if hess and not solver_cost._ONE_JT:
-        out = out[:1] + (_hessian(spec, x, J, new, state, acc[1], JT),)
+        out = (acc[0] + J.T @ force, _hessian(spec, x, J, new, state, acc[1], JT))
     kept = where(isl.rx(~take, True), jaref, new)
     return out, ((kept, state) if states else kept)
 

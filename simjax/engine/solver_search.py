@@ -19,22 +19,20 @@ def _ell_rows(x, start, n, dim):
     return x[start:start + n * dim].reshape(n, dim)
 
 
-def _prepare_dofs(p, isl, Ma, search, Mv=None):
+def _prepare_dofs(p, isl, Ma, search):
     """The Gauss term of the 1-D cost along ``search`` (PrimalPrepare): ``qg``
     (islands, 2) per island, ``snorm`` the norm of ``search`` (islands,) (the dot
-    products with ``search`` in one reduction), ``Mv`` = M search (made here unless
-    given)."""
-    Mv = p["M"] @ search if Mv is None else Mv
+    products with ``search`` in one reduction), ``Mv`` = M search."""
+    Mv = p["M"] @ search
     dots = isl.ddots(search, jnp.stack([search, Ma, p["qfrc_smooth"], Mv], 1))
     qg = jnp.stack([dots[:, 1] - dots[:, 2], 0.5 * dots[:, 3]], 1)
     return dict(Mv=Mv, qg=qg, snorm=jnp.sqrt(dots[:, 0]))
 
 
-def _prepare(spec, p, J, jaref, search, Jv=None):
+def _prepare(spec, p, J, jaref, search):
     """Quadratic coefficients of the 1-D cost along ``search`` of the rows of ``p``
-    (PrimalPrepare): ``Jv`` (J search, made here unless given), ``quad`` (rows, 3) and
-    the elliptic cone terms."""
-    Jv = J @ search if Jv is None else Jv
+    (PrimalPrepare): ``Jv``, ``quad`` (rows, 3) and the elliptic cone terms."""
+    Jv = J @ search
     D = p["D"]
     dj0 = D * jaref
     quad = jnp.stack([0.5 * jaref * dj0, Jv * dj0, 0.5 * Jv * D * Jv], 1)

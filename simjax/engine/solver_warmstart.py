@@ -16,18 +16,20 @@ from simjax.engine.solver_rows import find_chunks, head_chunk, rest_zeros
 
 
 #: M and chunk 0's J times a vector as one product, of the two stacked once per solve
-#: (:func:`stack_mj`): the warm start's two points (4 matrix-vector products -> 2, each
-#: a kernel of 25-35 ms of LLVM time) and, with
-#: :data:`~simjax.engine.solver_primal._STACK_PASS`, the passes' search directions;
-#: read at trace time (False: two products each, kept to compare). With
-#: :data:`~simjax.engine.solver_cost._ONE_JT`, against both off (bench rollouts,
-#: batch 1024, float32, paired in one process): kernels ant 634 -> 629, humanoid 725
-#: -> 720, barkour 566 -> 563; XLA compile ant 0.966 [0.935, 1.007] (10 rounds) and
-#: 0.962 [0.909, 1.103] (8), humanoid 1.001 [0.860, 1.154] (10) and 0.997 [0.916,
-#: 1.018] (8), barkour 1.008 [0.934, 1.031] (8); run, process CPU, ant 0.956 [0.867,
-#: 1.103] and 1.011 [0.921, 1.080], humanoid 1.016 [0.964, 1.107] and 1.008 [0.883,
-#: 1.200] (12 rounds each), barkour 1.003 [0.822, 1.494] (16): noise. Float64 bench
-#: outputs bit-identical (the four bench models)
+#: (:func:`stack_mj`): the warm start's two points (4 matrix-vector products -> 2, each a
+#: kernel of 25-35 ms of LLVM time); read at trace time (False: two products each, kept to
+#: compare). With :data:`~simjax.engine.solver_cost._ONE_JT`, against both off (bench
+#: rollouts, batch 1024, float32, paired in one process): kernels ant 634 -> 629, humanoid
+#: 725 -> 720, barkour 566 -> 563; XLA compile ant 0.966 [0.935, 1.007] (10 rounds) and
+#: 0.962 [0.909, 1.103] (8), humanoid 1.001 [0.860, 1.154] (10) and 0.997 [0.916, 1.018]
+#: (8), barkour 1.008 [0.934, 1.031] (8); run, process CPU, ant 0.956 [0.867, 1.103] and
+#: 1.011 [0.921, 1.080], humanoid 1.016 [0.964, 1.107] and 1.008 [0.883, 1.200] (12 rounds
+#: each), barkour 1.003 [0.822, 1.494] (16): noise. Float64 bench outputs bit-identical (the
+#: four bench models). Measured and not done: the passes' M search and J_0 search stacked
+#: the same way, a product fewer per copy of the loop body, but XLA compile (ant) 0.999
+#: [0.897, 1.057] (8 rounds) and the humanoid's run 1.036 [0.912, 1.122] (14) and 1.053
+#: [0.912, 1.382] (12) slower (the stacked (78, 27) product costs 0.21 against 0.20 us per
+#: world for the two, batch 1024, float32)
 _STACK_MJ = True
 
 

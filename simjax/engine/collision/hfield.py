@@ -270,12 +270,7 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
     if t2 == GT.SPHERE:
         return _sphere_window(g1, g2, margin, ok, lo[2], lpos, rmin, rmax, cmin, cmax,
                               data=data, nrow=nrow, ncol=ncol, size=size, nc=nc, nr=nr)
-    # cells of the static window in MuJoCo's order (rows, then columns)
-    rr = rmin + np.repeat(np.arange(nr, dtype=np.int32), nc)
-    cc = cmin + np.tile(np.arange(nc, dtype=np.int32), nr)
-    cell_ok = ok & (rr < rmax) & (cc < cmax)
-    r0 = jnp.clip(rr, 0, nrow - 2)
-    c0 = jnp.clip(cc, 0, ncol - 2)
+    r0, c0, cell_ok = _window(ok, rmin, rmax, cmin, cmax, nrow, ncol, nr, nc)
     dx, dy = 2 * s0 / (ncol - 1), 2 * s1 / (nrow - 1)
     hdata = jnp.asarray(data, dt)
     # one gather of the cell's four corner heights (r, c), (r, c+1), (r+1, c), (r+1, c+1)
@@ -310,6 +305,17 @@ def _collide(g1, g2, margin, *, t2, data, nrow, ncol, size, nc, nr, mesh):
     return Pre(dist, pos, n, jnp.zeros_like(pos), valid)
 
 
+def _window(ok, rmin, rmax, cmin, cmax, nrow, ncol, nr, nc, per=1):
+    """The cells of the static nr x nc window at (rmin, cmin) in MuJoCo's order (rows,
+    then columns), each ``per`` times (one entry per prism: 2): their rows and columns
+    clipped to the grid's cells, and whether each lies inside the window (rmax, cmax)
+    and the pair passed the early exits (``ok``)."""
+    rr = rmin + np.repeat(np.arange(nr, dtype=np.int32), per * nc)
+    cc = cmin + np.tile(np.repeat(np.arange(nc, dtype=np.int32), per), nr)
+    cell_ok = ok & (rr < rmax) & (cc < cmax)
+    return jnp.clip(rr, 0, nrow - 2), jnp.clip(cc, 0, ncol - 2), cell_ok
+
+
 def _first(dist, pos, n, valid):
     """The first MAXCONPAIR valid contacts of the prisms in order (compacted to
     MAXCONPAIR slots when there are more prisms; else unchanged: one contact a prism)."""
@@ -337,12 +343,7 @@ def _sphere_window(g1, g2, margin, ok, zmin, lpos, rmin, rmax, cmin, cmax, *, da
     s0, s1, s2, s3 = (float(x) for x in size)
     dx, dy = 2 * s0 / (ncol - 1), 2 * s1 / (nrow - 1)
     tri = np.tile(np.array([0, 1], np.int32), nc * nr)
-    ir = np.repeat(np.arange(nr, dtype=np.int32), 2 * nc)
-    ic = np.tile(np.repeat(np.arange(nc, dtype=np.int32), 2), nr)
-    rr, cc = rmin + ir, cmin + ic
-    cell_ok = ok & (rr < rmax) & (cc < cmax)
-    r0 = jnp.clip(rr, 0, nrow - 2)
-    c0 = jnp.clip(cc, 0, ncol - 2)
+    r0, c0, cell_ok = _window(ok, rmin, rmax, cmin, cmax, nrow, ncol, nr, nc, per=2)
     # top vertices A, B, C: (r+1, c), (r, c), (r+1, c+1) and (r, c+1), (r+1, c+1), (r, c)
     offs = np.stack([np.where(tri == 1, o1, o0) for o0, o1 in
                      ((ncol, 1), (0, ncol + 1), (ncol + 1, 0))], -1).astype(np.int32)
