@@ -200,18 +200,24 @@ def test_hold_end_moves_the_traced_objects_to_the_oldest_generation(gc_restored,
         assert gc.isenabled() and not gc_pause._state["held"]
         return kept[0]
 
-    gc.collect()
-    assert _generation_of(traced(True)) == 2
-    gc.collect()
-    assert _generation_of(traced(False)) in (0, 1)
-    frozen = [[]]
-    gc.collect()
-    gc.freeze()
+    thresholds = gc.get_threshold()
+    # no middle-generation collection (which would move the object to the oldest)
+    gc.set_threshold(thresholds[0], 10 ** 9, thresholds[2])
     try:
-        count = gc.get_freeze_count()
-        assert count > 0
-        assert _generation_of(traced(True)) in (0, 1)
-        assert gc.get_freeze_count() == count
-        assert _generation_of(frozen) is None      # still in the permanent generation
+        gc.collect()
+        assert _generation_of(traced(True)) == 2
+        gc.collect()
+        assert _generation_of(traced(False)) in (0, 1)
+        frozen = [[]]
+        gc.collect()
+        gc.freeze()
+        try:
+            count = gc.get_freeze_count()
+            assert count > 0
+            assert _generation_of(traced(True)) in (0, 1)
+            assert gc.get_freeze_count() == count
+            assert _generation_of(frozen) is None      # still in the permanent generation
+        finally:
+            gc.unfreeze()
     finally:
-        gc.unfreeze()
+        gc.set_threshold(*thresholds)
