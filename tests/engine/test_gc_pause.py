@@ -172,3 +172,52 @@ def test_eager_vmap_is_paused_for_the_call_alone(gc_restored):
     gc.enable()
     np.testing.assert_allclose(jax.vmap(f)(np.arange(3.0)), [0.0, 2.0, 4.0])
     assert gc.isenabled() and not gc_pause._state["held"]
+
+
+def _generation_of(obj):
+    for g in range(3):
+        if any(o is obj for o in gc.get_objects(generation=g)):
+            return g
+    return None
+
+
+def test_hold_end_moves_the_traced_objects_to_the_oldest_generation(gc_restored,
+                                                                    monkeypatch):
+    """Objects allocated while a hold paused the collector are in its oldest generation
+    once the program is lowered (not walked by a young collection); with PROMOTE off
+    they are left in the young ones; a caller's frozen objects stay frozen."""
+    def traced(promote):
+        monkeypatch.setattr(gc_pause, "PROMOTE", promote)
+        kept = []
+
+        @gc_pause.gc_paused
+        def f(x):
+            kept.append([[]])           # a tracked object made while paused
+            return x * 2
+
+        gc.enable()
+        jax.jit(lambda x: jax.vmap(f)(x) + 1)(np.arange(3.0 + promote))
+        assert gc.isenabled() and not gc_pause._state["held"]
+        return kept[0]
+
+    thresholds = gc.get_threshold()
+    # no middle-generation collection (which would move the object to the oldest)
+    gc.set_threshold(thresholds[0], 10 ** 9, thresholds[2])
+    try:
+        gc.collect()
+        assert _generation_of(traced(True)) == 2
+        gc.collect()
+        assert _generation_of(traced(False)) in (0, 1)
+        frozen = [[]]
+        gc.collect()
+        gc.freeze()
+        try:
+            count = gc.get_freeze_count()
+            assert count > 0
+            assert _generation_of(traced(True)) in (0, 1)
+            assert gc.get_freeze_count() == count
+            assert _generation_of(frozen) is None      # still in the permanent generation
+        finally:
+            gc.unfreeze()
+    finally:
+        gc.set_threshold(*thresholds)
