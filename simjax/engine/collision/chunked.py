@@ -239,6 +239,19 @@ def _chunked(fn, take, ok, count, most, found, ftype, nrow=None):
     return out, sel
 
 
+# Measured, not done: the chunks as a while loop to the batch's most passing pairs (at
+# most the rows'), with no branch per chunk and none around the loop (no trip where no
+# pair passes); the cumulative count then in each trip, from a value made to depend on
+# the trip (XLA would hoist it out of the loop onto every step). Shadow hand's bench
+# rollout 733 -> 725 kernels (capsule-box group 56 -> 48), its outputs bit-identical
+# (float64 and float32); the contact stress scene's (float64, 16 steps) moved by
+# rounding (qpos 1.2e-15, qacc 8.5e-14). XLA compile CPU new / old 0.954 [0.832, 1.103]
+# and 1.031 [0.785, 1.241] (two runs of 10 rounds in one process, load 5-12): no gain
+# seen, and a crowded scene would count its pairs once per trip, not once. Variants:
+# the count once before the loop inside the group's branch 731 kernels; in the first
+# trip only (a branch in the loop) 729; before the loop with no branch around it 752.
+
+
 def first_k(key, k):
     """Indices of the ``k`` smallest entries of ``key`` (distinct non-negative ints below
     2**24), ascending: ``lax.top_k`` of the negated key in float32 (exact for these
