@@ -325,12 +325,16 @@ def _refactor(rows, first, changed, acc, head, hstate, J0T):
     state changed and no row is in a cone, the factor in hand is that of the new
     Hessian, bit for bit."""
     need = first | changed | (rows.nact > 1)
+    # J' made by the factorisation from its own J (:data:`_JT_OWN`)
+    own = J0T is not None and _JT_OWN
+    J0T = None if own else J0T
     if rows.spec.ell:
-        return (functools.partial(_factor, rows.spec), need,
+        return (functools.partial(_factor, rows.spec, own=own), need,
                 (acc[1], rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate, J0T))
     # no cone rows: the rows enter by their quadratic weights alone, one (rows,) array
     # for where_needed to gather per block, not three
-    return _factor_quad, need, (acc[1], rows.J0, _quad_weights(rows.x0, hstate), J0T)
+    return (functools.partial(_factor_quad, own=own), need,
+            (acc[1], rows.J0, _quad_weights(rows.x0, hstate), J0T))
 
 
 def _update_chunk(hess, spec, x, jaref, J, args, acc, states=False, JT=None):
@@ -378,13 +382,38 @@ _HEAD_CHANGES = True
 _HESS_KEYS = ("D", "active", "mu", "fr")
 
 
-def _factor(spec, H, J, x, jaref, state, JT=None):
+#: the factorisations of :func:`_refactor` make chunk 0's J' (:data:`_JT`) from the J
+#: they are handed, for the worlds that need a factor, instead of receiving the J'
+#: made once per solve for every world: under vmap that J' was gathered with J by
+#: every trip of the Newton loop (:func:`~simjax.engine.solver_worlds.live_loop`) and
+#: again by :func:`~simjax.engine.solver_worlds.where_needed`, and made for the batch
+#: by a copy that XLA CPU ran as one small transpose per world (the ant's bench
+#: rollout: 4096 per call, the costliest of its per-world transposes). Bench rollouts
+#: (batch 1024, float32, process CPU, paired in one process, 12 rounds each, loads
+#: 3-6), False / True: ant 0.956 [0.898, 1.089] and 0.971 [0.776, 1.290], humanoid
+#: 1.020 [0.925, 1.289] and 1.012 [0.784, 1.155]. Kernels the same (ant 535, humanoid
+#: 624), XLA compile CPU ant 1.003 [0.713, 1.104] (8 rounds) and 0.988 [0.883, 1.142]
+#: (10), humanoid 1.032 [0.985, 1.248] (8) and 1.055 [0.924, 1.221] (10). Outputs
+#: (batch 64, 8 steps) bit-identical in float32 and float64 on both; barkour's and the
+#: shadow hand's programs unchanged. Read at trace time (False: the J' of the solve,
+#: kept to compare)
+_JT_OWN = True
+
+
+def _own_jt(J, JT, own):
+    """J' for the Hessian's row products: ``JT``, or with ``own`` made from ``J``,
+    materialised (an optimisation barrier: XLA would fold the transpose into the
+    product, :data:`_JT`)."""
+    return jax.lax.optimization_barrier(jnp.swapaxes(J, -1, -2)) if own else JT
+
+
+def _factor(spec, H, J, x, jaref, state, JT=None, own=False):
     """Transposed factor of the Hessian (:func:`spd_factor`): ``H`` (M plus the later
     chunks' row terms) plus chunk 0's row terms at ``jaref`` / ``state`` (rows ``x``,
     Jacobian ``J``). Transposed, LAPACK's column-major factor is a row-major
     array, the layout XLA gives loop-carried and conditional values: as it is, it was
     transposed to and from LAPACK's layout on every pass."""
-    return factor_t(_hessian(spec, x, J, jaref, state, H, JT))
+    return factor_t(_hessian(spec, x, J, jaref, state, H, _own_jt(J, JT, own)))
 
 
 # Measured and not taken (humanoid bench rollouts, batch 1024, float32, paired in one
@@ -396,10 +425,10 @@ def _factor(spec, H, J, x, jaref, state, JT=None):
 # its symmetrising, 1.074 [0.913, 1.176] (float32 results change: M + J'DJ is not
 # exactly symmetric); the product as (sqrt(D) J)'(sqrt(D) J), 1.4x (XLA has no
 # symmetric rank-k product); LAPACK's upper factor instead of the lower, 1.2x.
-def _factor_quad(H, J, dq, JT=None):
+def _factor_quad(H, J, dq, JT=None, own=False):
     """:func:`_factor` of rows without cone rows, by their quadratic weights ``dq``
     (:func:`_quad_weights`)."""
-    return factor_t(_quad_hessian(H, J, dq, JT))
+    return factor_t(_quad_hessian(H, J, dq, _own_jt(J, JT, own)))
 
 
 def _update_rest(hess, spec, x, e, jaref, J, args, acc):

@@ -541,6 +541,45 @@ def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
     np.testing.assert_array_equal(np.asarray(got[1][0]), mjd.solver_niter)
 
 
+@pytest.mark.parametrize("gather", [0, 2])
+@pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
+def test_newton_own_jt(case, gather, monkeypatch):
+    """Newton's factorisations making chunk 0's J' from the J they are handed
+    (solver_primal._JT_OWN) give the solution (up to the products' rounding) and
+    iteration counts that the J' of the solve gives: one world, and worlds of a batch
+    remade apart (solver_worlds.where_needed) on passes over the batch or on gathered
+    worlds."""
+    from simjax.engine import solver as S
+    from simjax.engine import solver_primal as P
+    from simjax.engine import solver_worlds as W
+    monkeypatch.setattr(W, "_COMPACT", 2)
+    monkeypatch.setattr(W, "_GATHER", gather)
+    rel, edit, opts = CASES[case]
+    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
+
+    def solve(m, d):
+        out = S.fwd_constraint(m, d)
+        return out.qacc, out.solver_niter
+
+    star = jax.jit(solve)(m, d)[0]
+    rng = np.random.default_rng(1)
+    worlds = [d] + [d.replace(qacc_warmstart=star + s * jnp.asarray(
+        rng.standard_normal(m.nv))) for s in (1e-3, 1.0)]
+    batch = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *worlds)
+    outs = {}
+    for own in (False, True):
+        monkeypatch.setattr(P, "_JT_OWN", own)
+        outs[own] = (jax.jit(solve)(m, d),
+                     jax.jit(jax.vmap(solve, in_axes=(None, 0)))(m, batch))
+    for (qa, na), (qb, nb) in zip(outs[False], outs[True]):
+        scale = max(1.0, float(np.abs(np.asarray(qa)).max()))
+        assert np.abs(np.asarray(qa) - np.asarray(qb)).max() / scale < 1e-12
+        np.testing.assert_array_equal(np.asarray(na), np.asarray(nb))
+    # and MuJoCo's iterations on its own state
+    np.testing.assert_array_equal(np.asarray(outs[True][0][1]), mjd.solver_niter)
+    np.testing.assert_array_equal(np.asarray(outs[True][1][1][0]), mjd.solver_niter)
+
+
 @pytest.mark.parametrize("kinds", ["uniform", "mixed"])
 def test_update_static_masks(kinds):
     """update() with static row masks the same on every row (their selects left out:
