@@ -389,14 +389,14 @@ _HESS_KEYS = ("D", "active", "mu", "fr")
 #: again by :func:`~simjax.engine.solver_worlds.where_needed`, and made for the batch
 #: by a copy that XLA CPU ran as one small transpose per world (the ant's bench
 #: rollout: 4096 per call, the costliest of its per-world transposes). Bench rollouts
-#: (batch 1024, float32, process CPU, paired in one process, 12 rounds each, loads
-#: 3-6), False / True: ant 0.956 [0.898, 1.089] and 0.971 [0.776, 1.290], humanoid
-#: 1.020 [0.925, 1.289] and 1.012 [0.784, 1.155]. Kernels the same (ant 535, humanoid
-#: 624), XLA compile CPU ant 1.003 [0.713, 1.104] (8 rounds) and 0.988 [0.883, 1.142]
-#: (10), humanoid 1.032 [0.985, 1.248] (8) and 1.055 [0.924, 1.221] (10). Outputs
-#: (batch 64, 8 steps) bit-identical in float32 and float64 on both; barkour's and the
-#: shadow hand's programs unchanged. Read at trace time (False: the J' of the solve,
-#: kept to compare)
+#: (batch 1024, float32, paired in one process, loads 3-6), time with this on over
+#: time with it off: run (process CPU, 12 rounds each) ant 0.956 [0.898, 1.089] and
+#: 0.971 [0.776, 1.290], humanoid 1.020 [0.925, 1.289] and 1.012 [0.784, 1.155]; XLA
+#: compile CPU ant 1.003 [0.713, 1.104] (8 rounds) and 0.988 [0.883, 1.142] (10),
+#: humanoid 1.032 [0.985, 1.248] (8), 1.055 [0.924, 1.221] and 0.939 [0.845, 1.118] (10
+#: each): noise, with the same kernels (ant 535, humanoid 624). Outputs (batch 64, 8
+#: steps) bit-identical in float32 and float64 on both; barkour's and the shadow hand's
+#: programs unchanged. Read at trace time (False: the J' of the solve, kept to compare)
 _JT_OWN = True
 
 
