@@ -109,13 +109,15 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     fric = (any_world(reduce_fused(p["active"] & fric_rows, 0, "any")) if np.any(fric_rows)
             else False)
 
-    # chunk 0's J' for the Hessians (:data:`_JT`)
-    J0T = jnp.swapaxes(rows.J0, -1, -2) if newton and _JT else None
-    # the statically first pass's (one iteration at most, below) Hessian by J0T as well
-    # (:data:`_JT_FIRST`); the barrier keeps XLA from folding the transpose back into
-    # the product
-    J0T_first = (jax.lax.optimization_barrier(J0T)
-                 if J0T is not None and _JT_FIRST and iterations == 1 else None)
+    # chunk 0's J' for the Hessians (:data:`_JT`): made for the solve where the
+    # statically first pass (one iteration at most, below) reads it (:data:`_JT_FIRST`)
+    # or the factorisations do not make their own (:data:`_JT_OWN`); the barrier keeps
+    # XLA from folding the first pass's transpose back into the product
+    own_jt = newton and _JT and _JT_OWN
+    first_jt = newton and _JT and _JT_FIRST and iterations == 1
+    J0T = (jnp.swapaxes(rows.J0, -1, -2) if newton and _JT and (first_jt or not own_jt)
+           else None)
+    J0T_first = jax.lax.optimization_barrier(J0T) if first_jt else None
 
     def body(s, search_on=True, hessian=True):
         # search_on False: a first pass known statically (no line search); hessian
@@ -186,7 +188,8 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
             # (under vmap) whose factor is remade are computed apart (where_needed): a
             # world's last iterations usually change no state
             if search_on or not _HEAD_CHANGES:
-                refactor = _refactor(rows, first, changed, acc, head, hstate, J0T)
+                refactor = _refactor(rows, first, changed, acc, head, hstate,
+                                     None if own_jt else J0T, own_jt)
             if search_on:
                 lowt = where_needed(*refactor, s["lowt"])
             else:
@@ -319,15 +322,13 @@ def _eval_rest(spec, x, jaref, sc, J, args, acc):
                   fric), sc)
 
 
-def _refactor(rows, first, changed, acc, head, hstate, J0T):
+def _refactor(rows, first, changed, acc, head, hstate, J0T, own):
     """(factor function, worlds that need it, its operands) for where_needed: the
     Hessian is a function of the rows' states (and of the cone rows' jaref): where no
     state changed and no row is in a cone, the factor in hand is that of the new
-    Hessian, bit for bit."""
+    Hessian, bit for bit. ``J0T``: chunk 0's J' made for the solve, or None (with
+    ``own``, the factorisations make it from their own J, :data:`_JT_OWN`)."""
     need = first | changed | (rows.nact > 1)
-    # J' made by the factorisation from its own J (:data:`_JT_OWN`)
-    own = J0T is not None and _JT_OWN
-    J0T = None if own else J0T
     if rows.spec.ell:
         return (functools.partial(_factor, rows.spec, own=own), need,
                 (acc[1], rows.J0, {k: rows.x0[k] for k in _HESS_KEYS}, head, hstate, J0T))

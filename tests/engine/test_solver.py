@@ -499,16 +499,10 @@ def test_chunk_sources_lazy(monkeypatch, gather):
         assert np.abs(g - w).max() / scale < 1e-12
 
 
-@pytest.mark.parametrize("compact,gather", [(8, 0), (2, 0), (2, 2)])
-@pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
-def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
-    """Newton keeps its Hessian factor where no row changed state and remakes it under
-    vmap only on the worlds that need it: worlds of one batch starting from different
-    points (different iterations and active sets) each get their own solution and
-    iteration count, as solved alone, and MuJoCo's iteration count; with ``compact`` 2
-    the last passes run on the (at most two) worlds left live, gathered
-    (solver_worlds.live_loop); with ``gather`` 2 every pass runs on two live worlds
-    gathered."""
+def _newton_worlds(case, monkeypatch, compact, gather, scales, seed):
+    """(m, mjd, d, solve, worlds, batch) for the Newton-under-vmap tests: MuJoCo's state
+    ``d`` of ``case`` and copies warm-started at the solution plus ``scales`` times a
+    random vector, stacked as ``batch``; ``solve`` returns (qacc, solver_niter)."""
     from simjax.engine import solver as S
     from simjax.engine import solver_worlds as W
     monkeypatch.setattr(W, "_COMPACT", compact)
@@ -520,13 +514,27 @@ def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
         out = S.fwd_constraint(m, d)
         return out.qacc, out.solver_niter
 
-    # warmstarts at the solution, near it, and away from it
     star = jax.jit(solve)(m, d)[0]
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     worlds = [d] + [d.replace(qacc_warmstart=star + s * jnp.asarray(
-        rng.standard_normal(m.nv))) for s in (0.0, 1e-3, 1.0)]
+        rng.standard_normal(m.nv))) for s in scales]
     batch = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *worlds)
+    return m, mjd, d, solve, worlds, batch
 
+
+@pytest.mark.parametrize("compact,gather", [(8, 0), (2, 0), (2, 2)])
+@pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
+def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
+    """Newton keeps its Hessian factor where no row changed state and remakes it under
+    vmap only on the worlds that need it: worlds of one batch starting from different
+    points (different iterations and active sets) each get their own solution and
+    iteration count, as solved alone, and MuJoCo's iteration count; with ``compact`` 2
+    the last passes run on the (at most two) worlds left live, gathered
+    (solver_worlds.live_loop); with ``gather`` 2 every pass runs on two live worlds
+    gathered."""
+    # warmstarts at the solution, near it, and away from it
+    m, mjd, d, solve, worlds, batch = _newton_worlds(
+        case, monkeypatch, compact, gather, (0.0, 1e-3, 1.0), 0)
     got = jax.jit(jax.vmap(solve, in_axes=(None, 0)))(m, batch)
     niters = set()
     for i, x in enumerate(worlds):
@@ -549,23 +557,9 @@ def test_newton_own_jt(case, gather, monkeypatch):
     iteration counts that the J' of the solve gives: one world, and worlds of a batch
     remade apart (solver_worlds.where_needed) on passes over the batch or on gathered
     worlds."""
-    from simjax.engine import solver as S
     from simjax.engine import solver_primal as P
-    from simjax.engine import solver_worlds as W
-    monkeypatch.setattr(W, "_COMPACT", 2)
-    monkeypatch.setattr(W, "_GATHER", gather)
-    rel, edit, opts = CASES[case]
-    mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
-
-    def solve(m, d):
-        out = S.fwd_constraint(m, d)
-        return out.qacc, out.solver_niter
-
-    star = jax.jit(solve)(m, d)[0]
-    rng = np.random.default_rng(1)
-    worlds = [d] + [d.replace(qacc_warmstart=star + s * jnp.asarray(
-        rng.standard_normal(m.nv))) for s in (1e-3, 1.0)]
-    batch = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *worlds)
+    m, mjd, d, solve, worlds, batch = _newton_worlds(
+        case, monkeypatch, 2, gather, (1e-3, 1.0), 1)
     outs = {}
     for own in (False, True):
         monkeypatch.setattr(P, "_JT_OWN", own)
