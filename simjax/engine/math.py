@@ -186,13 +186,25 @@ def normalize(v, fallback=None):
     return where(small[..., None], fallback, v / safe_n[..., None]), n
 
 
+#: :func:`matvec` and :func:`matTvec` as products summed over the contracted axis (read
+#: at trace time; False: einsums, kept to compare). Vmapped, an einsum the batch does not
+#: fold into a larger product stays a batched dot of (3, 3) by (3,), which XLA CPU runs
+#: as a call of its own on one thread, a small matrix product per matrix; the sums fuse
+#: with their neighbours (float64 bits the same as the dots')
+_SUM_MATVEC = True
+
+
 def matvec(mat, v):
     """mat @ v for (..., 3, 3) and (..., 3)."""
+    if _SUM_MATVEC:
+        return jnp.sum(mat * v[..., None, :], -1)
     return jnp.einsum("...ij,...j->...i", mat, v)
 
 
 def matTvec(mat, v):
     """mat.T @ v for (..., 3, 3) and (..., 3)."""
+    if _SUM_MATVEC:
+        return jnp.sum(mat * v[..., :, None], -2)
     return jnp.einsum("...ji,...j->...i", mat, v)
 
 

@@ -152,6 +152,26 @@ def test_fill_traced_once_per_trace():
                                                        jnp.stack([x, -x])))
 
 
+@pytest.mark.parametrize("flag", [True, False])
+def test_matvec_matches_mujoco_and_einsum(flag, monkeypatch):
+    """matvec and matTvec (sums over the contracted axis, or the einsums they replace)
+    against mju_mulMatVec3 / mju_mulMatTVec3, on one matrix, batched, and vmapped and
+    jitted; both forms give the same bits as MuJoCo's three-term sums."""
+    import jax
+    monkeypatch.setattr(math, "_SUM_MATVEC", flag)
+    mats, vecs = RNG.standard_normal((N, 3, 3)), RNG.standard_normal((N, 3))
+    ref, ref_t = np.empty((N, 3)), np.empty((N, 3))
+    for i in range(N):
+        mujoco.mju_mulMatVec3(ref[i], mats[i].reshape(-1), vecs[i])
+        mujoco.mju_mulMatTVec3(ref_t[i], mats[i].reshape(-1), vecs[i])
+    for fn, want in ((math.matvec, ref), (math.matTvec, ref_t)):
+        np.testing.assert_array_equal(np.asarray(fn(mats, vecs)), want)
+        np.testing.assert_array_equal(np.asarray(fn(mats[0], vecs[0])), want[0])
+        got = jax.jit(jax.vmap(jax.vmap(fn)))(mats.reshape(8, 8, 3, 3),
+                                              vecs.reshape(8, 8, 3))
+        np.testing.assert_array_equal(np.asarray(got).reshape(N, 3), want)
+
+
 @pytest.mark.parametrize("ncol", [3, 14])
 def test_const_dot_is_matmul_under_vmap(ncol):
     """const_dot(c, x) equals c @ x, for a short contraction (kept as c @ x) and a
