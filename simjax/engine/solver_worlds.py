@@ -137,7 +137,9 @@ def where_needed(fn, need, args, old):
     _WORLD_BLOCK and computed block by block, their results written into ``old``:
     the work follows the number of worlds in need, not the batch size, and every world's
     result is computed as the vmapped fn computes it (the same bits on a CPU; on a GPU
-    a block's kernels may round the last bit differently). Where most worlds need it,
+    a block's kernels may round the last bit differently). A batch of one block at
+    most (:data:`_ONE_BLOCK`: the trips of :func:`live_loop`) is computed as it is,
+    where any world needs it, and kept where needed. Where most worlds need it,
     they are still computed in blocks (:data:`_BRANCHES`): a conditional between fn on
     the whole batch and the blocks compiled fn twice, and inside Newton's loop its
     operand and result (the Hessian factors of the batch) were copied on every pass,
@@ -188,13 +190,48 @@ def where_needed(fn, need, args, old):
             return inline.while_loop(lambda c: c[0] * blk < count, body,
                                      (jnp.zeros((), jnp.int32), old))[1]
 
-        if _BRANCHES == "blocks":
+        def one_block():
+            # every world of the batch in the one block: fn on the batch as it is, kept
+            # where needed (no gather, sort or row write-back)
+            def body(c):
+                b, out = c
+                return b + 1, jax.tree_util.tree_map(
+                    lambda n, o: where(need.reshape((size,) + (1,) * (o.ndim - 1)), n, o),
+                    vfn(*args), out)
+
+            return inline.while_loop(lambda c: (c[0] == 0) & (count > 0), body,
+                                     (jnp.zeros((), jnp.int32), old))[1]
+
+        if _ONE_BLOCK and size <= _WORLD_BLOCK:
+            out = one_block()
+        elif _BRANCHES == "blocks":
             out = blocks()
         else:
             out = jax.lax.cond(5 * count > 3 * size, whole, blocks)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return run(need, args, old)
+
+
+#: where_needed on a batch of at most one block (:data:`_WORLD_BLOCK`; Newton's
+#: factorisations inside :func:`live_loop`'s gathered trips, 128 worlds at batch 1024)
+#: computes fn on the batch as it is, where any world needs it, and keeps it where
+#: needed, read at trace time (False: the worlds gathered and written back as a
+#: block's, kept to compare). A block computes fn on a full block anyway (padding
+#: worlds included): this leaves out the sort, the gathers of fn's operands and the
+#: row-by-row write-back. The solve alone (bench states after 12 steps, batch 1024,
+#: float32, process CPU, paired in one process), on / off: ant 0.978 [0.878, 1.168]
+#: (40 rounds) and, order reversed, 1 / 1.038 [0.930, 1.208] (40); humanoid 0.965
+#: [0.886, 1.109] and 1 / 1.040 [0.893, 1.171] (30 each). Bench rollouts (14 rounds):
+#: ant 0.993 [0.846, 1.100], humanoid 0.990 [0.746, 1.281] (the solve is a part of
+#: the step). Kernels ant 535 -> 524, humanoid 613 -> 602; XLA compile CPU (8 rounds)
+#: ant 0.972 [0.884, 1.198], humanoid 1.003 [0.949, 1.069]; barkour's and the shadow
+#: hand's programs unchanged. Outputs: float64 (batch 64, 8 steps) bit-identical on
+#: both, the humanoid's at batch 1024 (4 steps) too; the ant's at batch 1024 within
+#: rounding (float64, one step: the last forward's constraint forces 4e-15 relative
+#: in 3 of 1024 worlds, qacc within 1.2e-13 in 233 through RK4's stages; fn's inputs
+#: are fused into other kernels, whose multiply-adds LLVM contracts otherwise)
+_ONE_BLOCK = True
 
 
 def any_world(flag):
@@ -394,9 +431,16 @@ _LAZY = True
 # by world, each world gathered and written back once by loops of row updates: the
 # ant's solve 1.425 [1.275, 1.585] (8 rounds; a kernel per array per world moved). The
 # write-back by a scatter: the ant's solve 1.013 [0.923, 1.094] (6 rounds). Trips of
-# 1/4 of the batch: solve ant 0.999, humanoid 1.107 (8 rounds). Newton's first pass
-# made on the whole batch before the loop (a second body, without line search): XLA
-# compile CPU ant 1.092 [1.049, 1.297] (6 rounds)
+# 1/4 of the batch: solve ant 0.999, humanoid 1.107 (8 rounds). The carry packed into
+# one (worlds, n) array per dtype, so that a trip gathers and writes back one row per
+# world, not five (a trip's sort, gathers and write-back alone, the ant's shapes: 51-57
+# -> 36-39 us; the ant's bench call makes 115 trips): the unpacking slices and the
+# packing concatenation cost more than that: solve ant 1.047 [0.904, 1.179] (40
+# rounds), humanoid 1.072 [0.767, 1.393] (30; float32 solutions moved by rounding);
+# the ant's bench rollout 1.037 [0.952, 1.141] (12); the vectors alone packed (the
+# factor apart) ant 1.004 [0.916, 1.098] (40). Newton's first pass made on the whole
+# batch before the loop (a second body, without line search): XLA compile CPU ant
+# 1.092 [1.049, 1.297] (6 rounds)
 
 #: for tests, read at trace time: :func:`_gathered` passes NaN (floats) or garbage
 #: (integers, flags) for the lazy arrays of a trip that does not read them

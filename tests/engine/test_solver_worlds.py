@@ -8,18 +8,21 @@ import numpy as np
 import pytest
 
 
-@pytest.mark.parametrize("branches", ["blocks", "both"])
-@pytest.mark.parametrize("size", [5, 300])
-def test_where_needed_under_vmap(size, branches, monkeypatch):
+@pytest.mark.parametrize("branches, one_block",
+                         [("blocks", False), ("both", False), ("blocks", True)])
+@pytest.mark.parametrize("size", [5, 128, 300])
+def test_where_needed_under_vmap(size, branches, one_block, monkeypatch):
     """where_needed under vmap: fn's result on the worlds in need (gathered in blocks, a
     batch not a multiple of the block; with ``branches`` "both" the whole batch where
-    most need it), the old value elsewhere, bit for bit as the vmapped fn on a CPU; one
-    world: a conditional.
+    most need it; with ``one_block`` a batch of one block at most computed as it is),
+    the old value elsewhere, bit for bit as the vmapped fn on a CPU; one world: a
+    conditional.
     On a GPU the kernels picked for a block of worlds and for the whole batch can round
     differently (the last bit of a float64 product, seen on an H200), so there the
     values are compared to rounding."""
     from simjax.engine import solver_worlds as R
     monkeypatch.setattr(R, "_BRANCHES", branches)
+    monkeypatch.setattr(R, "_ONE_BLOCK", one_block)
 
     def same(got, want):
         if jax.default_backend() == "cpu":
