@@ -691,9 +691,10 @@ def _step(m, d: Data) -> Data:
 def _forward_integrate(m, d: Data, autoreset: bool):
     """forward, the bad-qacc check and the integrator (not RK4): (Data, bad flag)."""
     if (m.opt.integrator == IntegratorType.EULER and _euler_damped(m) is True
-            and _PAIR_FACTOR):
+            and _PAIR_FACTOR and (_PAIR_WITH_ROWS or not d.efc_J.shape[-2])):
         # mj_Euler's damped matrix is known before forward runs (qM and qvel): both
-        # factorisations run together where qLD is made
+        # factorisations run together where qLD is made (and, the step having no
+        # constraint rows, both solves; see _PAIR_WITH_ROWS)
         d, qld, qacc = _forward_parts(m, d, True, _euler_diag(m, d))
     else:
         d, qld, qacc = forward(m, d), None, None
@@ -709,6 +710,17 @@ def _forward_integrate(m, d: Data, autoreset: bool):
 #: whether step factorises mj_Euler's damped matrix together with qM (read at trace
 #: time; False: after forward, as :func:`euler` alone does)
 _PAIR_FACTOR = True
+#: with _PAIR_FACTOR: whether the pair is factorised together also where the step has
+#: constraint rows (read at trace time). There the solves run apart (mj_Euler's after
+#: the constraint solve) and the level-by-level pair factorisation (tree_level, about
+#: 28 kernels) is not worth its compile: qM and the damped matrix are factorised by
+#: LAPACK as without damping, the damped one in :func:`euler`. The bench humanoid's
+#: rollout, False against True: 613 -> 614 kernels (12 of the pair's fusions fewer),
+#: XLA compile CPU 0.893 [0.850, 0.971], 0.922 [0.755, 1.179] and 0.962 [0.910, 1.076]
+#: (8, 12 and 10 rounds; one process, alternated, load 7-9), run 1.005 [0.667, 1.237] (16 rounds); qLD's rounding is
+#: LAPACK's, as for models without damping. Without rows (humanoid-smooth) both
+#: solves run on the packed pair (_SOLVE_PAIR): kept
+_PAIR_WITH_ROWS = False
 #: whether that pair factorisation reads qM's lower triangle from smooth.crb_lower
 #: (read at trace time; False: from qM)
 _LOWER = True

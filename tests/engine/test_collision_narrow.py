@@ -117,7 +117,8 @@ _LADDER_SCENE = "<mujoco><worldbody>" + "".join(
 
 def _past_capacity(monkeypatch, xml, fn, ncand):
     """A one-world scene whose group of the cheap collider ``fn`` has ``ncand``
-    candidate pairs and a pair capacity of 16 (``PAIRS_PER_SLOT`` 0, 40 contact slots):
+    candidate pairs and a pair capacity of 16 (``PAIRS_PER_SLOT`` 0, 40 contact slots),
+    compacted to it (``_COMPACT_MIN`` 0):
     (mjModel, its MjData after mj_forward, Model, plan, the group, the contact dims'
     slots, Data at MuJoCo's poses)."""
     from mujoco_oracle import model_from_mujoco
@@ -128,6 +129,7 @@ def _past_capacity(monkeypatch, xml, fn, ncand):
     p = driver.plan(m)
     grp = next(g for g in p.groups if g.fn is fn)
     monkeypatch.setattr(narrow, "PAIRS_PER_SLOT", 0)
+    monkeypatch.setattr(narrow, "_COMPACT_MIN", 0)
     split = driver.dim_split(m, 40)
     assert narrow._pair_cap(m, p, grp, split) == 16 < len(grp.cand) == ncand
     return mjm, mjd, m, p, grp, split, geom_poses(io.make_data(m, ncon_max=40), mjd)

@@ -132,9 +132,10 @@ def narrow_group(m, d, p, grp, det_margin, split):
     The collider runs on every candidate pair of the group (vmapped), unless no pair
     passes the broadphase: then a ``lax.cond`` skips it (under ``vmap``: no pair in
     any world, :func:`batch_max`). Cheap colliders (``CHEAP``) and SDF pairs always run;
-    a cheap group of more candidates than its pair capacity (:func:`_pair_cap`) runs on
-    its broadphase-passing pairs (capsule sides also tested by their segment,
-    :func:`_segment_filter`) compacted to that capacity (pairs beyond are dropped);
+    a cheap group of more candidates than its pair capacity (:func:`_pair_cap`) and
+    at least ``_COMPACT_MIN`` of them runs on its broadphase-passing pairs (capsule
+    sides also tested by their segment, :func:`_segment_filter`) compacted to that
+    capacity (pairs beyond are dropped);
     a chunked group keeps as many (``_CHUNK_CAP``).
     Returns (pre, ok, count, overflow, sel): collider output with a leading pair axis,
     which of its rows are broadphase-passing pairs (rows of the others are not
@@ -153,7 +154,9 @@ def narrow_group(m, d, p, grp, det_margin, split):
     dm = jnp.asarray(det_margin[grp.cand])     # NumPy (model constants): read traced
     n = len(grp.cand)
     cap = _pair_cap(m, p, grp, split) if grp.fn in CHEAP else None
-    every = grp.fn is sdf_pair or (cap is not None and cap >= n)
+    # a cheap group within its capacity, or of few candidates, runs on every pair
+    whole = cap is not None and (cap >= n or n < _COMPACT_MIN)
+    every = grp.fn is sdf_pair or whole
     gtype = np.asarray(m.geom_type)
     boxed = bool(np.all(np.isin(gtype[g1], _BOXED) & np.isin(gtype[g2], _BOXED)))
     if every or not _GEOM_ROWS or not (boxed or _GEOM_ROWS_PLANE):
@@ -194,7 +197,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
         return group(*args(), ok) if group else jax.vmap(grp.fn)(*args())
 
     if grp.fn in CHEAP:
-        if cap >= n:
+        if whole:
             return run(), ok, reduce_fused(ok, 0), no, None
         seg = _segment_filter(m, g1, g2, dm, cols) if _SEGMENT_FILTER else None
         if seg is not None:
@@ -256,13 +259,25 @@ def narrow_group(m, d, p, grp, det_margin, split):
     return found["unpack"](out), ok, count, no, None
 
 
+#: cheap groups of fewer candidates than this run on every pair, even past their pair
+#: capacity (:func:`_pair_cap`): the compaction (the passing pairs stored, counted,
+#: picked by a top_k, their rows gathered) is about 20 kernels, while such a collider
+#: costs little per pair, and no passing pair is dropped. The bench humanoid's
+#: capsule-capsule group (98 candidates, capacity 50): rollout 613 -> 593 kernels, XLA
+#: compile CPU 0.898 [0.849, 0.996] and 0.998 [0.924, 1.069] (8 and 10 rounds in one
+#: process, load 7-9), run 0.999 [0.897, 1.937] (12 rounds); the other bench models
+#: have no compacted group. 0: compact every cheap
+#: group past its capacity (the former way; for paired measurements and tests)
+_COMPACT_MIN = 128
+
 #: a compacted cheap group with capsules tests its sphere-passing pairs by segment too
 #: (:func:`broadphase._segment_filter`) before compaction: the fallen bench humanoid's
 #: capsule-capsule group (98 candidates, capacity 50) passed up to 59 pairs by spheres,
 #: and the pairs past 50 were dropped with their contacts (2 of 1024 worlds at step 200
 #: had 8 contacts where MuJoCo has 10 and 12); by segment at most 32 pass, and those
 #: worlds' contacts are MuJoCo's. Humanoid step off / on 1.021 [0.900, 1.224] (16
-#: rounds in one process, load 7-8). Off: spheres alone (for paired measurements)
+#: rounds in one process, load 7-8; that group runs whole since _COMPACT_MIN). Off:
+#: spheres alone (for paired measurements)
 _SEGMENT_FILTER = True
 
 #: boxed groups whose collider runs on few pairs gather from the per-geom table, not a
@@ -301,5 +316,6 @@ _PACK_HFIELD = False
 #: float64); XLA compile CPU 0.991 [0.853, 1.225] and 0.985 [0.847, 1.062] (10 rounds
 #: each, load 7-9), whole compile in fresh processes wall 0.985 [0.857, 1.336], CPU
 #: 1.046 [0.887, 1.419] (7 pairs), run 1.001 [0.591, 1.181] (10 rounds): below the
-#: noise. The other bench rollouts have no such group (their programs unchanged)
+#: noise (that group runs whole since _COMPACT_MIN). The other bench rollouts have no
+#: such group (their programs unchanged)
 _ONCE_CHEAP = True
