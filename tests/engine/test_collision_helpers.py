@@ -143,17 +143,20 @@ def _box_pairs(n, seed=0):
 
 
 def test_box_box_forms_agree(monkeypatch):
-    """box_box's separating-axis test on scalars with its stored stages (the default)
-    and on (3, 3) arrays (the former form) give the same contacts bit for bit: face
-    and edge contacts both occur among the pairs."""
+    """box_box's separating-axis test on scalars with its stored stages (the default;
+    with the edge's two passes or not) and on (3, 3) arrays (the former form) give the
+    same contacts bit for bit: face and edge contacts both occur among the pairs."""
     g1, g2, margin = _box_pairs(600)
-    new = jax.jit(jax.vmap(P.box_box))(g1, g2, margin)
-    for flag in ("_SAT_SCALARS", "_EDGE_STAGED", "_EDGE_TWO_PASS"):
-        monkeypatch.setattr(P, flag, False)
-    old = jax.jit(jax.vmap(P.box_box))(g1, g2, margin)
-    valid = np.asarray(new.valid)
-    np.testing.assert_array_equal(valid, np.asarray(old.valid))
+    forms = []
+    for flags in ((True, True, True), (True, True, False), (False, False, False)):
+        for flag, on in zip(("_SAT_SCALARS", "_EDGE_STAGED", "_EDGE_TWO_PASS"), flags):
+            monkeypatch.setattr(P, flag, on)
+        forms.append(jax.jit(jax.vmap(P.box_box))(g1, g2, margin))
+    old = forms[-1]
+    valid = np.asarray(old.valid)
     assert valid[:, 0].sum() > 20 and valid[:, 1:].sum() > 100     # edge and face
-    for a, b in zip(new[:4], old[:4]):
-        a, b = np.asarray(a)[valid], np.asarray(b)[valid]
-        np.testing.assert_array_equal(a.view(np.uint64), b.view(np.uint64))
+    for new in forms[:-1]:
+        np.testing.assert_array_equal(np.asarray(new.valid), valid)
+        for a, b in zip(new[:4], old[:4]):
+            a, b = np.asarray(a)[valid], np.asarray(b)[valid]
+            np.testing.assert_array_equal(a.view(np.uint64), b.view(np.uint64))

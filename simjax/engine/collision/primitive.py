@@ -290,11 +290,13 @@ def _onehot(i, dtype):
 _EDGE_STAGED = True
 
 #: :func:`_box_edge`'s winning candidate found first (its index stored), then evaluated
-#: again for the contact: box_box alone (1024 x 3 pairs) 27 -> 28 kernels, optimised
-#: LLVM IR 7501 -> 7302 lines, XLA compile CPU 0.933 [0.741, 1.152] (10 rounds, load
-#: 8), contacts bit-identical (off: the winner's ends picked among the four; for
-#: paired measurements)
-_EDGE_TWO_PASS = True
+#: again for the contact (off: the winner's ends picked among the four). Measured, not
+#: taken: box_box alone (1024 x 3 pairs) 27 -> 28 kernels, optimised LLVM IR 7501 ->
+#: 7302 lines, XLA compile CPU 0.933 [0.741, 1.152] (10 rounds, load 8), contacts
+#: bit-identical; but the shadow hand's bench rollout compile on / off 1.15 (5 rounds
+#: in one process with the three: 1.085 [0.966, 1.219] against the former code, off
+#: 0.941 [0.908, 1.073]). For paired measurements
+_EDGE_TWO_PASS = False
 
 
 def _box_edge(g1, R, p21, s1, s2, i, j):
