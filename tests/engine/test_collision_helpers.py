@@ -118,3 +118,45 @@ def test_normalize3():
     assert [float(x) for x in tiny] == [1.0, 0.0, 0.0]
     g = jax.grad(lambda x: P._normalize3([x, x * 0, x * 0])[0])(jnp.asarray(0.0))
     assert np.isfinite(float(g))
+
+
+def _box_pairs(n, seed=0):
+    """``n`` box pairs near each other, float64: random orientations, some axis-aligned
+    or sharing axes (exact zeros in the relative rotation: parallel edge axes,
+    ambiguous corners)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n, 4))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    w, x, y, z = q.T
+    m = np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
+                  2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
+                  2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+                 1).reshape(n, 3, 3)
+    m[: n // 4] = np.eye(3)
+    m[n // 4: n // 3] = np.eye(3)[[1, 2, 0]]
+    p1 = 0.1 * rng.standard_normal((n, 3))
+    g1 = P.Geom(jnp.asarray(p1), jnp.asarray(np.eye(3)[None].repeat(n, 0)),
+                jnp.asarray(rng.uniform(0.1, 1, (n, 3))))
+    g2 = P.Geom(jnp.asarray(p1 + 0.8 * rng.standard_normal((n, 3))), jnp.asarray(m),
+                jnp.asarray(rng.uniform(0.1, 1, (n, 3))))
+    return g1, g2, jnp.full(n, 0.01)
+
+
+def test_box_box_forms_agree(monkeypatch):
+    """box_box's separating-axis test on scalars with its stored stages (the default;
+    with the edge's two passes or not) and on (3, 3) arrays (the former form) give the
+    same contacts bit for bit: face and edge contacts both occur among the pairs."""
+    g1, g2, margin = _box_pairs(600)
+    forms = []
+    for flags in ((True, True, True), (True, True, False), (False, False, False)):
+        for flag, on in zip(("_SAT_SCALARS", "_EDGE_STAGED", "_EDGE_TWO_PASS"), flags):
+            monkeypatch.setattr(P, flag, on)
+        forms.append(jax.jit(jax.vmap(P.box_box))(g1, g2, margin))
+    old = forms[-1]
+    valid = np.asarray(old.valid)
+    assert valid[:, 0].sum() > 20 and valid[:, 1:].sum() > 100     # edge and face
+    for new in forms[:-1]:
+        np.testing.assert_array_equal(np.asarray(new.valid), valid)
+        for a, b in zip(new[:4], old[:4]):
+            a, b = np.asarray(a)[valid], np.asarray(b)[valid]
+            np.testing.assert_array_equal(a.view(np.uint64), b.view(np.uint64))

@@ -285,6 +285,20 @@ def _onehot(i, dtype):
     return (jnp.arange(3) == i).astype(dtype)
 
 
+#: :func:`_box_edge`'s set-up stored once before the candidates (off: fused into them,
+#: the former way; for paired measurements)
+_EDGE_STAGED = True
+
+#: :func:`_box_edge`'s winning candidate found first (its index stored), then evaluated
+#: again for the contact (off: the winner's ends picked among the four). Measured, not
+#: taken: box_box alone (1024 x 3 pairs) 27 -> 28 kernels, optimised LLVM IR 7501 ->
+#: 7302 lines, XLA compile CPU 0.933 [0.741, 1.152] (10 rounds, load 8), contacts
+#: bit-identical; but the shadow hand's bench rollout compile on / off 1.15 (5 rounds
+#: in one process with the three: 1.085 [0.966, 1.219] against the former code, off
+#: 0.941 [0.908, 1.073]). For paired measurements
+_EDGE_TWO_PASS = False
+
+
 def _box_edge(g1, R, p21, s1, s2, i, j):
     """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame; ``R[r][c]`` the
     entries of rot, ``p21``, ``s1``, ``s2`` the components of pos21 and the two boxes'
@@ -304,6 +318,11 @@ def _box_edge(g1, R, p21, s1, s2, i, j):
     (without / with 0.866 [0.796, 1.030]) for 3 pairs the bench states never pass."""
     i1, i2, j1, j2 = _next3(i), _prev3(i), _next3(j), _prev3(j)
     d2 = [pick3(R[r], j) for r in range(3)]                          # rot[:, j]
+    if _EDGE_STAGED:
+        # read by all of the set-up's values: stored by one kernel (they were three,
+        # and the indices two)
+        d2 = once(*d2, i1, i2)
+        d2, i1, i2 = list(d2[:3]), d2[3], d2[4]
     u, v = -pick3(d2, i2), pick3(d2, i1)
     ax = [sel(i1 == c, u, sel(i2 == c, v, 0.0)) for c in range(3)]
     ax = _normalize3(ax)
@@ -323,13 +342,24 @@ def _box_edge(g1, R, p21, s1, s2, i, j):
     cc = [sel(jeq[c], 0.0, sel(a2[c] >= 0, -s2[c], s2[c])) for c in range(3)]
     am1, am2 = [amb1 == c for c in range(3)], [amb2 == c for c in range(3)]
     s1i, s2j = pick3(s1, i), pick3(s2, j)
+    if _EDGE_STAGED:
+        # the edges' set-up stored by one kernel: read by the four candidates, its
+        # values were kernels of their own (XLA on CPU stores a value that a kernel
+        # would evaluate too many times)
+        st = once(*d2, *ax, *c1, *cc, b, idenom, s1i, s2j, small, amb1, amb2)
+        d2, ax, c1, cc = (list(st[k:k + 3]) for k in (0, 3, 6, 9))
+        b, idenom, s1i, s2j, small, amb1, amb2 = st[12:]
+        am1, am2 = [amb1 == c for c in range(3)], [amb2 == c for c in range(3)]
     # the four candidate edge pairs (the ambiguous corner of either edge flipped or
     # not); first minimum of the gap in MuJoCo's order
-    gaps, ends = [], []
-    for k in range(4):
-        f1, f2 = k >= 2, k % 2 == 1
-        c1v = [sel(am1[c], -c1[c], c1[c]) if f1 else c1[c] for c in range(3)]
-        ccv = [sel(am2[c], -cc[c], cc[c]) if f2 else cc[c] for c in range(3)]
+    def cand(f1, f2):
+        """(gap2, p1, p2) of the candidate with box 1's (``f1``) / box 2's (``f2``)
+        ambiguous corner flipped (Python bools, or traced)."""
+        def flip(f, am, x):
+            if f is False:
+                return x
+            return [sel(am[c] if f is True else f & am[c], -x[c], x[c]) for c in range(3)]
+        c1v, ccv = flip(f1, am1, c1), flip(f2, am2, cc)
         c2 = [R[r][0] * ccv[0] + R[r][1] * ccv[1] + R[r][2] * ccv[2] + p21[r]
               for r in range(3)]
         e = [c2[c] - c1v[c] for c in range(3)]
@@ -341,14 +371,26 @@ def _box_edge(g1, R, p21, s1, s2, i, j):
         p1 = [c1v[c] + sel(ieq[c], sp, 0.0) for c in range(3)]
         p2 = [c2[c] + d2[c] * t for c in range(3)]
         dp = [p2[c] - p1[c] for c in range(3)]
-        gap2 = dp[0] * dp[0] + dp[1] * dp[1] + dp[2] * dp[2]
+        return dp[0] * dp[0] + dp[1] * dp[1] + dp[2] * dp[2], p1, p2
+
+    gaps, ends = [], []
+    for k in range(4):
+        f1, f2 = k >= 2, k % 2 == 1
+        gap2, p1, p2 = cand(f1, f2)
         if f1 or f2:                # a flipped corner exists only where ambiguous
             okv = (amb1 >= 0) & (amb2 >= 0) if f1 and f2 else (amb1 >= 0 if f1 else
                                                                   amb2 >= 0)
             gap2 = sel(okv, gap2, jnp.inf)
         gaps.append(gap2)
         ends.append((p1, p2))
-    _, (w1, w2) = _first_best(gaps, ends, jnp.less)
+    if _EDGE_TWO_PASS:
+        # the winner's index stored, its candidate evaluated again: the outputs each
+        # evaluated all four candidates
+        kb = once(_first_best(gaps, [jnp.asarray(k, jnp.int32) for k in range(4)],
+                              jnp.less)[1])
+        _, w1, w2 = cand(kb >= 2, (kb == 1) | (kb == 3))
+    else:
+        _, (w1, w2) = _first_best(gaps, ends, jnp.less)
     dist = sum((w2[c] - w1[c]) * ax[c] for c in range(3))
     mid = [0.5 * (w1[c] + w2[c]) for c in range(3)]
     mat = [unstack(r, 0) for r in unstack(g1.mat, 0)]
@@ -426,13 +468,8 @@ def _once_scalars(*xs):
 _EAXIS_SCALARS = True
 
 
-def box_box(g1, g2, margin):
-    """Box-box (mjc_BoxBox, MuJoCo 4.0): separating-axis test over 15 axes with face
-    preference; a face axis clips the incident face against the reference face (up to
-    8 contacts), an edge axis gives one contact between the supporting edges.
-
-    The incident face is clipped by Sutherland-Hodgman passes as MuJoCo's, so the
-    contacts come in MuJoCo's order; near-duplicates are merged as MuJoCo does."""
+def _box_sat_arrays(g1, g2, margin):
+    """:func:`_box_sat` on (3, 3) arrays (the former way; for paired measurements)."""
     s1, s2 = g1.size, g2.size
     dt = s1.dtype
     # small products written out (vmapped, 3x3 matmuls are batched dot kernels on CPU)
@@ -527,12 +564,128 @@ def box_box(g1, g2, margin):
                                           + MINVAL)
     code = sel(subst, code_face, code)
     code, separated = once(code, separated)
+    R = [unstack(r, 0) for r in unstack(rot, 0)]             # R[r][c] = rot[r, c]
+    s1c, s2c, p21c, p12c = (unstack(x, 0) for x in (s1, s2, pos21, pos12))
+    return R, p21c, p12c, s1c, s2c, septol, code, separated
+
+
+#: box_box's separating-axis test on component scalars throughout (:func:`_box_sat`),
+#: with _SAT_STORES and _EDGE_STAGED: box_box alone (1024 worlds x 3 pairs, float32)
+#: 46 -> 27 kernels, XLA compile CPU new / old 0.873 [0.791, 0.932] (10 rounds in one
+#: process); the shadow hand's box-box group 54 -> 34 kernels (bench rollout 733 ->
+#: 713), its XLA compile CPU 0.972 [0.895, 1.041] (10 rounds); contacts bit-identical
+#: (20000 random pairs, float64 and float32). Measured, not done: the incident face
+#: and its normal on scalars, stored by one reduction (27 -> 29 kernels). Off: on
+#: (3, 3) arrays, :func:`_box_sat_arrays`, the former way (for paired measurements)
+_SAT_SCALARS = True
+
+#: with _SAT_SCALARS: the rotation's entries, the relative positions and the tolerance
+#: stored by the test's reduction (off: recomputed where read; for paired measurements)
+_SAT_STORES = True
+
+
+def _rows3(m):
+    """The entries ``m[r][c]`` of a (3, 3) matrix as lists of scalars (a slice each)."""
+    return [[m[r, c] for c in range(3)] for r in range(3)]
+
+
+def _box_sat(g1, g2, margin):
+    """Separating-axis test of :func:`box_box` (15 axes, face preference): (rot's entries
+    ``R[r][c]``, pos21, pos12, size1, size2 as lists of scalars, the separation
+    tolerance, the winning axis code (0-2 box 1's faces, 3-5 box 2's, 6 + 3 i + j the
+    edge pair), whether the boxes are separated).
+    Every value is a scalar read from the geoms' entries: no (3, 3) array, no vector
+    sliced again, so that XLA on CPU fuses the whole test into the one kernel that
+    stores its results (an array read back by slices, broadcasts or transposes is
+    stored by a kernel of its own, and so is an expensive value several kernels read).
+    The same operations in the same order as the array form."""
+    M1, M2 = _rows3(g1.mat), _rows3(g2.mat)
+    s1, s2 = [g1.size[c] for c in range(3)], [g2.size[c] for c in range(3)]
+    x1, x2 = [g1.pos[c] for c in range(3)], [g2.pos[c] for c in range(3)]
+    # rot = m1.T @ m2, pos21 = m1.T (pos2 - pos1), pos12 = m2.T (pos1 - pos2)
+    R = [[M1[0][i] * M2[0][j] + M1[1][i] * M2[1][j] + M1[2][i] * M2[2][j]
+          for j in range(3)] for i in range(3)]
+    if _SAT_STORES:
+        # stored by one kernel: read by many of the test's values, each entry was
+        # stored by a kernel of its own
+        R = once(*R[0], *R[1], *R[2])
+        R = [list(R[0:3]), list(R[3:6]), list(R[6:9])]
+    d21 = [x2[c] - x1[c] for c in range(3)]
+    d12 = [x1[c] - x2[c] for c in range(3)]
+    p21 = [d21[0] * M1[0][c] + d21[1] * M1[1][c] + d21[2] * M1[2][c] for c in range(3)]
+    p12 = [d12[0] * M2[0][c] + d12[1] * M2[1][c] + d12[2] * M2[2][c] for c in range(3)]
+    A = [[jnp.abs(x) for x in r] for r in R]
+    septol = margin + _SEPEPS * ((s1[0] + s1[1] + s1[2]) + (s2[0] + s2[1] + s2[2]))
+    seps = ([jnp.abs(p21[r]) - s1[r] - (s2[0] * A[r][0] + s2[1] * A[r][1] + s2[2] * A[r][2])
+             for r in range(3)] +
+            [jnp.abs(p12[r]) - s2[r] - (s1[0] * A[0][r] + s1[1] * A[1][r] + s1[2] * A[2][r])
+             for r in range(3)])
+    separated = functools.reduce(jnp.logical_or, [x > septol for x in seps])
+    sep_face, code = _first_best(seps, [jnp.asarray(k, jnp.int32) for k in range(6)],
+                                 jnp.greater)
+    code_face, sep_best = code, sep_face
+    # edge axes e_i x rot[:, j] (box 1's frame, component i zero): components
+    # (i + 1, i + 2) = (-rot[i + 2][j], rot[i + 1][j]), normalised
+    for i in range(3):
+        i1, i2 = (i + 1) % 3, (i + 2) % 3
+        for j in range(3):
+            j1, j2 = (j + 1) % 3, (j + 2) % 3
+            a1, a2 = -R[i2][j], R[i1][j]
+            n2 = a1 * a1 + a2 * a2
+            use = n2 >= _PAREPS
+            inv = 1 / jnp.sqrt(sel(use, n2, 1.0))
+            a1, a2 = a1 * inv, a2 * inv
+            r1 = s1[i1] * jnp.abs(a1) + s1[i2] * jnp.abs(a2)
+            b1 = a1 * R[i1][j1] + a2 * R[i2][j1]
+            b2 = a1 * R[i1][j2] + a2 * R[i2][j2]
+            r2 = s2[j1] * jnp.abs(b1) + s2[j2] * jnp.abs(b2)
+            sep = jnp.abs(a1 * p21[i1] + a2 * p21[i2]) - r1 - r2
+            separated = separated | (use & (sep > septol))
+            # sequential: each winner raises the bar for the next
+            adj = sep - _EDGEBIAS * jnp.abs(sep)
+            win = use & (adj > sep_best) & (sep > sep_face)
+            sep_best = sel(win, sep, sep_best)
+            code = sel(win, 6 + 3 * i + j, code)
+    # edge axis nearly parallel to the best face axis: prefer the face
+    is_edge = code >= 6
+    ei, ej = _divmod_small(sel(is_edge, code - 6, 0), 3, 3)
+    rcol = [pick3(R[r], ej) for r in range(3)]                      # rot[:, ej]
+    rot_e = pick3(rcol, _prev3(ei)), pick3(rcol, _next3(ei))
+    cf = sel(code_face < 3, code_face, code_face - 3)
+    ni, pi = _next3(ei), _prev3(ei)
+    ev = [(ni == c).astype(rot_e[0].dtype) * -rot_e[0] +
+          (pi == c).astype(rot_e[0].dtype) * rot_e[1] for c in range(3)]
+    ev, _ = normalize_c(ev)
+    q = [pick3(R[c], cf) for c in range(3)]                          # rot[:, cf]
+    face_dot = sel(code_face < 3, jnp.abs(pick3(ev, cf)),
+                   jnp.abs(ev[0] * q[0] + ev[1] * q[1] + ev[2] * q[2]))
+    close = sep_best < sep_face + 0.05 * jnp.abs(sep_face) + MINVAL
+    subst = is_edge & (face_dot > 0.99) & close
+    code = sel(subst, code_face, code)
+    if not _SAT_STORES:
+        code, separated = once(code, separated)
+        return R, p21, p12, s1, s2, septol, code, separated
+    # rot's entries, pos21, pos12 and the tolerance stored by the same reduction as
+    # the results: read by several later kernels, each was a kernel of its own
+    out = once(code, separated, septol, *p21, *p12)
+    code, separated, septol = out[:3]
+    return R, list(out[3:6]), list(out[6:9]), s1, s2, septol, code, separated
+
+
+def box_box(g1, g2, margin):
+    """Box-box (mjc_BoxBox, MuJoCo 4.0): separating-axis test over 15 axes with face
+    preference; a face axis clips the incident face against the reference face (up to
+    8 contacts), an edge axis gives one contact between the supporting edges.
+
+    The incident face is clipped by Sutherland-Hodgman passes as MuJoCo's, so the
+    contacts come in MuJoCo's order; near-duplicates are merged as MuJoCo does."""
+    dt = g1.size.dtype
+    sat = _box_sat if _SAT_SCALARS else _box_sat_arrays
+    R, p21c, p12c, s1c, s2c, septol, code, separated = sat(g1, g2, margin)
     is_edge = code >= 6
 
     # edge-edge contact for the winning (i, j) (dynamic indices)
     eidx = jnp.clip(code - 6, 0, 8)
-    R = [unstack(r, 0) for r in unstack(rot, 0)]             # R[r][c] = rot[r, c]
-    s1c, s2c, p21c, p12c = (unstack(x, 0) for x in (s1, s2, pos21, pos12))
     e_dist, e_pos, e_nrm = _box_edge(g1, R, p21c, s1c, s2c, *_divmod_small(eidx, 3, 3))
     # stored once (:func:`once`): each field of the packed output (chunked._pack)
     # evaluated the edge search again
@@ -717,7 +870,10 @@ def capsule_box(g1, g2, margin):
         cltype = sel(win, -2 + i, cltype)
         clface = sel(win, c2, clface)
     # segment against the 12 edges (vectorised; the first strict minimum wins, the face
-    # test wins ties as in MuJoCo's sequential scan)
+    # test wins ties as in MuJoCo's sequential scan). Measured, not done: edge by edge
+    # on component scalars, the winner by selects (no argmin, no gather): capsule_box
+    # alone (1024 x 40 pairs) 30 -> 28 kernels, but one kernel of 941 operations, and
+    # LLVM time 2.1x (a large kernel costs LLVM more than its share)
     # edges by axis j (4 each): per-edge values by repeat, not gathers
     J = _CB_EDGE_AXIS
     t3 = jnp.asarray(_CB_EDGE_CORNER, dt) * size                  # (12, 3)
