@@ -717,9 +717,9 @@ _PAIR_FACTOR = True
 #: LAPACK as without damping, the damped one in :func:`euler`. The bench humanoid's
 #: rollout, False against True: 613 -> 614 kernels (12 of the pair's fusions fewer),
 #: XLA compile CPU 0.893 [0.850, 0.971], 0.922 [0.755, 1.179] and 0.962 [0.910, 1.076]
-#: (8, 12 and 10 rounds; one process, alternated, load 7-9), run 1.005 [0.667, 1.237] (16 rounds); qLD's rounding is
-#: LAPACK's, as for models without damping. Without rows (humanoid-smooth) both
-#: solves run on the packed pair (_SOLVE_PAIR): kept
+#: (8, 12 and 10 rounds; one process, alternated, load 7-9), run 1.005 [0.667, 1.237]
+#: (16 rounds); qLD's rounding is LAPACK's, as for models without damping. Without
+#: rows (humanoid-smooth) both solves run on the packed pair (_SOLVE_PAIR): kept
 _PAIR_WITH_ROWS = False
 #: whether that pair factorisation reads qM's lower triangle from smooth.crb_lower
 #: (read at trace time; False: from qM)

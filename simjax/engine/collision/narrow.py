@@ -266,8 +266,8 @@ def narrow_group(m, d, p, grp, det_margin, split):
 #: capsule-capsule group (98 candidates, capacity 50): rollout 613 -> 593 kernels, XLA
 #: compile CPU 0.898 [0.849, 0.996] and 0.998 [0.924, 1.069] (8 and 10 rounds in one
 #: process, load 7-9), run 0.999 [0.897, 1.937] (12 rounds); the other bench models
-#: have no compacted group. 0: compact every cheap
-#: group past its capacity (the former way; for paired measurements and tests)
+#: have no compacted group. 0: compact every cheap group past its capacity (the former
+#: way; for paired measurements and tests)
 _COMPACT_MIN = 128
 
 #: a compacted cheap group with capsules tests its sphere-passing pairs by segment too
