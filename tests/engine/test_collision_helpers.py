@@ -144,12 +144,12 @@ def _box_pairs(n, seed=0):
 
 def test_box_box_forms_agree(monkeypatch):
     """box_box's separating-axis test on scalars with its stored stages (the default;
-    with the edge's two passes or not) and on (3, 3) arrays (the former form) give the
+    with the edge's set-up stored or not) and on (3, 3) arrays (the former form) give the
     same contacts bit for bit: face and edge contacts both occur among the pairs."""
     g1, g2, margin = _box_pairs(600)
     forms = []
-    for flags in ((True, True, True), (True, True, False), (False, False, False)):
-        for flag, on in zip(("_SAT_SCALARS", "_EDGE_STAGED", "_EDGE_TWO_PASS"), flags):
+    for flags in ((True, True), (True, False), (False, False)):
+        for flag, on in zip(("_SAT_SCALARS", "_EDGE_STAGED"), flags):
             monkeypatch.setattr(P, flag, on)
         forms.append(jax.jit(jax.vmap(P.box_box))(g1, g2, margin))
     old = forms[-1]

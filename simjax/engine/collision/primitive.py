@@ -289,15 +289,6 @@ def _onehot(i, dtype):
 #: the former way; for paired measurements)
 _EDGE_STAGED = True
 
-#: :func:`_box_edge`'s winning candidate found first (its index stored), then evaluated
-#: again for the contact (off: the winner's ends picked among the four). Measured, not
-#: taken: box_box alone (1024 x 3 pairs) 27 -> 28 kernels, optimised LLVM IR 7501 ->
-#: 7302 lines, XLA compile CPU 0.933 [0.741, 1.152] (10 rounds, load 8), contacts
-#: bit-identical; but the shadow hand's bench rollout compile on / off 1.15 (5 rounds
-#: in one process with the three: 1.085 [0.966, 1.219] against the former code, off
-#: 0.941 [0.908, 1.073]). For paired measurements
-_EDGE_TWO_PASS = False
-
 
 def _box_edge(g1, R, p21, s1, s2, i, j):
     """Edge-edge contact for edge axis e_i x rot[:, j] (box1 frame; ``R[r][c]`` the
@@ -354,11 +345,9 @@ def _box_edge(g1, R, p21, s1, s2, i, j):
     # not); first minimum of the gap in MuJoCo's order
     def cand(f1, f2):
         """(gap2, p1, p2) of the candidate with box 1's (``f1``) / box 2's (``f2``)
-        ambiguous corner flipped (Python bools, or traced)."""
+        ambiguous corner flipped."""
         def flip(f, am, x):
-            if f is False:
-                return x
-            return [sel(am[c] if f is True else f & am[c], -x[c], x[c]) for c in range(3)]
+            return [sel(am[c], -x[c], x[c]) for c in range(3)] if f else x
         c1v, ccv = flip(f1, am1, c1), flip(f2, am2, cc)
         c2 = [R[r][0] * ccv[0] + R[r][1] * ccv[1] + R[r][2] * ccv[2] + p21[r]
               for r in range(3)]
@@ -383,14 +372,10 @@ def _box_edge(g1, R, p21, s1, s2, i, j):
             gap2 = sel(okv, gap2, jnp.inf)
         gaps.append(gap2)
         ends.append((p1, p2))
-    if _EDGE_TWO_PASS:
-        # the winner's index stored, its candidate evaluated again: the outputs each
-        # evaluated all four candidates
-        kb = once(_first_best(gaps, [jnp.asarray(k, jnp.int32) for k in range(4)],
-                              jnp.less)[1])
-        _, w1, w2 = cand(kb >= 2, (kb == 1) | (kb == 3))
-    else:
-        _, (w1, w2) = _first_best(gaps, ends, jnp.less)
+    # measured, not done: the winner's index stored and its candidate evaluated again
+    # (box_box alone 27 -> 28 kernels, XLA compile CPU 0.933 [0.741, 1.152], 10 rounds,
+    # but the shadow hand's bench rollout compile 1.085-1.128 in three paired runs)
+    _, (w1, w2) = _first_best(gaps, ends, jnp.less)
     dist = sum((w2[c] - w1[c]) * ax[c] for c in range(3))
     mid = [0.5 * (w1[c] + w2[c]) for c in range(3)]
     mat = [unstack(r, 0) for r in unstack(g1.mat, 0)]
