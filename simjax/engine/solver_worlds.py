@@ -224,13 +224,15 @@ def where_needed(fn, need, args, old):
 #: (40 rounds) and, order reversed, 1 / 1.038 [0.930, 1.208] (40); humanoid 0.965
 #: [0.886, 1.109] and 1 / 1.040 [0.893, 1.171] (30 each). Bench rollouts (14 rounds):
 #: ant 0.993 [0.846, 1.100], humanoid 0.990 [0.746, 1.281] (the solve is a part of
-#: the step). Kernels ant 535 -> 524, humanoid 613 -> 602; XLA compile CPU (8 rounds)
-#: ant 0.972 [0.884, 1.198], humanoid 1.003 [0.949, 1.069]; barkour's and the shadow
-#: hand's programs unchanged. Outputs: float64 (batch 64, 8 steps) bit-identical on
-#: both, the humanoid's at batch 1024 (4 steps) too; the ant's at batch 1024 within
-#: rounding (float64, one step: the last forward's constraint forces 4e-15 relative
-#: in 3 of 1024 worlds, qacc within 1.2e-13 in 233 through RK4's stages; fn's inputs
-#: are fused into other kernels, whose multiply-adds LLVM contracts otherwise)
+#: the step); on an idle host, wall time, ant 0.902 [0.800, 1.019] and, order
+#: reversed, humanoid 1 / 1.006 [0.851, 1.285] (10 rounds each). Kernels ant 535 ->
+#: 524, humanoid 613 -> 602; XLA compile CPU (8 rounds) ant 0.972 [0.884, 1.198],
+#: humanoid 1.003 [0.949, 1.069]; barkour's and the shadow hand's programs unchanged.
+#: Outputs: float64 (batch 64, 8 steps) bit-identical on both, the humanoid's at batch
+#: 1024 (4 steps) too; the ant's at batch 1024 within rounding (float64, one step: the
+#: last forward's constraint forces 4e-15 relative in 3 of 1024 worlds, qacc within
+#: 1.2e-13 in 233 through RK4's stages; fn's inputs are fused into other kernels,
+#: whose multiply-adds LLVM contracts otherwise)
 _ONE_BLOCK = True
 
 
