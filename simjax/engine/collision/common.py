@@ -80,10 +80,10 @@ def rot_t(mat, v):
 
 #: :func:`once` of several values of one shape as one reduction with an output per
 #: value (:func:`reduce_shared`; off: packed in a concatenation, the former way).
-#: Shadow hand, with primitive._SCALARS_SHARED and _CC_ONCE, off / on: XLA compile CPU
-#: 1.040 [0.828, 1.151], 6 rounds; 4 kernels fewer; box_box alone (1024 x 40 pairs)
-#: run on / off 0.866 [0.842, 0.933], capsule_box 0.825 [0.590, 1.023]; bench step
-#: off / on 0.985 [0.812, 1.061] (10 rounds, load 10)
+#: Shadow hand, with box_box's scalars stored this way and _CC_ONCE, off / on: XLA
+#: compile CPU 1.040 [0.828, 1.151], 6 rounds; 4 kernels fewer; box_box alone (1024 x
+#: 40 pairs) run on / off 0.866 [0.842, 0.933], capsule_box 0.825 [0.590, 1.023]; bench
+#: step off / on 0.985 [0.812, 1.061] (10 rounds, load 10)
 SHARED_ONCE = True
 
 

@@ -417,154 +417,17 @@ def _clip_half_plane(poly, n, coord, sign, lim):
     return out, jnp.minimum(jnp.sum(cnt), _CLIPMAX).astype(n.dtype)
 
 
-#: :func:`_once_scalars` as :func:`once` (one reduction with an output per scalar; off:
-#: packed by selects, the former way)
-_SCALARS_SHARED = True
+# box_box's separating-axis test (:func:`_box_sat`) is written on component scalars
+# throughout, with _SAT_STORES and _EDGE_STAGED. Against its former form on (3, 3)
+# arrays: box_box alone (1024 worlds x 3 pairs, float32) 46 -> 27 kernels, XLA compile
+# CPU 0.873 [0.791, 0.932] (10 rounds in one process); the shadow hand's box-box group
+# 54 -> 34 kernels (bench rollout 733 -> 713), its XLA compile CPU 0.972 [0.895, 1.041]
+# (10 rounds); contacts bit-identical (20000 random pairs, float64 and float32).
+# Measured, not done: the incident face and its normal on scalars, stored by one
+# reduction (27 -> 29 kernels); sphere_box on component scalars (its group 10 -> 7
+# kernels, but sphere_box alone, 1024 x 40 pairs, 1.96x [1.23, 4.29] slower)
 
-
-def _once_scalars(*xs):
-    """:func:`once` of scalars: XLA on CPU evaluates each operand of a concatenate in a
-    branch of its own, so values the scalars share (here the whole separating-axis
-    test) would be evaluated again per scalar. As one reduction with an output per
-    scalar (:func:`common.reduce_shared`), or (off) packed side by side by selects on an
-    index (ints and bools exactly, as small whole numbers)."""
-    if _SCALARS_SHARED:
-        return once(*xs)
-    dt = next((x.dtype for x in xs if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32)
-    k = jax.lax.iota(jnp.int32, len(xs))
-    flat = [jnp.asarray(x).astype(dt) for x in xs]
-    acc = jax.lax.broadcast(flat[-1], (len(xs),))
-    for j in range(len(xs) - 2, -1, -1):
-        acc = jax.lax.select(k == j, jax.lax.broadcast(flat[j], (len(xs),)), acc)
-    acc = once(acc)
-    return tuple(acc[j] > 0.5 if x.dtype == jnp.bool_ else acc[j].astype(x.dtype)
-                 for j, x in enumerate(xs))
-
-
-#: box_box's edge axis against the best face axis on component scalars (shadow hand's
-#: box-box group 59 -> 54 kernels; off: as a 3-vector, the former way; for paired
-#: measurements). A box-box scene's collision (1024 worlds, float32) on / off 0.997
-#: [0.85, 1.07] (10 rounds, idle), contacts bit-identical. Measured, not done: the
-#: nine edge axes' separations on component scalars instead of :func:`box_box`'s (3, 3)
-#: arrays (59 -> 60 kernels; the rotation's entries from the matrices' products, 66);
-#: sphere_box on component scalars (its group 10 -> 7 kernels, capsule-box's 56 -> 59,
-#: and 56 with capsule-box on the vector form) but sphere_box alone (1024 x 40 pairs)
-#: 1.96x [1.23, 4.29] slower (12 rounds)
-_EAXIS_SCALARS = True
-
-
-def _box_sat_arrays(g1, g2, margin):
-    """:func:`_box_sat` on (3, 3) arrays (the former way; for paired measurements)."""
-    s1, s2 = g1.size, g2.size
-    dt = s1.dtype
-    # small products written out (vmapped, 3x3 matmuls are batched dot kernels on CPU)
-    m1, m2 = g1.mat, g2.mat
-    # components read once each (math.unstack: one split, a squeeze each), not a
-    # slice and a squeeze per read: fewer traced equations
-    m1r, m2r = unstack(m1, 0), unstack(m2, 0)
-    rot = (m1r[0][:, None] * m2r[0][None, :] + m1r[1][:, None] * m2r[1][None, :] +
-           m1r[2][:, None] * m2r[2][None, :])                     # m1.T @ m2
-    rabs = jnp.abs(rot)
-    pos21 = _rot_t(m1, g2.pos - g1.pos)
-    pos12 = _rot_t(m2, g1.pos - g2.pos)
-    # the sums as reductions: written out (the same sums) they were 4 kernels more
-    # on the shadow hand (XLA fused the separation test differently)
-    septol = margin + _SEPEPS * (jnp.sum(s1) + jnp.sum(s2))
-    sep1 = jnp.abs(pos21) - s1 - _rot(rabs, s2)
-    sep2 = jnp.abs(pos12) - s2 - _rot_t(rabs, s1)
-    seps = unstack(jnp.concatenate([sep1, sep2]), 0)
-    # ORs of scalars, not a reduction: a reduction is a kernel of its own that
-    # evaluates the separations again
-    separated = functools.reduce(jnp.logical_or, [seps[k] > septol for k in range(6)])
-    sep_face, code = _first_best([seps[k] for k in range(6)],
-                                 [jnp.asarray(k, jnp.int32) for k in range(6)], jnp.greater)
-    code_face = code
-    sep_best = sep_face
-    # edge-cross axes e_i x rot[:, j], all nine at once (box1 frame, component i zero)
-    # as (3, 3) arrays [i, j]; index shifts (i + 1) % 3 etc. as sums of rows or
-    # columns times constant 0/1 weights (a concatenate of slices is a kernel of its
-    # own on CPU once it has several users)
-    # (the three weighted terms as one product over a new axis c, summed by one split:
-    # the same sums in the same order, 10 traced equations instead of 20)
-    def up(x, k, axis):                                     # x[(i + k) % 3] along axis
-        w = np.roll(np.eye(3), k, axis=1).astype(dt)        # w[i, (i + k) % 3] = 1
-        if x.ndim == 1:                                     # sum_c x[c] w[i, c]
-            p = jax.lax.broadcast_in_dim(x, (3, 3), (1,)) * w
-            c = 1
-        elif axis == 0:                                     # sum_c x[c, j] w[i, c]
-            p = jax.lax.broadcast_in_dim(x, (3, 3, 3), (1, 2)) * w[:, :, None]
-            c = 1
-        else:                                               # sum_c x[r, c] w[i, c]
-            p = jax.lax.broadcast_in_dim(x, (3, 3, 3), (0, 2)) * w[None]
-            c = 2
-        p = unstack(p, c)
-        return p[0] + p[1] + p[2]
-    rot1, rot2 = up(rot, 1, 0), up(rot, 2, 0)
-    ax1, ax2 = -rot2, rot1
-    n2 = ax1 * ax1 + ax2 * ax2
-    use = n2 >= _PAREPS
-    inv = 1 / jnp.sqrt(sel(use, n2, 1.0))
-    ax1, ax2 = ax1 * inv, ax2 * inv
-    r1 = up(s1, 1, 0)[:, None] * jnp.abs(ax1) + up(s1, 2, 0)[:, None] * jnp.abs(ax2)
-    b1 = ax1 * up(rot1, 1, 1) + ax2 * up(rot2, 1, 1)
-    b2 = ax1 * up(rot1, 2, 1) + ax2 * up(rot2, 2, 1)
-    r2 = up(s2, 1, 0)[None, :] * jnp.abs(b1) + up(s2, 2, 0)[None, :] * jnp.abs(b2)
-    sep = (jnp.abs(ax1 * up(pos21, 1, 0)[:, None] + ax2 * up(pos21, 2, 0)[:, None]) - r1 -
-           r2)
-    use, sep = unstack(use.reshape(9), 0), unstack(sep.reshape(9), 0)    # k = 3 i + j
-    separated = functools.reduce(jnp.logical_or, [use[k] & (sep[k] > septol)
-                                                  for k in range(9)], separated)
-    for k in range(9):          # sequential: each winner raises the bar for the next
-        # the biased separation per scalar: as a (9,) array it was a kernel of its own
-        # that evaluated the separations again
-        adj = sep[k] - _EDGEBIAS * jnp.abs(sep[k])
-        win = use[k] & (adj > sep_best) & (sep[k] > sep_face)
-        sep_best = sel(win, sep[k], sep_best)
-        code = sel(win, 6 + k, code)
-    code, code_face, sep_best, sep_face, separated = _once_scalars(
-        code, code_face, sep_best, sep_face, separated)
-
-    # edge axis nearly parallel to the best face axis: prefer the face
-    is_edge = code >= 6
-    ei, ej = _divmod_small(sel(is_edge, code - 6, 0), 3, 3)
-    rcol = pick3(rot.T, ej)
-    rot_e = pick3(rcol, _prev3(ei)), pick3(rcol, _next3(ei))
-    cf = sel(code_face < 3, code_face, code_face - 3)
-    if _EAXIS_SCALARS:
-        # on component scalars (normalize's and dot's operations): as a 3-vector its
-        # norm and unit vector were kernels of their own
-        ni, pi = _next3(ei), _prev3(ei)
-        ev = [(ni == c).astype(dt) * -rot_e[0] + (pi == c).astype(dt) * rot_e[1]
-              for c in range(3)]
-        ev, _ = normalize_c(ev)
-        q = unstack(pick3(rot.T, cf), 0)
-        face_dot = sel(code_face < 3, jnp.abs(pick3(ev, cf)),
-                       jnp.abs(ev[0] * q[0] + ev[1] * q[1] + ev[2] * q[2]))
-    else:
-        eaxis = _onehot(_next3(ei), dt) * -rot_e[0] + _onehot(_prev3(ei), dt) * rot_e[1]
-        eaxis, _ = normalize(eaxis)
-        face_dot = sel(code_face < 3, jnp.abs(pick3(eaxis, cf)),
-                       jnp.abs(dot(eaxis, pick3(rot.T, cf))))
-    subst = is_edge & (face_dot > 0.99) & (sep_best < sep_face + 0.05 * jnp.abs(sep_face)
-                                          + MINVAL)
-    code = sel(subst, code_face, code)
-    code, separated = once(code, separated)
-    R = [unstack(r, 0) for r in unstack(rot, 0)]             # R[r][c] = rot[r, c]
-    s1c, s2c, p21c, p12c = (unstack(x, 0) for x in (s1, s2, pos21, pos12))
-    return R, p21c, p12c, s1c, s2c, septol, code, separated
-
-
-#: box_box's separating-axis test on component scalars throughout (:func:`_box_sat`),
-#: with _SAT_STORES and _EDGE_STAGED: box_box alone (1024 worlds x 3 pairs, float32)
-#: 46 -> 27 kernels, XLA compile CPU new / old 0.873 [0.791, 0.932] (10 rounds in one
-#: process); the shadow hand's box-box group 54 -> 34 kernels (bench rollout 733 ->
-#: 713), its XLA compile CPU 0.972 [0.895, 1.041] (10 rounds); contacts bit-identical
-#: (20000 random pairs, float64 and float32). Measured, not done: the incident face
-#: and its normal on scalars, stored by one reduction (27 -> 29 kernels). Off: on
-#: (3, 3) arrays, :func:`_box_sat_arrays`, the former way (for paired measurements)
-_SAT_SCALARS = True
-
-#: with _SAT_SCALARS: the rotation's entries, the relative positions and the tolerance
+#: the rotation's entries, the relative positions and the tolerance
 #: stored by the test's reduction (off: recomputed where read; for paired measurements)
 _SAT_STORES = True
 
@@ -582,8 +445,7 @@ def _box_sat(g1, g2, margin):
     Every value is a scalar read from the geoms' entries: no (3, 3) array, no vector
     sliced again, so that XLA on CPU fuses the whole test into the one kernel that
     stores its results (an array read back by slices, broadcasts or transposes is
-    stored by a kernel of its own, and so is an expensive value several kernels read).
-    The same operations in the same order as the array form."""
+    stored by a kernel of its own, and so is an expensive value several kernels read)."""
     M1, M2 = _rows3(g1.mat), _rows3(g2.mat)
     s1, s2 = [g1.size[c] for c in range(3)], [g2.size[c] for c in range(3)]
     x1, x2 = [g1.pos[c] for c in range(3)], [g2.pos[c] for c in range(3)]
@@ -665,8 +527,7 @@ def box_box(g1, g2, margin):
     The incident face is clipped by Sutherland-Hodgman passes as MuJoCo's, so the
     contacts come in MuJoCo's order; near-duplicates are merged as MuJoCo does."""
     dt = g1.size.dtype
-    sat = _box_sat if _SAT_SCALARS else _box_sat_arrays
-    R, p21c, p12c, s1c, s2c, septol, code, separated = sat(g1, g2, margin)
+    R, p21c, p12c, s1c, s2c, septol, code, separated = _box_sat(g1, g2, margin)
     is_edge = code >= 6
 
     # edge-edge contact for the winning (i, j) (dynamic indices)
