@@ -32,6 +32,15 @@ def test_once_is_identity():
     assert [float(v) for v in jax.jit(lambda *a: once(*a))(*many)] == list(range(19))
     g = jax.grad(lambda y: jnp.sum(once(y * y, y)[0] * 3.0 + once(y)))(x)
     np.testing.assert_allclose(g, 6.0 * x + 1.0)
+    # values of one shape and several dtypes: one reduction (reduce_shared), each
+    # exactly itself (the dtype's lowest value and NaN included)
+    f = jnp.asarray([-jnp.inf, -0.0, jnp.nan, 2.5])
+    i = jnp.asarray([np.iinfo(np.int32).min, -1, 0, 9], jnp.int32)
+    t = jnp.asarray([False, True, False, True])
+    for v, o in zip((f, i, t), jax.jit(once)(f, i, t)):
+        assert o.dtype == v.dtype
+        np.testing.assert_array_equal(o, v)
+        np.testing.assert_array_equal(np.signbit(o), np.signbit(v))
 
 
 def test_argmin_argmax_as_jnp():

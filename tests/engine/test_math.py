@@ -130,6 +130,21 @@ def test_fill_traced_once_per_trace():
         np.testing.assert_array_equal(out, ref)
     x = jnp.arange(3.0)
     assert math.fill((3,), 2.0, like=x).weak_type == lax.full_like(x, 2.0).weak_type
+    # a strong dtype (given, or a traced ``like``'s): the value converted by NumPy, one
+    # traced equation (no convert of the value)
+    for args in [((3,), 7, jnp.int32), ((2, 2), 1, jnp.bool_), ((3,), -0.0, jnp.float32),
+                 ((3,), np.nan, jnp.float32), ((3,), 1e-50, jnp.float32)]:
+        ref, out = lax.full(*args), jax.jit(lambda: math.fill(*args))()
+        assert (out.dtype, out.weak_type) == (ref.dtype, ref.weak_type)
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(ref))
+        np.testing.assert_array_equal(out, ref)
+        assert len(jax.make_jaxpr(lambda: math.fill(*args))().eqns) == 1
+    for like in [jnp.arange(3, dtype=jnp.int32), jnp.arange(3.0), x > 1.0]:
+        ref = lax.full_like(like, 2)
+        out = jax.jit(lambda v: math.fill(v.shape, 2, like=v))(like)
+        assert (out.dtype, out.weak_type) == (ref.dtype, ref.weak_type)
+        np.testing.assert_array_equal(out, ref)
+        assert len(jax.make_jaxpr(lambda v: math.fill(v.shape, 2, like=v))(like).eqns) == 1
 
     def f(c, x):
         a = math.where(c, x, 0.0) + math.where(~c, 0.0, x * x)
