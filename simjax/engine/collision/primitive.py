@@ -66,7 +66,11 @@ def plane_capsule(g1, g2, margin):
     for k, end in enumerate((g2.pos + seg, g2.pos - seg)):
         d, p, n, v = _plane_sphere_raw(g1.pos, g1.mat, end, g2.size[0], margin)
         out.append(one(d, p, n, v & long if k else v, tangent=tangent))
-    return stack(out)
+    pre = stack(out)
+    # the depths stored by one kernel (:func:`once`): read by the driver's contact table
+    # twice (its fields and its depths), each evaluated them (the humanoid's two
+    # kernels; the ant's count the same)
+    return pre._replace(dist=once(pre.dist))
 
 
 def plane_cylinder(g1, g2, margin):
@@ -135,12 +139,16 @@ def _dot_c(a, b):
     return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
 
 
+def _cross_c(a, b):
+    """Cross product of two vectors given as lists of three components."""
+    return [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
+
+
 def _alt_normal(z1, z2):
     """The normal of coincident sphere centres, z1 x z2 normalised (x when parallel), as
     MuJoCo; from the components of the two geoms' z axes, as components (the
     reciprocal norm's product, as :func:`normalize` computes it)."""
-    return normalize_c([z1[1] * z2[2] - z1[2] * z2[1], z1[2] * z2[0] - z1[0] * z2[2],
-                        z1[0] * z2[1] - z1[1] * z2[0]], reciprocal=True)[0]
+    return normalize_c(_cross_c(z1, z2), reciprocal=True)[0]
 
 
 def _sphere_sphere_c(p1, r1, p2, r2, margin, alt):
@@ -190,15 +198,17 @@ def sphere_sphere(g1, g2, margin):
 
 def sphere_capsule(g1, g2, margin):
     """The sphere against the capsule segment's nearest point (component-wise, see
-    :func:`_sphere_sphere_c`; the sphere's centre, the nearest point and the normal of
-    coincident centres stored by one kernel first: one kernel fewer)."""
+    :func:`_sphere_sphere_c`). The sphere's centre, the nearest point and z1 x z2
+    (normalised where read: the normal of coincident centres) stored by one kernel
+    first: read from the pair table (transposed) by the sphere test, they were kernels
+    of their own (the humanoid's sphere-capsule group 6 kernels, now 2)."""
     p1, p2, axis = unstack(g1.pos), unstack(g2.pos), unstack(g2.mat[:, 2])
     d = [a - b for a, b in zip(p1, p2)]
     x = clip(_dot_c(axis, d), -g2.size[1], g2.size[1])
     near = [b + a * x for a, b in zip(axis, p2)]
-    alt = _alt_normal(unstack(g1.mat[:, 2]), axis)
-    out = once(*p1, *near, *alt)
-    p1, near, alt = out[:3], out[3:6], out[6:]
+    out = once(*p1, *near, *_cross_c(unstack(g1.mat[:, 2]), axis))
+    p1, near = out[:3], out[3:6]
+    alt = normalize_c(out[6:], reciprocal=True)[0]
     dist, pos, n, valid = _sphere_sphere_c(p1, g1.size[0], near, g2.size[0], margin, alt)
     return one(dist, jnp.stack(pos, -1), jnp.stack(n, -1), valid)
 
@@ -267,10 +277,12 @@ def sphere_box(g1, g2, margin):
 
 
 # --------------------------------------------------------------------------- capsules
-#: capsule_capsule's products and segment parameters stored by two kernels (off: the
-#: former way). Humanoid off / on: XLA compile CPU 1.044 [0.952, 1.077] (6 rounds), one
-#: kernel fewer, bench step 1.023 [0.781, 1.127] (10 rounds, load 10); the collider
-#: alone (1024 x 40 pairs) run on / off 0.942 [0.703, 1.244] and 0.874 [0.785, 1.132]
+#: capsule_capsule's products, quotients and segment parameters stored by three
+#: kernels (off: fused where read, for paired measurements). With two of them (the
+#: products, the segment parameters), humanoid off / on: XLA compile CPU 1.044 [0.952,
+#: 1.077] (6 rounds), one kernel fewer, bench step 1.023 [0.781, 1.127] (10 rounds,
+#: load 10); the collider alone (1024 x 40 pairs) run on / off 0.942 [0.703, 1.244]
+#: and 0.874 [0.785, 1.132]
 _CC_ONCE = True
 
 
@@ -296,19 +308,24 @@ def capsule_capsule(g1, g2, margin):
     det = ma * mc - mb * mb
     general = jnp.abs(det) >= MINVAL
     sdet = sel(general, det, 1.0)
-    x1 = (mc * u - mb * v) / sdet
-    x2 = (ma * v - mb * u) / sdet
-    x2 = sel(x1 > 1, (v - mb) / mc, sel(x1 < -1, (v + mb) / mc, x2))
+    q = [(mc * u - mb * v) / sdet, (ma * v - mb * u) / sdet, (v - mb) / mc, (v + mb) / mc,
+         (u - mb) / ma, (u + mb) / ma]
+    if _CC_ONCE:
+        # the quotients stored by one kernel (:func:`once`), with ``general`` (read
+        # by the four tests): each read by several selects, the quotients were
+        # kernels of their own (three)
+        *q, general = once(*q, general)
+    x1, x2, q2p, q2m, q1p, q1m = q
+    x2 = sel(x1 > 1, q2p, sel(x1 < -1, q2m, x2))
     x1 = clip(x1, -1, 1)
-    e1p, e1m = clip((u - mb) / ma, -1, 1), clip((u + mb) / ma, -1, 1)
-    e2p, e2m = clip((v - mb) / mc, -1, 1), clip((v + mb) / mc, -1, 1)
+    e1p, e1m = clip(q1p, -1, 1), clip(q1m, -1, 1)
+    e2p, e2m = clip(q2p, -1, 1), clip(q2m, -1, 1)
     x1 = sel(x2 > 1, e1p, sel(x2 < -1, e1m, x1))
     x2 = clip(x2, -1, 1)
     if _CC_ONCE:
-        # the segment parameters stored by one kernel (:func:`once`): the divisions,
-        # read by broadcasts into 3-vectors, were five kernels (three remain); with
-        # them ``general`` (read by the four tests, a kernel of its own)
-        x1, x2, e1p, e1m, e2p, e2m, general = once(x1, x2, e1p, e1m, e2p, e2m, general)
+        # the segment parameters stored by one kernel (:func:`once`): read by the four
+        # tests' selects, they were three kernels
+        x1, x2, e1p, e1m, e2p, e2m = once(x1, x2, e1p, e1m, e2p, e2m)
     r1, r2 = g1.size[0], g2.size[0]
     # the general contact or, for parallel axes, ends of 1 against 2, then ends of 2
     # against 1 (up to two contacts): four sphere-sphere tests in one call on arrays of
