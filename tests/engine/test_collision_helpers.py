@@ -170,3 +170,95 @@ def test_box_box_forms_agree(monkeypatch):
         for a, b in zip(other[:4], ref[:4]):
             a, b = np.asarray(a)[valid], np.asarray(b)[valid]
             np.testing.assert_array_equal(a.view(np.uint64), b.view(np.uint64))
+
+
+def _ref_sphere_sphere(p1, z1, r1, p2, z2, r2, margin):
+    """The sphere-sphere test on 3-vectors in NumPy (mjraw_SphereSphere; the normal
+    times its norm's reciprocal, as mju_normalize3)."""
+    def unit(v):
+        n = np.sqrt(v @ v)
+        return (v * (1 / n), n) if n >= MINVAL else (np.array([1.0, 0, 0]), n)
+    dif = p1 - p2
+    dist = np.sqrt(dif @ dif) - r1 - r2
+    n, ln = unit(p2 - p1)
+    if ln < MINVAL:
+        n = unit(np.cross(z1, z2))[0]
+    return dist, p1 + n * (r1 + dist / 2), n, dif @ dif <= (margin + r1 + r2) ** 2
+
+
+def _ref_capsule_capsule(p1, m1, r1, h1, p2, m2, r2, h2, margin):
+    """mjraw_CapsuleCapsule in NumPy: the four slots' (dist, pos, normal, valid)."""
+    a1, a2, dif = m1[:, 2] * h1, m2[:, 2] * h2, p1 - p2
+    ma, mb, mc, u, v = a1 @ a1, -(a1 @ a2), a2 @ a2, -(a1 @ dif), a2 @ dif
+    det = ma * mc - mb * mb
+    general = abs(det) >= MINVAL
+    sdet = det if general else 1.0
+    x1, x2 = (mc * u - mb * v) / sdet, (ma * v - mb * u) / sdet
+    x2 = (v - mb) / mc if x1 > 1 else (v + mb) / mc if x1 < -1 else x2
+    x1 = np.clip(x1, -1, 1)
+    e1p, e1m = np.clip((u - mb) / ma, -1, 1), np.clip((u + mb) / ma, -1, 1)
+    e2p, e2m = np.clip((v - mb) / mc, -1, 1), np.clip((v + mb) / mc, -1, 1)
+    x1 = e1p if x2 > 1 else e1m if x2 < -1 else x1
+    x2 = np.clip(x2, -1, 1)
+    c1 = [p1 + a1 * x1 if general else p1 + a1, p1 - a1, p1 + a1 * e1p, p1 + a1 * e1m]
+    c2 = [p2 + a2 * x2 if general else p2 + a2 * e2p, p2 + a2 * e2m, p2 + a2, p2 - a2]
+    out = [_ref_sphere_sphere(c, m1[:, 2], r1, d, m2[:, 2], r2, margin)
+           for c, d in zip(c1, c2)]
+    ok = [bool(o[3]) for o in out]
+    ok[2] = ok[2] and ok[0] + ok[1] < 2
+    ok[3] = ok[3] and ok[0] + ok[1] + ok[2] < 2
+    ok = [ok[0]] + [x and not general for x in ok[1:]]
+    return [o[:3] + (k,) for o, k in zip(out, ok)]
+
+
+def _rot_z_to(z):
+    """A rotation matrix whose third column is the unit vector ``z``."""
+    a = np.array([1.0, 0, 0]) if abs(z[0]) < 0.9 else np.array([0, 1.0, 0])
+    x = np.cross(a, z)
+    x /= np.linalg.norm(x)
+    return np.stack([x, np.cross(z, x), z], 1)
+
+
+def test_sphere_tests_componentwise():
+    """sphere_capsule and capsule_capsule (their sphere-sphere tests written on
+    components, stored by one kernel each) against the 3-vector test in NumPy: random
+    pairs, coincident centres (the normal z1 x z2, or x for parallel axes) and, for
+    capsule-capsule, parallel axes (the end-point tests)."""
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((40, 3))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    cases = []
+    for k in range(40):
+        p1, p2 = 0.2 * rng.standard_normal(3), 0.2 * rng.standard_normal(3)
+        z1, z2 = z[k], z[(k + 1) % 40]
+        if k % 4 == 1:
+            p2 = p1.copy()                       # coincident centres
+        if k % 4 == 2:
+            p2, z2 = p1.copy(), z1               # coincident, parallel axes
+        if k % 4 == 3:
+            z2 = z1                              # parallel axes
+        cases.append((p1, _rot_z_to(z1), p2, _rot_z_to(z2)))
+    r1, r2, h1, h2, margin = 0.1, 0.15, 0.3, 0.25, 0.01
+
+    def geom(p, m, r, h):
+        return P.Geom(jnp.asarray(p), jnp.asarray(m), jnp.asarray([r, h, 0.0]))
+    for p1, m1, p2, m2 in cases:
+        # sphere-capsule: the sphere against the segment's nearest point
+        pre = jax.jit(P.sphere_capsule)(geom(p1, m1, r1, 0), geom(p2, m2, r2, h2), margin)
+        axis = m2[:, 2]
+        near = p2 + axis * np.clip(axis @ (p1 - p2), -h2, h2)
+        d, pos, n, v = _ref_sphere_sphere(p1, m1[:, 2], r1, near, axis, r2, margin)
+        np.testing.assert_allclose(pre.dist[0], d, rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(pre.pos[0], pos, rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(pre.normal[0], n, rtol=1e-14, atol=1e-15)
+        assert bool(pre.valid[0]) == v
+        # capsule-capsule
+        pre = jax.jit(P.capsule_capsule)(geom(p1, m1, r1, h1), geom(p2, m2, r2, h2),
+                                         margin)
+        want = _ref_capsule_capsule(p1, m1, r1, h1, p2, m2, r2, h2, margin)
+        assert [bool(x) for x in pre.valid] == [w[3] for w in want]
+        for s, (d, pos, n, v) in enumerate(want):
+            if v:
+                np.testing.assert_allclose(pre.dist[s], d, rtol=1e-12, atol=1e-14)
+                np.testing.assert_allclose(pre.pos[s], pos, rtol=1e-12, atol=1e-14)
+                np.testing.assert_allclose(pre.normal[s], n, rtol=1e-12, atol=1e-14)

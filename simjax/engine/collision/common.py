@@ -272,16 +272,21 @@ def normalize(v):
     return out, n
 
 
-def normalize_c(v):
+def normalize_c(v, reciprocal=False):
     """:func:`normalize` on component arrays: ``v`` a list of 3 arrays of one shape;
     returns (the unit vector's 3 components, |v|). The same operations: a unit vector
     read by broadcasts over a last axis of 3 is stored by XLA on CPU in kernels of its
-    own (its norm, products and quotient)."""
+    own (its norm, products and quotient). ``reciprocal``: the components times the
+    norm's reciprocal, as mju_normalize3 and as XLA computes :func:`normalize` (it
+    rewrites a division by a broadcast that way): the same values, bit for bit."""
     sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
     ok = sq > MINVAL * MINVAL
     n = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0)
     ok = n >= MINVAL
     d = sel(ok, n, 1.0)
+    if reciprocal:
+        inv = 1 / d
+        return [sel(ok, x * inv, 1.0 if k == 0 else 0.0) for k, x in enumerate(v)], n
     return [sel(ok, x / d, 1.0 if k == 0 else 0.0) for k, x in enumerate(v)], n
 
 

@@ -24,7 +24,7 @@ from simjax.engine.collision.common import (MINVAL, Pre, argmin, cross, dot, nor
                                             normalize_c, once, one, pick3, safe_norm,
                                             sel, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
-from simjax.engine.math import clip, unstack
+from simjax.engine.math import clip, unstack, where
 
 
 class Geom(NamedTuple):
@@ -66,7 +66,11 @@ def plane_capsule(g1, g2, margin):
     for k, end in enumerate((g2.pos + seg, g2.pos - seg)):
         d, p, n, v = _plane_sphere_raw(g1.pos, g1.mat, end, g2.size[0], margin)
         out.append(one(d, p, n, v & long if k else v, tangent=tangent))
-    return stack(out)
+    pre = stack(out)
+    # the depths stored by one kernel (:func:`once`): read by the driver's contact table
+    # twice (its fields and its depths), each evaluated them (the humanoid's two
+    # kernels; the ant's count the same)
+    return pre._replace(dist=once(pre.dist))
 
 
 def plane_cylinder(g1, g2, margin):
@@ -130,17 +134,61 @@ def plane_box(g1, g2, margin):
 
 
 # --------------------------------------------------------------------------- spheres
-def _sphere_sphere_raw(p1, m1, r1, p2, m2, r2, margin):
-    dif = p1 - p2
-    sq = dot(dif, dif)
+def _dot_c(a, b):
+    """:func:`dot` of two vectors given as lists of three components."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+def _cross_c(a, b):
+    """Cross product of two vectors given as lists of three components."""
+    return [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
+
+
+def _alt_normal(z1, z2):
+    """The normal of coincident sphere centres, z1 x z2 normalised (x when parallel), as
+    MuJoCo; from the components of the two geoms' z axes, as components (the
+    reciprocal norm's product, as :func:`normalize` computes it)."""
+    return normalize_c(_cross_c(z1, z2), reciprocal=True)[0]
+
+
+def _sphere_sphere_c(p1, r1, p2, r2, margin, alt):
+    """:func:`_sphere_sphere_raw` on components: ``p1``, ``p2`` and ``alt`` (the normal
+    of coincident centres, :func:`_alt_normal`) lists of three arrays, the radii and
+    margin arrays (or scalars) that broadcast with them; (dist, pos, normal, valid),
+    pos and normal as lists of three. The same operations in the same order as on
+    3-vectors (the normal times its norm's reciprocal: XLA rewrote the division by a
+    broadcast norm so), so the same values but for the multiply-adds LLVM contracts
+    (float64 contacts of the bench humanoid and shadow hand bit for bit the former
+    ones with ``--xla_cpu_max_isa=AVX``, within 1-2 ulp with FMA). On 3-vectors each
+    norm and quotient read by a broadcast over the last axis was a kernel of its own
+    (the humanoid's sphere-capsule group 7, capsule-capsule 8 and its stacked
+    centres 2); here the depth, the normal's reciprocal norm, the flags and the
+    centres' difference are stored by one kernel (:func:`once`; the normal and
+    position are computed from them where read: stored too, a reduction of more
+    outputs, XLA put the difference in kernels of its own)."""
+    dif = [a - b for a, b in zip(p1, p2)]
+    sq = _dot_c(dif, dif)
     valid = sq <= (margin + r1 + r2) ** 2
-    dist = safe_norm(dif) - r1 - r2
-    n, ln = normalize(p2 - p1)
-    # coincident centres: normal = z1 x z2 (or x when parallel), as MuJoCo
-    alt, _ = normalize(cross(m1[:, 2], m2[:, 2]))
-    n = sel(ln < MINVAL, alt, n)
-    pos = p1 + n * (r1 + dist / 2)
-    return dist, pos, n, valid
+    ok = sq > MINVAL * MINVAL
+    dist = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0) - r1 - r2
+    # the normal: normalize_c(v, reciprocal=True), in parts
+    v = [b - a for a, b in zip(p1, p2)]
+    sqv = _dot_c(v, v)
+    okv = sqv > MINVAL * MINVAL
+    ln = sel(okv, jnp.sqrt(sel(okv, sqv, 1.0)), 0.0)
+    okv = ln >= MINVAL
+    dist, inv, okv, coincide, valid, *v = once(dist, 1 / sel(okv, ln, 1.0), okv,
+                                               ln < MINVAL, valid, *v)
+    n = [sel(coincide, a, sel(okv, x * inv, 1.0 if k == 0 else 0.0))
+         for k, (a, x) in enumerate(zip(alt, v))]
+    h = r1 + dist / 2
+    return dist, [a + x * h for a, x in zip(p1, n)], n, valid
+
+
+def _sphere_sphere_raw(p1, m1, r1, p2, m2, r2, margin):
+    alt = _alt_normal(unstack(m1[:, 2]), unstack(m2[:, 2]))
+    dist, pos, n, valid = _sphere_sphere_c(unstack(p1), r1, unstack(p2), r2, margin, alt)
+    return dist, jnp.stack(pos, -1), jnp.stack(n, -1), valid
 
 
 def sphere_sphere(g1, g2, margin):
@@ -149,11 +197,20 @@ def sphere_sphere(g1, g2, margin):
 
 
 def sphere_capsule(g1, g2, margin):
-    axis = g2.mat[:, 2]
-    x = clip(dot(axis, g1.pos - g2.pos), -g2.size[1], g2.size[1])
-    near = g2.pos + axis * x
-    return one(*_sphere_sphere_raw(g1.pos, g1.mat, g1.size[0], near, g2.mat,
-                                   g2.size[0], margin))
+    """The sphere against the capsule segment's nearest point (component-wise, see
+    :func:`_sphere_sphere_c`). The sphere's centre, the nearest point and z1 x z2
+    (normalised where read: the normal of coincident centres) stored by one kernel
+    first: read from the pair table (transposed) by the sphere test, they were kernels
+    of their own (the humanoid's sphere-capsule group 6 kernels, now 2)."""
+    p1, p2, axis = unstack(g1.pos), unstack(g2.pos), unstack(g2.mat[:, 2])
+    d = [a - b for a, b in zip(p1, p2)]
+    x = clip(_dot_c(axis, d), -g2.size[1], g2.size[1])
+    near = [b + a * x for a, b in zip(axis, p2)]
+    out = once(*p1, *near, *_cross_c(unstack(g1.mat[:, 2]), axis))
+    p1, near = out[:3], out[3:6]
+    alt = normalize_c(out[6:], reciprocal=True)[0]
+    dist, pos, n, valid = _sphere_sphere_c(p1, g1.size[0], near, g2.size[0], margin, alt)
+    return one(dist, jnp.stack(pos, -1), jnp.stack(n, -1), valid)
 
 
 def sphere_cylinder(g1, g2, margin):
@@ -220,54 +277,73 @@ def sphere_box(g1, g2, margin):
 
 
 # --------------------------------------------------------------------------- capsules
-#: capsule_capsule's products and segment parameters stored by two kernels (off: the
-#: former way). Humanoid off / on: XLA compile CPU 1.044 [0.952, 1.077] (6 rounds), one
-#: kernel fewer, bench step 1.023 [0.781, 1.127] (10 rounds, load 10); the collider
-#: alone (1024 x 40 pairs) run on / off 0.942 [0.703, 1.244] and 0.874 [0.785, 1.132]
+#: capsule_capsule's products, quotients and segment parameters stored by three
+#: kernels (off: fused where read, for paired measurements). With two of them (the
+#: products, the segment parameters), humanoid off / on: XLA compile CPU 1.044 [0.952,
+#: 1.077] (6 rounds), one kernel fewer, bench step 1.023 [0.781, 1.127] (10 rounds,
+#: load 10); the collider alone (1024 x 40 pairs) run on / off 0.942 [0.703, 1.244]
+#: and 0.874 [0.785, 1.132]
 _CC_ONCE = True
 
 
 def capsule_capsule(g1, g2, margin):
     """Nearest points of the two segments (general), or up to two end-point contacts
     for parallel axes (mjraw_CapsuleCapsule)."""
-    axis1 = g1.mat[:, 2] * g1.size[1]
-    axis2 = g2.mat[:, 2] * g2.size[1]
-    dif = g1.pos - g2.pos
-    ma, mb, mc = dot(axis1, axis1), -dot(axis1, axis2), dot(axis2, axis2)
-    u, v = -dot(axis1, dif), dot(axis2, dif)
+    z1, z2 = unstack(g1.mat[:, 2]), unstack(g2.mat[:, 2])
+    p1, p2 = unstack(g1.pos), unstack(g2.pos)
+    a1 = [z * g1.size[1] for z in z1]
+    a2 = [z * g2.size[1] for z in z2]
+    dif = [x - y for x, y in zip(p1, p2)]
+    ma, mb, mc = _dot_c(a1, a1), -_dot_c(a1, a2), _dot_c(a2, a2)
+    u, v = -_dot_c(a1, dif), _dot_c(a2, dif)
+    # the normal of coincident centres, for the four sphere tests below
+    alt = _alt_normal(z1, z2)
     if _CC_ONCE:
         # the products stored by one kernel (:func:`once`): the kernels of the
-        # divisions below each evaluated the dot products they read again
-        ma, mb, mc, u, v = once(ma, mb, mc, u, v)
+        # divisions below each evaluated the dot products they read again. With them
+        # the components the sphere tests read: read there from the pair table (a
+        # transposing read), the axes and positions were kernels of their own
+        ma, mb, mc, u, v, *rest = once(ma, mb, mc, u, v, *alt, *p1, *p2, *a1, *a2)
+        alt, p1, p2, a1, a2 = (rest[k:k + 3] for k in range(0, 15, 3))
     det = ma * mc - mb * mb
     general = jnp.abs(det) >= MINVAL
     sdet = sel(general, det, 1.0)
-    x1 = (mc * u - mb * v) / sdet
-    x2 = (ma * v - mb * u) / sdet
-    x2 = sel(x1 > 1, (v - mb) / mc, sel(x1 < -1, (v + mb) / mc, x2))
+    q = [(mc * u - mb * v) / sdet, (ma * v - mb * u) / sdet, (v - mb) / mc, (v + mb) / mc,
+         (u - mb) / ma, (u + mb) / ma]
+    if _CC_ONCE:
+        # the quotients stored by one kernel (:func:`once`), with ``general`` (read
+        # by the four tests): each read by several selects, the quotients were
+        # kernels of their own (three)
+        *q, general = once(*q, general)
+    x1, x2, q2p, q2m, q1p, q1m = q
+    x2 = sel(x1 > 1, q2p, sel(x1 < -1, q2m, x2))
     x1 = clip(x1, -1, 1)
-    e1p, e1m = clip((u - mb) / ma, -1, 1), clip((u + mb) / ma, -1, 1)
-    e2p, e2m = clip((v - mb) / mc, -1, 1), clip((v + mb) / mc, -1, 1)
+    e1p, e1m = clip(q1p, -1, 1), clip(q1m, -1, 1)
+    e2p, e2m = clip(q2p, -1, 1), clip(q2m, -1, 1)
     x1 = sel(x2 > 1, e1p, sel(x2 < -1, e1m, x1))
     x2 = clip(x2, -1, 1)
     if _CC_ONCE:
-        # the segment parameters stored by one kernel (:func:`once`): the divisions,
-        # read by broadcasts into 3-vectors, were five kernels (three remain)
+        # the segment parameters stored by one kernel (:func:`once`): read by the four
+        # tests' selects, they were three kernels
         x1, x2, e1p, e1m, e2p, e2m = once(x1, x2, e1p, e1m, e2p, e2m)
     r1, r2 = g1.size[0], g2.size[0]
-
-    def ss(c1, c2):
-        return _sphere_sphere_raw(c1, g1.mat, r1, c2, g2.mat, r2, margin)
-
     # the general contact or, for parallel axes, ends of 1 against 2, then ends of 2
-    # against 1 (up to two contacts): four sphere-sphere tests in one vmapped call (one
-    # set of kernels instead of four), the first the general one or the first end
-    gen1, gen2 = g1.pos + axis1 * x1, g2.pos + axis2 * x2
-    c1 = jnp.stack([sel(general, gen1, g1.pos + axis1), g1.pos - axis1,
-                    g1.pos + axis1 * e1p, g1.pos + axis1 * e1m])
-    c2 = jnp.stack([sel(general, gen2, g2.pos + axis2 * e2p),
-                    g2.pos + axis2 * e2m, g2.pos + axis2, g2.pos - axis2])
-    dist, pos, nrm, v4 = jax.vmap(ss)(c1, c2)
+    # against 1 (up to two contacts): four sphere-sphere tests in one call on arrays of
+    # four (one set of kernels instead of four), the first the general one or the
+    # first end; component-wise (:func:`_sphere_sphere_c`). The centres as pos + axis
+    # * t (p + a * 1 is p + a and p + a * -1 is p - a, exactly), t picked per test by
+    # selects on constant masks (the stacked centres, or t stacked, were kernels)
+    k = [jnp.asarray(np.arange(4) == i) for i in range(3)]
+
+    def four(a, b, c, d):
+        return where(k[0], a, where(k[1], b, where(k[2], c, d)))
+    one_ = jnp.ones_like(x1)
+    t1 = four(sel(general, x1, one_), -one_, e1p, e1m)
+    t2 = four(sel(general, x2, e2p), e2m, one_, -one_)
+    c1 = [p + a * t1 for p, a in zip(p1, a1)]
+    c2 = [p + a * t2 for p, a in zip(p2, a2)]
+    dist, pos, nrm, v4 = _sphere_sphere_c(c1, r1, c2, r2, margin, alt)
+    pos, nrm = jnp.stack(pos, -1), jnp.stack(nrm, -1)
     v1, v2, v3, v4 = v4[0], v4[1], v4[2], v4[3]
     c12 = v1.astype(jnp.int32) + v2
     v3 = v3 & (c12 < 2)
