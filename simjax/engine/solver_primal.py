@@ -319,7 +319,7 @@ def _eval_rest(spec, x, jaref, sc, J, args, acc):
     fric = fric if isinstance(fric, bool) else True
     pre = _prepare(spec, x, J, jaref, search)
     return (_eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc,
-                  fric), sc)
+                  fric, tie=False), sc)
 
 
 def _refactor(rows, first, changed, acc, head, hstate, J0T, own):
