@@ -95,7 +95,10 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
     # reported gradient is |grad| / trace(M) at the current configuration, per island
     # the trace of the island's block), not by meaninertia * nv
     if isl.n == 1:
-        scale = (1.0 / jnp.maximum(MINVAL, jnp.trace(M)))[None]
+        # jnp.trace's sum with the diagonal's mask a constant (jnp's, made by iota and
+        # comparison, was a kernel of its own)
+        diag = where(np.eye(M.shape[-1], dtype=bool), M, 0.0)
+        scale = (1.0 / jnp.maximum(MINVAL, jnp.sum(diag, axis=(-2, -1))))[None]
         exists = reduce_fused(p["active"], 0, "any")[None]
     else:
         trace = isl.ddot(jnp.diag(M), jnp.ones_like(qacc0))
@@ -319,7 +322,7 @@ def _eval_rest(spec, x, jaref, sc, J, args, acc):
     fric = fric if isinstance(fric, bool) else True
     pre = _prepare(spec, x, J, jaref, search)
     return (_eval(spec, x, Islands(spec.nisl, x.get("rowisl")), pre, jaref, alpha, acc,
-                  fric), sc)
+                  fric, tie=False), sc)
 
 
 def _refactor(rows, first, changed, acc, head, hstate, J0T, own):

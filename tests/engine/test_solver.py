@@ -598,3 +598,48 @@ def test_update_static_masks(kinds):
     jar = jnp.asarray(rng.standard_normal(n))
     for a, b in zip(update(spec, p, jar), update(traced, p, jar)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("fric", [False, True])
+def test_eval_tied(fric):
+    """The line search's row sums (solver_search._eval) with chunk 0's terms tied to
+    the step length by an optimisation barrier (tie, as in the loop) are those made
+    untied, bit for bit, inside a loop as outside; _prepare's fourth column is the
+    one-sided rows' cost at 0 (0.5 D jaref^2 where jaref < 0, else 0)."""
+    from simjax.engine.solver_cost import Spec
+    from simjax.engine.solver_islands import Islands
+    from simjax.engine.solver_search import _eval, _prepare
+    rng = np.random.default_rng(5)
+    n, nv = 14, 4
+    t = rng.integers(0, 3 if fric else 2, n)
+    eq, ineq, fr = t == 0, t == 1, t == 2
+    spec = Spec(eq=eq, fric=fr, ineq=ineq, ell=(), nefc=n, nv=nv)
+    p = dict(D=jnp.asarray(rng.random(n) + 0.5), R=jnp.asarray(rng.random(n) + 0.1),
+             floss=jnp.asarray(rng.random(n) * fr), active=jnp.ones(n, bool),
+             mu=(), fr=())
+    J = jnp.asarray(rng.standard_normal((n, nv)))
+    jaref = jnp.asarray(rng.standard_normal(n))
+    search = jnp.asarray(rng.standard_normal(nv))
+    pre = _prepare(spec, p, J, jaref, search)
+    quad = np.asarray(pre["quad"])
+    cost = 0.5 * np.asarray(jaref) * (np.asarray(p["D"]) * np.asarray(jaref))
+    np.testing.assert_array_equal(quad[:, 3], np.where(np.asarray(jaref) < 0, cost, 0.0))
+    isl = Islands(1)
+    alphas = jnp.asarray([[0.0], [0.3], [-0.7], [1.9]])
+
+    def sums(tie):
+        def body(i, acc):
+            a = alphas[i]
+            return acc.at[i].set(_eval(spec, p, isl, pre, jaref, a, jnp.zeros((1, 6)),
+                                       fric, tie=tie)[0])
+        looped = jax.jit(lambda: jax.lax.fori_loop(0, 4, body, jnp.zeros((4, 6))))()
+        direct = [_eval(spec, p, isl, pre, jaref, a, jnp.zeros((1, 6)), fric, tie=tie)
+                  for a in alphas]
+        return np.asarray(looped), np.concatenate([np.asarray(x) for x in direct])
+
+    (lt, dt), (lu, du) = sums(True), sums(False)
+    np.testing.assert_array_equal(lt, lu)
+    np.testing.assert_array_equal(dt, du)
+    # at alpha 0 no one-sided row changes its cost (quad0 - cost0 is zero on the rows
+    # with jaref < 0, the others are not active)
+    assert dt[0, 0] == 0.0
