@@ -3,6 +3,8 @@ selects and compares so that XLA on CPU fuses them) against their plain numpy
 meaning, and common.once (a value computed once) as the identity, gradient included."""
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -262,3 +264,26 @@ def test_sphere_tests_componentwise():
                 np.testing.assert_allclose(pre.dist[s], d, rtol=1e-12, atol=1e-14)
                 np.testing.assert_allclose(pre.pos[s], pos, rtol=1e-12, atol=1e-14)
                 np.testing.assert_allclose(pre.normal[s], n, rtol=1e-12, atol=1e-14)
+
+
+def test_first_k_forms_match_argsort():
+    """first_k by ranks (short keys) and by top_k (long keys) give the k smallest
+    entries' indices in ascending key order; slots past the key's length point past it."""
+    from simjax.engine.collision import chunked
+    rng = np.random.default_rng(3)
+    old = chunked._RANK_MAX
+    try:
+        for n, k in [(17, 17), (26, 25), (32, 24), (8, 11), (64, 3), (90, 35)]:
+            keys = np.stack([rng.permutation(4 * n)[:n] for _ in range(40)])
+            keys = keys.astype(np.int32)
+            want = np.argsort(keys, axis=1)[:, :k]
+            if k > n:
+                pad = np.broadcast_to(np.arange(n, k), (40, k - n))
+                want = np.concatenate([want, pad], 1)
+            for rank_max in (0, 128):
+                chunked._RANK_MAX = rank_max
+                got = jax.jit(jax.vmap(partial(chunked.first_k, k=k)))(keys)
+                assert got.dtype == jnp.int32
+                np.testing.assert_array_equal(got, want)
+    finally:
+        chunked._RANK_MAX = old
