@@ -474,7 +474,7 @@ def reference_constraint(m, d):
     if not d.efc_J.shape[0]:
         return d
     lay = layout(m, slot_dims(d))
-    vel = d.efc_J @ d.qvel
+    vel = math.matvec(d.efc_J, d.qvel)
     kbip = d.efc_KBIP
     aref = -kbip[:, 1] * vel - kbip[:, 0] * kbip[:, 2] * (d.efc_pos - d.efc_margin)
     for blk in lay.blocks:

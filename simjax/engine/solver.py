@@ -47,7 +47,7 @@ import numpy as np
 from simjax.engine import constraint as C
 from simjax.engine import inline, tables, tree_linalg
 from simjax.engine.data import NISLAND
-from simjax.engine.math import reduce_fused, take, where
+from simjax.engine.math import matvec, reduce_fused, take, where
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_cost import Spec, gradient, spec_from_layout, update
 from simjax.engine.solver_dense import factor_t, spd_factor, spd_solve
@@ -145,7 +145,7 @@ def fwd_constraint(m, d):
     lay = C.layout(m, C.slot_dims(d))
     spec = spec_from_layout(lay, m.nv)
     p = _problem(m, d, lay)
-    p["efc_b"] = where(d.efc_active, d.efc_J @ d.qacc_smooth - d.efc_aref, 0.0)
+    p["efc_b"] = where(d.efc_active, matvec(d.efc_J, d.qacc_smooth) - d.efc_aref, 0.0)
     # the iterations run on constants: nothing differentiates through the loops
     sg = jax.lax.stop_gradient
     ps = {k: jax.tree_util.tree_map(sg, v) for k, v in p.items() if k != "solve_m"}

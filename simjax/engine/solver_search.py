@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline
-from simjax.engine.math import unstack, where
+from simjax.engine.math import matvec, unstack, where
 from simjax.engine.solver_worlds import any_world
 
 MINVAL = 1e-15
@@ -19,29 +19,12 @@ def _ell_rows(x, start, n, dim):
     return x[start:start + n * dim].reshape(n, dim)
 
 
-#: the line search's products M search and J search as summed products (an elementwise
-#: product and a reduction, fused with their neighbours and split over XLA's threads),
-#: not as dots: under vmap XLA CPU made each a batched matrix-vector dot of its own,
-#: one world at a time (barkour's M search 89 ms of LLVM alone). Barkour 525 -> 522
-#: kernels, ant 517 -> 516; barkour's rollout CPU time on / off 0.972 (10 rounds,
-#: loaded host); float64 moves by the order of the sums (the shadow hand's qacc 2e-16
-#: relative after 8 steps)
-_SUM_MV = True
-
-
-def _mv(a, v):
-    """``a @ v`` for ``a`` (n, m) and ``v`` (m,) (see ``_SUM_MV``)."""
-    if _SUM_MV:
-        return jnp.sum(a * v[None, :], -1)
-    return a @ v
-
-
 def _prepare_dofs(p, isl, Ma, search):
     """The Gauss term of the 1-D cost along ``search`` (PrimalPrepare): ``qg``
     (islands, 4) per island, the dot products of ``search`` with itself, Ma,
     qfrc_smooth and M search (one reduction; :func:`_eval_point` makes the term of
     them), ``snorm`` the norm of ``search`` (islands,), ``Mv`` = M search."""
-    Mv = _mv(p["M"], search)
+    Mv = matvec(p["M"], search)
     dots = isl.ddots(search, jnp.stack([search, Ma, p["qfrc_smooth"], Mv], 1))
     return dict(Mv=Mv, qg=dots, snorm=jnp.sqrt(dots[:, 0]))
 
@@ -50,7 +33,7 @@ def _prepare(spec, p, J, jaref, search):
     """Quadratic coefficients of the 1-D cost along ``search`` of the rows of ``p``
     (PrimalPrepare): ``Jv``, ``quad`` (rows, 4: the three coefficients, and the cost
     at 0 of one-sided rows) and the elliptic cone terms."""
-    Jv = _mv(J, search)
+    Jv = matvec(J, search)
     D = p["D"]
     dj0 = D * jaref
     cost = 0.5 * jaref * dj0
