@@ -510,16 +510,16 @@ def _world_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
     without vmap (same kernels, up to XLA's fusion choices). ``finish``, ``fresh`` and
     ``found`` as for :func:`_needy_loop`; returns (acc, state, out).
 
-    The accumulators, and the state's leaves that are zero on entry (``fresh``,
-    ``found``: :func:`_block_state`'s zeros), are read and written in place in the
-    batch's arrays on every visit of a chunk (the slice read fused into the kernels
-    that read it, the write into the one that makes it), the other state leaves
-    copied out of the batch for the world and written back after its chunks: copied
-    out and back, each leaf cost two kernels more (bench rollouts, batch 1024: shadow
-    hand 713 -> 707 kernels, barkour 532 -> 526; float64 outputs bit-identical, the
-    four bench models with chunks of a third of the rows). A state leaf the step reads
-    stays copied out: read and written in place in the batch, XLA copied the batch's
-    array twice per visit."""
+    The accumulators are read and written in place in the batch's arrays on every
+    visit of a chunk (the slice read fused into the kernels that read it, the write
+    into the one that makes it), and so is the state's chunk, which a step that reads
+    it (not zero on entry: ``fresh``, ``found``) reads from a copy of the world's
+    state made before its chunks: read and written in place in the batch, XLA copied
+    the batch's array twice per visit. Before, the world's (acc, state) were copied
+    out of the batch, carried through its loop and written back after it, two kernels
+    more per leaf and two copies of a state the step reads (bench rollouts, batch
+    1024: shadow hand 713 -> 703 kernels, barkour 532 -> 522; float64 outputs
+    bit-identical, the four bench models with chunks of a third of the rows)."""
     xb, ab = batch
     g, local0, fin = finish
 
@@ -540,7 +540,7 @@ def _world_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
         own = [None if z else pick(w)(v) for v, z in zip(leaves, zero)]
 
         def step(s):
-            i, acc_all, leaves, own, local = s
+            i, acc_all, leaves, local = s
             k = i - 1
             # the world's inputs sliced in the loop over its chunks: XLA would otherwise
             # copy each leaf out of the batch before it (loop-invariant), a kernel per
@@ -561,16 +561,14 @@ def _world_loop(inner, size, n, tab, xs, a, acc, state, batch, finish, fresh=Fal
             if g is not None:
                 accw, local = accw
             acc_all = jax.tree_util.tree_map(put(w), acc_all, accw)
-            leaves = [put(w, k)(v, x) if z else v for v, x, z in zip(leaves, sc, zero)]
-            own = [None if z else put(k)(o, x) for o, x, z in zip(own, sc, zero)]
-            return i + 1, acc_all, leaves, own, local
+            leaves = [put(w, k)(v, x) for v, x in zip(leaves, sc)]
+            return i + 1, acc_all, leaves, local
 
-        _, acc_all, leaves, own, local = inline.while_loop(
+        _, acc_all, leaves, local = inline.while_loop(
             lambda s: s[0] < entry(n, w), step,
-            (jnp.full((), 1, jnp.int32), acc_all, leaves, own,
+            (jnp.full((), 1, jnp.int32), acc_all, leaves,
              local0() if g is not None else ()))
-        state_all = jax.tree_util.tree_unflatten(
-            tree, [v if z else put(w)(v, o) for v, o, z in zip(leaves, own, zero)])
+        state_all = jax.tree_util.tree_unflatten(tree, leaves)
         if g is not None:
             get = pick(w)
             fin_all = jax.tree_util.tree_map(
