@@ -73,33 +73,50 @@ def _warm_head(spec, x, e, J, args, acc):
 def _warm_first(spec, x, e, sc, J, both, acc):
     """:func:`_warm_rest` with, at both columns, the sums of a Newton first pass
     (:func:`_update_chunk` with no step): acc (costs (2,), (J' force (nv, 2), Hessian
-    terms (nv, 2, nv), :data:`_HAX`))."""
-    cost, (f, H) = acc
-    jb = _times_cols(J, both) - x["aref"][:, None]
-    if _ONE_DOT and _HAX and not spec.ell:
-        c, f, H = _quad_sums(spec, x, J, jb, f, H)
+    terms (nv, 2, nv), :data:`_HAX`), as one (nv, 2 + 2 nv) array where
+    :func:`_one_sums`))."""
+    cost, sums = acc
+    # both points by one product, not a column at a time (_times_cols): the loop runs
+    # per world where chunk 0 is small (solver_rows._world_loop), and there XLA CPU
+    # hands the unbatched (rows, nv) x (nv, 2) product to a library instead of emitting
+    # two matrix-vector kernels of its own (bench rollouts, batch 1024: shadow hand 701
+    # -> 698 kernels, barkour 520 -> 517; float64 outputs within rounding, the order of
+    # the sums of nv products: barkour qacc 7e-13 of 2206 after two steps with the
+    # later chunks in use)
+    jb = J @ both - x["aref"][:, None]
+    if _one_sums(spec):
+        c, sums = _quad_sums(spec, x, J, jb, sums)
     else:
         def one(jar, f, H):
             force, state, c = update(spec, x, jar)
             return c, f + J.T @ force, _hessian(spec, x, J, jar, state, H)
 
         hax = 1 if _HAX else 0
-        c, f, H = jax.vmap(one, (1, 1, hax), (0, 1, hax))(jb, f, H)
-    return (cost + c, (f, H)), (sc if isinstance(sc, tuple) else jb)
+        c, f, H = jax.vmap(one, (1, 1, hax), (0, 1, hax))(jb, *sums)
+        sums = (f, H)
+    return (cost + c, sums), (sc if isinstance(sc, tuple) else jb)
 
 
-def _quad_sums(spec, x, J, jb, f, H):
+def _one_sums(spec):
+    """Whether :func:`_warm_first`'s sums are one (nv, 2 + 2 nv) array, J' force at
+    both points then their Hessian terms (nv, 2, nv), as :func:`_quad_sums` makes them
+    (one add per chunk, not two, and one array carried: bench rollouts, batch 1024,
+    shadow hand 703 -> 701 kernels, barkour 522 -> 520; float64 outputs
+    bit-identical), not (J' force, Hessian terms)."""
+    return _ONE_DOT and _HAX and not spec.ell
+
+
+def _quad_sums(spec, x, J, jb, sums):
     """Costs (2,) at the rows' ``jb`` (rows, 2) and the sums of :func:`_warm_first`
-    without cone rows, J' force and J' D_q J at both points added to f (nv, 2) and H
-    (nv, 2, nv): one product of J' with the forces and weighted rows of both points
-    (:data:`_ONE_DOT`)."""
+    without cone rows, J' force and J' D_q J at both points added to ``sums`` (nv, 2 +
+    2 nv) (:func:`_one_sums`): one product of J' with the forces and weighted rows of
+    both points (:data:`_ONE_DOT`)."""
     force, state, c = jax.vmap(lambda jar: update(spec, x, jar), 1, (1, 1, 0))(jb)
     dq = jax.vmap(lambda s: _quad_weights(x, s), 1, 1)(state)          # (rows, 2)
     rows, nv = J.shape
     w = jnp.concatenate([force, (dq[:, :, None] * J[:, None, :]).reshape(rows, 2 * nv)],
                         1)
-    prod = J.T @ w                                                   # (nv, 2 + 2 nv)
-    return c, f + prod[:, :2], H + prod[:, 2:].reshape(nv, 2, nv)
+    return c, sums + J.T @ w                                         # (nv, 2 + 2 nv)
 
 
 def _warm_pick(cost, sums, start):
@@ -110,6 +127,9 @@ def _warm_pick(cost, sums, start):
     shadow hand bench rollout 823 -> 820 kernels, two of them copies, optimised IR
     -0.2%, its run 1.02x slower, 1/0.977 [0.955, 1.028] paired over 6 rounds; float32
     bench rollouts of barkour moved by rounding.)"""
+    if not isinstance(sums, tuple):
+        nv = sums.shape[0]
+        sums = sums[:, :2], sums[:, 2:].reshape(nv, 2, nv)
     f, H = sums
     H0, H1 = (H[:, 0], H[:, 1]) if _HAX else (H[0], H[1])
     pick = cost[0] > cost[1]
@@ -162,8 +182,10 @@ def _primal_start(rows, p, qs, qw, nisl, first=False):
         # the total cost known in the loop (the smooth part added first): each world
         # in it keeps the first pass's sums at its chosen point only
         nv = qs.shape[0]
-        local = (jax.ShapeDtypeStruct((nv, 2), qs.dtype),
-                 jax.ShapeDtypeStruct((nv, 2, nv) if _HAX else (2, nv, nv), qs.dtype))
+        local = (jax.ShapeDtypeStruct((nv, 2 + 2 * nv), qs.dtype) if _one_sums(rows.spec)
+                 else (jax.ShapeDtypeStruct((nv, 2), qs.dtype),
+                       jax.ShapeDtypeStruct((nv, 2, nv) if _HAX else (2, nv, nv),
+                                            qs.dtype)))
         (cost, extra), rest, rows = find_chunks(
             rows, _warm_first, cost + smooth_cost, args=both, jac=True, state=rest,
             finish=(_warm_pick, local, (jnp.zeros_like(qs), M)), fresh=True)
