@@ -76,14 +76,7 @@ def _warm_first(spec, x, e, sc, J, both, acc):
     terms (nv, 2, nv), :data:`_HAX`), as one (nv, 2 + 2 nv) array where
     :func:`_one_sums`))."""
     cost, sums = acc
-    # both points by one product, not a column at a time (_times_cols): the loop runs
-    # per world where chunk 0 is small (solver_rows._world_loop), and there XLA CPU
-    # hands the unbatched (rows, nv) x (nv, 2) product to a library instead of emitting
-    # two matrix-vector kernels of its own (bench rollouts, batch 1024: shadow hand 701
-    # -> 698 kernels, barkour 520 -> 517; float64 outputs within rounding, the order of
-    # the sums of nv products: barkour qacc 7e-13 of 2206 after two steps with the
-    # later chunks in use)
-    jb = J @ both - x["aref"][:, None]
+    jb = _times_cols(J, both) - x["aref"][:, None]
     if _one_sums(spec):
         c, sums = _quad_sums(spec, x, J, jb, sums)
     else:
