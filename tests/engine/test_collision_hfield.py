@@ -20,7 +20,7 @@ import pytest
 from engine_helpers import load, geom_poses
 import simjax
 from simjax.engine import io
-from simjax.engine.collision import driver, hfield
+from simjax.engine.collision import chunked, driver, hfield
 from simjax.engine.data import WARN_CONTACTFULL
 
 BARKOUR = "mjx_barkour_v0/assets/barkour_v0_mjx.xml"
@@ -176,14 +176,16 @@ def test_barkour_capacity(barkour):
 def test_barkour_bound(barkour):
     """With concrete zero margins a foot (exact sphere collider) has at most 6 valid
     contacts: the four pairs' 24 fit the 24 default slots, so the slots are filled
-    without the overflow rule (one top_k); with 12 slots the overflow rule stays. A
-    sphere with a margin gets the bound of its grown disc (more than its capacity)."""
+    without the overflow rule (first_k alone: its 32 entries ranked by compares, no
+    top_k); with 12 slots the overflow rule's top_k stays. A sphere with a margin gets
+    the bound of its grown disc (more than its capacity)."""
     mjm, m, _ = barkour
     fn = [g.fn for g in driver.plan(m).groups if getattr(g.fn, "hfield", False)][0]
     assert fn.bound == 6
     topk = lambda d: str(jax.make_jaxpr(lambda d: driver.collision(m, d))(d)).count("top_k")
-    assert topk(io.make_data(m)) == 1
-    assert topk(io.make_data(m, ncon_max=12)) == 2
+    assert chunked._RANK_MAX >= 32
+    assert topk(io.make_data(m)) == 0
+    assert topk(io.make_data(m, ncon_max=12)) == 1
     xml = """<mujoco><asset><hfield name="h" nrow="6" ncol="6" size="0.35 0.35 0.1 0.05"
      elevation="%s"/></asset><worldbody><geom type="hfield" hfield="h"/>
      <body pos="0 0 0.2"><freejoint/><geom type="sphere" size="0.014" margin="0.1"/>
