@@ -594,13 +594,12 @@ def _zero_flags(state, fresh, found):
 
 
 def _block_state(state, take, blk, fresh, found):
-    """A block's initial per-chunk state (a tree, leading axis the worlds; ``blk`` None:
-    one world's, without that axis): ``take`` (the block's worlds), or zeros where the caller knows it is zero on entry
+    """A block's initial per-chunk state (a tree, leading axis the ``blk`` worlds):
+    ``take`` (the block's worlds), or zeros where the caller knows it is zero on entry
     (:data:`_FRESH`): ``fresh``, all of it; ``found``, its second part (the rows the
     loop finds)."""
     def zeros(tree):
-        lead = () if blk is None else (blk,)
-        return jax.tree_util.tree_map(lambda v: jnp.zeros(lead + v.shape[1:], v.dtype),
+        return jax.tree_util.tree_map(lambda v: jnp.zeros((blk,) + v.shape[1:], v.dtype),
                                       tree)
 
     if found:
