@@ -676,6 +676,13 @@ def ops(*xs):
     return operator.mul, operator.add, operator.sub
 
 
+def c_dot(a, b):
+    """Dot product of two component 3-vectors (lists of three arrays), summed in
+    :func:`dot`'s order."""
+    m, p, _ = ops(*a, *b)
+    return p(p(m(a[0], b[0]), m(a[1], b[1])), m(a[2], b[2]))
+
+
 def c_cross(a, b):
     m, _, s = ops(*a, *b)
     return (s(m(a[1], b[2]), m(a[2], b[1])), s(m(a[2], b[0]), m(a[0], b[2])),

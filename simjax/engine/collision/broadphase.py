@@ -9,17 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from simjax.engine.math import ops, take_rows, unstack, where
+from simjax.engine.math import c_dot, take_rows, unstack, where
 from simjax.engine.solver_worlds import batched_like
 from simjax.engine.tables import concrete
 from simjax.types import GeomType as GT
-
-
-def _dot3(a, b):
-    """Dot products of 3-vectors given as lists of three component arrays (written out
-    in :func:`common.dot`'s order)."""
-    m, p, _ = ops(*a, *b)
-    return p(p(m(a[0], b[0]), m(a[1], b[1])), m(a[2], b[2]))
 
 
 def _broadphase(m, d, g1, g2, margin, cols=None):
@@ -30,8 +23,8 @@ def _broadphase(m, d, g1, g2, margin, cols=None):
         cols = _pair_cols(_pair_table(m, d, g1, g2, d.geom_xpos.dtype))
     (p1, mat1, _, r1), (p2, _, _, r2) = cols
     dif = [p1[i] - p2[i] for i in range(3)]
-    sphere = _dot3(dif, dif) <= (r1 + r2 + margin) ** 2
-    plane1 = _dot3([p2[i] - p1[i] for i in range(3)], _col(mat1, 2)) <= margin + r2
+    sphere = c_dot(dif, dif) <= (r1 + r2 + margin) ** 2
+    plane1 = c_dot([p2[i] - p1[i] for i in range(3)], _col(mat1, 2)) <= margin + r2
     out = where((r1 > 0) & (r2 > 0), sphere, where(
         np.asarray(gtype[g1] == GT.PLANE) & (r2 > 0), plane1, True))
     return out
@@ -59,10 +52,10 @@ def _segment_filter(m, g1, g2, margin, cols):
             continue
         axis = _col(ma, 2)
         dc = [pb[i] - pa[i] for i in range(3)]
-        t = jnp.clip(_dot3(dc, axis), -sa[1], sa[1])     # nearest segment point's offset
+        t = jnp.clip(c_dot(dc, axis), -sa[1], sa[1])     # nearest segment point's offset
         res = [dc[i] - t * axis[i] for i in range(3)]
         reach = sa[0] + rb + margin
-        near = _dot3(res, res) <= (reach + 1e-3 * (reach + sa[1])) ** 2
+        near = c_dot(res, res) <= (reach + 1e-3 * (reach + sa[1])) ** 2
         near = near if np.all(use) else where(use, near, True)
         out = near if out is None else out & near
     return out
@@ -291,9 +284,9 @@ def _box_filter(m, d, g1, g2, margin, cols=None):
     h1, h2, margin, s1_ = batched_like(consts, lax.stop_gradient(p1[0]))
     dc = [c2[i] - c1[i] for i in range(3)]
     # rabs[i][j] = |m1[:, i] . m2[:, j]|
-    rabs = [[jnp.abs(_dot3(_col(m1, i), _col(m2, j))) for j in range(3)] for i in range(3)]
-    t1 = [_dot3(dc, _col(m1, i)) for i in range(3)]
-    t2 = [_dot3(dc, _col(m2, j)) for j in range(3)]
+    rabs = [[jnp.abs(c_dot(_col(m1, i), _col(m2, j))) for j in range(3)] for i in range(3)]
+    t1 = [c_dot(dc, _col(m1, i)) for i in range(3)]
+    t2 = [c_dot(dc, _col(m2, j)) for j in range(3)]
     r12 = [rabs[i][0] * h2[0] + rabs[i][1] * h2[1] + rabs[i][2] * h2[2]
            for i in range(3)]                                       # h2 on box1 axes
     r21 = [rabs[0][j] * h1[0] + rabs[1][j] * h1[1] + rabs[2][j] * h1[2]
@@ -339,7 +332,7 @@ def _segment_cross_sep(m1, m2, dc, s1, h2, rabs, margin):
         ln2 = 1 - rabs[2][j] * rabs[2][j]               # |a x b_j|^2
         use = ln2 > 1e-4
         ln = jnp.sqrt(where(use, ln2, 1.0))
-        t = jnp.abs(_dot3(w, _col(m2, j)))
+        t = jnp.abs(c_dot(w, _col(m2, j)))
         e = h2[j1] * rabs[2][j2] + h2[j2] * rabs[2][j1]  # box2 extent, times ln
         gap = t - e - s1[0] * ln
         sep = sep | (use & (gap > margin * ln + 1e-3 * (t + e + (s1[0] + tol) * ln)))

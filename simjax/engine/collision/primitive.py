@@ -24,7 +24,7 @@ from simjax.engine.collision.common import (MINVAL, Pre, argmin, cross, dot, nor
                                             normalize_c, once, one, pick3, safe_norm,
                                             sel, stack)
 from simjax.engine.collision.common import rot as _rot, rot_t as _rot_t
-from simjax.engine.math import clip, unstack, where
+from simjax.engine.math import c_cross, c_dot, clip, unstack, where
 
 
 class Geom(NamedTuple):
@@ -134,21 +134,11 @@ def plane_box(g1, g2, margin):
 
 
 # --------------------------------------------------------------------------- spheres
-def _dot_c(a, b):
-    """:func:`dot` of two vectors given as lists of three components."""
-    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
-
-
-def _cross_c(a, b):
-    """Cross product of two vectors given as lists of three components."""
-    return [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
-
-
 def _alt_normal(z1, z2):
     """The normal of coincident sphere centres, z1 x z2 normalised (x when parallel), as
     MuJoCo; from the components of the two geoms' z axes, as components (the
     reciprocal norm's product, as :func:`normalize` computes it)."""
-    return normalize_c(_cross_c(z1, z2), reciprocal=True)[0]
+    return normalize_c(c_cross(z1, z2), reciprocal=True)[0]
 
 
 def _sphere_sphere_c(p1, r1, p2, r2, margin, alt):
@@ -167,13 +157,13 @@ def _sphere_sphere_c(p1, r1, p2, r2, margin, alt):
     position are computed from them where read: stored too, a reduction of more
     outputs, XLA put the difference in kernels of its own)."""
     dif = [a - b for a, b in zip(p1, p2)]
-    sq = _dot_c(dif, dif)
+    sq = c_dot(dif, dif)
     valid = sq <= (margin + r1 + r2) ** 2
     ok = sq > MINVAL * MINVAL
     dist = sel(ok, jnp.sqrt(sel(ok, sq, 1.0)), 0.0) - r1 - r2
     # the normal: normalize_c(v, reciprocal=True), in parts
     v = [b - a for a, b in zip(p1, p2)]
-    sqv = _dot_c(v, v)
+    sqv = c_dot(v, v)
     okv = sqv > MINVAL * MINVAL
     ln = sel(okv, jnp.sqrt(sel(okv, sqv, 1.0)), 0.0)
     okv = ln >= MINVAL
@@ -204,9 +194,9 @@ def sphere_capsule(g1, g2, margin):
     of their own (the humanoid's sphere-capsule group 6 kernels, now 2)."""
     p1, p2, axis = unstack(g1.pos), unstack(g2.pos), unstack(g2.mat[:, 2])
     d = [a - b for a, b in zip(p1, p2)]
-    x = clip(_dot_c(axis, d), -g2.size[1], g2.size[1])
+    x = clip(c_dot(axis, d), -g2.size[1], g2.size[1])
     near = [b + a * x for a, b in zip(axis, p2)]
-    out = once(*p1, *near, *_cross_c(unstack(g1.mat[:, 2]), axis))
+    out = once(*p1, *near, *c_cross(unstack(g1.mat[:, 2]), axis))
     p1, near = out[:3], out[3:6]
     alt = normalize_c(out[6:], reciprocal=True)[0]
     dist, pos, n, valid = _sphere_sphere_c(p1, g1.size[0], near, g2.size[0], margin, alt)
@@ -294,8 +284,8 @@ def capsule_capsule(g1, g2, margin):
     a1 = [z * g1.size[1] for z in z1]
     a2 = [z * g2.size[1] for z in z2]
     dif = [x - y for x, y in zip(p1, p2)]
-    ma, mb, mc = _dot_c(a1, a1), -_dot_c(a1, a2), _dot_c(a2, a2)
-    u, v = -_dot_c(a1, dif), _dot_c(a2, dif)
+    ma, mb, mc = c_dot(a1, a1), -c_dot(a1, a2), c_dot(a2, a2)
+    u, v = -c_dot(a1, dif), c_dot(a2, dif)
     # the normal of coincident centres, for the four sphere tests below
     alt = _alt_normal(z1, z2)
     if _CC_ONCE:
