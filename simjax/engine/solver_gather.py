@@ -386,6 +386,11 @@ def _uniform(mask, fill, n):
     return None
 
 
+#: a layout without friction-loss rows gathers its rows' friction losses as a static
+#: zero (:func:`gather`), read at trace time (False: the problem's, kept to compare)
+_NO_FLOSS = True
+
+
 #: :func:`_take_rows` stacks the table's columns at once and splits the gathered rows'
 #: columns once (:func:`~simjax.engine.math.unstack`), not a reshape and a slice each
 #: (the same table and slices lowered); read at trace time (False: one by one, kept
@@ -411,8 +416,12 @@ def _take_rows(nisl, src, idx, pos, J):
     -> 633 kernels, shadow hand 854 -> 849, humanoid 649 -> 647, run time within noise
     (barkour 0.998 [0.864, 1.079], 12 paired rounds), the same values gathered."""
     dtype = src["aref"].dtype
-    keys = list(_FILL.items())
-    known = {key: _uniform(src[key], v, idx.shape[0]) for key, v in _MASKS.items()}
+    known = {key: _uniform(src[key], v, idx.shape[0])
+             for key, v in list(_MASKS.items()) + list(_FILL.items())}
+    # the columns known statically (:data:`_NO_FLOSS`) are not gathered
+    keys = [(key, v) for key, v in _FILL.items() if known[key] is None]
+    known = {key: v if v is None or key in _MASKS else v.astype(dtype)
+             for key, v in known.items()}
     masks = [key for key in _MASKS if known[key] is None]
     # the static masks as one constant column of codes, eq + 2 fric + 4 ineq
     code = sum(np.asarray(src[key]).astype(np.float32) * 2.0 ** j
@@ -487,6 +496,11 @@ def gather(spec, p, caps):
     # for every gathered element
     idx, cpos = jax.lax.optimization_barrier((idx, cpos))
     src = {key: p[key] for key in tuple(_FILL) + ("mu", "fr", "rowisl") if key in p}
+    if _NO_FLOSS and not np.any(spec.fric):
+        # the rows' friction losses are read on friction-loss rows only: without any
+        # they are a static zero, not a (worlds, rows) array that the later chunks'
+        # loops and the primal solvers' gathered trips carry and gather
+        src["floss"] = np.zeros(nefc, np.float32)
     # the static masks stay numpy: every chunk's gather (_take_rows; the later chunks'
     # loops close over them) takes them as one constant column of codes
     src.update(eq=np.asarray(spec.eq), fric=np.asarray(spec.fric),
