@@ -78,6 +78,11 @@ def _fwd_position(m, d: Data, euler_diag=None):
     elif euler_diag is None:
         d = smooth.crb(m, d)
         d = smooth.factor_m(m, d)
+    elif _lapack_pair(m, d):
+        # qLD and mj_Euler's damped factor by one LAPACK call (see _PAIR_LAPACK)
+        d = smooth.crb(m, d)
+        qld, qld_euler = tree_linalg.factor_ld_pair(m, d.qM, euler_diag)
+        d = d.replace(qLD=qld)
     else:
         # (qM's factors only for the level factorisation: LAPACK's reads qM)
         d, lower = smooth.crb_lower(m, d, factors=_LOWER and tree_level.level_plan_fits(m))
@@ -691,7 +696,8 @@ def _step(m, d: Data) -> Data:
 def _forward_integrate(m, d: Data, autoreset: bool):
     """forward, the bad-qacc check and the integrator (not RK4): (Data, bad flag)."""
     if (m.opt.integrator == IntegratorType.EULER and _euler_damped(m) is True
-            and _PAIR_FACTOR and (_PAIR_WITH_ROWS or not d.efc_J.shape[-2])):
+            and _PAIR_FACTOR and (_PAIR_WITH_ROWS or not d.efc_J.shape[-2]
+                                  or _lapack_pair(m, d))):
         # mj_Euler's damped matrix is known before forward runs (qM and qvel): both
         # factorisations run together where qLD is made (and, the step having no
         # constraint rows, both solves; see _PAIR_WITH_ROWS)
@@ -727,3 +733,16 @@ _LOWER = True
 #: whether, without constraint rows, mj_Euler's solve runs with mj_fwdAcceleration's
 #: on the packed pair of factors (tree_level.solve_ld_pair; read at trace time)
 _SOLVE_PAIR = True
+#: whether, where the step has constraint rows and _PAIR_WITH_ROWS is off, qLD and
+#: mj_Euler's damped factor are made by one LAPACK call on the pair (read at trace
+#: time; tree_linalg.factor_ld_pair) instead of one call each (the damped one in
+#: :func:`euler`): one chunked loop fewer. See _lapack_pair for where it applies
+_PAIR_LAPACK = True
+
+
+def _lapack_pair(m, d: Data) -> bool:
+    """Whether :func:`_fwd_position` factorises the pair with LAPACK (_PAIR_LAPACK):
+    the step has constraint rows, the level-by-level pair is off for such steps and
+    LAPACK factorises this model's qM."""
+    return bool(_PAIR_LAPACK and d.efc_J.shape[-2] and not _PAIR_WITH_ROWS
+                and tree_linalg.lapack_pair_ok(m))

@@ -150,6 +150,83 @@ def test_factor_ld_pair_batched(path):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8 * np.abs(b).max())
 
 
+def test_factor_ld_pair_lapack():
+    """tree_linalg.factor_ld_pair (qLD and the damped factor by one LAPACK loop,
+    vmapped, nested vmap) equals two factor_ld calls and MuJoCo's qLD; the compiled
+    program has one Cholesky call, and the gradient is the pure-JAX factorisation's."""
+    mjm, m = load("mujoco_humanoid/humanoid.xml")
+    assert tree_linalg.lapack_pair_ok(m)
+    rng, qpos, d0, qm, add = _pair_batch(mjm, m, 8)
+    pair = jax.jit(jax.vmap(lambda a, x: tree_linalg.factor_ld_pair(m, a, x)))
+    got0, got1 = pair(qm, add)
+    want0 = jax.jit(jax.vmap(lambda a: tree_linalg.factor_ld(m, a)))(qm)
+    want1 = jax.jit(jax.vmap(lambda a, x: tree_linalg.factor_ld(m, a, add_diag=x)))(
+        qm, add)
+    # the same LAPACK routine on the same matrices: equal to rounding at most
+    np.testing.assert_allclose(got0, want0, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(got1, want1, rtol=1e-13, atol=1e-14)
+    assert len(_potrf_calls(pair.lower(qm, add).compile().as_text())) == 1
+    nested = jax.jit(jax.vmap(jax.vmap(lambda a, x: tree_linalg.factor_ld_pair(m, a, x))))
+    n0, n1 = nested(qm.reshape((2, 3) + qm.shape[1:]), add.reshape(2, 3, -1))
+    np.testing.assert_allclose(n0.reshape(qm.shape), want0, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(n1.reshape(qm.shape), want1, rtol=1e-13, atol=1e-14)
+    mjd = mujoco.MjData(mjm)
+    mjd.qpos[:] = np.asarray(qpos[0])
+    mujoco.mj_forward(mjm, mjd)
+    np.testing.assert_allclose(support.pack_m(m, got0[0]), mjd.qLD, rtol=1e-10, atol=1e-12)
+    v = jnp.asarray(rng.standard_normal(mjm.nv))
+
+    def loss(fac, q, x):
+        f0, f1 = fac(_qm(m, d0.replace(qpos=q)), x)
+        return (jnp.sum(tree_linalg.solve_ld(m, f0, v) ** 2) +
+                jnp.sum(tree_linalg.solve_ld(m, f1, v) ** 2))
+
+    def ref(a, y):
+        return (tree_linalg._factor_ld_pure(m, a),
+                tree_linalg._factor_ld_pure(m, a + jnp.diag(y)))
+
+    def ours(a, y):
+        return tree_linalg.factor_ld_pair(m, a, y)
+    g = jax.jit(jax.vmap(jax.grad(lambda q, x: loss(ours, q, x), argnums=(0, 1))))(
+        qpos, add)
+    g_ref = jax.jit(jax.vmap(jax.grad(lambda q, x: loss(ref, q, x), argnums=(0, 1))))(
+        qpos, add)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8 * np.abs(b).max())
+
+
+def test_contact_step_factorises_the_pair_once(monkeypatch):
+    """The batched humanoid step with contact rows and damped Euler factorises qM and
+    the damped matrix by one LAPACK pair (forward._PAIR_LAPACK) and equals the step
+    that factorises them apart."""
+    import importlib
+    forward = importlib.import_module("simjax.engine.forward")
+    mjm, m = load("mujoco_humanoid/humanoid.xml", constraints=True)
+    calls = []
+    real = tree_linalg.factor_ld_pair
+    monkeypatch.setattr(tree_linalg, "factor_ld_pair",
+                        lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(3)
+    states = [random_state(mjm, rng, qscale=0.1, vscale=0.3) for _ in range(4)]
+    stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *states)
+    batch = jax.vmap(lambda st: to_data(make_data(m), st))(stacked)
+    assert batch.efc_J.shape[-2] and forward._lapack_pair(m, make_data(m))
+
+    def two(d):
+        return forward.step(m, forward.step(m, d))
+    out = jax.jit(jax.vmap(two))(batch)
+    assert calls, "the batched step did not factorise the pair"
+    monkeypatch.setattr(forward, "_PAIR_LAPACK", False)
+    apart = jax.jit(jax.vmap(two))(batch)
+    # the factors agree to the last bit or so; the programs around them fuse
+    # differently and the constraint solver's iterations carry such roundings (seen:
+    # 5e-12 relative in qacc_warmstart)
+    for (p, x), y in zip(jax.tree_util.tree_leaves_with_path(apart),
+                         jax.tree_util.tree_leaves(out)):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-9, atol=1e-9,
+                                   err_msg=jax.tree_util.keystr(p))
+
+
 @pytest.mark.parametrize("nb", [5, 16])
 def test_factor_ld_pair_lower_factors(nb):
     """qM's lower triangle given as its factors (smooth.crb_lower, ``a`` None) to the
