@@ -59,7 +59,8 @@ def fwd_position(m, d: Data) -> Data:
 def _fwd_position(m, d: Data, euler_diag=None):
     """:func:`fwd_position`; with ``euler_diag`` (nv,) also the factor of
     qM + diag(euler_diag) that mj_Euler will need, computed with qLD (one program for
-    both factorisations, see tree_level.factor_ld_pair): (Data, that factor or None,
+    both factorisations: tree_level.factor_ld_pair level by level, or
+    tree_linalg.factor_ld_pair by LAPACK, see _PAIR_LAPACK): (Data, that factor or None,
     both factors packed for tree_level.solve_ld_pair or None). Without it, qLD alone
     may come packed as well (level_ld.factor_ld_packed)."""
     d = smooth.kinematics(m, d)
@@ -275,7 +276,8 @@ def euler(m, d: Data, qld=None) -> Data:
     qLD), else it is factorised here.
     """
     def damped(d):
-        q = tree_linalg.factor_ld(m, d.qM, add_diag=_euler_diag(m, d)) if qld is None else qld
+        q = qld if qld is not None else tree_linalg.factor_ld(
+            m, d.qM, add_diag=_euler_diag(m, d))
         return tree_linalg.solve_ld(m, q, d.qfrc_smooth + d.qfrc_constraint)
 
     flag = _euler_damped(m)
@@ -677,7 +679,8 @@ def _step(m, d: Data) -> Data:
         base["warning"] = (_SLOT_RANK == first).astype(base["warning"].dtype)
         # qacc is not reset: forward computes it before anything reads it, so a reset
         # value is never seen (RK4's scan would carry it in: a kernel of its own)
-        names = tuple(n for n in RESET_FIELDS if n != "qacc") if _SKIP_QACC else RESET_FIELDS
+        names = (tuple(n for n in RESET_FIELDS if n != "qacc") if _SKIP_QACC
+                 else RESET_FIELDS)
         d = _select_fields(first > 0, base, d, names)
     else:
         warning = _count_warning(d.warning, WARN_BADQPOS, first == 2)
@@ -720,7 +723,7 @@ _PAIR_FACTOR = True
 #: constraint rows (read at trace time). There the solves run apart (mj_Euler's after
 #: the constraint solve) and the level-by-level pair factorisation (tree_level, about
 #: 28 kernels) is not worth its compile: qM and the damped matrix are factorised by
-#: LAPACK as without damping, the damped one in :func:`euler`. The bench humanoid's
+#: LAPACK as without damping (together, by _PAIR_LAPACK). The bench humanoid's
 #: rollout, False against True: 613 -> 614 kernels (12 of the pair's fusions fewer),
 #: XLA compile CPU 0.893 [0.850, 0.971], 0.922 [0.755, 1.179] and 0.962 [0.910, 1.076]
 #: (8, 12 and 10 rounds; one process, alternated, load 7-9), run 1.005 [0.667, 1.237]
