@@ -115,61 +115,33 @@ def _pair_batch(mjm, m, seed):
     return rng, qpos, d0, qm, jnp.asarray(rng.uniform(0.0, 1.0, (6, mjm.nv)))
 
 
+@pytest.mark.parametrize("impl", ["level", "lapack"])
 @pytest.mark.parametrize("path", ["mujoco_humanoid/humanoid.xml", "gym_ant/ant.xml"])
-def test_factor_ld_pair_batched(path):
-    """The level-by-level pair factorisation (vmapped: a batch not a multiple of the
-    lane block, nested vmap) equals two factor_ld calls and MuJoCo's qLD; its gradient
-    is the pure-JAX factorisation's."""
+def test_factor_ld_pair_batched(path, impl):
+    """The pair factorisations, level by level (tree_level) and by one LAPACK call on
+    both matrices (tree_linalg, whose program must hold one Cholesky call), vmapped (a
+    batch not a multiple of the lane block), nested vmap: equal to two factor_ld calls
+    and MuJoCo's qLD; their gradient is the pure-JAX factorisation's."""
     mjm, m = load(path)
     rng, qpos, d0, qm, add = _pair_batch(mjm, m, 7)
-    pair = jax.jit(jax.vmap(lambda a, x: tree_level.factor_ld_pair(m, a, x)))
+    mod = tree_level if impl == "level" else tree_linalg
+    assert impl == "level" or tree_linalg.lapack_pair_ok(m)
+
+    def ours(a, x):
+        return mod.factor_ld_pair(m, a, x)
+    pair = jax.jit(jax.vmap(ours))
     got0, got1 = pair(qm[:5], add[:5])
     want0 = jax.jit(jax.vmap(lambda a: tree_linalg.factor_ld(m, a)))(qm[:5])
     want1 = jax.jit(jax.vmap(lambda a, x: tree_linalg.factor_ld(m, a, add_diag=x)))(
         qm[:5], add[:5])
     np.testing.assert_allclose(got0, want0, rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(got1, want1, rtol=1e-11, atol=1e-12)
-    nested = jax.jit(jax.vmap(jax.vmap(lambda a, x: tree_level.factor_ld_pair(m, a, x))))
-    n0, n1 = nested(qm.reshape((2, 3) + qm.shape[1:]), add.reshape(2, 3, -1))
+    if impl == "lapack":
+        assert len(_potrf_calls(pair.lower(qm, add).compile().as_text())) == 1
+    n0, n1 = jax.jit(jax.vmap(jax.vmap(ours)))(qm.reshape((2, 3) + qm.shape[1:]),
+                                               add.reshape(2, 3, -1))
     np.testing.assert_allclose(n0.reshape(qm.shape)[:5], want0, rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(n1.reshape(qm.shape)[:5], want1, rtol=1e-11, atol=1e-12)
-    mjd = mujoco.MjData(mjm)
-    mjd.qpos[:] = np.asarray(qpos[0])
-    mujoco.mj_forward(mjm, mjd)
-    np.testing.assert_allclose(support.pack_m(m, got0[0]), mjd.qLD, rtol=1e-10, atol=1e-12)
-    v = jnp.asarray(rng.standard_normal(mjm.nv))
-
-    def loss(fac, q, x):
-        return jnp.sum(tree_linalg.solve_ld(m, fac(_qm(m, d0.replace(qpos=q)), x), v) ** 2)
-    g = jax.jit(jax.vmap(jax.grad(lambda q, x: loss(
-        lambda a, y: tree_level.factor_ld_pair(m, a, y)[1], q, x), argnums=(0, 1))))(qpos, add)
-    g_ref = jax.jit(jax.vmap(jax.grad(lambda q, x: loss(
-        lambda a, y: tree_linalg._factor_ld_pure(m, a + jnp.diag(y)), q, x),
-        argnums=(0, 1))))(qpos, add)
-    for a, b in zip(g, g_ref):
-        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8 * np.abs(b).max())
-
-
-def test_factor_ld_pair_lapack():
-    """tree_linalg.factor_ld_pair (qLD and the damped factor by one LAPACK loop,
-    vmapped, nested vmap) equals two factor_ld calls and MuJoCo's qLD; the compiled
-    program has one Cholesky call, and the gradient is the pure-JAX factorisation's."""
-    mjm, m = load("mujoco_humanoid/humanoid.xml")
-    assert tree_linalg.lapack_pair_ok(m)
-    rng, qpos, d0, qm, add = _pair_batch(mjm, m, 8)
-    pair = jax.jit(jax.vmap(lambda a, x: tree_linalg.factor_ld_pair(m, a, x)))
-    got0, got1 = pair(qm, add)
-    want0 = jax.jit(jax.vmap(lambda a: tree_linalg.factor_ld(m, a)))(qm)
-    want1 = jax.jit(jax.vmap(lambda a, x: tree_linalg.factor_ld(m, a, add_diag=x)))(
-        qm, add)
-    # the same LAPACK routine on the same matrices: equal to rounding at most
-    np.testing.assert_allclose(got0, want0, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(got1, want1, rtol=1e-13, atol=1e-14)
-    assert len(_potrf_calls(pair.lower(qm, add).compile().as_text())) == 1
-    nested = jax.jit(jax.vmap(jax.vmap(lambda a, x: tree_linalg.factor_ld_pair(m, a, x))))
-    n0, n1 = nested(qm.reshape((2, 3) + qm.shape[1:]), add.reshape(2, 3, -1))
-    np.testing.assert_allclose(n0.reshape(qm.shape), want0, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(n1.reshape(qm.shape), want1, rtol=1e-13, atol=1e-14)
     mjd = mujoco.MjData(mjm)
     mjd.qpos[:] = np.asarray(qpos[0])
     mujoco.mj_forward(mjm, mjd)
@@ -184,15 +156,22 @@ def test_factor_ld_pair_lapack():
     def ref(a, y):
         return (tree_linalg._factor_ld_pure(m, a),
                 tree_linalg._factor_ld_pure(m, a + jnp.diag(y)))
-
-    def ours(a, y):
-        return tree_linalg.factor_ld_pair(m, a, y)
-    g = jax.jit(jax.vmap(jax.grad(lambda q, x: loss(ours, q, x), argnums=(0, 1))))(
-        qpos, add)
-    g_ref = jax.jit(jax.vmap(jax.grad(lambda q, x: loss(ref, q, x), argnums=(0, 1))))(
-        qpos, add)
+    g, g_ref = (jax.jit(jax.vmap(jax.grad(lambda q, x: loss(fac, q, x), argnums=(0, 1))))(
+        qpos, add) for fac in (ours, ref))
     for a, b in zip(g, g_ref):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8 * np.abs(b).max())
+
+
+def _spied_batch(monkeypatch, module, attr, mjm, m, seed, n):
+    """(calls, batch): ``module.attr`` wrapped to record its calls in the list, and a
+    batched Data of ``n`` random states (small qpos offsets, moderate velocities)."""
+    calls = []
+    real = getattr(module, attr)
+    monkeypatch.setattr(module, attr, lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(seed)
+    states = [random_state(mjm, rng, qscale=0.1, vscale=0.3) for _ in range(n)]
+    stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *states)
+    return calls, jax.vmap(lambda st: to_data(make_data(m), st))(stacked)
 
 
 def test_contact_step_factorises_the_pair_once(monkeypatch):
@@ -202,14 +181,7 @@ def test_contact_step_factorises_the_pair_once(monkeypatch):
     import importlib
     forward = importlib.import_module("simjax.engine.forward")
     mjm, m = load("mujoco_humanoid/humanoid.xml", constraints=True)
-    calls = []
-    real = tree_linalg.factor_ld_pair
-    monkeypatch.setattr(tree_linalg, "factor_ld_pair",
-                        lambda *a: calls.append(1) or real(*a))
-    rng = np.random.default_rng(3)
-    states = [random_state(mjm, rng, qscale=0.1, vscale=0.3) for _ in range(4)]
-    stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *states)
-    batch = jax.vmap(lambda st: to_data(make_data(m), st))(stacked)
+    calls, batch = _spied_batch(monkeypatch, tree_linalg, "factor_ld_pair", mjm, m, 3, 4)
     assert batch.efc_J.shape[-2] and forward._lapack_pair(m, make_data(m))
 
     def two(d):
@@ -319,14 +291,8 @@ def test_batched_euler_step_matches_single(monkeypatch):
     forward = importlib.import_module("simjax.engine.forward")
     mjm, m = load("mujoco_humanoid/humanoid.xml")
     assert forward._euler_damped(m) is True
-    calls = []
-    real = tree_level._level_solve_blocks
-    monkeypatch.setattr(tree_level, "_level_solve_blocks",
-                        lambda *a: calls.append(1) or real(*a))
-    rng = np.random.default_rng(2)
-    states = [random_state(mjm, rng, qscale=0.1, vscale=0.3) for _ in range(5)]
-    stacked = jax.tree_util.tree_map(lambda *x: np.stack(x), *states)
-    batch = jax.vmap(lambda st: to_data(make_data(m), st))(stacked)
+    calls, batch = _spied_batch(monkeypatch, tree_level, "_level_solve_blocks", mjm, m,
+                                2, 5)
 
     def two(d):
         return forward.step(m, forward.step(m, d))
