@@ -263,17 +263,24 @@ def _factor_ld_lapack(m, a, diag):
 
 
 def _chol_ld_bound(m):
-    # the tangent needs the model's tree (a static plan), so bind the jvp per model
-    key = ("jvp", np.asarray(m.dof_parentid).tobytes())
+    return _jvp_bound(m, "jvp", _chol_ld, lambda a, da, diag, ddiag: factor_ld_tangent(
+        m, a, da, diag, ddiag))
+
+
+def _jvp_bound(m, name, primal, tangent):
+    """``primal(a, mask, diag)`` with a custom jvp ``tangent(a, da, diag, ddiag)``
+    (``mask`` is constant), bound once per model and ``name``: the tangent needs the
+    model's tree (a static plan)."""
+    key = (name, np.asarray(m.dof_parentid).tobytes())
     fn = _CACHE.get(key)
     if fn is None:
-        fn = jax.custom_jvp(_chol_ld)
+        fn = jax.custom_jvp(primal)
 
         @fn.defjvp
         def _jvp(primals, tangents):
             a, mask, diag = primals
             da, _, ddiag = tangents
-            return fn(a, mask, diag), factor_ld_tangent(m, a, da, diag, ddiag)
+            return fn(a, mask, diag), tangent(a, da, diag, ddiag)
         _CACHE[key] = fn
     return fn
 
@@ -301,21 +308,8 @@ def _ld_pair(a, mask, diag):
 
 
 def _pair_bound(m):
-    # as _chol_ld_bound: the tangent needs the model's tree, so one jvp per model
-    key = ("pair_jvp", np.asarray(m.dof_parentid).tobytes())
-    fn = _CACHE.get(key)
-    if fn is None:
-        fn = jax.custom_jvp(_ld_pair)
-
-        @fn.defjvp
-        def _jvp(primals, tangents):
-            a, mask, diag = primals
-            da, _, ddiag = tangents
-            tangent = (factor_ld_tangent(m, a, da),
-                       factor_ld_tangent(m, a, da, diag, ddiag))
-            return fn(a, mask, diag), tangent
-        _CACHE[key] = fn
-    return fn
+    return _jvp_bound(m, "pair_jvp", _ld_pair, lambda a, da, diag, ddiag: (
+        factor_ld_tangent(m, a, da), factor_ld_tangent(m, a, da, diag, ddiag)))
 
 
 def solve_ld(m, qld, b):
