@@ -748,4 +748,4 @@ def _lapack_pair(m, d: Data) -> bool:
     the step has constraint rows, the level-by-level pair is off for such steps and
     LAPACK factorises this model's qM."""
     return bool(_PAIR_LAPACK and d.efc_J.shape[-2] and not _PAIR_WITH_ROWS
-                and tree_linalg.lapack_pair_ok(m))
+                and tree_linalg.lapack_ok(m))

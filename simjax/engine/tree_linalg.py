@@ -197,7 +197,7 @@ def factor_ld(m, a, add_diag=None):
     ``diag(add_diag)`` if given. Uses one LAPACK Cholesky where :mod:`lapack_chol`
     says it is safe and pays (a few XLA kernels instead of one or two per tree level);
     the derivative is always the pure-JAX factorisation's."""
-    if m.nv > _UNROLL_NV and lapack_chol.enabled(m.nv):
+    if lapack_ok(m):
         # the diagonal is added chunk by chunk inside the factorisation's loop
         diag = jnp.zeros(m.nv, a.dtype) if add_diag is None else add_diag.astype(a.dtype)
         return _factor_ld_lapack(m, a, diag)
@@ -258,8 +258,12 @@ def _chol_ld(a, mask, diag):
 
 
 def _factor_ld_lapack(m, a, diag):
-    anc = jnp.asarray(tables.get(m).m_mask - np.eye(m.nv), a.dtype)
-    return _chol_ld_bound(m)(a, anc, diag)
+    return _chol_ld_bound(m)(a, _strict_anc(m, a.dtype), diag)
+
+
+def _strict_anc(m, dtype):
+    """0/1 mask (nv, nv) of L's strictly lower entries: each dof's proper ancestors."""
+    return jnp.asarray(tables.get(m).m_mask - np.eye(m.nv), dtype)
 
 
 def _chol_ld_bound(m):
@@ -285,20 +289,20 @@ def _jvp_bound(m, name, primal, tangent):
     return fn
 
 
-def lapack_pair_ok(m) -> bool:
-    """Whether :func:`factor_ld_pair` factorises with LAPACK (as :func:`factor_ld`)."""
+def lapack_ok(m) -> bool:
+    """Whether :func:`factor_ld` factorises with LAPACK, and :func:`factor_ld_pair` may
+    be used (decided at trace time: see lapack_chol.enabled)."""
     return m.nv > _UNROLL_NV and lapack_chol.enabled(m.nv)
 
 
 def factor_ld_pair(m, a, diag):
     """qLD of ``a`` and of ``a + diag(diag)`` (mj_factorM's and mj_Euler's damped
     factor), both (nv, nv) as :func:`pack_ld`, from one LAPACK call on the two
-    matrices (only where :func:`lapack_pair_ok`). Under ``vmap`` the pair is one more
+    matrices (only where :func:`lapack_ok`). Under ``vmap`` the pair is one more
     axis of the batch that lapack_chol.ld_reversed flattens and factorises in chunks:
     one loop and its bookkeeping instead of two (an inner vmap over the pair instead
     made the step about twice as slow). Derivative: the pure-JAX factorisation's."""
-    anc = jnp.asarray(tables.get(m).m_mask - np.eye(m.nv), a.dtype)
-    return _pair_bound(m)(a, anc, diag.astype(a.dtype))
+    return _pair_bound(m)(a, _strict_anc(m, a.dtype), diag.astype(a.dtype))
 
 
 def _ld_pair(a, mask, diag):
