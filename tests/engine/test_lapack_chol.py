@@ -116,7 +116,8 @@ def _pair_batch(mjm, m, seed):
 
 
 @pytest.mark.parametrize("impl", ["level", "lapack"])
-@pytest.mark.parametrize("path", ["mujoco_humanoid/humanoid.xml", "gym_ant/ant.xml"])
+@pytest.mark.parametrize("path", [                          # the humanoid: ~10 s each
+    pytest.param("mujoco_humanoid/humanoid.xml", marks=pytest.mark.slow), "gym_ant/ant.xml"])
 def test_factor_ld_pair_batched(path, impl):
     """The pair factorisations, level by level (tree_level) and by one LAPACK call on
     both matrices (tree_linalg, whose program must hold one Cholesky call), vmapped (a
@@ -199,7 +200,7 @@ def test_contact_step_factorises_the_pair_once(monkeypatch):
                                    err_msg=jax.tree_util.keystr(p))
 
 
-@pytest.mark.parametrize("nb", [5, 16])
+@pytest.mark.parametrize("nb", [5, pytest.param(16, marks=pytest.mark.slow)])   # ~12 s
 def test_factor_ld_pair_lower_factors(nb):
     """qM's lower triangle given as its factors (smooth.crb_lower, ``a`` None) to the
     pair factorisation (a padded lane block and whole ones): both factors, the solves
@@ -238,7 +239,8 @@ def test_factor_ld_pair_lower_factors(nb):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8 * np.abs(b).max())
 
 
-@pytest.mark.parametrize("path", ["mujoco_humanoid/humanoid.xml", "gym_ant/ant.xml"])
+@pytest.mark.parametrize("path", [                          # the humanoid: ~9 s
+    pytest.param("mujoco_humanoid/humanoid.xml", marks=pytest.mark.slow), "gym_ant/ant.xml"])
 def test_solve_ld_pair_batched(path):
     """The pair solve on packed factors (vmapped: a batch not a multiple of the lane
     block, nested vmap) equals two solve_ld calls; unbatched it is solve_ld; its

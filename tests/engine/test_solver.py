@@ -549,8 +549,9 @@ def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
     np.testing.assert_array_equal(np.asarray(got[1][0]), mjd.solver_niter)
 
 
-@pytest.mark.parametrize("gather", [0, 2])
-@pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
+@pytest.mark.parametrize("case,gather", [
+    ("ant_newton", 0), ("ant_newton", 2), ("ant_elliptic_newton", 2),
+    pytest.param("ant_elliptic_newton", 0, marks=pytest.mark.slow)])     # ~11 s
 def test_newton_own_jt(case, gather, monkeypatch):
     """Newton's factorisations making chunk 0's J' from the J they are handed
     (solver_primal._JT_OWN) give the solution (up to the products' rounding) and
