@@ -233,7 +233,7 @@ def main(short=False, model_path=CORPUS_MODEL, seed=0):
     and the vector environment (``venv``, compiled for its batch size)."""
     env = InvertedPendulum(model_path)
     nenv, nstep_random = (64, 50) if short else (1024, 200)
-    horizon, iters = (100, 40) if short else (1000, 60)
+    horizon, iters = (100, 25) if short else (1000, 60)
     npairs, neval = (24, 16) if short else (32, 16)
 
     venv = VectorEnv(nenv, env, max_episode_steps=horizon)

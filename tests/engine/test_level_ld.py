@@ -126,6 +126,10 @@ def test_lower_factors(nb):
     want = jax.jit(jax.vmap(lambda q, b: fwd(q, b, False)))(qpos, rhs)
     for x, y in zip(got, want):
         np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12 * np.abs(y).max())
+    if nb > 8:
+        # the unbatched and gradient checks below read the first worlds alone, which
+        # are the small batch's (the same draws): made once, there
+        return
     one = jax.jit(lambda q, b: fwd(q, b, True))(qpos[0], rhs[0])
     np.testing.assert_array_equal(one[1], jax.jit(lambda q: _qm(m, d0.replace(qpos=q)))(
         qpos[0]))

@@ -89,13 +89,22 @@ def test_where_as_jnp_where():
     vals = [jnp.arange(5.0), jnp.ones((4, 5), jnp.float32), jnp.full((4, 1), 2.0), 2.0, 3,
             True, jnp.arange(5), np.arange(5.0, dtype=np.float32), jnp.ones(5, jnp.int32),
             jnp.asarray(2.0), jnp.ones(5, bool)]
+
+    def pairs():
+        # every combination jnp.where accepts, traced in one jit (the operands closed
+        # over as they are: arrays, NumPy arrays, Python scalars): compiled eagerly,
+        # each combination was programs of its own (28 s of the test's 29)
+        got = []
+        for c, x, y in itertools.product(conds, vals, vals):
+            try:
+                ref = jnp.where(c, x, y)
+            except (TypeError, ValueError):
+                continue
+            got.append((math.where(c, x, y), ref))
+        return got
+
     checked = 0
-    for c, x, y in itertools.product(conds, vals, vals):
-        try:
-            ref = jnp.where(c, x, y)
-        except (TypeError, ValueError):
-            continue
-        out = math.where(c, x, y)
+    for out, ref in jax.jit(pairs)():
         assert (out.dtype, out.shape, out.weak_type) == (ref.dtype, ref.shape, ref.weak_type)
         np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
         checked += 1

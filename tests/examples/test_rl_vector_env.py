@@ -21,8 +21,9 @@ def test_random_policy_baseline(result):
 
 
 def test_es_learns_balance(result):
-    # Stated margin: after 40 ES iterations the current policy balances at least half
-    # of the 100-step episode on average, and 5x longer than the random policy.
+    # Stated margin: after 25 ES iterations (the short mode's) the current policy
+    # balances at least half of the 100-step episode on average, and 5x longer than the
+    # random policy (seed 0: the whole episode from the 16th iteration on).
     assert result["final_return"] >= 50.0, result["es_curve"]
     assert result["final_return"] >= 5 * result["random_return"], result
     assert np.isfinite(result["theta"]).all()
