@@ -55,8 +55,54 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
 
     if checkpoint:
         body = jax.checkpoint(body)
-    final, traj = jax.lax.scan(body, data, ctrl)
+    final, traj = jax.lax.scan(body, _batched_with(data, (model, ctrl)), ctrl)
     return (traj, final) if return_data else traj
+
+
+def _batched_with(tree, like):
+    """``tree``'s values; under ``vmap``, every leaf batched wherever a leaf of ``tree``
+    or ``like`` is (outside vmap, or where every leaf is batched: ``tree`` itself).
+
+    A scan under vmap whose initial state is batched only in part finds the rest of the
+    state batched after a step, and batches its traced body again, once per round
+    until nothing changes. The ant's 10-step rollout of 64 worlds (CPU seconds of its
+    trace, one run each): qpos alone batched (``jax.vmap(lambda q: rollout(model,
+    data.replace(qpos=q), ...))``) 3.6-4.5 -> 2.5, body_mass alone 6.7 -> 2.9, every
+    leaf batched 2.1 either way (two equations more, the same optimised program);
+    states, gradients and tangents bit-identical. Which leaves vmap batches is read
+    at trace time by a custom vmap rule (its operands behind a custom jvp: a custom
+    vmap rule does not differentiate); each unbatched leaf is then ``select(flag, x,
+    x)`` with the rule's batched flag: ``x`` to jvp, transposition and XLA. A flag
+    made from every leaf by ordinary operations cost 1100-1300 traced equations more
+    (the ant, the humanoid). Where vmap batches the trace later (a jit inside the
+    vmap), the rule has not run yet and ``tree`` is returned as it is."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    seen = []
+
+    @jax.custom_batching.custom_vmap
+    def probe(values):
+        return jnp.zeros((), bool)
+
+    @probe.def_vmap
+    def _rule(size, flags, values):
+        seen.append(flags[0][:len(leaves)])
+        return jnp.zeros((size,), bool), True
+
+    @jax.custom_jvp
+    def probe_values(values):
+        return probe(values)
+
+    @probe_values.defjvp
+    def _jvp(primals, tangents):
+        # the flag's tangent is float0 (a bool); probe sees the primals alone
+        return probe(*primals), np.zeros((), jax.dtypes.float0)
+
+    flag = probe_values(leaves + jax.tree_util.tree_leaves(like))
+    if not seen or all(seen[0]):
+        return tree
+    return jax.tree_util.tree_unflatten(treedef, [
+        x if batched else jax.lax.select(jnp.broadcast_to(flag, jnp.shape(x)), x, x)
+        for x, batched in zip(leaves, seen[0])])
 
 
 # --------------------------------------------------------------------------- batches
