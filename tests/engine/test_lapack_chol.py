@@ -175,6 +175,13 @@ def _spied_batch(monkeypatch, module, attr, mjm, m, seed, n):
     return calls, jax.vmap(lambda st: to_data(make_data(m), st))(stacked)
 
 
+def _two_steps(m):
+    """Two steps of ``m`` (the second warm-started by the first), the step compiled
+    once."""
+    from simjax.engine import step
+    return lambda d: jax.lax.fori_loop(0, 2, lambda i, d: step(m, d), d)
+
+
 def test_contact_step_factorises_the_pair_once(monkeypatch):
     """The batched humanoid step with contact rows and damped Euler factorises qM and
     the damped matrix by one LAPACK pair (forward._PAIR_LAPACK) and equals the step
@@ -185,9 +192,7 @@ def test_contact_step_factorises_the_pair_once(monkeypatch):
     calls, batch = _spied_batch(monkeypatch, tree_linalg, "factor_ld_pair", mjm, m, 3, 4)
     assert batch.efc_J.shape[-2] and forward._lapack_pair(m, make_data(m))
 
-    def two(d):
-        # two steps (the second warm-started by the first), the step compiled once
-        return jax.lax.fori_loop(0, 2, lambda i, d: forward.step(m, d), d)
+    two = _two_steps(m)
     out = jax.jit(jax.vmap(two))(batch)
     assert calls, "the batched step did not factorise the pair"
     monkeypatch.setattr(forward, "_PAIR_LAPACK", False)
@@ -297,9 +302,7 @@ def test_batched_euler_step_matches_single(monkeypatch):
     calls, batch = _spied_batch(monkeypatch, tree_level, "_level_solve_blocks", mjm, m,
                                 2, 5)
 
-    def two(d):
-        # two steps (the second warm-started by the first), the step compiled once
-        return jax.lax.fori_loop(0, 2, lambda i, d: forward.step(m, d), d)
+    two = _two_steps(m)
     out = jax.jit(jax.vmap(two))(batch)
     assert calls, "the batched step did not solve on the packed factors"
     for i in (0, 4):
