@@ -70,7 +70,7 @@ def inlined(fn):
 
 #: whether simjax's loops leave out the loop inputs that XLA's simplification fixpoint
 #: finds dead only in its late rounds (a fori_loop's second counter in
-#: lapack_chol._chunked and solver_gather.first_true's search, a ``c - 1`` in
+#: lapack_chol.chunked and solver_gather.first_true's search, a ``c - 1`` in
 #: solver_rows._loop, the solver's traced gradient tolerance); read at trace time (False:
 #: as they were, kept to compare). Bench rollouts (batch 1024, float32): rounds of XLA's
 #: simplification fixpoints ant 17 -> 14, humanoid 15 -> 13 (barkour 16, shadow hand 11

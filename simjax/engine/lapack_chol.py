@@ -11,9 +11,13 @@ touches the pool.
 
 So :func:`cholesky` and :func:`ld_reversed` keep every LAPACK call below the
 threshold by construction: under ``vmap`` (any nesting) the batch is flattened and
-factorised in chunks of at most ``_WORK`` flops by one sequential loop (a few XLA
-kernels whatever the batch). No ordering between calls is needed, so independent
-factorisations in one program, or programs running side by side, stay safe.
+factorised in chunks of at most ``_WORK`` flops by one sequential loop (:func:`chunked`,
+a few XLA kernels whatever the batch). No ordering between calls is needed, so
+independent factorisations in one program, or programs running side by side, stay
+safe. The constraint solver's factorisations and triangular solves
+(:mod:`simjax.engine.solver_dense`) use the same loop. Not covered: the implicit
+gradient of the solver (``solver._implicit``), whose triangular solves must transpose
+(a custom vmap rule cannot be transposed), and jax's own linear algebra in users' code.
 :func:`ld_reversed` also does the work around the factorisation (reversing the dofs,
 turning the Cholesky factor into MuJoCo's L'DL) chunk by chunk inside the loop: as
 separate passes over the whole batch (with a padded copy of it) they took about a
@@ -32,7 +36,10 @@ from jax import lax
 
 from simjax.engine import inline
 
-# jaxlib's kMinWorkPerTask is 200000; stay at half of it
+#: jaxlib's kMinWorkPerTask: a call whose batch x cost per matrix reaches it goes to
+#: the thread pool
+POOL_WORK = 200_000
+# the mass matrix factorisations' chunks stay at half of it
 _WORK = 100_000
 
 
@@ -51,23 +58,46 @@ def enabled(nv: int) -> bool:
     return _CHECKED and nv >= 2 and jax.default_backend() == "cpu"
 
 
+def per_call(cost: int, work: int = _WORK) -> int:
+    """Matrices per LAPACK call for a kernel of ``cost`` flops per matrix in jaxlib's
+    cost model (potrf n^3/3, trsm with one right-hand side n^2): total work at most
+    ``work`` (below :data:`POOL_WORK`)."""
+    return max(1, work // max(1, cost))
+
+
 def _chunk(n: int) -> int:
-    """Matrices per LAPACK call: total work below ``_WORK`` (jaxlib's cost model)."""
-    return max(1, _WORK // max(1, n * n * n // 3))
+    """Matrices per LAPACK Cholesky (potrf) call of (n, n) matrices."""
+    return per_call(n * n * n // 3)
 
 
-def _chunked(fn, flat, *extra):
-    """``fn`` over the matrices of ``flat`` (total, n, n) in chunks of at most
-    ``_chunk(n)``, by one sequential loop; ``extra`` arrays (total, ...) are sliced
-    alongside and passed after the chunk. Each chunk is read from and written back to
+#: :func:`chunked` makes up to this many chunks as separate calls on static slices,
+#: with no loop (read at trace time; 0: always the loop, kept to compare): XLA may run
+#: independent calls on two threads at once, each on its own thread (the Newton trips'
+#: factorisations, 128 worlds: the humanoid's 5 chunks of 30, as one parallel call
+#: did before the chunks). Bench rollouts (batch 1024, float32, paired in one
+#: process, 12 rounds, wall): humanoid 8 / 0 0.969 and 0.982, barkour 0.976; outputs
+#: bit-identical
+_UNROLL = 8
+
+
+def chunked(fn, flat, *extra, chunk=None):
+    """``fn`` over the matrices of ``flat`` (total, ...) in chunks of at most ``chunk``
+    (default: ``_chunk(n)``, n = flat.shape[-1], for potrf);
+    ``extra`` arrays (total, ...) are sliced alongside and passed after the chunk; fn's
+    output has the chunk's shape. Up to :data:`_UNROLL` chunks are separate calls on
+    static slices, concatenated. Otherwise each chunk is read from and written back to
     the loop's buffer, which starts as ``flat`` (no zero-filled output buffer: it cost
     a pass over the batch, and a copy of it per loop). The last chunk starts early
     enough to end at ``total`` (no padded copy of the batch is made); its first rows,
     done by the chunk before, are kept as they are."""
     total, n = flat.shape[0], flat.shape[-1]
-    c = _chunk(n)
+    c = _chunk(n) if chunk is None else chunk
     if total <= c:
         return fn(flat, *extra)
+    if -(-total // c) <= _UNROLL:
+        parts = [fn(flat[i:i + c], *(e[i:i + c] for e in extra))
+                 for i in range(0, total, c)]
+        return jnp.concatenate(parts, 0)
     rows = np.arange(c)
 
     def body(carry):
@@ -101,7 +131,7 @@ def _cholesky_vmap(axis_size, in_batched, a):
     if not in_batched[0]:
         return cholesky(a), False
     n = a.shape[-1]
-    return _chunked(cholesky, a.reshape((-1, n, n))).reshape(a.shape), True
+    return chunked(cholesky, a.reshape((-1, n, n))).reshape(a.shape), True
 
 
 def _ld_block(a, mask, diag):
@@ -148,6 +178,6 @@ def _ld_reversed_vmap(axis_size, in_batched, a, mask, diag):
     if not in_batched[0]:
         a = jnp.broadcast_to(a, (axis_size,) + a.shape)
     diag = jnp.broadcast_to(diag, a.shape[:-1])
-    out = _chunked(lambda x, dg: _ld_block(x, mask, dg), a.reshape((-1, n, n)),
+    out = chunked(lambda x, dg: _ld_block(x, mask, dg), a.reshape((-1, n, n)),
                    diag.reshape((-1, n)))
     return out.reshape(a.shape), True

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import lapack_chol
+from simjax.engine import inline, lapack_chol
 from simjax.engine.math import where
 
 
@@ -44,17 +44,6 @@ def _potrf(a):
     return call(a, uplo=np.uint8(ord("L")))
 
 
-@jax.custom_batching.custom_vmap
-def _potrf_v(a):
-    """:func:`_potrf`; under ``vmap`` one call on the batch (LAPACK loops over it)."""
-    return _potrf(a)
-
-
-@_potrf_v.def_vmap
-def _potrf_rule(size, flags, a):
-    return _potrf_v(a), (flags[0], flags[0])
-
-
 def factor_t(a):
     """:func:`spd_factor` of ``a`` (..., n, n) transposed: the upper factor U = L',
     row-major (the layout XLA gives loop-carried and conditional values), NaN in U[0, 0]
@@ -69,25 +58,22 @@ def factor_t(a):
 
     if not lapack_chol.enabled(a.shape[-1]):
         return t(spd_factor(a))
-    if _MARK_INSIDE:
-        return _potrf_marked(0.5 * (a + t(a)))
-    up, info = _potrf_v(0.5 * (a + t(a)))
-    # failure marked by one NaN on the diagonal (a whole NaN factor is a pass of its own)
-    return up.at[..., 0, 0].set(where(info == 0, up[..., 0, 0], jnp.nan))
-
-
-#: whether :func:`factor_t` marks a failed factorisation inside :func:`_potrf_marked`
-#: (read at trace time; False: ``.at[..., 0, 0].set`` after the call, kept to compare)
-_MARK_INSIDE = True
+    return _potrf_marked(0.5 * (a + t(a)))
 
 
 @jax.custom_batching.custom_vmap
 def _potrf_marked(a):
-    """:func:`_potrf`'s U with NaN in U[..., 0, 0] where the factorisation failed; under
-    ``vmap`` one call on the batch, as :func:`_potrf_v`.
+    """:func:`_potrf`'s U with NaN in U[..., 0, 0] where the factorisation failed
+    (failure marked by one NaN on the diagonal: a whole NaN factor is a pass of its
+    own). Under ``vmap`` the batch is factorised in chunks small enough that jaxlib
+    runs each LAPACK call on the calling thread (:func:`simjax.engine.lapack_chol.
+    chunked`): one call on the whole batch (the humanoid's 128 worlds of a Newton trip,
+    27 dofs) was split by jaxlib over XLA's thread pool, the calling pool thread
+    blocked until the pieces ran, and two such calls at once (two CPU devices, or two
+    programs side by side, on two cores) hung the process.
 
-    The mark is a dynamic update slice of the corners of the whole batch, written in
-    place, done here where the batch is explicit: ``.at[..., 0, 0].set`` (or a slice
+    The mark is a dynamic update slice of the corners of the chunk, written in place,
+    done here where the batch is explicit: ``.at[..., 0, 0].set`` (or a slice
     update batched by vmap) is a scatter, which XLA CPU expands into a loop of its own
     before running its simplification fixpoint over the whole program again (see
     :func:`simjax.engine.data.count_warning` for what the ant's rollout saved)."""
@@ -97,15 +83,63 @@ def _potrf_marked(a):
 
 
 @_potrf_marked.def_vmap
+@inline.inlined
 def _potrf_marked_rule(size, flags, a):
-    return _potrf_marked(a), flags[0]
+    del size
+    if not flags[0]:
+        return _potrf_marked(a), False
+    n = a.shape[-1]
+    out = lapack_chol.chunked(_potrf_marked, a.reshape((-1, n, n)), chunk=_per_call(
+        n * n * n // 3))
+    return out.reshape(a.shape), True
+
+
+def _per_call(cost):
+    """Matrices per LAPACK call: as many as stay below jaxlib's threshold (the ant's
+    128 worlds of a Newton trip, 14 dofs, in one call, as without chunks)."""
+    return lapack_chol.per_call(cost, lapack_chol.POOL_WORK - 1)
 
 
 def spd_solve(low, b):
-    """Solve (L L') x = b for a factor of :func:`spd_factor`; b (n,)."""
+    """Solve (L L') x = b for a factor of :func:`spd_factor`; b (n,). Differentiable
+    (the implicit gradient of the solver); under ``vmap`` one LAPACK call per
+    triangular solve on CPU, on the whole batch (see :func:`factor_solve`)."""
     tri = jax.lax.linalg.triangular_solve
-    y = tri(low, b[:, None], left_side=True, lower=True)
-    return tri(low, y, left_side=True, lower=True, transpose_a=True)[:, 0]
+    y = tri(low, b[..., None], left_side=True, lower=True)
+    return tri(low, y, left_side=True, lower=True, transpose_a=True)[..., 0]
+
+
+def factor_solve(lowt, b):
+    """Solve (U' U) x = b for a factor U of :func:`factor_t` (n, n); b (n,). Not
+    differentiable in reverse mode (the solver's own passes, which gradients bypass).
+    On CPU with :mod:`~simjax.engine.lapack_chol`'s jaxlib, under ``vmap`` the two
+    triangular solves run in chunks small enough that each LAPACK call stays on the
+    calling thread (see :func:`_potrf_marked`: jaxlib splits a call whose work, n^2
+    per matrix, reaches its threshold: 40 dofs at 128 worlds, 20 at 512)."""
+    low = jnp.swapaxes(lowt, -1, -2)
+    if not lapack_chol.enabled(lowt.shape[-1]):
+        return spd_solve(low, b)
+    return _solve_chunked(low, b)
+
+
+@jax.custom_batching.custom_vmap
+def _solve_chunked(low, b):
+    """:func:`spd_solve` of ``low`` (..., n, n), ``b`` (..., n); under ``vmap`` chunk
+    by chunk (:func:`factor_solve`)."""
+    return spd_solve(low, b)
+
+
+@_solve_chunked.def_vmap
+@inline.inlined
+def _solve_chunked_rule(size, flags, low, b):
+    if not any(flags):
+        return _solve_chunked(low, b), False
+    low, b = (x if f else jnp.broadcast_to(x, (size,) + x.shape)
+              for x, f in zip((low, b), flags))
+    n = low.shape[-1]
+    out = lapack_chol.chunked(lambda y, lo: _solve_chunked(lo, y), b.reshape((-1, n)),
+                              low.reshape((-1, n, n)), chunk=_per_call(n * n))
+    return out.reshape(b.shape), True
 
 
 #: products with the warm start's two points (nv, 2) as two matrix-vector products,

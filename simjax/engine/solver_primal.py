@@ -18,7 +18,7 @@ from simjax.engine import solver_cost
 from simjax.engine.math import reduce_fused, unstack, where
 from simjax.engine.solver_cost import (
     _force_hessian, _hessian, _quad_hessian, _quad_weights, update)
-from simjax.engine.solver_dense import factor_t, spd_solve
+from simjax.engine.solver_dense import factor_solve, factor_t
 from simjax.engine.solver_gather import Chunked
 from simjax.engine.solver_islands import Islands
 from simjax.engine.solver_rows import head_chunk, rest_chunks
@@ -197,7 +197,7 @@ def _primal(rows, p, start, newton, iterations, ls_iterations):
                 lowt = where_needed(*refactor, s["lowt"])
             else:
                 lowt = factor_t(acc[1])
-            mgrad = spd_solve(jnp.swapaxes(lowt, -1, -2), grad)
+            mgrad = factor_solve(lowt, grad)
         elif newton:
             mgrad = jnp.zeros_like(grad)
         else:
