@@ -14,10 +14,10 @@ threshold by construction: under ``vmap`` (any nesting) the batch is flattened a
 factorised in chunks of at most ``_WORK`` flops by one sequential loop (:func:`chunked`,
 a few XLA kernels whatever the batch). No ordering between calls is needed, so
 independent factorisations in one program, or programs running side by side, stay
-safe. The constraint solver's factorisations and triangular solves
-(:mod:`simjax.engine.solver_dense`) use the same loop. Not covered: the implicit
-gradient of the solver (``solver._implicit``), whose triangular solves must transpose
-(a custom vmap rule cannot be transposed), and jax's own linear algebra in users' code.
+safe. The constraint solver's factorisations and triangular solves, and those of its
+implicit gradient (:mod:`simjax.engine.solver_dense`; the gradient's solve transposes
+through ``jax.lax.custom_linear_solve``), use the same loop. Not covered: jax's own
+linear algebra in users' code.
 :func:`ld_reversed` also does the work around the factorisation (reversing the dofs,
 turning the Cholesky factor into MuJoCo's L'DL) chunk by chunk inside the loop: as
 separate passes over the whole batch (with a padded copy of it) they took about a

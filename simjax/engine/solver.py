@@ -50,7 +50,7 @@ from simjax.engine.data import NISLAND
 from simjax.engine.math import matvec, reduce_fused, take, where
 from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_cost import Spec, gradient, spec_from_layout, update
-from simjax.engine.solver_dense import factor_t, spd_factor, spd_solve
+from simjax.engine.solver_dense import factor_t, spd_factor, spd_solve, sym_solve
 from simjax.engine.solver_gather import gather as gather_rows
 from simjax.engine.solver_gather import row_capacity
 from simjax.engine.solver_gather import spread as spread_rows
@@ -118,9 +118,8 @@ def _implicit_jvp(spec, primals, tangents):
     diff, qacc = primals
     ddiff, _ = tangents
     H = jax.jacfwd(lambda qa: gradient(spec, diff, qa))(qacc)
-    low = spd_factor(0.5 * (H + H.T))
     _, gdot = jax.jvp(lambda dd: gradient(spec, dd, qacc), (diff,), (ddiff,))
-    return qacc, -spd_solve(low, gdot)
+    return qacc, -sym_solve(H, gdot)
 
 
 def fwd_constraint(m, d):

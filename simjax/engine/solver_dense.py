@@ -122,6 +122,24 @@ def factor_solve(lowt, b):
     return _solve_chunked(low, b)
 
 
+
+def sym_solve(h, b):
+    """h^-1 b for the symmetric positive definite ``h`` (n, n) (read symmetrised, as
+    :func:`spd_factor` reads it); b (n,). Differentiable in ``b`` and ``h`` in both modes
+    (``jax.lax.custom_linear_solve``, symmetric: its transpose is the same solve; the
+    factor is made from ``h`` with the gradient stopped). On CPU with
+    :mod:`~simjax.engine.lapack_chol`'s jaxlib, under ``vmap`` the factorisation and the
+    triangular solves run in chunks that keep each LAPACK call on its calling thread
+    (as :func:`factor_solve`: the implicit gradient of the solver, for 1024
+    humanoids, factorised and solved on the whole batch in one call each)."""
+    if not lapack_chol.enabled(h.shape[-1]):
+        return spd_solve(spd_factor(h), b)
+    sym = 0.5 * (h + jnp.swapaxes(h, -1, -2))
+    # the same bits as spd_factor's call (LAPACK reads the transpose)
+    low = lapack_chol.cholesky(jnp.swapaxes(jax.lax.stop_gradient(sym), -1, -2))
+    return jax.lax.custom_linear_solve(lambda x: sym @ x, b,
+                                       lambda _, y: _solve_chunked(low, y), symmetric=True)
+
 @jax.custom_batching.custom_vmap
 def _solve_chunked(low, b):
     """:func:`spd_solve` of ``low`` (..., n, n), ``b`` (..., n); under ``vmap`` chunk

@@ -89,18 +89,57 @@ def test_factor_and_solve_chunks_bit_identical():
     np.testing.assert_array_equal(x, ref)
 
 
-def test_humanoid_step_lapack_calls_stay_on_the_calling_thread():
+def test_humanoid_step_and_grad_lapack_calls_stay_on_the_calling_thread():
     """The batched step of the humanoid (27 dofs, Newton: a factorisation and two
-    triangular solves per pass) at 4096 worlds, whose Newton trips hold 512: two CPU
-    devices running it hung in jaxlib's thread pool when a call reached the
-    threshold."""
+    triangular solves per pass) at 4096 worlds, whose Newton trips hold 512, and its
+    gradient: two CPU devices running the step hung in jaxlib's thread pool when a call
+    reached the threshold."""
     if not lapack_chol.enabled(27):
         pytest.skip("LAPACK path not used here")
     _, m = load("mujoco_humanoid/humanoid.xml", constraints=True)
     d = jax.vmap(lambda q: make_data(m).replace(qpos=q))(
         jnp.tile(jnp.asarray(m.qpos0), (4096, 1)))
     text = jax.jit(jax.vmap(lambda x: step(m, x))).lower(d).as_text()
-    calls = _lapack_calls(text)
+
+    # and its gradient at 512 worlds (the solver's implicit gradient solves the batch)
+    def loss(qvel, x):
+        return jnp.sum(step(m, x.replace(qvel=qvel)).qvel ** 2)
+
+    half = jax.tree_util.tree_map(lambda x: x[:512], d)
+    grad_text = jax.jit(jax.vmap(jax.grad(loss))).lower(half.qvel, half).as_text()
+    for t in (text, grad_text):
+        calls = _lapack_calls(t)
+        assert {c[0] for c in calls} == {"potrf", "trsm"}
+        for kind, batch, size, cols in calls:
+            assert batch * _cost(kind, size, cols) < _POOL_WORK, (kind, batch, size, cols)
+
+
+def test_sym_solve_gradient_chunked():
+    """sym_solve (the solver's implicit gradient): h^-1 b, its reverse-mode gradients
+    in b and h, and under vmap of the gradient every LAPACK call below the threshold."""
+    if not lapack_chol.enabled(27):
+        pytest.skip("LAPACK path not used here")
+    rng = np.random.default_rng(7)
+    h = jnp.asarray(_spd(rng, (300,), 27))
+    b = jnp.asarray(rng.standard_normal((300, 27)))
+    w = jnp.asarray(rng.standard_normal(27))
+
+    def loss(hh, bb):
+        return w @ solver_dense.sym_solve(hh, bb)
+
+    grad = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))
+    calls = _lapack_calls(grad.lower(h, b).as_text())
     assert {c[0] for c in calls} == {"potrf", "trsm"}
     for kind, batch, size, cols in calls:
         assert batch * _cost(kind, size, cols) < _POOL_WORK, (kind, batch, size, cols)
+    gh, gb = grad(h, b)
+    hn, bn = np.asarray(h), np.asarray(b)
+    x = np.linalg.solve(hn, bn[..., None])[..., 0]
+    y = np.linalg.solve(hn, np.broadcast_to(np.asarray(w), bn.shape)[..., None])[..., 0]
+    np.testing.assert_allclose(jax.jit(jax.vmap(loss))(h, b), x @ np.asarray(w),
+                               rtol=1e-9)
+    # d(w' h^-1 b)/db = h^-1 w; d/dh = -(h^-1 w)(h^-1 b)', h read symmetrised
+    np.testing.assert_allclose(gb, y, rtol=1e-9, atol=1e-12)
+    dh = -y[:, :, None] * x[:, None, :]
+    np.testing.assert_allclose(gh, 0.5 * (dh + np.swapaxes(dh, -1, -2)), rtol=1e-8,
+                               atol=1e-12)
