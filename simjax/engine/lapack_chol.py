@@ -11,13 +11,13 @@ touches the pool.
 
 So :func:`cholesky` and :func:`ld_reversed` keep every LAPACK call below the
 threshold by construction: under ``vmap`` (any nesting) the batch is flattened and
-factorised in chunks of at most ``_WORK`` flops by one sequential loop (:func:`chunked`,
-a few XLA kernels whatever the batch). No ordering between calls is needed, so
-independent factorisations in one program, or programs running side by side, stay
-safe. The constraint solver's factorisations and triangular solves, and those of its
-implicit gradient (:mod:`simjax.engine.solver_dense`; the gradient's solve transposes
-through ``jax.lax.custom_linear_solve``), use the same loop. Not covered: jax's own
-linear algebra in users' code.
+factorised in chunks of at most ``_WORK`` flops (:func:`chunked`: one sequential
+loop, a few XLA kernels whatever the batch, or up to ``_UNROLL`` separate calls). No
+ordering between calls is needed, so independent factorisations in one program, or
+programs running side by side, stay safe. The constraint solver's factorisations and
+triangular solves, and those of its implicit gradient (:mod:`simjax.engine.
+solver_dense`; the gradient's solve transposes through ``jax.lax.custom_linear_solve``),
+use the same chunks. Not covered: jax's own linear algebra in users' code.
 :func:`ld_reversed` also does the work around the factorisation (reversing the dofs,
 turning the Cholesky factor into MuJoCo's L'DL) chunk by chunk inside the loop: as
 separate passes over the whole batch (with a padded copy of it) they took about a
@@ -179,5 +179,5 @@ def _ld_reversed_vmap(axis_size, in_batched, a, mask, diag):
         a = jnp.broadcast_to(a, (axis_size,) + a.shape)
     diag = jnp.broadcast_to(diag, a.shape[:-1])
     out = chunked(lambda x, dg: _ld_block(x, mask, dg), a.reshape((-1, n, n)),
-                   diag.reshape((-1, n)))
+                  diag.reshape((-1, n)))
     return out.reshape(a.shape), True

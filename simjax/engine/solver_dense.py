@@ -23,10 +23,14 @@ def spd_factor(a):
     of the row-major array. Handed the matrix itself, XLA stores it transposed, and
     propagates that layout up to M: batches of small transposes of M around the
     solver loops cost more than the factorisation."""
-    def t(x):
-        return jnp.swapaxes(x, -1, -2)
+    return jax.lax.linalg.cholesky(_sym_t(a), symmetrize_input=False)
 
-    return jax.lax.linalg.cholesky(t(0.5 * (a + t(a))), symmetrize_input=False)
+
+def _sym_t(a):
+    """The symmetrised ``a`` (..., n, n), transposed (the same matrix, bit for bit):
+    what LAPACK, reading column-major, is handed (see :func:`spd_factor`)."""
+    t = jnp.swapaxes(a, -1, -2)
+    return jnp.swapaxes(0.5 * (a + t), -1, -2)
 
 
 def _potrf(a):
@@ -122,7 +126,6 @@ def factor_solve(lowt, b):
     return _solve_chunked(low, b)
 
 
-
 def sym_solve(h, b):
     """h^-1 b for the symmetric positive definite ``h`` (n, n) (read symmetrised, as
     :func:`spd_factor` reads it); b (n,). Differentiable in ``b`` and ``h`` in both modes
@@ -134,11 +137,12 @@ def sym_solve(h, b):
     humanoids, factorised and solved on the whole batch in one call each)."""
     if not lapack_chol.enabled(h.shape[-1]):
         return spd_solve(spd_factor(h), b)
-    sym = 0.5 * (h + jnp.swapaxes(h, -1, -2))
-    # the same bits as spd_factor's call (LAPACK reads the transpose)
-    low = lapack_chol.cholesky(jnp.swapaxes(jax.lax.stop_gradient(sym), -1, -2))
+    sym = _sym_t(h)
+    # spd_factor's LAPACK call, chunked under vmap
+    low = lapack_chol.cholesky(jax.lax.stop_gradient(sym))
     return jax.lax.custom_linear_solve(lambda x: sym @ x, b,
                                        lambda _, y: _solve_chunked(low, y), symmetric=True)
+
 
 @jax.custom_batching.custom_vmap
 def _solve_chunked(low, b):
