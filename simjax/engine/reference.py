@@ -3,15 +3,16 @@
 Runs once per model at load time, in float64 numpy (the arrays are small and this is
 not part of the traced step): forward kinematics, subtree centres of mass, point
 Jacobians, the joint-space inertia M = sum_b (m_b Jp_b^T Jp_b + Jr_b^T I_b Jr_b) + armature,
-fixed and straight spatial tendons, and actuator transmissions. From these it derives the
-quantities listed in :mod:`simjax.engine.setconst` exactly as ``engine_setconst.c``.
+fixed and spatial tendons (wrapping spheres and cylinders through
+:mod:`simjax.engine.reference_wrap`), and actuator transmissions. From these it derives
+the quantities listed in :mod:`simjax.engine.setconst` exactly as ``engine_setconst.c``.
 
-Tendon lengths and Jacobians (spatial tendons wrapping geoms included) and actuator
-lengths and moments (site transmissions with a reference site, slider-cranks) come from
-the engine's own tendon and transmission stages, evaluated once in float64 at the
-reference pose (:func:`_engine_eval`); when the engine does not support a model's
-actuators the numpy fallbacks below are used (fixed and straight spatial tendons, joint,
-tendon and plain site transmissions).
+Actuator lengths and moments of the transmissions numpy does not compute here (site
+transmissions with a reference site, slider-cranks, body and SO3 transmissions) come
+from the engine's own tendon and transmission stages, jitted once and evaluated in
+float64 at the reference pose (:func:`_engine_eval`); when the engine does not support
+a model's actuators the numpy paths below are used (joint, tendon and plain site
+transmissions).
 
 The muscle ``actuator_lengthrange`` MuJoCo finds by simulation (mj_setLengthRange) is
 computed afterwards by :mod:`simjax.engine.lengthrange`.
@@ -21,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.mjcf.orientation import quat_mul, quat_normalize, quat_to_mat, rotate
+from simjax.engine import reference_wrap
 from simjax.engine.tables import body_simple
+from simjax.engine.tendon import tables as tendon_tables
 from simjax.types import GainType, EqType, JointType, ObjType, TrnType, WrapType, leaf
 
 _MINVAL = 1e-15
@@ -133,12 +136,13 @@ class _Kin:
 
 
 def _tendons(m, kin, qpos):
-    """Tendon lengths and Jacobians (fixed, and spatial without geom wrapping)."""
+    """Tendon lengths (ntendon,) and Jacobians (ntendon, nv): fixed tendons, and
+    spatial ones over the engine's segment tables (sites, pulleys, and spheres and
+    cylinders wrapped by :mod:`simjax.engine.reference_wrap`), summed as mj_tendon does:
+    per straight piece between points on different bodies, dir . (jacp(end) -
+    jacp(start)) / divisor; the arc over a geom adds length only."""
     length, J = np.zeros(m.ntendon), np.zeros((m.ntendon, m.nv))
-    exact = np.ones(m.ntendon, bool)
     wt, wo, wp = np.asarray(m.wrap_type), np.asarray(m.wrap_objid), np.asarray(m.wrap_prm)
-    spos = [kin.frame(m.site_bodyid[s], np.asarray(m.site_pos)[s],
-                      np.asarray(m.site_quat)[s])[0] for s in range(m.nsite)]
     for t in range(m.ntendon):
         adr, num = m.tendon_adr[t], m.tendon_num[t]
         if num and wt[adr] == WrapType.JOINT:
@@ -146,27 +150,34 @@ def _tendons(m, kin, qpos):
                 j = wo[k]
                 length[t] += wp[k] * qpos[m.jnt_qposadr[j]]
                 J[t, m.jnt_dofadr[j]] += wp[k]
-            continue
-        divisor = 1.0
-        for k in range(adr, adr + num - 1):
-            if wt[k] == WrapType.PULLEY:
-                divisor = wp[k]
-                continue
-            if wt[k] in (WrapType.SPHERE, WrapType.CYLINDER) or \
-                    wt[k + 1] in (WrapType.SPHERE, WrapType.CYLINDER):
-                exact[t] = False
-                continue
-            if wt[k] != WrapType.SITE or wt[k + 1] != WrapType.SITE:
-                continue
-            s0, s1 = wo[k], wo[k + 1]
-            d = spos[s1] - spos[s0]
-            n = np.linalg.norm(d)
-            length[t] += n / divisor
-            if n > _MINVAL:
-                j1 = kin.jac(m.site_bodyid[s1], spos[s1])[0]
-                j0 = kin.jac(m.site_bodyid[s0], spos[s0])[0]
-                J[t] += (d / n) @ (j1 - j0) / divisor
-    return length, J, exact
+    if not m.ntendon:
+        return length, J
+    tab = tendon_tables(m)
+    spos = [kin.frame(m.site_bodyid[s], np.asarray(m.site_pos)[s],
+                      np.asarray(m.site_quat)[s])[0] for s in range(m.nsite)]
+    sbody, gbody = np.asarray(m.site_bodyid), np.asarray(m.geom_bodyid)
+    for i, t in enumerate(tab.seg_tendon):
+        s0, s1, g = tab.seg_s0[i], tab.seg_s1[i], tab.seg_geom[i]
+        div = wp[tab.seg_div[i]] if tab.seg_div[i] >= 0 else 1.0
+        p0, p1 = spos[s0], spos[s1]
+        seg = np.linalg.norm(p1 - p0)
+        pieces = [(p0, p1, sbody[s0], sbody[s1])]
+        if g >= 0:
+            gpos, gmat = kin.frame(gbody[g], np.asarray(m.geom_pos)[g],
+                                   np.asarray(m.geom_quat)[g])
+            sid = int(np.round(wp[tab.seg_side[i]])) if tab.seg_side[i] >= 0 else -1
+            wlen, w0, w1 = reference_wrap.wrap(p0, p1, gpos, gmat, float(
+                np.asarray(m.geom_size)[g, 0]), bool(tab.seg_cyl[i]),
+                spos[sid] if sid >= 0 else None)
+            if wlen >= 0:
+                seg = np.linalg.norm(w0 - p0) + wlen + np.linalg.norm(p1 - w1)
+                pieces = [(p0, w0, sbody[s0], gbody[g]), (w1, p1, gbody[g], sbody[s1])]
+        length[t] += seg / div
+        for a, b, ba, bb in pieces:
+            if ba != bb:
+                direction = reference_wrap.normalize3(b - a)
+                J[t] += direction @ (kin.jac(bb, b)[0] - kin.jac(ba, a)[0]) / div
+    return length, J
 
 
 def _transmission(m, kin, qpos, ten_len, ten_J):
@@ -198,16 +209,13 @@ def _transmission(m, kin, qpos, ten_len, ten_J):
     return length, moment
 
 
-def _engine_stages(m, qpos, transmission):
+def _engine_stages(m, qpos):
     import jax.numpy as jnp
     from simjax.engine import actuation, io, smooth
     d = io.make_data(m, dtype=jnp.float64).replace(qpos=qpos)
-    d = smooth.com_pos(m, smooth.kinematics(m, d))
-    d = smooth.tendon(m, d)
-    if transmission:
-        d = actuation.transmission(m, d)
-        return d.ten_length, d.ten_J, d.actuator_length, d.actuator_moment
-    return d.ten_length, d.ten_J
+    d = smooth.tendon(m, smooth.com_pos(m, smooth.kinematics(m, d)))
+    d = actuation.transmission(m, d)
+    return d.ten_length, d.ten_J, d.actuator_length, d.actuator_moment
 
 
 _ENGINE_JIT = []
@@ -234,40 +242,31 @@ def run_once(key, jitted, *args):
 
 
 def _needs_engine(m):
-    """(tendons, transmission): whether the numpy paths below cannot compute them."""
-    wt = np.asarray(m.wrap_type)
+    """Whether the model has transmissions the numpy paths below cannot compute
+    (slider-cranks, body and SO3 transmissions, sites with a reference site)."""
     trn = np.asarray(m.actuator_trntype)
     ref = np.asarray(m.actuator_trnid).reshape(-1, 2)[:, 1] if m.nactuator else np.zeros(0)
-    tendons = bool(np.any((wt == WrapType.SPHERE) | (wt == WrapType.CYLINDER)))
     special = (trn == TrnType.SLIDERCRANK) | (trn == TrnType.BODY) | (trn == TrnType.SO3) | (
         (trn == TrnType.SITE) & (ref >= 0))
-    return tendons, bool(np.any(special)) or (tendons and bool(np.any(trn == TrnType.TENDON)))
+    return bool(np.any(special))
 
 
 def _engine_eval(m, qpos):
     """Engine tendon and transmission outputs in float64 at each row of ``qpos`` (k, nq):
-    (ten_length (k, ntendon), ten_J (k, ntendon, nv), actuator_length (k, nu) or None,
-    actuator_moment (k, nu, nv) or None). One jitted, vmapped evaluation; actuator
-    outputs are None when the engine does not support the model's actuators."""
+    (ten_length (k, ntendon), ten_J (k, ntendon, nv), actuator_length (k, nu),
+    actuator_moment (k, nu, nv)). One jitted, vmapped evaluation; None when the engine
+    does not support the model's actuators."""
     import jax
     from simjax.errors import UnsupportedFeatureError
     if not _ENGINE_JIT:
-        _ENGINE_JIT.extend(jax.jit(jax.vmap(lambda m, q, t=t: _engine_stages(m, q, t),
-                                            in_axes=(None, 0))) for t in (False, True))
-
-    def fn(m, q, transmission):
-        return run_once(("engine", transmission), _ENGINE_JIT[transmission], m, q)
+        _ENGINE_JIT.append(jax.jit(jax.vmap(_engine_stages, in_axes=(None, 0))))
     with jax.enable_x64(True):
         q = leaf(np.asarray(qpos, np.float64).reshape(-1, m.nq))
-        out = None
-        if m.nactuator:
-            try:
-                out = fn(m, q, True)
-            except UnsupportedFeatureError:
-                out = None
-        if out is None:
-            out = tuple(fn(m, q, False)) + (None, None)
-    return tuple(None if x is None else np.asarray(x, np.float64) for x in out)
+        try:
+            out = run_once("engine", _ENGINE_JIT[0], m, q)
+        except UnsupportedFeatureError:
+            return None
+    return tuple(np.asarray(x, np.float64) for x in out)
 
 
 def set0(model):
@@ -288,14 +287,14 @@ def set0(model):
     out["body_invweight0"] = _body_invweight(m, kin, Minv)
     out["dof_invweight0"] = _dof_invweight(m, Minv)
     qspring = np.asarray(m.qpos_spring, dtype=np.float64)
-    eng_ten, eng_trn = _needs_engine(m)
     spring_len = None
-    if eng_ten or eng_trn:
-        ten_l, ten_j, act_l, act_m = _engine_eval(m, np.stack([qpos0, qspring]))
+    engine = _engine_eval(m, np.stack([qpos0, qspring])) if _needs_engine(m) else None
+    if engine is not None:
+        ten_l, ten_j, act_l, act_m = engine
         ten_len, ten_J, spring_len = ten_l[0], ten_j[0], ten_l[1]
-        act_len, moment = (None, None) if act_l is None else (act_l[0], act_m[0])
+        act_len, moment = act_l[0], act_m[0]
     else:
-        ten_len, ten_J, _ = _tendons(m, kin, qpos0)
+        ten_len, ten_J = _tendons(m, kin, qpos0)
         act_len = moment = None
     out["tendon_length0"] = ten_len
     out["tendon_invweight0"] = np.einsum("ti,ij,tj->t", ten_J, Minv, ten_J)
@@ -480,7 +479,7 @@ def _lengthspring(m, length=None):
         return ls
     if length is None:
         qs = np.asarray(m.qpos_spring, dtype=np.float64)
-        length, _, _ = _tendons(m, _Kin(m, qs), qs)
+        length, _ = _tendons(m, _Kin(m, qs), qs)
     unset = (ls[:, 0] == -1) & (ls[:, 1] == -1)
     ls[unset] = length[unset, None]
     return ls
