@@ -358,13 +358,23 @@ def _decode_stl(data: bytes, file: str):
     tri = np.frombuffer(data, dtype=rec, count=nface, offset=84)["v"].reshape(-1, 3)
     if np.any(np.abs(tri) > 2.0 ** 30):
         raise MJCFError(f"vertex in STL file '{file}' exceeds maximum bounds")
-    keys = np.ascontiguousarray(tri).view(np.uint32).view([("k", np.void, 12)]).ravel()
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    vert = tri[first[order]].astype(np.float32)
-    face = rank[inverse.ravel()].reshape(-1, 3)
+    # the 96-bit key of a vertex as two integers, sorted stably: equal vertices are
+    # neighbours, the first of a run is the first appearance (np.unique on 12-byte void
+    # keys took ten times as long: barkour's 14 meshes, 0.69 -> 0.07 s)
+    bits = np.ascontiguousarray(tri).view(np.uint32).astype(np.uint64)
+    hi, lo = (bits[:, 0] << np.uint64(32)) | bits[:, 1], bits[:, 2]
+    order = np.lexsort((lo, hi))
+    run = np.empty(len(order), bool)
+    run[0] = True
+    run[1:] = (hi[order[1:]] != hi[order[:-1]]) | (lo[order[1:]] != lo[order[:-1]])
+    group = np.empty(len(order), np.int64)
+    group[order] = np.cumsum(run) - 1            # each vertex's key, in sorted order
+    first = order[run]                           # its first appearance
+    by_first = np.argsort(first, kind="stable")
+    rank = np.empty_like(by_first)
+    rank[by_first] = np.arange(len(by_first))
+    vert = tri[first[by_first]].astype(np.float32)
+    face = rank[group].reshape(-1, 3)
     return vert, face
 
 

@@ -491,6 +491,27 @@ def test_stl_binary_meshdir_and_assets(tmp_path):
     np.testing.assert_array_equal(from_assets.vert, ours.vert)
 
 
+def test_stl_merges_duplicates_in_order_of_first_appearance():
+    """_decode_stl against a dictionary of float32 bit patterns: 300 triangles over 40
+    distinct corners in scrambled order, 0.0 and -0.0 kept apart (different bits)."""
+    rng = np.random.default_rng(3)
+    cells = rng.permutation(343)[:40]                 # 40 distinct grid points
+    corners = np.stack([cells // 49, cells // 7 % 7, cells % 7], 1).astype(np.float32) - 3
+    corners[5] = [0.0, 9.0, 9.0]
+    corners[6] = [-0.0, 9.0, 9.0]
+    f = rng.integers(0, 40, (300, 3))
+    f[0, 0], f[1, 1] = 6, 5
+    vert, face = ms._decode_stl(_stl_bytes(corners, f), "t.stl")
+    seen = {}
+    for c in corners[f].reshape(-1, 3):
+        seen.setdefault(c.tobytes(), len(seen))
+    want = [seen[c.tobytes()] for c in corners[f].reshape(-1, 3)]
+    np.testing.assert_array_equal(face.ravel(), want)
+    expect = np.array([np.frombuffer(k, np.float32) for k in seen])
+    np.testing.assert_array_equal(vert.view(np.uint32), expect.view(np.uint32))
+    assert vert.dtype == np.float32 and len(vert) == len(np.unique(f)) == 40
+
+
 def test_stl_ascii_is_rejected_like_mujoco(tmp_path):
     (tmp_path / "a.stl").write_text("solid a\nfacet normal 0 0 1\nouter loop\nvertex 0 0 0\n"
                                     "vertex 1 0 0\nvertex 0 1 0\nendloop\nendfacet\nendsolid a\n")
