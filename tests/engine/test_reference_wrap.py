@@ -58,6 +58,33 @@ def test_wrap_matches_engine():
     assert min(wrapped.values()) >= 100, wrapped
 
 
+def test_wrap_under_vmap_where_some_worlds_wrap_from_inside():
+    """tendon.wrap vmapped over 8 worlds of 40 problems each, side sites outside the
+    geoms in worlds 0-3 (its inside wrap skipped by its lax.cond when the batch is
+    those worlds alone) and some inside in worlds 4-7: every world's values equal the
+    numpy wrap's (1e-12), for the whole batch and for worlds 0-3 alone."""
+    rng = np.random.default_rng(2)
+    args = [np.reshape(a, (8, 40) + np.shape(a)[1:]) for a in _segments(rng, 320)]
+    x0, x1, gpos, gmat, radius, cyl, side, has_side = args
+    out = (np.linalg.norm(side - gpos, axis=-1) >= radius)
+    has_side[:4] &= out[:4]                   # worlds 0-3: no side site inside
+    assert not np.any(has_side[:4] & ~out[:4]) and np.any(has_side[4:] & ~out[4:])
+    with jax.enable_x64(True):
+        fn = jax.jit(jax.vmap(tendon.wrap))
+        whole = [np.asarray(x) for x in fn(*args)]
+        first = [np.asarray(x) for x in fn(*(a[:4] for a in args))]
+    for w in range(8):
+        for i in range(40):
+            ln, a, b = reference_wrap.wrap(x0[w, i], x1[w, i], gpos[w, i], gmat[w, i],
+                                           radius[w, i], cyl[w, i],
+                                           side[w, i] if has_side[w, i] else None)
+            for got in (whole, first) if w < 4 else (whole,):
+                assert (ln >= 0) == (got[0][w, i] >= 0), (w, i)
+                if ln >= 0:
+                    np.testing.assert_allclose([ln, *a, *b], [got[0][w, i], *got[1][w, i],
+                                               *got[2][w, i]], rtol=0, atol=1e-12)
+
+
 def _mujoco_tendons(mjm, mjd, qpos):
     mjd.qpos[:] = qpos
     mujoco.mj_kinematics(mjm, mjd)

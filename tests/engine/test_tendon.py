@@ -169,6 +169,31 @@ def test_wrap_paths_cover_all_cases():
     assert {"pulley", "site", "geomtype2", "geomtype5"} <= seen
 
 
+def test_inside_wrap_traced_only_where_a_side_site_may_be_inside():
+    """tendon.wrap's inside wrap (a 60-step loop): not traced when no segment has a side
+    site (has_side a NumPy array of False), and otherwise inside a lax.cond."""
+    import jax
+    from jax.extend.core import jaxprs_in_params
+    from simjax.engine import tendon
+    n = 3
+    args = [np.ones((n, 3)), -np.ones((n, 3)), np.zeros((n, 3)),
+            np.tile(np.eye(3), (n, 1, 1)), np.full(n, 0.5), np.zeros(n, bool), np.zeros((n, 3))]
+
+    def loops(jaxpr, under_cond=False):
+        found = []
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name in ("scan", "while"):
+                found.append(under_cond)
+            for sub in jaxprs_in_params(eqn.params):
+                found += loops(sub, under_cond or name == "cond")
+        return found
+    static = jax.make_jaxpr(lambda *a: tendon.wrap(*a, np.zeros(n, bool)))(*args)
+    traced = jax.make_jaxpr(lambda *a, h: tendon.wrap(*a, h))(*args, h=np.ones(n, bool))
+    assert loops(static.jaxpr) == []
+    assert loops(traced.jaxpr) == [True]
+
+
 @pytest.mark.slow                      # an eager forward of the model (~20 s)
 def test_armature_on_geom_wrapping_tendon_is_unsupported():
     """MuJoCo raises a fatal error for it (mj_tendonDot); simjax names it."""
