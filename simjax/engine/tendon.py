@@ -363,7 +363,7 @@ def _point_rows(m, d, bodies, points, w):
     off = points - d.subtree_com[np.asarray(m.body_rootid)[bodies]]
     # products summed over the 3 components (as math.matvec): vmapped, the two matrix
     # products were batched dots, a small matrix product per world on CPU (arm26, 1024
-    # worlds: six such dots, most of the tendon stage's time)
+    # worlds: six such dots; the tendon stage 5.8 -> 4.6 ms)
     lin = jnp.sum(w[:, None, :] * d.cdof[None, :, 3:], -1)
     ang = jnp.sum(math.cross(off, w)[:, None, :] * d.cdof[None, :, :3], -1)
     return anc * (lin + ang)
