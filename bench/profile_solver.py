@@ -63,7 +63,9 @@ def main():
         m = simjax.load_model(path)
         d0 = io.make_data(m)
         stored = args.tile_from if args.tile_from and not args.prep else args.batch
-        fname = os.path.join(args.cache, f"{name}_{stored}.pkl")
+        # a model given by its path stays inside the cache directory
+        key = name.strip("/").replace("/", "_")
+        fname = os.path.join(args.cache, f"{key}_{stored}.pkl")
         if args.prep:
             _, _, qpos, qvel = settled(path, args.batch, 400)
             dt = d0.qpos.dtype
