@@ -156,6 +156,8 @@ def _tendons(m, kin, qpos):
     spos = [kin.frame(m.site_bodyid[s], np.asarray(m.site_pos)[s],
                       np.asarray(m.site_quat)[s])[0] for s in range(m.nsite)]
     sbody, gbody = np.asarray(m.site_bodyid), np.asarray(m.geom_bodyid)
+    gpos_l, gquat_l = np.asarray(m.geom_pos), np.asarray(m.geom_quat)
+    radius = np.asarray(m.geom_size)[:, 0]
     for i, t in enumerate(tab.seg_tendon):
         s0, s1, g = tab.seg_s0[i], tab.seg_s1[i], tab.seg_geom[i]
         div = wp[tab.seg_div[i]] if tab.seg_div[i] >= 0 else 1.0
@@ -163,12 +165,11 @@ def _tendons(m, kin, qpos):
         seg = np.linalg.norm(p1 - p0)
         pieces = [(p0, p1, sbody[s0], sbody[s1])]
         if g >= 0:
-            gpos, gmat = kin.frame(gbody[g], np.asarray(m.geom_pos)[g],
-                                   np.asarray(m.geom_quat)[g])
+            gpos, gmat = kin.frame(gbody[g], gpos_l[g], gquat_l[g])
             sid = int(np.round(wp[tab.seg_side[i]])) if tab.seg_side[i] >= 0 else -1
-            wlen, w0, w1 = reference_wrap.wrap(p0, p1, gpos, gmat, float(
-                np.asarray(m.geom_size)[g, 0]), bool(tab.seg_cyl[i]),
-                spos[sid] if sid >= 0 else None)
+            wlen, w0, w1 = reference_wrap.wrap(p0, p1, gpos, gmat, float(radius[g]),
+                                               bool(tab.seg_cyl[i]),
+                                               spos[sid] if sid >= 0 else None)
             if wlen >= 0:
                 seg = np.linalg.norm(w0 - p0) + wlen + np.linalg.norm(p1 - w1)
                 pieces = [(p0, w0, sbody[s0], gbody[g]), (w1, p1, gbody[g], sbody[s1])]

@@ -89,3 +89,20 @@ def geom_poses(d, mjd):
     import jax.numpy as jnp
     return d.replace(geom_xpos=jnp.array(mjd.geom_xpos),
                      geom_xmat=jnp.array(mjd.geom_xmat).reshape(-1, 3, 3))
+
+
+def dense_ten_j(mjm, mjd):
+    """MuJoCo's ten_J (sparse rows) as a dense (ntendon, nv) array."""
+    out = np.zeros((mjm.ntendon, mjm.nv))
+    if mjm.ntendon:
+        mujoco.mju_sparse2dense(out, mjd.ten_J, mjm.ten_J_rownnz, mjm.ten_J_rowadr,
+                                mjm.ten_J_colind)
+    return out
+
+
+def arm26_original_sidesites(mjm):
+    """arm26 as MuJoCo ships it (a ``load`` edit): side sites x0, x1 directly below the
+    joints (the corpus file moves them 45 degrees for MuJoCo 4.0's side-site rule so
+    that its lengthrange computation converges)."""
+    for name, pos in (("x0", (0.0, -0.15, 0.0)), ("x1", (0.5, -0.15, 0.0))):
+        mjm.site_pos[mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_SITE, name)] = pos

@@ -5,7 +5,8 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import corpus_path, load, random_state, rel_err
+from engine_helpers import (arm26_original_sidesites, corpus_path, dense_ten_j, load,
+                            random_state, rel_err)
 from simjax.engine import reference, reference_wrap, tendon
 
 MODELS = [
@@ -90,15 +91,7 @@ def _mujoco_tendons(mjm, mjd, qpos):
     mujoco.mj_kinematics(mjm, mjd)
     mujoco.mj_comPos(mjm, mjd)
     mujoco.mj_tendon(mjm, mjd)
-    J = np.zeros((mjm.ntendon, mjm.nv))
-    mujoco.mju_sparse2dense(J, mjd.ten_J, mjm.ten_J_rownnz, mjm.ten_J_rowadr,
-                            mjm.ten_J_colind)
-    return mjd.ten_length.copy(), J
-
-
-def _arm26_original_sidesites(mjm):
-    for name, pos in (("x0", (0.0, -0.15, 0.0)), ("x1", (0.5, -0.15, 0.0))):
-        mjm.site_pos[mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_SITE, name)] = pos
+    return mjd.ten_length.copy(), dense_ten_j(mjm, mjd)
 
 
 @pytest.mark.parametrize("rel", MODELS + ["arm26-original-sidesites"])
@@ -109,7 +102,7 @@ def test_tendons_match_mujoco(rel):
     tendon._wrap_inside); everything else agrees to ~1e-14, checked on the tendons
     that wrap no geom from inside."""
     if rel == "arm26-original-sidesites":
-        mjm, m = load("mujoco_arm26/arm26.xml", edit=_arm26_original_sidesites)
+        mjm, m = load("mujoco_arm26/arm26.xml", edit=arm26_original_sidesites)
     else:
         mjm, m = load(rel)
     mjd = mujoco.MjData(mjm)

@@ -14,7 +14,8 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import forward_jit, load, random_state, rel_err, set_state, to_data
+from engine_helpers import (arm26_original_sidesites, dense_ten_j, forward_jit, load,
+                            random_state, rel_err, set_state, to_data)
 from simjax.engine import forward, make_data
 
 TOL = 1e-6
@@ -28,14 +29,6 @@ MODELS = [
     pytest.param("mjx_sensor/sensor.xml", marks=pytest.mark.slow),
 ]
 NSTATE = 10
-
-
-def _dense_ten_j(mjm, mjd):
-    out = np.zeros((mjm.ntendon, mjm.nv))
-    if mjm.ntendon:
-        mujoco.mju_sparse2dense(out, mjd.ten_J, mjm.ten_J_rownnz, mjm.ten_J_rowadr,
-                                mjm.ten_J_colind)
-    return out
 
 
 def _compare(mjm, m, states, fields):
@@ -75,29 +68,21 @@ def test_tendon_kinematics(rel):
     rng = np.random.default_rng(0)
     states = [random_state(mjm, rng) for _ in range(NSTATE)]
     fields = dict(TENDON_FIELDS)
-    fields["ten_J"] = (lambda d, mjd: d.ten_J, lambda mjd: _dense_ten_j(mjm, mjd))
+    fields["ten_J"] = (lambda d, mjd: d.ten_J, lambda mjd: dense_ten_j(mjm, mjd))
     worst = _compare(mjm, m, states, fields)
     bad = {k: v for k, v in worst.items() if not v <= TOL}
     assert not bad, f"{rel}: {bad}"
-
-
-def _arm26_original_sidesites(mjm):
-    """arm26 as MuJoCo ships it: side sites x0, x1 directly below the joints (the
-    corpus file moves them 45 degrees for MuJoCo 4.0's side-site rule so that its
-    lengthrange computation converges)."""
-    for name, pos in (("x0", (0.0, -0.15, 0.0)), ("x1", (0.5, -0.15, 0.0))):
-        mjm.site_pos[mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_SITE, name)] = pos
 
 
 def test_arm26_original_sidesites():
     """With side sites below the joints the opposite-side rule of MuJoCo 4.0 decides
     most paths (wrapping where the straight segment misses the geom, and the long way
     round): 40 states over the full joint circle."""
-    mjm, m = load("mujoco_arm26/arm26.xml", edit=_arm26_original_sidesites)
+    mjm, m = load("mujoco_arm26/arm26.xml", edit=arm26_original_sidesites)
     rng = np.random.default_rng(5)
     states = [random_state(mjm, rng, qscale=2.0) for _ in range(40)]
     fields = dict(TENDON_FIELDS)
-    fields["ten_J"] = (lambda d, mjd: d.ten_J, lambda mjd: _dense_ten_j(mjm, mjd))
+    fields["ten_J"] = (lambda d, mjd: d.ten_J, lambda mjd: dense_ten_j(mjm, mjd))
     worst = _compare(mjm, m, states, fields)
     bad = {k: v for k, v in worst.items() if not v <= TOL}
     assert not bad, bad
