@@ -17,7 +17,7 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.math import unstack, where
-from simjax.engine.solver_worlds import any_world, needy_table
+from simjax.engine.solver_worlds import any_world, needy_table, per_world_work
 
 
 #: where a quarter of the rows is under two per dof: the later chunks run on the worlds
@@ -510,7 +510,7 @@ def gather(spec, p, caps):
                                 nefc=row)
     J0 = _take_J(p["J"], idx)
     src["J"] = p["J"]
-    blocks = nchunk > 1 and _BLOCKS and _few_rows(spec)
+    blocks = nchunk > 1 and _BLOCKS and _few_rows(spec) and per_world_work()
     return Rows(cspec, nchunk, x0, nact, J0, src, (), find, counts[0], blocks,
                 needy_table(nact) if blocks else None)
 

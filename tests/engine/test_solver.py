@@ -423,20 +423,23 @@ def test_compact_rows(case, fit, monkeypatch):
     check_solve("case", cases)
 
 
-@pytest.mark.parametrize("compact,gather", [(8, 0), (2, 0), (2, 3)])
+@pytest.mark.parametrize("compact,gather,per_world", [
+    (8, 0, True), (2, 0, True), (2, 3, True), (2, 3, False)])
 @pytest.mark.parametrize("blocks,block", [(False, 1), (True, 1), (True, 2)])
-def test_chunks_under_vmap(monkeypatch, blocks, block, compact, gather):
+def test_chunks_under_vmap(monkeypatch, blocks, block, compact, gather, per_world):
     """Worlds of a batch that use different numbers of row chunks (the chunk loop runs
     to the largest count of the batch, or of a block of the worlds that use the later
     chunks, here one or two worlds per block, the last block of two padded) each get
     the solution on the whole rows; with ``compact`` 2 Newton's last passes run on the
     one world left live, gathered (solver_worlds.live_loop), the table of the worlds
     using the later chunks remade for it; with ``gather`` 3 every pass runs on one live
-    world gathered."""
+    world gathered; without ``per_world`` (as on a GPU) every loop runs on the whole
+    batch, whatever the other settings."""
     from simjax.engine import solver as S
     from simjax.engine import solver_gather as G
     from simjax.engine import solver_rows as R
     from simjax.engine import solver_worlds as W
+    monkeypatch.setattr(W, "_PER_WORLD_WORK", per_world)
     monkeypatch.setattr(G, "_few_rows", lambda spec: blocks)
     monkeypatch.setattr(R, "_CHUNK_BLOCK", block)
     monkeypatch.setattr(W, "_COMPACT", compact)
@@ -474,6 +477,7 @@ def test_chunk_sources_lazy(monkeypatch, gather):
     the whole rows (``gather`` 0: the passes on the batch, the same check)."""
     from simjax.engine import solver as S
     from simjax.engine import solver_worlds as W
+    monkeypatch.setattr(W, "_PER_WORLD_WORK", True)
     monkeypatch.setattr(W, "_COMPACT", 2)
     monkeypatch.setattr(W, "_GATHER", gather)
     monkeypatch.setattr(W, "_POISON", True)
@@ -507,6 +511,8 @@ def _newton_worlds(case, monkeypatch, compact, gather, scales, seed):
     from simjax.engine import solver_worlds as W
     monkeypatch.setattr(W, "_COMPACT", compact)
     monkeypatch.setattr(W, "_GATHER", gather)
+    # compact 0: the whole batch, as on a GPU (else the machinery, on every backend)
+    monkeypatch.setattr(W, "_PER_WORLD_WORK", bool(compact))
     rel, edit, opts = CASES[case]
     mjm, m, mjd, slot, d = oracle_case(rel, edit, **opts)
 
@@ -522,7 +528,7 @@ def _newton_worlds(case, monkeypatch, compact, gather, scales, seed):
     return m, mjd, d, solve, worlds, batch
 
 
-@pytest.mark.parametrize("compact,gather", [(8, 0), (2, 0), (2, 2)])
+@pytest.mark.parametrize("compact,gather", [(8, 0), (2, 0), (2, 2), (0, 0)])
 @pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
 def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
     """Newton keeps its Hessian factor where no row changed state and remakes it under
@@ -531,7 +537,8 @@ def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
     iteration count, as solved alone, and MuJoCo's iteration count; with ``compact`` 2
     the last passes run on the (at most two) worlds left live, gathered
     (solver_worlds.live_loop); with ``gather`` 2 every pass runs on two live worlds
-    gathered."""
+    gathered; with ``compact`` 0 the machinery is off (solver_worlds._PER_WORLD_WORK,
+    as on a GPU): every pass and factorisation on the whole batch."""
     # warmstarts at the solution, near it, and away from it
     m, mjd, d, solve, worlds, batch = _newton_worlds(
         case, monkeypatch, compact, gather, (0.0, 1e-3, 1.0), 0)
