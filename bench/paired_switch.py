@@ -40,7 +40,8 @@ def measure(key, module, name, values, batch, nstep, rounds):
     """{value: [seconds per call]} for bench model ``key``, the values' calls
     alternated (the order reversed every other round)."""
     from bench import backends, models
-    spec = models.MODELS[key]
+    # a bench model's key, or the path of a model file (its own options)
+    spec = models.MODELS[key] if key in models.MODELS else models.BenchModel(key)
     mjm = models.mj_model(spec)
     saved = getattr(module, name)
     runs = {}
@@ -70,7 +71,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--switch", required=True, help="module.attribute")
     ap.add_argument("--values", required=True, help="comma-separated Python literals")
-    ap.add_argument("--models", default="humanoid,ant,barkour,shadow_hand")
+    ap.add_argument("--models", default="humanoid,ant,barkour,shadow_hand",
+                    help="bench model keys or model file paths")
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--nstep", type=int, default=2, help="steps per rollout call")
     ap.add_argument("--rounds", type=int, default=6)

@@ -38,3 +38,25 @@ def test_measure_builds_one_program_per_value_and_alternates(monkeypatch):
     # two warm-up calls each, then rounds a b / b a / a b
     assert log == ["a", "a", "b", "b", "a", "b", "b", "a", "a", "b"]
     assert times == {"a": [0.5] * 3, "b": [0.25] * 3}
+
+
+def test_measure_takes_a_model_path(monkeypatch):
+    """A key that is not a bench model is a model file's path, with its own options."""
+    from bench import backends, models
+    seen = []
+
+    class Fake:
+        def __init__(self, mjm, batch, nstep, path, disableflags):
+            seen.append((mjm, path, disableflags))
+
+        def compile(self):
+            return 0.0
+
+        def run(self):
+            return 0.1
+
+    monkeypatch.setattr(backends, "SimJax", Fake)
+    monkeypatch.setattr(models, "mj_model", lambda spec: spec.path)
+    module = types.SimpleNamespace(FLAG=0)
+    paired_switch.measure("/some/model.xml", module, "FLAG", [1], 4, 1, 1)
+    assert seen == [("/some/model.xml", "/some/model.xml", 0)]
