@@ -389,12 +389,83 @@ def _fric_table(spec, p, nefc, dmax, dtype):
     return frtab
 
 
+#: PGS on a compact copy of the rows (:func:`_pgs`): at most this many rows (None: the
+#: scalar capacity of Newton's chunk 0, :func:`~simjax.engine.solver_gather.
+#: row_capacity`; 0: never, every solve on the whole rows, kept to compare), read at
+#: trace time
+_COMPACT_ROWS = None
+
+
+def _compact_capacity(spec):
+    """Rows of :func:`_pgs`'s compact problem, or None where it does not apply: models
+    with elliptic contacts (their blocks span several rows), or a capacity that is not
+    below the rows'."""
+    from simjax.engine.solver_gather import row_capacity
+    if spec.ell or _COMPACT_ROWS == 0:
+        return None
+    cap = row_capacity(spec)[0] if _COMPACT_ROWS is None else int(_COMPACT_ROWS)
+    return cap if cap < spec.nefc else None
+
+
 def _pgs(spec, p, force0, iterations, lay, order):
     """Projected Gauss-Seidel on the dual (mj_solPGS, per island as mj_fwdConstraint):
     Nesterov momentum with gradient restarts (O'Donoghue and Candes 2015), blocks in
     MuJoCo's shuffled order (:func:`block_order`), per-island termination when the
     scaled cost improvement of a sweep falls below ``tolerance``. Returns (force,
-    iterations per island (nisl,), last improvement per island (nisl,))."""
+    iterations per island (nisl,), last improvement per island (nisl,)). Inactive rows
+    (padding: MuJoCo's rows are the active ones) start and stay at zero.
+
+    The row capacity (every contact slot, both sides of every limit) is many times the
+    active rows of a typical state (the Gymnasium humanoid: 164 rows, 9-36 active), and
+    every block update reads a row of AR = J M^-1 J' + R over all of them, AR itself
+    O(rows^2 nv). Where every block is a single row (no elliptic contacts), the solve
+    runs on a compact copy: the first ``cap`` rows of the visit order (the active rows,
+    by island and MuJoCo's order; :func:`_compact_capacity`), AR made for those only,
+    and the forces written back. Where a world has more active rows than that (under
+    vmap: any world of the batch, :func:`~simjax.engine.solver_worlds.any_world`) the
+    solve runs on the whole rows. Both visit the same blocks in the same order; the
+    products over the rows differ by the inactive rows' zero terms only (rounding)."""
+    force0 = where(p["active"], force0, 0.0)
+    cap = _compact_capacity(spec)
+    if cap is None:
+        return _pgs_solve(spec, p, force0, iterations, order)
+    from simjax.engine.solver_worlds import any_world
+    over = any_world(reduce_fused(order["nblk"], 0) > cap)
+    return jax.lax.cond(over, lambda: _pgs_solve(spec, p, force0, iterations, order),
+                        lambda: _pgs_compact(spec, p, force0, iterations, order, cap))
+
+
+class _RowSpec:
+    """The row structure :func:`_pgs_solve` reads (``nefc``, ``fric``, ``ineq``,
+    ``ell``): a compact problem's masks are gathered (traced), not static."""
+
+    def __init__(self, nefc, fric, ineq, ell):
+        self.nefc, self.fric, self.ineq, self.ell = nefc, fric, ineq, ell
+
+
+def _pgs_compact(spec, p, force0, iterations, order, cap):
+    """:func:`_pgs` on the rows ``perm[:cap]`` (blocks of one row each): compact row
+    ``c`` is the block at position ``c`` of the visit order, so the compact order
+    starts as the identity and is shuffled as the full one (by position); the rows past
+    the active ones are inactive, never visited, their forces zero."""
+    rows = order["perm"][:cap]
+
+    def take(x):
+        return jnp.take(x, rows, axis=0)
+
+    pc = dict(p, J=take(p["J"]), R=take(p["R"]), efc_b=take(p["efc_b"]),
+              floss=take(p["floss"]), fr=())
+    oc = dict(order, start=np.arange(cap, dtype=np.int32),
+              kind=np.zeros(cap, np.int32), dim=np.ones(cap, np.int32),
+              perm=jnp.arange(cap, dtype=jnp.int32), bisl=take(order["bisl"]),
+              rowisl=take(order["rowisl"]))
+    sc = _RowSpec(cap, take(jnp.asarray(spec.fric)), take(jnp.asarray(spec.ineq)), ())
+    force, niter, imp = _pgs_solve(sc, pc, take(force0), iterations, oc)
+    return force0.at[rows].set(force), niter, imp
+
+
+def _pgs_solve(spec, p, force0, iterations, order):
+    """:func:`_pgs` on the rows of ``spec`` (static, or :class:`_RowSpec`)."""
     AR = _ar(p)
     b = p["efc_b"]
     nefc = spec.nefc

@@ -48,7 +48,7 @@ from simjax.engine import constraint as C
 from simjax.engine import inline, tables, tree_linalg
 from simjax.engine.data import NISLAND
 from simjax.engine.math import matvec, reduce_fused, take, where
-from simjax.engine.pgs import _ar, _islands, _noslip, _pgs, _row_trees, block_order
+from simjax.engine.pgs import _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_cost import Spec, gradient, spec_from_layout, update
 from simjax.engine.solver_dense import factor_t, spd_factor, spd_solve, sym_solve
 from simjax.engine.solver_gather import gather as gather_rows
@@ -192,8 +192,10 @@ def fwd_constraint(m, d):
         if warm:
             qw = sg(d.qacc_warmstart)
             fw, _, _ = update(spec, ps, ps["J"] @ qw - ps["aref"], "f")
-            AR = _ar(ps)
-            dual = jnp.dot(fw, ps["efc_b"]) + 0.5 * jnp.dot(fw, AR @ fw)
+            # AR fw as J M^-1 J' fw + R fw: the dense AR (rows^2 nv) is made by PGS for
+            # the rows it solves only (pgs._pgs)
+            arf = ps["J"] @ ps["solve_m"](ps["J"].T @ fw) + ps["R"] * fw
+            dual = jnp.dot(fw, ps["efc_b"]) + 0.5 * jnp.dot(fw, arf)
             f0 = where(dual > 0, 0.0, fw)
         force_solver, niter, imp = _pgs(spec, ps, f0, iters, lay, order)
         gnorm = jnp.zeros_like(imp)

@@ -115,6 +115,76 @@ def test_islands_match_mujoco(scene):
     assert np.all(np.asarray(order["nblk"])[mjd.nisland:] == 0)
 
 
+@pytest.mark.parametrize("fit", [True, False])
+def test_compact_rows_match_mujoco(fit, monkeypatch):
+    """PGS on the compact rows (pgs._pgs_compact: a capacity of exactly the state's
+    active rows) and, one row fewer, on the whole rows: MuJoCo's iterates after 1 and 5
+    sweeps (cold, warm) to 1e-12 relative, and its iteration counts."""
+    import jax
+    from simjax.engine import solver
+    mjm = _model()
+    m = model_from_mujoco(mjm)
+    st = _state(mjm)
+    mjd0 = _solve(mjm, m, st, 1, False)[0]
+    assert mjd0.nefc < C.layout(m, C.slot_dims(io.make_data(m))).nefc
+    monkeypatch.setattr(pgs, "_COMPACT_ROWS", mjd0.nefc if fit else mjd0.nefc - 1)
+    # a jit of its own (jits of one function share their programs)
+    monkeypatch.setitem(globals(), "solve_jit",
+                        jax.jit(lambda m, d: solver.fwd_constraint(m, d)))
+    for iterations, warm in [(1, False), (5, True)]:
+        mjd, slot, _, out = _solve(mjm, m, st, iterations, warm)
+        check_solution(mjd, slot, out, 1e-12)
+        np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
+
+
+def test_compact_rows_under_vmap(monkeypatch):
+    """Worlds of a batch with all of a state's active rows and with half of them: with
+    a capacity for the larger count every world is solved on the compact rows, with
+    one for the smaller the batch on the whole rows; each world's forces those of its
+    own solve (1e-12 relative) and its own iteration counts."""
+    import jax
+    import jax.numpy as jnp
+    from simjax.engine import solver
+    mjm = _model()
+    m = model_from_mujoco(mjm)
+    d = _solve(mjm, m, _state(mjm), 5, True)[2]
+    mm = m.replace(opt=m.opt.replace(iterations=5, disableflags=mjm.opt.disableflags))
+    on = np.nonzero(np.asarray(d.efc_active))[0]
+    off = on[len(on) // 2:]
+    d1 = d.replace(efc_active=d.efc_active.at[off].set(False),
+                   efc_D=d.efc_D.at[off].set(0.0), efc_J=d.efc_J.at[off].set(0.0))
+    worlds = [d, d1, d]
+    batch = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *worlds)
+    for cap in (len(on), len(on) // 2):
+        monkeypatch.setattr(pgs, "_COMPACT_ROWS", cap)
+        # jits of their own, traced at this capacity
+        solve = jax.jit(lambda m, d: solver.fwd_constraint(m, d))
+        got = jax.jit(jax.vmap(lambda m, d: solver.fwd_constraint(m, d),
+                               in_axes=(None, 0)))(mm, batch)
+        for i, x in enumerate(worlds):
+            want = solve(mm, x)
+            scale = float(np.abs(np.asarray(want.efc_force)).max())
+            err = np.abs(np.asarray(got.efc_force[i]) - np.asarray(want.efc_force)).max()
+            assert err / scale < 1e-12
+            np.testing.assert_array_equal(np.asarray(got.solver_niter[i]),
+                                          np.asarray(want.solver_niter))
+
+
+def test_compact_rows_gym_humanoid():
+    """The Gymnasium humanoid (PGS, pyramidal contacts; 164 rows, a compact capacity of
+    41) at a state with contacts: forces and iteration counts as MuJoCo's at tight
+    tolerance (1e-10 relative), its active rows fitting the compact capacity."""
+    from simjax.engine.solver import spec_from_layout
+    mjm, m, mjd, slot, d = oracle_case("gym_humanoid/humanoid.xml",
+                                       tight(mujoco.mjtSolver.mjSOL_PGS), z=1.0, seed=2)
+    lay = C.layout(m, C.slot_dims(d))
+    cap = pgs._compact_capacity(spec_from_layout(lay, m.nv))
+    assert mjd.ncon >= 2 and cap is not None and mjd.nefc <= cap < lay.nefc
+    out = solve_jit(m, d)
+    check_solution(mjd, slot, out, 1e-10)
+    np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
+
+
 EQ_SCENE = """
 <mujoco>
   <worldbody>
