@@ -328,13 +328,20 @@ def block_order(m, d, lay):
     nb = len(start)
     active = d.efc_active
     bact = active[start]
-    # contact rank in mj_collision's order
+    # contacts by mj_collision's order (their keys increase along it), then their rows
     ncap = d.contact.dist.shape[0]
+    kbound = int(key.max(initial=0)) + 1
     if ncap and np.any(slot >= 0):
-        order = driver.contact_order(m, d)
-        rank = jnp.zeros(ncap, jnp.int32).at[order].set(jnp.arange(ncap, dtype=jnp.int32))
-        ckey = rank[jnp.asarray(np.maximum(slot, 0))] * 16 + jnp.asarray(key)
+        ckeys, cbound = driver.contact_keys(m, d)
+        if cbound * 16 > np.iinfo(np.int32).max:
+            # keys too large for int32: the contacts' positions in that order instead
+            order = driver.contact_order(m, d)
+            ckeys = jnp.zeros(ncap, jnp.int32).at[order].set(
+                jnp.arange(ncap, dtype=jnp.int32))
+            cbound = ncap
+        ckey = ckeys[jnp.asarray(np.maximum(slot, 0))] * 16 + jnp.asarray(key)
         bkey = where(jnp.asarray(slot >= 0), ckey, jnp.asarray(key))
+        kbound = max(kbound, cbound * 16)
     else:
         bkey = jnp.asarray(key)
     islands = not (m.opt.disableflags & DisableBit.ISLAND) and int(m.ntree) > 0
@@ -348,11 +355,22 @@ def block_order(m, d, lay):
         rowisl = where(active, 0, 1).astype(jnp.int32)
         dofisl = jnp.zeros(int(m.nv), jnp.int32)
     bisl = where(bact, rowisl[start], nisl)
-    perm = jnp.lexsort((bkey, jnp.asarray(cls), bisl)).astype(jnp.int32)
+    perm = _block_perm(bkey, cls, bisl, kbound, nisl)
     nblk = jnp.zeros(nisl + 1, jnp.int32).at[bisl].add(1)[:nisl]
     first = jnp.cumsum(nblk) - nblk
     return dict(start=start, kind=kind, dim=dim, edims=edims, nisl=nisl, nb=nb,
                 perm=perm, bisl=bisl, nblk=nblk, first=first, rowisl=rowisl, dofisl=dofisl)
+
+
+def _block_perm(bkey, cls, bisl, kbound, nisl):
+    """Blocks sorted by (island, class, key): the argsort of one int32 key where (nisl +
+    1) * 4 * kbound fits (the keys are distinct within a class, so no ties), else a
+    lexsort. XLA's CPU sort of one key and an index ran a world's 164 blocks (the
+    Gymnasium humanoid) in 30 us where the lexsort took 45 us."""
+    if (nisl + 1) * 4 * kbound <= np.iinfo(np.int32).max:
+        key = (bisl * 4 + jnp.asarray(cls)) * kbound + bkey
+        return jnp.argsort(key, stable=True).astype(jnp.int32)
+    return jnp.lexsort((bkey, jnp.asarray(cls), bisl)).astype(jnp.int32)
 
 
 def _shuffle(perm, gen, nblk, first):

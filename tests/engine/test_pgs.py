@@ -365,3 +365,21 @@ def test_noslip_corpus_matches_mujoco(name):
     out = solve_jit(m, d)
     check_solution(mjd, slot, out, 1e-10)
     np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
+
+
+def test_block_perm_one_key_matches_lexsort():
+    """pgs._block_perm's single-key argsort gives the lexsort's order (island, class,
+    key) on random blocks with distinct keys per class; past the int32 bound it is
+    the lexsort."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(5)
+    for nb, nisl, kbound in [(164, 1, 700), (300, 12, 5000), (40, 3, 1 << 28)]:
+        cls = rng.integers(0, 4, nb).astype(np.int32)
+        key = np.zeros(nb, np.int32)
+        for c in range(4):
+            at = np.nonzero(cls == c)[0]
+            key[at] = rng.choice(min(kbound, 1 << 20), len(at), replace=False)
+        bisl = rng.integers(0, nisl + 1, nb).astype(np.int32)
+        got = np.asarray(pgs._block_perm(jnp.asarray(key), cls, jnp.asarray(bisl), kbound,
+                                         nisl))
+        np.testing.assert_array_equal(got, np.lexsort((key, cls, bisl)))

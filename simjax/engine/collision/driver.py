@@ -419,13 +419,32 @@ def contact_order(m, d):
     several dims (slots grouped by dim) the groups interleave by geom pair
     (:func:`mujoco_rank` of the contact's geom pair)."""
     n = d.contact.dist.shape[0]
-    slots = jnp.arange(n, dtype=jnp.int32)
-    p = plan(m)
     if len(set(d.contact.slot_dim)) <= 1:
-        return slots
+        return jnp.arange(n, dtype=jnp.int32)
+    key, bound = contact_keys(m, d)
+    if bound <= np.iinfo(np.int32).max:
+        return jnp.argsort(key, stable=True).astype(jnp.int32)
+    rank, slots = key
+    return jnp.lexsort((slots, rank)).astype(jnp.int32)
+
+
+def contact_keys(m, d):
+    """(keys (ncon_max,) int32, bound): keys in MuJoCo's contact order (the slots of
+    :func:`contact_order` sort by them: distinct, increasing along that order) and a
+    static bound above every key, without sorting: the slot index where every slot has
+    one contact dim, else the geom pair's rank times ``ncon_max`` plus the slot. Where
+    that bound passes int32, keys is the pair (rank, slot) instead, to sort on both."""
+    n = d.contact.dist.shape[0]
+    slots = jnp.arange(n, dtype=jnp.int32)
+    if len(set(d.contact.slot_dim)) <= 1:
+        return slots, n
+    p = plan(m)
     table = np.full((m.ngeom, m.ngeom), len(p.g1), np.int32)
     table[p.g1, p.g2] = p.rank
     valid = d.contact.valid
     g = where(valid[:, None], d.contact.geom, 0)
     rank = where(valid, jnp.asarray(table)[g[:, 0], g[:, 1]], len(p.g1))
-    return jnp.lexsort((slots, rank)).astype(jnp.int32)
+    bound = (len(p.g1) + 1) * n
+    if bound > np.iinfo(np.int32).max:
+        return (rank, slots), bound
+    return rank * n + slots, bound
