@@ -105,7 +105,8 @@ def test_pgs_elliptic_not_worse_than_mujoco():
     rows, _ = match_rows(mjd, out, slot)
     lay = C.layout(m, C.slot_dims(d))
     p = S._problem(m, d, lay)
-    ar = np.asarray(S._ar(p))
+    from simjax.engine.pgs import _ar
+    ar = np.asarray(_ar(p))
     b = np.asarray(out.efc_b)
 
     def dual(f):
