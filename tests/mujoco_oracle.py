@@ -13,8 +13,10 @@ import pytest
 
 from simjax import types
 
-CORPUS = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared",
-                                       "corpus"))
+#: the corpus folder: ../shared/corpus beside the repository, or the folder named by the
+#: SIMJAX_CORPUS environment variable (a copy taken to another machine), as for bench/
+CORPUS = os.environ.get("SIMJAX_CORPUS") or os.path.normpath(
+    os.path.join(os.path.dirname(__file__), "..", "..", "shared", "corpus"))
 
 
 def corpus_path(rel: str) -> str:

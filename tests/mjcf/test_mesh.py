@@ -20,7 +20,7 @@ from simjax.errors import MJCFError  # noqa: E402
 from simjax.mjcf import hfield as hf  # noqa: E402
 from simjax.mjcf import mesh as ms  # noqa: E402
 
-CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "corpus")
+from mujoco_oracle import CORPUS  # noqa: E402  (../shared/corpus or SIMJAX_CORPUS)
 
 MESH_MODELS = [
     "mjx_shadow_hand/scene_right.xml",

@@ -10,7 +10,7 @@ import pytest
 from simjax.errors import UnsupportedFeatureError
 from simjax.mjcf.parse import Element, parse
 
-CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "corpus")
+from mujoco_oracle import CORPUS  # ../shared/corpus, or SIMJAX_CORPUS
 
 
 def P(xml, assets=None) -> Element:
