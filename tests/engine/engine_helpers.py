@@ -106,3 +106,17 @@ def arm26_original_sidesites(mjm):
     that its lengthrange computation converges)."""
     for name, pos in (("x0", (0.0, -0.15, 0.0)), ("x1", (0.5, -0.15, 0.0))):
         mjm.site_pos[mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_SITE, name)] = pos
+
+
+def jaxpr_loops(jaxpr, under_cond=False):
+    """The loops (scan, while) of a jaxpr, nested ones included, in order: a list of
+    (primitive name, whether inside a ``cond``)."""
+    from jax.extend.core import jaxprs_in_params
+    found = []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("scan", "while"):
+            found.append((name, under_cond))
+        for sub in jaxprs_in_params(eqn.params):
+            found += jaxpr_loops(sub, under_cond or name == "cond")
+    return found

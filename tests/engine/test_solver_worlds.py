@@ -18,16 +18,9 @@ def _per_world(monkeypatch):
 
 def _loop_count(fn, *args):
     """The number of while loops in the jaxpr of ``fn(*args)``, nested ones included."""
-    from jax.extend.core import jaxprs_in_params
-
-    def count(jaxpr):
-        n = 0
-        for e in jaxpr.eqns:
-            n += e.primitive.name == "while"
-            for sub in jaxprs_in_params(e.params):
-                n += count(sub)
-        return n
-    return count(jax.make_jaxpr(fn)(*args).jaxpr)
+    from engine_helpers import jaxpr_loops
+    loops = jaxpr_loops(jax.make_jaxpr(fn)(*args).jaxpr)
+    return sum(name == "while" for name, _ in loops)
 
 
 @pytest.mark.parametrize("branches, one_block, per_world",

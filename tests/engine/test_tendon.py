@@ -158,21 +158,15 @@ def test_inside_wrap_traced_only_where_a_side_site_may_be_inside():
     """tendon.wrap's inside wrap (a 60-step loop): not traced when no segment has a side
     site (has_side a NumPy array of False), and otherwise inside a lax.cond."""
     import jax
-    from jax.extend.core import jaxprs_in_params
+    from engine_helpers import jaxpr_loops
     from simjax.engine import tendon
     n = 3
     args = [np.ones((n, 3)), -np.ones((n, 3)), np.zeros((n, 3)),
             np.tile(np.eye(3), (n, 1, 1)), np.full(n, 0.5), np.zeros(n, bool), np.zeros((n, 3))]
 
-    def loops(jaxpr, under_cond=False):
-        found = []
-        for eqn in jaxpr.eqns:
-            name = eqn.primitive.name
-            if name in ("scan", "while"):
-                found.append(under_cond)
-            for sub in jaxprs_in_params(eqn.params):
-                found += loops(sub, under_cond or name == "cond")
-        return found
+    def loops(jaxpr):
+        # for each loop, whether it sits inside a cond
+        return [inside for _, inside in jaxpr_loops(jaxpr)]
     static = jax.make_jaxpr(lambda *a: tendon.wrap(*a, np.zeros(n, bool)))(*args)
     traced = jax.make_jaxpr(lambda *a, h: tendon.wrap(*a, h))(*args, h=np.ones(n, bool))
     assert loops(static.jaxpr) == []
