@@ -71,11 +71,12 @@ def _problem(m, d, lay):
     p = dict(M=d.qM, qfrc_smooth=d.qfrc_smooth, qacc_smooth=d.qacc_smooth, J=d.efc_J,
              aref=d.efc_aref, D=d.efc_D, R=d.efc_R, floss=d.efc_frictionloss,
              active=d.efc_active,
-             tolerance=jnp.asarray(m.opt.tolerance, dtype),
+             tolerance=jnp.asarray(solver_tolerance(m.opt.tolerance, dtype), dtype),
              ls_tolerance=jnp.asarray(m.opt.ls_tolerance, dtype),
              noslip_tolerance=jnp.asarray(m.opt.noslip_tolerance, dtype),
              meaninertia=jnp.asarray(m.stat.meaninertia, dtype),
-             gtol_base=_product(m.opt.tolerance, m.opt.ls_tolerance, dtype),
+             gtol_base=_product(solver_tolerance(m.opt.tolerance, dtype),
+                                m.opt.ls_tolerance, dtype),
              solve_m=lambda x: tree_linalg.solve_ld(m, d.qLD, x))
     mus, frs = [], []
     for blk in lay.blocks:
@@ -89,6 +90,31 @@ def _problem(m, d, lay):
         frs.append(fr)
     p["mu"], p["fr"] = tuple(mus), tuple(frs)
     return p
+
+
+#: the least solver tolerance of a float32 solve (0: opt.tolerance as it is), read at
+#: trace time: MuJoCo Warp's (MuJoCo's float32 engine) override, for the same reason:
+#: float32 rounding of the cost and gradient stays above smaller tolerances
+_F32_TOLERANCE = 1e-6
+
+
+def solver_tolerance(tol, dtype):
+    """The tolerance of the constraint solvers' stopping tests (Newton, CG, PGS; the line
+    search's gradient tolerance is its product with ``ls_tolerance``) for a solve in
+    ``dtype``: ``opt.tolerance``, raised to at least :data:`_F32_TOLERANCE` in float32.
+
+    MuJoCo's solvers run in float64. In float32 a solve's scaled cost improvement and
+    gradient norm stop falling at the rounding level of the cost (worlds of mjx_sensor
+    ran Newton to its 100-iteration limit with improvements of 1.5e-8 to 8.9e-8 against
+    MuJoCo's default 1e-8), so the float32 tolerance is raised as MuJoCo Warp raises it
+    (``max(opt.tolerance, 1e-6)`` in its ``put_model``). A traced ``tol`` is raised by a
+    traced maximum. float64 solves use ``tol`` as MuJoCo does."""
+    if jnp.dtype(dtype) != jnp.float32 or not _F32_TOLERANCE:
+        return tol
+    c = tables.concrete(tol)
+    if c is not None:
+        return np.maximum(np.asarray(c, np.float64), _F32_TOLERANCE)
+    return jnp.maximum(tol, _F32_TOLERANCE)
 
 
 def _product(a, b, dtype):
