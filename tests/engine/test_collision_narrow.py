@@ -12,6 +12,7 @@ import pytest
 from engine_helpers import geom_poses, normalize_quaternions
 from simjax.engine import io
 from simjax.engine.collision import broadphase, chunked, driver, narrow, primitive
+from simjax.types import GeomType
 
 
 _FILTER_SCENE = """<mujoco><worldbody>
@@ -339,3 +340,65 @@ def test_joined_groups():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(np.asarray(got.ncon), np.asarray(want.ncon))
     _assert_mujoco_depths(mjm, got, qs)
+
+
+# an irregular convex hexahedron (no symmetric faces), seven free copies: 21 mesh-mesh
+# candidate pairs
+_MESH_CHUNK_SCENE = (
+    '<mujoco><asset><mesh name="hex" vertex="-.05 -.04 -.03  .06 -.05 -.02  .05 .05 -.04 '
+    '-.04 .06 -.03  -.06 -.05 .04  .05 -.04 .05  .04 .06 .03  -.05 .04 .05"/></asset>'
+    '<worldbody>' + '<body><freejoint/><geom type="mesh" mesh="hex"/></body>' * 7 +
+    '</worldbody></mujoco>')
+
+
+def test_mesh_group_chunks(monkeypatch):
+    """A mesh-mesh group of more than ``CHUNK_MIN`` candidates (21 pairs) runs its
+    passing pairs chunk by chunk (``MESH_CHUNK`` pairs each), their hull tables gathered
+    by geom id: every world's contacts (count, geoms, distances, positions, frames, in
+    MuJoCo's order) equal those of every candidate run (``MESH_SAT_CHUNKS`` off, the
+    former way) to 1e-12, with worlds passing several pairs and one passing none."""
+    from mujoco_oracle import model_from_mujoco
+    mjm = mujoco.MjModel.from_xml_string(_MESH_CHUNK_SCENE)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    p = driver.plan(m)
+    mesh = (GeomType.MESH, GeomType.MESH)
+    grp = next(g for g in p.groups if getattr(g.fn, "types", None) == mesh)
+    assert len(grp.cand) == 21 and chunked._chunks(grp.fn, len(grp.cand))
+    assert chunked.chunk_of(grp.fn) == chunked.MESH_CHUNK
+    rng = np.random.default_rng(2)
+    ds = []
+    for i in range(6):
+        q = normalize_quaternions(mjm, rng.standard_normal(mjm.nq)).reshape(-1, 7)
+        q[:, :3] = rng.uniform(0, 0.3, (len(q), 3))
+        if i == 5:                                  # far apart: no pair passes
+            q[:, 0] = 10.0 * np.arange(len(q))
+        mjd.qpos[:] = q.ravel()
+        mujoco.mj_kinematics(mjm, mjd)
+        ds.append(geom_poses(io.make_data(m, ncon_max=200), mjd))
+    batch = jax.tree_util.tree_map(lambda *x: np.stack(x), *ds)
+    prm = driver.pair_params(m, p, jnp.float64)
+    dm = prm["margin"] + prm["gap"]
+    split = driver.dim_split(m, 200)
+    count = jax.jit(jax.vmap(lambda d: narrow.narrow_group(m, d, p, grp, dm, split)[2]))(
+        batch)
+    assert int(np.max(count)) > 2 and int(count[5]) == 0
+
+    def collide():
+        # a new function per switch value: the switch is read at trace time
+        got = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))(batch)
+        return got, jax.jit(jax.vmap(lambda d: driver.contact_order(m, d)))(got)
+    got, order = collide()
+    monkeypatch.setattr(chunked, "MESH_SAT_CHUNKS", False)
+    ref, rorder = collide()
+    np.testing.assert_array_equal(np.asarray(got.ncon), np.asarray(ref.ncon))
+    assert int(np.sum(np.asarray(got.ncon) > 1)) >= 2
+    for i in range(len(ds)):
+        n = int(got.ncon[i])
+        k, rk = np.asarray(order[i])[:n], np.asarray(rorder[i])[:n]
+        np.testing.assert_array_equal(np.asarray(got.contact.geom[i])[k],
+                                      np.asarray(ref.contact.geom[i])[rk])
+        for f in ("dist", "pos", "frame"):
+            np.testing.assert_allclose(np.asarray(getattr(got.contact, f)[i])[k],
+                                       np.asarray(getattr(ref.contact, f)[i])[rk],
+                                       rtol=0, atol=1e-12)

@@ -83,16 +83,49 @@ def _zeros(types):
 #: CHUNK at a time, and a chunk none of whose pairs passes in any world of the batch is
 #: skipped; the passing pairs up to the group's pair capacity run (``nrow`` of
 #: :func:`_chunked`), so the contacts are those of running all candidates unless more
-#: pairs pass (then WARN_CONTACTFULL). Groups with mesh tables are not chunked:
-#: gathering their per-pair tables by traced pair index makes them per-world arrays
-#: (sphere-mesh ~2x slower)
+#: pairs pass (then WARN_CONTACTFULL). Groups with mesh tables are not chunked, but
+#: for the SAT collider's (:data:`MESH_SAT_CHUNKS`): gathering their per-pair tables by
+#: traced pair index makes them per-world arrays (sphere-mesh ~2x slower)
 CHUNK = 4
 CHUNK_MIN = 16
 
+#: pairs per chunk of a mesh group of the SAT collider (:data:`MESH_SAT_CHUNKS`)
+MESH_CHUNK = 1
+
+
+def chunk_of(fn):
+    """Pairs per chunk of ``fn``'s chunked group: ``MESH_CHUNK`` for the SAT collider on
+    a mesh pair, else ``CHUNK``."""
+    return MESH_CHUNK if _mesh_sat(fn) else CHUNK
+
+
+#: groups of the SAT convex collider with a mesh (mesh-mesh, box-mesh, ...) of more
+#: than CHUNK_MIN candidates run in chunks too, their pairs' hull tables gathered by
+#: geom id in the chunk: a pair's SAT search on the Trossen arm's meshes costs about 3
+#: ms per world, and every one of its 33 mesh-mesh candidates ran where about 1 passes
+#: the broadphase. Its collision stage (batch 16, float32) 118 -> 13.1 ms per world in
+#: chunks of 4, 2.95 ms per world-step in chunks of 1 (MESH_CHUNK; batch 64, settled
+#: states, against 13.9 ms with 4). False: every candidate runs (for paired
+#: measurements)
+MESH_SAT_CHUNKS = True
+
 
 def _chunks(fn, n):
-    """Whether a costly group of ``n`` candidates runs in chunks (:func:`_chunked`)."""
-    return n > CHUNK_MIN and GT.MESH not in (getattr(fn, "types", None) or ())
+    """Whether a costly group of ``n`` candidates runs in chunks (:func:`_chunked`):
+    groups without mesh data, and groups of the SAT collider with a mesh
+    (:data:`MESH_SAT_CHUNKS`)."""
+    types = getattr(fn, "types", None) or ()
+    if GT.MESH not in types:
+        return n > CHUNK_MIN
+    return MESH_SAT_CHUNKS and n > CHUNK_MIN and _mesh_sat(fn)
+
+
+def _mesh_sat(fn):
+    """Whether ``fn`` is the SAT convex collider on a mesh pair (not plane-mesh, not
+    sphere-mesh with its own tables)."""
+    types = getattr(fn, "types", None) or ()
+    return (GT.MESH in types and GT.PLANE not in types
+            and not hasattr(fn, "mesh_tables"))
 
 
 def _pack(tree):
@@ -180,11 +213,11 @@ _SEARCH = "count"
 
 
 def _chunked(fn, take, ok, count, most, found, ftype, nrow=None):
-    """A costly collider group run chunk by chunk (see ``CHUNK``): a ``lax.scan`` over the
-    chunks of the passing pairs (compacted in order by a cumulative count and, in the
-    chunk's branch, a count of the cumulative counts below its pairs' ranks, see
-    ``_SEARCH``, where :func:`first_k` of all n keys is a full sort), each a ``lax.cond``
-    on whether any world has a passing pair in it (:func:`batch_max`), so that the collider
+    """A costly collider group run chunk by chunk (``CHUNK`` pairs, :func:`chunk_of`): a
+    ``lax.scan`` over the chunks of the passing pairs (compacted in order by a cumulative
+    count and, in the chunk's branch, a count of the cumulative counts below its pairs'
+    ranks, see ``_SEARCH``, where :func:`first_k` of all n keys is a full sort), each a
+    ``lax.cond`` on whether any world has a passing pair in it (:func:`batch_max`), so that the collider
     is compiled once and runs only on chunks that hold passing pairs. A chunk's arguments
     are gathered inside its branch (``take(idx)``: the collider's arguments for group-local
     pairs idx; from the component-major pair table, a few columns, where packing every
@@ -199,42 +232,43 @@ def _chunked(fn, take, ok, count, most, found, ftype, nrow=None):
     count``, made by the caller; sets ``found["unpack"]``, the output's unpacking
     (:func:`_pack`)."""
     n = ok.shape[0]
-    nch = -(-(n if nrow is None else nrow) // CHUNK)      # rows: nrow, else one per pair
+    ch = chunk_of(fn)
+    nch = -(-(n if nrow is None else nrow) // ch)      # rows: nrow, else one per pair
     jf = _packed_chunk(fn)
     width = (inline.outside(jf.trace) if _JIT_IN_STEP else jf.trace)(
-        *take(jnp.zeros(CHUNK, jnp.int32))).out_info.shape[1]
+        *take(jnp.zeros(ch, jnp.int32))).out_info.shape[1]
     # the cumulative count of passing pairs here, the search for a chunk's
     # pairs in its branch: only the chunks that run search theirs (searching all
     # n rows first cost the shadow hand's capsule-box group ~2.5 us per world)
     cs = cumcount(ok)
     if not _SEARCH_IN_CHUNK:
-        every = jnp.minimum(first_true(ok, nch * CHUNK)[0], n - 1).astype(jnp.int32)
+        every = jnp.minimum(first_true(ok, nch * ch)[0], n - 1).astype(jnp.int32)
 
     def body(carry, c):
         buf, sel = carry
 
         def run():
-            want = c * CHUNK + jnp.arange(1, CHUNK + 1, dtype=jnp.int32)
+            want = c * ch + jnp.arange(1, ch + 1, dtype=jnp.int32)
             pos = (count_below(cs, want) if _SEARCH == "count" else
                    inline.searchsorted(cs, want, method=_SEARCH))
             idx = jnp.minimum(pos, n - 1).astype(jnp.int32)
             if not _SEARCH_IN_CHUNK:
-                idx = jax.lax.dynamic_slice_in_dim(every, c * CHUNK, CHUNK)
+                idx = jax.lax.dynamic_slice_in_dim(every, c * ch, ch)
             args = take(idx)
             out = (inline.outside(jf) if _JIT_IN_STEP else jf)(*args)
             found["unpack"] = _UNPACK[(fn, _types(args))]
             if out.shape[1:] != buf.shape[1:] or out.dtype != buf.dtype:
                 raise TypeError(f"collider {fn} returned {out.shape[1:]} {out.dtype} "
                                 f"packed, not ({width},) {ftype}")
-            return (jax.lax.dynamic_update_slice_in_dim(buf, out, c * CHUNK, 0),
-                    jax.lax.dynamic_update_slice_in_dim(sel, idx, c * CHUNK, 0))
-        return jax.lax.cond(most > c * CHUNK, run, lambda: (buf, sel)), None
+            return (jax.lax.dynamic_update_slice_in_dim(buf, out, c * ch, 0),
+                    jax.lax.dynamic_update_slice_in_dim(sel, idx, c * ch, 0))
+        return jax.lax.cond(most > c * ch, run, lambda: (buf, sel)), None
 
     # batched from the start under vmap (batched_like): found batched in the body, it
     # made vmap batch the body, the collider's included, a second time. Rows of
     # skipped chunks are past every world's passing pairs: zeros, and the last pair
-    buf = batched_like(jnp.zeros((nch * CHUNK, width), ftype), ok)
-    sel = batched_like(jnp.full(nch * CHUNK, n - 1, jnp.int32), ok)
+    buf = batched_like(jnp.zeros((nch * ch, width), ftype), ok)
+    sel = batched_like(jnp.full(nch * ch, n - 1, jnp.int32), ok)
     (out, sel), _ = inline.scan(body, (buf, sel), jnp.arange(nch))
     return out, sel
 

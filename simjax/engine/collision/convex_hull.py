@@ -331,11 +331,13 @@ def _cast(xp, x, ftype):
     return xp.asarray(x, ftype) if x.dtype.kind == "f" else xp.asarray(x)
 
 
-def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=None):
+def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=None, traced=False):
     """Give mesh geoms of a convex collider group their hull data (vert, extra).
 
     ``geoms``: the group's candidate geom ids (g1, g2) (static numpy); the tables then
     cover the group's meshes only (padded to the largest of them), else every mesh.
+    ``traced``: the pairs are those of the geom ids ``i1``, ``i2`` (traced: a chunk of
+    a group's passing pairs), gathered at run time, not the static ``geoms``.
     A collider with a ``mesh_tables`` attribute (``(table builder, names)``) gets
     those tables instead of the SAT ones."""
     types = getattr(fn, "types", None)
@@ -366,7 +368,7 @@ def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=None):
             # only the tables this collider reads: the pairs' rows taken in NumPy when
             # the geoms are static (a constant; gathered in the program, each table's
             # rows were a kernel), else gathered by mesh row at run time
-            if isinstance(gs, np.ndarray):
+            if isinstance(gs, np.ndarray) and not traced:
                 mid, xp = lid[gs], np
             else:
                 mid, xp = jnp.asarray(lid)[ig], jnp

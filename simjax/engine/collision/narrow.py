@@ -19,11 +19,12 @@ from simjax.engine.collision.broadphase import (
     _BOXED, _box_filter, _broadphase, _geom_cols, _geom_rows, _geom_table, _pair_cols,
     _pair_rows, _pair_table, _segment_filter)
 from simjax.engine.collision.chunked import (
-    CHUNK, _chunked, _chunks, _pack, _run_or_skip, _zeros, batch_max, first_k)
+    _chunked, _chunks, _pack, _run_or_skip, _zeros, batch_max, chunk_of, first_k)
 from simjax.engine.collision.common import once
 from simjax.engine.collision.pairs import Group, sdf_pair
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.math import reduce_fused, where
+from simjax.types import GeomType as GT
 
 
 def _geoms(m, d, g, sel, ftype):
@@ -185,9 +186,14 @@ def narrow_group(m, d, p, grp, det_margin, split):
         return _pose_args(m, grp.fn, g1, g2, dm, r1[:2], r2[:2], ftype,
                           sizes=(r1[2], r2[2]))
 
-    def take(idx):       # the arguments of pairs idx (a collider without mesh data)
+    def take(idx):       # the arguments of pairs idx, mesh data gathered by geom id
         r1, r2 = rows(idx)
-        return Geom(*r1[:3]), Geom(*r2[:3]), dm[idx]
+        geo1, geo2 = Geom(*r1[:3]), Geom(*r2[:3])
+        if GT.MESH in (getattr(grp.fn, "types", None) or ()):
+            geo1, geo2 = convex.attach_meshes(
+                m, grp.fn, geo1, geo2, jnp.asarray(g1)[idx], jnp.asarray(g2)[idx], ftype,
+                geoms=(g1, g2), traced=True)
+        return geo1, geo2, dm[idx]
     no = jnp.zeros((), bool)
     if grp.fn is sdf_pair:
         return _sdf_group(m, d, g1, g2), ok, reduce_fused(ok, 0), no, None
@@ -226,7 +232,8 @@ def narrow_group(m, d, p, grp, det_margin, split):
     if chunks:
         # the chunk scan skipped whole when no world has a passing pair (its rows
         # are then zeros, and those of the pairs past the passing ones the last pair)
-        nrow = -(-min(n, _pair_cap(m, p, grp, split) if _CHUNK_CAP else n) // CHUNK) * CHUNK
+        ch = chunk_of(grp.fn)
+        nrow = -(-min(n, _pair_cap(m, p, grp, split) if _CHUNK_CAP else n) // ch) * ch
         idx = np.minimum(np.arange(nrow), len(grp.cand) - 1)
 
         found = {}
