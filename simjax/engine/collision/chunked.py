@@ -214,23 +214,24 @@ _SEARCH = "count"
 
 def _chunked(fn, take, ok, count, most, found, ftype, nrow=None):
     """A costly collider group run chunk by chunk (``CHUNK`` pairs, :func:`chunk_of`): a
-    ``lax.scan`` over the chunks of the passing pairs (compacted in order by a cumulative
-    count and, in the chunk's branch, a count of the cumulative counts below its pairs'
-    ranks, see ``_SEARCH``, where :func:`first_k` of all n keys is a full sort), each a
-    ``lax.cond`` on whether any world has a passing pair in it (:func:`batch_max`), so that the collider
-    is compiled once and runs only on chunks that hold passing pairs. A chunk's arguments
-    are gathered inside its branch (``take(idx)``: the collider's arguments for group-local
-    pairs idx; from the component-major pair table, a few columns, where packing every
-    pair's arguments into rows first wrote the whole group each step); its output, one
-    packed array (:func:`_pack`), is written into the rows of the group's output that the
-    scan carries (zeros first): a skipped chunk writes nothing (stacked as the scan's
-    outputs, every chunk wrote its rows, zeros when skipped, and the stack was copied out;
-    its width from the trace of :func:`_packed_chunk`, which the body reuses). ``most``:
-    :func:`batch_max` of ``count``, the caller's (it also decides whether the group runs
-    at all). Returns (the packed collider output, the group-local pair of each row: past
-    the passing pairs, the last pair); the rows holding passing pairs are ``arange <
-    count``, made by the caller; sets ``found["unpack"]``, the output's unpacking
-    (:func:`_pack`)."""
+    ``lax.scan`` over the chunks of the passing pairs (compacted in order by a
+    cumulative count and, in the chunk's branch, a count of the cumulative counts below
+    its pairs' ranks, see ``_SEARCH``, where :func:`first_k` of all n keys is a full
+    sort), each a ``lax.cond`` on whether any world has a passing pair in it
+    (:func:`batch_max`), so that the collider is compiled once and runs only on chunks
+    that hold passing pairs. A chunk's arguments are gathered inside its branch
+    (``take(idx)``: the collider's arguments for group-local pairs idx; from the
+    component-major pair table, a few columns, where packing every pair's arguments into
+    rows first wrote the whole group each step); its output, one packed array
+    (:func:`_pack`), is written into the rows of the group's output that the scan
+    carries (zeros first): a skipped chunk writes nothing (stacked as the scan's
+    outputs, every chunk wrote its rows, zeros when skipped, and the stack was copied
+    out; its width from the trace of :func:`_packed_chunk`, which the body reuses).
+    ``most``: :func:`batch_max` of ``count``, the caller's (it also decides whether the
+    group runs at all). Returns (the packed collider output, the group-local pair of
+    each row: past the passing pairs, the last pair); the rows holding passing pairs are
+    ``arange < count``, made by the caller; sets ``found["unpack"]``, the output's
+    unpacking (:func:`_pack`)."""
     n = ok.shape[0]
     ch = chunk_of(fn)
     nch = -(-(n if nrow is None else nrow) // ch)      # rows: nrow, else one per pair
