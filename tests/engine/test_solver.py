@@ -135,19 +135,24 @@ def test_newton_matches_iteration_count():
         np.testing.assert_array_equal(np.asarray(out.solver_niter), mjd.solver_niter)
 
 
+def _walker_cg(tolerance):
+    """oracle_case of a walker2d state with CG at ``tolerance`` (100 iterations, 50 line
+    search iterations)."""
+    def edit(mjm):
+        tight(CG)(mjm)
+        mjm.opt.tolerance = tolerance
+        mjm.opt.iterations = 100
+        mjm.opt.ls_iterations = 50
+    return oracle_case("gym_walker2d/walker2d.xml", edit, qscale=1.0, seed=2)
+
+
 def test_cg_stopping_rule_scale():
     """MuJoCo 4.0.0 scales the improvement and gradient of its stopping rule by
     1 / trace(M) (at the current configuration), not 1 / (meaninertia * nv). On this
     walker2d state trace(M) = 0.852 meaninertia * nv and CG at tolerance 1e-6 stops
     after 42 iterations as MuJoCo (the meaninertia scale stopped at 41, 4.5e-6 off
     MuJoCo's forces); forces to 1e-10 (measured 3e-14)."""
-    def edit(mjm):
-        tight(CG)(mjm)
-        mjm.opt.tolerance = 1e-6
-        mjm.opt.iterations = 100
-        mjm.opt.ls_iterations = 50
-    mjm, m, mjd, slot, d = oracle_case("gym_walker2d/walker2d.xml", edit, qscale=1.0,
-                                       seed=2)
+    mjm, m, mjd, slot, d = _walker_cg(1e-6)
     out = solve_jit(m, d)
     rows, extra = match_rows(mjd, out, slot)
     assert (rows >= 0).all() and not extra.any()
@@ -684,14 +689,7 @@ def test_float32_solve_tolerance(closed, monkeypatch):
     7.4e-6; float64 CG at 1e-6 stopped 4.5e-6 off them in test_cg_stopping_rule_scale).
     With the Model closed over (tolerance a constant) and passed to the jit (traced)."""
     from simjax.engine import solver
-
-    def edit(mjm):
-        tight(CG)(mjm)
-        mjm.opt.tolerance = 1e-8
-        mjm.opt.iterations = 100
-        mjm.opt.ls_iterations = 50
-    mjm, m, mjd, slot, d = oracle_case("gym_walker2d/walker2d.xml", edit, qscale=1.0,
-                                       seed=2)
+    mjm, m, mjd, slot, d = _walker_cg(1e-8)
     m32, d32 = _f32(m), _f32(d)
 
     def solve(mm, floor):
