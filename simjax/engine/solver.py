@@ -68,15 +68,15 @@ __all__ = ["fwd_constraint", "inv_constraint", "island_ids", "Spec", "spec_from_
 
 def _problem(m, d, lay):
     dtype = d.qpos.dtype
+    tol = solver_tolerance(m.opt.tolerance, dtype)
     p = dict(M=d.qM, qfrc_smooth=d.qfrc_smooth, qacc_smooth=d.qacc_smooth, J=d.efc_J,
              aref=d.efc_aref, D=d.efc_D, R=d.efc_R, floss=d.efc_frictionloss,
              active=d.efc_active,
-             tolerance=jnp.asarray(solver_tolerance(m.opt.tolerance, dtype), dtype),
+             tolerance=jnp.asarray(tol, dtype),
              ls_tolerance=jnp.asarray(m.opt.ls_tolerance, dtype),
              noslip_tolerance=jnp.asarray(m.opt.noslip_tolerance, dtype),
              meaninertia=jnp.asarray(m.stat.meaninertia, dtype),
-             gtol_base=_product(solver_tolerance(m.opt.tolerance, dtype),
-                                m.opt.ls_tolerance, dtype),
+             gtol_base=_product(tol, m.opt.ls_tolerance, dtype),
              solve_m=lambda x: tree_linalg.solve_ld(m, d.qLD, x))
     mus, frs = [], []
     for blk in lay.blocks:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import jax
 import jax.numpy as jnp
 import mujoco
 import numpy as np
@@ -120,3 +121,11 @@ def jaxpr_loops(jaxpr, under_cond=False):
         for sub in jaxprs_in_params(eqn.params):
             found += jaxpr_loops(sub, under_cond or name == "cond")
     return found
+
+
+def f32(tree):
+    """``tree`` (Model, Data, ...) with its float leaves (arrays or Python floats) cast
+    to float32."""
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(jnp.float32) if jnp.issubdtype(jnp.result_type(x), jnp.floating)
+        else x, tree)

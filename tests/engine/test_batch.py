@@ -5,7 +5,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import load, random_state, rel_err, set_state, to_data
+from engine_helpers import f32, load, random_state, rel_err, set_state, to_data
 from simjax.engine import forward, make_data, step
 from simjax.errors import UnsupportedFeatureError
 
@@ -54,14 +54,9 @@ def test_vmap_over_model_parameters():
         np.testing.assert_allclose(out.qvel[i], mjd.qvel, rtol=1e-9, atol=1e-10)
 
 
-def _f32(tree):
-    return jax.tree_util.tree_map(
-        lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-
 def test_float32_batch(humanoid_batch):
     m64, batch, out64 = humanoid_batch
-    out32 = _vstep(_f32(m64), _f32(batch))
+    out32 = _vstep(f32(m64), f32(batch))
     assert out32.qpos.dtype == jnp.float32
     np.testing.assert_allclose(out32.qpos, out64.qpos, atol=1e-4)
     assert not np.any(np.asarray(out32.warning))

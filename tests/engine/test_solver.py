@@ -18,7 +18,7 @@ import pytest
 from constraint_helpers import (canonical, check_solution, condim, inject_contacts,
                                 match_rows, oracle_case, pendula_friction, smooth_jit,
                                 solve_jit, tight)
-from engine_helpers import load, random_state, set_state, to_data
+from engine_helpers import f32, load, random_state, set_state, to_data
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import io
 
@@ -660,12 +660,6 @@ def test_eval_tied(fric):
 
 
 # --------------------------------------------------------------------------- float32
-def _f32(tree):
-    return jax.tree_util.tree_map(
-        lambda x: x.astype(jnp.float32) if jnp.issubdtype(jnp.result_type(x), jnp.floating)
-        else x, tree)
-
-
 def test_solver_tolerance_rule(monkeypatch):
     """float32 solves stop at max(opt.tolerance, 1e-6) (MuJoCo Warp's float32 rule),
     concrete or traced; float64 ones at opt.tolerance."""
@@ -690,7 +684,7 @@ def test_float32_solve_tolerance(closed, monkeypatch):
     With the Model closed over (tolerance a constant) and passed to the jit (traced)."""
     from simjax.engine import solver
     mjm, m, mjd, slot, d = _walker_cg(1e-8)
-    m32, d32 = _f32(m), _f32(d)
+    m32, d32 = f32(m), f32(d)
 
     def solve(mm, floor):
         # a new function per call: the switch is read at trace time
@@ -728,10 +722,10 @@ def test_float32_sensor_scene_iterations(monkeypatch):
         mujoco.mj_step(mjm, mjd)
     rng = np.random.default_rng(0)
     qvel = mjd.qvel + 1e-2 * rng.standard_normal((64, mjm.nv))
-    d0 = _f32(io.make_data(m))
+    d0 = f32(io.make_data(m))
     batch = jax.vmap(lambda v: d0.replace(qpos=jnp.asarray(mjd.qpos, jnp.float32),
                                           qvel=v))(jnp.asarray(qvel, jnp.float32))
-    m32 = _f32(m)
+    m32 = f32(m)
 
     def niter(floor):
         monkeypatch.setattr(solver, "_F32_TOLERANCE", floor)

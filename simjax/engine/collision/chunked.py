@@ -83,8 +83,8 @@ def _zeros(types):
 #: CHUNK at a time, and a chunk none of whose pairs passes in any world of the batch is
 #: skipped; the passing pairs up to the group's pair capacity run (``nrow`` of
 #: :func:`_chunked`), so the contacts are those of running all candidates unless more
-#: pairs pass (then WARN_CONTACTFULL). Groups with mesh tables are not chunked, but
-#: for the SAT collider's (:data:`MESH_SAT_CHUNKS`): gathering their per-pair tables by
+#: pairs pass (then WARN_CONTACTFULL). Groups with mesh tables are not chunked, except
+#: the SAT collider's (:data:`MESH_SAT_CHUNKS`): gathering their per-pair tables by
 #: traced pair index makes them per-world arrays (sphere-mesh ~2x slower)
 CHUNK = 4
 CHUNK_MIN = 16
@@ -114,10 +114,8 @@ def _chunks(fn, n):
     """Whether a costly group of ``n`` candidates runs in chunks (:func:`_chunked`):
     groups without mesh data, and groups of the SAT collider with a mesh
     (:data:`MESH_SAT_CHUNKS`)."""
-    types = getattr(fn, "types", None) or ()
-    if GT.MESH not in types:
-        return n > CHUNK_MIN
-    return MESH_SAT_CHUNKS and n > CHUNK_MIN and _mesh_sat(fn)
+    mesh = GT.MESH in (getattr(fn, "types", None) or ())
+    return n > CHUNK_MIN and (not mesh or (MESH_SAT_CHUNKS and _mesh_sat(fn)))
 
 
 def _mesh_sat(fn):

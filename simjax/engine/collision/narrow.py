@@ -19,12 +19,12 @@ from simjax.engine.collision.broadphase import (
     _BOXED, _box_filter, _broadphase, _geom_cols, _geom_rows, _geom_table, _pair_cols,
     _pair_rows, _pair_table, _segment_filter)
 from simjax.engine.collision.chunked import (
-    _chunked, _chunks, _pack, _run_or_skip, _zeros, batch_max, chunk_of, first_k)
+    _chunked, _chunks, _mesh_sat, _pack, _run_or_skip, _zeros, batch_max, chunk_of,
+    first_k)
 from simjax.engine.collision.common import once
 from simjax.engine.collision.pairs import Group, sdf_pair
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.math import reduce_fused, where
-from simjax.types import GeomType as GT
 
 
 def _geoms(m, d, g, sel, ftype):
@@ -189,7 +189,7 @@ def narrow_group(m, d, p, grp, det_margin, split):
     def take(idx):       # the arguments of pairs idx, mesh data gathered by geom id
         r1, r2 = rows(idx)
         geo1, geo2 = Geom(*r1[:3]), Geom(*r2[:3])
-        if GT.MESH in (getattr(grp.fn, "types", None) or ()):
+        if _mesh_sat(grp.fn):          # the one kind of mesh group run in chunks
             geo1, geo2 = convex.attach_meshes(
                 m, grp.fn, geo1, geo2, jnp.asarray(g1)[idx], jnp.asarray(g2)[idx], ftype,
                 geoms=(g1, g2), traced=True)
