@@ -1,26 +1,30 @@
 """examples/rl_vector_env.py in short mode: the vector env and ES learning balance."""
 import numpy as np
-import pytest
 
 from mujoco_oracle import corpus_path
 
 import rl_vector_env
 
 
-@pytest.fixture(scope="module")
-def result():
+def test_short_run():
+    """One short training run (about 40 s), checked three ways. One test, not three
+    sharing a module fixture: pytest-xdist gives each of its workers that gets one of
+    such tests its own run of the fixture."""
     path = corpus_path("gym_inverted_pendulum/inverted_pendulum.xml")
-    return rl_vector_env.main(short=True, model_path=path)
+    result = rl_vector_env.main(short=True, model_path=path)
+    _random_policy_baseline(result)
+    _es_learns_balance(result)
+    _autoreset_on_termination_and_nan(result)
 
 
-def test_random_policy_baseline(result):
+def _random_policy_baseline(result):
     # A random policy drops the pole within a few 0.04 s steps (Gymnasium: ~5-10).
     assert 1.0 < result["random_return"] < 20.0
     assert result["random_episodes"] > 100
     assert result["env_steps_per_s"] > 0
 
 
-def test_es_learns_balance(result):
+def _es_learns_balance(result):
     # Stated margin: after 25 ES iterations (the short mode's) the current policy
     # balances at least half of the 100-step episode on average, and 5x longer than the
     # random policy (seed 0: the whole episode from the 16th iteration on).
@@ -29,7 +33,7 @@ def test_es_learns_balance(result):
     assert np.isfinite(result["theta"]).all()
 
 
-def test_autoreset_on_termination_and_nan(result):
+def _autoreset_on_termination_and_nan(result):
     # The vector env of the run above (64 worlds, its step already compiled), with a
     # 3-step episode limit: max_episode_steps is an argument of the compiled step.
     venv = result["venv"]
