@@ -70,6 +70,29 @@ def test_argmin_argmax_as_jnp():
         assert int(argmax(jnp.asarray(x[1]))) == 4 and int(argmin(jnp.asarray(x[1]))) == 7
 
 
+def test_argmax_argmin_read_one_stored_copy():
+    """On a long axis, the extreme and the first index reaching it read the same stored
+    values: the expression's input is read by one kernel of the compiled program. XLA
+    folds a max-reduction of :func:`once`'s max-reduction into one, which read the
+    expression recomputed in a kernel of its own; its rounding could differ (float32
+    at XLA's optimisation level 0), no entry then equalled the maximum, and the index
+    fell on the axis' last entry."""
+    def d2(p):                      # squared distances of 8 points: 64 > SHORT_ARG
+        dp = p[:, None] - p[None]
+        return C.dot(dp, dp).reshape(-1)
+
+    pts = jnp.asarray(np.random.default_rng(0).standard_normal((4, 8, 3)), jnp.float32)
+    for fn, ref in ((argmax, jnp.argmax), (argmin, jnp.argmin)):
+        run = jax.jit(jax.vmap(lambda p: fn(d2(p))))
+        text = run.lower(pts).compile().as_text()
+        entry = text[text.index("\nENTRY"):]
+        param = entry.split("(", 1)[1].split(":", 1)[0]           # the input's name
+        reads = [ln for ln in entry.splitlines()[1:]
+                 if f"%{param})" in ln or f"%{param}," in ln]
+        assert len(reads) == 1, (fn.__name__, reads)
+        np.testing.assert_array_equal(run(pts), ref(jax.vmap(d2)(pts), -1))
+
+
 def test_first_where():
     """common.first_where: (index, any) of the True entry with the least score, else of
     the first True entry in row-major order; (0, 0) and False when none."""

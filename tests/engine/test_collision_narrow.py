@@ -351,21 +351,13 @@ _MESH_CHUNK_SCENE = (
     '</worldbody></mujoco>')
 
 
-def test_mesh_group_chunks(monkeypatch):
-    """A mesh-mesh group of more than ``CHUNK_MIN`` candidates (21 pairs) runs its
-    passing pairs chunk by chunk (``MESH_CHUNK`` pairs each), their hull tables gathered
-    by geom id: every world's contacts (count, geoms, distances, positions, frames, in
-    MuJoCo's order) equal those of every candidate run (``MESH_SAT_CHUNKS`` off, the
-    former way) to 1e-12, with worlds passing several pairs and one passing none."""
+def _mesh_chunk_batch():
+    """_MESH_CHUNK_SCENE's model and 6 worlds (poses from MuJoCo's kinematics; the last
+    one far apart): (mjm, m, list of Data, the stacked batch)."""
     from mujoco_oracle import model_from_mujoco
     mjm = mujoco.MjModel.from_xml_string(_MESH_CHUNK_SCENE)
     mjd = mujoco.MjData(mjm)
     m = model_from_mujoco(mjm)
-    p = driver.plan(m)
-    mesh = (GeomType.MESH, GeomType.MESH)
-    grp = next(g for g in p.groups if getattr(g.fn, "types", None) == mesh)
-    assert len(grp.cand) == 21 and chunked._chunks(grp.fn, len(grp.cand))
-    assert chunked.chunk_of(grp.fn) == chunked.MESH_CHUNK
     rng = np.random.default_rng(2)
     ds = []
     for i in range(6):
@@ -376,7 +368,43 @@ def test_mesh_group_chunks(monkeypatch):
         mjd.qpos[:] = q.ravel()
         mujoco.mj_kinematics(mjm, mjd)
         ds.append(geom_poses(io.make_data(m, ncon_max=200), mjd))
-    batch = jax.tree_util.tree_map(lambda *x: np.stack(x), *ds)
+    return mjm, m, ds, jax.tree_util.tree_map(lambda *x: np.stack(x), *ds)
+
+
+def test_mesh_scene_float32_keeps_every_pair():
+    """Float32 collision of the mesh scene (the tests' XLA optimisation level 0) gives
+    the float64 contacts' pairs and counts, depths to float32 rounding: the
+    farthest-point pick of an edge patch once read a padding slot there (common.argmax,
+    see test_argmax_argmin_read_one_stored_copy) and dropped a penetrating pair."""
+    from engine_helpers import f32
+    _, m, _, batch = _mesh_chunk_batch()
+    coll = jax.vmap(lambda d: driver.collision(m, d))
+    ref = jax.jit(coll)(batch)
+    m32 = f32(m)
+    got = jax.jit(jax.vmap(lambda d: driver.collision(m32, d)))(f32(batch))
+    np.testing.assert_array_equal(np.asarray(got.ncon), np.asarray(ref.ncon))
+    for w in range(len(got.ncon)):
+        def contacts(c):
+            ok = np.asarray(c.valid[w])
+            return sorted(zip(map(tuple, np.asarray(c.geom[w])[ok].tolist()),
+                              np.asarray(c.dist[w], np.float64)[ok]))
+        a, b = contacts(got.contact), contacts(ref.contact)
+        assert [g for g, _ in a] == [g for g, _ in b], w
+        np.testing.assert_allclose([x for _, x in a], [x for _, x in b], atol=2e-6)
+
+
+def test_mesh_group_chunks(monkeypatch):
+    """A mesh-mesh group of more than ``CHUNK_MIN`` candidates (21 pairs) runs its
+    passing pairs chunk by chunk (``MESH_CHUNK`` pairs each), their hull tables gathered
+    by geom id: every world's contacts (count, geoms, distances, positions, frames, in
+    MuJoCo's order) equal those of every candidate run (``MESH_SAT_CHUNKS`` off, the
+    former way) to 1e-12, with worlds passing several pairs and one passing none."""
+    mjm, m, ds, batch = _mesh_chunk_batch()
+    p = driver.plan(m)
+    mesh = (GeomType.MESH, GeomType.MESH)
+    grp = next(g for g in p.groups if getattr(g.fn, "types", None) == mesh)
+    assert len(grp.cand) == 21 and chunked._chunks(grp.fn, len(grp.cand))
+    assert chunked.chunk_of(grp.fn) == chunked.MESH_CHUNK
     prm = driver.pair_params(m, p, jnp.float64)
     dm = prm["margin"] + prm["gap"]
     split = driver.dim_split(m, 200)

@@ -214,10 +214,22 @@ def _first(x, best):
     return jnp.minimum(i, n - 1)
 
 
+def _stored(x, reduce):
+    """``x``, stored by a reduction over a new axis of two whose reducer is not
+    ``reduce`` (:func:`once` reduces by max): XLA folds a reduction of a reduction with
+    the same reducer into one, which then reads ``x`` recomputed in its own kernel, not
+    the stored values (argmax's maximum was so folded: at XLA's backend optimisation
+    level 0 the two kernels rounded a float32 product differently, no entry equalled
+    the maximum, and the mesh collider's farthest-point pick read a padding slot)."""
+    if reduce is jnp.max:
+        return jnp.min(jnp.stack([x, jnp.full_like(x, jnp.inf)]), axis=0)
+    return once(x)
+
+
 def _arg(x, reduce, pair):
     if not jnp.issubdtype(x.dtype, jnp.floating) or x.shape[-1] <= SHORT_ARG:
         return pair(x, axis=-1)
-    x = once(x)
+    x = _stored(x, reduce)
     return _first(x, reduce(x, axis=-1, keepdims=True))
 
 
