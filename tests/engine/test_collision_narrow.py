@@ -9,7 +9,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import geom_poses, normalize_quaternions
+from engine_helpers import f32, geom_poses, normalize_quaternions
 from simjax.engine import io
 from simjax.engine.collision import broadphase, chunked, driver, narrow, primitive
 from simjax.types import GeomType
@@ -376,10 +376,8 @@ def test_mesh_scene_float32_keeps_every_pair():
     the float64 contacts' pairs and counts, depths to float32 rounding: the
     farthest-point pick of an edge patch once read a padding slot there (common.argmax,
     see test_argmax_argmin_read_one_stored_copy) and dropped a penetrating pair."""
-    from engine_helpers import f32
     _, m, _, batch = _mesh_chunk_batch()
-    coll = jax.vmap(lambda d: driver.collision(m, d))
-    ref = jax.jit(coll)(batch)
+    ref = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))(batch)
     m32 = f32(m)
     got = jax.jit(jax.vmap(lambda d: driver.collision(m32, d)))(f32(batch))
     np.testing.assert_array_equal(np.asarray(got.ncon), np.asarray(ref.ncon))
