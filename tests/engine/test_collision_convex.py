@@ -158,7 +158,7 @@ def test_large_mesh_scores_and_memory(nvert):
                 return jax.tree_util.tree_map(lambda x: x[0], g)
 
             geo1, geo2 = one(geo1), one(geo2)
-            dirs, s = convex._candidates(t1, geo1, t2, geo2)
+            dirs, s = convex._candidates(t1, geo1, t2, geo2, jnp.zeros(()))
             want, _, _ = convex._sep(t1, geo1, t2, geo2, dirs)
             np.testing.assert_allclose(np.asarray(s), np.asarray(want), rtol=0, atol=1e-14)
             seen.add((int(t1), int(t2)))

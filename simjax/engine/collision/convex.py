@@ -11,7 +11,9 @@ a fixed-shape formulation that jit/vmap/grad handle well:
   its maximum over directions is the distance (apart) or minus the penetration depth
   (overlapping): the optimum EPA converges to. Polytopes (boxes, meshes): the maximum
   is attained at a hull face normal or a cross product of hull edges (separating axis
-  theorem), all evaluated exactly. Curved shapes: the best of a set of candidate
+  theorem), all evaluated exactly (beyond ``MAX_EDGE_PAIRS`` pairs of edge directions,
+  only the edge pairs that are faces of the Minkowski difference, without support
+  searches: convex_edges.py). Curved shapes: the best of a set of candidate
   directions is refined by projected gradient ascent (fixed iteration count), with a
   second trial step kept on the ridge where a capsule's or cylinder's support
   switches ends (the optimum when its side crosses the other geom).
@@ -101,6 +103,8 @@ from simjax.engine.collision.common import Pre, argmax, argmin, cross, dot, norm
 from simjax.engine.collision.convex_hull import (  # noqa: F401
     attach_meshes, mesh_table, plane_table)
 from simjax.engine.collision.convex_polytope import poly_contacts
+# MAX_EDGE_PAIRS: pairs of edge directions scored with full supports (beyond: edge_axis)
+from simjax.engine.collision.convex_edges import MAX_EDGE_PAIRS, edge_axis, uses_search
 from simjax.types import GeomType as GT
 
 # the module's own names and the hull tables other modules read from here
@@ -110,8 +114,6 @@ __all__ = ["local_support", "support", "plane_convex", "mesh_support", "convex_c
 
 #: refinement iterations for curved pairs
 REFINE_ITERS = 40
-#: maximum number of hull edge pairs evaluated as SAT axes
-MAX_EDGE_PAIRS = 4096
 #: (direction, vertex) products a mesh support evaluation holds at once, per pair and
 #: world: vmapped over a collider's pairs and the worlds, each holds this many (twice,
 #: with argmax's stored copy). Trossen wx250s (33 mesh pairs, 168 x 194 per pair):
@@ -248,15 +250,18 @@ def _face_dirs(t, geo):
     return f, None
 
 
-def _candidates(t1, g1, t2, g2):
+def _candidates(t1, g1, t2, g2, margin):
     """SAT candidate directions (K, 3) and their separation sep (K,) (no gradient:
     only the best direction's index is used). Mesh face normals are scored with the
     hull's static support values on their own side; every other support value is
-    evaluated (meshes in bounded chunks, see mesh_support)."""
+    evaluated (meshes in bounded chunks, see mesh_support). Two polytopes with many
+    edges get their one edge-edge candidate from convex_edges.edge_axis, after the
+    others (its search reaches as far as their best separation and the margin)."""
     f1, e1 = _faces_edges(t1, g1)
     f2, e2 = _faces_edges(t2, g2)
     dirs = [f1, -f1, f2, -f2]
-    if e1.shape[0] and e2.shape[0] and e1.shape[0] * e2.shape[0] <= MAX_EDGE_PAIRS:
+    search = uses_search(t1, t2, e1.shape[0], e2.shape[0])
+    if e1.shape[0] and e2.shape[0] and not search:
         c = cross(e1[:, None, :], e2[None, :, :]).reshape(-1, 3)
         cn, ln = normalize(c)
         ok = ln > 1e-6
@@ -267,7 +272,12 @@ def _candidates(t1, g1, t2, g2):
     for g in (g1, g2):
         dirs += [g.mat.T, -g.mat.T]
     dirs = jnp.concatenate(dirs)
-    return dirs, _scores(t1, g1, t2, g2, dirs, f1.shape[0], f2.shape[0])
+    s = _scores(t1, g1, t2, g2, dirs, f1.shape[0], f2.shape[0])
+    if not search:
+        return dirs, s
+    n = edge_axis(t1, g1, t2, g2, margin - jnp.max(s))[0][None]
+    sn = _evaluated(t1, g1, t2, g2, n)
+    return jnp.concatenate([dirs, n]), jnp.concatenate([s, sn])
 
 
 def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
@@ -281,8 +291,8 @@ def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
     if not (m1 or m2):
         return _sep(t1, g1, t2, g2, dirs)[0]
 
-    def evaluated(d):                             # as _sep
-        return dot(_support_pts(t2, g2, -d) - _support_pts(t1, g1, d), d)
+    def evaluated(d):
+        return _evaluated(t1, g1, t2, g2, d)
     d1, d2 = dirs[:n1], dirs[n1:n2]
     if m1:                                        # h1 along f1, -f1 from the table
         _, (hp, hm) = _face_dirs(t1, g1)
@@ -295,6 +305,13 @@ def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
     else:
         s2 = evaluated(d2)
     return jnp.concatenate([s1, s2, evaluated(dirs[n2:])])
+
+
+def _evaluated(t1, g1, t2, g2, d):
+    """sep of directions d (K, 3), every support point evaluated (as _sep; no
+    gradient)."""
+    g1, g2, d = jax.lax.stop_gradient((g1, g2, d))
+    return dot(_support_pts(t2, g2, -d) - _support_pts(t1, g1, d), d)
 
 
 def _refine(t1, g1, t2, g2, n, s, scale):
@@ -329,7 +346,7 @@ def _refine(t1, g1, t2, g2, n, s, scale):
 def convex_convex(g1, g2, margin, t1=None, t2=None):
     """Convex-convex contact (see the module docstring). Returns 1 slot for curved
     pairs, 5 slots (at most 4 valid) for box/mesh pairs."""
-    dirs, s = _candidates(t1, g1, t2, g2)
+    dirs, s = _candidates(t1, g1, t2, g2, margin)
     k = argmax(s)
     n, sbest = dirs[k], s[k]
     poly = t1 in _POLY and t2 in _POLY

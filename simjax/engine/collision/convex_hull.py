@@ -21,6 +21,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine.collision import convex_edges
 from simjax.types import GeomType as GT
 
 _MESH_CACHE: dict = {}
@@ -360,6 +361,12 @@ def attach_meshes(m, fn, geo1, geo2, i1, i2, ftype, geoms=None, traced=False):
         tab = mesh_table(m, ids)
         names = ("normal", "edge", "hface", "fvert", "fnum", "fnormal", "vface", "npoly",
                  "nvert")
+        counts = [tab["edge"].shape[1] if t == GT.MESH else 3 for t in types]
+        if convex_edges.uses_search(*types, *counts):
+            hulls = [v[:n] for v, n in zip(tab["vert"], tab["nvert"])]
+            key = (_mesh_key(m), _mesh_ids(m, ids))
+            tab = {**tab, **convex_edges.edge_table(hulls, key)}
+            names += convex_edges.NAMES
     # row of each geom's mesh in the tables (static when the geoms are)
     lid = local[np.maximum(dataid_np, 0)]
     out = []
