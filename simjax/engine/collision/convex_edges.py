@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline
+from simjax.engine.collision.chunked import first_k
 from simjax.engine.collision.common import argmax, cross, normalize
 from simjax.types import GeomType as GT
 
@@ -171,12 +172,11 @@ def _near(p0, e, box, r):
 
 
 def _order(mask):
-    """Indices of the true entries of ``mask`` (n,) first, in order, then the others;
-    and their count."""
+    """Indices of the true entries of ``mask`` (n,) first, in order, then the others
+    (the driver's compaction, ``first_k``); and their count."""
     n = mask.shape[0]
     ids = np.arange(n, dtype=np.int32)
-    key = jnp.sort(jnp.where(mask, ids, n + ids))
-    return jnp.where(key < n, key, key - n), jnp.sum(mask.astype(jnp.int32))
+    return first_k(jnp.where(mask, ids, n + ids), n)[:n], jnp.sum(mask.astype(jnp.int32))
 
 
 def edge_axis(t1, g1, t2, g2, reach):
