@@ -1,10 +1,8 @@
 """The edge-edge axis search of large polytope pairs (convex_edges.edge_axis): the SAT
 optimum it completes equals a brute-force separating-axis search (every face normal,
-every pair of hull edge directions, full supports) and MuJoCo 4.0.0's EPA depth
+every cross product of hull vertex-pair directions, full supports) and MuJoCo 4.0.0's EPA depth
 (mj_geomDistance) on two of the Trossen arm's meshes."""
 from __future__ import annotations
-
-import os
 
 import jax
 import jax.numpy as jnp
@@ -14,13 +12,9 @@ import pytest
 from scipy.spatial import ConvexHull
 
 from engine_helpers import geom_poses
-from mujoco_oracle import model_from_mujoco
+from mujoco_oracle import corpus_path, model_from_mujoco
 from simjax.engine import io
 from simjax.engine.collision import convex, convex_edges, driver, narrow
-
-_CORPUS = os.environ.get("SIMJAX_CORPUS", os.path.join(
-    os.path.dirname(__file__), "..", "..", "..", "shared", "corpus"))
-_TROSSEN = os.path.join(_CORPUS, "menagerie_trossen_wx250s", "assets")
 
 
 def _pair_geoms(m, d):
@@ -151,16 +145,16 @@ def test_edge_axis_gives_the_sat_optimum(kind, monkeypatch):
     assert wins >= 3
 
 
-@pytest.mark.skipif(not os.path.isdir(_TROSSEN), reason="corpus (Trossen meshes) absent")
 def test_trossen_meshes_match_mujoco_depth():
     """Two of the Trossen arm's meshes (483 and 537 hull edges, beyond the pairs of
     edge directions scored in full) at random poses 0.5-4 mm past touching: the SAT
     depth equals MuJoCo's EPA (mj_geomDistance, ccd_tolerance 1e-12) to 2e-8 (measured
     4.1e-9; the edge axis won in 8 of the 12 states). With face normals alone (before
     the search) the depth was off by up to 4.9e-4 m here."""
+    folder = corpus_path("menagerie_trossen_wx250s/assets")
     mesh = '<mesh name="{0}" file="{1}/wx250s_{0}.stl" scale=".001 .001 .001"/>'
-    assets = "<asset>" + mesh.format("4_upper_forearm", _TROSSEN) + \
-        mesh.format("5_lower_forearm", _TROSSEN) + "</asset>"
+    assets = "<asset>" + mesh.format("4_upper_forearm", folder) + \
+        mesh.format("5_lower_forearm", folder) + "</asset>"
     mjm = mujoco.MjModel.from_xml_string(_scene(
         '<geom type="mesh" mesh="4_upper_forearm"/>',
         '<geom type="mesh" mesh="5_lower_forearm"/>', assets))
