@@ -111,6 +111,7 @@ def test_smooth_step_batch_of_64_float32():
     _assert_trees_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow          # ~30 s: two compiles of a 3-step gradient
 def test_smooth_rollout_gradient_unchanged(monkeypatch):
     mjm, m = load(PENDULUM)
     batch = _batch(m, mjm, 3, seed=1)

@@ -115,9 +115,11 @@ def _pair_batch(mjm, m, seed):
     return rng, qpos, d0, qm, jnp.asarray(rng.uniform(0.0, 1.0, (6, mjm.nv)))
 
 
-@pytest.mark.parametrize("impl", ["level", "lapack"])
-@pytest.mark.parametrize("path", [                          # the humanoid: ~10 s each
-    pytest.param("mujoco_humanoid/humanoid.xml", marks=pytest.mark.slow), "gym_ant/ant.xml"])
+@pytest.mark.parametrize("path,impl", [                     # ~10-15 s each
+    ("gym_ant/ant.xml", "lapack"),
+    pytest.param("gym_ant/ant.xml", "level", marks=pytest.mark.slow)] + [
+    pytest.param("mujoco_humanoid/humanoid.xml", impl, marks=pytest.mark.slow)
+    for impl in ("level", "lapack")])
 def test_factor_ld_pair_batched(path, impl):
     """The pair factorisations, level by level (tree_level) and by one LAPACK call on
     both matrices (tree_linalg, whose program must hold one Cholesky call), vmapped (a
@@ -206,7 +208,8 @@ def test_contact_step_factorises_the_pair_once(monkeypatch):
                                    err_msg=jax.tree_util.keystr(p))
 
 
-@pytest.mark.parametrize("nb", [5, pytest.param(16, marks=pytest.mark.slow)])   # ~12 s
+@pytest.mark.slow                         # ~24 s (nb 5); test_level_ld.test_lower_factors
+@pytest.mark.parametrize("nb", [5, 16])   # runs the lower factors in the default set
 def test_factor_ld_pair_lower_factors(nb):
     """qM's lower triangle given as its factors (smooth.crb_lower, ``a`` None) to the
     pair factorisation (a padded lane block and whole ones): both factors, the solves

@@ -534,8 +534,12 @@ def _newton_worlds(case, monkeypatch, compact, gather, scales, seed):
     return m, mjd, d, solve, worlds, batch
 
 
-@pytest.mark.parametrize("compact,gather", [(8, 0), (2, 0), (2, 2), (0, 0)])
-@pytest.mark.parametrize("case", ["ant_newton", "ant_elliptic_newton"])
+@pytest.mark.parametrize("case,compact,gather", [
+    (case, compact, gather) for case in ("ant_newton", "ant_elliptic_newton")
+    for compact, gather in ((8, 0), (2, 0), (2, 2), (0, 0))
+    if case == "ant_newton" or (compact, gather) in ((2, 0), (0, 0))] + [
+    pytest.param("ant_elliptic_newton", *cg, marks=pytest.mark.slow)      # ~9 s each
+    for cg in ((8, 0), (2, 2))])
 def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
     """Newton keeps its Hessian factor where no row changed state and remakes it under
     vmap only on the worlds that need it: worlds of one batch starting from different
@@ -563,7 +567,8 @@ def test_newton_factor_under_vmap(case, compact, gather, monkeypatch):
 
 
 @pytest.mark.parametrize("case,gather", [
-    ("ant_newton", 0), ("ant_newton", 2), ("ant_elliptic_newton", 2),
+    ("ant_newton", 0), ("ant_newton", 2),
+    pytest.param("ant_elliptic_newton", 2, marks=pytest.mark.slow),      # ~18 s
     pytest.param("ant_elliptic_newton", 0, marks=pytest.mark.slow)])     # ~11 s
 def test_newton_own_jt(case, gather, monkeypatch):
     """Newton's factorisations making chunk 0's J' from the J they are handed
