@@ -14,6 +14,7 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.math import clip
+from simjax.engine.solver_gather import cumcount
 from simjax.engine.collision.common import (Pre, argmax, cross, dot, normalize, safe_norm,
                                             first_where as _first)
 from simjax.types import GeomType as GT
@@ -124,7 +125,10 @@ def _clip(ref, kref, nref, inc, kinc, size, margin=0.0):
         s1 = live & in2
         pts = jnp.stack([P + t[:, None] * PQ, Q], 1).reshape(-1, 3)
         val = jnp.stack([s0, s1], 1).reshape(-1)
-        pos = jnp.where(val, jnp.cumsum(val) - 1, 2 * size)
+        # cumcount's triangular products, not jnp.cumsum (two reduce-windows on XLA
+        # CPU): the Trossen finger pair's collider 507 -> 430 us per world (float32,
+        # batch 64, paired rounds), outputs bit-identical
+        pos = jnp.where(val, cumcount(val) - 1, 2 * size)
         new = jnp.zeros_like(poly).at[pos].set(pts, mode="drop")
         use = e < kref
         return (jnp.where(use, new, poly),
@@ -132,7 +136,7 @@ def _clip(ref, kref, nref, inc, kinc, size, margin=0.0):
 
     (poly, cnt), _ = inline.scan(edge, (poly, kinc), jnp.arange(K))
     below = (slot < cnt) & (dot(poly - ref[0], nref) <= jnp.maximum(margin, 0.0))
-    pos = jnp.where(below, jnp.cumsum(below) - 1, 2 * size)
+    pos = jnp.where(below, cumcount(below) - 1, 2 * size)
     poly = jnp.zeros_like(poly).at[pos].set(poly, mode="drop")
     return poly, jnp.sum(below)
 
