@@ -25,8 +25,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 # Many tests compile the same program (a model's step traced by a jitted function of
 # their own): JAX's persistent compilation cache, in a directory made for this test run
 # and shared by the pytest-xdist workers (they inherit SIMJAX_TEST_CACHE_DIR from the
-# process that made it), compiles each once per run. A cache key is the optimised
-# program with the compile options and XLA flags, so a hit is the same executable.
+# process that made it), compiles each once per run. A cache key is the lowered
+# program with the compile options, XLA flags and jaxlib version, so a hit is the
+# executable the test would have compiled.
 # SIMJAX_TEST_NO_CACHE=1 compiles every program afresh.
 _OWN_CACHE = None
 if not os.environ.get("SIMJAX_TEST_NO_CACHE"):

@@ -534,4 +534,3 @@ def _chunk_spec(spec, x):
     if "eq" in x:
         spec = dataclasses.replace(spec, eq=x["eq"], fric=x["fric"], ineq=x["ineq"])
     return spec
-
