@@ -67,7 +67,6 @@ from simjax.engine.collision.common import (MINVAL, Pre, reduce_shared, rot, rot
 # the per-prism colliders (hfield_prism.py)
 from simjax.engine.collision.hfield_prism import (_capsule_prism, _convex_prism,
                                                   _sphere_canon)
-from simjax.engine.solver_gather import cumcount
 from simjax.engine.tables import concrete
 from simjax.types import EnableBit
 from simjax.types import GeomType as GT
@@ -323,8 +322,7 @@ def _first(dist, pos, n, valid):
     P = dist.shape[0]
     if P <= MAXCONPAIR:
         return dist, pos, n, valid
-    valid = valid & (cumcount(valid) <= MAXCONPAIR)
-    idx = jnp.nonzero(valid, size=MAXCONPAIR, fill_value=0)[0]
+    idx = jnp.nonzero(valid, size=MAXCONPAIR, fill_value=0)[0]     # the first ones
     keep = jnp.arange(MAXCONPAIR) < jnp.sum(valid)
     return dist[idx], pos[idx], n[idx], keep
 

@@ -43,7 +43,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline, math
-from simjax.engine.solver_gather import cumcount
 
 MAXCONPAIR = 50       # mjMAXCONPAIR
 MINVAL = 1e-15
@@ -207,8 +206,7 @@ def collide_pair(dist_fn, grad_fn, static, pos1, mat1, pos2, mat2, vert, bvh_aab
     cand = (active[:, None] & (depth < 0)).reshape(-1)
     x, depth = x.reshape(-1, 3), depth.reshape(-1)
     # the first k candidates in visiting order
-    rank = cumcount(cand) - 1
-    take = jnp.nonzero(cand & (rank < k), size=k, fill_value=0)[0]
+    take = jnp.nonzero(cand, size=k, fill_value=0)[0]
     ok = jnp.arange(k) < jnp.minimum(jnp.sum(cand), k)
     x, depth = x[take], depth[take]
     g = jax.vmap(grad_fn)(x)
