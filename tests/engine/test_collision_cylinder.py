@@ -258,3 +258,37 @@ def test_capsule_across_cylinder_side():
         assert all(e < t for e, t in zip(err, EPA_TOL)), (k, err)
         checked += 1
     assert checked == 12
+
+
+def test_side_segment_across_axis_ignores_rounding():
+    """A direction across the cylinder's axis whose axial part is rounding (+-1e-33 or
+    +-1e-15, c * c far below CAP_TOL) gives one side segment, from the +z rim to the -z
+    rim, whatever that part's sign. Each fusion of XLA's program may round the sign its
+    own way; the segment's start and end once took opposite signs there and the side
+    segment ran off the cylinder (the slider crank's capsule-cylinder contact 0.05 m off
+    MuJoCo's, under the tests' XLA O0)."""
+    from simjax.engine.collision import convex_cylinder as CC
+    from simjax.engine.collision.primitive import Geom
+    q = _quat([1, 2, 3], 0.7)
+    mat = jnp.asarray(mujoco_mat(q))
+    g = Geom(jnp.asarray([0.1, -0.2, 0.3]), mat, jnp.asarray([0.006, 0.025, 0.0]))
+    across = np.cross(np.asarray(mat[:, 2]), [1.0, 0.0, 0.0])
+    across /= np.linalg.norm(across)
+    sides = []
+    for eps in (1e-33, -1e-33, 1e-15, -1e-15):
+        u = jnp.asarray(across) + eps * mat[:, 2]
+        s = jax.jit(CC._cyl_side)(g, u)
+        assert bool(s["line"]) and not bool(s["point"])
+        sides.append((np.asarray(s["start"]), np.asarray(s["eend"][0])))
+    for start, end in sides:
+        np.testing.assert_allclose(start, sides[0][0], atol=1e-15)
+        np.testing.assert_allclose(end, sides[0][1], atol=1e-15)
+        local = (np.stack([start, end]) - np.asarray(g.pos)) @ np.asarray(mat)
+        np.testing.assert_allclose(local[:, 2], [0.025, -0.025], atol=1e-15)
+        np.testing.assert_allclose(np.hypot(local[:, 0], local[:, 1]), 0.006, atol=1e-15)
+
+
+def mujoco_mat(q):
+    m = np.zeros(9)
+    mujoco.mju_quat2Mat(m, np.asarray(q, float))
+    return m.reshape(3, 3)

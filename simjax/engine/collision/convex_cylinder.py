@@ -60,8 +60,12 @@ def _cyl_side(g, u):
     dt = g.mat.dtype
     axis = g.mat[:, 2]
     c = dot(u, axis)
-    sgn = jnp.where(c >= 0, 1.0, -1.0).astype(dt)
     both = c * c * 2 * g.size[1] < CAP_TOL
+    # a feature on both caps starts on the +z rim: c's sign is rounding there (|c| can
+    # be ~1e-33), and XLA may evaluate it in several fusions that round differently, so
+    # the edge's start and end took opposite signs and the side segment ran off the
+    # cylinder (slider crank at XLA O0: a contact 0.05 m off); c * c decides robustly
+    sgn = jnp.where((c >= 0) | both, 1.0, -1.0).astype(dt)
     r, h = g.size[0], g.size[1]
     v = _rim_point(g, u, sgn)
     # cap polygon: local (r cos a, sgn r sin a, sgn h) keeps it clockwise about the
