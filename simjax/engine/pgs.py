@@ -397,6 +397,66 @@ def _shuffle(perm, gen, nblk, first):
     return perm, (hi, lo)
 
 
+#: largest shuffle table :func:`_shuffle_table` builds (entries: a constant of the
+#: program; the Gymnasium humanoid's, 41 compact rows and 50 iterations, has 88K) and
+#: most numpy steps it takes to build it; beyond them the shuffle runs as a loop
+_SHUFFLE_TABLE_MAX = 1 << 18
+_SHUFFLE_TABLE_STEPS = 20000
+
+
+def _shuffle_table(nmax, iterations):
+    """MuJoCo's shuffled visit order as a table (numpy int32, (nmax + 1, iterations + 1,
+    nmax)): entry [n, t, r] is the position, in the island's order before any shuffle,
+    of the block at position r after t shuffles of an island of n blocks. Every island
+    solve seeds its generator alike and the shuffle of n blocks draws n - 1 numbers, so
+    the order after t shuffles depends on n and t alone: :func:`_shuffle`'s loop, run
+    here once for every n at once (PCG32 on 64-bit words). None when the table would
+    be larger than _SHUFFLE_TABLE_MAX or _SHUFFLE_TABLE_STEPS allow."""
+    if ((nmax + 1) * (iterations + 1) * nmax > _SHUFFLE_TABLE_MAX
+            or iterations * nmax > _SHUFFLE_TABLE_STEPS):
+        return None
+    mult = np.uint64(6364136223846793005)
+    n = np.arange(nmax + 1)
+    state = np.full(nmax + 1, (PCG_SEED[0] << 32) | PCG_SEED[1], np.uint64)
+    perm = np.tile(np.arange(nmax), (nmax + 1, 1))
+    out = np.empty((nmax + 1, iterations + 1, nmax), np.int32)
+    out[:, 0] = perm
+    rows = np.arange(nmax + 1)
+    with np.errstate(over="ignore"):
+        for t in range(1, iterations + 1):
+            for k in range(max(nmax - 1, 0)):
+                i = n - 1 - k
+                go = i > 0
+                old = state
+                x = ((old ^ (old >> np.uint64(18))) >> np.uint64(27)) & np.uint64(0xFFFFFFFF)
+                rot = (old >> np.uint64(59)).astype(np.uint32)
+                x = x.astype(np.uint32)
+                draw = (x >> rot) | (x << ((np.uint32(32) - rot) & np.uint32(31)))
+                state = np.where(go, old * mult + np.uint64(1), old)
+                j = (draw % np.maximum(i + 1, 1).astype(np.uint32)).astype(np.int64)
+                ii = np.clip(i, 0, nmax - 1)
+                vi, vj = perm[rows, ii], perm[rows, j % max(nmax, 1)]
+                perm[rows[go], ii[go]] = vj[go]
+                perm[rows[go], j[go]] = vi[go]
+            out[:, t] = perm
+    return out
+
+
+def _shuffled(perm0, table, it, nblk, first, bisl, nisl):
+    """The visit order (nb,) of every island after ``it`` shuffles (a traced count),
+    from the unshuffled order ``perm0`` and :func:`_shuffle_table`'s ``table``: the
+    loop of :func:`_shuffle` replaced by two gathers (each of its steps was several
+    kernels, once per block and iteration)."""
+    nb = perm0.shape[0]
+    pos = jnp.arange(nb, dtype=jnp.int32)
+    pisl = bisl[perm0]                                   # island of each position
+    k = jnp.minimum(pisl, nisl - 1)
+    n, f = nblk[k], first[k]
+    rel = jnp.clip(pos - f, 0, table.shape[2] - 1)
+    src = jnp.asarray(table)[jnp.minimum(n, table.shape[0] - 1), it, rel]
+    return where(pisl < nisl, perm0[jnp.clip(f + src, 0, nb - 1)], perm0)
+
+
 # --------------------------------------------------------------------------- PGS
 def _fric_table(spec, p, nefc, dmax, dtype):
     """(nefc, dmax - 1) friction coefficients of each elliptic contact at its first row
@@ -495,6 +555,7 @@ def _pgs_solve(spec, p, force0, iterations, order):
     ineq = jnp.asarray(spec.ineq)
     nisl = order["nisl"]
     rowisl = order["rowisl"]
+    table = _shuffle_table(int(order["perm"].shape[-1]), int(iterations))
     scale = _island_scale(p, order, dtype)
     bstart = jnp.asarray(order["start"])
     bkind = jnp.asarray(order["kind"])
@@ -591,8 +652,13 @@ def _pgs_solve(spec, p, force0, iterations, order):
         prev = where(keep, prev, force)
         force = where(use, extr, force)
         mom = force
-        perm, gen = _shuffle(s["perm"], s["gen"], where(done, 0, order["nblk"]),
-                             order["first"])
+        if table is None:
+            perm, gen = _shuffle(s["perm"], s["gen"], where(done, 0, order["nblk"]),
+                                 order["first"])
+        else:
+            # a done island's order changes here, but it is swept no more
+            perm, gen = _shuffled(order["perm"], table, s["iter"] + 1, order["nblk"],
+                                  order["first"], bisl, nisl), s["gen"]
         force, imp = sweep(force, perm, done)
         imp = imp * scale
         corr = seg((force - mom) * (mom - prev))

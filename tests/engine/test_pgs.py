@@ -291,6 +291,35 @@ def test_pcg32_matches_64bit_reference():
         assert int(out) == want
 
 
+def test_shuffle_table_matches_loop():
+    """The visit order read from the shuffle table (:func:`pgs._shuffled`) is the order
+    the shuffle loop (:func:`pgs._shuffle`, MuJoCo's shuffle_int) reaches, sweep after
+    sweep: every island size up to 13 alone, and three islands of 5, 1 and 6 blocks
+    (positions 0-4, 5, 6-11) with two inactive blocks after them."""
+    import jax.numpy as jnp
+    nmax, sweeps = 13, 7
+    table = pgs._shuffle_table(nmax, sweeps)
+    for n in range(nmax + 1):
+        perm = jnp.arange(nmax, dtype=jnp.int32)
+        gen = (jnp.zeros(1, jnp.uint32), jnp.ones(1, jnp.uint32))
+        for t in range(1, sweeps + 1):
+            perm, gen = pgs._shuffle(perm, gen, jnp.asarray([n]), jnp.asarray([0]))
+            np.testing.assert_array_equal(np.asarray(perm)[:n], table[n, t, :n])
+    rng = np.random.default_rng(0)
+    perm0 = jnp.asarray(rng.permutation(14), jnp.int32)          # block ids by position
+    isl_of_pos = np.r_[[0] * 5, [1], [2] * 6, [3, 3]]             # 3: inactive (nisl)
+    bisl = jnp.zeros(14, jnp.int32).at[perm0].set(jnp.asarray(isl_of_pos, jnp.int32))
+    nblk, first = jnp.asarray([5, 1, 6]), jnp.asarray([0, 5, 6])
+    table = pgs._shuffle_table(14, sweeps)
+    perm = perm0
+    gen = (jnp.zeros(3, jnp.uint32), jnp.ones(3, jnp.uint32))
+    for t in range(1, sweeps + 1):
+        perm, gen = pgs._shuffle(perm, gen, nblk, first)
+        got = pgs._shuffled(perm0, table, jnp.int32(t), nblk, first, bisl, 3)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(perm))
+    assert pgs._shuffle_table(164, 50) is None                  # too large: the loop
+
+
 # --------------------------------------------------------------------------- noslip
 def _noslip_solve(mjm, m, st, solver, noslip_iterations, noslip_tolerance, islands=True):
     """MuJoCo's and our constraint solve with the noslip post-pass on state ``st``."""
