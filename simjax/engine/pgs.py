@@ -12,6 +12,8 @@ and qacc = qacc_smooth + M^-1 J' f*. ``p`` is the problem dictionary of
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -404,6 +406,7 @@ _SHUFFLE_TABLE_MAX = 1 << 18
 _SHUFFLE_TABLE_STEPS = 20000
 
 
+@functools.lru_cache(maxsize=16)
 def _shuffle_table(nmax, iterations):
     """MuJoCo's shuffled visit order as a table (numpy int32, (nmax + 1, iterations + 1,
     nmax)): entry [n, t, r] is the position, in the island's order before any shuffle,
@@ -411,7 +414,9 @@ def _shuffle_table(nmax, iterations):
     solve seeds its generator alike and the shuffle of n blocks draws n - 1 numbers, so
     the order after t shuffles depends on n and t alone: :func:`_shuffle`'s loop, run
     here once for every n at once (PCG32 on 64-bit words). None when the table would
-    be larger than _SHUFFLE_TABLE_MAX or _SHUFFLE_TABLE_STEPS allow."""
+    be larger than _SHUFFLE_TABLE_MAX or _SHUFFLE_TABLE_STEPS allow. Cached: every
+    trace of the solver (RK4's four stages, say) reads the same table; not to be
+    written to."""
     if ((nmax + 1) * (iterations + 1) * nmax > _SHUFFLE_TABLE_MAX
             or iterations * nmax > _SHUFFLE_TABLE_STEPS):
         return None
@@ -428,7 +433,8 @@ def _shuffle_table(nmax, iterations):
                 i = n - 1 - k
                 go = i > 0
                 old = state
-                x = ((old ^ (old >> np.uint64(18))) >> np.uint64(27)) & np.uint64(0xFFFFFFFF)
+                x = (old ^ (old >> np.uint64(18))) >> np.uint64(27)
+                x = x & np.uint64(0xFFFFFFFF)
                 rot = (old >> np.uint64(59)).astype(np.uint32)
                 x = x.astype(np.uint32)
                 draw = (x >> rot) | (x << ((np.uint32(32) - rot) & np.uint32(31)))
