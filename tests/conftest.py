@@ -43,11 +43,12 @@ if not os.environ.get("SIMJAX_TEST_NO_CACHE"):
 def pytest_configure(config):
     """A test whose pytest-xdist worker crashed (a native fault, not a failed assertion)
     runs once more on a fresh worker: jaxlib 0.10.2 has segfaulted, rarely, while
-    serialising an executable for the cache above (seen once in the slow set:
-    ``executable.serialize()`` in ``compilation_cache.put_executable_and_time``; the
-    test passed in later runs). pytest-rerunfailures reschedules a crashed test up to
-    ``reruns`` times whatever its filters; ``rerun_except`` matching every error keeps
-    failures of any other kind from being rerun. The summary counts the reruns."""
+    serialising an executable for the cache above (seen in the slow set, in
+    ``executable.serialize()`` of ``compilation_cache.put_executable_and_time``, under
+    test_pid's and test_sdf's compiles; each test passed when run again).
+    pytest-rerunfailures reschedules a crashed test up to ``reruns`` times whatever its
+    filters; ``rerun_except`` matching every error keeps failures of any other kind
+    from being rerun. The summary counts the reruns."""
     if config.pluginmanager.hasplugin("rerunfailures") and not config.option.reruns:
         config.option.reruns = 1
         config.option.rerun_except = [r"(?s).*"]

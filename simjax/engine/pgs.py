@@ -21,6 +21,7 @@ import numpy as np
 from simjax.engine import inline, math
 from simjax.engine.constraint import CONTACT_KINDS
 from simjax.engine.math import reduce_fused, where
+from simjax.engine.solver_worlds import any_world
 
 MINVAL = 1e-15
 
@@ -121,7 +122,8 @@ def _project_ellipsoid(fric, normal, mu, feasible):
 # by id, friction loss (dofs, then tendons), limits (joints, then tendons), contacts in
 # mj_collision's order), the same generator and shuffle, and islands (mj_island: trees
 # joined by constraint rows) solved with their own momentum and termination.
-_PCG_MULT = (0x5851F42D, 0x4C957F2D)        # 6364136223846793005 = (hi, lo) 32-bit words
+_PCG_MULT64 = 6364136223846793005
+_PCG_MULT = (_PCG_MULT64 >> 32, _PCG_MULT64 & 0xFFFFFFFF)      # (hi, lo) 32-bit words
 
 
 def _mulhi32(a, b):
@@ -406,6 +408,17 @@ _SHUFFLE_TABLE_MAX = 1 << 18
 _SHUFFLE_TABLE_STEPS = 20000
 
 
+def pcg32_next_u64(state):
+    """:func:`pcg32_next` on 64-bit words (numpy uint64 arrays, wrapping): (output
+    uint32, new state)."""
+    with np.errstate(over="ignore"):
+        x = ((state ^ (state >> np.uint64(18))) >> np.uint64(27)) & np.uint64(0xFFFFFFFF)
+        rot = (state >> np.uint64(59)).astype(np.uint32)
+        x = x.astype(np.uint32)
+        out = (x >> rot) | (x << ((np.uint32(32) - rot) & np.uint32(31)))
+        return out, state * np.uint64(_PCG_MULT64) + np.uint64(1)
+
+
 @functools.lru_cache(maxsize=16)
 def _shuffle_table(nmax, iterations):
     """MuJoCo's shuffled visit order as a table (numpy int32, (nmax + 1, iterations + 1,
@@ -413,54 +426,52 @@ def _shuffle_table(nmax, iterations):
     of the block at position r after t shuffles of an island of n blocks. Every island
     solve seeds its generator alike and the shuffle of n blocks draws n - 1 numbers, so
     the order after t shuffles depends on n and t alone: :func:`_shuffle`'s loop, run
-    here once for every n at once (PCG32 on 64-bit words). None when the table would
+    here once for every n at once (:func:`pcg32_next_u64`). None when the table would
     be larger than _SHUFFLE_TABLE_MAX or _SHUFFLE_TABLE_STEPS allow. Cached: every
     trace of the solver (RK4's four stages, say) reads the same table; not to be
     written to."""
     if ((nmax + 1) * (iterations + 1) * nmax > _SHUFFLE_TABLE_MAX
             or iterations * nmax > _SHUFFLE_TABLE_STEPS):
         return None
-    mult = np.uint64(6364136223846793005)
     n = np.arange(nmax + 1)
     state = np.full(nmax + 1, (PCG_SEED[0] << 32) | PCG_SEED[1], np.uint64)
     perm = np.tile(np.arange(nmax), (nmax + 1, 1))
     out = np.empty((nmax + 1, iterations + 1, nmax), np.int32)
     out[:, 0] = perm
     rows = np.arange(nmax + 1)
-    with np.errstate(over="ignore"):
-        for t in range(1, iterations + 1):
-            for k in range(max(nmax - 1, 0)):
-                i = n - 1 - k
-                go = i > 0
-                old = state
-                x = (old ^ (old >> np.uint64(18))) >> np.uint64(27)
-                x = x & np.uint64(0xFFFFFFFF)
-                rot = (old >> np.uint64(59)).astype(np.uint32)
-                x = x.astype(np.uint32)
-                draw = (x >> rot) | (x << ((np.uint32(32) - rot) & np.uint32(31)))
-                state = np.where(go, old * mult + np.uint64(1), old)
-                j = (draw % np.maximum(i + 1, 1).astype(np.uint32)).astype(np.int64)
-                ii = np.clip(i, 0, nmax - 1)
-                vi, vj = perm[rows, ii], perm[rows, j % max(nmax, 1)]
-                perm[rows[go], ii[go]] = vj[go]
-                perm[rows[go], j[go]] = vi[go]
-            out[:, t] = perm
+    for t in range(1, iterations + 1):
+        for k in range(max(nmax - 1, 0)):
+            i = n - 1 - k
+            go = i > 0
+            draw, nstate = pcg32_next_u64(state)
+            state = np.where(go, nstate, state)
+            j = (draw % np.maximum(i + 1, 1).astype(np.uint32)).astype(np.int64)
+            ii = np.clip(i, 0, nmax - 1)
+            vi, vj = perm[rows, ii], perm[rows, j % max(nmax, 1)]
+            perm[rows[go], ii[go]] = vj[go]
+            perm[rows[go], j[go]] = vi[go]
+        out[:, t] = perm
     return out
 
 
-def _shuffled(perm0, table, it, nblk, first, bisl, nisl):
-    """The visit order (nb,) of every island after ``it`` shuffles (a traced count),
-    from the unshuffled order ``perm0`` and :func:`_shuffle_table`'s ``table``: the
-    loop of :func:`_shuffle` replaced by two gathers (each of its steps was several
-    kernels, once per block and iteration)."""
+def _shuffler(perm0, table, nblk, first, bisl, nisl):
+    """``shuffled(it)``: the visit order (nb,) of every island after ``it`` shuffles (a
+    traced count), from the unshuffled order ``perm0`` and :func:`_shuffle_table`'s
+    ``table``: the loop of :func:`_shuffle` replaced by two gathers (each of its steps
+    was several kernels, once per block and iteration). What does not depend on ``it``
+    (each position's island, its size and the position within it) is made once."""
     nb = perm0.shape[0]
     pos = jnp.arange(nb, dtype=jnp.int32)
     pisl = bisl[perm0]                                   # island of each position
     k = jnp.minimum(pisl, nisl - 1)
-    n, f = nblk[k], first[k]
+    n, f = jnp.minimum(nblk[k], table.shape[0] - 1), first[k]
     rel = jnp.clip(pos - f, 0, table.shape[2] - 1)
-    src = jnp.asarray(table)[jnp.minimum(n, table.shape[0] - 1), it, rel]
-    return where(pisl < nisl, perm0[jnp.clip(f + src, 0, nb - 1)], perm0)
+    table = jnp.asarray(table)
+
+    def shuffled(it):
+        src = table[n, it, rel]
+        return where(pisl < nisl, perm0[jnp.clip(f + src, 0, nb - 1)], perm0)
+    return shuffled
 
 
 # --------------------------------------------------------------------------- PGS
@@ -513,7 +524,6 @@ def _pgs(spec, p, force0, iterations, lay, order):
     cap = _compact_capacity(spec)
     if cap is None:
         return _pgs_solve(spec, p, force0, iterations, order)
-    from simjax.engine.solver_worlds import any_world
     over = any_world(reduce_fused(order["nblk"], 0) > cap)
     return jax.lax.cond(over, lambda: _pgs_solve(spec, p, force0, iterations, order),
                         lambda: _pgs_compact(spec, p, force0, iterations, order, cap))
@@ -561,7 +571,6 @@ def _pgs_solve(spec, p, force0, iterations, order):
     ineq = jnp.asarray(spec.ineq)
     nisl = order["nisl"]
     rowisl = order["rowisl"]
-    table = _shuffle_table(int(order["perm"].shape[-1]), int(iterations))
     scale = _island_scale(p, order, dtype)
     bstart = jnp.asarray(order["start"])
     bkind = jnp.asarray(order["kind"])
@@ -623,6 +632,10 @@ def _pgs_solve(spec, p, force0, iterations, order):
 
     branches = [scalar] + [elliptic(dim) for dim in edims]
     bdim = jnp.asarray(order["dim"])
+    table = _shuffle_table(int(order["perm"].shape[-1]), int(iterations))
+    if table is not None:
+        shuffled = _shuffler(order["perm"], table, order["nblk"], order["first"], bisl,
+                             nisl)
 
     def sweep(force, perm, done):
         return _block_sweep(force, done, perm, jnp.sum(order["nblk"]), bisl, bstart,
@@ -646,8 +659,6 @@ def _pgs_solve(spec, p, force0, iterations, order):
     def row(x, fill):
         return jnp.concatenate([x, jnp.asarray([fill], x.dtype)])[rowisl]
 
-    from simjax.engine.solver_worlds import any_world
-
     def cond(s):
         # unbatched under vmap (a done island's values stay as they are, so the batch
         # iterates until its last world is done, each world as alone): with a batched
@@ -670,8 +681,7 @@ def _pgs_solve(spec, p, force0, iterations, order):
                                  order["first"])
         else:
             # a done island's order changes here, but it is swept no more
-            perm, gen = _shuffled(order["perm"], table, s["iter"] + 1, order["nblk"],
-                                  order["first"], bisl, nisl), s["gen"]
+            perm, gen = shuffled(s["iter"] + 1), s["gen"]
         force, imp = sweep(force, perm, done)
         imp = imp * scale
         corr = seg((force - mom) * (mom - prev))
@@ -860,8 +870,6 @@ def _block_sweep(force, done, perm, nblocks, bisl, bstart, kind, nwrite, branche
     # inactive blocks, which write nothing, so the batch runs to its largest count with
     # an unbatched position (a batched trip count had vmap select the whole carry
     # between the body's output and input, every visit)
-    from simjax.engine.solver_worlds import any_world
-
     def wbody(c):
         k, carry = c
         return k + 1, body(k, carry)

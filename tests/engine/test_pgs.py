@@ -276,10 +276,12 @@ def test_two_tree_islands_match_label_propagation():
 
 
 def test_pcg32_matches_64bit_reference():
-    """The two-word PCG32 against a direct 64-bit statement of the generator."""
+    """The two-word PCG32 against its statement on 64-bit words (``pcg32_next_u64``,
+    which builds the shuffle table), and that against Python's integers."""
     import jax.numpy as jnp
     mask = (1 << 64) - 1
     state = 1                                         # seeded: state 0, inc 1, one step
+    s64 = np.asarray([state], np.uint64)
     hi, lo = jnp.uint32(pgs.PCG_SEED[0]), jnp.uint32(pgs.PCG_SEED[1])
     for _ in range(300):
         old = state
@@ -288,11 +290,13 @@ def test_pcg32_matches_64bit_reference():
         rot = old >> 59
         want = ((xs >> rot) | (xs << ((-rot) & 31))) & 0xFFFFFFFF
         out, hi, lo = pgs.pcg32_next(hi, lo)
-        assert int(out) == want
+        out64, s64 = pgs.pcg32_next_u64(s64)
+        assert int(out) == int(out64[0]) == want
+        assert int(s64[0]) == state
 
 
 def test_shuffle_table_matches_loop():
-    """The visit order read from the shuffle table (:func:`pgs._shuffled`) is the order
+    """The visit order read from the shuffle table (:func:`pgs._shuffler`) is the order
     the shuffle loop (:func:`pgs._shuffle`, MuJoCo's shuffle_int) reaches, sweep after
     sweep: every island size up to 13 alone, and three islands of 5, 1 and 6 blocks
     (positions 0-4, 5, 6-11) with two inactive blocks after them."""
@@ -311,11 +315,12 @@ def test_shuffle_table_matches_loop():
     bisl = jnp.zeros(14, jnp.int32).at[perm0].set(jnp.asarray(isl_of_pos, jnp.int32))
     nblk, first = jnp.asarray([5, 1, 6]), jnp.asarray([0, 5, 6])
     table = pgs._shuffle_table(14, sweeps)
+    shuffled = pgs._shuffler(perm0, table, nblk, first, bisl, 3)
     perm = perm0
     gen = (jnp.zeros(3, jnp.uint32), jnp.ones(3, jnp.uint32))
     for t in range(1, sweeps + 1):
         perm, gen = pgs._shuffle(perm, gen, nblk, first)
-        got = pgs._shuffled(perm0, table, jnp.int32(t), nblk, first, bisl, 3)
+        got = shuffled(jnp.int32(t))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(perm))
     assert pgs._shuffle_table(164, 50) is None                  # too large: the loop
 
