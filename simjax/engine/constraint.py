@@ -13,7 +13,9 @@ the static contact dimension of each slot of ``Data.contact``:
 - limits: two rows (lower, upper side) per limited hinge / slide joint and tendon, one
   per limited ball joint, active when the distance is below the margin;
 - contacts: per slot of dimension ``dim``: 1 row (dim 1), 2 (dim - 1) rows (pyramidal)
-  or ``dim`` rows (elliptic), active for valid, non-excluded contacts.
+  or ``dim`` rows (elliptic), active for valid, non-excluded contacts. An adhesive
+  contact in the gap has runtime dim 1 (``Data.contact.dim``) in a slot of any dim:
+  its slot's first row is its normal row (efc_type frictionless), the others inactive.
 
 Inactive rows are exactly neutral: ``efc_active`` is false, ``efc_J`` is zero, and the
 solvers give them zero force. A non-contact constraint whose rows all have an
@@ -207,7 +209,13 @@ def _block(m, d, blk, geo=None):
     dist, incl = take(con.dist, s), take(con.includemargin, s)
     el = (take(con.solref, s), take(con.solimp, s), dist, incl)
     dim = blk.dim
-    rows = dict(J=flat(jac), active=rep(ok), floss=zero)
+    act = rep(ok)
+    if geo["one"] is not None and k > 1:
+        # a contact of runtime dim 1 keeps its slot's first row alone
+        one = take(geo["one"], s)
+        act = act & (np.tile(np.arange(k) == 0, n) | ~rep(one))
+        jac = math.where((np.arange(k) == 0)[:, None] | ~one[:, None, None], jac, 0.0)
+    rows = dict(J=flat(jac), active=act, floss=zero)
     if blk.kind == "con1":
         diag = tran
     elif blk.kind == "conpyr":
@@ -256,9 +264,9 @@ def make_constraint(m, d):
     4.0's efc_diagA: the diagonal approximation adjusted so that R = (1-imp)/imp diagA),
     efc_KBIP (nefc, 4), efc_R, efc_D, efc_active, ne, nf, nl, nefc. Requires the
     position stage (kinematics, com_pos, tendon) and ``d.contact``.
-    Raises UnsupportedFeatureError (trace time) for flex equalities, contact adhesion and
-    geom surface velocity; ValueError for a non-zero friction loss outside the Model's
-    friction-loss structure (``dof_hasfrictionloss``, ``tendon_hasfrictionloss``).
+    Raises UnsupportedFeatureError (trace time) for flex equalities; ValueError for a
+    non-zero friction loss outside the Model's friction-loss structure
+    (``dof_hasfrictionloss``, ``tendon_hasfrictionloss``).
 
     Each block of rows is built whole (its Jacobian already zero on inactive rows) and
     the blocks are concatenated once; impedance and reference are computed per element
@@ -268,7 +276,6 @@ def make_constraint(m, d):
     lay = layout(m, slot_dims(d))
     if lay.nefc == 0:
         return d
-    _check_unsupported(m, lay)
     if m.opt.enableflags & EnableBit.SLEEP:
         raise UnsupportedFeatureError("sleeping islands (EnableBit.SLEEP) in constraints")
     dtype = d.qpos.dtype
@@ -307,7 +314,7 @@ def make_constraint(m, d):
         minvjt = jax.vmap(lambda v: tree_linalg.solve_ld(m, d.qLD, v))(J)
         diag = math.where(active, jnp.sum(J * minvjt, 1), diag)
     R = math.maximum(MINVAL, (1 - imp) * diag / imp)
-    R = _contact_R(m, d, lay, R)
+    R = _contact_R(m, d, lay, R, geo)
     R = math.where(active, R, 1.0)
     D = math.where(active, 1 / R, 0.0)
     diagA = R * imp / (1 - imp)
@@ -333,17 +340,36 @@ def make_constraint(m, d):
         for blk, val in zip(cblk, firsts):
             adr = put_at(adr, blk.ids, val)
     contact = d.contact.replace(efc_address=adr)
+    efc_type = jnp.asarray(lay.efc_type)
+    if geo is not None and geo["one"] is not None:
+        # contacts of runtime dim 1 in slots of more (adhesive, in the gap)
+        one = _contact_rows_of(lay, lambda blk: jnp.broadcast_to(
+            take(geo["one"], blk.ids)[:, None], (blk.n, blk.k)), bool)
+        efc_type = math.where(one, CONTACT_FRICTIONLESS, efc_type)
     return d.replace(contact=contact, efc_J=J, efc_pos=math.where(active, cat["pos"], 0.0),
                      efc_margin=math.where(active, cat["margin"], 0.0),
                      efc_frictionloss=math.where(active, cat["floss"], 0.0),
                      efc_diagA=math.where(active, diagA, 0.0), efc_KBIP=kbip * active[:, None],
                      efc_R=R, efc_D=D, efc_active=active,
-                     efc_type=jnp.asarray(lay.efc_type), efc_id=jnp.asarray(lay.efc_id),
+                     efc_type=efc_type, efc_id=jnp.asarray(lay.efc_id),
                      efc_force=z, efc_state=jnp.zeros(n, jnp.int32), **counts)
 
 
-def _contact_R(m, d, lay, R):
-    """Contact regulariser in friction directions (second loop of mj_makeImpedance)."""
+def _contact_rows_of(lay, fn, dtype, kinds=("conpyr", "conell")):
+    """(nefc,) values of the rows of the contact blocks of ``kinds``, ``fn(blk)`` (n, k)
+    per block, zero on the other rows."""
+    parts = []
+    for blk in lay.blocks:
+        if blk.kind in kinds:
+            parts.append(fn(blk).reshape(-1).astype(dtype))
+        else:
+            parts.append(jnp.zeros(blk.n * blk.k, dtype))
+    return jnp.concatenate(parts) if parts else jnp.zeros(0, dtype)
+
+
+def _contact_R(m, d, lay, R, geo=None):
+    """Contact regulariser in friction directions (second loop of mj_makeImpedance);
+    a contact of runtime dim 1 (``geo["one"]``) keeps its normal row's."""
     impratio = jnp.maximum(MINVAL, _f(m.opt.impratio, R.dtype))
     for blk in lay.blocks:
         if blk.kind not in ("conpyr", "conell"):
@@ -357,7 +383,10 @@ def _contact_R(m, d, lay, R):
             new = jnp.concatenate([r0[:, None], r1[:, None], rest], 1)
         else:
             mu2 = fr[:, 0] ** 2 * (r1 / r0)
-            new = jnp.repeat((2 * mu2 * r0)[:, None], blk.k, 1)
+            rp = 2 * mu2 * r0
+            if geo is not None and geo["one"] is not None:
+                rp = math.where(take(geo["one"], blk.ids), r0, rp)
+            new = jnp.repeat(rp[:, None], blk.k, 1)
         if constraint_rows._MAKECON and len(R) <= math.MINOR_CAT_MAX:
             # a concatenation fuses into R's users (a slice update is a kernel)
             end = blk.start + blk.n * blk.k
@@ -378,23 +407,6 @@ def _contact_R(m, d, lay, R):
 #: whether :func:`_contact_R` writes rows past the concatenation limit by a select (read
 #: at trace time; False: ``.at[].set``, a scatter, kept to compare)
 _SLICE_SELECT = True
-
-
-def _check_unsupported(m, lay):
-    if not any(b.kind in CONTACT_KINDS for b in lay.blocks):
-        return
-    for name, what in (("geom_adhesion", "contact adhesion"),
-                       ("pair_adhesion", "contact adhesion"),
-                       ("geom_surfacevel", "geom surface velocity")):
-        arr = getattr(m, name, None)
-        if arr is None:
-            continue
-        try:
-            val = np.asarray(arr)
-        except Exception:
-            continue
-        if val.size and np.any(val != 0):
-            raise UnsupportedFeatureError(what)
 
 
 def inv_constraint(m, d):
@@ -467,16 +479,79 @@ def _jdotv_eq(m, d, blk):
     return jnp.concatenate([lin, rot], 1)
 
 
+def _surface_vel(m, d):
+    """(ncon_max, 6) velocity of the contacts' geom surfaces, geom 2's minus geom 1's,
+    in the contact frame (normal, tangent1, tangent2, spin, roll1, roll2), m/s and
+    rad/s, with the normal and rolling parts zero (mj_addSurfaceVel): a geom's surface
+    moves by ``geom_surfacevel`` (linear, angular; geom frame) about the geom's origin
+    (mj_geomSurfaceVelocity)."""
+    dtype = d.qpos.dtype
+    con = d.contact
+    sv = _f(m.geom_surfacevel, dtype).reshape(-1, 6)
+    lin = ang = 0.0
+    for side, sgn in ((0, -1.0), (1, 1.0)):
+        g = jnp.clip(con.geom[:, side], 0)
+        mat = d.geom_xmat[g]
+        w = jnp.einsum("nij,nj->ni", mat, sv[g, 3:])
+        v = (jnp.einsum("nij,nj->ni", mat, sv[g, :3])
+             + math.cross(w, con.pos - d.geom_xpos[g]))
+        lin, ang = lin + sgn * v, ang + sgn * w
+    t = jnp.einsum("nij,nj->ni", con.frame, lin)
+    r = jnp.einsum("nij,nj->ni", con.frame, ang)
+    z = jnp.zeros_like(t[:, 0])
+    return jnp.stack([z, t[:, 1], t[:, 2], r[:, 0], z, z], 1)
+
+
+def _surface_rows(m, d, lay):
+    """(nefc,) surface velocity of the contact rows (mj_addSurfaceVel): an elliptic
+    contact's rows take its components, a pyramid's edges 2(j-1), 2(j-1)+1 take +-mu_j
+    times component j; contacts of runtime dim 1 none."""
+    cs = _surface_vel(m, d)
+    dims = d.contact.dim
+
+    def rows(blk):
+        c = take(cs, blk.ids)[:, :blk.dim]
+        if blk.kind == "conell":
+            return c
+        fr = take(d.contact.friction, blk.ids)[:, :blk.dim - 1]
+        edge = (fr * c[:, 1:])[:, :, None] * np.array([1.0, -1.0])
+        edge = edge.reshape(blk.n, blk.k)
+        return math.where((take(dims, blk.ids) > 1)[:, None], edge, 0.0)
+    return _contact_rows_of(lay, rows, d.qpos.dtype)
+
+
+def _adhesion_rows(m, d, lay):
+    """(nefc,) the adhesive contacts' reference bias R adhesion (mj_adhesionRef): the
+    normal row's (frictionless and elliptic contacts, and those of runtime dim 1), or
+    an equal share on each pyramid edge."""
+    con = d.contact
+
+    def rows(blk):
+        a = take(con.adhesion, blk.ids)[:, None]
+        first = np.arange(blk.k) == 0
+        if blk.kind != "conpyr":
+            return math.where(first, a, 0.0)
+        one = take(con.dim, blk.ids)[:, None] == 1
+        return math.where(one, math.where(first, a, 0.0), a / blk.k)
+    return d.efc_R * _contact_rows_of(lay, rows, d.qpos.dtype, CONTACT_KINDS)
+
+
 def reference_constraint(m, d):
     """efc_vel = J qvel and efc_aref = -B vel - K imp (pos - margin) - Jdot qvel
     (mj_referenceConstraint; the Jdot*qvel correction applies to connect and weld rows).
-    Requires the velocity stage (cvel, cdof_dot)."""
+    Contact rows' efc_vel include the relative velocity of the geoms' surfaces
+    (``geom_surfacevel``, mj_addSurfaceVel) and adhesive contacts' aref the bias R
+    adhesion (mj_adhesionRef). Requires the velocity stage (cvel, cdof_dot)."""
     if not d.efc_J.shape[0]:
         return d
     lay = layout(m, slot_dims(d))
     vel = math.matvec(d.efc_J, d.qvel)
+    if tables.has_surfacevel(m) and any(b.kind in ("conpyr", "conell") for b in lay.blocks):
+        vel = math.where(d.efc_active, vel + _surface_rows(m, d, lay), 0.0)
     kbip = d.efc_KBIP
     aref = -kbip[:, 1] * vel - kbip[:, 0] * kbip[:, 2] * (d.efc_pos - d.efc_margin)
+    if tables.has_adhesion(m) and any(b.kind in CONTACT_KINDS for b in lay.blocks):
+        aref = aref + _adhesion_rows(m, d, lay)
     for blk in lay.blocks:
         if blk.kind in ("connect", "weld"):
             jdv = _jdotv_eq(m, d, blk)

@@ -17,6 +17,7 @@ import numpy as np
 from simjax.engine import math
 from simjax.engine import support
 from simjax.engine import tables
+from simjax.engine.tables import has_adhesion
 from simjax.engine.constraint_layout import CONTACT_KINDS, _LAYOUTS, _disabled, friction_masks
 from simjax.types import DisableBit, ObjType
 from simjax.types import frictionloss_structure
@@ -289,7 +290,9 @@ def _shifted_cdof_t(m, d, origin):
 def _contact_geometry(m, d, lay):
     """Per contact slot (all slots of ``d.contact``), shared by the contact blocks:
     sign (ncon, nv), direction 6-vectors w (ncon, ndir, 6), cdof about the common
-    origin, friction (ncon, 5), diag tran / rot and ok.
+    origin, friction (ncon, 5), diag tran / rot, ok, and ``one`` (ncon,): contacts of
+    runtime dim 1 (adhesive contacts in the gap, whatever their slot's dim; None where
+    the model has no adhesion).
 
     Row i of a contact is r_i . (mj_jac(body2, p) - mj_jac(body1, p)) (mj_jacDifPair
     projected on the row's direction): with the 6-vector w = ((p - c) x f, f) of a
@@ -315,9 +318,27 @@ def _contact_geometry(m, d, lay):
     # candidates): a contact whose rows are numerically zero (an object on slide x/y
     # joints touching the table) keeps its rows
     ok = con.valid & (con.exclude == 0)
+    one = (con.dim == 1) if has_adhesion(m) else None
     return dict(sign=_anc_mask(m, b2, dtype) - _anc_mask(m, b1, dtype), w=w,
                 cdof=_shifted_cdof_t(m, d, origin), fr=con.friction,
-                tran=iw[b1, 0] + iw[b2, 0], rot=iw[b1, 1] + iw[b2, 1], ok=ok)
+                tran=iw[b1, 0] + iw[b2, 0], rot=iw[b1, 1] + iw[b2, 1], ok=ok, one=one)
+
+
+def normal_jacobian(m, d):
+    """Normal rows of every contact slot (ncon_max, nv): frame[0] . (jac(body2, pos) -
+    jac(body1, pos)), the Jacobian of the contact's normal separation velocity
+    (mj_contactJacobian's first row); zero for empty slots."""
+    dtype = d.qpos.dtype
+    con = d.contact
+    gb = jnp.asarray(np.asarray(m.geom_bodyid, np.int32))
+    b1 = gb[jnp.clip(con.geom[:, 0], 0)]
+    b2 = gb[jnp.clip(con.geom[:, 1], 0)]
+    origin = d.subtree_com[0]
+    f = con.frame[:, 0]
+    w = jnp.concatenate([math.cross(con.pos - origin, f), f], -1)       # (n, 6)
+    jac = w @ _shifted_cdof_t(m, d, origin)
+    sign = _anc_mask(m, b2, dtype) - _anc_mask(m, b1, dtype)
+    return math.where(con.valid[:, None], sign * jac, 0.0)
 
 
 #: pyramidal rows' vectors by a sign (no stack), the contact R of the friction rows and
@@ -335,6 +356,10 @@ def _contact_rows(m, d, blk, geo):
     slots = blk.ids
     dim, n, k = blk.dim, blk.n, blk.k
     fr = take(geo["fr"], slots)
+    if geo["one"] is not None and dim > 1:
+        # a contact of runtime dim 1 in a slot of more: its pyramid edges are all its
+        # normal (the caller keeps the first alone), with the normal's diagApprox
+        fr = math.where(take(geo["one"], slots)[:, None], 0.0, fr)
     w = take(geo["w"], slots)[:, :dim]                                  # (n, dim, 6)
     if blk.kind == "conpyr" and _MAKECON:
         # w_0 + fw and w_0 - fw as w_0 + s fw, s = +-1 (s fw exact): no stack, so the

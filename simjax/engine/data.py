@@ -111,6 +111,7 @@ DATA_FIELDS = (
     ("qfrc_damper", ("nv",), "f"),
     ("qfrc_gravcomp", ("nv",), "f"),
     ("qfrc_fluid", ("nv",), "f"),
+    ("qfrc_adhesion", ("nv",), "f"),
     ("qfrc_passive", ("nv",), "f"),
     ("subtree_linvel", ("nbody", 3), "f"),
     ("subtree_angmom", ("nbody", 3), "f"),

@@ -1,6 +1,7 @@
 """Passive forces: springs, dampers, gravity compensation, fluid (mj_passive).
 
-Sets qfrc_spring, qfrc_damper, qfrc_gravcomp, qfrc_fluid and their sum qfrc_passive
+Sets qfrc_spring, qfrc_damper, qfrc_gravcomp, qfrc_fluid, qfrc_adhesion (adhesive
+contacts' pull) and their sum qfrc_passive
 (gravity compensation of joints with ``jnt_actgravcomp`` goes to qfrc_actuator instead,
 in :mod:`simjax.engine.actuation`). Follows MuJoCo 4.0 semantics, including polynomial
 stiffness (``jnt_stiffnesspoly``, ``tendon_stiffnesspoly``) and damping
@@ -377,17 +378,31 @@ def fluid(m, d):
     return jax.lax.cond(on, compute, lambda d: jnp.zeros(m.nv, dtype), d)
 
 
+def adhesion(m, d):
+    """qfrc_adhesion (nv,): the adhesive contacts' constant pull, -adhesion along each
+    contact normal, J_n' (-adhesion) summed over the valid contacts (mj_adhesion; N and
+    N m in generalised coordinates). Zero without adhesion or contacts (static)."""
+    zero = jnp.zeros(m.nv, d.qpos.dtype)
+    con = getattr(d, "contact", None)
+    if (con is None or con.dist.shape[0] == 0 or not tables.has_adhesion(m)
+            or m.opt.disableflags & (DisableBit.CONTACT | DisableBit.CONSTRAINT)):
+        return zero
+    from simjax.engine.constraint_rows import normal_jacobian
+    return -(con.adhesion * con.valid) @ normal_jacobian(m, d)
+
+
 # --------------------------------------------------------------------------- mj_passive
 def passive(m, d):
     """All passive forces (mj_passive): qfrc_spring, qfrc_damper, qfrc_gravcomp,
-    qfrc_fluid and their sum qfrc_passive (nv,), generalised coordinates."""
+    qfrc_fluid, qfrc_adhesion and their sum qfrc_passive (nv,), generalised
+    coordinates. Requires the position stage and collision (contacts, for adhesion)."""
     dtype = d.qpos.dtype
     zero = jnp.zeros(m.nv, dtype)
     spring_on = not (m.opt.disableflags & DisableBit.SPRING)
     damper_on = not (m.opt.disableflags & DisableBit.DAMPER)
     if not m.nv or not (spring_on or damper_on):
         return d.replace(qfrc_spring=zero, qfrc_damper=zero, qfrc_gravcomp=zero,
-                         qfrc_fluid=zero, qfrc_passive=zero)
+                         qfrc_fluid=zero, qfrc_adhesion=zero, qfrc_passive=zero)
     spring = _joint_spring_dofs(m, d.qpos, dtype) if spring_on and m.njnt else zero
     damper = zero
     if damper_on:
@@ -402,6 +417,10 @@ def passive(m, d):
     actgc = np.asarray(m.jnt_actgravcomp)[np.asarray(m.dof_jntid)]
     if actgc.any():
         passive_gc = math.where(actgc, 0.0, qfrc_gc)
-    total = spring + damper + qfrc_fl + passive_gc
+    qfrc_ad = adhesion(m, d)
+    total = spring + damper + qfrc_fl
+    if tables.has_adhesion(m):
+        total = total + qfrc_ad
+    total = total + passive_gc
     return d.replace(qfrc_spring=spring, qfrc_damper=damper, qfrc_gravcomp=qfrc_gc,
-                     qfrc_fluid=qfrc_fl, qfrc_passive=total)
+                     qfrc_fluid=qfrc_fl, qfrc_adhesion=qfrc_ad, qfrc_passive=total)

@@ -726,7 +726,7 @@ def _noslip_ops(lay, order):
     return np.where(kind > 0, 2 + kind, rowop[order["start"]]).astype(np.int32)
 
 
-def _noslip(spec, p, force, iterations, lay, order):
+def _noslip(spec, p, force, iterations, lay, order, one=None):
     """Noslip post-pass (mj_solNoSlip, per island as MuJoCo 4.0.0): friction-loss and
     contact-friction rows re-solved by Gauss-Seidel with the unregularised
     A = J M^-1 J' (diagonal blocks clamped from below as MuJoCo), normal forces fixed.
@@ -735,7 +735,9 @@ def _noslip(spec, p, force, iterations, lay, order):
     1 / trace of its block of M, falls below ``noslip_tolerance``; the first sweep's
     improvement includes the removed regularisation cost 0.5 sum R f^2 of the island's
     rows. A fixed number of sweeps over all (static) blocks with masks (``lax.scan``), so
-    it is differentiated directly. Returns (force, sweeps per island (nisl,))."""
+    it is differentiated directly. ``one`` (nefc,): rows of contacts of runtime dim 1
+    in slots of more (adhesive, in the gap; None: none), frictionless, so not visited.
+    Returns (force, sweeps per island (nisl,))."""
     A = _ar(p) - jnp.diag(p["R"])
     b = p["efc_b"]
     fl = p["floss"]
@@ -808,10 +810,11 @@ def _noslip(spec, p, force, iterations, lay, order):
         return upd
 
     branches = [skip, fric, pair] + [elliptic(dim) for dim in edims]
-    ops = _noslip_ops(lay, order)
-    nwrite = jnp.asarray(np.asarray([0, 1, 2] + list(edims), np.int32))[jnp.asarray(ops)]
-    ops = jnp.asarray(ops)
+    ops = jnp.asarray(_noslip_ops(lay, order))
     bstart = jnp.asarray(order["start"])
+    if one is not None:
+        ops = where(one[bstart], 0, ops)
+    nwrite = jnp.asarray(np.asarray([0, 1, 2] + list(edims), np.int32))[ops]
     perm, bisl = order["perm"], order["bisl"]
     nb = order["nb"]
 

@@ -254,7 +254,10 @@ def fwd_constraint(m, d):
         state = _dual_state(spec, p, force_solver, state)
     niter, imp, gnorm = _per_island(niter), _per_island(imp), _per_island(gnorm)
     if m.opt.noslip_iterations > 0:
-        force, nit = _noslip(spec, p, force, int(m.opt.noslip_iterations), lay, order)
+        one = None
+        if tables.has_adhesion(m):
+            one = d.efc_type == C.CONTACT_FRICTIONLESS
+        force, nit = _noslip(spec, p, force, int(m.opt.noslip_iterations), lay, order, one)
         niter = niter + _per_island(nit)
         qacc = d.qacc_smooth + p["solve_m"](d.efc_J.T @ force)
     force = where(d.efc_active, force, 0.0)

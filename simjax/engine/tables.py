@@ -40,6 +40,31 @@ def concrete(x):
         return None
 
 
+def _nonzero(m, names):
+    """Whether any of the model fields ``names`` may be non-zero: traced ones may."""
+    for name in names:
+        arr = getattr(m, name, None)
+        if arr is None:
+            continue
+        a = concrete(arr)
+        if a is None or (np.size(a) and np.any(np.asarray(a) != 0)):
+            return True
+    return False
+
+
+def has_adhesion(m):
+    """Whether contacts may be adhesive (MuJoCo's ``flg_adhesion``: a non-zero
+    ``geom_adhesion`` or ``pair_adhesion``; a traced field counts as non-zero). Static:
+    a model without adhesion traces none of it."""
+    return _nonzero(m, ("geom_adhesion", "pair_adhesion"))
+
+
+def has_surfacevel(m):
+    """Whether a geom may have a surface velocity (MuJoCo's ``flg_surfacevel``; a
+    traced ``geom_surfacevel`` counts as non-zero). Static."""
+    return _nonzero(m, ("geom_surfacevel",))
+
+
 # JAX (0.10) converts a numpy array used inside a traced function through a cache keyed
 # weakly by the array object, not by the precision mode: an int64 / float64 array first
 # seen under jax_enable_x64 keeps its 64-bit type after the flag is turned off, and the

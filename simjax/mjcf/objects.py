@@ -473,6 +473,8 @@ def sensors(els, ids, joints, tendon_recs):
                            (dtype == DataType.AXIS and t != SensorType.GEOMNORMAL)):
             raise el.error("cutoff applied to axis or quaternion datatype in sensor")
         stage = _ACC if t in _STAGE_ACC else _VEL if t in _STAGE_VEL else _POS
+        if t == SensorType.CONTACT:
+            stage = r.pop("needstage_contact")
         if t == SensorType.USER:
             stage, dtype = r.pop("needstage_user"), r.pop("datatype_user")
         r.update(name=a.get("name") or "", datatype=dtype, needstage=stage, cutoff=cutoff,
@@ -563,6 +565,8 @@ def _sensor(el, ids, joints, tendon_recs):
                     reftype=ObjType.CAMERA, refid=cam)
     if tag == "rangefinder":
         return _rangefinder(el, a, ids, base)
+    if tag == "contact":
+        return _contact_sensor(el, a, ids, base)
     if tag == "insidesite":
         r = dict(base, type=SensorType.INSIDESITE, dim=1, **_frame_obj(
             el, ids, a.get("objtype"), a.get("objname"), "obj"))
@@ -662,6 +666,55 @@ def _rangefinder(el, a, ids, base):
                 objid=cam, intprm=[spec, 0, 0])
 
 
+#: contact sensor data fields (mjtConDataField order) and their sizes
+_CONDATA = ("found", "force", "torque", "dist", "pos", "normal", "tangent", "linvel",
+            "angvel")
+_CONDATA_SIZE = (1, 3, 3, 1, 3, 3, 3, 3, 3)
+_REDUCE = {"none": 0, "mindist": 1, "maxforce": 2, "netforce": 3}
+
+
+def _contact_sensor(el, a, ids, base):
+    """Contact sensor (mjSENS_CONTACT): side 1 in objtype/objid and side 2 in
+    reftype/refid (geom, body, subtree as xbody, or site for side 1; unknown/-1 when
+    not given: any), sensor_intprm = [data field bit set (mjtConDataField), reduce,
+    num], dim num times the fields' size. Stage: acceleration for forces or the net
+    force reduction, velocity for contact velocities, position otherwise."""
+    words = str(a.get("data") or "found").split()
+    spec, last = 0, -1
+    for w in words:
+        if w not in _CONDATA:
+            raise el.error(f"unknown contact data type '{w}'")
+        k = _CONDATA.index(w)
+        if k <= last:
+            raise el.error("data attributes must be in order: " + ", ".join(_CONDATA))
+        spec, last = spec | (1 << k), k
+    num = int(_get(a, "num", 1))
+    if num <= 0:
+        raise el.error("'num' must be positive in sensor")
+    reduce = _REDUCE[a.get("reduce") or "none"]
+    sides = []
+    for keys in (("geom1", "body1", "subtree1", "site"), ("geom2", "body2", "subtree2")):
+        given = [k for k in keys if a.get(k) is not None]
+        if len(given) > 1:
+            raise el.error("at most one of " + ", ".join(f"'{k}'" for k in keys) +
+                           " can be specified")
+        if not given:
+            sides.append((ObjType.UNKNOWN, -1))
+            continue
+        k = given[0]
+        kind = "body" if k.startswith(("body", "subtree")) else k.rstrip("12")
+        typ = {"geom": ObjType.GEOM, "body": ObjType.BODY, "site": ObjType.SITE}[kind]
+        if k.startswith("subtree"):
+            typ = ObjType.XBODY
+        sides.append((typ, _lookup(ids, kind, a.get(k), el, k)))
+    size = sum(n for k, n in enumerate(_CONDATA_SIZE) if spec & (1 << k))
+    force = spec & ((1 << 1) | (1 << 2)) or reduce == _REDUCE["netforce"]
+    stage = _ACC if force else _VEL if spec & ((1 << 7) | (1 << 8)) else _POS
+    return dict(base, type=SensorType.CONTACT, dim=num * size, objtype=sides[0][0],
+                objid=sides[0][1], reftype=sides[1][0], refid=sides[1][1],
+                intprm=[spec, reduce, num], needstage_contact=stage)
+
+
 def _frame_obj(el, ids, objtype, objname, what):
     if objtype not in _OBJ:
         raise el.error(f"{what}type must be (x)body, geom, site or camera in sensor")
@@ -689,6 +742,8 @@ def equalities(els, ids):
                 o2 = _lookup(ids, "site", a["site2"], el, "site2")
                 data[:] = 0
                 if etype == EqType.WELD:
+                    # MuJoCo 4 keeps the default's 1 at [1] for a site weld
+                    data[1] = 1.0
                     data[10] = float(_get(a, "torquescale", 1.0))
             else:
                 objtype = ObjType.BODY
@@ -698,12 +753,14 @@ def equalities(els, ids):
                     raise el.error(f"unknown body2 '{a.get('body2')}'")
                 data[:] = 0
                 data[10] = 1.0   # MuJoCo 4 keeps the default torquescale entry for connect
-                data[11] = float(etype == EqType.WELD)  # and sets the last weld entry
                 data[0:3] = _get(a, "anchor", np.zeros(3))
                 if etype == EqType.WELD:
                     rp = np.asarray(_get(a, "relpose", [0, 1, 0, 0, 0, 0, 0]), dtype=float)
                     data[3:6] = rp[:3]
                     data[6:10] = rp[3:7]
+                    # MuJoCo 4's last entry: 1 where the relative pose is the one at
+                    # qpos0 (no relpose quaternion given), 0 for a given relpose
+                    data[11] = float(not np.any(rp[3:7] != 0))
                     data[10] = float(_get(a, "torquescale", 1.0))
         elif tag in ("joint", "tendon"):
             etype = EqType.JOINT if tag == "joint" else EqType.TENDON

@@ -113,7 +113,8 @@ def _init(inst, model):
 
 def contact_force(m, d, efc_force):
     """(ncon_max, 6) force:torque of every contact slot in its contact frame
-    (mj_contactForce): pyramidal cones decoded, zeros for empty slots."""
+    (mj_contactForce): pyramidal cones decoded, the normal force net of adhesion, zeros
+    for empty slots."""
     con = d.contact
     n = con.dist.shape[0]
     dtype = d.qpos.dtype
@@ -133,6 +134,8 @@ def contact_force(m, d, efc_force):
         f = jnp.concatenate([normal[:, None], tang], axis=1)
     else:
         f = jnp.where(jnp.arange(6)[None, :] < dim[:, None], vals[:, :6], 0.0)
+    # the net interface force: the solver's normal force minus the adhesive pull
+    f = f - jnp.where(jnp.arange(6) == 0, con.adhesion[:, None], 0.0)
     ok = con.valid & (adr >= 0)
     return jnp.where(ok[:, None], f, 0.0)
 

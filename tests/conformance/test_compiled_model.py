@@ -48,3 +48,20 @@ def test_corpus_model_fields(rel):
 @pytest.mark.skipif(not MODELS, reason="../shared/corpus is absent")
 def test_key_models_in_corpus():
     assert set(KEY_MODELS) <= set(MODELS)
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OWN_MODELS = [os.path.join(HERE, "..", "..", "models", "sticky_conveyor.xml"),
+              os.path.join(HERE, "..", "engine", "sensor_models", "contacts.xml")]
+
+
+@pytest.mark.parametrize("path", OWN_MODELS, ids=os.path.basename)
+def test_own_model_fields(path):
+    """simjax's own scenes: contact adhesion, surface velocities, explicit pairs with
+    adhesion and gap, and contact sensors of every kind of side (geom, body, subtree,
+    site, any), data field set, reduction and count; every comparable field matches."""
+    mjm = mujoco.MjModel.from_xml_path(path)
+    model = simjax.load_model(path)
+    matched, bad, n = compare(model, mjm)
+    assert not bad, f"mismatched fields {bad}"
+    assert len(matched) > 150

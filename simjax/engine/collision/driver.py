@@ -55,8 +55,7 @@ from simjax.engine.collision.pairs import (
     plan, register_collider, sdf_pair)
 from simjax.engine.data import WARN_CONTACTFULL, count_warning
 from simjax.engine.math import fill, reduce_fused, unstack, where
-from simjax.engine.tables import concrete
-from simjax.errors import UnsupportedFeatureError
+from simjax.engine.tables import concrete, has_adhesion
 from simjax.types import EnableBit
 
 #: the run-time steps, and (re-exported) the static plan's public names
@@ -82,6 +81,8 @@ def _params_concrete(m):
     if m.npair:
         names += ["pair_margin", "pair_gap", "pair_friction", "pair_solref",
                   "pair_solimp", "pair_solreffriction"]
+    if has_adhesion(m):
+        names += ["geom_adhesion"] + (["pair_adhesion"] if m.npair else [])
     vals = [getattr(m, k) for k in names]
     if _override(m):
         vals += [m.opt.o_margin, m.opt.o_friction, m.opt.o_solref, m.opt.o_solimp]
@@ -90,7 +91,10 @@ def _params_concrete(m):
 
 def pair_params(m, p: Plan, dtype):
     """Per candidate pair: margin, gap, friction (5), solref, solreffriction, solimp
-    (mj_contactParam, explicit pair parameters, mj_assign* with override). NumPy where
+    (mj_contactParam, explicit pair parameters, mj_assign* with override), and
+    adhesion (force, N) where the model has any (:func:`has_adhesion`): the sum of the
+    geoms', the higher-priority geom's where priorities differ, an explicit pair's own
+    (not overridden by ``EnableBit.OVERRIDE``, as mj_setContact). NumPy where
     the model's fields are constants (as usual): jnp's operations on constants are
     traced equations (about 80 per step)."""
     g1, g2, ip = p.g1, p.g2, p.ipair
@@ -125,6 +129,10 @@ def pair_params(m, p: Plan, dtype):
     fri = wh(hi1, fr1, wh(hi2, fr2, fri))
     friction = fri[:, np.asarray([0, 0, 1, 2, 2])]
     solreffriction = xp.zeros_like(solref)
+    adhesion = None
+    if has_adhesion(m):
+        ad = f(m.geom_adhesion)
+        adhesion = wh(hi1[:, 0], ad[g1], wh(hi2[:, 0], ad[g2], ad[g1] + ad[g2]))
     if m.npair and np.any(ip >= 0):
         isp = ip >= 0
         k = np.maximum(ip, 0)
@@ -140,6 +148,8 @@ def pair_params(m, p: Plan, dtype):
         srf = f(m.pair_solreffriction)[k]
         srf = wh(xp.any(srf != 0, axis=1, keepdims=True), srf, f(0.0))
         solreffriction = sel(srf, solreffriction)
+        if adhesion is not None:
+            adhesion = sel(f(m.pair_adhesion)[k], adhesion)
     n = len(g1)
     if _override(m):
         margin = xp.broadcast_to(f(m.opt.o_margin), (n,))
@@ -148,21 +158,11 @@ def pair_params(m, p: Plan, dtype):
         solreffriction = xp.broadcast_to(f(m.opt.o_solref), (n, 2))
         solimp = xp.broadcast_to(f(m.opt.o_solimp), (n, 5))
     friction = xp.maximum(f(MINMU), friction)
-    return dict(margin=margin, gap=gap, friction=friction, solref=solref,
-                solreffriction=solreffriction, solimp=solimp)
-
-
-def _check_adhesion(m):
-    ad = getattr(m, "geom_adhesion", None)
-    for arr in (ad, getattr(m, "pair_adhesion", None)):
-        if arr is None:
-            continue
-        try:
-            a = np.asarray(arr)
-        except Exception:          # traced: cannot check, MuJoCo default is 0
-            continue
-        if a.size and np.any(a != 0):
-            raise UnsupportedFeatureError("contact adhesion (geom/pair adhesion != 0)")
+    out = dict(margin=margin, gap=gap, friction=friction, solref=solref,
+               solreffriction=solreffriction, solimp=solimp)
+    if adhesion is not None:
+        out["adhesion"] = adhesion
+    return out
 
 
 # --------------------------------------------------------------------------- run time
@@ -267,13 +267,16 @@ def _cat(xs):
 
 def _contact_params(m, p, prm, ftype):
     """Per candidate pair, one row: includemargin, friction (5), solref (2),
-    solreffriction (2), solimp (5), geom1, geom2 (as floats: exact below 2**24), so
-    that the contacts' parameters are one gather."""
+    solreffriction (2), solimp (5), geom1, geom2 (as floats: exact below 2**24), and
+    adhesion where ``prm`` has it, so that the contacts' parameters are one gather."""
     n = len(p.g1)
     xp = np if all(isinstance(v, np.ndarray) for v in prm.values()) else jnp
-    return xp.concatenate([prm["margin"].reshape(n, 1), prm["friction"], prm["solref"],
-                           prm["solreffriction"], prm["solimp"],
-                           xp.asarray(np.stack([p.g1, p.g2], 1), ftype)], axis=1)
+    cols = [prm["margin"].reshape(n, 1), prm["friction"], prm["solref"],
+            prm["solreffriction"], prm["solimp"],
+            xp.asarray(np.stack([p.g1, p.g2], 1), ftype)]
+    if "adhesion" in prm:
+        cols.append(xp.asarray(prm["adhesion"], ftype).reshape(n, 1))
+    return xp.concatenate(cols, axis=1)
 
 
 #: the contacts' fields of one shape stored by one kernel (:func:`common.reduce_shared`),
@@ -299,9 +302,22 @@ _FRAME_SHARED = True
 
 def _fill(con, valid, row, par):
     """``con`` (``Data.contact``) with the fields of the slots: ``row`` (slots, 10) their
-    entries' dist, pos, normal, tangent, ``par`` (slots, 17) their pairs'
-    :func:`_contact_params`; zeros (geom -1) in the slots not ``valid``."""
+    entries' dist, pos, normal, tangent, ``par`` (slots, 17, or 18 with adhesion) their
+    pairs' :func:`_contact_params`; zeros (geom -1) in the slots not ``valid``.
+
+    Adhesive contacts (mj_setContact) are not excluded in the gap (dist >=
+    includemargin): their rows pull the geoms together there, and their dim is 1 (no
+    friction at a distance)."""
     dist, includemargin = row[:, 0], par[:, 0]
+    gap = dist >= includemargin
+    extra = {}
+    if par.shape[1] > 17:
+        adhesion = where(valid, par[:, 17], 0.0)
+        sticky = adhesion != 0
+        extra = dict(adhesion=adhesion,
+                     dim=where(valid & sticky & gap, 1,
+                               jnp.asarray(np.asarray(con.slot_dim, np.int32))))
+        gap = gap & ~sticky
 
     # valid broadcast once per shape (and the zeros once per trace, by math.fill) for
     # all fields of it (XLA merges repeated ones: the same program, fewer traced
@@ -319,7 +335,7 @@ def _fill(con, valid, row, par):
         friction=zero(par[:, 1:6]), solref=zero(par[:, 6:8]),
         solreffriction=zero(par[:, 8:10]), solimp=zero(par[:, 10:15]),
         geom=where(valid[:, None], par[:, 15:17].astype(jnp.int32), -1),
-        exclude=(valid & (dist >= includemargin)).astype(jnp.int32))
+        exclude=(valid & gap).astype(jnp.int32))
     if _SHARED_FIELDS and _FRAME_SHARED:
         c = unstack(row[:, 4:10], 1)
         cols = [zero(x) for x in frame_cols(c[:3], c[3:])]
@@ -338,17 +354,17 @@ def _fill(con, valid, row, par):
     else:
         frame = zero(make_frame(row[:, 4:7], row[:, 7:10]))
     return con.replace(frame=frame, efc_address=jnp.full(valid.shape, -1, jnp.int32),
-                       valid=valid, **fields)
+                       valid=valid, **fields, **extra)
 
 
 def collision(m, d):
     """Collision detection (mj_collision): fills ``d.contact`` and ``d.ncon``.
 
     Shapes: ``d.contact`` keeps its capacity (``ncon_max`` slots, grouped by contact
-    dim as made by ``make_data``). Frames: contact pos and frame are global; the frame's
-    first row is the normal from geom[0] to geom[1]. Raises UnsupportedFeatureError at
-    trace time for geom pairs without a collider here (e.g. SDF without its plugin) or
-    contact adhesion.
+    dim as made by ``make_data``; an adhesive contact in the gap has ``dim`` 1 in a slot
+    of any dim). Frames: contact pos and frame are global; the frame's first row is the
+    normal from geom[0] to geom[1]. Raises UnsupportedFeatureError at trace time for
+    geom pairs without a collider here (e.g. SDF without its plugin).
 
     Every group's candidate contacts go into one entry table; per contact dim, the
     valid entries of the dim fill the dim's slots ordered by table position (MuJoCo's
@@ -361,7 +377,6 @@ def collision(m, d):
     p = plan(m)
     if not len(p.g1) or cap == 0:
         return d.replace(ncon=jnp.zeros((), jnp.int32))
-    _check_adhesion(m)
     split = dim_split(m, cap)
     prm = pair_params(m, p, ftype)
     det_margin = prm["margin"] + prm["gap"]
