@@ -640,20 +640,26 @@ _RAYDATA = ("dist", "dir", "origin", "point", "normal", "depth")
 _RAYDATA_SIZE = (1, 3, 3, 3, 3, 1)
 
 
+def _data_fields(el, words, names, sizes, what, order_msg):
+    """(bit set, total size) of a sensor's ``data`` words, which must be among
+    ``names`` and in their order."""
+    spec, last = 0, -1
+    for w in words.split():
+        if w not in names:
+            raise el.error(f"unknown {what} data type '{w}'")
+        k = names.index(w)
+        if k <= last:
+            raise el.error(order_msg)
+        spec, last = spec | (1 << k), k
+    return spec, sum(n for k, n in enumerate(sizes) if spec & (1 << k))
+
+
 def _rangefinder(el, a, ids, base):
     """Rangefinder on a site (one ray) or a camera (one ray per pixel); ``data`` selects
     fields in mjtRayDataField order (sensor_intprm[0] is their bit set)."""
-    words = str(a.get("data") or "dist").split()
-    spec, last = 0, -1
-    for w in words:
-        if w not in _RAYDATA:
-            raise el.error(f"unknown rangefinder data type '{w}'")
-        k = _RAYDATA.index(w)
-        if k <= last:
-            raise el.error("rangefinder data types must be given in order "
-                           "dist, dir, origin, point, normal, depth")
-        spec, last = spec | (1 << k), k
-    size = sum(n for k, n in enumerate(_RAYDATA_SIZE) if spec & (1 << k))
+    spec, size = _data_fields(el, str(a.get("data") or "dist"), _RAYDATA, _RAYDATA_SIZE,
+                              "rangefinder", "rangefinder data types must be given in "
+                              "order dist, dir, origin, point, normal, depth")
     if (a.get("site") is None) == (a.get("camera") is None):
         raise el.error("exactly one of (site, camera) must be specified in rangefinder")
     if a.get("site") is not None:
@@ -679,15 +685,9 @@ def _contact_sensor(el, a, ids, base):
     not given: any), sensor_intprm = [data field bit set (mjtConDataField), reduce,
     num], dim num times the fields' size. Stage: acceleration for forces or the net
     force reduction, velocity for contact velocities, position otherwise."""
-    words = str(a.get("data") or "found").split()
-    spec, last = 0, -1
-    for w in words:
-        if w not in _CONDATA:
-            raise el.error(f"unknown contact data type '{w}'")
-        k = _CONDATA.index(w)
-        if k <= last:
-            raise el.error("data attributes must be in order: " + ", ".join(_CONDATA))
-        spec, last = spec | (1 << k), k
+    spec, size = _data_fields(el, str(a.get("data") or "found"), _CONDATA, _CONDATA_SIZE,
+                              "contact", "data attributes must be in order: " +
+                              ", ".join(_CONDATA))
     num = int(_get(a, "num", 1))
     if num <= 0:
         raise el.error("'num' must be positive in sensor")
@@ -707,7 +707,6 @@ def _contact_sensor(el, a, ids, base):
         if k.startswith("subtree"):
             typ = ObjType.XBODY
         sides.append((typ, _lookup(ids, kind, a.get(k), el, k)))
-    size = sum(n for k, n in enumerate(_CONDATA_SIZE) if spec & (1 << k))
     force = spec & ((1 << 1) | (1 << 2)) or reduce == _REDUCE["netforce"]
     stage = _ACC if force else _VEL if spec & ((1 << 7) | (1 << 8)) else _POS
     return dict(base, type=SensorType.CONTACT, dim=num * size, objtype=sides[0][0],
