@@ -287,6 +287,18 @@ def _shifted_cdof_t(m, d, origin):
     return math.take(shifted.reshape(-1), perm).reshape(6, m.nv)
 
 
+def _slot_bodies(m, d):
+    """(body1, body2, sign): the bodies of every contact slot's geoms (ncon,) and
+    ``sign`` (ncon, nv), +1 on dofs moving body2 alone, -1 on those moving body1 alone,
+    0 elsewhere (mj_jacDifPair's difference of the two bodies' Jacobians)."""
+    con = d.contact
+    gb = jnp.asarray(np.asarray(m.geom_bodyid, np.int32))
+    b1 = gb[jnp.clip(con.geom[:, 0], 0)]
+    b2 = gb[jnp.clip(con.geom[:, 1], 0)]
+    dtype = d.qpos.dtype
+    return b1, b2, _anc_mask(m, b2, dtype) - _anc_mask(m, b1, dtype)
+
+
 def _contact_geometry(m, d, lay):
     """Per contact slot (all slots of ``d.contact``), shared by the contact blocks:
     sign (ncon, nv), direction 6-vectors w (ncon, ndir, 6), cdof about the common
@@ -302,9 +314,7 @@ def _contact_geometry(m, d, lay):
     dtype = d.qpos.dtype
     con = d.contact
     ndir = max(b.dim for b in lay.blocks if b.kind in CONTACT_KINDS)
-    gb = jnp.asarray(np.asarray(m.geom_bodyid, np.int32))
-    b1 = gb[jnp.clip(con.geom[:, 0], 0)]
-    b2 = gb[jnp.clip(con.geom[:, 1], 0)]
+    b1, b2, sign = _slot_bodies(m, d)
     frame = con.frame
     origin = d.subtree_com[0]
     f = frame[:, :min(ndir, 3)]
@@ -319,7 +329,7 @@ def _contact_geometry(m, d, lay):
     # joints touching the table) keeps its rows
     ok = con.valid & (con.exclude == 0)
     one = (con.dim == 1) if has_adhesion(m) else None
-    return dict(sign=_anc_mask(m, b2, dtype) - _anc_mask(m, b1, dtype), w=w,
+    return dict(sign=sign, w=w,
                 cdof=_shifted_cdof_t(m, d, origin), fr=con.friction,
                 tran=iw[b1, 0] + iw[b2, 0], rot=iw[b1, 1] + iw[b2, 1], ok=ok, one=one)
 
@@ -328,16 +338,12 @@ def normal_jacobian(m, d):
     """Normal rows of every contact slot (ncon_max, nv): frame[0] . (jac(body2, pos) -
     jac(body1, pos)), the Jacobian of the contact's normal separation velocity
     (mj_contactJacobian's first row); zero for empty slots."""
-    dtype = d.qpos.dtype
     con = d.contact
-    gb = jnp.asarray(np.asarray(m.geom_bodyid, np.int32))
-    b1 = gb[jnp.clip(con.geom[:, 0], 0)]
-    b2 = gb[jnp.clip(con.geom[:, 1], 0)]
     origin = d.subtree_com[0]
     f = con.frame[:, 0]
     w = jnp.concatenate([math.cross(con.pos - origin, f), f], -1)       # (n, 6)
     jac = w @ _shifted_cdof_t(m, d, origin)
-    sign = _anc_mask(m, b2, dtype) - _anc_mask(m, b1, dtype)
+    sign = _slot_bodies(m, d)[2]
     return math.where(con.valid[:, None], sign * jac, 0.0)
 
 

@@ -19,6 +19,8 @@ from simjax.engine import math
 from simjax.engine import smooth
 from simjax.engine import support
 from simjax.engine import tables
+from simjax.engine.constraint_rows import normal_jacobian
+from simjax.engine.rne_post import contacts_possible
 from simjax.types import DisableBit, GeomType, JointType
 
 
@@ -385,9 +387,8 @@ def adhesion(m, d):
     zero = jnp.zeros(m.nv, d.qpos.dtype)
     con = getattr(d, "contact", None)
     if (con is None or con.dist.shape[0] == 0 or not tables.has_adhesion(m)
-            or m.opt.disableflags & (DisableBit.CONTACT | DisableBit.CONSTRAINT)):
+            or not contacts_possible(m)):
         return zero
-    from simjax.engine.constraint_rows import normal_jacobian
     return -(con.adhesion * con.valid) @ normal_jacobian(m, d)
 
 

@@ -47,7 +47,7 @@ def _nonzero(m, names):
         if arr is None:
             continue
         a = concrete(arr)
-        if a is None or (np.size(a) and np.any(np.asarray(a) != 0)):
+        if a is None or np.any(a != 0):
             return True
     return False
 
