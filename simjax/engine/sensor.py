@@ -541,6 +541,9 @@ def _vel_values(m, d, t, ids):
     if t == S.TACTILE:
         from simjax.engine import sensor_tactile
         return sensor_tactile.tactile(m, d, ids)
+    if t == S.CONTACT:
+        from simjax.engine import sensor_contact
+        return sensor_contact.contact_sensor(m, d, ids)
     raise UnsupportedFeatureError(f"sensor type {t.name.lower()} at the velocity stage")
 
 

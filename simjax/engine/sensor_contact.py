@@ -1,4 +1,6 @@
-"""Contact-based sensors: touch and contact (MuJoCo's engine_sensor, acceleration stage).
+"""Contact-based sensors: touch and contact (MuJoCo's engine_sensor). Touch runs at the
+acceleration stage; a contact sensor at the position, velocity or acceleration stage,
+as its data fields need (forces: acceleration; linvel / angvel: velocity).
 
 Both read the contact buffer ``d.contact`` (one slot per possible contact; a slot's
 position in the buffer stands for MuJoCo's contact index) and the contact forces of
@@ -15,7 +17,6 @@ from simjax.engine import ray as ray_mod
 from simjax.engine import rne_post
 from simjax.engine import sensor as sen
 from simjax.engine import tables
-from simjax.errors import UnsupportedFeatureError
 from simjax.types import ObjType
 
 # contact sensor reductions (sensor_intprm[1])
@@ -93,8 +94,25 @@ def _match(m, d, t1, i1, t2, i2):
     return ok, flip
 
 
-def _slot_data(spec, found, frc, con, idx, flip):
-    """Per-slot outputs in mjtConDataField order for the contacts ``idx``."""
+def _velocity(m, d, idx):
+    """Relative velocity of the contacts ``idx`` in their contact frames: geom2's body
+    minus geom1's at the contact point, linear (k, 3) and angular (k, 3), from cvel
+    (as MuJoCo 4.0's contact sensor linvel / angvel fields)."""
+    con = d.contact
+    b1, b2 = rne_post.contact_bodies(m, con)
+    pos, frame = con.pos[idx], con.frame[idx]
+    root = jnp.asarray(np.asarray(m.body_rootid), jnp.int32)
+
+    def vel(b):
+        b = b[idx]
+        return math.transform_motion(d.cvel[b], pos, d.subtree_com[root[b]])
+    rel = vel(b2) - vel(b1)
+    return math.matvec(frame, rel[:, 3:]), math.matvec(frame, rel[:, :3])
+
+
+def _slot_data(spec, found, frc, con, idx, flip, vel=None):
+    """Per-slot outputs in mjtConDataField order for the contacts ``idx`` (``vel``: the
+    linear and angular velocities of :func:`_velocity` when the fields ask for them)."""
     out = []
     sgn = jnp.where(flip, -1.0, 1.0)[:, None]
     zsgn = jnp.concatenate([jnp.ones_like(sgn), jnp.ones_like(sgn), sgn], -1)
@@ -112,14 +130,17 @@ def _slot_data(spec, found, frc, con, idx, flip):
         out.append(con.frame[idx, 0] * sgn)
     if spec & 64:
         out.append(con.frame[idx, 1] * sgn)
+    # velocities flip as forces do: the frame turned about its first tangent
+    if spec & 128:
+        out.append(vel[0] * zsgn)
+    if spec & 256:
+        out.append(vel[1] * zsgn)
     return jnp.concatenate(out, -1)
 
 
 def _one_contact_sensor(m, d, i):
     dtype = d.qpos.dtype
     spec, reduce = (int(v) for v in np.asarray(m.sensor_intprm).reshape(-1, 3)[i, :2])
-    if spec & (128 | 256):
-        raise UnsupportedFeatureError("contact sensor data linvel / angvel")
     size = sum(s for b, s in enumerate(sen.CONDATA_SIZE) if spec & (1 << b))
     dim = int(np.asarray(m.sensor_dim).reshape(-1)[i])
     num = dim // size
@@ -172,7 +193,8 @@ def _one_contact_sensor(m, d, i):
     if order.shape[0] < num:
         order = jnp.concatenate([order, jnp.zeros(num - order.shape[0], order.dtype)])
     used = jnp.arange(num) < jnp.minimum(nmatch, num)
-    vals = _slot_data(spec, nmatch, frc, con, order, flip[order])
+    vel = _velocity(m, d, order) if spec & (128 | 256) else None
+    vals = _slot_data(spec, nmatch, frc, con, order, flip[order], vel)
     return jnp.where(used[:, None], vals, 0.0).ravel()
 
 

@@ -692,6 +692,8 @@ def _contact_sensor(el, a, ids, base):
     if num <= 0:
         raise el.error("'num' must be positive in sensor")
     reduce = _REDUCE[a.get("reduce") or "none"]
+    if reduce == _REDUCE["netforce"] and spec & ((1 << 7) | (1 << 8)):
+        raise el.error("netforce reduction is incompatible with linvel or angvel")
     sides = []
     for keys in (("geom1", "body1", "subtree1", "site"), ("geom2", "body2", "subtree2")):
         given = [k for k in keys if a.get(k) is not None]
