@@ -35,7 +35,7 @@ import re
 import numpy as np
 
 from simjax import resources
-from simjax.mjcf import bvh
+from simjax.mjcf import bvh, mesh_builtin
 from simjax.errors import MJCFError, UnsupportedFeatureError
 
 _MINVAL = 1e-15       # mjMINVAL
@@ -203,8 +203,6 @@ def fit_geom_size(mesh: MeshData, geom_type: str, fitaabb: bool, fitscale: float
 
 
 def _load(attrs, name, file, model_dir, meshdir, strippath, assets, needs_hull) -> MeshData:
-    if attrs.get("builtin") not in (None, "", "none"):
-        raise UnsupportedFeatureError(f"builtin mesh '{attrs['builtin']}' (mesh '{name}')")
     if attrs.get("plugin"):
         raise UnsupportedFeatureError(f"mesh plugin (mesh '{name}')")
     scale = _vec(attrs.get("scale"), [1.0, 1.0, 1.0])
@@ -215,7 +213,14 @@ def _load(attrs, name, file, model_dir, meshdir, strippath, assets, needs_hull) 
     spec_face = None if spec_face is None or len(spec_face) == 0 else \
         np.asarray(spec_face, dtype=np.int64).ravel()
 
-    if file:
+    inertia = attrs.get("inertia") or "legacy"
+    builtin = attrs.get("builtin") or "none"
+    if builtin != "none":
+        # made from params in the reader, before the compiler (mjs_makeMesh); the plate
+        # is a shell whatever the attribute says
+        vert, face, forced = mesh_builtin.make(builtin, attrs.get("params"))
+        inertia = forced or inertia
+    elif file:
         vert, face = _decode_file(file, attrs.get("content_type") or "", model_dir, meshdir,
                                   strippath, assets, scale)
         if spec_vert is not None:
@@ -229,7 +234,6 @@ def _load(attrs, name, file, model_dir, meshdir, strippath, assets, needs_hull) 
         face = _check_faces(spec_face)
 
     _check_initial(vert, face)
-    inertia = attrs.get("inertia") or "legacy"
     if inertia not in ("legacy", "convex", "exact", "shell"):
         raise MJCFError(f"invalid mesh inertia type '{inertia}'")
     maxhullvert = int(attrs.get("maxhullvert", -1) if attrs.get("maxhullvert") is not None

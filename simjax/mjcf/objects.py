@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.errors import UnsupportedFeatureError
+from simjax.mjcf import mesh_builtin
 from simjax.types import (BiasType, DataType, DynType, EqType, GainType, JointType,
                           ObjType, SensorType, Stage, TrnType, WrapType)
 
@@ -587,9 +588,11 @@ def _sensor(el, ids, joints, tendon_recs):
     if tag == "tactile":
         # taxels at the mesh's vertices in the geom frame: [depth, tangent1, tangent2]
         mesh = _lookup(ids, "mesh", a.get("mesh"), el, "mesh")
-        normal = ids["mesh_el"][mesh].attrs.get("normal")
+        mattrs = ids["mesh_el"][mesh].attrs
+        normal = mattrs.get("normal")
         nvert = int(ids["mesh_vertnum"][mesh])
-        if normal is not None and len(np.atleast_1d(normal)) == 9 * nvert:
+        frames = mattrs.get("builtin") in mesh_builtin.TANGENT_FRAMES
+        if frames or normal is not None and len(np.atleast_1d(normal)) == 9 * nvert:
             # three normals per vertex: MuJoCo's tangent frames (channels 2 and 3), which
             # need mesh normals simjax's Model does not hold
             raise UnsupportedFeatureError("tactile sensor on a mesh with three normals per "

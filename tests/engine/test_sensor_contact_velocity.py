@@ -31,7 +31,8 @@ SCENE = """<mujoco><option gravity="0 0 0"/>
     <site name="zone" type="box" size=".3 .3 .05" pos="0 0 -.1"/>
     <body name="a2" pos="0 0 .25"><joint type="hinge" axis="1 0 0"/>
       <geom name="ga2" type="sphere" size=".06"/></body></body>
-  <body name="b" pos=".05 .01 .44"><freejoint/><geom name="gb" type="sphere" size=".1"/></body>
+  <body name="b" pos=".05 .01 .44"><freejoint/>
+    <geom name="gb" type="sphere" size=".1"/></body>
 </worldbody>
 <sensor>
   <contact geom1="ga" geom2="floor" data="found linvel angvel" num="4"/>
