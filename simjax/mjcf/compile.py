@@ -306,9 +306,11 @@ def compile_root(root, model_dir, assets=None, extras=None):
     joints' (timeconst, dampratio), resolved after the reference-pose constants, and
     ``lengthrange``: the ``<compiler><lengthrange>`` options given."""
     from simjax.mjcf import plugin as plg
+    from simjax.mjcf import replicate
+    settings = _settings(root)
+    replicate.expand(root, settings.to_rad, settings.eulerseq)
     _check_unsupported(root)
     _check_names(root)
-    settings = _settings(root)
     opt = _options(root)
     plugins = plg.PluginTable(root)
     meshes, hfields, mesh_ids, hfield_ids, mesh_names, hfield_names, mesh_els = _load_assets(

@@ -1,0 +1,388 @@
+"""The ``<replicate>`` meta-element, expanded on the parsed tree before compiling.
+
+MuJoCo's reader parses a replicate's children into a temporary subtree, attaches it
+``count`` times to the parent (mjs_attach with a name suffix) and deletes the original
+(xml_native_reader.cc; mjCModel's attach and delete, user_model.cc / user_objects.cc).
+simjax rewrites the tree the same way:
+
+- **Tree elements**: replica i is a ``frame`` at the accumulated offset (position
+  ``sum_k<i R(k euler) offset``, orientation ``i euler``, resolved with the compiler's
+  angle and eulerseq) holding copies of the children whose names (bodies, joints,
+  geoms, sites, cameras, lights, frames) and camera/light targets get the suffix
+  ``sep`` + i (zero-padded to the digits of ``count - 1``). Nested replicates expand
+  first, so the innermost suffix comes first.
+- **Elements outside the tree** (pairs, excludes, tendons, equalities, actuators,
+  sensors): after each replica, every element then in a list is copied with the suffix
+  on its name and its references, per MuJoCo's rules for each kind (a pair, exclude or
+  sensor with two references falls back to the plain name on one side; a tendon's
+  wraps fall back one by one, and it is copied when at least one wrap took the
+  suffix; equalities and actuators take the suffix on every reference). A copy whose
+  references do not all exist at that point (the tree elements read so far in
+  document order, the replicas made so far) is not made. Copies append to their
+  list; the list is the one at the start of the replica (so an element without
+  references, a clock sensor say, is copied again at every replica, as MuJoCo does).
+- **Deleting the template**: an element whose references all existed before the
+  deletion and no longer do is removed; one that did not resolve before (it names an
+  element later in the document) is kept, and fails later if it names the template.
+
+Keyframes are left as written (MuJoCo neither replicates nor renames them). Plugin
+instances and custom tuples in a model with replicates raise UnsupportedFeatureError.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from simjax.errors import UnsupportedFeatureError
+from simjax.mjcf import orientation as ori
+
+#: tree element tag -> name kind
+_TREE_KIND = {"body": "body", "joint": "joint", "freejoint": "joint", "geom": "geom",
+              "site": "site", "camera": "camera", "light": "light", "frame": "frame"}
+#: list sections in MuJoCo's copy and removal order, with their element tags
+_LISTS = (("pair", "contact", ("pair",)), ("exclude", "contact", ("exclude",)),
+          ("tendon", "tendon", ("spatial", "fixed")),
+          ("equality", "equality", ("connect", "weld", "joint", "tendon", "flex")),
+          ("actuator", "actuator", None), ("sensor", "sensor", None))
+#: actuator transmission attributes -> kind
+_ACT_REFS = {"joint": "joint", "jointinparent": "joint", "tendon": "tendon", "site": "site",
+             "body": "body", "cranksite": "site", "slidersite": "site", "refsite": "site"}
+_FRAME_ATTRS = ("name", "childclass", "pos", "quat", "axisangle", "euler", "xyaxes",
+                "zaxis", "scaling", "massscale")
+_FRAME_KIND = {"body": "body", "xbody": "body", "geom": "geom", "site": "site",
+               "camera": "camera"}
+
+
+def expand(root, to_rad, eulerseq):
+    """Expand every ``replicate`` of the parsed tree ``root`` in place (see the module
+    docstring). Raises UnsupportedFeatureError for plugin instances or custom tuples in
+    a model with replicates."""
+    worlds = [s for s in root.children if s.tag == "worldbody"]
+    if not any(_has_replicate(w) for w in worlds):
+        return root
+    _check_supported(root)
+    state = _State(root, to_rad, eulerseq)
+    for w in worlds:
+        state.walk(w)
+    return root
+
+
+def _has_replicate(el):
+    return any(c.tag == "replicate" or _has_replicate(c) for c in el.children)
+
+
+def _check_supported(root):
+    for sec in root.children:
+        for el in sec.children:
+            if sec.tag == "custom" and el.tag == "tuple":
+                raise UnsupportedFeatureError("custom tuples in a model with <replicate>",
+                                              el.file, el.line, el.path)
+            if sec.tag in ("actuator", "sensor", "extension") and el.tag in ("plugin",):
+                raise UnsupportedFeatureError("plugins in a model with <replicate>",
+                                              el.file, el.line, el.path)
+
+
+def _suffix(sep, count, i):
+    digits = len(str(count - 1))
+    return f"{sep}{i:0{digits}d}"
+
+
+class _State:
+    """Names defined so far (document order) and the element lists being replicated."""
+
+    def __init__(self, root, to_rad, eulerseq):
+        self.to_rad, self.eulerseq = to_rad, eulerseq
+        self.names = {k: set() for k in ("body", "joint", "geom", "site", "camera",
+                                         "light", "frame", "tendon", "actuator", "mesh")}
+        self.names["body"].add("world")
+        self.lists = {}
+        for kind, section, tags in _LISTS:
+            secs = [s for s in root.children if s.tag == section]
+            items = [e for s in secs for e in s.children if tags is None or e.tag in tags]
+            self.lists[kind] = (secs, items)
+        for el in self.lists["tendon"][1]:
+            self._add_name("tendon", el)
+        for el in self.lists["actuator"][1]:
+            self._add_name("actuator", el)
+        for sec in root.children:
+            if sec.tag == "asset":
+                for el in sec.children:
+                    if el.tag == "mesh" and el.attrs.get("name"):
+                        self.names["mesh"].add(el.attrs["name"])
+
+    def _add_name(self, kind, el):
+        name = el.attrs.get("name")
+        if name:
+            self.names[kind].add(name)
+
+    # ------------------------------------------------------------------ the tree
+    def walk(self, el):
+        """Visit ``el``'s children in document order, recording names and expanding
+        replicates in place."""
+        out = []
+        for ch in el.children:
+            if ch.tag == "replicate":
+                out.extend(self._replicate(ch))
+                continue
+            if ch.tag in _TREE_KIND:
+                self._add_name(_TREE_KIND[ch.tag], ch)
+            if ch.tag in ("body", "frame"):
+                self.walk(ch)
+            out.append(ch)
+        el.children[:] = out
+
+    def _replicate(self, rep):
+        a = rep.attrs
+        count = int(a["count"])           # MuJoCo 4.0 accepts 0 or less: no replicas
+        self.walk(rep)                    # nested replicates first, template names noted
+        template = _tree_names(rep.children)
+        offset = np.asarray(a.get("offset") if a.get("offset") is not None else np.zeros(3),
+                            np.float64)
+        euler = np.asarray(a.get("euler") if a.get("euler") is not None else np.zeros(3),
+                           np.float64)
+        pos = np.zeros(3)
+        frames = []
+        for i in range(count):
+            # the orientation from i times the angles (as MuJoCo, for precision); the
+            # position accumulated through the previous replicas' orientations
+            quat = ori.euler_quat(i * euler, self.eulerseq, self.to_rad)
+            suffix = _suffix(a.get("sep") or "", count, i)
+            kids = [_renamed(c, suffix) for c in rep.children]
+            frame = copy.copy(rep)
+            frame.tag = "frame"
+            frame.attrs = dict.fromkeys(_FRAME_ATTRS)
+            frame.attrs.update(pos=pos.copy(), quat=quat, scale=np.ones(3))
+            frame.given = frozenset(("pos", "quat"))
+            frame.children = kids
+            for k, names in _tree_names(kids).items():
+                self.names[k] |= names
+            self._copy_lists(suffix)
+            frames.append(frame)
+            pos = pos + ori.rotate(quat, offset)
+        for k, names in template.items():
+            self.names[k] -= names
+        self._remove(template)
+        return frames
+
+    # ------------------------------------------------------------------ the lists
+    def _copy_lists(self, suffix):
+        for kind, _, _ in _LISTS:
+            secs, items = self.lists[kind]
+            for el in list(items):
+                new = _COPY[kind](self, el, suffix)
+                if new is None:
+                    continue
+                items.append(new)
+                secs[-1].children.append(new)
+                if kind in ("tendon", "actuator"):
+                    self._add_name(kind, new)
+
+    def _remove(self, template):
+        before = {k: v | template.get(k, set()) for k, v in self.names.items()}
+        for kind, _, _ in _LISTS:
+            secs, items = self.lists[kind]
+            keep = []
+            for el in items:
+                if _RESOLVES[kind](before, el) and not _RESOLVES[kind](self.names, el):
+                    for s in secs:        # by identity (Elements compare by value)
+                        s.children[:] = [c for c in s.children if c is not el]
+                    if kind in ("tendon", "actuator") and el.attrs.get("name"):
+                        self.names[kind].discard(el.attrs["name"])
+                    continue
+                keep.append(el)
+            items[:] = keep
+
+    def _has(self, kind, name):
+        return name in self.names[kind]
+
+
+# ---------------------------------------------------------------------- tree renaming
+def _tree_names(children):
+    out = {}
+    for el in children:
+        if el.tag in _TREE_KIND and el.attrs.get("name"):
+            out.setdefault(_TREE_KIND[el.tag], set()).add(el.attrs["name"])
+        for k, v in _tree_names(el.children).items():
+            out.setdefault(k, set()).update(v)
+    return out
+
+
+def _renamed(el, suffix):
+    """Deep copy of a tree element with its name (and a camera's or light's target
+    body) suffixed, throughout its subtree."""
+    new = copy.copy(el)
+    new.attrs = dict(el.attrs)
+    if el.tag in _TREE_KIND:
+        if new.attrs.get("name"):
+            new.attrs["name"] = new.attrs["name"] + suffix
+        if el.tag in ("camera", "light") and new.attrs.get("target"):
+            new.attrs["target"] = new.attrs["target"] + suffix
+    new.children = [_renamed(c, suffix) for c in el.children]
+    return new
+
+
+# ---------------------------------------------------------------------- list copies
+def _with(el, suffix, **refs):
+    """Copy of a list element with its name suffixed and ``refs`` set."""
+    new = copy.copy(el)
+    new.attrs = dict(el.attrs)
+    if new.attrs.get("name"):
+        new.attrs["name"] = new.attrs["name"] + suffix
+    new.attrs.update(refs)
+    new.children = [copy.copy(c) for c in el.children]
+    return new
+
+
+def _two_sided(st, el, suffix, side1, side2):
+    """Copy of an element with two references ((attribute, kind) each): both take the
+    suffix, or one keeps its plain name when only the other exists suffixed (MuJoCo's
+    fallback for pairs, excludes and sensors); None when they do not resolve."""
+    (a1, k1), (a2, k2) = side1, side2
+    n1, n2 = el.attrs.get(a1), el.attrs.get(a2)
+    if n1 is None or n2 is None:
+        return None
+    s1, s2 = n1 + suffix, n2 + suffix
+    ok1, ok2 = st._has(k1, s1), st._has(k2, s2)
+    if not ok1 and ok2:
+        s1, ok1 = n1, st._has(k1, n1)
+    if ok1 and not ok2:
+        s2, ok2 = n2, st._has(k2, n2)
+    return _with(el, suffix, **{a1: s1, a2: s2}) if ok1 and ok2 else None
+
+
+def _copy_pair(st, el, suffix):
+    return _two_sided(st, el, suffix, ("geom1", "geom"), ("geom2", "geom"))
+
+
+def _copy_exclude(st, el, suffix):
+    return _two_sided(st, el, suffix, ("body1", "body"), ("body2", "body"))
+
+
+_WRAP_KIND = {"joint": "joint", "site": "site", "geom": "geom"}
+
+
+def _copy_tendon(st, el, suffix):
+    new = _with(el, suffix)
+    nfail = nwrap = 0
+    for w in new.children:
+        if w.tag not in _WRAP_KIND:
+            continue                      # pulleys
+        nwrap += 1
+        w.attrs = dict(w.attrs)
+        name, side = w.attrs.get(w.tag), w.attrs.get("sidesite")
+        if st._has(_WRAP_KIND[w.tag], name + suffix) and (
+                not side or st._has("site", side + suffix)):
+            w.attrs[w.tag] = name + suffix
+            if side:
+                w.attrs["sidesite"] = side + suffix
+            continue
+        if not st._has(_WRAP_KIND[w.tag], name) or (side and not st._has("site", side)):
+            return None
+        nfail += 1
+    return None if nfail == nwrap else new
+
+
+def _eq_refs(el):
+    """(attribute, kind) of an equality's references."""
+    t = el.tag
+    if t in ("connect", "weld"):
+        if el.attrs.get("site1") is not None:
+            return (("site1", "site"), ("site2", "site"))
+        return (("body1", "body"), ("body2", "body"))
+    if t == "joint":
+        return (("joint1", "joint"), ("joint2", "joint"))
+    if t == "tendon":
+        return (("tendon1", "tendon"), ("tendon2", "tendon"))
+    return ()
+
+
+def _copy_all_refs(refs_of):
+    def copy_el(st, el, suffix):
+        refs = {}
+        for attr, kind in refs_of(el):
+            n = el.attrs.get(attr)
+            if not n:
+                continue
+            if not st._has(kind, n + suffix):
+                return None
+            refs[attr] = n + suffix
+        return _with(el, suffix, **refs)
+    return copy_el
+
+
+def _act_refs(el):
+    return tuple((k, v) for k, v in _ACT_REFS.items() if el.attrs.get(k))
+
+
+def _sensor_refs(el):
+    """((attr, kind) of the sensed object or None, (attr, kind) of the reference or
+    None), as MuJoCo's reader fills the sensor's objname and refname."""
+    a, t = el.attrs, el.tag
+    if t in ("framepos", "framequat", "framexaxis", "frameyaxis", "framezaxis",
+             "framelinvel", "frameangvel", "framelinacc", "frameangacc", "user"):
+        obj = ("objname", _FRAME_KIND.get(a.get("objtype"), "body")) \
+            if a.get("objname") else None
+        ref = ("refname", _FRAME_KIND.get(a.get("reftype"), "body")) \
+            if a.get("refname") else None
+        return obj, ref
+    if t == "insidesite":
+        return ("objname", _FRAME_KIND.get(a.get("objtype"), "body")), ("site", "site")
+    if t == "tactile":
+        return ("mesh", "mesh"), ("geom", "geom")
+    if t == "camprojection":
+        return ("site", "site"), ("camera", "camera")
+    sides = {"geom1": "geom", "body1": "body", "subtree1": "body", "site": "site",
+             "joint": "joint", "tendon": "tendon", "actuator": "actuator", "body": "body",
+             "camera": "camera"}
+    obj = next(((k, v) for k, v in sides.items() if a.get(k)), None)
+    ref = next(((k, v) for k, v in {"geom2": "geom", "body2": "body",
+                                    "subtree2": "body"}.items() if a.get(k)), None)
+    return obj, ref
+
+
+def _copy_sensor(st, el, suffix):
+    obj, ref = _sensor_refs(el)
+    if obj and ref:
+        return _two_sided(st, el, suffix, obj, ref)
+    refs = {}
+    for r in (obj, ref):
+        if r is None:
+            continue
+        n = el.attrs[r[0]] + suffix
+        if not st._has(r[1], n):
+            return None
+        refs[r[0]] = n
+    return _with(el, suffix, **refs)
+
+
+_COPY = {"pair": _copy_pair, "exclude": _copy_exclude, "tendon": _copy_tendon,
+         "equality": _copy_all_refs(_eq_refs), "actuator": _copy_all_refs(_act_refs),
+         "sensor": _copy_sensor}
+
+
+# ---------------------------------------------------------------------- resolution
+def _all_exist(names, refs, el):
+    return all(not el.attrs.get(attr) or el.attrs[attr] in names[kind]
+               for attr, kind in refs)
+
+
+def _resolves_tendon(names, el):
+    return all(w.attrs.get(w.tag) in names[_WRAP_KIND[w.tag]] and (
+        not w.attrs.get("sidesite") or w.attrs["sidesite"] in names["site"])
+        for w in el.children if w.tag in _WRAP_KIND)
+
+
+def _resolves_sensor(names, el):
+    return _all_exist(names, [r for r in _sensor_refs(el) if r], el)
+
+
+_RESOLVES = {
+    "pair": lambda names, el: _all_exist(names, (("geom1", "geom"), ("geom2", "geom")), el),
+    "exclude": lambda names, el: _all_exist(names, (("body1", "body"), ("body2", "body")),
+                                            el),
+    "tendon": _resolves_tendon,
+    "equality": lambda names, el: _all_exist(names, _eq_refs(el), el),
+    "actuator": lambda names, el: _all_exist(names, _act_refs(el), el),
+    "sensor": _resolves_sensor,
+}
