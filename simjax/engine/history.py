@@ -63,11 +63,12 @@ def actuator_groups(m):
         return []
     hist = np.asarray(m.actuator_history).reshape(m.nactuator, 2)
     members = np.nonzero(hist[:, 0] > 0)[0]
-    if np.any(np.asarray(m.actuator_ctrlnum).reshape(-1)[members] != 1):
-        raise UnsupportedFeatureError("history buffer on an actuator with several (or no) "
-                                      "controls")
-    return _groups(np.asarray(m.actuator_historyadr).reshape(-1), hist[:, 0],
-                   np.ones(m.nactuator, np.int64), hist[:, 1], members.tolist())
+    ctrlnum = np.asarray(m.actuator_ctrlnum).reshape(-1)
+    if np.any(ctrlnum[members] < 1):
+        raise UnsupportedFeatureError("history buffer on an actuator without controls")
+    # a buffer sample holds all of the actuator's controls
+    return _groups(np.asarray(m.actuator_historyadr).reshape(-1), hist[:, 0], ctrlnum,
+                   hist[:, 1], members.tolist())
 
 
 def sensor_groups(m, members):
@@ -240,9 +241,9 @@ def delayed_ctrl(m, d, ctrl):
     for sel, adr, n, dim, ip in groups:
         _, cur, times, values = unpack(d.history, adr, n, dim)
         t = d.time.astype(dtype) - delay[sel]
-        val = read(cur, times, values, t, ip)[:, 0].astype(ctrl.dtype)
-        idx = ctrladr[sel]
-        ctrl = ctrl.at[idx].set(jnp.where(delay[sel] != 0, val, ctrl[idx]))
+        val = read(cur, times, values, t, ip).astype(ctrl.dtype)        # (k, dim)
+        idx = ctrladr[sel][:, None] + np.arange(dim)[None, :]
+        ctrl = ctrl.at[idx].set(jnp.where((delay[sel] != 0)[:, None], val, ctrl[idx]))
     return ctrl
 
 
@@ -295,7 +296,8 @@ def advance(m, d, compute):
     time = d.time.astype(dtype)
     for sel, adr, n, dim, _ in actuator_groups(m):
         user, cur, times, values = unpack(hist, adr, n, dim)
-        new = d.ctrl[np.asarray(m.actuator_ctrladr).reshape(-1)[sel]].astype(dtype)[:, None]
+        idx = np.asarray(m.actuator_ctrladr).reshape(-1)[sel][:, None] + np.arange(dim)
+        new = d.ctrl[idx].astype(dtype)                                  # (k, dim)
         cur, times, values = insert(cur, times, values,
                                     jnp.broadcast_to(time, (len(sel),)), new)
         hist = pack(hist, adr, n, dim, user, cur, times, values)

@@ -476,10 +476,11 @@ def _tendon_fields(f, recs, wraps, nuser):
 
 def _history_layout(act_recs, sensor_recs):
     """History buffer addresses (MuJoCo 4's layout: actuators first, then sensors; each
-    buffer is 2 + nsample * (1 + dim) numbers: cursor, user slot, sample times, values)."""
+    buffer is 2 + nsample * (1 + dim) numbers: cursor, user slot, sample times, values;
+    an actuator's dim is its number of controls)."""
     adr, out = 0, []
-    for recs, dims in ((act_recs, [1] * len(act_recs)), (sensor_recs,
-                                                        [r["dim"] for r in sensor_recs])):
+    for recs, dims in ((act_recs, [r["ctrlnum"] for r in act_recs]),
+                       (sensor_recs, [r["dim"] for r in sensor_recs])):
         a = np.full(len(recs), -1, np.int32)
         for i, (r, dim) in enumerate(zip(recs, dims)):
             nsample = r.get("history", [0, 0])[0]

@@ -1,7 +1,8 @@
 """Actuator and sensor delays / history buffers (Data.history) against MuJoCo 4.0.
 
 A small model with delayed actuators (zero-order hold, linear and cubic interpolation,
-one delay that is not a multiple of the timestep), a buffered actuator without delay,
+one delay that is not a multiple of the timestep, a pid actuator with two controls), a
+buffered actuator without delay,
 and sensors of the three stages with delays, intervals (with and without phase) and
 plain history buffers. Over a trajectory with random controls, qpos, qvel, act,
 sensordata and the whole history array follow mujoco.mj_step (float64, 1e-10
@@ -51,6 +52,9 @@ XML = """
     <motor joint="j3" nsample="2"/>
     <general joint="j2" dyntype="filter" dynprm=".05" nsample="5" delay="0.013"
              interp="cubic"/>
+    <!-- two controls (target position and velocity): a sample holds both -->
+    <pid joint="j1" kp="5" kv=".5" input="pos vel" nsample="4" delay="0.02"
+         interp="linear"/>
   </actuator>
   <sensor>
     <jointpos joint="j1" nsample="5" delay="0.02" interp="cubic"/>
@@ -62,7 +66,8 @@ XML = """
     <jointpos joint="j3"/>
     <framelinacc objtype="site" objname="s1" nsample="3" delay="0.02" interp="linear"/>
   </sensor>
-  <keyframe><key time="0.5" qpos="0.3 -0.2 0.1" ctrl="0.5 0.1 0.2 0 0.4" act="0.2"/></keyframe>
+  <keyframe><key time="0.5" qpos="0.3 -0.2 0.1" ctrl="0.5 0.1 0.2 0 0.4 .1 -.2" act="0.2"/>
+  </keyframe>
 </mujoco>
 """
 
