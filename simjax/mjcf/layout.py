@@ -634,9 +634,13 @@ def _key_fields(f, root, kw, qpos0, bodies, size_attrs):
             if v is None:
                 continue
             v = np.atleast_1d(np.asarray(v, dtype=np.float64))
-            if v.size != n:
+            if v.size > n:
                 raise el.error(f"invalid {attr} size, expected length {n}")
-            out[field][i] = v
+            # a shorter vector keeps the defaults after it (mjCModel::ExpandKeyframe):
+            # qpos0, zeros, the mocap bodies' poses (whole mocap bodies only)
+            width = {"mpos": 3, "mquat": 4}.get(attr, 1)
+            keep = v.size // width * width
+            out[field][i, :keep] = v[:keep]
     names += [""] * (nkey - len(keys))
     f.update(out)
     f.setdefault("_names", {})["key"] = names
