@@ -308,7 +308,7 @@ def compile_root(root, model_dir, assets=None, extras=None):
     from simjax.mjcf import plugin as plg
     from simjax.mjcf import replicate
     settings = _settings(root)
-    replicate.expand(root, settings.to_rad, settings.eulerseq)
+    replicate.expand(root, settings, model_dir, assets)
     _check_unsupported(root)
     _check_names(root)
     opt = _options(root)

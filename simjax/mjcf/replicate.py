@@ -54,22 +54,25 @@ _FRAME_KIND = {"body": "body", "xbody": "body", "geom": "geom", "site": "site",
                "camera": "camera"}
 
 
-def expand(root, to_rad, eulerseq):
-    """Expand every ``replicate`` of the parsed tree ``root`` in place (see the module
-    docstring). Raises UnsupportedFeatureError for plugin instances or custom tuples in
-    a model with replicates."""
+def expand(root, settings, model_dir="", assets=None):
+    """Expand every ``replicate`` and ``attach`` of the parsed tree ``root`` in place, in
+    document order (see the module docstring and :mod:`simjax.mjcf.attach`).
+    ``settings``: the model's compiler settings; ``model_dir`` / ``assets``: where
+    attached models' files are read. Raises UnsupportedFeatureError for plugin instances
+    or custom tuples in a model with replicates."""
     worlds = [s for s in root.children if s.tag == "worldbody"]
-    if not any(_has_replicate(w) for w in worlds):
+    if not any(_has_meta(w, ("replicate", "attach")) for w in worlds):
         return root
-    _check_supported(root)
-    state = _State(root, to_rad, eulerseq)
+    if any(_has_meta(w, ("replicate",)) for w in worlds):
+        _check_supported(root)
+    state = _State(root, settings, model_dir, assets)
     for w in worlds:
         state.walk(w)
     return root
 
 
-def _has_replicate(el):
-    return any(c.tag == "replicate" or _has_replicate(c) for c in el.children)
+def _has_meta(el, tags):
+    return any(c.tag in tags or _has_meta(c, tags) for c in el.children)
 
 
 def _check_supported(root):
@@ -83,6 +86,16 @@ def _check_supported(root):
                                               el.file, el.line, el.path)
 
 
+def list_items(root):
+    """{kind: elements} of the lists outside the tree that replicate and attach copy
+    (pairs, excludes, tendons, equalities, actuators, sensors), in document order."""
+    out = {}
+    for kind, section, tags in _LISTS:
+        out[kind] = [e for s in root.children if s.tag == section for e in s.children
+                     if tags is None or e.tag in tags]
+    return out
+
+
 def _suffix(sep, count, i):
     digits = len(str(count - 1))
     return f"{sep}{i:0{digits}d}"
@@ -91,16 +104,18 @@ def _suffix(sep, count, i):
 class _State:
     """Names defined so far (document order) and the element lists being replicated."""
 
-    def __init__(self, root, to_rad, eulerseq):
-        self.to_rad, self.eulerseq = to_rad, eulerseq
+    def __init__(self, root, settings, model_dir, assets):
+        self.root, self.settings = root, settings
+        self.to_rad, self.eulerseq = settings.to_rad, settings.eulerseq
+        self.model_dir, self.assets = model_dir, assets
+        self.children_models = {}         # attached model name -> parsed child
         self.names = {k: set() for k in ("body", "joint", "geom", "site", "camera",
                                          "light", "frame", "tendon", "actuator", "mesh")}
         self.names["body"].add("world")
         self.lists = {}
-        for kind, section, tags in _LISTS:
+        for kind, section, _ in _LISTS:
             secs = [s for s in root.children if s.tag == section]
-            items = [e for s in secs for e in s.children if tags is None or e.tag in tags]
-            self.lists[kind] = (secs, items)
+            self.lists[kind] = (secs, list_items(root)[kind])
         for el in self.lists["tendon"][1]:
             self._add_name("tendon", el)
         for el in self.lists["actuator"][1]:
@@ -125,6 +140,10 @@ class _State:
             if ch.tag == "replicate":
                 out.extend(self._replicate(ch))
                 continue
+            if ch.tag == "attach":
+                from simjax.mjcf import attach
+                out.append(attach.attach(self, ch))
+                continue
             if ch.tag in _TREE_KIND:
                 self._add_name(_TREE_KIND[ch.tag], ch)
             if ch.tag in ("body", "frame"):
@@ -136,7 +155,7 @@ class _State:
         a = rep.attrs
         count = int(a["count"])           # MuJoCo 4.0 accepts 0 or less: no replicas
         self.walk(rep)                    # nested replicates first, template names noted
-        template = _tree_names(rep.children)
+        template = tree_names(rep.children)
         offset = np.asarray(a.get("offset") if a.get("offset") is not None else np.zeros(3),
                             np.float64)
         euler = np.asarray(a.get("euler") if a.get("euler") is not None else np.zeros(3),
@@ -148,16 +167,16 @@ class _State:
             # position accumulated through the previous replicas' orientations
             quat = ori.euler_quat(i * euler, self.eulerseq, self.to_rad)
             suffix = _suffix(a.get("sep") or "", count, i)
-            kids = [_renamed(c, suffix) for c in rep.children]
+            kids = [renamed(c, lambda n, s=suffix: n + s) for c in rep.children]
             frame = copy.copy(rep)
             frame.tag = "frame"
             frame.attrs = dict.fromkeys(_FRAME_ATTRS)
             frame.attrs.update(pos=pos.copy(), quat=quat, scale=np.ones(3))
             frame.given = frozenset(("pos", "quat"))
             frame.children = kids
-            for k, names in _tree_names(kids).items():
+            for k, names in tree_names(kids).items():
                 self.names[k] |= names
-            self._copy_lists(suffix)
+            self._copy_lists(lambda n, s=suffix: n + s)
             frames.append(frame)
             pos = pos + ori.rotate(quat, offset)
         for k, names in template.items():
@@ -166,15 +185,20 @@ class _State:
         return frames
 
     # ------------------------------------------------------------------ the lists
-    def _copy_lists(self, suffix):
+    def _copy_lists(self, ren, source=None, post=None):
+        """Append the copies (names renamed by ``ren``, then passed to ``post``) of the
+        elements of every list (those of ``source``, another model's lists, else this
+        model's) whose renamed references resolve (mjCModel::CopyList)."""
         for kind, _, _ in _LISTS:
             secs, items = self.lists[kind]
-            for el in list(items):
-                new = _COPY[kind](self, el, suffix)
+            for el in list(source[kind] if source is not None else items):
+                new = _COPY[kind](self, el, ren)
                 if new is None:
                     continue
+                if post is not None:
+                    post(new)
                 items.append(new)
-                secs[-1].children.append(new)
+                self._section(kind).children.append(new)
                 if kind in ("tendon", "actuator"):
                     self._add_name(kind, new)
 
@@ -193,48 +217,70 @@ class _State:
                 keep.append(el)
             items[:] = keep
 
+    def _section(self, kind):
+        """The last section holding list ``kind`` (a new one at the end of the model if
+        there is none)."""
+        secs, _ = self.lists[kind]
+        if not secs:
+            tag = next(sec for k, sec, _ in _LISTS if k == kind)
+            new = copy.copy(self.root)
+            new.tag, new.attrs, new.given, new.children = tag, {}, frozenset(), []
+            new.path = f"{self.root.path}/{tag}"
+            self.root.children.append(new)
+            secs.append(new)
+        return secs[-1]
+
     def _has(self, kind, name):
         return name in self.names[kind]
 
 
 # ---------------------------------------------------------------------- tree renaming
-def _tree_names(children):
+def tree_names(children):
     out = {}
     for el in children:
         if el.tag in _TREE_KIND and el.attrs.get("name"):
             out.setdefault(_TREE_KIND[el.tag], set()).add(el.attrs["name"])
-        for k, v in _tree_names(el.children).items():
+        for k, v in tree_names(el.children).items():
             out.setdefault(k, set()).update(v)
     return out
 
 
-def _renamed(el, suffix):
-    """Deep copy of a tree element with its name (and a camera's or light's target
-    body) suffixed, throughout its subtree."""
+#: asset references of tree elements (renamed when another model is attached)
+_ASSET_REFS = {"geom": ("mesh", "material", "hfield"), "site": ("material",),
+               "light": ("texture",)}
+
+
+def renamed(el, ren, asset_ren=None):
+    """Deep copy of a tree element with its name and a camera's or light's target body
+    renamed by ``ren`` (and its asset references by ``asset_ren`` when given), throughout
+    its subtree."""
     new = copy.copy(el)
     new.attrs = dict(el.attrs)
     if el.tag in _TREE_KIND:
         if new.attrs.get("name"):
-            new.attrs["name"] = new.attrs["name"] + suffix
+            new.attrs["name"] = ren(new.attrs["name"])
         if el.tag in ("camera", "light") and new.attrs.get("target"):
-            new.attrs["target"] = new.attrs["target"] + suffix
-    new.children = [_renamed(c, suffix) for c in el.children]
+            new.attrs["target"] = ren(new.attrs["target"])
+        for key in _ASSET_REFS.get(el.tag, ()) if asset_ren else ():
+            if new.attrs.get(key):
+                new.attrs[key] = asset_ren(new.attrs[key])
+    new.children = [renamed(c, ren, asset_ren) for c in el.children]
     return new
 
 
 # ---------------------------------------------------------------------- list copies
-def _with(el, suffix, **refs):
-    """Copy of a list element with its name suffixed and ``refs`` set."""
+def _with(el, ren, **refs):
+    """Copy of a list element with its name renamed by ``ren`` and ``refs`` set."""
     new = copy.copy(el)
     new.attrs = dict(el.attrs)
     if new.attrs.get("name"):
-        new.attrs["name"] = new.attrs["name"] + suffix
+        new.attrs["name"] = ren(new.attrs["name"])
     new.attrs.update(refs)
     new.children = [copy.copy(c) for c in el.children]
     return new
 
 
-def _two_sided(st, el, suffix, side1, side2):
+def _two_sided(st, el, ren, side1, side2):
     """Copy of an element with two references ((attribute, kind) each): both take the
     suffix, or one keeps its plain name when only the other exists suffixed (MuJoCo's
     fallback for pairs, excludes and sensors); None when they do not resolve."""
@@ -242,28 +288,28 @@ def _two_sided(st, el, suffix, side1, side2):
     n1, n2 = el.attrs.get(a1), el.attrs.get(a2)
     if n1 is None or n2 is None:
         return None
-    s1, s2 = n1 + suffix, n2 + suffix
+    s1, s2 = ren(n1), ren(n2)
     ok1, ok2 = st._has(k1, s1), st._has(k2, s2)
     if not ok1 and ok2:
         s1, ok1 = n1, st._has(k1, n1)
     if ok1 and not ok2:
         s2, ok2 = n2, st._has(k2, n2)
-    return _with(el, suffix, **{a1: s1, a2: s2}) if ok1 and ok2 else None
+    return _with(el, ren, **{a1: s1, a2: s2}) if ok1 and ok2 else None
 
 
-def _copy_pair(st, el, suffix):
-    return _two_sided(st, el, suffix, ("geom1", "geom"), ("geom2", "geom"))
+def _copy_pair(st, el, ren):
+    return _two_sided(st, el, ren, ("geom1", "geom"), ("geom2", "geom"))
 
 
-def _copy_exclude(st, el, suffix):
-    return _two_sided(st, el, suffix, ("body1", "body"), ("body2", "body"))
+def _copy_exclude(st, el, ren):
+    return _two_sided(st, el, ren, ("body1", "body"), ("body2", "body"))
 
 
 _WRAP_KIND = {"joint": "joint", "site": "site", "geom": "geom"}
 
 
-def _copy_tendon(st, el, suffix):
-    new = _with(el, suffix)
+def _copy_tendon(st, el, ren):
+    new = _with(el, ren)
     nfail = nwrap = 0
     for w in new.children:
         if w.tag not in _WRAP_KIND:
@@ -271,11 +317,11 @@ def _copy_tendon(st, el, suffix):
         nwrap += 1
         w.attrs = dict(w.attrs)
         name, side = w.attrs.get(w.tag), w.attrs.get("sidesite")
-        if st._has(_WRAP_KIND[w.tag], name + suffix) and (
-                not side or st._has("site", side + suffix)):
-            w.attrs[w.tag] = name + suffix
+        if st._has(_WRAP_KIND[w.tag], ren(name)) and (
+                not side or st._has("site", ren(side))):
+            w.attrs[w.tag] = ren(name)
             if side:
-                w.attrs["sidesite"] = side + suffix
+                w.attrs["sidesite"] = ren(side)
             continue
         if not st._has(_WRAP_KIND[w.tag], name) or (side and not st._has("site", side)):
             return None
@@ -298,16 +344,16 @@ def _eq_refs(el):
 
 
 def _copy_all_refs(refs_of):
-    def copy_el(st, el, suffix):
+    def copy_el(st, el, ren):
         refs = {}
         for attr, kind in refs_of(el):
             n = el.attrs.get(attr)
             if not n:
                 continue
-            if not st._has(kind, n + suffix):
+            if not st._has(kind, ren(n)):
                 return None
-            refs[attr] = n + suffix
-        return _with(el, suffix, **refs)
+            refs[attr] = ren(n)
+        return _with(el, ren, **refs)
     return copy_el
 
 
@@ -341,19 +387,19 @@ def _sensor_refs(el):
     return obj, ref
 
 
-def _copy_sensor(st, el, suffix):
+def _copy_sensor(st, el, ren):
     obj, ref = _sensor_refs(el)
     if obj and ref:
-        return _two_sided(st, el, suffix, obj, ref)
+        return _two_sided(st, el, ren, obj, ref)
     refs = {}
     for r in (obj, ref):
         if r is None:
             continue
-        n = el.attrs[r[0]] + suffix
+        n = ren(el.attrs[r[0]])
         if not st._has(r[1], n):
             return None
         refs[r[0]] = n
-    return _with(el, suffix, **refs)
+    return _with(el, ren, **refs)
 
 
 _COPY = {"pair": _copy_pair, "exclude": _copy_exclude, "tendon": _copy_tendon,

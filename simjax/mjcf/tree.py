@@ -133,7 +133,7 @@ class TreeBuilder:
                 body.inertial = ch
             elif t in ("light",):
                 continue
-            elif t in ("attach", "composite", "flexcomp"):     # (replicate: expanded)
+            elif t in ("attach", "composite", "flexcomp"):     # (expanded before)
                 raise UnsupportedFeatureError(f"<{t}>", ch.file, ch.line, ch.path)
             elif t == "plugin":
                 continue    # passive-force plugin: resolved by simjax.mjcf.plugin

@@ -1,0 +1,231 @@
+"""The ``<attach>`` meta-element with a ``<model>`` asset, expanded on the parsed tree.
+
+MuJoCo's reader parses the asset's file into a child spec and attaches, at the attach
+element's place, a body of it (``body``), a frame (``frame``) or everything in its
+world body (neither), with ``prefix`` before every name (mjs_attach; mjCBody's and
+mjCModel's ``operator+=``, user_objects.cc / user_model.cc). simjax rewrites the tree:
+
+- the attached elements go into a frame at the attach element, their names and their
+  camera/light targets prefixed, their references to the child's assets too;
+- every asset of the child (meshes, height fields, textures, materials) is appended
+  to the model's assets with its name and its references prefixed, its file read from
+  the child's directory and the child's meshdir / texturedir; so are its custom numerics
+  and texts;
+- the child's pairs, excludes, tendons, equalities, actuators and sensors are copied
+  with the prefix by the rules of :mod:`simjax.mjcf.replicate` (a copy is made when
+  its references resolve in the model as it stands after the attachment), appended to
+  the model's lists.
+
+The child's <option>, <size>, <visual> and <statistic> do not apply (MuJoCo keeps the
+parent's values, warning of conflicts). Not supported (UnsupportedFeatureError): a child
+whose compiler settings differ from the model's other than in its asset directories
+(MuJoCo compiles the child's elements with the child's settings), a child with
+keyframes (MuJoCo stores their values on the child's elements across attachments),
+custom tuples, skins, plugins, or self-attachment (no ``model``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from simjax.errors import UnsupportedFeatureError
+from simjax.mjcf import replicate as rp
+
+#: Settings fields that may differ between a model and an attached child
+_FREE_SETTINGS = {"meshdir", "texturedir", "strippath", "lengthrange"}
+#: asset references inside assets
+_ASSET_ASSET_REFS = {"material": ("texture",), "mesh": ("material",),
+                     "hfield": ("material",)}
+
+
+def attach(st, el):
+    """The frame replacing attach element ``el`` in the tree walk of ``st``
+    (a :class:`simjax.mjcf.replicate._State`), with the model's assets and lists
+    extended."""
+    a = el.attrs
+    if not a.get("model"):
+        raise UnsupportedFeatureError("<attach> without a model (self-attachment)",
+                                      el.file, el.line, el.path)
+    child = _child(st, el, a["model"])
+    prefix = a.get("prefix") or ""
+
+    def ren(n):
+        return prefix + n
+    source = _source(child, el, a)
+    kids = [rp.renamed(c, ren, ren) for c in source]
+    frame = _frame(el, kids)
+    _add_assets(st, child, ren)
+    for k, names in rp.tree_names(kids).items():
+        st.names[k] |= names
+    st._copy_lists(ren, child["lists"], post=lambda e: _asset_refs(e, ren))
+    return frame
+
+
+def _child(st, el, name):
+    """The parsed (and expanded) child model named ``name``: root, directory, settings,
+    lists, assets."""
+    if name in st.children_models:
+        return st.children_models[name]
+    from simjax.mjcf.compile import _settings
+    from simjax.mjcf.parse import parse
+    spec = None
+    for sec in st.root.children:
+        if sec.tag == "asset":
+            for m in sec.children:
+                if m.tag == "model" and (m.attrs.get("name") or "") == name:
+                    spec = m
+    if spec is None:
+        raise el.error(f"could not find model '{name}'")
+    file = spec.attrs.get("file")
+    path = file if os.path.isabs(file) or not st.model_dir else \
+        os.path.join(st.model_dir, file)
+    root, child_dir = parse(path, st.assets)
+    settings = _settings(root)
+    _check_child(root, settings, st.settings, spec)
+    rp.expand(root, settings, child_dir, st.assets)
+    child = dict(root=root, dir=child_dir, settings=settings, lists=rp.list_items(root))
+    st.children_models[name] = child
+    return child
+
+
+def _check_child(root, settings, parent, spec):
+    """UnsupportedFeatureError for what simjax does not attach (module docstring)."""
+    def refuse(what):
+        raise UnsupportedFeatureError(f"<attach> of model '{spec.attrs.get('name')}' "
+                                      f"with {what}", spec.file, spec.line, spec.path)
+    for f in dataclasses.fields(settings):
+        if f.name in _FREE_SETTINGS:
+            continue
+        mine, theirs = getattr(settings, f.name), getattr(parent, f.name)
+        same = (mine == theirs).all() if hasattr(mine, "all") else mine == theirs
+        if not same:
+            attr = {"to_rad": "angle", "default_solref": "solref",
+                    "default_solimp": "solimp"}.get(f.name, f.name)
+            refuse(f"compiler setting '{attr}' different from the model's")
+    for sec in root.children:
+        if sec.tag == "keyframe" and sec.children:
+            refuse("keyframes")
+        if sec.tag == "extension" and sec.children:
+            refuse("plugins")
+        if sec.tag == "custom" and any(c.tag == "tuple" for c in sec.children):
+            refuse("custom tuples")
+        if sec.tag == "asset" and any(c.tag in ("skin", "model") for c in sec.children):
+            refuse("skins or model assets")
+        if sec.tag in ("actuator", "sensor") and any(c.tag == "plugin"
+                                                     for c in sec.children):
+            refuse("plugins")
+
+
+def _source(child, el, a):
+    """Children of the attached frame: the named body or frame, or the world's
+    contents."""
+    worlds = [s for s in child["root"].children if s.tag == "worldbody"]
+    kind = "body" if a.get("body") else "frame" if a.get("frame") else None
+    if kind is None:
+        return [c for w in worlds for c in w.children]
+    want = a[kind]
+    for w in worlds:
+        found = _find(w, kind, want)
+        if found is not None:
+            return [found] if kind == "body" else found.children
+    raise el.error(f"could not find {kind} '{want}' in model asset '{a['model']}'")
+
+
+def _find(el, tag, name):
+    for c in el.children:
+        if c.tag == tag and c.attrs.get("name") == name:
+            return c
+        hit = _find(c, tag, name)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _frame(el, kids):
+    import copy
+
+    import numpy as np
+    frame = copy.copy(el)
+    frame.tag = "frame"
+    frame.attrs = dict.fromkeys(rp._FRAME_ATTRS)
+    frame.attrs.update(pos=np.zeros(3), quat=np.array([1.0, 0, 0, 0]), scale=np.ones(3))
+    frame.given = frozenset(("pos", "quat"))
+    frame.children = kids
+    return frame
+
+
+def _section(st, tag):
+    """The model's last ``tag`` section (a new one if there is none)."""
+    import copy
+    secs = [s for s in st.root.children if s.tag == tag]
+    if secs:
+        return secs[-1]
+    sec = copy.copy(st.root)
+    sec.tag, sec.attrs, sec.given, sec.children = tag, {}, frozenset(), []
+    sec.path = f"{st.root.path}/{tag}"
+    st.root.children.insert(0, sec)
+    return sec
+
+
+def _add_assets(st, child, ren):
+    """Append the child's assets and custom numerics and texts, prefixed, with the
+    assets' files resolved where the child reads them (mjCModel::operator+=)."""
+    import copy
+    settings = child["settings"]
+    for csec in child["root"].children:
+        if csec.tag == "custom":
+            sec = _section(st, "custom")
+            for c in csec.children:
+                new = copy.copy(c)
+                new.attrs = dict(c.attrs)
+                if new.attrs.get("name"):
+                    new.attrs["name"] = ren(new.attrs["name"])
+                sec.children.append(new)
+        if csec.tag != "asset":
+            continue
+        sec = _section(st, "asset")
+        for a in csec.children:
+            new = copy.copy(a)
+            new.attrs = dict(a.attrs)
+            if not new.attrs.get("name") and new.attrs.get("file") and \
+                    a.tag in ("mesh", "hfield", "texture"):
+                # the child names its file assets before they are prefixed
+                new.attrs["name"] = _default_name(new.attrs["file"])
+                new.given = new.given | {"name"}
+            if new.attrs.get("name"):
+                new.attrs["name"] = ren(new.attrs["name"])
+            for key in _ASSET_ASSET_REFS.get(a.tag, ()):
+                if new.attrs.get(key):
+                    new.attrs[key] = ren(new.attrs[key])
+            _resolve_files(new, a.tag, child["dir"], settings)
+            if a.tag == "mesh" and new.attrs.get("name"):
+                st.names["mesh"].add(new.attrs["name"])
+            sec.children.append(new)
+
+
+def _default_name(file):
+    from simjax.mjcf.mesh import _default_name as stem
+    return stem(file)
+
+
+def _resolve_files(el, tag, child_dir, settings):
+    """Point the asset's file attributes at the child's directory (and its meshdir or
+    texturedir), as MuJoCo reads the child's assets."""
+    from simjax.mjcf.mesh import resolve_asset_path
+    adir = settings.meshdir if tag in ("mesh", "hfield") else settings.texturedir
+    keys = ("file", "fileback", "filedown", "filefront", "fileleft", "fileright", "fileup")
+    for key in keys:
+        f = el.attrs.get(key)
+        if not f:
+            continue
+        name = resolve_asset_path(f, adir, settings.strippath)
+        if not os.path.isabs(name) and child_dir:
+            name = os.path.normpath(os.path.join(child_dir, name))
+        el.attrs[key] = name
+
+
+def _asset_refs(el, ren):
+    """A copied list element's references to the child's assets, prefixed (a tactile
+    sensor's mesh is a resolved reference, renamed with the others)."""
+    if el.tag == "spatial" and el.attrs.get("material"):
+        el.attrs["material"] = ren(el.attrs["material"])

@@ -1,0 +1,146 @@
+"""``<attach>`` of ``<model>`` assets against MuJoCo 4.0.0: every comparable Model field
+(the compiled-model comparison: 1e-6) and the names and order of every kind of element,
+on a two-level scene written here (a body and a whole world attached, the child's
+assets, default classes, tendons, actuators, sensors and excludes prefixed, its option
+ignored) and on corpus robots attached twice (the Gymnasium ant; the shadow hand with
+its meshes in its own meshdir). What simjax does not attach raises
+UnsupportedFeatureError."""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import mujoco
+import pytest
+
+import simjax
+from mujoco_oracle import CORPUS
+from simjax.errors import MJCFError, UnsupportedFeatureError
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
+from compare import compare  # noqa: E402
+
+_O = mujoco.mjtObj
+KINDS = {"body": (_O.mjOBJ_BODY, "nbody"), "joint": (_O.mjOBJ_JOINT, "njnt"),
+         "geom": (_O.mjOBJ_GEOM, "ngeom"), "site": (_O.mjOBJ_SITE, "nsite"),
+         "mesh": (_O.mjOBJ_MESH, "nmesh"), "tendon": (_O.mjOBJ_TENDON, "ntendon"),
+         "equality": (_O.mjOBJ_EQUALITY, "neq"), "exclude": (_O.mjOBJ_EXCLUDE, "nexclude"),
+         "actuator": (_O.mjOBJ_ACTUATOR, "nu"), "sensor": (_O.mjOBJ_SENSOR, "nsensor"),
+         "numeric": (_O.mjOBJ_NUMERIC, "nnumeric")}
+
+CHILD = """<mujoco model="child">
+  <compiler angle="radian"/>
+  <option timestep="0.005"/>
+  <default><default class="fing"><joint damping=".2"/><geom rgba="0 1 0 1"/></default>
+  </default>
+  <asset><material name="red" rgba="1 0 0 1"/>
+    <mesh name="tet" vertex="0 0 0 1 0 0 0 1 0 0 0 1" scale=".1 .1 .1"/></asset>
+  <custom><numeric name="gain" data="2 3"/></custom>
+  <worldbody>
+    <geom name="wg" size=".05" pos="0 0 -1"/>
+    <body name="hand" pos="0 0 .1" euler="0 0 1.5707963"><joint name="wrist" axis="0 0 1"/>
+      <geom name="palm" type="box" size=".05 .05 .01" material="red"/>
+      <site name="tip" pos="0 0 .05"/>
+      <body name="finger" childclass="fing" pos=".05 0 0"><joint name="knuckle"/>
+        <geom name="fg" type="mesh" mesh="tet"/></body></body>
+  </worldbody>
+  <tendon><fixed name="couple"><joint joint="wrist" coef="1"/>
+    <joint joint="knuckle" coef="1"/></fixed></tendon>
+  <actuator><motor name="m" joint="wrist"/><motor name="mt" tendon="couple"/></actuator>
+  <sensor><jointpos name="kp" joint="knuckle"/><framepos objtype="site" objname="tip"/>
+    <touch site="tip"/><clock/></sensor>
+  <contact><exclude body1="hand" body2="finger"/></contact>
+</mujoco>"""
+
+PARENT = """<mujoco model="parent">
+  <compiler angle="radian"/>
+  <asset><model name="child" file="sub/child.xml"/><material name="blue" rgba="0 0 1 1"/>
+  </asset>
+  <worldbody>
+    <body name="arm" pos="0 0 1"><joint name="shoulder"/>
+      <geom name="ag" size=".1" material="blue"/>
+      <attach model="child" body="hand" prefix="left_"/>
+    </body>
+    <frame pos="1 0 0" euler="0 0 1.57"><attach model="child" prefix="w_"/></frame>
+  </worldbody>
+  <actuator><motor name="ms" joint="shoulder"/></actuator>
+  <sensor><jointpos name="sp" joint="shoulder"/></sensor>
+  <keyframe><key name="up" qpos=".5"/></keyframe>
+</mujoco>"""
+
+
+def _load_both(path):
+    with warnings.catch_warnings():
+        mjm = mujoco.MjModel.from_xml_path(str(path))
+    return mjm, simjax.load_model(str(path))
+
+
+def _check(mjm, model):
+    matched, bad, n = compare(model, mjm)
+    assert not bad, bad
+    for kind, (t, count) in KINDS.items():
+        want = [mujoco.mj_id2name(mjm, t, i) or "" for i in range(getattr(mjm, count))]
+        assert list(model.names.get(kind, [])) == want, kind
+
+
+def _write(tmp_path, parent, child=CHILD):
+    (tmp_path / "sub").mkdir(exist_ok=True)
+    (tmp_path / "sub" / "child.xml").write_text(child)
+    (tmp_path / "parent.xml").write_text(parent)
+    return tmp_path / "parent.xml"
+
+
+def test_attach_body_and_world(tmp_path):
+    mjm, model = _load_both(_write(tmp_path, PARENT))
+    _check(mjm, model)
+    # the body attachment takes the hand only: the child's world geom stays behind, and
+    # the sensors and excludes naming it or the hand are copied where they resolve
+    assert model.names["body"] == ["world", "arm", "left_hand", "left_finger", "w_hand",
+                                   "w_finger"]
+    assert model.names["geom"][0] == "w_wg"
+    assert model.names["numeric"] == ["left_gain", "w_gain"]
+
+
+@pytest.mark.parametrize("robot,attrs,body", [
+    ("gym_ant/ant.xml", 'angle="degree" coordinate="local" inertiafromgeom="true"',
+     "torso"),
+    ("mjx_shadow_hand/right_hand.xml", 'angle="radian" autolimits="true"', "rh_forearm"),
+])
+def test_attach_corpus_robot_twice(tmp_path, robot, attrs, body):
+    path = os.path.join(CORPUS, robot)
+    if not os.path.exists(path):
+        pytest.skip(f"corpus model {robot} not found (expected ../shared/corpus)")
+    parent = f"""<mujoco><compiler {attrs}/>
+      <asset><model name="r" file="{path}"/></asset>
+      <worldbody><geom name="floor" type="plane" size="5 5 .1"/>
+        <frame pos="0 0 .5"><attach model="r" prefix="a_"/></frame>
+        <frame pos="2 0 .5" euler="0 0 3"><attach model="r" body="{body}" prefix="b_"/>
+        </frame></worldbody></mujoco>"""
+    (tmp_path / "p.xml").write_text(parent)
+    mjm, model = _load_both(tmp_path / "p.xml")
+    _check(mjm, model)
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (('body="hand"', 'body="nope"'), MJCFError, "could not find body"),
+    (('model="child" body="hand"', 'model="other" body="hand"'), MJCFError,
+     "could not find model"),
+    (('<attach model="child" body="hand" prefix="left_"/>',
+      '<attach body="ag" prefix="left_"/>'), UnsupportedFeatureError, "self-attachment"),
+])
+def test_attach_errors(tmp_path, change, error, message):
+    path = _write(tmp_path, PARENT.replace(*change))
+    with pytest.raises(error, match=message):
+        simjax.load_model(str(path))
+
+
+@pytest.mark.parametrize("child_change,what", [
+    (("</contact>", '</contact><keyframe><key qpos=".1 .2"/></keyframe>'), "keyframes"),
+    (('<compiler angle="radian"/>', '<compiler angle="degree"/>'), "angle"),
+])
+def test_attach_unsupported_children(tmp_path, child_change, what):
+    path = _write(tmp_path, PARENT, CHILD.replace(*child_change))
+    mujoco.MjModel.from_xml_path(str(path))
+    with pytest.raises(UnsupportedFeatureError, match=what):
+        simjax.load_model(str(path))
