@@ -17,22 +17,25 @@ mjCModel's ``operator+=``, user_objects.cc / user_model.cc). simjax rewrites the
   the model's lists.
 
 The child's <option>, <size>, <visual> and <statistic> do not apply (MuJoCo keeps the
-parent's values, warning of conflicts). Not supported (UnsupportedFeatureError): a child
-whose compiler settings differ from the model's other than in its asset directories
-(MuJoCo compiles the child's elements with the child's settings), a child with
-keyframes (MuJoCo stores their values on the child's elements across attachments),
-custom tuples, skins, plugins, or self-attachment (no ``model``).
+parent's values, warning of conflicts). The child's angle unit and euler sequence apply
+to its own elements. Not supported (UnsupportedFeatureError): a child whose other
+compiler settings differ from the model's (MuJoCo compiles the child's elements with the
+child's settings), a child whose keyframes set
+activations, custom tuples, skins, plugins, or self-attachment (no ``model``).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
+import numpy as np
+
 from simjax.errors import UnsupportedFeatureError
 from simjax.mjcf import replicate as rp
 
-#: Settings fields that may differ between a model and an attached child
-_FREE_SETTINGS = {"meshdir", "texturedir", "strippath", "lengthrange"}
+#: Settings fields that may differ between a model and an attached child (the angle
+#: unit and euler sequence are applied to the child's elements when it is read)
+_FREE_SETTINGS = {"meshdir", "texturedir", "strippath", "lengthrange", "to_rad", "eulerseq"}
 #: asset references inside assets
 _ASSET_ASSET_REFS = {"material": ("texture",), "mesh": ("material",),
                      "hfield": ("material",)}
@@ -52,12 +55,20 @@ def attach(st, el):
     def ren(n):
         return prefix + n
     source = _source(child, el, a)
+    _store_keyframes(st, child, ren, el)
     kids = [rp.renamed(c, ren, ren) for c in source]
+    for c in source:                      # the attached bodies forget their keyframes
+        _forget(c)
     frame = _frame(el, kids)
     _add_assets(st, child, ren)
     for k, names in rp.tree_names(kids).items():
         st.names[k] |= names
-    st._copy_lists(ren, child["lists"], post=lambda e: _asset_refs(e, ren))
+
+    def post(e, src):
+        _asset_refs(e, ren)
+        if src.tag in _ACTUATOR_TAGS:     # a copied actuator's source forgets too
+            src.keystore = {}
+    st._copy_lists(ren, child["lists"], post=post)
     return frame
 
 
@@ -83,9 +94,150 @@ def _child(st, el, name):
     settings = _settings(root)
     _check_child(root, settings, st.settings, spec)
     rp.expand(root, settings, child_dir, st.assets)
-    child = dict(root=root, dir=child_dir, settings=settings, lists=rp.list_items(root))
+    if (settings.to_rad, settings.eulerseq) != (st.settings.to_rad, st.settings.eulerseq):
+        for w in root.children:
+            if w.tag == "worldbody":
+                _convert_angles(w, settings, st.settings)
+    child = dict(root=root, dir=child_dir, settings=settings, lists=rp.list_items(root),
+                 layout=_child_layout(root))
     st.children_models[name] = child
     return child
+
+
+# ---------------------------------------------------------------------- keyframes
+# MuJoCo keeps a child's keyframe values on the child's elements (mjCModel::SaveState at
+# every attachment, under the prefixed key name), copies them with the elements, clears
+# them on the source elements that were attached (ForgetKeyframes), and makes each
+# attachment's keys from whatever elements of the final model hold values under their
+# names (mjCModel::ResolveKeyframes / RestoreState): qpos0, zero velocities and
+# controls, the mocap bodies' poses elsewhere. simjax does the same with a ``keystore``
+# on the parsed elements and the model's pending keys (``root.pending_keys``).
+
+_ACTUATOR_TAGS = ("general", "motor", "position", "velocity", "intvelocity", "orientation",
+                  "pid", "damper", "cylinder", "muscle", "adhesion", "dcmotor")
+_JOINT_SIZE = {"free": (7, 6), "ball": (4, 3), "hinge": (1, 1), "slide": (1, 1)}
+
+
+def _child_layout(root):
+    """The child's joints (element, qpos address, nq, dof address, nv), actuators and
+    mocap bodies in its compiled order (bodies depth first, elements in document order
+    within a body)."""
+    joints, mocap = [], []
+    adr = [0, 0]
+
+    def body_items(el):
+        for c in el.children:
+            if c.tag in ("joint", "freejoint"):
+                kind = "free" if c.tag == "freejoint" else (c.attrs.get("type") or "hinge")
+                nq, nv = _JOINT_SIZE[kind]
+                joints.append((c, adr[0], nq, adr[1], nv))
+                adr[0] += nq
+                adr[1] += nv
+            elif c.tag == "frame":
+                body_items(c)
+
+    def bodies_of(el):
+        for c in el.children:
+            if c.tag == "body":
+                yield c
+            elif c.tag == "frame":
+                yield from bodies_of(c)
+
+    def walk(el):
+        for b in bodies_of(el):
+            if b.attrs.get("mocap"):
+                mocap.append(b)
+            body_items(b)
+            walk(b)
+    for w in root.children:
+        if w.tag == "worldbody":
+            walk(w)
+    acts = [e for s in root.children if s.tag == "actuator" for e in s.children]
+    return joints, acts, mocap
+
+
+def _store_keyframes(st, child, ren, el):
+    """SaveState of every child key under its prefixed name, and the pending key."""
+    keys = [k for s in child["root"].children if s.tag == "keyframe" for k in s.children]
+    if not keys:
+        return
+    joints, acts, mocap = child["layout"]
+    nq = sum(j[2] for j in joints)
+    nv = sum(j[4] for j in joints)
+    for k in keys:
+        a = k.attrs
+        name = ren(a.get("name") or "")
+        vec = {f: (None if a.get(f) is None else np.atleast_1d(np.asarray(a[f], float)))
+               for f in ("qpos", "qvel", "act", "ctrl", "mpos", "mquat")}
+        if vec["act"] is not None and vec["act"].size:
+            raise UnsupportedFeatureError("<attach> of a model whose keyframes set act",
+                                          k.file, k.line, k.path)
+        for f, n in (("qpos", nq), ("qvel", nv), ("ctrl", len(acts)),
+                     ("mpos", 3 * len(mocap)), ("mquat", 4 * len(mocap))):
+            if vec[f] is not None and vec[f].size and vec[f].size != n:
+                raise k.error(f"Keyframe '{a.get('name') or ''}' has invalid {f} size, "
+                              f"got {vec[f].size}, should be {n}")
+        given = {f: vec[f] is not None and vec[f].size > 0 for f in vec}
+        for j, qa, jnq, da, jnv in joints:
+            store = _store(j)
+            entry = store.setdefault(name, {})
+            if given["qpos"]:
+                entry["qpos"] = vec["qpos"][qa:qa + jnq]
+            if given["qvel"]:
+                entry["qvel"] = vec["qvel"][da:da + jnv]
+        for i, act in enumerate(acts):
+            if given["ctrl"]:
+                _store(act).setdefault(name, {})["ctrl"] = vec["ctrl"][i]
+        for i, b in enumerate(mocap):
+            entry = _store(b).setdefault(name, {})
+            if given["mpos"]:
+                entry["mpos"] = vec["mpos"][3 * i:3 * i + 3]
+            if given["mquat"]:
+                entry["mquat"] = vec["mquat"][4 * i:4 * i + 4]
+        pending = getattr(st.root, "pending_keys", None)
+        if pending is None:
+            pending = st.root.pending_keys = []
+        pending.append(dict(name=name, time=float(a.get("time") or 0.0), given=given))
+
+
+def _store(el):
+    if not hasattr(el, "keystore"):
+        el.keystore = {}
+    return el.keystore
+
+
+def _forget(el):
+    """ForgetKeyframes of an attached source element and its subtree."""
+    if hasattr(el, "keystore"):
+        el.keystore = {}
+    for c in el.children:
+        _forget(c)
+
+
+def _convert_angles(el, child, parent):
+    """The child's angles in the model's units (MuJoCo compiles the child's elements
+    with the child's compiler): orientations become quaternions, hinge and ball joint
+    ranges and hinge references are rescaled."""
+    from simjax.mjcf import orientation as ori
+    scale = child.to_rad / parent.to_rad
+    for c in el.children:
+        a = c.attrs
+        if any(a.get(k) is not None for k in ori.ORIENT_ATTRS) and c.tag != "joint":
+            q = ori.resolve(a, child.to_rad, child.eulerseq, c.error)
+            a = c.attrs = dict(a)
+            for k in ori.ORIENT_ATTRS:
+                a[k] = None
+            a["quat"] = q
+            c.given = c.given | {"quat"}
+        if c.tag == "joint" and (a.get("type") or "hinge") in ("hinge", "ball"):
+            a = c.attrs = dict(a)
+            if a.get("range") is not None:
+                a["range"] = np.asarray(a["range"], float) * scale
+            if (a.get("type") or "hinge") == "hinge":
+                for k in ("ref", "springref"):
+                    if a.get(k) is not None:
+                        a[k] = float(a[k]) * scale
+        _convert_angles(c, child, parent)
 
 
 def _check_child(root, settings, parent, spec):
@@ -103,8 +255,6 @@ def _check_child(root, settings, parent, spec):
                     "default_solimp": "solimp"}.get(f.name, f.name)
             refuse(f"compiler setting '{attr}' different from the model's")
     for sec in root.children:
-        if sec.tag == "keyframe" and sec.children:
-            refuse("keyframes")
         if sec.tag == "extension" and sec.children:
             refuse("plugins")
         if sec.tag == "custom" and any(c.tag == "tuple" for c in sec.children):

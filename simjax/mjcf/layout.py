@@ -215,7 +215,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
     kw.update(npair=npair, nexclude=nexclude)
     f["qpos0"], f["qpos_spring"] = qpos0, qspring
     _tree_ids(f, kw, ntree, nv, dof_tree, body_tree)
-    nkey = _key_fields(f, root, kw, qpos0, bodies, size_attrs)
+    nkey = _key_fields(f, root, kw, qpos0, bodies, size_attrs, act_recs)
     kw["nkey"] = nkey
     _custom_fields(f, kw, root)
     kw["nuserdata"] = int(size_attrs.get("nuserdata", 0) or 0)
@@ -610,9 +610,10 @@ def _tree_ids(f, kw, ntree, nv, dof_tree, body_tree):
         f["tree_dofnum"][cur] += 1
 
 
-def _key_fields(f, root, kw, qpos0, bodies, size_attrs):
+def _key_fields(f, root, kw, qpos0, bodies, size_attrs, act_recs):
     keys = [el for sec in root.children if sec.tag == "keyframe" for el in sec.children]
-    nkey = max(len(keys), int(size_attrs.get("nkey", 0) or 0))
+    pending = getattr(root, "pending_keys", [])
+    nkey = max(len(keys) + len(pending), int(size_attrs.get("nkey", 0) or 0))
     nq, nv, nu, na, nmocap = kw["nq"], kw["nv"], kw["nu"], kw["na"], kw["nmocap"]
     mocap = [b for b in bodies if b.mocap]
     mpos0 = np.concatenate([b.pos for b in mocap]) if mocap else np.zeros(0)
@@ -641,10 +642,57 @@ def _key_fields(f, root, kw, qpos0, bodies, size_attrs):
             width = {"mpos": 3, "mquat": 4}.get(attr, 1)
             keep = v.size // width * width
             out[field][i, :keep] = v[:keep]
-    names += [""] * (nkey - len(keys))
+    for i, info in enumerate(pending, start=len(keys)):
+        names.append(info["name"])
+        _restore_key(out, i, info, bodies, act_recs)
+    names += [""] * (nkey - len(names))
+    # MuJoCo normalizes the keys' quaternions (free and ball joints, mocap bodies; a
+    # zero one becomes the identity)
+    quats = [j["qposadr"] + (3 if j["type"] == JointType.FREE else 0)
+             for b in bodies for j in b.joints
+             if j["type"] in (JointType.FREE, JointType.BALL)]
+    for adr in quats:
+        out["key_qpos"][:, adr:adr + 4] = _unit_quats(out["key_qpos"][:, adr:adr + 4])
+    if out["key_mquat"].size:
+        mq = out["key_mquat"].reshape(-1, 4)
+        out["key_mquat"] = _unit_quats(mq).reshape(out["key_mquat"].shape)
     f.update(out)
     f.setdefault("_names", {})["key"] = names
     return nkey
+
+
+def _unit_quats(q):
+    """Rows of ``q`` (n, 4) normalized (mju_normalize4: the identity below 1e-15)."""
+    n = np.linalg.norm(q, axis=-1, keepdims=True)
+    ident = np.broadcast_to(np.array([1.0, 0, 0, 0]), q.shape)
+    return np.where(n < 1e-15, ident, q / np.where(n < 1e-15, 1.0, n))
+
+
+def _restore_key(out, i, info, bodies, act_recs):
+    """Key ``i`` of an attached model (mjCModel::RestoreState): the values its elements
+    hold under the key's name (see :mod:`simjax.mjcf.attach`), defaults elsewhere."""
+    name, given = info["name"], info["given"]
+    out["key_time"][i] = info["time"]
+    for b in bodies:
+        for j in b.joints:
+            entry = getattr(j["el"], "keystore", {}).get(name, {})
+            if given["qpos"] and "qpos" in entry:
+                q = entry["qpos"]
+                out["key_qpos"][i, j["qposadr"]:j["qposadr"] + q.size] = q
+            if given["qvel"] and "qvel" in entry:
+                v = entry["qvel"]
+                out["key_qvel"][i, j["dofadr"]:j["dofadr"] + v.size] = v
+    if given["ctrl"]:
+        for k, r in enumerate(act_recs):
+            entry = getattr(r.get("el"), "keystore", {}).get(name, {})
+            out["key_ctrl"][i, k] = entry.get("ctrl", 0.0)
+    mocap = [b for b in bodies if b.mocap]
+    for k, b in enumerate(mocap):
+        entry = getattr(b.el, "keystore", {}).get(name, {})
+        if given["mpos"] and "mpos" in entry:
+            out["key_mpos"][i, 3 * k:3 * k + 3] = entry["mpos"]
+        if given["mquat"] and "mquat" in entry:
+            out["key_mquat"][i, 4 * k:4 * k + 4] = entry["mquat"]
 
 
 def _custom_fields(f, kw, root):

@@ -196,7 +196,7 @@ class _State:
                 if new is None:
                     continue
                 if post is not None:
-                    post(new)
+                    post(new, el)
                 items.append(new)
                 self._section(kind).children.append(new)
                 if kind in ("tendon", "actuator"):
@@ -264,6 +264,8 @@ def renamed(el, ren, asset_ren=None):
         for key in _ASSET_REFS.get(el.tag, ()) if asset_ren else ():
             if new.attrs.get(key):
                 new.attrs[key] = asset_ren(new.attrs[key])
+    if hasattr(el, "keystore"):          # an attached model's keyframe values
+        new.keystore = {k: dict(v) for k, v in el.keystore.items()}
     new.children = [renamed(c, ren, asset_ren) for c in el.children]
     return new
 
@@ -277,6 +279,8 @@ def _with(el, ren, **refs):
         new.attrs["name"] = ren(new.attrs["name"])
     new.attrs.update(refs)
     new.children = [copy.copy(c) for c in el.children]
+    if hasattr(el, "keystore"):
+        new.keystore = {k: dict(v) for k, v in el.keystore.items()}
     return new
 
 

@@ -2,9 +2,11 @@
 (the compiled-model comparison: 1e-6) and the names and order of every kind of element,
 on a two-level scene written here (a body and a whole world attached, the child's
 assets, default classes, tendons, actuators, sensors and excludes prefixed, its option
-ignored) and on corpus robots attached twice (the Gymnasium ant; the shadow hand with
-its meshes in its own meshdir). What simjax does not attach raises
-UnsupportedFeatureError."""
+ignored, angles in its own unit), on keyframes of attached models (MuJoCo keeps their
+values on the child's elements: a key of an earlier attachment also sets the joints of
+a later one that were not attached the first time) and on corpus robots attached twice
+(the Gymnasium ant; the shadow hand with its meshes in its own meshdir; the Trossen arm
+with its keyframes). What simjax does not attach raises UnsupportedFeatureError."""
 from __future__ import annotations
 
 import os
@@ -27,7 +29,7 @@ KINDS = {"body": (_O.mjOBJ_BODY, "nbody"), "joint": (_O.mjOBJ_JOINT, "njnt"),
          "mesh": (_O.mjOBJ_MESH, "nmesh"), "tendon": (_O.mjOBJ_TENDON, "ntendon"),
          "equality": (_O.mjOBJ_EQUALITY, "neq"), "exclude": (_O.mjOBJ_EXCLUDE, "nexclude"),
          "actuator": (_O.mjOBJ_ACTUATOR, "nu"), "sensor": (_O.mjOBJ_SENSOR, "nsensor"),
-         "numeric": (_O.mjOBJ_NUMERIC, "nnumeric")}
+         "numeric": (_O.mjOBJ_NUMERIC, "nnumeric"), "key": (_O.mjOBJ_KEY, "nkey")}
 
 CHILD = """<mujoco model="child">
   <compiler angle="radian"/>
@@ -102,10 +104,46 @@ def test_attach_body_and_world(tmp_path):
     assert model.names["numeric"] == ["left_gain", "w_gain"]
 
 
+KEYED = """<mujoco model="c2">
+  <compiler angle="degree" eulerseq="zyx"/>
+  <worldbody>
+    <body name="base" euler="10 20 30"><freejoint/><geom size=".1"/>
+      <body name="l1"><joint name="h1" range="-30 60" ref="10"/><geom size=".05"/></body>
+      <body name="l2"><joint name="h2" type="slide"/><geom size=".05"/>
+        <body name="l3"><joint name="b3" type="ball" range="0 45"/><geom size=".05"/>
+        </body></body></body>
+    <body name="other" pos="1 0 0"><joint name="h3"/><geom size=".05"/></body>
+    <body name="mc" mocap="true" pos="0 1 0"><geom size=".05" contype="0"
+      conaffinity="0"/></body>
+  </worldbody>
+  <actuator><motor name="a1" joint="h1"/><motor name="a3" joint="h3"/></actuator>
+  <keyframe><key name="k" time=".5" qpos="1 2 3 1 0 0 0 .5 .6 .9 .1 .1 .1 .7"
+    qvel="1 2 3 4 5 6 7 8 9 10 11 12" ctrl="11 13" mpos="1 2 3"/></keyframe>
+</mujoco>"""
+
+KEYED_PARENT = """<mujoco><compiler angle="radian"/>
+  <asset><model name="c" file="sub/child.xml"/></asset>
+  <worldbody>
+    <body name="arm" pos="0 0 1"><joint name="sh"/><geom size=".1"/></body>
+    <attach model="c" body="l2" prefix="x_"/>
+    <frame euler="0 0 .5"><attach model="c" prefix="y_"/></frame>
+  </worldbody>
+  <actuator><motor name="ms" joint="sh"/></actuator>
+  <keyframe><key name="pk" qpos="9"/></keyframe>
+</mujoco>"""
+
+
+def test_attach_keyframes_and_angles(tmp_path):
+    mjm, model = _load_both(_write(tmp_path, KEYED_PARENT, KEYED))
+    _check(mjm, model)
+    assert model.names["key"] == ["pk", "x_k", "y_k"]
+
+
 @pytest.mark.parametrize("robot,attrs,body", [
     ("gym_ant/ant.xml", 'angle="degree" coordinate="local" inertiafromgeom="true"',
      "torso"),
     ("mjx_shadow_hand/right_hand.xml", 'angle="radian" autolimits="true"', "rh_forearm"),
+    ("menagerie_trossen_wx250s/wx250s.xml", 'autolimits="true"', "wx250s/base_link"),
 ])
 def test_attach_corpus_robot_twice(tmp_path, robot, attrs, body):
     path = os.path.join(CORPUS, robot)
@@ -136,8 +174,11 @@ def test_attach_errors(tmp_path, change, error, message):
 
 
 @pytest.mark.parametrize("child_change,what", [
-    (("</contact>", '</contact><keyframe><key qpos=".1 .2"/></keyframe>'), "keyframes"),
-    (('<compiler angle="radian"/>', '<compiler angle="degree"/>'), "angle"),
+    (('<motor name="m" joint="wrist"/>',
+      '<general name="m" joint="wrist" dyntype="integrator"/>'
+      '</actuator><keyframe><key act="1"/></keyframe><actuator>'), "set act"),
+    (('<compiler angle="radian"/>', '<compiler angle="radian" inertiafromgeom="true"/>'),
+     "inertiafromgeom"),
 ])
 def test_attach_unsupported_children(tmp_path, child_change, what):
     path = _write(tmp_path, PARENT, CHILD.replace(*child_change))

@@ -1,7 +1,7 @@
-"""Keyframes against MuJoCo 4.0.0: vectors shorter than the model's sizes keep the
-defaults after them (mjCModel::ExpandKeyframe: qpos0, zero velocities, activations and
-controls, the mocap bodies' own poses, whole mocap bodies only); longer ones are
-rejected."""
+"""Keyframes against MuJoCo 4.0.0: quaternions normalized; vectors shorter than the
+model's sizes keep the defaults after them (mjCModel::ExpandKeyframe: qpos0, zero
+velocities, activations and controls, the mocap bodies' own poses, whole mocap bodies
+only); longer ones are rejected."""
 from __future__ import annotations
 
 import mujoco
@@ -38,3 +38,18 @@ def test_long_keyframes_rejected(key):
         mujoco.MjModel.from_xml_string(xml)
     with pytest.raises(simjax.MJCFError, match="invalid .* size"):
         simjax.load_model(xml)
+
+
+def test_keyframe_quaternions_normalized():
+    """Free and ball joint quaternions and mocap quaternions of a key are normalized
+    (a zero one becomes the identity), as MuJoCo does."""
+    xml = """<mujoco><worldbody><body mocap="true"><geom size=".1"/></body>
+      <body><freejoint/><geom size=".1"/><body><joint type="ball"/><geom size=".1"/>
+      </body></body></worldbody>
+      <keyframe><key qpos="0 0 0 2 0 0 0 .9 .1 .1 .1" mquat="2 0 0 1"/>
+        <key qpos="0 0 0 0 0 0 0 0 0 0 0"/></keyframe></mujoco>"""
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    m = simjax.load_model(xml)
+    for f in FIELDS:
+        np.testing.assert_allclose(np.asarray(getattr(m, f)), getattr(mjm, f), rtol=0,
+                                   atol=1e-12, err_msg=f)
