@@ -21,7 +21,12 @@ parent's values, warning of conflicts). The child's angle unit and euler sequenc
 to its own elements. Not supported (UnsupportedFeatureError): a child whose other
 compiler settings differ from the model's (MuJoCo compiles the child's elements with the
 child's settings), a child whose keyframes set
-activations, custom tuples, skins, plugins, or self-attachment (no ``model``).
+activations, custom tuples, skins or plugins.
+
+Without ``model``, a body or frame of the model itself (read before the attach element)
+is copied with the prefix, and the model's own list elements are copied where their
+prefixed references resolve (MuJoCo's self-attachment); a model with keyframes is not
+supported there.
 """
 from __future__ import annotations
 
@@ -46,30 +51,52 @@ def attach(st, el):
     (a :class:`simjax.mjcf.replicate._State`), with the model's assets and lists
     extended."""
     a = el.attrs
-    if not a.get("model"):
-        raise UnsupportedFeatureError("<attach> without a model (self-attachment)",
-                                      el.file, el.line, el.path)
-    child = _child(st, el, a["model"])
     prefix = a.get("prefix") or ""
 
     def ren(n):
         return prefix + n
+    if not a.get("model"):
+        return _self_attach(st, el, a, ren)
+    child = _child(st, el, a["model"])
     source = _source(child, el, a)
     _store_keyframes(st, child, ren, el)
     kids = [rp.renamed(c, ren, ren) for c in source]
-    for c in source:                      # the attached bodies forget their keyframes
-        _forget(c)
+    rp.forget_bodies(source)              # the attached bodies forget their keyframes
     frame = _frame(el, kids)
     _add_assets(st, child, ren)
     for k, names in rp.tree_names(kids).items():
         st.names[k] |= names
 
-    def post(e, src):
-        _asset_refs(e, ren)
-        if src.tag in _ACTUATOR_TAGS:     # a copied actuator's source forgets too
-            src.keystore = {}
-    st._copy_lists(ren, child["lists"], post=post)
+    st._copy_lists(ren, child["lists"], post=lambda e: _asset_refs(e, ren))
     return frame
+
+
+def _self_attach(st, el, a, ren):
+    """Attachment of a body or frame of this model read so far (mjs_attach of an element
+    of its own spec): a prefixed copy, the source kept, this model's list elements
+    copied where their prefixed references resolve (no assets)."""
+    kind = "body" if a.get("body") else "frame" if a.get("frame") else None
+    if kind is None:
+        raise el.error("either 'body' or 'frame' attribute must be specified for "
+                       "self-attach")
+    want = a[kind]
+    if st._has(kind, ren(want)):
+        raise el.error(f"cannot self-attach: element {ren(want)} already exists")
+    found = None
+    for w in st.root.children:
+        if w.tag == "worldbody" and found is None:
+            found = _find(w, kind, want)
+    if found is None or not st._has(kind, want):
+        raise el.error(f"could not find {kind} '{want}' in the current model for "
+                       "self-attachment")
+    if any(s.tag == "keyframe" and s.children for s in st.root.children):
+        raise UnsupportedFeatureError("self-attachment in a model with keyframes",
+                                      el.file, el.line, el.path)
+    kids = [rp.renamed(found, ren)]
+    for k, names in rp.tree_names(kids).items():
+        st.names[k] |= names
+    st._copy_lists(ren)
+    return _frame(el, kids)
 
 
 def _child(st, el, name):
@@ -79,18 +106,21 @@ def _child(st, el, name):
         return st.children_models[name]
     from simjax.mjcf.compile import _settings
     from simjax.mjcf.parse import parse
-    spec = None
-    for sec in st.root.children:
-        if sec.tag == "asset":
-            for m in sec.children:
-                if m.tag == "model" and (m.attrs.get("name") or "") == name:
-                    spec = m
-    if spec is None:
+    specs = [m for sec in st.root.children if sec.tag == "asset" for m in sec.children
+             if m.tag == "model"]
+    # a model asset is known by its name, else by its file's <mujoco model=...>
+    found = None
+    for spec in specs:
+        if (spec.attrs.get("name") or "") == name:
+            found = (spec, parse(_path(st, spec), st.assets))
+    for spec in specs if found is None else ():
+        if not spec.attrs.get("name"):
+            parsed = parse(_path(st, spec), st.assets)
+            if (parsed[0].attrs.get("model") or "") == name:
+                found = (spec, parsed)
+    if found is None:
         raise el.error(f"could not find model '{name}'")
-    file = spec.attrs.get("file")
-    path = file if os.path.isabs(file) or not st.model_dir else \
-        os.path.join(st.model_dir, file)
-    root, child_dir = parse(path, st.assets)
+    spec, (root, child_dir) = found
     settings = _settings(root)
     _check_child(root, settings, st.settings, spec)
     rp.expand(root, settings, child_dir, st.assets)
@@ -113,8 +143,6 @@ def _child(st, el, name):
 # controls, the mocap bodies' poses elsewhere. simjax does the same with a ``keystore``
 # on the parsed elements and the model's pending keys (``root.pending_keys``).
 
-_ACTUATOR_TAGS = ("general", "motor", "position", "velocity", "intvelocity", "orientation",
-                  "pid", "damper", "cylinder", "muscle", "adhesion", "dcmotor")
 _JOINT_SIZE = {"free": (7, 6), "ball": (4, 3), "hinge": (1, 1), "slide": (1, 1)}
 
 
@@ -206,14 +234,6 @@ def _store(el):
     return el.keystore
 
 
-def _forget(el):
-    """ForgetKeyframes of an attached source element and its subtree."""
-    if hasattr(el, "keystore"):
-        el.keystore = {}
-    for c in el.children:
-        _forget(c)
-
-
 def _convert_angles(el, child, parent):
     """The child's angles in the model's units (MuJoCo compiles the child's elements
     with the child's compiler): orientations become quaternions, hinge and ball joint
@@ -238,6 +258,12 @@ def _convert_angles(el, child, parent):
                     if a.get(k) is not None:
                         a[k] = float(a[k]) * scale
         _convert_angles(c, child, parent)
+
+
+def _path(st, spec):
+    file = spec.attrs.get("file")
+    return file if os.path.isabs(file) or not st.model_dir else \
+        os.path.join(st.model_dir, file)
 
 
 def _check_child(root, settings, parent, spec):
@@ -277,7 +303,7 @@ def _source(child, el, a):
     for w in worlds:
         found = _find(w, kind, want)
         if found is not None:
-            return [found] if kind == "body" else found.children
+            return [found]                # the frame itself, with its transform
     raise el.error(f"could not find {kind} '{want}' in model asset '{a['model']}'")
 
 

@@ -9,7 +9,7 @@ simjax rewrites the tree the same way:
   ``sum_k<i R(k euler) offset``, orientation ``i euler``, resolved with the compiler's
   angle and eulerseq) holding copies of the children whose names (bodies, joints,
   geoms, sites, cameras, lights, frames) and camera/light targets get the suffix
-  ``sep`` + i (zero-padded to the digits of ``count - 1``). Nested replicates expand
+  ``sep`` + i (zero-padded to the digits of ``count``). Nested replicates expand
   first, so the innermost suffix comes first.
 - **Elements outside the tree** (pairs, excludes, tendons, equalities, actuators,
   sensors): after each replica, every element then in a list is copied with the suffix
@@ -97,7 +97,9 @@ def list_items(root):
 
 
 def _suffix(sep, count, i):
-    digits = len(str(count - 1))
+    """``sep`` and i zero-padded to the digits of ``count`` (UpdateString: 10 replicas
+    are numbered 00 to 09)."""
+    digits = len(str(count))
     return f"{sep}{i:0{digits}d}"
 
 
@@ -176,6 +178,9 @@ class _State:
             frame.children = kids
             for k, names in tree_names(kids).items():
                 self.names[k] |= names
+            # the template's bodies forget attached keyframes once copied: only the first
+            # replica keeps them (mjCBody::operator+=, ForgetKeyframes)
+            forget_bodies(rep.children)
             self._copy_lists(lambda n, s=suffix: n + s)
             frames.append(frame)
             pos = pos + ori.rotate(quat, offset)
@@ -196,7 +201,9 @@ class _State:
                 if new is None:
                     continue
                 if post is not None:
-                    post(new, el)
+                    post(new)
+                if hasattr(el, "keystore"):   # the copied source forgets its keyframes
+                    el.keystore = {}
                 items.append(new)
                 self._section(kind).children.append(new)
                 if kind in ("tendon", "actuator"):
@@ -243,6 +250,23 @@ def tree_names(children):
         for k, v in tree_names(el.children).items():
             out.setdefault(k, set()).update(v)
     return out
+
+
+def forget_bodies(children):
+    """ForgetKeyframes of the bodies among ``children`` (through frames) and of their
+    subtrees: their attached keyframe values are cleared."""
+    for c in children:
+        if c.tag == "body":
+            _forget(c)
+        elif c.tag == "frame":
+            forget_bodies(c.children)
+
+
+def _forget(el):
+    if hasattr(el, "keystore"):
+        el.keystore = {}
+    for c in el.children:
+        _forget(c)
 
 
 #: asset references of tree elements (renamed when another model is attached)

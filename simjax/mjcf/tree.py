@@ -327,6 +327,7 @@ class TreeBuilder:
             raise el.error("hfield geom must have valid hfieldid")
         if gtype == GeomType.PLANE and body.weldid != 0 and not self.bodies[body.weldid].mocap:
             raise el.error("plane only allowed in static bodies")
+        surfacevel = np.asarray(_get(a, "surfacevel", np.zeros(6)), dtype=np.float64)
         if a.get("fromto") is not None:
             pos, quat, size = _fromto(el, gtype, a["fromto"], pos, size, "geom")
         else:
@@ -344,6 +345,7 @@ class TreeBuilder:
                 raise el.error("for mesh geoms, inertia should be specified in the mesh asset")
             meshpos = ori.rotate(mesh.quat, center) + mesh.pos
             pos, quat = ori.frame_compose(pos, quat, meshpos, mesh.quat)
+            surfacevel = _mesh_surfacevel(surfacevel, meshpos, mesh.quat)
         _check_size(el, gtype, size)
         if gtype == GeomType.HFIELD:
             hs = hfield.size
@@ -366,7 +368,7 @@ class TreeBuilder:
                     friction=np.asarray(a["friction"]), solmix=float(a["solmix"]),
                     solref=np.asarray(a["solref"]), solimp=np.asarray(a["solimp"]),
                     margin=float(a["margin"]), gap=float(a["gap"]), group=int(a["group"]),
-                    surfacevel=np.asarray(_get(a, "surfacevel", np.zeros(6)), dtype=np.float64),
+                    surfacevel=surfacevel,
                     adhesion=float(_get(a, "adhesion", 0.0)), fluid=fluid,
                     rgba=np.asarray(_get(a, "rgba", (0.5, 0.5, 0.5, 1.0)), dtype=np.float64),
                     material=a.get("material") or "",
@@ -466,6 +468,17 @@ def _poly3(v):
     v = np.atleast_1d(np.asarray(v, dtype=np.float64))
     out[:len(v)] = v[:3]
     return out
+
+
+def _mesh_surfacevel(sv, meshpos, meshquat):
+    """A surface velocity re-expressed in the geom frame that absorbed the mesh frame
+    (mjCGeom::Compile): the angular part's origin moves to the mesh position, and both
+    parts turn by the inverse mesh orientation."""
+    if not np.any(sv):
+        return sv
+    inv = ori.quat_conj(meshquat)
+    lin = sv[:3] + np.cross(sv[3:], meshpos)
+    return np.concatenate([ori.rotate(inv, lin), ori.rotate(inv, sv[3:])])
 
 
 def _fromto(el, gtype, ft, pos, size, what):

@@ -133,6 +133,50 @@ KEYED_PARENT = """<mujoco><compiler angle="radian"/>
 </mujoco>"""
 
 
+SELF = """<mujoco><worldbody>
+  <frame pos="0 -4 .3" euler="0 0 90">
+    <frame name="conveyor" pos=".1 0 0">
+      <geom name="belt" type="box" size=".7 .3 .06" surfacevel=".7 0 0 0 0 0"/>
+      <body name="roller" pos=".7 0 0"><joint name="spin" axis="0 1 0"/>
+        <geom name="drum" type="cylinder" size=".06 .3" euler="90 0 0"/></body>
+    </frame></frame>
+  <frame pos="-1 -4 .8"><attach frame="conveyor" prefix="top_"/></frame>
+  <frame pos="0 -2 .6" euler="0 -24 90"><attach body="roller" prefix="up_"/></frame>
+</worldbody>
+<actuator><motor name="m" joint="spin"/></actuator>
+<sensor><jointvel joint="spin"/><touch site="nowhere"/></sensor>
+<contact><pair geom1="belt" geom2="drum"/></contact></mujoco>"""
+
+
+def test_self_attach(tmp_path):
+    """A frame (with its own transform) and a body of the model itself, copied with a
+    prefix; the source stays; the actuator, sensor and pair are copied where their
+    prefixed references resolve."""
+    xml = SELF.replace('<touch site="nowhere"/>', "")
+    (tmp_path / "s.xml").write_text(xml)
+    mjm, model = _load_both(tmp_path / "s.xml")
+    _check(mjm, model)
+    assert model.names["body"] == ["world", "roller", "top_roller", "up_roller"]
+
+
+NESTED = """<mujoco><compiler angle="radian"/>
+  <asset><model file="sub/child.xml"/></asset>
+  <worldbody>
+    <replicate count="10" euler="0 0 .6" sep="-">
+      <frame pos="0 -2 0"><attach model="c2" body="base" prefix="_"/></frame>
+    </replicate>
+  </worldbody></mujoco>"""
+
+
+def test_replicated_attachment_keyframes(tmp_path):
+    """Replicas of an attached model found by its own model name: the suffixes have the
+    digits of the count, and only the first replica keeps the attached keyframe values
+    (the template's bodies forget them once copied)."""
+    mjm, model = _load_both(_write(tmp_path, NESTED, KEYED))
+    _check(mjm, model)
+    assert model.names["body"][1] == "_base-00"
+
+
 def test_attach_keyframes_and_angles(tmp_path):
     mjm, model = _load_both(_write(tmp_path, KEYED_PARENT, KEYED))
     _check(mjm, model)
@@ -165,7 +209,8 @@ def test_attach_corpus_robot_twice(tmp_path, robot, attrs, body):
     (('model="child" body="hand"', 'model="other" body="hand"'), MJCFError,
      "could not find model"),
     (('<attach model="child" body="hand" prefix="left_"/>',
-      '<attach body="ag" prefix="left_"/>'), UnsupportedFeatureError, "self-attachment"),
+      '<attach body="B" prefix="left_"/>'), MJCFError, "could not find body 'B' in the "
+     "current model for self-attachment"),
 ])
 def test_attach_errors(tmp_path, change, error, message):
     path = _write(tmp_path, PARENT.replace(*change))
