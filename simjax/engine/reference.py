@@ -283,10 +283,7 @@ def set0(model):
             g = np.asarray(m.actuator_gear)[m.actuator_outadr[i], 0]
             armature[m.jnt_dofadr[j]] += act_arm[i] * g ** 2
     M = kin.mass_matrix(armature)
-    Minv = np.linalg.inv(M) if m.nv else np.zeros((0, 0))
     out = {"dof_M0": np.diag(M).copy()}
-    out["body_invweight0"] = _body_invweight(m, kin, Minv)
-    out["dof_invweight0"] = _dof_invweight(m, Minv)
     qspring = np.asarray(m.qpos_spring, dtype=np.float64)
     spring_len = None
     engine = _engine_eval(m, np.stack([qpos0, qspring])) if _needs_engine(m) else None
@@ -297,6 +294,12 @@ def set0(model):
     else:
         ten_len, ten_J = _tendons(m, kin, qpos0)
         act_len = moment = None
+    # the inverse weights and the mean inertia see the tendons' armature (mj_setConst
+    # reads qM after mj_makeM added it); dof_M0 does not
+    M = M + _tendon_armature_m(m, ten_J)
+    Minv = np.linalg.inv(M) if m.nv else np.zeros((0, 0))
+    out["body_invweight0"] = _body_invweight(m, kin, Minv)
+    out["dof_invweight0"] = _dof_invweight(m, Minv)
     out["tendon_length0"] = ten_len
     out["tendon_invweight0"] = np.einsum("ti,ij,tj->t", ten_J, Minv, ten_J)
     if act_len is None:
@@ -320,6 +323,31 @@ def set0(model):
 
 
 _STATIC_OUT = frozenset({"cam_pos0", "cam_poscom0", "cam_mat0"})
+
+
+def _tendon_armature_m(m, ten_J):
+    """Tendon armature's part of the mass matrix (nv, nv): J' diag(a) J with a the
+    tendons' armature plus that of actuators on them (times gear squared), kept only
+    where M's tree sparsity has room (dofs on one ancestor chain), as mj_makeM (the
+    engine's :func:`simjax.engine.smooth.crb_lower`)."""
+    if not m.ntendon or not m.nv:
+        return np.zeros((m.nv, m.nv))
+    arm = np.array(m.tendon_armature, np.float64).reshape(-1)
+    act_arm = np.asarray(m.actuator_armature)
+    for i in range(m.nactuator):
+        if act_arm[i] and m.actuator_trntype[i] == TrnType.TENDON:
+            g = np.asarray(m.actuator_gear)[m.actuator_outadr[i], 0]
+            arm[m.actuator_trnid[i, 0]] += act_arm[i] * g ** 2
+    if not arm.any():
+        return np.zeros((m.nv, m.nv))
+    chain = np.eye(m.nv, dtype=bool)
+    parent = np.asarray(m.dof_parentid)
+    for i in range(m.nv):
+        j = parent[i]
+        while j >= 0:
+            chain[i, j] = chain[j, i] = True
+            j = parent[j]
+    return np.einsum("ti,t,tj->ij", ten_J, arm, ten_J) * chain
 
 
 def _body_invweight(m, kin, Minv):

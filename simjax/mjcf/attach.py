@@ -104,6 +104,13 @@ def _child(st, el, name):
     lists, assets."""
     if name in st.children_models:
         return st.children_models[name]
+    for c in st.root.children:
+        # the child's <option>, <size> and flags are the parent's by the default
+        # "warning" policy; "merge" and "error" compare and combine them
+        if c.tag == "compiler" and (c.attrs.get("conflict") or "warning") != "warning":
+            raise UnsupportedFeatureError(
+                f"<attach> with compiler conflict='{c.attrs['conflict']}'", c.file, c.line,
+                c.path)
     from simjax.mjcf.compile import _settings
     from simjax.mjcf.parse import parse
     specs = [m for sec in st.root.children if sec.tag == "asset" for m in sec.children

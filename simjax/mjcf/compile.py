@@ -340,6 +340,12 @@ def compile_root(root, model_dir, assets=None, extras=None):
                             sensor_recs, eq_recs)
     if plugins.instances:
         model = plg.finish_model(plugins, model.replace(**fields))
+    tuple_els = [el for sec in root.children if sec.tag == "custom" for el in sec.children
+                 if el.tag == "tuple"]
+    if tuple_els:
+        tfields, ntuple, ntupledata, tnames = obj.tuples(tuple_els, model.names)
+        model = model.replace(ntuple=ntuple, ntupledata=ntupledata,
+                              names={**model.names, "tuple": tnames}, **tfields)
     return model
 
 

@@ -353,10 +353,9 @@ def _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser, zn
                              for c in cams]
     f["cam_pos"] = _stack([c["pos"] for c in cams], 3)
     f["cam_quat"] = _stack([c["quat"] for c in cams], 4)
-    f["cam_fovy"] = [c["fovy"] for c in cams]
     f["cam_resolution"] = _stack([c["resolution"] for c in cams], 2, np.int32)
     f["cam_projection"] = [c["projection"] for c in cams]
-    f["cam_sensorsize"], f["cam_intrinsic"] = _cam_intrinsics(cams, znear)
+    f["cam_sensorsize"], f["cam_intrinsic"], f["cam_fovy"] = _cam_intrinsics(cams, znear)
 
 
 def _znear(root):
@@ -371,31 +370,40 @@ def _znear(root):
 
 
 def _cam_intrinsics(cams, znear=0.01):
-    """Sensor size and [fx, fy, cx, cy] (mjCCamera::Compile's focal/principal rules):
-    without a sensor size or focal length the focal length defaults to the near clipping
-    plane visual/map znear."""
-    ss, intr = [], []
+    """Sensor size, [fx, fy, cx, cy] and fovy (degrees) by mjCCamera::Compile's rules:
+    focal / principal values need a sensor size (which needs a resolution); with one,
+    pixel values override lengths (through a float pixel density) and fovy follows from
+    the sensor height and the vertical focal length; without one, the focal length is
+    the near clipping plane visual/map znear."""
+    ss, intr, fovys = [], [], []
     for c in cams:
-        a = c["attrs"]
+        a, el = c["attrs"], c["el"]
         res = np.asarray(c["resolution"], dtype=np.float64)
-        size = np.asarray(_get(a, "sensorsize", [0, 0]) if a.get("sensorsize") is not None
-                          else [0, 0], dtype=np.float64)
-        focal = np.asarray(a.get("focal") if a.get("focal") is not None else [0, 0],
-                           dtype=np.float64)
-        fpix = a.get("focalpixel")
-        principal = np.asarray(a.get("principal") if a.get("principal") is not None
-                               else [0, 0], dtype=np.float64)
-        ppix = a.get("principalpixel")
-        if size[0] and size[1]:
-            if fpix is not None and np.any(np.asarray(fpix)):
-                focal = np.asarray(fpix, dtype=np.float64) / res * size
-            if ppix is not None and np.any(np.asarray(ppix)):
-                principal = np.asarray(ppix, dtype=np.float64) / res * size
+
+        def vec(key):
+            v = a.get(key)
+            return np.zeros(2) if v is None else np.asarray(v, dtype=np.float64)
+        size, focal, fpix = vec("sensorsize"), vec("focal"), vec("focalpixel")
+        principal, ppix = vec("principal"), vec("principalpixel")
+        has_size = size[0] > 0 and size[1] > 0
+        if (focal.any() or fpix.any() or principal.any() or ppix.any()) and not has_size:
+            raise el.error(f"focal/principal require sensorsize in camera "
+                           f"'{c['name']}'")
+        if has_size and (res[0] <= 0 or res[1] <= 0):
+            raise el.error(f"sensorsize requires positive resolution in camera "
+                           f"'{c['name']}'")
+        fovy = c["fovy"]
+        if has_size:
+            density = (res.astype(np.float32) / size).astype(np.float32).astype(np.float64)
+            focal = np.where(fpix != 0, fpix / density, focal)
+            principal = np.where(ppix != 0, ppix / density, principal)
+            fovy = float(np.arctan2(size[1] / 2, focal[1]) * 360.0 / np.pi)
         else:
-            focal = np.array([znear, znear]) if not np.any(focal) else focal
+            focal = np.array([znear, znear])
         ss.append(size)
         intr.append(np.concatenate([focal, principal]))
-    return _stack(ss, 2), _stack(intr, 4)
+        fovys.append(fovy)
+    return _stack(ss, 2), _stack(intr, 4), np.asarray(fovys, np.float64)
 
 
 def _mesh_fields(f, meshes, hfields):

@@ -778,3 +778,53 @@ def equalities(els, ids):
                          objtype=objtype, active=bool(_get(a, "active", True)),
                          solref=a["solref"], solimp=a["solimp"], data=data))
     return recs
+
+
+# ----------------------------------------------------------------------------- tuples
+#: tuple element objtype keyword -> (ObjType, name table of Model.names)
+_TUPLE_OBJ = {"body": (ObjType.BODY, "body"), "xbody": (ObjType.XBODY, "body"),
+              "joint": (ObjType.JOINT, "joint"), "geom": (ObjType.GEOM, "geom"),
+              "site": (ObjType.SITE, "site"), "camera": (ObjType.CAMERA, "camera"),
+              "mesh": (ObjType.MESH, "mesh"), "hfield": (ObjType.HFIELD, "hfield"),
+              "pair": (ObjType.PAIR, "pair"), "exclude": (ObjType.EXCLUDE, "exclude"),
+              "equality": (ObjType.EQUALITY, "equality"),
+              "tendon": (ObjType.TENDON, "tendon"),
+              "actuator": (ObjType.ACTUATOR, "actuator"),
+              "sensor": (ObjType.SENSOR, "sensor"), "numeric": (ObjType.NUMERIC, "numeric"),
+              "key": (ObjType.KEY, "key")}
+
+
+def tuples(els, names):
+    """Custom tuples (mjCTuple): (fields, sizes, tuple names) with tuple_adr/size/objtype/
+    objid/objprm; objects are found by name in ``names`` (Model.names), a tuple's own
+    kind among earlier ones. UnsupportedFeatureError for object types whose names simjax
+    does not keep (lights, materials, textures, texts, skins, flexes, plugins)."""
+    own = [el.attrs.get("name") or "" for el in els]
+    size, otype, oid, prm = [], [], [], []
+    for el in els:
+        kids = [c for c in el.children if c.tag == "element"]
+        if not kids:
+            raise el.error(f"tuple '{el.attrs.get('name') or ''}' (id = {len(size)}) is "
+                           "empty")
+        size.append(len(kids))
+        for c in kids:
+            kw, name = c.attrs.get("objtype"), c.attrs.get("objname")
+            if kw == "tuple":
+                table, t = own, ObjType.TUPLE
+            elif kw in _TUPLE_OBJ:
+                t, key = _TUPLE_OBJ[kw]
+                table = names.get(key, [])
+            else:
+                raise UnsupportedFeatureError(f"tuple element of object type '{kw}'",
+                                              c.file, c.line, c.path)
+            if name not in table:
+                raise c.error(f"unrecognized object '{name}' in tuple {len(size) - 1}")
+            otype.append(int(t))
+            oid.append(table.index(name))
+            prm.append(float(c.attrs.get("prm") or 0.0))
+    adr = np.cumsum([0] + size)[:-1].astype(np.int32)
+    fields = dict(tuple_adr=adr, tuple_size=np.asarray(size, np.int32),
+                  tuple_objtype=np.asarray(otype, np.int32),
+                  tuple_objid=np.asarray(oid, np.int32),
+                  tuple_objprm=np.asarray(prm, np.float64))
+    return fields, len(size), len(otype), own

@@ -337,7 +337,8 @@ class _Parser:
 
     def convert(self, raw: _Raw, internal: str, path: str, childclass: str) -> Element:
         spec = ELEMENTS[internal]
-        self._check_attrs(raw, spec, path)
+        if internal != "replicate":       # MuJoCo 4.0 ignores unknown replicate attributes
+            self._check_attrs(raw, spec, path)
         err = self._errf(raw, path)
         slot = schema.CLASS_SLOT.get(internal)
         if slot is not None:

@@ -426,9 +426,12 @@ class TreeBuilder:
         quat = np.array([1.0, 0, 0, 0]) if q is None else q
         pos, quat = ori.frame_compose(fpos, fquat, np.asarray(a["pos"], dtype=np.float64),
                                       quat)
+        fovy = float(_get(a, "fovy", 45.0))
+        if fovy >= 180:
+            raise el.error(f"fovy too large in camera '{a.get('name') or ''}'")
         return dict(el=el, name=a.get("name") or "", pos=pos, quat=ori.quat_normalize(quat),
                     mode=_CAM_MODES[_get(a, "mode", "fixed")], target=a.get("target"),
-                    fovy=float(_get(a, "fovy", 45.0)),
+                    fovy=fovy,
                     resolution=np.asarray(_get(a, "resolution", [1, 1]), dtype=np.int32),
                     projection=1 if _get(a, "projection", "perspective") == "orthographic"
                     else 0, attrs=a)

@@ -32,3 +32,32 @@ def test_dampratio_uses_reflected_inertia():
     np.testing.assert_allclose(np.asarray(model.actuator_biasprm), mjm.actuator_biasprm,
                                rtol=1e-12, atol=1e-12)
     assert mjm.actuator_biasprm[3, 2] == 0 and mjm.actuator_biasprm[4, 2] == -3
+
+
+_TENDON_ARMATURE = """<mujoco><worldbody><site name="w"/>
+  <body pos="1 0 0"><joint name="x" type="slide" axis="1 0 0"/>
+    <joint name="z" type="slide" axis="0 0 1"/><geom size=".1" mass="1"/><site name="s"/>
+    <body pos=".3 0 0"><joint name="h" axis="0 1 0"/><geom size=".05" mass=".5"/>
+      <site name="t"/></body></body>
+  <body pos="-1 0 0"><joint name="y" type="slide" axis="0 1 0"/><geom size=".1"/>
+    <site name="u"/></body></worldbody>
+  <tendon><spatial armature="5"><site site="w"/><site site="s"/></spatial>
+    <spatial name="cross" armature="2"><site site="t"/><site site="u"/></spatial>
+    <fixed name="f"><joint joint="x" coef="1"/><joint joint="h" coef="-.5"/></fixed>
+  </tendon>
+  <actuator><motor tendon="f" armature=".7" gear="2"/></actuator></mujoco>"""
+
+
+def test_tendon_armature_in_reference_weights():
+    """The inverse weights, actuator_acc0 and the mean inertia see the tendons' armature
+    (and an actuator's on a tendon, times gear squared), only where the mass matrix's
+    tree sparsity has room (the tendon across two trees adds no cross term); dof_M0
+    does not (MuJoCo 4.0's mj_setConst)."""
+    mjm = mujoco.MjModel.from_xml_string(_TENDON_ARMATURE)
+    model = simjax.load_model(_TENDON_ARMATURE)
+    for f in ("body_invweight0", "dof_invweight0", "tendon_invweight0", "actuator_acc0",
+              "dof_M0"):
+        np.testing.assert_allclose(np.asarray(getattr(model, f)), getattr(mjm, f),
+                                   rtol=1e-10, atol=1e-12, err_msg=f)
+    np.testing.assert_allclose(float(model.stat.meaninertia), mjm.stat.meaninertia,
+                               rtol=1e-10)

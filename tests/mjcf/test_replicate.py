@@ -173,3 +173,13 @@ def test_replicate_with_tuples_unsupported():
     mujoco.MjModel.from_xml_string(xml)
     with pytest.raises(UnsupportedFeatureError, match="tuple"):
         simjax.load_model(xml)
+
+
+def test_replicate_ignores_unknown_attributes():
+    """MuJoCo 4.0's reader does not check a replicate's attributes: unknown ones (a
+    ``prefix``, say) are accepted and have no effect."""
+    xml = TWO.format(count=2, sep="-", extra="").replace('sep="-"', 'sep="-" prefix="A"')
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    model = simjax.load_model(xml)
+    assert not compare(model, mjm)[1]
+    assert list(model.names["body"]) == _names(mjm, "body")
