@@ -83,7 +83,7 @@ def wrap_circle(end, side, radius):
         sols.append(sol)
         goods.append(-10000.0 if cut else -(ex * ex + ey * ey))
     if side is None:
-        ccw = goods[1] > goods[0]
+        ccw = not goods[0] > goods[1]       # a tie goes counter-clockwise, as MuJoCo
         fail = miss
     else:
         small_ccw = _cross2(x0, y0, x1, y1) > 0

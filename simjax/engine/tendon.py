@@ -191,7 +191,9 @@ def _wrap_circle(end, side, has_side, radius):
         cut = _intersect((x0, y0), (sol[0], sol[1]), (x1, y1), (sol[2], sol[3]))
         sols.append(sol)
         goods.append(jnp.where(cut, -10000.0, -(ex * ex + ey * ey)))
-    ccw_plain = goods[1] > goods[0]
+    # MuJoCo takes the first solution only when strictly better: a tie (a path through
+    # the centre, both tangents alike) goes counter-clockwise
+    ccw_plain = ~(goods[0] > goods[1])
     # side: orientation of the small sector, and whether -side lies in it
     small_ccw = _cross2(x0, y0, x1, y1) > 0
     nx, ny = -side[0], -side[1]

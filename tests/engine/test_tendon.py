@@ -215,3 +215,33 @@ def test_tendon_armature_across_branches():
     mujoco.mj_mulM(mjm, mjd, ref, x)
     np.testing.assert_allclose(np.asarray(support.mul_m(m, d, jnp.array(x))), ref,
                                rtol=1e-12, atol=1e-12)
+
+
+_THROUGH_CENTRE = """<mujoco><worldbody>
+  <site name="a" pos="0 0 1"/><geom name="s" size=".1" pos="0 0 .5"/>
+  <body pos="0 0 .1"><freejoint/><geom size=".05"/><site name="b" pos="0 0 .05"/></body>
+  <site name="c" pos="1 0 1"/>
+  <geom name="k" type="cylinder" size=".1 .2" pos="1 0 .5" euler="90 0 0"/>
+  <body pos="1 0 .1"><freejoint/><geom size=".05"/><site name="d" pos="0 0 .05"/></body>
+</worldbody>
+<tendon><spatial range="0 .8"><site site="a"/><geom geom="s"/><site site="b"/></spatial>
+  <spatial range="0 .8"><site site="c"/><geom geom="k"/><site site="d"/></spatial>
+</tendon></mujoco>"""
+
+
+def test_wrap_through_centre():
+    """A straight path through a wrapping sphere's or cylinder's centre: both tangent
+    paths are equally short, and MuJoCo takes the second (counter-clockwise) one; the
+    wrap points, lengths, Jacobians and the reference length follow it."""
+    mjm = mujoco.MjModel.from_xml_string(_THROUGH_CENTRE)
+    import simjax
+    m = simjax.load_model(_THROUGH_CENTRE)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    d = forward_jit()(m, make_data(m))
+    n = _npath(mjd)
+    assert rel_err(np.asarray(d.wrap_xpos)[:n], mjd.wrap_xpos.reshape(-1, 3)[:n]) < 1e-12
+    assert rel_err(d.ten_length, mjd.ten_length) < 1e-12
+    assert rel_err(np.asarray(d.ten_J), dense_ten_j(mjm, mjd)) < 1e-12
+    assert rel_err(d.qacc, mjd.qacc) < 1e-9
+    assert rel_err(m.tendon_length0, mjm.tendon_length0) < 1e-12
