@@ -92,3 +92,29 @@ def compare(model, mjm):
         else:
             mismatched["stat." + name] = float(np.abs(got - exp).max())
     return matched, mismatched, len(matched) + len(mismatched)
+
+
+#: simjax name table (Model.names) -> (MuJoCo object type name, mjModel count field)
+NAME_KINDS = {"body": ("mjOBJ_BODY", "nbody"), "joint": ("mjOBJ_JOINT", "njnt"),
+              "geom": ("mjOBJ_GEOM", "ngeom"), "site": ("mjOBJ_SITE", "nsite"),
+              "camera": ("mjOBJ_CAMERA", "ncam"), "mesh": ("mjOBJ_MESH", "nmesh"),
+              "tendon": ("mjOBJ_TENDON", "ntendon"), "equality": ("mjOBJ_EQUALITY", "neq"),
+              "pair": ("mjOBJ_PAIR", "npair"), "exclude": ("mjOBJ_EXCLUDE", "nexclude"),
+              "actuator": ("mjOBJ_ACTUATOR", "nactuator"),
+              "sensor": ("mjOBJ_SENSOR", "nsensor"),
+              "numeric": ("mjOBJ_NUMERIC", "nnumeric"), "key": ("mjOBJ_KEY", "nkey")}
+
+
+def mujoco_names(mjm, kind):
+    """Names of MuJoCo's objects of ``kind`` (a Model.names key) in id order, '' when
+    unnamed."""
+    import mujoco
+    t, count = NAME_KINDS[kind]
+    typ = getattr(mujoco.mjtObj, t)
+    return [mujoco.mj_id2name(mjm, typ, i) or "" for i in range(getattr(mjm, count))]
+
+
+def mismatched_names(model, mjm):
+    """Kinds whose names or order differ between a simjax Model and mjModel."""
+    return [k for k in NAME_KINDS
+            if list(model.names.get(k, [])) != mujoco_names(mjm, k)]

@@ -21,15 +21,8 @@ from mujoco_oracle import CORPUS
 from simjax.errors import MJCFError, UnsupportedFeatureError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
-from compare import compare  # noqa: E402
+from compare import compare, mismatched_names  # noqa: E402
 
-_O = mujoco.mjtObj
-KINDS = {"body": (_O.mjOBJ_BODY, "nbody"), "joint": (_O.mjOBJ_JOINT, "njnt"),
-         "geom": (_O.mjOBJ_GEOM, "ngeom"), "site": (_O.mjOBJ_SITE, "nsite"),
-         "mesh": (_O.mjOBJ_MESH, "nmesh"), "tendon": (_O.mjOBJ_TENDON, "ntendon"),
-         "equality": (_O.mjOBJ_EQUALITY, "neq"), "exclude": (_O.mjOBJ_EXCLUDE, "nexclude"),
-         "actuator": (_O.mjOBJ_ACTUATOR, "nu"), "sensor": (_O.mjOBJ_SENSOR, "nsensor"),
-         "numeric": (_O.mjOBJ_NUMERIC, "nnumeric"), "key": (_O.mjOBJ_KEY, "nkey")}
 
 CHILD = """<mujoco model="child">
   <compiler angle="radian"/>
@@ -81,9 +74,7 @@ def _load_both(path):
 def _check(mjm, model):
     matched, bad, n = compare(model, mjm)
     assert not bad, bad
-    for kind, (t, count) in KINDS.items():
-        want = [mujoco.mj_id2name(mjm, t, i) or "" for i in range(getattr(mjm, count))]
-        assert list(model.names.get(kind, [])) == want, kind
+    assert not mismatched_names(model, mjm)
 
 
 def _write(tmp_path, parent, child=CHILD):

@@ -19,16 +19,8 @@ import simjax
 from simjax.errors import MJCFError, UnsupportedFeatureError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
-from compare import compare  # noqa: E402
+from compare import compare, mismatched_names, mujoco_names  # noqa: E402
 
-_O = mujoco.mjtObj
-#: simjax name table -> (MuJoCo object type, count field)
-KINDS = {"body": (_O.mjOBJ_BODY, "nbody"), "joint": (_O.mjOBJ_JOINT, "njnt"),
-         "geom": (_O.mjOBJ_GEOM, "ngeom"), "site": (_O.mjOBJ_SITE, "nsite"),
-         "camera": (_O.mjOBJ_CAMERA, "ncam"), "tendon": (_O.mjOBJ_TENDON, "ntendon"),
-         "equality": (_O.mjOBJ_EQUALITY, "neq"), "pair": (_O.mjOBJ_PAIR, "npair"),
-         "exclude": (_O.mjOBJ_EXCLUDE, "nexclude"),
-         "actuator": (_O.mjOBJ_ACTUATOR, "nu"), "sensor": (_O.mjOBJ_SENSOR, "nsensor")}
 
 TWO = """<mujoco><worldbody>
   <body name="A" pos="0 0 1"><joint name="JA"/><geom name="GA" size=".1"/></body>
@@ -121,11 +113,6 @@ SCENES = {
 }
 
 
-def _names(mjm, kind):
-    t, n = KINDS[kind]
-    return [mujoco.mj_id2name(mjm, t, i) or "" for i in range(getattr(mjm, n))]
-
-
 @pytest.mark.parametrize("scene", sorted(SCENES))
 def test_replicate_fields_and_names(scene):
     xml = SCENES[scene]
@@ -133,8 +120,7 @@ def test_replicate_fields_and_names(scene):
     model = simjax.load_model(xml)
     matched, bad, n = compare(model, mjm)
     assert not bad, bad
-    for kind in KINDS:
-        assert list(model.names[kind]) == _names(mjm, kind), kind
+    assert not mismatched_names(model, mjm)
 
 
 def test_replicate_list_copies():
@@ -182,4 +168,4 @@ def test_replicate_ignores_unknown_attributes():
     mjm = mujoco.MjModel.from_xml_string(xml)
     model = simjax.load_model(xml)
     assert not compare(model, mjm)[1]
-    assert list(model.names["body"]) == _names(mjm, "body")
+    assert list(model.names["body"]) == mujoco_names(mjm, "body")
