@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.mjcf.orientation import quat_mul, quat_normalize, quat_to_mat, rotate
-from simjax.engine import reference_wrap
+from simjax.engine import reference_wrap, tables
 from simjax.engine.tables import body_simple
 from simjax.engine.tendon import tables as tendon_tables
 from simjax.types import GainType, EqType, JointType, ObjType, TrnType, WrapType, leaf
@@ -340,13 +340,8 @@ def _tendon_armature_m(m, ten_J):
             arm[m.actuator_trnid[i, 0]] += act_arm[i] * g ** 2
     if not arm.any():
         return np.zeros((m.nv, m.nv))
-    chain = np.eye(m.nv, dtype=bool)
-    parent = np.asarray(m.dof_parentid)
-    for i in range(m.nv):
-        j = parent[i]
-        while j >= 0:
-            chain[i, j] = chain[j, i] = True
-            j = parent[j]
+    mask = tables.get(m).m_mask                  # dof i and its ancestors
+    chain = mask + mask.T - np.eye(m.nv)
     return np.einsum("ti,t,tj->ij", ten_J, arm, ten_J) * chain
 
 

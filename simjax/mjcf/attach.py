@@ -30,6 +30,7 @@ supported there.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from simjax.errors import UnsupportedFeatureError
 from simjax.mjcf import replicate as rp
+from simjax.mjcf.mesh import _default_name as default_mesh_name, resolve_asset_path
 
 #: Settings fields that may differ between a model and an attached child (the angle
 #: unit and euler sequence are applied to the child's elements when it is read)
@@ -59,7 +61,7 @@ def attach(st, el):
         return _self_attach(st, el, a, ren)
     child = _child(st, el, a["model"])
     source = _source(child, el, a)
-    _store_keyframes(st, child, ren, el)
+    _store_keyframes(st, child, ren)
     kids = [rp.renamed(c, ren, ren) for c in source]
     rp.forget_bodies(source)              # the attached bodies forget their keyframes
     frame = _frame(el, kids)
@@ -82,10 +84,7 @@ def _self_attach(st, el, a, ren):
     want = a[kind]
     if st._has(kind, ren(want)):
         raise el.error(f"cannot self-attach: element {ren(want)} already exists")
-    found = None
-    for w in st.root.children:
-        if w.tag == "worldbody" and found is None:
-            found = _find(w, kind, want)
+    found = _find_in_worlds(st.root, kind, want)
     if found is None or not st._has(kind, want):
         raise el.error(f"could not find {kind} '{want}' in the current model for "
                        "self-attachment")
@@ -191,7 +190,7 @@ def _child_layout(root):
     return joints, acts, mocap
 
 
-def _store_keyframes(st, child, ren, el):
+def _store_keyframes(st, child, ren):
     """SaveState of every child key under its prefixed name, and the pending key."""
     keys = [k for s in child["root"].children if s.tag == "keyframe" for k in s.children]
     if not keys:
@@ -307,11 +306,20 @@ def _source(child, el, a):
     if kind is None:
         return [c for w in worlds for c in w.children]
     want = a[kind]
-    for w in worlds:
-        found = _find(w, kind, want)
-        if found is not None:
-            return [found]                # the frame itself, with its transform
+    found = _find_in_worlds(child["root"], kind, want)
+    if found is not None:
+        return [found]                    # the body or frame itself, with its transform
     raise el.error(f"could not find {kind} '{want}' in model asset '{a['model']}'")
+
+
+def _find_in_worlds(root, tag, name):
+    """The first ``tag`` element named ``name`` under the world bodies of ``root``."""
+    for w in root.children:
+        if w.tag == "worldbody":
+            hit = _find(w, tag, name)
+            if hit is not None:
+                return hit
+    return None
 
 
 def _find(el, tag, name):
@@ -325,35 +333,19 @@ def _find(el, tag, name):
 
 
 def _frame(el, kids):
-    import copy
-
-    import numpy as np
-    frame = copy.copy(el)
-    frame.tag = "frame"
-    frame.attrs = dict.fromkeys(rp._FRAME_ATTRS)
-    frame.attrs.update(pos=np.zeros(3), quat=np.array([1.0, 0, 0, 0]), scale=np.ones(3))
-    frame.given = frozenset(("pos", "quat"))
-    frame.children = kids
-    return frame
+    """The identity frame that replaces the attach element."""
+    return rp.frame_element(el, np.zeros(3), np.array([1.0, 0, 0, 0]), kids)
 
 
 def _section(st, tag):
-    """The model's last ``tag`` section (a new one if there is none)."""
-    import copy
+    """The model's last ``tag`` section (a new one at the start if there is none)."""
     secs = [s for s in st.root.children if s.tag == tag]
-    if secs:
-        return secs[-1]
-    sec = copy.copy(st.root)
-    sec.tag, sec.attrs, sec.given, sec.children = tag, {}, frozenset(), []
-    sec.path = f"{st.root.path}/{tag}"
-    st.root.children.insert(0, sec)
-    return sec
+    return secs[-1] if secs else rp.new_section(st.root, tag, first=True)
 
 
 def _add_assets(st, child, ren):
     """Append the child's assets and custom numerics and texts, prefixed, with the
     assets' files resolved where the child reads them (mjCModel::operator+=)."""
-    import copy
     settings = child["settings"]
     for csec in child["root"].children:
         if csec.tag == "custom":
@@ -373,7 +365,7 @@ def _add_assets(st, child, ren):
             if not new.attrs.get("name") and new.attrs.get("file") and \
                     a.tag in ("mesh", "hfield", "texture"):
                 # the child names its file assets before they are prefixed
-                new.attrs["name"] = _default_name(new.attrs["file"])
+                new.attrs["name"] = default_mesh_name(new.attrs["file"])
                 new.given = new.given | {"name"}
             if new.attrs.get("name"):
                 new.attrs["name"] = ren(new.attrs["name"])
@@ -386,15 +378,9 @@ def _add_assets(st, child, ren):
             sec.children.append(new)
 
 
-def _default_name(file):
-    from simjax.mjcf.mesh import _default_name as stem
-    return stem(file)
-
-
 def _resolve_files(el, tag, child_dir, settings):
     """Point the asset's file attributes at the child's directory (and its meshdir or
     texturedir), as MuJoCo reads the child's assets."""
-    from simjax.mjcf.mesh import resolve_asset_path
     adir = settings.meshdir if tag in ("mesh", "hfield") else settings.texturedir
     keys = ("file", "fileback", "filedown", "filefront", "fileleft", "fileright", "fileup")
     for key in keys:

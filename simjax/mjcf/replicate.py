@@ -86,6 +86,27 @@ def _check_supported(root):
                                               el.file, el.line, el.path)
 
 
+def frame_element(like, pos, quat, children):
+    """A ``frame`` element at ``pos`` / ``quat`` holding ``children`` (located where
+    ``like`` is, for error messages)."""
+    frame = copy.copy(like)
+    frame.tag = "frame"
+    frame.attrs = dict.fromkeys(_FRAME_ATTRS)
+    frame.attrs.update(pos=pos, quat=quat, scale=np.ones(3))
+    frame.given = frozenset(("pos", "quat"))
+    frame.children = children
+    return frame
+
+
+def new_section(root, tag, first=False):
+    """A new empty top-level ``tag`` section of ``root`` (at its end, or first)."""
+    sec = copy.copy(root)
+    sec.tag, sec.attrs, sec.given, sec.children = tag, {}, frozenset(), []
+    sec.path = f"{root.path}/{tag}"
+    root.children.insert(0 if first else len(root.children), sec)
+    return sec
+
+
 def list_items(root):
     """{kind: elements} of the lists outside the tree that replicate and attach copy
     (pairs, excludes, tendons, equalities, actuators, sensors), in document order."""
@@ -170,12 +191,7 @@ class _State:
             quat = ori.euler_quat(i * euler, self.eulerseq, self.to_rad)
             suffix = _suffix(a.get("sep") or "", count, i)
             kids = [renamed(c, lambda n, s=suffix: n + s) for c in rep.children]
-            frame = copy.copy(rep)
-            frame.tag = "frame"
-            frame.attrs = dict.fromkeys(_FRAME_ATTRS)
-            frame.attrs.update(pos=pos.copy(), quat=quat, scale=np.ones(3))
-            frame.given = frozenset(("pos", "quat"))
-            frame.children = kids
+            frame = frame_element(rep, pos.copy(), quat, kids)
             for k, names in tree_names(kids).items():
                 self.names[k] |= names
             # the template's bodies forget attached keyframes once copied: only the first
@@ -229,12 +245,7 @@ class _State:
         there is none)."""
         secs, _ = self.lists[kind]
         if not secs:
-            tag = next(sec for k, sec, _ in _LISTS if k == kind)
-            new = copy.copy(self.root)
-            new.tag, new.attrs, new.given, new.children = tag, {}, frozenset(), []
-            new.path = f"{self.root.path}/{tag}"
-            self.root.children.append(new)
-            secs.append(new)
+            secs.append(new_section(self.root, next(s for k, s, _ in _LISTS if k == kind)))
         return secs[-1]
 
     def _has(self, kind, name):
