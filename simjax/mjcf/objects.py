@@ -10,8 +10,8 @@ import numpy as np
 
 from simjax.errors import UnsupportedFeatureError
 from simjax.mjcf import mesh_builtin
-from simjax.types import (BiasType, DataType, DynType, EqType, GainType, JointType,
-                          ObjType, SensorType, Stage, TrnType, WrapType)
+from simjax.types import (BiasType, DataType, DynType, EqType, GainType, GeomType,
+                          JointType, ObjType, SensorType, Stage, TrnType, WrapType)
 
 DYN = {"none": DynType.NONE, "integrator": DynType.INTEGRATOR, "filter": DynType.FILTER,
        "filterexact": DynType.FILTEREXACT, "muscle": DynType.MUSCLE,
@@ -583,6 +583,12 @@ def _sensor(el, ids, joints, tendon_recs):
                 raise el.error(f"exactly one of (geom{k}, body{k}) must be specified")
             sides.append((ObjType.GEOM, _lookup(ids, "geom", g, el, "geom" + k)) if g else
                          (ObjType.BODY, _lookup(ids, "body", b, el, "body" + k)))
+        if sides[0] == sides[1]:
+            raise el.error("1st body/geom must be different from 2nd body/geom")
+        if any(o == ObjType.GEOM and ids["geom_type"][i] == GeomType.HFIELD
+               for o, i in sides):
+            # as MuJoCo's compiler: height fields need not be convex
+            raise el.error("height fields are not supported in geom distance sensors")
         return dict(base, type=t, dim=dim, objtype=sides[0][0], objid=sides[0][1],
                     reftype=sides[1][0], refid=sides[1][1])
     if tag == "tactile":
