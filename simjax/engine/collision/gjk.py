@@ -20,8 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from simjax.engine import inline
 from simjax.types import GeomType as GT
 
 MINVAL = 1e-15
@@ -291,8 +291,7 @@ def _gjk(sup1, sup2, x1, x2, cutoff, tol, kmax, discrete):
         lam = _subdistance(s, n + 1)
         # drop the vertices with zero weight, keeping the order of the others
         keep = lam != 0
-        # slot j takes the j-th kept vertex (one-hot rows; no sort: a stable argsort's
-        # reverse mode crashed XLA's CPU backend at full optimisation, jaxlib 0.10)
+        # slot j takes the j-th kept vertex (one-hot rows, taken by selects)
         rank = jnp.cumsum(keep) - 1
         order = jnp.argmax(keep[None, :] & (rank[None, :] == jnp.arange(4)[:, None]),
                            axis=1)
@@ -315,7 +314,7 @@ def _gjk(sup1, sup2, x1, x2, cutoff, tol, kmax, discrete):
         out["far"] = new["far"]
         return out
 
-    st = lax.fori_loop(0, kmax, body, state)
+    st = inline.fori_loop(0, kmax, body, state)
     has = st["n"] > 0
     w1 = jnp.where(has, _lincomb(st["lam"], st["s1"]), x1)
     w2 = jnp.where(has, _lincomb(st["lam"], st["s2"]), x2)
