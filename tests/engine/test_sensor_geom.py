@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from engine_helpers import random_state, set_state, to_data
+from mujoco_oracle import model_from_mujoco
 from sensor_helpers import SENSOR_MODELS, oracle
+from simjax import load_model
 from simjax.engine import forward, make_data
-from simjax.errors import UnsupportedFeatureError
+from simjax.errors import MJCFError, UnsupportedFeatureError
 
 #: separated pairs: the collision functions' closest points are MuJoCo's to rounding;
 #: GJK stops on a Frank-Wolfe gap of ccd_tolerance**2 / 2 for curved shapes (exact for
@@ -92,9 +94,6 @@ def test_geom_distance_sensors_match_mujoco():
 def test_geom_distance_errors():
     """Height fields are refused by the compiler, as MuJoCo's; GJK pairs with native
     CCD disabled (MuJoCo: libccd's algorithms) raise UnsupportedFeatureError."""
-    from mujoco_oracle import model_from_mujoco
-    from simjax import load_model
-    from simjax.errors import MJCFError
     xml = """<mujoco><asset><hfield name="h" nrow="3" ncol="3" size="1 1 .1 .1"/></asset>
       <worldbody><geom name="hf" type="hfield" hfield="h"/>
       <body pos="0 0 .5"><freejoint/><geom name="e" type="ellipsoid" size=".1 .2 .3"/>
@@ -115,7 +114,6 @@ def test_geom_distance_errors():
 def test_geom_distance_gradient(pair):
     """jax.grad of a GJK pair's distance with respect to qpos (positions and
     orientations of both bodies) matches central finite differences."""
-    from simjax import load_model
     size = {"ellipsoid": 'size=".1 .2 .3"', "box": 'size=".1 .15 .1"',
             "capsule": 'size=".05 .1"', "mesh": 'mesh="poly"'}
     xml = f"""<mujoco><asset><mesh name="poly" vertex="-.08 -.06 -.05  .09 -.05 -.04

@@ -341,7 +341,7 @@ def _search(t1, geo1, t2, geo2, cutoff, tol, kmax):
         dist, x1, x2, far, _, _ = _gjk(
             lambda d: support(t1, geo1, d, True), lambda d: support(t2, geo2, d, True),
             c1, c2, cutoff + r1 + r2, tol, kmax, False)
-        shallow = dist > tol
+        shallow = (dist > tol) | far       # MuJoCo: a cutoff exit reports DBL_MAX
         n = x2 - x1
         nn = jnp.sqrt(_dot(n, n))
         n = n / jnp.where(nn < MINVAL, 1.0, nn)     # mju_normalize3 (fallback unused)
