@@ -11,14 +11,17 @@ hit (world frame; zero without a hit). Directions need not be unit vectors.
 and the nearest hit wins (ties: the lowest geom id, as MuJoCo's geom loop). Meshes are
 intersected face by face (MuJoCo walks a bounding-volume hierarchy; a face whose
 triangle the ray hits lies inside every box on the way to it, so both give the same
-nearest face). Height fields and SDF geoms raise UnsupportedFeatureError.
+nearest face). Height fields are intersected cell by cell along the ray
+(:func:`ray_hfield`), SDF geoms by MuJoCo's sphere tracing (:func:`ray_sdf`).
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine import math
+from simjax.engine import inline, math
+from simjax.engine.collision import sdf
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import GeomType
 
@@ -155,11 +158,14 @@ def ray_cylinder(pos, mat, size, pnt, vec):
 _FACES = ((1, 2), (0, 2), (0, 1))
 
 
-def ray_box(pos, mat, size, pnt, vec):
+def _box_local(pos, mat, size, pnt, vec):
+    """ray_box in the box frame: (x, all, local normal). ``all`` (..., 6) holds each
+    face's hit distance (faces -x, +x, -y, +y, -z, +z) or -1, as ray_box's ``all``."""
     bound = sphere_dist(pos, math.dot(size, size), pnt, vec) >= 0
     lp, lv = _map(pos, mat, pnt, vec)
     x = -jnp.ones_like(size[..., 0])
     nloc = jnp.zeros_like(lp)
+    faces = []
     for i in range(3):
         ok_axis = jnp.abs(lv[..., i]) > MINVAL
         lvi = jnp.where(ok_axis, lv[..., i], 1.0)
@@ -174,7 +180,13 @@ def ray_box(pos, mat, size, pnt, vec):
             x = jnp.where(upd, sol, x)
             n = jnp.zeros(3, lp.dtype).at[i].set(side)
             nloc = jnp.where(upd[..., None], n, nloc)
-    return _finish(jnp.where(bound, x, -1.0), math.matvec(mat, nloc))
+            faces.append(jnp.where(ok & bound, sol, -1.0))
+    return jnp.where(bound, x, -1.0), jnp.stack(faces, -1), nloc
+
+
+def ray_box(pos, mat, size, pnt, vec):
+    x, _, nloc = _box_local(pos, mat, size, pnt, vec)
+    return _finish(x, math.matvec(mat, nloc))
 
 
 #: mju_rayGeom dispatch for primitive geom types
@@ -268,6 +280,175 @@ def ray_mesh(m, geoms, pos, mat, size, pnt, vec):
     return jnp.where(hit, xb, -1.0), jnp.where(hit[..., None], normal, 0.0)
 
 
+def _hfield_tables(m, hid):
+    """Static data of height field ``hid``: (nrow, ncol, size (4,), elevations (nrow,
+    ncol) as stored, per-cell corner heights (ncells, 4) scaled by size[2])."""
+    nrow, ncol = int(np.asarray(m.hfield_nrow)[hid]), int(np.asarray(m.hfield_ncol)[hid])
+    adr = int(np.asarray(m.hfield_adr)[hid])
+    data = np.asarray(m.hfield_data, np.float64)[adr:adr + nrow * ncol].reshape(nrow, ncol)
+    size = np.asarray(m.hfield_size, np.float64).reshape(-1, 4)[hid]
+    z = data * size[2]
+    # cell (r, c): corners (r, c), (r, c+1), (r+1, c+1), (r+1, c)
+    cells = np.stack([z[:-1, :-1], z[:-1, 1:], z[1:, 1:], z[1:, :-1]], -1)
+    return nrow, ncol, size, data, cells.reshape(-1, 4)
+
+
+def _hfield_cells(nrow, ncol, dx, dy, size, lp, lv):
+    """Candidate cells (r, c), each (..., K, 4), for a ray in the height field's frame.
+
+    The ray's horizontal projection is cut into strips one cell wide across its dominant
+    grid axis (K = max(nrow, ncol) - 1 strips); within a strip the other grid coordinate
+    changes by at most one cell, so four cells per strip (one of padding on each side)
+    hold every triangle the ray can cross. MuJoCo tests every cell of the ray's bounding
+    rectangle instead; a hit lies in both sets, so the nearest hit is the same.
+    """
+    gx, gy = lv[..., 0] / dx, lv[..., 1] / dy
+    x0, y0 = (lp[..., 0] + size[0]) / dx, (lp[..., 1] + size[1]) / dy
+    xdom = jnp.abs(gx) >= jnp.abs(gy)
+    ga, gb = jnp.where(xdom, gx, gy), jnp.where(xdom, gy, gx)
+    u0, v0 = jnp.where(xdom, x0, y0), jnp.where(xdom, y0, x0)
+    slope = jnp.where(ga != 0, gb / jnp.where(ga != 0, ga, 1.0), 0.0)
+    k = max(nrow, ncol) - 1
+    strip = jnp.arange(k, dtype=lp.dtype)
+    va = v0[..., None] + (strip - u0[..., None]) * slope[..., None]
+    lo = jnp.floor(jnp.minimum(va, va + slope[..., None])) - 1
+    lo = jnp.clip(lo, -4, k + 4).astype(jnp.int32)              # (..., K)
+    other = lo[..., None] + jnp.arange(4, dtype=jnp.int32)      # (..., K, 4)
+    along = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[:, None], other.shape)
+    xd = xdom[..., None, None]
+    r = jnp.clip(jnp.where(xd, other, along), 0, nrow - 2)
+    c = jnp.clip(jnp.where(xd, along, other), 0, ncol - 2)
+    return r, c
+
+
+def _hfield_triangles(tables, lp, lv):
+    """Nearest triangle hit of local rays with a height field's surface: (x, local
+    normal); ties go to the first triangle in MuJoCo's loop order (row, column, the
+    two triangles of a cell)."""
+    nrow, ncol, size, _, cells = tables
+    dx, dy = (2.0 * size[0]) / (ncol - 1), (2.0 * size[1]) / (nrow - 1)
+    r, c = _hfield_cells(nrow, ncol, dx, dy, size, lp, lv)
+    h = jnp.asarray(cells, lp.dtype)[r * (ncol - 1) + c]           # (..., K, 4, 4)
+    x0, x1 = dx * c - size[0], dx * (c + 1) - size[0]
+    y0, y1 = dy * r - size[1], dy * (r + 1) - size[1]
+    p00 = jnp.stack([x0, y0, h[..., 0]], -1)
+    p01 = jnp.stack([x1, y0, h[..., 1]], -1)
+    p11 = jnp.stack([x1, y1, h[..., 2]], -1)
+    p10 = jnp.stack([x0, y1, h[..., 3]], -1)
+    tri = jnp.stack([jnp.stack([p00, p01, p11], -2), jnp.stack([p00, p11, p10], -2)], -3)
+    b0, b1 = _normal_basis(lv)
+    ex = (slice(None),) * (lp.ndim - 1) + (None,) * 3
+    xt, nt = ray_triangle(tri, lp[ex], lv[ex], b0[ex], b1[ex])      # (..., K, 4, 2)
+    key = (r * ncol + c)[..., None] * 2 + jnp.arange(2, dtype=jnp.int32)
+    lead = xt.shape[:-3]
+    xt = jnp.where(xt >= 0, xt, jnp.inf).reshape(lead + (-1,))
+    key = key.reshape(lead + (-1,))
+    xmin = jnp.min(xt, -1)
+    best = jnp.argmin(jnp.where(xt == xmin[..., None], key, jnp.iinfo(jnp.int32).max), -1)
+    nbest = jnp.take_along_axis(nt.reshape(lead + (-1, 3)), best[..., None, None], -2)
+    return xmin, nbest[..., 0, :]
+
+
+def _hfield_sides(tables, lp, lv, faces, x, nloc):
+    """The top box's four side faces where the ray passes below the field's boundary
+    profile (mj_rayHfield's last loop): updated (x, local normal)."""
+    nrow, ncol, size, data, _ = tables
+    dx, dy = (2.0 * size[0]) / (ncol - 1), (2.0 * size[1]) / (nrow - 1)
+    for i in range(4):
+        a = faces[..., i]
+        z = (lp[..., 2] + a * lv[..., 2]) / size[2]
+        if i < 2:
+            y = (lp[..., 1] + a * lv[..., 1] + size[1]) / dy
+            y0 = jnp.clip(jnp.floor(y), 0, nrow - 2)
+            edge = data[:, ncol - 1 if i == 1 else 0]
+        else:
+            y = (lp[..., 0] + a * lv[..., 0] + size[0]) / dx
+            y0 = jnp.clip(jnp.floor(y), 0, ncol - 2)
+            edge = data[nrow - 1 if i == 3 else 0, :]
+        edge = jnp.asarray(edge, lp.dtype)
+        j = y0.astype(jnp.int32)
+        below = z < edge[j] * (y0 + 1 - y) + edge[j + 1] * (y - y0)
+        upd = (a >= 0) & ((a < x) | (x < 0)) & below
+        x = jnp.where(upd, a, x)
+        n = jnp.zeros(3, lp.dtype).at[i // 2].set(1.0 if i % 2 else -1.0)
+        nloc = jnp.where(upd[..., None], n, nloc)
+    return x, nloc
+
+
+def ray_hfield(tables, pos, mat, pnt, vec):
+    """Ray against one height-field geom (mj_rayHfield): (x, world normal).
+
+    tables: :func:`_hfield_tables` of its height field; pos (3,), mat (3, 3): the geom's
+    pose; pnt, vec (..., 3) world rays. The field is the solid between its base box
+    (size[3] below the geom frame) and the triangulated surface, walled by its four
+    boundary profiles. Differentiable in the poses and rays through the face hit.
+    """
+    size = tables[2]
+    dtype = pnt.dtype
+    ez = mat[..., :, 2]
+    base_size = jnp.asarray([size[0], size[1], size[3] * 0.5], dtype)
+    top_size = jnp.asarray([size[0], size[1], size[2] * 0.5], dtype)
+    x, _, nloc = _box_local(pos - ez * size[3] * 0.5, mat, base_size, pnt, vec)
+    top, faces, _ = _box_local(pos + ez * size[2] * 0.5, mat, top_size, pnt, vec)
+    lp, lv = _map(pos, mat, pnt, vec)
+    xt, nt = _hfield_triangles(tables, lp, lv)
+    upd = (top >= 0) & jnp.isfinite(xt) & ((x < 0) | (xt < x))
+    x = jnp.where(upd, xt, x)
+    nloc = jnp.where(upd[..., None], nt, nloc)
+    faces = jnp.where((top >= 0)[..., None], faces, -1.0)
+    x, nloc = _hfield_sides(tables, lp, lv, faces, x, nloc)
+    return _finish(x, math.matvec(mat, nloc))
+
+
+#: mj_raySdf's marching: at most 40 steps; a hit within 1e-7 of the surface; a miss
+#: once a step exceeds 1e6
+_SDF_STEPS, _SDF_HIT, _SDF_FAR = 40, 1e-7, 1e6
+
+
+def _sdf_march(shape, params, size, lp, lvn):
+    """Sphere tracing of one local ray (lp, unit lvn) (3,) against an SDF: (distance
+    marched, hit). Not differentiated (its inputs are stopped)."""
+    def body(_, carry):
+        tot, state = carry
+        dist = jnp.abs(sdf.distance(shape, lp + lvn * tot, size, params))
+        run = state == 0
+        tot = jnp.where(run, tot + dist, tot)
+        state = jnp.where(run & (dist < _SDF_HIT), 1, jnp.where(run & (dist > _SDF_FAR), 2,
+                                                                 state))
+        return tot, state
+
+    tot, state = inline.fori_loop(0, _SDF_STEPS, body,
+                                  (jnp.zeros((), lp.dtype), jnp.zeros((), jnp.int32)))
+    return tot, state == 1
+
+
+def ray_sdf(shape, params, pos, mat, size, pnt, vec):
+    """Ray against one SDF geom (mj_raySdf): (x, world normal), pnt and vec (n, 3).
+
+    MuJoCo marches the unit direction (sphere tracing from the ray's origin, stepping
+    by the absolute distance) and returns the length marched over |vec|. A ray whose
+    bounding-box test (the geom's size) fails, or that does not reach the surface
+    within 40 steps, misses. The derivative of x is
+    the implicit one of the hit (the surface distance at the hit point held at zero),
+    not that of the marching steps.
+    """
+    bound = ray_box(pos, mat, size, pnt, vec)[0] >= 0
+    lp, lv = _map(pos, mat, pnt, vec)
+    lvn, scale = math.normalize(lv)
+    sg = jax.lax.stop_gradient
+    tot, hit = jax.vmap(lambda a, b: _sdf_march(shape, params, sg(size), a, b))(
+        sg(lp), sg(lvn))
+    dist = jax.vmap(lambda x: sdf.distance(shape, x, size, params))
+    grad = jax.vmap(lambda x: sdf.gradient(shape, x, size, params))
+    at = lp + lvn * tot[:, None]
+    f = dist(at)
+    g = grad(sg(at))
+    slope = math.dot(g, sg(lvn))
+    slope = jnp.where(jnp.abs(slope) > MINVAL, slope, 1.0)
+    x = (tot - (f - sg(f)) / slope) / scale
+    return _finish(jnp.where(bound & hit, x, -1.0), math.matvec(mat, _normalize(g)))
+
+
 def visible_geoms(m):
     """(ngeom,) bool: geoms mj_ray may hit (not made invisible by rgba / material)."""
     if m.ngeom == 0:
@@ -302,12 +483,20 @@ def ray(m, d, pnt, vec, bodyexclude):
     xs, ids, normals = [], [], []
     for t in sorted(set(gtype[vis].tolist())):
         geoms = np.nonzero(vis & (gtype == t))[0]
-        if t in (GeomType.HFIELD, GeomType.SDF):
-            raise UnsupportedFeatureError(
-                f"ray intersection with geom type {GeomType(t).name.lower()}")
         pos, mat, sz = d.geom_xpos[geoms], d.geom_xmat[geoms], size[geoms]
-        if t == GeomType.MESH:
+        if t == GeomType.SDF:
+            hits = [ray_sdf(sdf.shape_of(m, g), sdf.plugin_params(m, g), pos[j], mat[j],
+                            sz[j], pnt, vec) for j, g in enumerate(geoms)]
+            x = jnp.stack([h[0] for h in hits], 1)
+            nrm = jnp.stack([h[1] for h in hits], 1)
+        elif t == GeomType.MESH:
             x, nrm = ray_mesh(m, geoms, pos, mat, sz, pnt, vec)
+        elif t == GeomType.HFIELD:
+            dataid = np.asarray(m.geom_dataid)[geoms]
+            hits = [ray_hfield(_hfield_tables(m, h), pos[j], mat[j], pnt, vec)
+                    for j, h in enumerate(dataid)]
+            x = jnp.stack([h[0] for h in hits], 1)
+            nrm = jnp.stack([h[1] for h in hits], 1)
         else:
             x, nrm = PRIMITIVE[t](pos[None], mat[None], sz[None], pnt[:, None], vec[:, None])
         excl = gbody[geoms][None, :] == bodyexclude[:, None]

@@ -74,7 +74,7 @@ def _depth(m, d, xpos, groups, active):
             if mesh >= 0:       # plugin SDFs live in the original mesh frame
                 mq = math.quat_to_mat(jnp.asarray(m.mesh_quat, dtype).reshape(-1, 4)[mesh])
                 lpos = lpos @ mq.T + jnp.asarray(m.mesh_pos, dtype).reshape(-1, 3)[mesh]
-            prm = sdf._params(m, g)
+            prm = sdf.plugin_params(m, g)
             dist = jax.vmap(lambda x: sdf.distance(shape, x, size[g], prm))(lpos[0])[None]
         else:
             dist = jax.vmap(jax.vmap(lambda x, s: sdf.distance(shape, x, s, ()),

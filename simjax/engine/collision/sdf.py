@@ -335,7 +335,8 @@ def shape_of(m, g: int) -> Shape:
     return Shape(t, m.plugin_specs[inst].plugin)
 
 
-def _params(m, g):
+def plugin_params(m, g):
+    """Parameters of geom ``g``'s plugin instance (() without one)."""
     inst = int(np.asarray(m.geom_plugin)[g])
     return m.plugin_params[inst] if inst >= 0 else ()
 
@@ -350,8 +351,8 @@ def collide(m, d, g1: int, g2: int):
     size = jnp.asarray(m.geom_size).reshape(-1, 3)
     return collide_pair(shape_of(m, g1), shape_of(m, g2), d.geom_xpos[g1], d.geom_xmat[g1],
                         d.geom_xpos[g2], d.geom_xmat[g2], aabb[g1], aabb[g2], size[g1],
-                        size[g2], _params(m, g1), _params(m, g2), int(m.opt.sdf_initpoints),
-                        int(m.opt.sdf_iterations))
+                        size[g2], plugin_params(m, g1), plugin_params(m, g2),
+                        int(m.opt.sdf_initpoints), int(m.opt.sdf_iterations))
 
 
 def _stack_params(trees):
@@ -421,14 +422,14 @@ def collide_pairs(m, d, g1, g2):
     outs, order = [], []
     for (s1, s2), ks in kinds.items():
         a, b = g1[ks], g2[ks]
-        p2 = _stack_params([_params(m, int(x)) for x in b])
+        p2 = _stack_params([plugin_params(m, int(x)) for x in b])
         if s1.type == GeomType.MESH:
             if s2.type != GeomType.SDF:
                 raise UnsupportedFeatureError("sdf collision: the second geom must be an SDF")
             outs.append(_pad(_mesh_kind(m, d, s1, s2, a, b, p2, ninit, niter), width))
             order += ks
             continue
-        p1 = _stack_params([_params(m, int(x)) for x in a])
+        p1 = _stack_params([plugin_params(m, int(x)) for x in a])
         fn = lambda *args: collide_pair(s1, s2, *args, ninit, niter)
         outs.append(_pad(jax.vmap(fn)(d.geom_xpos[a], d.geom_xmat[a], d.geom_xpos[b],
                                       d.geom_xmat[b], aabb[a], aabb[b], size[a], size[b],
