@@ -140,6 +140,9 @@ MODEL_FIELDS = (
     ("mesh_scale", "f", "nmesh", 3, "scaling applied to asset vertices"),
     ("mesh_pos", "f", "nmesh", 3, "translation applied to asset vertices"),
     ("mesh_quat", "f", "nmesh", 4, "rotation applied to asset vertices"),
+    # simjax: mjModel's mesh_normal rows of meshes with three normals per vertex
+    ("mesh_frameadr", "i", "nmesh", 1, "first row in mesh_frame; -1: no tangent frames"),
+    ("mesh_frame", "f", "nmeshframe", 9, "per vertex: normal, tangent 1, tangent 2"),
     ("mat_rgba", "f", "nmat", 4, "rgba"),
     ("hfield_size", "f", "nhfield", 4, "(x, y, z_top, z_bottom)"),
     ("hfield_nrow", "i", "nhfield", 1, "number of rows in grid"),

@@ -279,11 +279,11 @@ MODEL_COUNTS = (
     "npluginstate", "nnumeric", "nnumericdata", "ntuple", "ntupledata", "ntree",
     "nactuator", "nout", "nhistory", "ngravcomp", "nuserdata",
     "nuser_body", "nuser_jnt", "nuser_geom", "nuser_site", "nuser_cam",
-    "nuser_tendon", "nuser_actuator", "nuser_sensor", "nbvh", "nbvhstatic",
+    "nuser_tendon", "nuser_actuator", "nuser_sensor", "nbvh", "nbvhstatic", "nmeshframe",
 )
 
 #: Float arrays that are structure, not parameters: kept static (numpy).
-STATIC_FLOAT_FIELDS = frozenset({"mesh_vert", "hfield_data", "hfield_size", "geom_rbound",
+STATIC_FLOAT_FIELDS = frozenset({"mesh_vert", "mesh_frame", "hfield_data", "hfield_size", "geom_rbound",
                                  "cam_intrinsic",
                                  "cam_sensorsize", "cam_mat0", "cam_pos0",
                                  "cam_poscom0", "numeric_data", "tuple_objprm",
@@ -537,6 +537,21 @@ def frictionloss_structure(dof_frictionloss, tendon_frictionloss) -> dict:
     after changing which losses are zero, then make a new Data."""
     return dict(dof_hasfrictionloss=np.asarray(dof_frictionloss).reshape(-1) != 0,
                 tendon_hasfrictionloss=np.asarray(tendon_frictionloss).reshape(-1) > 0)
+
+
+def mesh_frames(mesh_vertnum, mesh_normaladr, mesh_normalnum, mesh_normal) -> dict:
+    """``nmeshframe``, ``mesh_frameadr`` and ``mesh_frame`` from mjModel's mesh normals:
+    the meshes with three normals per vertex (tactile sensors' tangent frames) keep
+    theirs, (nvert, 9) each."""
+    vertnum, adr = np.asarray(mesh_vertnum), np.asarray(mesh_normaladr)
+    num, normal = np.asarray(mesh_normalnum), np.asarray(mesh_normal, np.float64)
+    frameadr, rows, n = np.full(len(vertnum), -1, np.int32), [], 0
+    for i in np.nonzero(num == 3 * vertnum)[0]:
+        frameadr[i] = n
+        rows.append(normal.reshape(-1, 3)[adr[i]:adr[i] + num[i]].reshape(-1, 9))
+        n += int(vertnum[i])
+    frame = np.concatenate(rows) if rows else np.zeros((0, 9))
+    return dict(nmeshframe=n, mesh_frameadr=frameadr, mesh_frame=frame)
 
 
 def model_counts(model) -> dict[str, int]:

@@ -60,6 +60,8 @@ def model_from_mujoco(mjm):
               "disableflags", "enableflags", "disableactuator"):
         opt[f] = int(getattr(mjm.opt, f))
     kw.update(types.frictionloss_structure(mjm.dof_frictionloss, mjm.tendon_frictionloss))
+    kw.update(types.mesh_frames(mjm.mesh_vertnum, mjm.mesh_normaladr, mjm.mesh_normalnum,
+                                mjm.mesh_normal))
     kw["opt"] = types.Option(**opt)
     kw["stat"] = types.Statistic(
         meaninertia=jnp.asarray(mjm.stat.meaninertia), meanmass=jnp.asarray(mjm.stat.meanmass),

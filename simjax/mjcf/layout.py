@@ -177,6 +177,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
                   nbody=len(bodies), njnt=len(jnt), ngeom=len(geoms), nsite=len(sites),
                   ncam=len(cams), nmesh=len(meshes),
                   nmeshvert=int(sum(len(m.vert) for m in meshes)),
+                  nmeshframe=int(sum(len(m.frame) for m in meshes if m.frame is not None)),
                   nmeshface=int(sum(len(m.face) for m in meshes)), nhfield=len(hfields),
                   nhfielddata=int(sum(h.nrow * h.ncol for h in hfields)),
                   ntendon=len(tendon_recs), nwrap=len(wraps[0]), nsensor=len(sensor_recs),
@@ -417,6 +418,11 @@ def _mesh_fields(f, meshes, hfields):
     f["mesh_pos"] = _stack([m.pos for m in meshes], 3)
     f["mesh_quat"] = _stack([m.quat for m in meshes], 4)
     f["mesh_scale"] = _stack([m.scale for m in meshes], 3)
+    frames = [m.frame for m in meshes if m.frame is not None]
+    f["mesh_frameadr"] = np.full(len(meshes), -1, np.int32)
+    adr = np.cumsum([0] + [len(x) for x in frames])
+    f["mesh_frameadr"][[i for i, m in enumerate(meshes) if m.frame is not None]] = adr[:-1]
+    f["mesh_frame"] = np.concatenate(frames) if frames else np.zeros((0, 9))
     if meshes and all(getattr(m, "extrema", None) is not None for m in meshes):
         f["mesh_extrema"] = _stack([m.extrema for m in meshes], 27, np.int32)
     f["hfield_size"] = _stack([h.size for h in hfields], 4)

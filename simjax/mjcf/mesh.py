@@ -76,6 +76,11 @@ class MeshData:
 
     ``bvh``: the faces' bounding volume hierarchy (:class:`simjax.mjcf.bvh.Tree`, built
     from the processed vertices in double precision, as mjCMesh does).
+
+    ``frame`` (nvert, 9): for meshes with three normals per vertex (the builtin wedge
+    and plate, or a ``normal`` attribute of 9 nvert numbers), each vertex's normal and
+    two tangents as MuJoCo stores them in mesh_normal (float32 values, in the processed
+    frame: transformed, normalised and rotated as the vertices); None otherwise.
     """
 
     vert: np.ndarray
@@ -97,6 +102,7 @@ class MeshData:
     graph: np.ndarray | None = None
     aamm: np.ndarray | None = None
     bvh: object = None
+    frame: np.ndarray | None = None
 
 
 # ----------------------------------------------------------------------------------------
@@ -218,7 +224,7 @@ def _load(attrs, name, file, model_dir, meshdir, strippath, assets, needs_hull) 
     if builtin != "none":
         # made from params in the reader, before the compiler (mjs_makeMesh); the plate
         # is a shell whatever the attribute says
-        vert, face, forced = mesh_builtin.make(builtin, attrs.get("params"))
+        vert, face, forced, normal = mesh_builtin.make(builtin, attrs.get("params"))
         inertia = forced or inertia
     elif file:
         vert, face = _decode_file(file, attrs.get("content_type") or "", model_dir, meshdir,
@@ -232,6 +238,12 @@ def _load(attrs, name, file, model_dir, meshdir, strippath, assets, needs_hull) 
     else:
         vert = _inline_vertices(spec_vert)
         face = _check_faces(spec_face)
+    if builtin == "none":
+        normal = attrs.get("normal")
+        normal = None if normal is None else np.asarray(normal, np.float32).reshape(-1)
+        # only tangent frames (three normals per vertex) are kept: tactile sensors
+        normal = normal.reshape(-1, 3) if normal is not None and \
+            len(normal) == 9 * len(vert) else None
 
     _check_initial(vert, face)
     if inertia not in ("legacy", "convex", "exact", "shell"):
@@ -240,9 +252,33 @@ def _load(attrs, name, file, model_dir, meshdir, strippath, assets, needs_hull) 
                       else -1)
     if maxhullvert != -1 and maxhullvert < 4:
         raise MJCFError("maxhullvert must be larger than 3")
-    return _process(name, vert, face, scale, _vec(attrs.get("refpos"), [0.0, 0.0, 0.0]),
-                    _vec(attrs.get("refquat"), [1.0, 0.0, 0.0, 0.0]), inertia, maxhullvert,
-                    needs_hull or inertia == "convex")
+    refquat = _vec(attrs.get("refquat"), [1.0, 0.0, 0.0, 0.0])
+    data = _process(name, vert, face, scale, _vec(attrs.get("refpos"), [0.0, 0.0, 0.0]),
+                    refquat, inertia, maxhullvert, needs_hull or inertia == "convex")
+    if normal is not None:
+        data.frame = _process_normals(normal, refquat, scale, data.quat).reshape(-1, 9)
+    return data
+
+
+def _process_normals(normal, refquat, scale, quat) -> np.ndarray:
+    """User normals (k, 3) float32 as MuJoCo stores them: refquat's inverse rotation,
+    division by the scale (normals are covectors), float normalisation
+    (ApplyTransformations), then the rotation into the principal frame (Rotate); each
+    step rounded to float32 as mjCMesh's float normals. Returns (k, 3) float64."""
+    f32 = np.float32
+    n = normal.astype(f32)
+    if not (refquat[0] == 1 and refquat[1] == 0 and refquat[2] == 0 and refquat[3] == 0):
+        mat = quat2mat(_normvec(list(refquat)))
+        n = _mulmat_rows([mat[0], mat[3], mat[6], mat[1], mat[4], mat[7],
+                          mat[2], mat[5], mat[8]], n.astype(np.float64)).astype(f32)
+    if np.any(scale != 1):
+        n = (n.astype(np.float64) / scale).astype(f32)
+    length = n[:, 0] * n[:, 0] + n[:, 1] * n[:, 1] + n[:, 2] * n[:, 2]
+    ok = length.astype(np.float64) > _MINVAL
+    scl = f32(1) / np.sqrt(np.where(ok, length, f32(1)))
+    n = np.where(ok[:, None], n * scl[:, None], np.array([0, 0, 1], f32))
+    rot = quat2mat([quat[0], -quat[1], -quat[2], -quat[3]])
+    return _mulmat_rows(rot, n.astype(np.float64)).astype(f32).astype(np.float64)
 
 
 def _vec(value, default) -> np.ndarray:

@@ -20,17 +20,21 @@ from simjax.errors import MJCFError
 _F = np.float32
 
 
-def make(builtin: str, params) -> tuple[np.ndarray, np.ndarray | None, str | None]:
-    """(vertices (n, 3) float32, faces (k, 3) int or None, forced inertia or None) of the
-    builtin mesh ``builtin`` with ``params``. Raises MJCFError for bad parameters."""
+def make(builtin: str, params):
+    """(vertices (n, 3) float32, faces (k, 3) int or None, forced inertia or None,
+    normals (3 n, 3) float32 or None) of the builtin mesh ``builtin`` with ``params``.
+    Only the wedge and the plate come with normals: three per vertex, the vertex's
+    tangent frame (normal, tangent 1, tangent 2), as MuJoCo's usernormal. Raises
+    MJCFError for bad parameters."""
     p = [float(x) for x in np.atleast_1d(np.asarray(params, np.float64))]
     fn, count, message = _BUILTINS[builtin]
     if len(p) != count:
         raise MJCFError(message)
-    vert, face, inertia = fn(*p)
+    vert, face, inertia, *normal = fn(*p)
     vert = np.asarray(vert, _F).reshape(-1, 3)
     face = None if face is None else np.asarray(face, np.int64).reshape(-1, 3)
-    return vert, face, inertia
+    normal = np.asarray(normal[0], _F).reshape(-1, 3) if normal else None
+    return vert, face, inertia, normal
 
 
 # ----------------------------------------------------------------------------- spheres
@@ -224,13 +228,35 @@ def _wedge(res0, res1, fov0, fov1, gamma):
         raise MJCFError("`gamma` must be a nonnegative float between [0, 1]")
     xs = [_fovea(x, gamma) * (fov0 * math.pi / 180) for x in _linspace(-1.0, 1.0, res0 + 1)]
     ys = [_fovea(y, gamma) * (fov1 * math.pi / 180) for y in _linspace(-1.0, 1.0, res1 + 1)]
-    vert = []
+    vert, normal = [], []
     for i in range(res0):
         for j in range(res1):
             a, e = 0.5 * (xs[i + 1] + xs[i]), 0.5 * (ys[j + 1] + ys[j])
             ce = 1.0 * math.cos(e)
             vert.append([ce * math.sin(a), 1.0 * math.sin(e), -ce * math.cos(a)])
-    return vert, None, None
+            normal += _tangent_frame(a, e)
+    return vert, None, None, normal
+
+
+def _unit(v):
+    """mjuu_normvec: left alone below length^2 1e-14 or within 1e-14 of unit length."""
+    n2 = 0.0
+    for x in v:
+        n2 += x * x
+    if n2 < 1e-14:
+        return v
+    n = math.sqrt(n2)
+    return [x / n for x in v] if abs(n - 1) > 1e-14 else v
+
+
+def _tangent_frame(a, e, r=1.0):
+    """[normal, tangent along azimuth, tangent along elevation] of a wedge vertex at
+    azimuth a, elevation e (TangentFrame of user_mesh.cc)."""
+    ta = _unit([r * math.cos(e) * math.cos(a), 0.0, r * math.cos(e) * math.sin(a)])
+    te = _unit([-r * math.sin(e) * math.sin(a), r * math.cos(e), r * math.sin(e) * math.cos(a)])
+    n = [te[1] * ta[2] - te[2] * ta[1], te[2] * ta[0] - te[0] * ta[2],
+         te[0] * ta[1] - te[1] * ta[0]]
+    return [n, ta, te]
 
 
 def _plate(res0, res1):
@@ -240,13 +266,14 @@ def _plate(res0, res1):
     dx, dy = 2.0 / res0, 2.0 / res1
     vert = [[-1 + (i + 0.5) * dx, -1 + (j + 0.5) * dy, -1.0]
             for i in range(res0) for j in range(res1)]
+    normal = [np.eye(3)] * len(vert)           # each vertex: the axes as its frame
     face = []
     for i in range(1, res0):
         for j in range(1, res1):
             a, b = (i - 1) * res1 + j - 1, i * res1 + j - 1
             c, d = (i - 1) * res1 + j, i * res1 + j
             face += [a, b, c, d, c, b]
-    return vert, face, "shell"
+    return vert, face, "shell", normal
 
 
 #: generator, parameter count, MuJoCo's message for a wrong count
@@ -259,6 +286,3 @@ _BUILTINS = {
     "wedge": (_wedge, 5, "Wedge builtin mesh types require 5 parameters"),
     "plate": (_plate, 2, "Plate builtin mesh type requires 2 parameters"),
 }
-
-#: builtins whose vertices carry a tangent frame each (three normals per vertex)
-TANGENT_FRAMES = ("wedge", "plate")

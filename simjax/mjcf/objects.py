@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.errors import UnsupportedFeatureError
-from simjax.mjcf import mesh_builtin
 from simjax.types import (BiasType, DataType, DynType, EqType, GainType, GeomType,
                           JointType, ObjType, SensorType, Stage, TrnType, WrapType)
 
@@ -594,16 +593,6 @@ def _sensor(el, ids, joints, tendon_recs):
     if tag == "tactile":
         # taxels at the mesh's vertices in the geom frame: [depth, tangent1, tangent2]
         mesh = _lookup(ids, "mesh", a.get("mesh"), el, "mesh")
-        mattrs = ids["mesh_el"][mesh].attrs
-        normal = mattrs.get("normal")
-        nvert = int(ids["mesh_vertnum"][mesh])
-        frames = mattrs.get("builtin") in mesh_builtin.TANGENT_FRAMES
-        if frames or normal is not None and len(np.atleast_1d(normal)) == 9 * nvert:
-            # three normals per vertex: MuJoCo's tangent frames (channels 2 and 3), which
-            # need mesh normals simjax's Model does not hold
-            raise UnsupportedFeatureError("tactile sensor on a mesh with three normals per "
-                                          "vertex (tangent channels)", el.file, el.line,
-                                          el.path)
         return dict(base, type=SensorType.TACTILE, dim=3 * int(ids["mesh_vertnum"][mesh]),
                     objtype=ObjType.MESH, objid=mesh, reftype=ObjType.GEOM,
                     refid=_lookup(ids, "geom", a.get("geom"), el, "geom"))
