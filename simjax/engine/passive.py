@@ -237,9 +237,15 @@ def ellipsoid_force(lvel, density, viscosity, size, coef):
     sq = jnp.concatenate([(s1 * s2) ** 2, (s2 * s0) ** 2, (s0 * s1) ** 2], -1)
     proj_denom = jnp.sum(sq * sq * v * v, -1, keepdims=True)
     proj_num = jnp.sum(sq * v * v, -1, keepdims=True)
-    a_proj = jnp.pi * math.safe_sqrt(proj_denom / math.maximum(math.MINVAL, proj_num))
     speed = math.norm(v)[:, None]
-    cos_alpha = proj_num / math.maximum(math.MINVAL, speed * proj_denom)
+    # MuJoCo 4.0.0 (measured): below mjMINVAL of speed no projected area and no lift,
+    # above it the ratios unclamped (3.x clamped both denominators at mjMINVAL, which
+    # cut the lift of thin ellipsoids such as playing cards at low speed)
+    moving = (speed >= math.MINVAL) & (proj_num > 0) & (proj_denom > 0)
+    a_proj = math.where(moving, jnp.pi * math.safe_sqrt(
+        proj_denom / math.where(moving, proj_num, 1.0)), 0.0)
+    cos_alpha = math.where(moving, proj_num / math.where(moving, speed * proj_denom, 1.0),
+                           0.0)
     circ = math.cross(sq * v, v) * kutta * density * cos_alpha * a_proj
     kutta_force = math.cross(circ, v)
     eq_d = 2.0 / 3.0 * (s0 + s1 + s2)
