@@ -18,8 +18,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import math as smath
 from simjax.plugins.protocol import Capability, Plugin
 from simjax.types import Stage
+
+
+class _Jax:
+    """jax.numpy for the shapes, with simjax's maximum, minimum and clip: their
+    derivatives compare the operands, where jnp's test the result against an operand
+    that XLA may recompute and round otherwise in the derivative's kernel (the gear's
+    gradient came out zero 5e-8 off its surface, at XLA's backend optimisation 0)."""
+
+    maximum = staticmethod(smath.maximum)
+    minimum = staticmethod(smath.minimum)
+    clip = staticmethod(smath.clip)
+
+    def __getattr__(self, name):
+        return getattr(jnp, name)
+
+
+_JX = _Jax()
 
 
 def _fract(xp, x):
@@ -182,10 +200,10 @@ def _make(shape):
     names, _, dist, aabb = _SHAPES[shape]
 
     def distance(params, point):
-        return dist(jnp, jnp.asarray(point), params["attr"])
+        return dist(_JX, jnp.asarray(point), params["attr"])
 
     def gradient(params, point):
-        return jax.grad(lambda x: dist(jnp, x, params["attr"]))(jnp.asarray(point))
+        return jax.grad(lambda x: dist(_JX, x, params["attr"]))(jnp.asarray(point))
 
     return Plugin(
         name=f"mujoco.sdf.{shape}", capabilities=Capability.SDF, attributes=names,

@@ -179,14 +179,8 @@ def test_sdf_rays():
     vec = (tgt - pnt) / np.linalg.norm(tgt - pnt, axis=1, keepdims=True)
     vec[:120] *= rng.uniform(0.5, 2, (120, 1))
     d = jax.jit(fwd_position)(m, make_data(m))
-    args = jnp.asarray(pnt), jnp.asarray(vec)
-    # compiled with XLA's backend optimisation on: at level 0 (the suite's setting,
-    # conftest.py) XLA CPU's reverse mode of the gear's max(d, 0) gave a zero gradient
-    # at a hit point where d = 5e-8 > 0 (forward mode, eager and level 2 all give the
-    # derivative), so two gear normals came out zero
-    fn = jax.jit(lambda p, v: ray.ray(m, d, p, v, np.full(n, -1))).lower(*args).compile(
-        {"xla_backend_optimization_level": 2})
-    dist, gid, nrm = map(np.asarray, fn(*args))
+    fn = jax.jit(lambda p, v: ray.ray(m, d, p, v, np.full(n, -1)))
+    dist, gid, nrm = map(np.asarray, fn(jnp.asarray(pnt), jnp.asarray(vec)))
     ref_dist, ref_gid, ref_nrm = _mj_rays(mjm, mjd, pnt, vec)
     np.testing.assert_array_equal(gid, ref_gid)
     np.testing.assert_allclose(dist, ref_dist, rtol=0, atol=TOL)
