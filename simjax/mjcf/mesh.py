@@ -895,7 +895,8 @@ def quat2mat(q) -> list:
             2 * (q13 - q02), 2 * (q23 + q01), q00 - q11 - q22 + q33]
 
 
-def _mulquat(a, b) -> list:
+def mulquat(a, b) -> list:
+    """Quaternion product a * b, normalised (mjuu_mulquat)."""
     return _normvec([a[0] * b[0] - a[1] * b[1] - a[2] * b[2] - a[3] * b[3],
                      a[0] * b[1] + a[1] * b[0] + a[2] * b[3] - a[3] * b[2],
                      a[0] * b[2] - a[1] * b[3] + a[2] * b[0] + a[3] * b[1],
@@ -946,12 +947,12 @@ def eig3(mat, stop_rel: float = 16 * 2.0 ** -52,
         half = t / (1 + math.sqrt(1 + t * t))  # tan(theta/2), free of cancellation
         rot = [1 / math.sqrt(1 + half * half), 0.0, 0.0, 0.0]
         rot[rotk + 1] = (half if rotk == 1 else -half) * rot[0]
-        quat = _mulquat(quat, rot)
+        quat = mulquat(quat, rot)
     for j in range(3):  # bubble sort, descending, rotating the frame along
         j1 = j % 2
         if ev[j1] + sort_rel * scale < ev[j1 + 1]:
             ev[j1], ev[j1 + 1] = ev[j1 + 1], ev[j1]
             rot = [0.707106781186548, 0.0, 0.0, 0.0]
             rot[(j1 + 2) % 3 + 1] = rot[0]
-            quat = _mulquat(quat, rot)
+            quat = mulquat(quat, rot)
     return ev, quat

@@ -158,6 +158,7 @@ class TreeBuilder:
         b.sites = [self._site(el, fp, fq) for el, fp, fq in b.sites]
         b.cams = [self._camera(el, fp, fq) for el, fp, fq in b.cams]
         self._body_inertia(b, explicit)
+        self._align_free(b)
         if b.id > 0 and b.mocap and (joints or b.parent != 0):
             raise b.el.error(f"mocap body '{b.name}' is not a fixed child of world")
         if sum(JOINT_NV[j["type"]] for j in joints) > 6:
@@ -172,6 +173,26 @@ class TreeBuilder:
             raise b.el.error("free joint can only appear by itself")
         if nfree and b.parent != 0:
             raise b.el.error("free joint can only be used on top level")
+
+    def _align_free(self, b: Body):
+        """Free-joint alignment (mjCBody::Compile): a body whose only joint is free and
+        that has no child bodies moves its frame onto its inertial frame when the
+        joint's align is true (``auto``: the compiler's alignfree; a ``<joint
+        type="free">`` is always auto); its geoms, sites and cameras are re-expressed in
+        the new frame, in MuJoCo's arithmetic (mjuu_frameaccum, mjuu_frameinvert)."""
+        j = b.joints
+        if not (len(j) == 1 and j[0]["type"] == JointType.FREE
+                and j[0].get("align", self.s.alignfree)):
+            return
+        if any(x.parent == b.id for x in self.bodies[b.id + 1:]):
+            return
+        b.pos, b.quat = _frameaccum(b.pos, b.quat, b.ipos, b.iquat)
+        inv_quat = [b.iquat[0], -b.iquat[1], -b.iquat[2], -b.iquat[3]]
+        inv_pos = [-x for x in _mulvecmat(b.ipos, mesh_mod.quat2mat(inv_quat))]
+        for child in b.geoms + b.sites + b.cams:
+            child["pos"], child["quat"] = _frameaccum(inv_pos, inv_quat, child["pos"],
+                                                      child["quat"])
+        b.ipos, b.iquat = np.zeros(3), np.array([1.0, 0, 0, 0])
 
     def _body_inertia(self, b: Body, explicit):
         s = self.s
@@ -232,10 +253,9 @@ class TreeBuilder:
         a = el.attrs
         s = self.s
         if el.tag == "freejoint":
-            if a.get("align") not in (None, "false", "auto") or (
-                    a.get("align") == "auto" and s.alignfree):
-                raise UnsupportedFeatureError("freejoint align", el.file, el.line, el.path)
+            align = a.get("align") or "auto"
             return dict(el=el, name=a.get("name") or "", type=JointType.FREE, pos=np.zeros(3),
+                        align=align == "true" or (align == "auto" and s.alignfree),
                         axis=np.array([0.0, 0, 1]), limited=False, range=np.zeros(2),
                         ref=0.0, springref=0.0, stiffness=np.zeros(3), damping=np.zeros(3),
                         armature=0.0, frictionloss=0.0, margin=0.0,
@@ -438,6 +458,19 @@ class TreeBuilder:
 
 
 # ---------------------------------------------------------------------- helpers
+def _mulvecmat(v, mat):
+    return [mat[0] * v[0] + mat[1] * v[1] + mat[2] * v[2],
+            mat[3] * v[0] + mat[4] * v[1] + mat[5] * v[2],
+            mat[6] * v[0] + mat[7] * v[1] + mat[8] * v[2]]
+
+
+def _frameaccum(pos, quat, cpos, cquat):
+    """(pos + R(quat) cpos, quat * cquat) in mjuu_frameaccum's arithmetic."""
+    vec = _mulvecmat([float(x) for x in cpos], mesh_mod.quat2mat([float(x) for x in quat]))
+    return (np.array([pos[0] + vec[0], pos[1] + vec[1], pos[2] + vec[2]]),
+            np.array(mesh_mod.mulquat([float(x) for x in quat], [float(x) for x in cquat])))
+
+
 def _check_moving_mass(bodies):
     """A body with joints needs mass and principal inertias >= mjMINVAL, its own or
     those of a descendant welded to it through joint-free bodies (MuJoCo's
