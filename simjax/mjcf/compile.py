@@ -44,6 +44,7 @@ class Settings:
     strippath: bool = False
     fitaabb: bool = False
     alignfree: bool = False
+    discardvisual: bool = False
     default_solref: np.ndarray = dataclasses.field(
         default_factory=lambda: np.array([0.02, 1.0]))
     default_solimp: np.ndarray = dataclasses.field(
@@ -66,7 +67,8 @@ def _settings(root) -> Settings:
         for key in ("eulerseq", "inertiafromgeom"):
             if key in g:
                 setattr(s, key, a[key])
-        for key in ("autolimits", "balanceinertia", "strippath", "fitaabb", "alignfree"):
+        for key in ("autolimits", "balanceinertia", "strippath", "fitaabb", "alignfree",
+                    "discardvisual"):
             if key in g:
                 setattr(s, key, bool(a[key]))
         for key in ("boundmass", "boundinertia", "settotalmass"):
@@ -86,9 +88,8 @@ def _settings(root) -> Settings:
                 s.lengthrange.update({k: lr.attrs[k] for k in lr.given})
         if "coordinate" in g and a["coordinate"] == "global":
             raise el.error("global coordinates no longer supported; use local")
-        for key in ("fusestatic", "discardvisual"):
-            if key in g and a[key]:
-                raise UnsupportedFeatureError(f"compiler/{key}", el.file, el.line, el.path)
+        if "fusestatic" in g and a["fusestatic"]:
+            raise UnsupportedFeatureError("compiler/fusestatic", el.file, el.line, el.path)
         if len(s.eulerseq) != 3 or any(c not in "xyzXYZ" for c in s.eulerseq):
             raise el.error("euler sequence must have 3 characters from xyzXYZ")
     return s
@@ -317,6 +318,10 @@ def compile_root(root, model_dir, assets=None, extras=None):
         root, model_dir, settings, assets, _collision_meshes(root), plugins)
     tb = TreeBuilder(settings, meshes, hfields, mesh_ids, hfield_ids)
     bodies = tb.build([s for s in root.children if s.tag == "worldbody"])
+    if settings.discardvisual:
+        from simjax.mjcf import discard
+        meshes, mesh_names, mesh_els = discard.discard_visual(
+            root, bodies, meshes, mesh_names, mesh_els)
     ids = layout.name_ids(bodies, mesh_names, hfield_names)
     joints = [j for b in bodies for j in b.joints]
     if extras is not None:

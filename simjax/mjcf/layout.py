@@ -203,7 +203,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
     _body_fields(f, bodies)
     _joint_fields(f, jnt, dof, madr, dof_parent, dof_tree, nuser)
     _geom_fields(f, geoms, bodies, nuser)
-    kw["nmat"] = _material_fields(f, root, geoms)
+    kw["nmat"] = _material_fields(f, root, geoms, s.discardvisual)
     _site_cam_fields(f, sites, site_body, cams, cam_body, bodies, ids, nuser, _znear(root))
     _mesh_fields(f, meshes, hfields)
     _bvh_fields(f, kw, meshes)
@@ -318,10 +318,11 @@ def _geom_fields(f, geoms, bodies, nuser):
                                           bodies[g["bodyid"]].iquat)) for g in geoms]
 
 
-def _material_fields(f, root, geoms):
-    """mat_rgba and geom_rgba / geom_matid (used by ray casting: invisible geoms)."""
+def _material_fields(f, root, geoms, discard=False):
+    """mat_rgba and geom_rgba / geom_matid (used by ray casting: invisible geoms);
+    ``discard`` (compiler discardvisual): no materials, references forgotten."""
     mats = [el for sec in root.children if sec.tag == "asset" for el in sec.children
-            if el.tag == "material"]
+            if el.tag == "material" and not discard]
     ids = {}
     for i, el in enumerate(mats):
         name = el.attrs.get("name") or ""
@@ -332,7 +333,7 @@ def _material_fields(f, root, geoms):
     f["geom_rgba"] = _stack([g["rgba"] for g in geoms], 4)
     matid = []
     for g in geoms:
-        if g["material"] and g["material"] not in ids:
+        if g["material"] and g["material"] not in ids and not discard:
             raise g["el"].error(f"unknown material '{g['material']}'")
         matid.append(ids.get(g["material"], -1))
     f["geom_matid"] = matid
