@@ -45,6 +45,7 @@ class Settings:
     fitaabb: bool = False
     alignfree: bool = False
     discardvisual: bool = False
+    fusestatic: bool = False
     default_solref: np.ndarray = dataclasses.field(
         default_factory=lambda: np.array([0.02, 1.0]))
     default_solimp: np.ndarray = dataclasses.field(
@@ -68,7 +69,7 @@ def _settings(root) -> Settings:
             if key in g:
                 setattr(s, key, a[key])
         for key in ("autolimits", "balanceinertia", "strippath", "fitaabb", "alignfree",
-                    "discardvisual"):
+                    "discardvisual", "fusestatic"):
             if key in g:
                 setattr(s, key, bool(a[key]))
         for key in ("boundmass", "boundinertia", "settotalmass"):
@@ -88,8 +89,6 @@ def _settings(root) -> Settings:
                 s.lengthrange.update({k: lr.attrs[k] for k in lr.given})
         if "coordinate" in g and a["coordinate"] == "global":
             raise el.error("global coordinates no longer supported; use local")
-        if "fusestatic" in g and a["fusestatic"]:
-            raise UnsupportedFeatureError("compiler/fusestatic", el.file, el.line, el.path)
         if len(s.eulerseq) != 3 or any(c not in "xyzXYZ" for c in s.eulerseq):
             raise el.error("euler sequence must have 3 characters from xyzXYZ")
     return s
@@ -318,6 +317,9 @@ def compile_root(root, model_dir, assets=None, extras=None):
         root, model_dir, settings, assets, _collision_meshes(root), plugins)
     tb = TreeBuilder(settings, meshes, hfields, mesh_ids, hfield_ids)
     bodies = tb.build([s for s in root.children if s.tag == "worldbody"])
+    if settings.fusestatic:
+        from simjax.mjcf import fuse
+        bodies = fuse.fuse_static(root, bodies)
     if settings.discardvisual:
         from simjax.mjcf import discard
         meshes, mesh_names, mesh_els = discard.discard_visual(

@@ -1,0 +1,86 @@
+"""``<compiler fusestatic="true">`` against MuJoCo 4.0.0 on a scene written here: every
+comparable Model field, the names and order of every kind of element, and a
+trajectory. Static bodies under the world and inside moving bodies fuse (chains of
+them, with children that move re-parented); a referenced body stays, and so does a
+named body with a force sensor's site."""
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import mujoco
+import numpy as np
+import pytest
+
+import simjax
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
+from compare import compare, mismatched_names  # noqa: E402
+
+XML = """<mujoco><compiler fusestatic="{fuse}" discardvisual="{discard}"/>
+<worldbody>
+  <geom name="floor" type="plane" size="2 2 .1"/>
+  <body name="static_top" pos=".5 0 .1" euler="0 0 30"><geom type="box" size=".1 .1 .1"/>
+    <body pos=".2 0 0"><geom type="sphere" size=".05"/></body>
+  </body>
+  <body name="a" pos="0 0 1">
+    <freejoint/>
+    <geom name="ga" type="capsule" size=".05" fromto="0 0 0 .3 0 0"/>
+    <body name="arm" pos=".3 0 0" euler="10 20 30">
+      <joint name="h" type="hinge" axis="0 1 0" damping=".01"/>
+      <geom type="box" size=".1 .02 .02" pos=".1 0 0"/>
+      <body name="hand" pos=".2 0 0" euler="0 0 40">
+        <geom type="sphere" size=".04" mass=".2"/>
+        <geom type="box" size=".02 .02 .02" contype="0" conaffinity="0" pos="0 .03 0"/>
+        <site name="tip" pos=".05 0 0"/>
+        <camera name="eye" pos="0 0 .1" euler="0 10 0"/>
+        <body name="finger" pos=".05 .02 0" euler="5 0 0">
+          <geom type="box" size=".02 .01 .01"/>
+          <body name="nail" pos=".03 0 0"><joint type="hinge"/><geom size=".01"/></body>
+        </body>
+      </body>
+      <body name="kept" pos="0 .1 0"><geom size=".02"/></body>
+    </body>
+    <geom name="after" type="sphere" size=".03" pos="0 0 .1"/>
+  </body>
+</worldbody>
+<sensor><framepos objtype="body" objname="kept"/><framepos objtype="site" objname="tip"/>
+  <framequat objtype="camera" objname="eye"/></sensor>
+</mujoco>"""
+
+
+@pytest.mark.parametrize("fuse,discard", [("true", "false"), ("true", "true"),
+                                          ("false", "false")])
+def test_scene(fuse, discard):
+    xml = XML.format(fuse=fuse, discard=discard)
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    m = simjax.load_model(xml)
+    _, bad, _ = compare(m, mjm)
+    assert not bad, bad
+    assert not mismatched_names(m, mjm)
+    if fuse == "true":
+        assert [mjm.body(i).name for i in range(mjm.nbody)] == ["world", "a", "arm", "nail",
+                                                                "kept"]
+    mjd = mujoco.MjData(mjm)
+    mjd.qvel[:] = np.random.default_rng(0).normal(size=mjm.nv)
+    d = simjax.make_data(m).replace(qvel=jax.numpy.asarray(mjd.qvel))
+    step = jax.jit(simjax.step)
+    for _ in range(200):
+        mujoco.mj_step(mjm, mjd)
+        d = step(m, d)
+    np.testing.assert_allclose(np.asarray(d.qpos), mjd.qpos, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(d.sensordata), mjd.sensordata, atol=1e-9)
+
+
+def test_force_sensor_site_keeps_named_body():
+    """MuJoCo fuses a named body only when nothing breaks without its name: a force
+    sensor's site on it keeps it (the sensor then measures that body)."""
+    xml = XML.format(fuse="true", discard="false").replace(
+        "<sensor>", '<sensor><force site="tip"/>')
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    m = simjax.load_model(xml)
+    assert "hand" in [mjm.body(i).name for i in range(mjm.nbody)]
+    _, bad, _ = compare(m, mjm)
+    assert not bad, bad
+    assert not mismatched_names(m, mjm)
