@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import simjax
-from simjax.errors import MJCFError, UnsupportedFeatureError
+from simjax.errors import MJCFError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
 from compare import compare  # noqa: E402
@@ -95,13 +95,17 @@ def test_plate_inertia_rejected_as_in_mujoco():
         simjax.load_model(xml)
 
 
-def test_tactile_on_builtin_wedge_refused():
+def test_tactile_on_builtin_wedge():
     """The wedge's vertices carry tangent frames (three normals each), which the
-    tactile sensor's tangent channels read and simjax's Model does not hold."""
+    tactile sensor's tangent channels read: Model.mesh_frame holds MuJoCo's."""
+    from simjax import types
     xml = """<mujoco><asset><mesh name="w" builtin="wedge" params="3 3 60 45 0"/></asset>
       <worldbody><body><freejoint/><geom name="g" type="sphere" size=".1"/>
       <geom type="mesh" mesh="w" contype="0" conaffinity="0"/></body></worldbody>
       <sensor><tactile mesh="w" geom="g"/></sensor></mujoco>"""
-    mujoco.MjModel.from_xml_string(xml)
-    with pytest.raises(UnsupportedFeatureError, match="tangent"):
-        simjax.load_model(xml)
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    m = simjax.load_model(xml)
+    ref = types.mesh_frames(mjm.mesh_vertnum, mjm.mesh_normaladr, mjm.mesh_normalnum,
+                            mjm.mesh_normal)
+    assert m.nmeshframe == 9
+    np.testing.assert_array_equal(np.asarray(m.mesh_frame), ref["mesh_frame"])
