@@ -16,8 +16,8 @@ mjCModel's ``operator+=``, user_objects.cc / user_model.cc). simjax rewrites the
   its references resolve in the model as it stands after the attachment), appended to
   the model's lists.
 
-The child's <option>, <size>, <visual> and <statistic> do not apply (MuJoCo keeps the
-parent's values, warning of conflicts). The child's angle unit and euler sequence apply
+The child's <option>, <size> and <visual> meet the model's by the model's conflict
+policy (:mod:`simjax.mjcf.conflict`); its <statistic> does not apply. The child's angle unit and euler sequence apply
 to its own elements. Not supported (UnsupportedFeatureError): a child whose other
 compiler settings differ from the model's (MuJoCo compiles the child's elements with the
 child's settings), a child whose keyframes set
@@ -101,15 +101,11 @@ def _self_attach(st, el, a, ren):
 def _child(st, el, name):
     """The parsed (and expanded) child model named ``name``: root, directory, settings,
     lists, assets."""
+    from simjax.mjcf import conflict
     if name in st.children_models:
-        return st.children_models[name]
-    for c in st.root.children:
-        # the child's <option>, <size> and flags are the parent's by the default
-        # "warning" policy; "merge" and "error" compare and combine them
-        if c.tag == "compiler" and (c.attrs.get("conflict") or "warning") != "warning":
-            raise UnsupportedFeatureError(
-                f"<attach> with compiler conflict='{c.attrs['conflict']}'", c.file, c.line,
-                c.path)
+        child = st.children_models[name]
+        conflict.resolve(st.root, child["root"], name, el)
+        return child
     from simjax.mjcf.compile import _settings
     from simjax.mjcf.parse import parse
     specs = [m for sec in st.root.children if sec.tag == "asset" for m in sec.children
@@ -137,6 +133,7 @@ def _child(st, el, name):
     child = dict(root=root, dir=child_dir, settings=settings, lists=rp.list_items(root),
                  layout=_child_layout(root))
     st.children_models[name] = child
+    conflict.resolve(st.root, root, name, el)
     return child
 
 

@@ -215,14 +215,9 @@ def test_attach_errors(tmp_path, change, error, message):
       '</actuator><keyframe><key act="1"/></keyframe><actuator>'), "set act"),
     (('<compiler angle="radian"/>', '<compiler angle="radian" inertiafromgeom="true"/>'),
      "inertiafromgeom"),
-    (("", ""), "conflict='merge'"),
 ])
 def test_attach_unsupported_children(tmp_path, child_change, what):
-    parent = PARENT
-    if "conflict" in what:            # the parent's policy for the child's options
-        parent = PARENT.replace('<compiler angle="radian"/>',
-                                '<compiler angle="radian" conflict="merge"/>')
-    path = _write(tmp_path, parent, CHILD.replace(*child_change))
+    path = _write(tmp_path, PARENT, CHILD.replace(*child_change))
     mujoco.MjModel.from_xml_path(str(path))
     with pytest.raises(UnsupportedFeatureError, match=what):
         simjax.load_model(str(path))
