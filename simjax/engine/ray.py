@@ -465,18 +465,26 @@ def visible_geoms(m):
     return vis
 
 
-def ray(m, d, pnt, vec, bodyexclude):
-    """Nearest intersection of rays with the model's geoms (mj_ray, geomgroup=NULL,
-    flg_static=1).
+def ray(m, d, pnt, vec, bodyexclude, geomgroup=None, flg_static=True):
+    """Nearest intersection of rays with the model's geoms (mj_ray).
 
     pnt, vec: (n, 3) world ray origins and directions; bodyexclude: (n,) static body ids
-    whose geoms each ray ignores (-1: none). Returns (dist (n,), geomid (n,), normal
-    (n, 3)); dist -1, geomid -1 and a zero normal where nothing is hit.
+    whose geoms each ray ignores (-1: none); geomgroup: None (every group) or six
+    static flags, the geom groups the rays see (groups beyond 5 count as 5, below 0 as
+    0); flg_static: whether geoms of static bodies (welded to the world) are seen.
+    Geoms made invisible by rgba or material alpha are never seen. Returns (dist (n,),
+    geomid (n,), normal (n, 3)); dist -1, geomid -1 and a zero normal where nothing is
+    hit. Rangefinders use geomgroup=None, flg_static=True.
     """
     n = pnt.shape[0]
     dtype = pnt.dtype
     gtype = np.asarray(m.geom_type)
     vis = visible_geoms(m)
+    if not flg_static:
+        vis = vis & (np.asarray(m.body_weldid)[np.asarray(m.geom_bodyid)] != 0)
+    if geomgroup is not None:
+        group = np.clip(np.asarray(m.geom_group).reshape(-1), 0, 5)
+        vis = vis & (np.asarray(geomgroup).reshape(-1)[group] != 0)
     gbody = np.asarray(m.geom_bodyid)
     bodyexclude = np.asarray(bodyexclude).reshape(n)
     size = jnp.asarray(m.geom_size, dtype)

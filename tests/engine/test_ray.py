@@ -201,3 +201,48 @@ def test_sdf_rays():
     h = 1e-6
     fd = [(float(one(p0 + h * e)) - float(one(p0 - h * e))) / (2 * h) for e in np.eye(3)]
     np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-7)
+
+
+# --------------------------------------------------------------------------- filters
+FILTER_XML = """<mujoco><worldbody>
+  <geom type="plane" size="3 3 .1" group="1"/>
+  <geom type="box" size=".2 .2 .2" pos="0 0 .2" group="2"/>
+  <geom type="sphere" size=".2" pos="1 0 .2" group="7" rgba="1 0 0 1"/>
+  <body name="b" pos="0 1 .5"><freejoint/>
+    <geom type="capsule" size=".1 .2" group="0"/>
+    <geom type="ellipsoid" size=".1 .2 .3" pos=".4 0 0" group="3"/>
+    <geom type="cylinder" size=".2 .1" pos="-.4 0 0" group="-1"/>
+  </body>
+</worldbody></mujoco>"""
+
+
+@pytest.mark.parametrize("geomgroup,flg_static", [
+    (None, True), (None, False), ((1, 0, 1, 0, 0, 1), True), ((0, 1, 0, 1, 1, 0), False)])
+def test_geomgroup_and_static_filters(geomgroup, flg_static):
+    """mj_ray's geomgroup and flg_static filters (groups clipped to 0..5) and body
+    exclusion, against rays aimed at every geom."""
+    mjm = mujoco.MjModel.from_xml_string(FILTER_XML)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    m = model_from_mujoco(mjm)
+    d = jax.jit(fwd_position)(m, make_data(m))
+    rng = np.random.default_rng(2)
+    n = 300
+    tgt = mjd.geom_xpos[rng.integers(1, mjm.ngeom, n)] + rng.normal(0, 0.1, (n, 3))
+    pnt = tgt + rng.normal(0, 1.5, (n, 3)) + [0, 0, 1.0]
+    vec = tgt - pnt
+    excl = rng.choice([-1, 0, 1], n)
+    dist, gid, nrm = map(np.asarray, ray.ray(m, d, jnp.asarray(pnt), jnp.asarray(vec), excl,
+                                             geomgroup, flg_static))
+    group = None if geomgroup is None else np.asarray(geomgroup, np.uint8)
+    seen = set()
+    for k in range(n):
+        g = np.array([-1], np.int32)
+        nr = np.zeros(3)
+        ref = mujoco.mj_ray(mjm, mjd, pnt[k], vec[k], group, int(flg_static), int(excl[k]),
+                            g, nr)
+        assert gid[k] == g[0]
+        np.testing.assert_allclose(dist[k], ref, rtol=0, atol=TOL)
+        np.testing.assert_allclose(nrm[k], nr, rtol=0, atol=TOL)
+        seen.add(int(g[0]))
+    assert len(seen - {-1}) >= 1
