@@ -232,8 +232,8 @@ def test_geomgroup_and_static_filters(geomgroup, flg_static):
     pnt = tgt + rng.normal(0, 1.5, (n, 3)) + [0, 0, 1.0]
     vec = tgt - pnt
     excl = rng.choice([-1, 0, 1], n)
-    dist, gid, nrm = map(np.asarray, ray.ray(m, d, jnp.asarray(pnt), jnp.asarray(vec), excl,
-                                             geomgroup, flg_static))
+    fn = jax.jit(lambda p, v: ray.ray(m, d, p, v, excl, geomgroup, flg_static))
+    dist, gid, nrm = map(np.asarray, fn(jnp.asarray(pnt), jnp.asarray(vec)))
     group = None if geomgroup is None else np.asarray(geomgroup, np.uint8)
     seen = set()
     for k in range(n):
