@@ -118,3 +118,33 @@ def mismatched_names(model, mjm):
     """Kinds whose names or order differ between a simjax Model and mjModel."""
     return [k for k in NAME_KINDS
             if list(model.names.get(k, [])) != mujoco_names(mjm, k)]
+
+
+def same_model(xml):
+    """(mjModel, simjax Model) of MJCF text ``xml``, asserting every comparable field and
+    every kind of name equal."""
+    import mujoco
+    import simjax
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    model = simjax.load_model(xml)
+    _, bad, _ = compare(model, mjm)
+    assert not bad, bad
+    assert not mismatched_names(model, mjm)
+    return mjm, model
+
+
+def assert_same_trajectory(mjm, model, nstep, atol, seed=0):
+    """Steps MuJoCo and simjax ``nstep`` times from random velocities; qpos and
+    sensordata agree to ``atol``."""
+    import jax
+    import mujoco
+    import simjax
+    mjd = mujoco.MjData(mjm)
+    mjd.qvel[:] = np.random.default_rng(seed).normal(size=mjm.nv)
+    d = simjax.make_data(model).replace(qvel=jax.numpy.asarray(mjd.qvel))
+    step = jax.jit(simjax.step)
+    for _ in range(nstep):
+        mujoco.mj_step(mjm, mjd)
+        d = step(model, d)
+    np.testing.assert_allclose(np.asarray(d.qpos), mjd.qpos, atol=atol)
+    np.testing.assert_allclose(np.asarray(d.sensordata), mjd.sensordata, atol=atol)

@@ -13,15 +13,11 @@ from __future__ import annotations
 import os
 import sys
 
-import jax
-import mujoco
 import numpy as np
 import pytest
 
-import simjax
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
-from compare import compare  # noqa: E402
+from compare import assert_same_trajectory, same_model  # noqa: E402
 
 XML = """<mujoco><compiler alignfree="{alignfree}"/>
 <asset><mesh name="m" vertex="0 0 0  .3 0 0  0 .2 0  0 0 .1  .2 .1 .3"/></asset>
@@ -55,11 +51,7 @@ XML = """<mujoco><compiler alignfree="{alignfree}"/>
 
 @pytest.mark.parametrize("alignfree", ["true", "false"])
 def test_model_fields(alignfree):
-    xml = XML.format(alignfree=alignfree)
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    m = simjax.load_model(xml)
-    _, bad, _ = compare(m, mjm)
-    assert not bad, bad
+    mjm, _ = same_model(XML.format(alignfree=alignfree))
     aligned = np.all(np.abs(mjm.body_ipos) < 1e-12, axis=1)
     # a, d follow alignfree; b always; c and e (with a child) never
     expect = [alignfree == "true", True, False, alignfree == "true", False]
@@ -69,15 +61,4 @@ def test_model_fields(alignfree):
 def test_trajectory():
     """The aligned bodies fall onto the plane and tumble as in MuJoCo (qpos in the new
     frames) over 300 steps: seen 3e-14, tolerance 1e-10."""
-    xml = XML.format(alignfree="true")
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    m = simjax.load_model(xml)
-    mjd = mujoco.MjData(mjm)
-    mjd.qvel[:] = np.random.default_rng(0).normal(size=mjm.nv)
-    d = simjax.make_data(m).replace(qvel=jax.numpy.asarray(mjd.qvel))
-    step = jax.jit(simjax.step)
-    for _ in range(300):
-        mujoco.mj_step(mjm, mjd)
-        d = step(m, d)
-    np.testing.assert_allclose(np.asarray(d.qpos), mjd.qpos, atol=1e-10)
-    np.testing.assert_allclose(np.asarray(d.sensordata), mjd.sensordata, atol=1e-10)
+    assert_same_trajectory(*same_model(XML.format(alignfree="true")), 300, 1e-10)

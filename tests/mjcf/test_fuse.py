@@ -8,15 +8,10 @@ from __future__ import annotations
 import os
 import sys
 
-import jax
-import mujoco
-import numpy as np
 import pytest
 
-import simjax
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "conformance"))
-from compare import compare, mismatched_names  # noqa: E402
+from compare import assert_same_trajectory, same_model  # noqa: E402
 
 XML = """<mujoco><compiler fusestatic="{fuse}" discardvisual="{discard}"/>
 <worldbody>
@@ -53,34 +48,16 @@ XML = """<mujoco><compiler fusestatic="{fuse}" discardvisual="{discard}"/>
 @pytest.mark.parametrize("fuse,discard", [("true", "false"), ("true", "true"),
                                           ("false", "false")])
 def test_scene(fuse, discard):
-    xml = XML.format(fuse=fuse, discard=discard)
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    m = simjax.load_model(xml)
-    _, bad, _ = compare(m, mjm)
-    assert not bad, bad
-    assert not mismatched_names(m, mjm)
+    mjm, m = same_model(XML.format(fuse=fuse, discard=discard))
     if fuse == "true":
         assert [mjm.body(i).name for i in range(mjm.nbody)] == ["world", "a", "arm", "nail",
                                                                 "kept"]
-    mjd = mujoco.MjData(mjm)
-    mjd.qvel[:] = np.random.default_rng(0).normal(size=mjm.nv)
-    d = simjax.make_data(m).replace(qvel=jax.numpy.asarray(mjd.qvel))
-    step = jax.jit(simjax.step)
-    for _ in range(200):
-        mujoco.mj_step(mjm, mjd)
-        d = step(m, d)
-    np.testing.assert_allclose(np.asarray(d.qpos), mjd.qpos, atol=1e-9)
-    np.testing.assert_allclose(np.asarray(d.sensordata), mjd.sensordata, atol=1e-9)
+    assert_same_trajectory(mjm, m, 200, 1e-9)
 
 
 def test_force_sensor_site_keeps_named_body():
     """MuJoCo fuses a named body only when nothing breaks without its name: a force
     sensor's site on it keeps it (the sensor then measures that body)."""
-    xml = XML.format(fuse="true", discard="false").replace(
-        "<sensor>", '<sensor><force site="tip"/>')
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    m = simjax.load_model(xml)
+    mjm, _ = same_model(XML.format(fuse="true", discard="false").replace(
+        "<sensor>", '<sensor><force site="tip"/>'))
     assert "hand" in [mjm.body(i).name for i in range(mjm.nbody)]
-    _, bad, _ = compare(m, mjm)
-    assert not bad, bad
-    assert not mismatched_names(m, mjm)
