@@ -50,7 +50,6 @@ from simjax.engine.constraint_layout import (  # noqa: F401
 from simjax.engine.constraint_rows import (  # noqa: F401
     _anchors, _check_friction_structure, _contact_geometry, _contact_rows, _eq_rows, _f,
     _friction_rows, _limit_rows, _quat_axis, _weld_quats, put_at, take)
-from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, JointType
 
 # the module's own names and the layout names other modules read from here
@@ -276,8 +275,6 @@ def make_constraint(m, d):
     lay = layout(m, slot_dims(d))
     if lay.nefc == 0:
         return d
-    if m.opt.enableflags & EnableBit.SLEEP:
-        raise UnsupportedFeatureError("sleeping islands (EnableBit.SLEEP) in constraints")
     dtype = d.qpos.dtype
     n = lay.nefc
     geo = None

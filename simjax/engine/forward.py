@@ -56,6 +56,14 @@ def fwd_position(m, d: Data) -> Data:
     return _fwd_position(m, d)[0]
 
 
+def _check_sleep(m):
+    """Sleeping trees (MuJoCo 4's mjENBL_SLEEP) freeze where their velocities stay
+    below opt.sleep_tolerance; simjax does not sleep, so it refuses such a model
+    rather than run it awake."""
+    if m.opt.enableflags & EnableBit.SLEEP:
+        raise UnsupportedFeatureError("sleeping islands (EnableBit.SLEEP)")
+
+
 def _fwd_position(m, d: Data, euler_diag=None):
     """:func:`fwd_position`; with ``euler_diag`` (nv,) also the factor of
     qM + diag(euler_diag) that mj_Euler will need, computed with qLD (one program for
@@ -63,6 +71,7 @@ def _fwd_position(m, d: Data, euler_diag=None):
     tree_linalg.factor_ld_pair by LAPACK, see _PAIR_LAPACK): (Data, that factor or None,
     both factors packed for tree_level.solve_ld_pair or None). Without it, qLD alone
     may come packed as well (level_ld.factor_ld_packed)."""
+    _check_sleep(m)
     d = smooth.kinematics(m, d)
     d = smooth.com_pos(m, d)
     d = smooth.camlight(m, d)

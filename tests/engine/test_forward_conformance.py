@@ -143,3 +143,17 @@ def test_pack_m_layouts():
     assert legacy.shape == (mjm.nM,)
     # legacy layout: the diagonal of dof i sits at dof_Madr[i]
     np.testing.assert_allclose(legacy[mjm.dof_Madr], np.diag(np.asarray(d.qM)))
+
+
+@pytest.mark.parametrize("constraint", ["enable", "disable"])
+def test_sleep_flag_refused(constraint):
+    """MuJoCo 4's sleeping freezes trees at rest, with or without constraints: simjax,
+    which does not sleep, refuses the flag rather than simulate the trees awake."""
+    import simjax
+    from simjax.errors import UnsupportedFeatureError
+    m = simjax.load_model(
+        f'<mujoco><option><flag sleep="enable" constraint="{constraint}"/></option>'
+        '<worldbody><geom type="plane" size="1 1 .1"/><body pos="0 0 .1"><freejoint/>'
+        '<geom size=".1"/></body></worldbody></mujoco>')
+    with pytest.raises(UnsupportedFeatureError, match="sleeping"):
+        jax.eval_shape(simjax.step, m, make_data(m))
