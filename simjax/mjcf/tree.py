@@ -100,8 +100,11 @@ class TreeBuilder:
             quat = np.array([1.0, 0, 0, 0])
         local = (pos, quat)
         pos, quat = ori.frame_compose(fpos, fquat, pos, quat)
-        if _get(a, "sleep", "auto") not in (None, "auto"):
-            raise UnsupportedFeatureError("body sleep policy", el.file, el.line, el.path)
+        # a sleep policy matters only to sleeping, which the engine refuses (the sleep
+        # flag); "init" would start the tree asleep
+        if _get(a, "sleep", "auto") == "init":
+            raise UnsupportedFeatureError("body sleep policy 'init'", el.file, el.line,
+                                          el.path)
         b = Body(el=el, id=len(self.bodies), parent=parent.id, name=a.get("name") or "",
                  pos=pos, quat=quat, mocap=bool(_get(a, "mocap", False)),
                  gravcomp=float(_get(a, "gravcomp", 0.0)), el_pos_local=local[0],

@@ -236,6 +236,19 @@ def test_unsupported_feature_is_named(xml, feature):
     assert info.value.line is not None
 
 
+def test_body_sleep_policies():
+    """never / allowed compile (they matter only to sleeping, which the engine refuses);
+    init, a tree that starts asleep, is named."""
+    import simjax
+    xml = ('<mujoco><worldbody><body sleep="{}"><freejoint/><geom size=".1"/></body>'
+           '</worldbody></mujoco>')
+    for policy in ("auto", "never", "allowed"):
+        assert simjax.load_model(xml.format(policy)).nbody == 2
+    with pytest.raises(UnsupportedFeatureError) as info:
+        simjax.load_model(xml.format("init"))
+    assert "sleep policy 'init'" in info.value.feature
+
+
 # Errors found while compiling (references, names, values): load_model must locate them
 # as well. Messages follow MuJoCo's wording where it has one.
 MODEL = """<mujoco>
