@@ -17,30 +17,22 @@ Element ids after the dropped ones shift down, as in MuJoCo.
 """
 from __future__ import annotations
 
+from simjax.mjcf.compile import _sections
+
 _GEOM_ATTRS = ("geom1", "geom2")
-
-
-def _children(root, section):
-    return [el for sec in root.children if sec.tag == section for el in sec.children]
-
-
-def _walk(el):
-    yield el
-    for ch in el.children:
-        yield from _walk(ch)
 
 
 def referenced(root):
     """(geom names, mesh names) that other elements reference by name."""
     geoms, meshes = set(), set()
-    for el in _children(root, "contact"):
+    for el in _sections(root, "contact"):
         if el.tag == "pair":
             geoms.update(el.attrs.get(k) for k in _GEOM_ATTRS)
-    for ten in _children(root, "tendon"):
-        for ch in _walk(ten):
+    for ten in _sections(root, "tendon"):
+        for ch in ten.walk():
             if ch.tag == "geom":
                 geoms.add(ch.attrs.get("geom"))
-    for el in _children(root, "sensor"):
+    for el in _sections(root, "sensor"):
         a = el.attrs
         for kind, name in (("objtype", "objname"), ("reftype", "refname")):
             if a.get(kind) == "geom":
@@ -51,7 +43,7 @@ def referenced(root):
         if el.tag == "tactile":
             geoms.add(a.get("geom"))
             meshes.add(a.get("mesh"))
-    for tup in _children(root, "custom"):
+    for tup in _sections(root, "custom"):
         if tup.tag == "tuple":
             for ch in tup.children:
                 if ch.attrs.get("objtype") == "geom":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from simjax.mjcf import inertia as inr
+from simjax.mjcf.compile import _sections
 from simjax.mjcf import mesh as mesh_mod
 
 _MINVAL = 1e-15
@@ -24,17 +25,11 @@ _BODY_ATTRS = ("body", "body1", "body2", "subtree1", "subtree2", "target")
 _BODY_TYPES = ("body", "xbody")
 
 
-def _walk(el):
-    yield el
-    for ch in el.children:
-        yield from _walk(ch)
-
-
 def referenced_bodies(root):
     """Body names other elements reference."""
     names = set()
     for sec in root.children:
-        for el in _walk(sec):
+        for el in sec.walk():
             a = el.attrs
             if sec.tag != "worldbody" or el.tag in ("camera", "light"):
                 names.update(a.get(k) for k in _BODY_ATTRS)
@@ -47,23 +42,13 @@ def referenced_bodies(root):
 
 def _force_sites(root):
     """Names of the sites of force and torque sensors."""
-    return {el.attrs.get("site") for sec in root.children if sec.tag == "sensor"
-            for el in sec.children if el.tag in ("force", "torque")}
-
-
-def _frameaccum(pos, quat, cpos, cquat):
-    mat = mesh_mod.quat2mat([float(x) for x in quat])
-    v = [float(x) for x in cpos]
-    vec = [mat[0] * v[0] + mat[1] * v[1] + mat[2] * v[2],
-           mat[3] * v[0] + mat[4] * v[1] + mat[5] * v[2],
-           mat[6] * v[0] + mat[7] * v[1] + mat[8] * v[2]]
-    return (np.array([pos[0] + vec[0], pos[1] + vec[1], pos[2] + vec[2]]),
-            np.array(mesh_mod.mulquat([float(x) for x in quat], [float(x) for x in cquat])))
+    return {el.attrs.get("site") for el in _sections(root, "sensor")
+            if el.tag in ("force", "torque")}
 
 
 def _accumulate(par, body):
     """Adds ``body``'s mass and inertia to ``par``'s (mjCBody::AccumulateInertia)."""
-    ipos, iquat = _frameaccum(body.pos, body.quat, body.ipos, body.iquat)
+    ipos, iquat = mesh_mod.frameaccum(body.pos, body.quat, body.ipos, body.iquat)
     par.mass, par.ipos, par.inertia, par.iquat = inr.combine(
         [par.mass, body.mass], [par.ipos, ipos], [par.iquat, iquat],
         [par.inertia, body.inertia])
@@ -93,12 +78,13 @@ def fuse_static(root, bodies):
             _accumulate(par, body)
         for child in bodies:
             if child.parent == body.id and child is not body:
-                child.pos, child.quat = _frameaccum(body.pos, body.quat, child.pos,
-                                                    child.quat)
+                child.pos, child.quat = mesh_mod.frameaccum(body.pos, body.quat,
+                                                            child.pos, child.quat)
                 child.parent = par.id
         for kind in ("geoms", "sites", "cams"):
             for x in getattr(body, kind):
-                x["pos"], x["quat"] = _frameaccum(body.pos, body.quat, x["pos"], x["quat"])
+                x["pos"], x["quat"] = mesh_mod.frameaccum(body.pos, body.quat, x["pos"],
+                                                          x["quat"])
             getattr(par, kind).extend(getattr(body, kind))
         del bodies[i]
         _renumber(bodies)

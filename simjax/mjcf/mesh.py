@@ -895,6 +895,18 @@ def quat2mat(q) -> list:
             2 * (q13 - q02), 2 * (q23 + q01), q00 - q11 - q22 + q33]
 
 
+def mulvecmat(v, mat) -> np.ndarray:
+    """mat (9, row-major) @ v (3,) in mjuu_mulvecmat's order."""
+    return _mulmat_rows(mat, np.asarray(v, np.float64).reshape(1, 3))[0]
+
+
+def frameaccum(pos, quat, cpos, cquat):
+    """(pos + R(quat) cpos, quat * cquat) in mjuu_frameaccum's arithmetic."""
+    q = [float(x) for x in quat]
+    return (np.asarray(pos, np.float64) + mulvecmat(cpos, quat2mat(q)),
+            np.array(mulquat(q, [float(x) for x in cquat])))
+
+
 def mulquat(a, b) -> list:
     """Quaternion product a * b, normalised (mjuu_mulquat)."""
     return _normvec([a[0] * b[0] - a[1] * b[1] - a[2] * b[2] - a[3] * b[3],

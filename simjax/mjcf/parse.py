@@ -52,6 +52,12 @@ class Element:
         """Direct children with the given tag, in document order."""
         return [c for c in self.children if c.tag == tag]
 
+    def walk(self):
+        """This element and all its descendants, depth first in document order."""
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
 
 # ----------------------------------------------------------------------------------------
 # Raw XML with includes spliced

@@ -189,12 +189,12 @@ class TreeBuilder:
             return
         if any(x.parent == b.id for x in self.bodies[b.id + 1:]):
             return
-        b.pos, b.quat = _frameaccum(b.pos, b.quat, b.ipos, b.iquat)
+        b.pos, b.quat = mesh_mod.frameaccum(b.pos, b.quat, b.ipos, b.iquat)
         inv_quat = [b.iquat[0], -b.iquat[1], -b.iquat[2], -b.iquat[3]]
-        inv_pos = [-x for x in _mulvecmat(b.ipos, mesh_mod.quat2mat(inv_quat))]
+        inv_pos = -mesh_mod.mulvecmat(b.ipos, mesh_mod.quat2mat(inv_quat))
         for child in b.geoms + b.sites + b.cams:
-            child["pos"], child["quat"] = _frameaccum(inv_pos, inv_quat, child["pos"],
-                                                      child["quat"])
+            child["pos"], child["quat"] = mesh_mod.frameaccum(inv_pos, inv_quat,
+                                                              child["pos"], child["quat"])
         b.ipos, b.iquat = np.zeros(3), np.array([1.0, 0, 0, 0])
 
     def _body_inertia(self, b: Body, explicit):
@@ -461,19 +461,6 @@ class TreeBuilder:
 
 
 # ---------------------------------------------------------------------- helpers
-def _mulvecmat(v, mat):
-    return [mat[0] * v[0] + mat[1] * v[1] + mat[2] * v[2],
-            mat[3] * v[0] + mat[4] * v[1] + mat[5] * v[2],
-            mat[6] * v[0] + mat[7] * v[1] + mat[8] * v[2]]
-
-
-def _frameaccum(pos, quat, cpos, cquat):
-    """(pos + R(quat) cpos, quat * cquat) in mjuu_frameaccum's arithmetic."""
-    vec = _mulvecmat([float(x) for x in cpos], mesh_mod.quat2mat([float(x) for x in quat]))
-    return (np.array([pos[0] + vec[0], pos[1] + vec[1], pos[2] + vec[2]]),
-            np.array(mesh_mod.mulquat([float(x) for x in quat], [float(x) for x in cquat])))
-
-
 def _check_moving_mass(bodies):
     """A body with joints needs mass and principal inertias >= mjMINVAL, its own or
     those of a descendant welded to it through joint-free bodies (MuJoCo's
