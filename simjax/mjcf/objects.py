@@ -22,7 +22,7 @@ BIAS = {"none": BiasType.NONE, "affine": BiasType.AFFINE, "muscle": BiasType.MUS
         "dcmotor": BiasType.DCMOTOR, "so3": BiasType.SO3, "user": BiasType.USER}
 # actuator ``input`` signature (actuator_ctrlspec): so3 charts, servo input bits, none
 _CHART = {"expmap": 1, "quat": 2}
-_IN_POS, _IN_VEL, _IN_FF, _IN_VOLTAGE, _IN_NONE = 1, 2, 4, 8, 16
+_IN_POS, _IN_VEL, _IN_FF, _IN_VOLTAGE, _IN_NONE, _IN_PRESSURE = 1, 2, 4, 8, 16, 32
 _IN_BITS = {"pos": _IN_POS, "vel": _IN_VEL, "ff": _IN_FF, "voltage": _IN_VOLTAGE}
 
 
@@ -227,8 +227,10 @@ def actuators(els, ids, s, joints, tendon_recs):
         if not io["so3"] and gain not in (GainType.PID, GainType.DCMOTOR):
             if a.get("input") is not None:
                 raise el.error("input is only available for so3, pid and dcmotor actuators")
-            # MuJoCo 4 records the input signature of the servo shortcuts
-            ctrlspec = {"position": 1, "velocity": 2, "intvelocity": 2}.get(el.tag, 0)
+            # MuJoCo 4 records the input signature of the servo shortcuts and the
+            # cylinder's pressure input (mjINPUT_PRESSURE)
+            ctrlspec = {"position": _IN_POS, "velocity": _IN_VEL, "intvelocity": _IN_VEL,
+                        "cylinder": _IN_PRESSURE}.get(el.tag, 0)
         ctrl_lim, ctrl_rng = _ctrl_ranges(a, io, gain, cl, ctrlrange)
         recs.append(dict(name=a.get("name") or "", trntype=TrnType.SO3 if io["so3"] else trn,
                          trnid=trnid, dyntype=dyn, ctrlnum=io["ctrlnum"],

@@ -66,6 +66,12 @@ CASES = [
      '<pid joint="j" kp="1"/><position joint="j"/><motor joint="j"/>'),
     ('<general actearly="true" actdim="1" dyntype="filter"/>',
      '<intvelocity joint="j" kp="1"/><pid joint="j"/>'),
+    # every other shortcut: MuJoCo 4 records the servo shortcuts' inputs and the
+    # cylinder's pressure input in actuator_ctrlspec
+    ("", '<motor joint="j"/><position joint="j" kv="1"/><velocity joint="j"/>'
+         '<intvelocity joint="j" actrange="-1 1"/><damper joint="j" ctrlrange="0 1"/>'
+         '<cylinder joint="j"/><adhesion body="world" ctrlrange="0 1"/>'
+         '<general joint="j" dyntype="integrator" biastype="affine"/>'),
     # errors in both compilers
     ("", '<pid joint="j" input="none"/>'),
     ("", '<pid joint="j" kv="1" dampratio="1"/>'),
