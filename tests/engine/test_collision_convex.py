@@ -216,6 +216,48 @@ def test_capsule_ellipsoid_deep():
     assert err[0] < 2e-3 and err[1] < 1e-5 and err[2] < 0.05
 
 
+_ELLIPSOID_BOX = """<mujoco><worldbody>
+  <body><freejoint/><geom type="ellipsoid" size=".1 .06 .04"/></body>
+  <body pos="0 0 .5"><freejoint/><geom type="box" size=".08 .05 .03"/></body>
+</worldbody></mujoco>"""
+
+
+def test_ellipsoid_box_deep():
+    """An ellipsoid overlapping a box (random poses, centres within 0.15 per axis),
+    MuJoCo's GJK/EPA pair: same contact count at every pose; simjax's depth never
+    shallower than MuJoCo's (EPA's depth is a lower bound of the exact one, simjax's
+    the separation along its own normal, an upper bound) and deeper by at most 5e-6,
+    normals within 0.05 rad (measured in a run of 200 such poses: at most 2.3e-6 and
+    0.014; at 56 poses checked by a brute-force search of directions, simjax's depth
+    equals the optimum to 4e-8, MuJoCo's is 1e-7 to 1e-6 shallower). The optimum often lies
+    where the box's support switches vertices (n normal to a box axis): the refine
+    steps along those ridges. Before, 41 of 73 contacts were too deep by up to 1e-2
+    (normals up to 1.1 rad off; dm_control's dog: 5e-4 too deep)."""
+    mjm = mujoco.MjModel.from_xml_string(_ELLIPSOID_BOX)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    collide = jax.jit(lambda d: driver.collision(m, d))
+    rng = np.random.default_rng(0)
+    ncon = 0
+    for _ in range(100):
+        q = mjm.qpos0.copy()
+        for a in (3, 10):
+            q[a:a + 4] = rng.standard_normal(4)
+            q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
+        q[7:10] = rng.uniform(-0.15, 0.15, 3)
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        c = jax.tree_util.tree_map(np.asarray, collide(geom_poses(d0, mjd)).contact)
+        idx = np.nonzero(c.valid)[0]
+        assert len(idx) == mjd.ncon
+        for mc, i in zip(mjd.contact[:mjd.ncon], idx):
+            assert -5e-6 < c.dist[i] - mc.dist <= 1e-12, (c.dist[i], mc.dist)
+            assert np.dot(c.frame[i][0], mc.frame[:3]) > np.cos(0.05)
+            ncon += 1
+    assert ncon >= 30
+
+
 @pytest.mark.slow                                       # ~25 s, mostly compile
 def test_trossen_batched_step_memory():
     """The Trossen arm's 33 mesh-mesh pairs, vmapped over worlds: the step's temporary

@@ -212,28 +212,31 @@ def _ref_sphere_sphere(p1, z1, r1, p2, z2, r2, margin):
 
 
 def _ref_capsule_capsule(p1, m1, r1, h1, p2, m2, r2, h2, margin):
-    """mjraw_CapsuleCapsule in NumPy: the four slots' (dist, pos, normal, valid)."""
+    """MuJoCo 4.0's capsule-capsule in NumPy: the two slots' (dist, pos, normal,
+    valid): the general nearest points, or for parallel axes the ends of the
+    segments' overlap (segment 2's end projected onto segment 1 where it lies on it,
+    else segment 1's end against its clipped projection onto segment 2)."""
     a1, a2, dif = m1[:, 2] * h1, m2[:, 2] * h2, p1 - p2
     ma, mb, mc, u, v = a1 @ a1, -(a1 @ a2), a2 @ a2, -(a1 @ dif), a2 @ dif
     det = ma * mc - mb * mb
-    general = abs(det) >= MINVAL
-    sdet = det if general else 1.0
-    x1, x2 = (mc * u - mb * v) / sdet, (ma * v - mb * u) / sdet
-    x2 = (v - mb) / mc if x1 > 1 else (v + mb) / mc if x1 < -1 else x2
-    x1 = np.clip(x1, -1, 1)
-    e1p, e1m = np.clip((u - mb) / ma, -1, 1), np.clip((u + mb) / ma, -1, 1)
-    e2p, e2m = np.clip((v - mb) / mc, -1, 1), np.clip((v + mb) / mc, -1, 1)
-    x1 = e1p if x2 > 1 else e1m if x2 < -1 else x1
-    x2 = np.clip(x2, -1, 1)
-    c1 = [p1 + a1 * x1 if general else p1 + a1, p1 - a1, p1 + a1 * e1p, p1 + a1 * e1m]
-    c2 = [p2 + a2 * x2 if general else p2 + a2 * e2p, p2 + a2 * e2m, p2 + a2, p2 - a2]
-    out = [_ref_sphere_sphere(c, m1[:, 2], r1, d, m2[:, 2], r2, margin)
-           for c, d in zip(c1, c2)]
-    ok = [bool(o[3]) for o in out]
-    ok[2] = ok[2] and ok[0] + ok[1] < 2
-    ok[3] = ok[3] and ok[0] + ok[1] + ok[2] < 2
-    ok = [ok[0]] + [x and not general for x in ok[1:]]
-    return [o[:3] + (k,) for o, k in zip(out, ok)]
+    if det >= 1e-8 * ma * mc:
+        x1, x2 = (mc * u - mb * v) / det, (ma * v - mb * u) / det
+        x2 = (v - mb) / mc if x1 > 1 else (v + mb) / mc if x1 < -1 else x2
+        x1 = np.clip(x1, -1, 1)
+        x1 = (np.clip((u - mb) / ma, -1, 1) if x2 > 1 else
+              np.clip((u + mb) / ma, -1, 1) if x2 < -1 else x1)
+        x2 = np.clip(x2, -1, 1)
+        ends = [(x1, x2)]
+    else:
+        ends = []
+        for q, e in sorted([((u - mb) / ma, 1.0), ((u + mb) / ma, -1.0)]):
+            t1 = np.clip(q, -1, 1)
+            ends.append((q, e) if q == t1 else (t1, np.clip((v - mb * t1) / mc, -1, 1)))
+    out = [_ref_sphere_sphere(p1 + a1 * t1, m1[:, 2], r1, p2 + a2 * t2, m2[:, 2], r2,
+                              margin) for t1, t2 in ends]
+    if len(out) == 1:
+        out.append(out[0][:3] + (False,))
+    return [o[:3] + (bool(o[3]),) for o in out]
 
 
 def _rot_z_to(z):
@@ -248,7 +251,7 @@ def test_sphere_tests_componentwise():
     """sphere_capsule and capsule_capsule (their sphere-sphere tests written on
     components, stored by one kernel each) against the 3-vector test in NumPy: random
     pairs, coincident centres (the normal z1 x z2, or x for parallel axes) and, for
-    capsule-capsule, parallel axes (the end-point tests)."""
+    capsule-capsule, parallel axes (the overlap's ends)."""
     rng = np.random.default_rng(3)
     z = rng.standard_normal((40, 3))
     z /= np.linalg.norm(z, axis=1, keepdims=True)

@@ -82,7 +82,7 @@ Differences from MuJoCo (deliberate or not yet implemented):
 - Meshes whose hull MuJoCo does not build (no mesh_graph) get polygons here; MuJoCo
   skips multi-contact for them.
 - The refine can stop short of the optimum where sep(n) has a ridge it does not step
-  along: a sphere against a mesh hull whose nearest feature is an edge or a vertex
+  along (it steps along a capsule's, cylinder's or box's): a sphere against a mesh hull whose nearest feature is an edge or a vertex
   (shadow hand object on finger meshes: 1.1e-5 too deep, normal 0.03 rad off, in 2
   of 5 such contacts; MuJoCo's GJK is exact there), and deep random capsule-cylinder
   overlaps with several local optima (3 of 108 poses off by up to 3.6e-3 in depth).
@@ -319,8 +319,13 @@ def _refine(t1, g1, t2, g2, n, s, scale):
     capsule's support jumps from one end to the other where n crosses the plane
     normal to its axis, so sep has a ridge there (the optimum when the capsule's side
     crosses the other geom); plain steps zigzag across it and stall, so each capsule
-    adds a trial step kept on its ridge (the step with the axis component removed)."""
+    adds a trial step kept on its ridge (the step with the axis component removed).
+    A box's support switches vertices where n crosses the plane normal to one of its
+    axes (the optimum when an edge of the box is the deepest feature): each box adds
+    three such trials. Without them, ellipsoids against boxes stalled on those
+    ridges, up to 1e-2 too deep (tests/engine/test_collision_convex.py)."""
     axes = [g.mat[:, 2] for t, g in ((t1, g1), (t2, g2)) if t in (GT.CAPSULE, GT.CYLINDER)]
+    axes += [g.mat[:, k] for t, g in ((t1, g1), (t2, g2)) if t == GT.BOX for k in range(3)]
 
     def body(carry, _):
         n, s, eta = carry
