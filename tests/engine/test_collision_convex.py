@@ -176,6 +176,18 @@ _CURVED = """<mujoco><worldbody>
 </worldbody></mujoco>"""
 
 
+def _random_pose(mjm, mjd, rng):
+    """Forward ``mjd`` at random orientations of both free bodies, the second's centre
+    within 0.15 of the first's per axis."""
+    q = mjm.qpos0.copy()
+    for a in (3, 10):
+        q[a:a + 4] = rng.standard_normal(4)
+        q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
+    q[7:10] = rng.uniform(-0.15, 0.15, 3)
+    mjd.qpos[:] = q
+    mujoco.mj_forward(mjm, mjd)
+
+
 @pytest.mark.slow                                       # ~20 s, mostly compile
 def test_capsule_ellipsoid_deep():
     """A capsule crossing an ellipsoid (random poses, centres within 0.15 per axis, deep
@@ -195,13 +207,7 @@ def test_capsule_ellipsoid_deep():
     ncon = 0
     err = np.zeros(3)
     for _ in range(120):
-        q = mjm.qpos0.copy()
-        for a in (3, 10):
-            q[a:a + 4] = rng.standard_normal(4)
-            q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
-        q[7:10] = rng.uniform(-0.15, 0.15, 3)
-        mjd.qpos[:] = q
-        mujoco.mj_forward(mjm, mjd)
+        _random_pose(mjm, mjd, rng)
         d = geom_poses(d0, mjd)
         c = jax.tree_util.tree_map(np.asarray, _collide(m, d).contact)
         idx = np.nonzero(c.valid)[0]
@@ -241,13 +247,7 @@ def test_ellipsoid_box_deep():
     rng = np.random.default_rng(0)
     ncon = 0
     for _ in range(100):
-        q = mjm.qpos0.copy()
-        for a in (3, 10):
-            q[a:a + 4] = rng.standard_normal(4)
-            q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
-        q[7:10] = rng.uniform(-0.15, 0.15, 3)
-        mjd.qpos[:] = q
-        mujoco.mj_forward(mjm, mjd)
+        _random_pose(mjm, mjd, rng)
         c = jax.tree_util.tree_map(np.asarray, collide(geom_poses(d0, mjd)).contact)
         idx = np.nonzero(c.valid)[0]
         assert len(idx) == mjd.ncon
