@@ -258,6 +258,40 @@ def test_ellipsoid_box_deep():
     assert ncon >= 30
 
 
+def test_ellipsoid_mesh_deep():
+    """An ellipsoid overlapping a random convex mesh (200 random poses, as
+    :func:`test_ellipsoid_box_deep`): same contact counts, simjax's depth never
+    shallower than MuJoCo's EPA bound. The refine steps along the mesh's ridges (the
+    planes where its best support vertex changes to the second or third best). Here 7
+    of 120 contacts are more than 1e-6 deeper than MuJoCo (measured); without those
+    steps a separated pose got a contact. Over 200 poses with centres within 0.12 the
+    steps took such contacts from 57 to 10 of 168 (worst 5.5e-3 -> 1.3e-3): still short
+    of the optimum there, where the ascent meets several ridges at once."""
+    pts = np.random.default_rng(7).standard_normal((40, 3)) * [0.08, 0.06, 0.05]
+    mjm = mujoco.MjModel.from_xml_string(
+        f'<mujoco><asset><mesh name="rock" vertex="{" ".join(map(str, pts.ravel()))}"/>'
+        '</asset><worldbody><body><freejoint/><geom type="ellipsoid" size=".1 .06 .04"/>'
+        '</body><body pos="0 0 .5"><freejoint/><geom type="mesh" mesh="rock"/></body>'
+        '</worldbody></mujoco>')
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    collide = jax.jit(lambda d: driver.collision(m, d))
+    rng = np.random.default_rng(1)
+    ncon = deep = 0
+    for _ in range(200):
+        _random_pose(mjm, mjd, rng)
+        c = jax.tree_util.tree_map(np.asarray, collide(geom_poses(d0, mjd)).contact)
+        idx = np.nonzero(c.valid)[0]
+        assert len(idx) == mjd.ncon
+        for mc, i in zip(mjd.contact[:mjd.ncon], idx):
+            assert c.dist[i] - mc.dist <= 1e-12, (c.dist[i], mc.dist)
+            deep += bool(c.dist[i] - mc.dist < -1e-6)
+            ncon += 1
+    print("ellipsoid-mesh: contacts", ncon, "more than 1e-6 deeper than MuJoCo", deep)
+    assert ncon >= 100 and deep <= 0.1 * ncon
+
+
 @pytest.mark.slow                                       # ~25 s, mostly compile
 def test_trossen_batched_step_memory():
     """The Trossen arm's 33 mesh-mesh pairs, vmapped over worlds: the step's temporary
