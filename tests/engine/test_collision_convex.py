@@ -176,16 +176,29 @@ _CURVED = """<mujoco><worldbody>
 </worldbody></mujoco>"""
 
 
-def _random_pose(mjm, mjd, rng):
-    """Forward ``mjd`` at random orientations of both free bodies, the second's centre
-    within 0.15 of the first's per axis."""
-    q = mjm.qpos0.copy()
-    for a in (3, 10):
-        q[a:a + 4] = rng.standard_normal(4)
-        q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
-    q[7:10] = rng.uniform(-0.15, 0.15, 3)
-    mjd.qpos[:] = q
-    mujoco.mj_forward(mjm, mjd)
+def _matched_contacts(mjm, nposes, seed):
+    """Each contact at ``nposes`` random poses of the scene's two free bodies (random
+    orientations, the second's centre within 0.15 of the first's per axis) as
+    (simjax's contacts, its index there, MuJoCo's contact), in MuJoCo's order; the
+    contact counts are asserted equal at every pose."""
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    collide = jax.jit(lambda d: driver.collision(m, d))
+    rng = np.random.default_rng(seed)
+    for _ in range(nposes):
+        q = mjm.qpos0.copy()
+        for a in (3, 10):
+            q[a:a + 4] = rng.standard_normal(4)
+            q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
+        q[7:10] = rng.uniform(-0.15, 0.15, 3)
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        c = jax.tree_util.tree_map(np.asarray, collide(geom_poses(d0, mjd)).contact)
+        idx = np.nonzero(c.valid)[0]
+        assert len(idx) == mjd.ncon
+        for mc, i in zip(mjd.contact[:mjd.ncon], idx):
+            yield c, i, mc
 
 
 @pytest.mark.slow                                       # ~20 s, mostly compile
@@ -199,24 +212,13 @@ def test_capsule_ellipsoid_deep():
     steps along that ridge, and the witness is the point of the capsule's side nearest
     the ellipsoid's support point: before, 0.029 in depth, 0.39 in position, and 10
     contacts reported for separated pairs."""
-    mjm = mujoco.MjModel.from_xml_string(_CURVED)
-    mjd = mujoco.MjData(mjm)
-    m = model_from_mujoco(mjm)
-    d0 = io.make_data(m)
-    rng = np.random.default_rng(0)
     ncon = 0
     err = np.zeros(3)
-    for _ in range(120):
-        _random_pose(mjm, mjd, rng)
-        d = geom_poses(d0, mjd)
-        c = jax.tree_util.tree_map(np.asarray, _collide(m, d).contact)
-        idx = np.nonzero(c.valid)[0]
-        assert len(idx) == mjd.ncon
-        for mc, i in zip(mjd.contact[:mjd.ncon], idx):
-            e = [np.linalg.norm(c.pos[i] - mc.pos), abs(c.dist[i] - mc.dist),
-                 np.arccos(np.clip(np.dot(c.frame[i][0], mc.frame[:3]), -1, 1))]
-            err = np.maximum(err, e)
-            ncon += 1
+    for c, i, mc in _matched_contacts(mujoco.MjModel.from_xml_string(_CURVED), 120, 0):
+        e = [np.linalg.norm(c.pos[i] - mc.pos), abs(c.dist[i] - mc.dist),
+             np.arccos(np.clip(np.dot(c.frame[i][0], mc.frame[:3]), -1, 1))]
+        err = np.maximum(err, e)
+        ncon += 1
     print("capsule-ellipsoid: contacts", ncon, "max error (pos, dist, normal)", err)
     assert ncon >= 30
     assert err[0] < 2e-3 and err[1] < 1e-5 and err[2] < 0.05
@@ -239,22 +241,12 @@ def test_ellipsoid_box_deep():
     where the box's support switches vertices (n normal to a box axis): the refine
     steps along those ridges. Before, 41 of 73 contacts were too deep by up to 1e-2
     (normals up to 1.1 rad off; dm_control's dog: 5e-4 too deep)."""
-    mjm = mujoco.MjModel.from_xml_string(_ELLIPSOID_BOX)
-    mjd = mujoco.MjData(mjm)
-    m = model_from_mujoco(mjm)
-    d0 = io.make_data(m)
-    collide = jax.jit(lambda d: driver.collision(m, d))
-    rng = np.random.default_rng(0)
     ncon = 0
-    for _ in range(100):
-        _random_pose(mjm, mjd, rng)
-        c = jax.tree_util.tree_map(np.asarray, collide(geom_poses(d0, mjd)).contact)
-        idx = np.nonzero(c.valid)[0]
-        assert len(idx) == mjd.ncon
-        for mc, i in zip(mjd.contact[:mjd.ncon], idx):
-            assert -5e-6 < c.dist[i] - mc.dist <= 1e-12, (c.dist[i], mc.dist)
-            assert np.dot(c.frame[i][0], mc.frame[:3]) > np.cos(0.05)
-            ncon += 1
+    for c, i, mc in _matched_contacts(mujoco.MjModel.from_xml_string(_ELLIPSOID_BOX),
+                                      100, 0):
+        assert -5e-6 < c.dist[i] - mc.dist <= 1e-12, (c.dist[i], mc.dist)
+        assert np.dot(c.frame[i][0], mc.frame[:3]) > np.cos(0.05)
+        ncon += 1
     assert ncon >= 30
 
 
@@ -273,21 +265,11 @@ def test_ellipsoid_mesh_deep():
         '</asset><worldbody><body><freejoint/><geom type="ellipsoid" size=".1 .06 .04"/>'
         '</body><body pos="0 0 .5"><freejoint/><geom type="mesh" mesh="rock"/></body>'
         '</worldbody></mujoco>')
-    mjd = mujoco.MjData(mjm)
-    m = model_from_mujoco(mjm)
-    d0 = io.make_data(m)
-    collide = jax.jit(lambda d: driver.collision(m, d))
-    rng = np.random.default_rng(1)
     ncon = deep = 0
-    for _ in range(200):
-        _random_pose(mjm, mjd, rng)
-        c = jax.tree_util.tree_map(np.asarray, collide(geom_poses(d0, mjd)).contact)
-        idx = np.nonzero(c.valid)[0]
-        assert len(idx) == mjd.ncon
-        for mc, i in zip(mjd.contact[:mjd.ncon], idx):
-            assert c.dist[i] - mc.dist <= 1e-12, (c.dist[i], mc.dist)
-            deep += bool(c.dist[i] - mc.dist < -1e-6)
-            ncon += 1
+    for c, i, mc in _matched_contacts(mjm, 200, 1):
+        assert c.dist[i] - mc.dist <= 1e-12, (c.dist[i], mc.dist)
+        deep += bool(c.dist[i] - mc.dist < -1e-6)
+        ncon += 1
     print("ellipsoid-mesh: contacts", ncon, "more than 1e-6 deeper than MuJoCo", deep)
     assert ncon >= 100 and deep <= 0.1 * ncon
 
