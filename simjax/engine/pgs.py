@@ -654,7 +654,12 @@ def _pgs_solve(spec, p, force0, iterations, order):
         return force
 
     def seg(x):
-        return jnp.zeros(nisl + 1, dtype).at[rowisl].add(x)[:nisl]
+        # sum per island as a select over the islands and one fused reduction: the
+        # scatter-add it replaces was a loop over every world's rows on XLA CPU, once
+        # per sweep (paired wall time, float32, batch 1024: the Gymnasium humanoid's
+        # step 0.94-0.97x, humanoid-standup 0.96x; batch 256 0.92x)
+        return reduce_fused(where(rowisl[:, None] == jnp.arange(nisl), x[:, None], 0.0),
+                            0)
 
     def row(x, fill):
         return jnp.concatenate([x, jnp.asarray([fill], x.dtype)])[rowisl]
