@@ -62,9 +62,17 @@ position (one patch corner in 3 states of 20), depths to 1e-6.
 Differences from MuJoCo (deliberate or not yet implemented):
 
 - Where several polygon pairs (or edge/face pairs) qualify, MuJoCo takes the first in
-  its polygon order, simjax the best aligned; polygon vertex order (start vertex) may
-  differ from MuJoCo's, which can change polygonQuad's pick on polygons of more than
-  4 clipped points (the trossen tolerance above).
+  its polygon order, simjax the best aligned, except for a cylinder's or capsule's
+  edge in a face (the first face in simjax's polygon order). MuJoCo's polygon order
+  is the iteration order of its compiler's hash map keyed by rounded face angles
+  (mjCMesh::MakePolygons), filled in qhull's facet order; scipy's qhull lists the
+  same facets in another order, so that order is not reproduced. Seen on a capsule
+  buried deeper than its radius in a random hull: the optimum lies on a hull edge
+  whose two faces both hold the capsule's axis within EDGE_TOL, and MuJoCo and simjax
+  build the patch on different ones (5 of 53 random two-contact poses, contacts up
+  to 7.8e-2 apart). Polygon vertex order (start vertex) may differ from MuJoCo's,
+  which can change polygonQuad's pick on polygons of more than 4 clipped points (the
+  trossen tolerance above).
 - A sphere against a mesh does not go through the SAT candidates: the exact distance
   of its centre to the hull (closest triangle or edge, or the shallowest face when the
   centre is inside) is in convex_sphere.py.
