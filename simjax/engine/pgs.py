@@ -367,14 +367,27 @@ def block_order(m, d, lay):
 
 
 def _block_perm(bkey, cls, bisl, kbound, nisl):
-    """Blocks sorted by (island, class, key): the argsort of one int32 key where (nisl +
-    1) * 4 * kbound fits (the keys are distinct within a class, so no ties), else a
-    lexsort. XLA's CPU sort of one key and an index ran a world's 164 blocks (the
-    Gymnasium humanoid) in 30 us where the lexsort took 45 us."""
-    if (nisl + 1) * 4 * kbound <= np.iinfo(np.int32).max:
-        key = (bisl * 4 + jnp.asarray(cls)) * kbound + bkey
+    """Blocks sorted by (island, class, key), ties (inactive blocks) by index: where
+    the key times the block count fits int32, one sort of the key with the block's
+    index in its low digits (the index is the remainder after the sort), else the
+    stable argsort of the key where it fits, else a lexsort. XLA CPU sorts one operand
+    several times faster than a key with its indices: 164 blocks, batch 1024, 2.8
+    against 15.6 us per world; the Gymnasium humanoid's step 0.93x the wall time
+    (paired, float32, batch 1024; the same orders)."""
+    nb = bkey.shape[0]
+    top = (nisl + 1) * 4 * kbound
+    key = (bisl * 4 + jnp.asarray(cls)) * kbound + bkey if top <= np.iinfo(
+        np.int32).max else None
+    if _PACKED_SORT and top * nb <= np.iinfo(np.int32).max:
+        return jnp.sort(key * nb + jnp.asarray(np.arange(nb, dtype=np.int32))) % nb
+    if key is not None:
         return jnp.argsort(key, stable=True).astype(jnp.int32)
     return jnp.lexsort((bkey, jnp.asarray(cls), bisl)).astype(jnp.int32)
+
+
+#: :func:`_block_perm` sorts the packed key where it fits (read at trace time; False:
+#: the argsort, kept to compare)
+_PACKED_SORT = True
 
 
 def _shuffle(perm, gen, nblk, first):
