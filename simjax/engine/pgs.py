@@ -596,7 +596,7 @@ def _pgs_solve(spec, p, force0, iterations, order):
     ineq = jnp.asarray(spec.ineq)
     nisl = order["nisl"]
     rowisl = order["rowisl"]
-    scale = _island_scale(p, order, dtype)
+    scale = _island_scale(p, order)
     bstart = np.asarray(order["start"])           # static tables: _block_sweep reads
     bkind = np.asarray(order["kind"])             # them without a gather where it can
     bisl = order["bisl"]
@@ -737,7 +737,7 @@ def _pgs_solve(spec, p, force0, iterations, order):
 _ROW_SELECTS = 4
 
 
-def _island_scale(p, order, dtype):
+def _island_scale(p, order):
     """1 / trace of each island's block of M (its dofs' diagonal inertias): MuJoCo 4.0.0
     divides the improvements (and gradients) of its per-island solvers by this, not by
     meaninertia * nv (measured: reported improvements are the cost decreases divided by
@@ -783,7 +783,7 @@ def _noslip(spec, p, force, iterations, lay, order, one=None):
     dtype = force.dtype
     nefc = spec.nefc
     nisl = order["nisl"]
-    scale = _island_scale(p, order, dtype)
+    scale = _island_scale(p, order)
     dinv = 1.0 / math.maximum(MINVAL, jnp.diag(A))
     edims = order["edims"]
     dmax = max((2,) + edims)

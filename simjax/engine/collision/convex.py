@@ -113,7 +113,7 @@ from simjax.engine.collision.common import Pre, argmax, argmin, cross, dot, norm
 # attach_meshes, mesh_table and plane_table are also read from here
 from simjax.engine.collision.convex_hull import (  # noqa: F401
     attach_meshes, mesh_table, plane_table)
-from simjax.engine.collision.convex_polytope import poly_contacts
+from simjax.engine.collision.convex_polytope import best3, poly_contacts
 # MAX_EDGE_PAIRS: pairs of edge directions scored with full supports (beyond: edge_axis)
 from simjax.engine.collision.convex_edges import MAX_EDGE_PAIRS, edge_axis, uses_search
 from simjax.types import GeomType as GT
@@ -367,12 +367,13 @@ def _mesh_ridges(t1, g1, t2, g2, n):
     third best support vertices to its best along ``n`` (geom 2: along -n). A mesh's
     support switches between the best vertex and such a one where n crosses the plane
     normal to their difference: near a ridge of sep, the ridge is that plane, as a
-    box axis is a box's."""
+    box axis is a box's. (The hull's padding vertices, repeats of its last one, are
+    left out: as a second best they gave no direction.)"""
     out = []
     for t, g, sgn in ((t1, g1, 1.0), (t2, g2, -1.0)):
         if t != GT.MESH:
             continue
-        _, k = jax.lax.top_k(g.vert @ (g.mat.T @ (sgn * n)), 3)
+        k, _ = best3(g.vert, g.extra["nvert"], g.mat.T @ (sgn * n))
         for j in (1, 2):
             e, _ = normalize((g.vert[k[0]] - g.vert[k[j]]) @ g.mat.T)
             out.append(e)

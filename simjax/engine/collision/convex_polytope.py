@@ -59,12 +59,18 @@ def _polytope(t, geo):
             ex["fnormal"] @ geo.mat.T, ex["vface"], ex["npoly"] > 0, ex["nvert"])
 
 
+def best3(vert, nvert, u):
+    """Ids (3,) of the 3 vertices of ``vert`` (V, 3; the first ``nvert`` real, the rest
+    padding) farthest along ``u`` (in vert's frame), best first, and every vertex's
+    projection (padding -inf)."""
+    pr = jnp.where(jnp.arange(vert.shape[0]) < nvert, vert @ u, -jnp.inf)
+    return jax.lax.top_k(pr, 3)[1], pr
+
+
 def _feature(poly, u):
     """Support feature of a polytope along u: its 3 best vertex ids and dimension
     (1 vertex, 2 edge, 3 face), as the vertices of the final EPA face on that side."""
-    vw, nvert = poly[0], poly[6]
-    pr = jnp.where(jnp.arange(vw.shape[0]) < nvert, vw @ u, -jnp.inf)
-    _, idx = jax.lax.top_k(pr, 3)
+    idx, pr = best3(poly[0], poly[6], u)
     close = pr[idx] >= pr[idx[0]] - FEATURE_TOL
     dim = 1 + close[1].astype(jnp.int32) + (close[1] & close[2]).astype(jnp.int32)
     return idx, dim
