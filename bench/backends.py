@@ -159,11 +159,19 @@ class _JaxBackend:
 
 
 class SimJax(_JaxBackend):
-    """simjax: our compiler, ``simjax.step`` under jit + vmap."""
+    """simjax: our compiler, ``simjax.step`` under jit + vmap.
+
+    ``threads``: the batch is cut into that many chunks, stepped at once from threads
+    (``simjax.rollout``'s ``concurrent``, as ``simjax.rollout_batch`` does on CPU); the
+    state stays cut between calls, as a training loop would keep it. None: the count
+    ``rollout_batch`` would take (``auto_threads``: the usable cores on CPU, 1 on a
+    GPU). The compile is that of one chunk's program, the memory that of one chunk's
+    program times the chunks (they run at once). Gradients run on the whole batch.
+    """
 
     name = "simjax"
 
-    def __init__(self, mjm, batch, nstep, path, disableflags):
+    def __init__(self, mjm, batch, nstep, path, disableflags, threads=1):
         import jax
         import jax.numpy as jnp
 
@@ -179,6 +187,30 @@ class SimJax(_JaxBackend):
             jnp.asarray(ctrl, d0.qpos.dtype))
         self.model = model
         self._setup(simjax.step, model, data, nstep)
+        from simjax.rollout import auto_threads, split_batch
+        self.threads = (auto_threads(batch, jax.tree_util.tree_leaves(data))
+                        if threads is None else threads)
+        self.chunks = split_batch(data, self.threads)
+
+    def compile(self):
+        if self.threads == 1:
+            return super().compile()
+        t0 = time.perf_counter()
+        self._compiled = self._roll.lower(self.chunks[0]).compile()
+        return time.perf_counter() - t0
+
+    def run(self):
+        if self.threads == 1:
+            return super().run()
+        from simjax.rollout import concurrent
+
+        def go():
+            self.chunks = concurrent(self._compiled, [(c,) for c in self.chunks])
+        return _timed(go)
+
+    def memory(self):
+        one = super().memory()
+        return None if one is None else one * self.threads
 
     def compile_step(self):
         import simjax

@@ -113,7 +113,7 @@ def _reader(stream, q):
 
 
 def run_one(backend, model, batch, chunk, grad_nstep, timeout, budget, on_phase=None,
-            compile_step=False):
+            compile_step=False, simjax_threads=None):
     """Run one worker; each phase it announces gets ``timeout`` seconds. Returns the
     last row it reported, with ``error`` (forward) or ``grad_error`` set on a timeout,
     a crash or a kill."""
@@ -123,6 +123,8 @@ def run_one(backend, model, batch, chunk, grad_nstep, timeout, budget, on_phase=
         cmd += ["--grad-nstep", str(grad_nstep)]
     if compile_step:
         cmd += ["--compile-step"]
+    if simjax_threads is not None and backend == "simjax":
+        cmd += ["--simjax-threads", str(simjax_threads)]
     row = dict(model=model, backend=backend, batch=batch)
     phase, t_phase = "start", time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
@@ -231,6 +233,12 @@ def markdown(rows, meta):
             f"{_cell(s, 'grad_sps', 'grad_error')} / {_cell(x, 'grad_sps', 'grad_error')} | "
             f"{_fmt(s.get('memory_bytes'), 'MB')} / {_fmt(x.get('memory_bytes'), 'MB')} / "
             f"{_fmt(c.get('memory_bytes'), 'MB')} |")
+    threads = sorted({r["threads"] for r in rows if r.get("threads")})
+    if threads:
+        lines += ["", "simjax stepped each batch as " + " or ".join(map(str, threads)) +
+                  " chunk(s) at once, from threads, as `simjax.rollout_batch` does on CPU "
+                  "(compile: one chunk's program; memory: one chunk's program times the "
+                  "chunks)."]
     errors = [(r, k) for r in rows for k in ("error", "grad_error") if r.get(k)]
     if errors:
         lines += ["", "Errors and timeouts (each phase, compile included, has the "
@@ -297,6 +305,10 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int,
                     help="steps per compiled rollout call (default: 4 at batch 1024, "
                          "see CHUNK); 1 compiles and times a single step per call")
+    ap.add_argument("--simjax-threads", type=int,
+                    help="chunks of the batch simjax steps at once from threads (default: "
+                         "as simjax.rollout_batch, the usable cores on CPU; 1: one "
+                         "program over the whole batch)")
     ap.add_argument("--out", help="results folder (default bench/results, "
                                   "bench/results/quick with --quick)")
     ap.add_argument("--name", help="results file stem (default <device>-<date>)")
@@ -349,7 +361,8 @@ def main(argv=None):
                 row = run_one(backend, model, batch, args.chunk or chunk_for(batch), grad, args.timeout,
                               args.budget, on_phase=lambda p, label=label:
                               bar.set_postfix_str(f"{label} {p}"),
-                              compile_step=args.compile_step)
+                              compile_step=args.compile_step,
+                              simjax_threads=args.simjax_threads)
             if grad_skip:
                 row["grad_error"] = grad_skip
             row.update(wall_s=round(time.perf_counter() - t0, 1), date=today, commit=commit)

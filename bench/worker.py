@@ -22,6 +22,11 @@ warm-up call gives the cost of a call, and the number of timed calls is sized to
 
 Usage: python -m bench.worker BACKEND MODEL_KEY BATCH CHUNK [--budget S]
                               [--grad-nstep N] [--no-forward] [--compile-step]
+                              [--simjax-threads N]
+
+simjax steps its batch as ``simjax.rollout_batch`` does: on CPU cut into one chunk
+per usable core, the chunks run at once from threads (``--simjax-threads 1``: one
+program over the whole batch, as before 2026-12-05-c); the row records ``threads``.
 """
 from __future__ import annotations
 
@@ -55,7 +60,7 @@ def _error(e):
 
 
 def measure(backend_name, key, batch, chunk, grad_nstep=0, budget=3.0, forward=True,
-            compile_step=False):
+            compile_step=False, threads=None):
     """Measure and report (``RESULT`` lines); returns the final row."""
     from bench import backends
     from bench.models import MODELS, mj_model
@@ -68,7 +73,8 @@ def measure(backend_name, key, batch, chunk, grad_nstep=0, budget=3.0, forward=T
         if backend_name == "mujoco":
             return backends.MuJoCoC(mjm, batch, nstep)
         if backend_name == "simjax":
-            return backends.SimJax(mjm, batch, nstep, spec.path, spec.disableflags)
+            return backends.SimJax(mjm, batch, nstep, spec.path, spec.disableflags,
+                                   threads)
         if backend_name == "mjx":
             return backends.MJX(mjm, batch, nstep)
         raise ValueError(f"unknown backend {backend_name}")
@@ -81,6 +87,8 @@ def measure(backend_name, key, batch, chunk, grad_nstep=0, budget=3.0, forward=T
         try:
             b = build(chunk)
             row["nstep"] = chunk
+            if hasattr(b, "threads"):
+                row["threads"] = b.threads
             if compile_step and backend_name != "mujoco":
                 row["compile_step_s"] = b.compile_step()
                 _emit("RESULT", json.dumps(row))
@@ -139,10 +147,14 @@ def main(argv=None):
     ap.add_argument("--no-forward", action="store_true")
     ap.add_argument("--compile-step", action="store_true",
                     help="also time the compile of one batched step (a second compile)")
+    ap.add_argument("--simjax-threads", type=int, default=None,
+                    help="chunks of the batch simjax steps at once (default: as "
+                         "simjax.rollout_batch, the usable cores on CPU)")
     args = ap.parse_args(argv)
     try:
         measure(args.backend, args.model, args.batch, args.chunk, args.grad_nstep,
-                args.budget, forward=not args.no_forward, compile_step=args.compile_step)
+                args.budget, forward=not args.no_forward, compile_step=args.compile_step,
+                threads=args.simjax_threads)
     except Exception as e:          # e.g. an unknown model key
         traceback.print_exc(file=sys.stderr)
         _emit("RESULT", json.dumps(dict(model=args.model, backend=args.backend,

@@ -2,7 +2,8 @@
 
 - ``simjax info MODEL``: sizes and options of a compiled model;
 - ``simjax rollout MODEL --batch N --steps T [--out traj.npz]``: step N perturbed copies
-  of the model T steps (jit + vmap, progress bar); the .npz holds qpos, qvel, ctrl,
+  of the model T steps (jit + vmap, progress bar; on CPU the batch is cut into one
+  chunk per usable core, stepped at once from threads); the .npz holds qpos, qvel, ctrl,
   sensordata and time with shape (T, N, ...). Compiled programs are kept in JAX's
   persistent compilation cache (``--compile-cache DIR``, default
   ``$XDG_CACHE_HOME/simjax/xla`` or ``~/.cache/simjax/xla``; ``--no-compile-cache``
@@ -99,8 +100,10 @@ def _rollout(args) -> int:
 
     _use_compile_cache(None if args.no_compile_cache else args.compile_cache)
     import simjax
+    from simjax.rollout import auto_threads, concat_batch, concurrent, split_batch
     model = simjax.load_model(args.model)
     data = _initial_batch(model, args.batch, args.seed, args.noise)
+    datas = split_batch(data, auto_threads(args.batch, jax.tree_util.tree_leaves(data)))
     chunk = max(1, min(args.chunk, args.steps))
     rng = np.random.default_rng(args.seed + 1)
 
@@ -131,9 +134,11 @@ def _rollout(args) -> int:
                 u = np.where(limited, lo[:, 0] + (u + 1) / 2 * (lo[:, 1] - lo[:, 0]), u)
             else:
                 u = np.zeros((args.batch, n, model.nu))
-            uj = jnp.asarray(u, data.qpos.dtype)
-            data, traj = advance(data, uj)
-            jax.block_until_ready(data.qpos)
+            uj = jnp.asarray(u, datas[0].qpos.dtype)
+            # the batch's chunks stepped at once, one thread each (CPU: both cores busy)
+            out = concurrent(advance, list(zip(datas, split_batch(uj, len(datas)))))
+            datas = [o[0] for o in out]
+            traj = concat_batch([o[1] for o in out]) if args.out else None
             if args.out:
                 for k in ("qpos", "qvel", "sensordata", "time"):
                     rec[k].append(np.swapaxes(np.asarray(getattr(traj, k)), 0, 1))
@@ -141,6 +146,7 @@ def _rollout(args) -> int:
             done += n
             bar.update(n * args.batch)
     wall = time.perf_counter() - t0
+    data = concat_batch(datas)
     bad = int(np.sum(np.asarray(data.warning).sum(axis=-1) > 0))
     print(f"{args.batch} worlds x {args.steps} steps in {wall:.2f} s (incl. compile): "
           f"{args.batch * args.steps / wall:,.0f} steps/s; worlds with warnings: {bad}")

@@ -57,3 +57,22 @@ def test_chunk_option_sets_rollout_length(monkeypatch, tmp_path, argv, chunk):
     run.main(["--quick", "--models", "ant", "--backends", "simjax",
               "--out", str(tmp_path), "--name", "t"] + argv)
     assert seen == [chunk]
+
+
+@pytest.mark.parametrize("argv, threads", [([], None), (["--simjax-threads", "1"], 1)])
+def test_simjax_threads_option_and_note(monkeypatch, tmp_path, argv, threads):
+    seen = []
+
+    def fake_run_one(backend, model, batch, chunk, *args, simjax_threads=None, **kw):
+        seen.append(simjax_threads)
+        return dict(model=model, batch=batch, backend=backend, sps=1.0, threads=2)
+
+    monkeypatch.setattr(run, "run_one", fake_run_one)
+    monkeypatch.setattr(run, "plot", lambda rows, path: None)
+    run.main(["--quick", "--models", "ant", "--backends", "simjax",
+              "--out", str(tmp_path), "--name", "t"] + argv)
+    assert seen == [threads]
+    table = (tmp_path / "t.md").read_text()
+    assert "simjax stepped each batch as 2 chunk(s) at once" in table
+    meta = dict(device="d", cpu="c", jax="0", mujoco="4", date="x", command="c")
+    assert "chunk(s) at once" not in run.markdown([_row("ant", 64, "simjax", sps=1.0)], meta)

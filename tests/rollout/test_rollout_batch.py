@@ -117,3 +117,88 @@ def test_mesh_argument():
     assert _mesh(mesh) is mesh
     with pytest.raises(ValueError, match="1-D mesh"):
         _mesh(jax.sharding.Mesh(np.array(devs).reshape(1, -1), ("a", "b")))
+
+
+# ------------------------------------------------------- chunks stepped at once (CPU)
+from simjax.rollout import (MIN_CHUNK, auto_threads, concat_batch,  # noqa: E402
+                            concurrent, split_batch)
+
+
+def test_threads_match_one_program():
+    """The batch cut into chunks stepped at once from threads gives the values of one
+    program over the whole batch (each world's arithmetic is its own), with batched
+    Model leaves cut with it, the final Data joined as the trajectory is."""
+    m = _euler_cartpole()
+    data, ctrl = _inputs(m, 8, 10)
+    axes = jax.tree_util.tree_map(lambda _: None, m).replace(body_mass=0)
+    scale = jnp.linspace(0.5, 2, 8)[:, None]
+    mb = m.replace(body_mass=jnp.asarray(m.body_mass)[None] * scale)
+    ref, ref_final = simjax.rollout_batch(mb, data, ctrl, model_axes=axes,
+                                          return_data=True, threads=1)
+    for n in (2, 4):
+        traj, final = simjax.rollout_batch(mb, data, ctrl, model_axes=axes,
+                                           return_data=True, threads=n)
+        for a, b in zip(jax.tree_util.tree_leaves((traj, final)),
+                        jax.tree_util.tree_leaves((ref, ref_final))):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+    # the worlds differ (the masses differ): a wrong chunk order would show
+    assert float(jnp.max(jnp.abs(ref.qpos[0, -1] - ref.qpos[-1, -1]))) > 1e-3
+    with pytest.raises(ValueError, match="divide the batch size 8"):
+        simjax.rollout_batch(m, data, ctrl, threads=3)
+    with pytest.raises(ValueError, match="divide the batch size 8"):
+        simjax.rollout_batch(m, data, ctrl, threads=0)
+
+
+def test_concurrent_and_chunks():
+    f = jax.jit(lambda x, y: (x * 2.0, y + 1))
+    x = jnp.arange(12.0).reshape(6, 2)
+    y = jnp.arange(6)
+    parts = split_batch((x, y), 3)
+    assert [p[0].shape for p in parts] == [(2, 2)] * 3
+    out = concurrent(f, parts)          # the first call with this signature: compiled alone
+    out2 = concurrent(f, parts)         # then all at once
+    for o in (out, out2):
+        joined = concat_batch(o)
+        np.testing.assert_array_equal(joined[0], x * 2.0)
+        np.testing.assert_array_equal(joined[1], y + 1)
+    assert concurrent(f, []) == []
+    with pytest.raises(ValueError, match="do not split into 4"):
+        split_batch((x, y), 4)
+    with pytest.raises(ValueError, match="do not split"):
+        split_batch((x, jnp.arange(5)), 1)
+
+
+def test_auto_threads():
+    x = jnp.zeros((1024, 3))
+    n = auto_threads(1024, [x])
+    assert 1 <= n <= (os.cpu_count() or 1) and 1024 % n == 0
+    # chunks of at least MIN_CHUNK worlds; a batch that no count divides stays whole
+    assert auto_threads(MIN_CHUNK, [x]) == 1
+    assert auto_threads(1021, [x]) == 1            # a prime
+    # inside a trace (a caller's jit or grad) the batch is never cut
+    seen = []
+    jax.make_jaxpr(lambda v: seen.append(auto_threads(1024, [v])) or v)(x)
+    assert seen == [1]
+    # NumPy arrays are not placed on a device: one program
+    assert auto_threads(1024, [np.zeros((1024, 3))]) == 1
+
+
+def test_bench_backend_keeps_chunks():
+    """The bench's simjax backend steps its batch as chunks at once and keeps them cut
+    between calls; its steps equal one program's over the batch."""
+    backends = pytest.importorskip("bench.backends")
+    import mujoco
+    mjm = mujoco.MjModel.from_xml_path(CARTPOLE)
+    one = backends.SimJax(mjm, 32, 2, CARTPOLE, 0, threads=1)
+    two = backends.SimJax(mjm, 32, 2, CARTPOLE, 0, threads=2)
+    assert two.threads == 2 and [c.qpos.shape[0] for c in two.chunks] == [16, 16]
+    for b in (one, two):
+        b.compile()
+        b.run()
+        b.run()
+    joined = concat_batch(two.chunks)
+    np.testing.assert_allclose(joined.qpos, one.data.qpos, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(joined.qvel, one.data.qvel, rtol=0, atol=1e-12)
+    # the worlds differ, so a swap of the chunks would show
+    assert float(jnp.max(jnp.abs(joined.qpos[0] - joined.qpos[-1]))) > 1e-4
