@@ -18,6 +18,7 @@ waits for the slower half), while two programs running at once fill both cores.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -195,6 +196,39 @@ def _pool(n):
         return _POOL
 
 
+def _config_snapshot():
+    """(the caller's thread-local jax settings as (state, value) pairs, the caller's
+    trace context), or (None, None) where jax lacks these internals.
+
+    jax's settings entered as context managers (``jax.enable_x64(True)``,
+    ``jax.default_matmul_precision``, ...) hold for the thread that entered them
+    alone: a worker thread would trace and run ``fn`` without them (float64 inputs
+    truncated to float32, among others)."""
+    try:
+        from jax._src import config as jc
+        local = [(st, st.get_local()) for st in jc.config_states.values()]
+        unset = jc.config_ext.unset
+        return [(st, v) for st, v in local if v is not unset], jc.trace_context()
+    except Exception:         # pragma: no cover (another jax's internals)
+        return None, None
+
+
+#: returned by a worker whose settings could not be made the caller's
+_MISMATCH = object()
+
+
+def _call_as(fn, args, local, context):
+    """``fn(*args)`` waited for, in a worker thread with the caller's settings
+    (:func:`_config_snapshot`); :data:`_MISMATCH` where they differ still."""
+    from jax._src import config as jc
+    with contextlib.ExitStack() as stack:
+        for st, v in local:
+            stack.enter_context(st(v))
+        if jc.trace_context() != context:
+            return _MISMATCH
+        return jax.block_until_ready(fn(*args))
+
+
 def _signature(fn, args):
     leaves, treedef = jax.tree_util.tree_flatten(args)
     return id(fn), treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x))))
@@ -217,7 +251,10 @@ def concurrent(fn, chunks):
     gain nothing.
 
     The first call with a new signature (argument shapes and types) runs its first
-    chunk alone, so that ``fn`` compiles once, then the rest at once. Returns the list
+    chunk alone, so that ``fn`` compiles once, then the rest at once. The worker
+    threads run under the caller's jax settings (its thread-local context managers,
+    such as ``jax.enable_x64``); where they cannot be carried over, the calls run one
+    by one in the caller. Returns the list
     of results in the order of ``chunks``. Exceptions propagate from the first failing
     call.
     """
@@ -233,9 +270,15 @@ def concurrent(fn, chunks):
     else:
         rest = chunks
     if rest:
+        local, context = _config_snapshot()
+        if local is None:
+            # the caller's settings cannot be carried over: run here, one by one
+            return out + [jax.block_until_ready(fn(*a)) for a in rest]
         pool = _pool(len(rest))
-        futures = [pool.submit(lambda a=a: jax.block_until_ready(fn(*a))) for a in rest]
-        out += [f.result() for f in futures]
+        futures = [pool.submit(_call_as, fn, a, local, context) for a in rest]
+        got = [f.result() for f in futures]
+        out += [jax.block_until_ready(fn(*a)) if r is _MISMATCH else r
+                for a, r in zip(rest, got)]
     return out
 
 

@@ -202,3 +202,34 @@ def test_bench_backend_keeps_chunks():
     np.testing.assert_allclose(joined.qvel, one.data.qvel, rtol=0, atol=1e-12)
     # the worlds differ, so a swap of the chunks would show
     assert float(jnp.max(jnp.abs(joined.qpos[0] - joined.qpos[-1]))) > 1e-4
+
+
+def test_concurrent_keeps_the_callers_settings(monkeypatch):
+    """A setting entered as a context manager holds in the caller's thread alone; the
+    worker threads run under it too (here float64, which a worker without it would
+    truncate to float32), not falling back to calls in the caller."""
+    import sys
+    mod = sys.modules["simjax.rollout"]
+    ran = []
+
+    def record(*args):
+        r = call_as(*args)
+        ran.append(r is not mod._MISMATCH)
+        return r
+    call_as = mod._call_as
+    monkeypatch.setattr(mod, "_call_as", record)
+    if jax.config.jax_enable_x64:
+        ctx, want = jax.enable_x64(False), jnp.float32
+    else:
+        ctx, want = jax.enable_x64(True), jnp.float64
+    with ctx:
+        f = jax.jit(lambda x: x * 3)
+        x = jnp.arange(8, dtype=want) / 7
+        parts = split_batch(x, 4)
+        for _ in range(2):
+            out = concurrent(f, [(p,) for p in parts])
+            assert [o.dtype for o in out] == [want] * 4
+            np.testing.assert_array_equal(concat_batch(out), x * 3)
+    # 3 chunks in workers on the first call (the first chunk compiles in the caller), 4
+    # on the second, every one under the caller's settings
+    assert ran == [True] * 7
