@@ -166,7 +166,7 @@ class SimJax(_JaxBackend):
     state stays cut between calls, as a training loop would keep it. None: the count
     ``rollout_batch`` would take (``auto_threads``: the usable cores on CPU, 1 on a
     GPU). The compile is that of one chunk's program, the memory that of one chunk's
-    program times the chunks (they run at once). Gradients run on the whole batch.
+    program times the chunks (they run at once); the same for the gradient.
     """
 
     name = "simjax"
@@ -210,6 +210,25 @@ class SimJax(_JaxBackend):
 
     def memory(self):
         one = super().memory()
+        return None if one is None else one * self.threads
+
+    def compile_grad(self):
+        if self.threads == 1:
+            return super().compile_grad()
+        t0 = time.perf_counter()
+        c = self.chunks[0]
+        self._compiled_grad = self._grad.lower(c.qvel, c).compile()
+        return time.perf_counter() - t0
+
+    def run_grad(self):
+        if self.threads == 1:
+            return super().run_grad()
+        from simjax.rollout import concurrent
+        return _timed(lambda: concurrent(self._compiled_grad,
+                                         [(c.qvel, c) for c in self.chunks]))
+
+    def memory_grad(self):
+        one = super().memory_grad()
         return None if one is None else one * self.threads
 
     def compile_step(self):

@@ -202,6 +202,15 @@ def test_bench_backend_keeps_chunks():
     np.testing.assert_allclose(joined.qvel, one.data.qvel, rtol=0, atol=1e-12)
     # the worlds differ, so a swap of the chunks would show
     assert float(jnp.max(jnp.abs(joined.qpos[0] - joined.qpos[-1]))) > 1e-4
+    # the gradient over the chunks: each world's own, as over the whole batch
+    for b in (one, two):
+        b.compile_grad()
+    loss, grad = one._compiled_grad(one.data.qvel, one.data)
+    parts = [two._compiled_grad(c.qvel, c) for c in two.chunks]
+    np.testing.assert_allclose(jnp.concatenate([p[0] for p in parts]), loss, rtol=1e-12)
+    np.testing.assert_allclose(jnp.concatenate([p[1] for p in parts]), grad, rtol=0,
+                               atol=1e-12)
+    assert two.run_grad() > 0 and two.memory_grad() is not None
 
 
 def test_concurrent_keeps_the_callers_settings(monkeypatch):
