@@ -103,7 +103,12 @@ def _rollout(args) -> int:
     from simjax.rollout import auto_threads, concat_batch, concurrent, split_batch
     model = simjax.load_model(args.model)
     data = _initial_batch(model, args.batch, args.seed, args.noise)
-    datas = split_batch(data, auto_threads(args.batch, jax.tree_util.tree_leaves(data)))
+    nthread = (auto_threads(args.batch, jax.tree_util.tree_leaves(data))
+               if args.threads is None else args.threads)
+    if nthread < 1 or args.batch % nthread:
+        raise SystemExit(f"--threads {nthread} must be positive and divide --batch "
+                         f"{args.batch}")
+    datas = split_batch(data, nthread)
     chunk = max(1, min(args.chunk, args.steps))
     rng = np.random.default_rng(args.seed + 1)
 
@@ -207,6 +212,9 @@ def main(argv=None) -> int:
     p.add_argument("--ctrl", choices=("zero", "random"), default="zero")
     p.add_argument("--noise", type=float, default=0.01, help="initial perturbation")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="chunks of the batch stepped at once, one thread each (default: "
+                        "on CPU the usable cores, where they divide the batch)")
     p.add_argument("--out", help=".npz file for qpos, qvel, ctrl, sensordata, time")
     p.add_argument("--compile-cache", default=_default_cache_dir(), metavar="DIR",
                    help="JAX persistent compilation cache (default: %(default)s)")

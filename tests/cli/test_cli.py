@@ -5,6 +5,7 @@ import sys
 
 import mujoco
 import numpy as np
+import pytest
 
 from simjax.cli import _initial_batch, main
 
@@ -75,6 +76,17 @@ def test_rollout_writes_trajectory_and_plot(tmp_path, capsys):
             np.testing.assert_allclose(z["qvel"][k, w], mjd.qvel, rtol=0, atol=1e-9)
             np.testing.assert_allclose(z["sensordata"][k, w], mjd.sensordata, rtol=0,
                                        atol=1e-10)
+    # the batch as three chunks stepped at once from threads: the same trajectories
+    out3 = tmp_path / "traj3.npz"
+    assert main(["rollout", str(xml), "--batch", "3", "--steps", "30", "--chunk", "15",
+                 "--ctrl", "random", "--out", str(out3), "--no-compile-cache",
+                 "--threads", "3"]) == 0
+    z3 = np.load(out3)
+    for k in ("qpos", "qvel", "ctrl", "sensordata", "time"):
+        np.testing.assert_allclose(z3[k], z[k], rtol=0, atol=1e-12)
+    with pytest.raises(SystemExit, match="must be positive and divide --batch 3"):
+        main(["rollout", str(xml), "--batch", "3", "--steps", "2", "--threads", "2",
+              "--no-compile-cache"])
     png = tmp_path / "traj.png"
     assert main(["plot", str(out), "--out", str(png)]) == 0
     assert png.stat().st_size > 1000
