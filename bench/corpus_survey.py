@@ -1,10 +1,12 @@
 """simjax against MuJoCo C on every corpus model: batched steps/s and compile time.
 
 Usage: python bench/corpus_survey.py [--batch 1024] [--steps 10] [--timeout 300]
-                                     [--models gym_ant/ant.xml,...]
+                                     [--models gym_ant/ant.xml,...] [--threads N]
 
 Each model runs in a fresh child process: ``jit(vmap(fori_loop(step)))`` over ``--batch``
-worlds for ``--steps`` steps, in float32, from qpos0 with velocities of N(0, 0.1), no
+worlds for ``--steps`` steps (as ``simjax.rollout_batch`` on CPU: one chunk of the batch
+per usable core, the chunks at once from threads; ``--threads 1``: one program over the
+batch, as the runs before 2026-12-05's last), in float32, from qpos0 with velocities of N(0, 0.1), no
 control; the median of 5 timed calls. MuJoCo C: ``mujoco.rollout`` on 2 threads from the
 same states, median of 3. A row per model: simjax and C steps/s, their ratio and
 simjax's compile time (wall); a child that fails or passes ``--timeout`` prints its
@@ -41,14 +43,17 @@ d = jax.vmap(lambda q, v: d0.replace(qpos=q, qvel=v))(jnp.asarray(qs, jnp.float3
                                                       jnp.asarray(vs, jnp.float32))
 roll = jax.jit(jax.vmap(lambda d: jax.lax.fori_loop(0, T, lambda i, d: simjax.step(m, d),
                                                      d)))
+from simjax.rollout import auto_threads, concurrent, split_batch
+n = auto_threads(B, jax.tree_util.tree_leaves(d)) if {threads} is None else {threads}
+chunks = [(c,) for c in split_batch(d, n)]
 t0 = time.perf_counter()
-run = roll.lower(d).compile()
+run = roll.lower(chunks[0][0]).compile()
 compile_s = time.perf_counter() - t0
-jax.block_until_ready(run(d))
+concurrent(run, chunks)
 ts = []
 for _ in range(5):
     t = time.perf_counter()
-    jax.block_until_ready(run(d))
+    concurrent(run, chunks)
     ts.append(time.perf_counter() - t)
 ours = B * T / np.median(ts)
 mjd = mujoco.MjData(mjm)
@@ -82,12 +87,14 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--models", default="")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="chunks of the batch at once (default: as simjax.rollout_batch)")
     args = ap.parse_args()
     models = args.models.split(",") if args.models else _models()
     print(f"{'model':60s} {'simjax':>9s} {'C':>9s} {'simjax/C':>8s} {'compile':>8s}")
     for rel in models:
         code = _CHILD.format(root=ROOT, path=os.path.join(CORPUS, rel), batch=args.batch,
-                             steps=args.steps)
+                             steps=args.steps, threads=args.threads)
         try:
             out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                                  text=True, timeout=args.timeout)
