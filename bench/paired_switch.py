@@ -6,12 +6,14 @@ Each value of the switch (a module attribute read at trace time, such as
 bench (``bench.backends.SimJax``: same states, same step count per call); after two
 warm-up calls each, the programs are timed in alternating order, round after round,
 so that a drift of the machine (or of the rollout's state, which each program carries
-from call to call) falls on every value alike. Prints compile seconds and, per value,
+from call to call) falls on every value alike. The batch runs as the bench runs it (on
+CPU as one chunk per core at once; ``--threads 1``: one program, as measurements before
+2026-12-05's chunked stepping were). Prints compile seconds and, per value,
 the median call and its steps/s with every call's time.
 
 Usage: python -m bench.paired_switch --switch simjax.engine.solver_worlds._PER_WORLD_WORK
            --values False,True [--models humanoid,ant] [--batch 4096] [--nstep 2]
-           [--rounds 6] [--json out.json]
+           [--rounds 6] [--json out.json] [--threads N]
 Values are Python literals (``ast.literal_eval``).
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _switch(path):
     return module, name
 
 
-def measure(key, module, name, values, batch, nstep, rounds):
+def measure(key, module, name, values, batch, nstep, rounds, threads=None):
     """{value: [seconds per call]} for bench model ``key``, the values' calls
     alternated (the order reversed every other round)."""
     from bench import backends, models
@@ -48,7 +50,8 @@ def measure(key, module, name, values, batch, nstep, rounds):
     try:
         for v in values:
             setattr(module, name, v)
-            b = backends.SimJax(mjm, batch, nstep, spec.path, spec.disableflags)
+            b = backends.SimJax(mjm, batch, nstep, spec.path, spec.disableflags,
+                                threads)
             print(f"{key} {name}={v!r} compile {b.compile():.2f} s", flush=True)
             b.run()
             b.run()
@@ -77,12 +80,16 @@ def main(argv=None):
     ap.add_argument("--nstep", type=int, default=2, help="steps per rollout call")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--json", help="write {model: {value: [seconds]}} here")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="chunks of the batch at once (default: as the bench, the usable "
+                         "cores on CPU; 1: one program over the batch)")
     a = ap.parse_args(argv)
     module, name = _switch(a.switch)
     values = [ast.literal_eval(v) for v in a.values.split(",")]
     out = {}
     for key in a.models.split(","):
-        times = measure(key, module, name, values, a.batch, a.nstep, a.rounds)
+        times = measure(key, module, name, values, a.batch, a.nstep, a.rounds,
+                        a.threads)
         out[key] = {repr(v): t for v, t in times.items()}
     if a.json:
         with open(a.json, "w") as f:
