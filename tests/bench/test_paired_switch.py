@@ -21,8 +21,9 @@ def test_measure_builds_one_program_per_value_and_alternates(monkeypatch):
     log = []
 
     class Fake:
-        def __init__(self, mjm, batch, nstep, path, disableflags):
+        def __init__(self, mjm, batch, nstep, path, disableflags, threads):
             self.value = module.FLAG          # read when the program is built
+            assert threads is None            # as the bench: chunks per core on CPU
 
         def compile(self):
             return 0.0
@@ -46,7 +47,7 @@ def test_measure_takes_a_model_path(monkeypatch):
     seen = []
 
     class Fake:
-        def __init__(self, mjm, batch, nstep, path, disableflags):
+        def __init__(self, mjm, batch, nstep, path, disableflags, threads):
             seen.append((mjm, path, disableflags))
 
         def compile(self):
