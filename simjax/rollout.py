@@ -185,10 +185,10 @@ MIN_CHUNK = 32
 
 _POOL = None
 _POOL_LOCK = threading.Lock()
-#: hashes of the (function id, signature) of the calls :func:`concurrent` has seen
-#: complete: a new one runs its first chunk alone, so that its compile happens once, in
-#: the caller (hashes, not the signatures, which hold Models' static arrays; a
-#: collision would only let a first call compile in two threads at once)
+#: hashes of the (function id, signature) of the calls :func:`concurrent` has seen: a
+#: new one is compiled first, in the caller, so that its compile happens once (hashes,
+#: not the signatures, which hold Models' static arrays; a collision would only let a
+#: first call compile in two threads at once)
 _SEEN = set()
 
 
@@ -258,8 +258,10 @@ def concurrent(fn, chunks):
     four or eight chunks no faster than two. On a GPU the calls queue on one device and
     gain nothing.
 
-    The first call with a new signature (argument shapes and types) runs its first
-    chunk alone, so that ``fn`` compiles once, then the rest at once. The worker
+    The first call with a new signature (argument shapes and types) compiles a jitted
+    ``fn`` once, in the caller (``fn.lower(...).compile()``, whose program the calls
+    then find in jit's caches), and runs every chunk at once; another function has its
+    first chunk run alone (it may compile on its first call), then the rest. The worker
     threads run under the caller's jax settings (its thread-local context managers,
     such as ``jax.enable_x64``); where they cannot be carried over, the calls run one
     by one in the caller. Returns the list
@@ -271,12 +273,17 @@ def concurrent(fn, chunks):
         return []
     out = []
     key = hash(_signature(fn, chunks[0]))
-    if key not in _SEEN or len(chunks) == 1:
-        out.append(jax.block_until_ready(fn(*chunks[0])))
-        _SEEN.add(key)
-        rest = chunks[1:]
-    else:
-        rest = chunks
+    rest = chunks
+    if len(chunks) == 1:
+        rest, out = [], [jax.block_until_ready(fn(*chunks[0]))]
+    elif key not in _SEEN and not isinstance(fn, jax.stages.Compiled):
+        if hasattr(fn, "lower"):
+            # a jit: compiled here, once; its calls in the threads then find the program
+            fn.lower(*chunks[0]).compile()
+        else:
+            # another function: its first chunk alone (it may compile on its first call)
+            rest, out = chunks[1:], [jax.block_until_ready(fn(*chunks[0]))]
+    _SEEN.add(key)
     if rest:
         local, context = _config_snapshot()
         if local is None:

@@ -156,8 +156,17 @@ def test_concurrent_and_chunks():
     y = jnp.arange(6)
     parts = split_batch((x, y), 3)
     assert [p[0].shape for p in parts] == [(2, 2)] * 3
-    out = concurrent(f, parts)          # the first call with this signature: compiled alone
+    out = concurrent(f, parts)          # the first call with this signature: compiled first
     out2 = concurrent(f, parts)         # then all at once
+    # not a jit: the first chunk alone on the first call, then the rest
+    calls = []
+
+    def g(x, y):
+        calls.append(x.shape)
+        return f(x, y)
+    out3 = concurrent(g, parts)
+    assert len(calls) == 3
+    np.testing.assert_array_equal(concat_batch(out3)[0], x * 2.0)
     for o in (out, out2):
         joined = concat_batch(o)
         np.testing.assert_array_equal(joined[0], x * 2.0)
@@ -239,6 +248,6 @@ def test_concurrent_keeps_the_callers_settings(monkeypatch):
             out = concurrent(f, [(p,) for p in parts])
             assert [o.dtype for o in out] == [want] * 4
             np.testing.assert_array_equal(concat_batch(out), x * 3)
-    # 3 chunks in workers on the first call (the first chunk compiles in the caller), 4
-    # on the second, every one under the caller's settings
-    assert ran == [True] * 7
+    # 4 chunks in workers on each call (the jit compiled in the caller first), every
+    # one under the caller's settings
+    assert ran == [True] * 8
