@@ -264,26 +264,25 @@ def concurrent(fn, chunks):
     first chunk run alone (it may compile on its first call), then the rest. The worker
     threads run under the caller's jax settings (its thread-local context managers,
     such as ``jax.enable_x64``); where they cannot be carried over, the calls run one
-    by one in the caller. Returns the list
-    of results in the order of ``chunks``. Exceptions propagate from the first failing
-    call.
+    by one in the caller. Returns the list of results in the order of ``chunks``.
+    Exceptions propagate from the first failing call.
     """
     chunks = [tuple(c) for c in chunks]
     if not chunks:
         return []
-    out = []
-    key = hash(_signature(fn, chunks[0]))
-    rest = chunks
     if len(chunks) == 1:
-        rest, out = [], [jax.block_until_ready(fn(*chunks[0]))]
-    elif key not in _SEEN and not isinstance(fn, jax.stages.Compiled):
-        if hasattr(fn, "lower"):
-            # a jit: compiled here, once; its calls in the threads then find the program
-            fn.lower(*chunks[0]).compile()
-        else:
-            # another function: its first chunk alone (it may compile on its first call)
-            rest, out = chunks[1:], [jax.block_until_ready(fn(*chunks[0]))]
-    _SEEN.add(key)
+        return [jax.block_until_ready(fn(*chunks[0]))]
+    out, rest = [], chunks
+    if not isinstance(fn, jax.stages.Compiled):       # (a compiled program: nothing to do)
+        key = hash(_signature(fn, chunks[0]))
+        if key not in _SEEN:
+            if hasattr(fn, "lower"):
+                # a jit: compiled here, once; its calls in the threads find the program
+                fn.lower(*chunks[0]).compile()
+            else:
+                # another function: its first chunk alone (it may compile on that call)
+                rest, out = chunks[1:], [jax.block_until_ready(fn(*chunks[0]))]
+            _SEEN.add(key)
     if rest:
         local, context = _config_snapshot()
         if local is None:
