@@ -131,11 +131,13 @@ class _JaxBackend:
         self._compiled = self._roll.lower(self.data).compile()
         return time.perf_counter() - t0
 
-    def compile_step(self, step, model):
-        """Seconds to compile one batched step (the figure users wait for)."""
+    def compile_step(self, step, model, data=None):
+        """Seconds to compile one batched step (the figure users wait for), over
+        ``data`` (default: the whole batch)."""
         import jax
         t0 = time.perf_counter()
-        jax.jit(jax.vmap(lambda d: step(model, d))).lower(self.data).compile()
+        jax.jit(jax.vmap(lambda d: step(model, d))).lower(
+            self.data if data is None else data).compile()
         return time.perf_counter() - t0
 
     def run(self):
@@ -233,7 +235,8 @@ class SimJax(_JaxBackend):
 
     def compile_step(self):
         import simjax
-        return super().compile_step(simjax.step, self.model)
+        # the program stepping one chunk, as the rollout's
+        return super().compile_step(simjax.step, self.model, self.chunks[0])
 
 
 class MJX(_JaxBackend):
