@@ -6,8 +6,8 @@ Usage: python bench/corpus_survey.py [--batch 1024] [--steps 10] [--timeout 300]
 Each model runs in a fresh child process: ``jit(vmap(fori_loop(step)))`` over ``--batch``
 worlds for ``--steps`` steps (as ``simjax.rollout_batch`` on CPU: one chunk of the batch
 per usable core, the chunks at once from threads; ``--threads 1``: one program over the
-batch, as the runs before 2026-12-05's last), in float32, from qpos0 with velocities of N(0, 0.1), no
-control; the median of 5 timed calls. MuJoCo C: ``mujoco.rollout`` on 2 threads from the
+batch, as the runs before 2026-12-05's last), in float32, from qpos0 with velocities
+of N(0, 0.1), no control; the median of 5 timed calls. MuJoCo C: ``mujoco.rollout`` on 2 threads from the
 same states, median of 3. A row per model: simjax and C steps/s, their ratio and
 simjax's compile time (wall); a child that fails or passes ``--timeout`` prints its
 last error line. The states are the models' own start, not settled ones: contact-rich

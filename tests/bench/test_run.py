@@ -75,4 +75,5 @@ def test_simjax_threads_option_and_note(monkeypatch, tmp_path, argv, threads):
     table = (tmp_path / "t.md").read_text()
     assert "simjax stepped each batch as 2 chunk(s) at once" in table
     meta = dict(device="d", cpu="c", jax="0", mujoco="4", date="x", command="c")
-    assert "chunk(s) at once" not in run.markdown([_row("ant", 64, "simjax", sps=1.0)], meta)
+    one = [_row("ant", 64, "simjax", sps=1.0)]
+    assert "chunk(s) at once" not in run.markdown(one, meta)
