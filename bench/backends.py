@@ -189,21 +189,27 @@ class SimJax(_JaxBackend):
             jnp.asarray(ctrl, d0.qpos.dtype))
         self.model = model
         self._setup(simjax.step, model, data, nstep)
-        from simjax.rollout import auto_threads, split_batch
-        self.threads = (auto_threads(batch, jax.tree_util.tree_leaves(data))
-                        if threads is None else threads)
-        self.chunks = split_batch(data, self.threads)
+        from simjax.rollout import chunk_count
+        self.threads = chunk_count(batch, data, threads)
+        self.data = data            # cut into the chunks (one for threads=1)
+
+    @property
+    def data(self):
+        """The batch's state, joined from the chunks that each call steps at once."""
+        from simjax.rollout import concat_batch
+        return concat_batch(self.chunks)
+
+    @data.setter
+    def data(self, value):
+        from simjax.rollout import split_batch
+        self.chunks = split_batch(value, getattr(self, "threads", 1))
 
     def compile(self):
-        if self.threads == 1:
-            return super().compile()
         t0 = time.perf_counter()
         self._compiled = self._roll.lower(self.chunks[0]).compile()
         return time.perf_counter() - t0
 
     def run(self):
-        if self.threads == 1:
-            return super().run()
         from simjax.rollout import concurrent
 
         def go():
@@ -215,16 +221,12 @@ class SimJax(_JaxBackend):
         return None if one is None else one * self.threads
 
     def compile_grad(self):
-        if self.threads == 1:
-            return super().compile_grad()
         t0 = time.perf_counter()
         c = self.chunks[0]
         self._compiled_grad = self._grad.lower(c.qvel, c).compile()
         return time.perf_counter() - t0
 
     def run_grad(self):
-        if self.threads == 1:
-            return super().run_grad()
         from simjax.rollout import concurrent
         return _timed(lambda: concurrent(self._compiled_grad,
                                          [(c.qvel, c) for c in self.chunks]))

@@ -43,9 +43,8 @@ d = jax.vmap(lambda q, v: d0.replace(qpos=q, qvel=v))(jnp.asarray(qs, jnp.float3
                                                       jnp.asarray(vs, jnp.float32))
 roll = jax.jit(jax.vmap(lambda d: jax.lax.fori_loop(0, T, lambda i, d: simjax.step(m, d),
                                                      d)))
-from simjax.rollout import auto_threads, concurrent, split_batch
-n = auto_threads(B, jax.tree_util.tree_leaves(d)) if {threads} is None else {threads}
-chunks = [(c,) for c in split_batch(d, n)]
+from simjax.rollout import chunk_count, concurrent, split_batch
+chunks = [(c,) for c in split_batch(d, chunk_count(B, d, {threads}))]
 t0 = time.perf_counter()
 run = roll.lower(chunks[0][0]).compile()
 compile_s = time.perf_counter() - t0

@@ -100,15 +100,13 @@ def _rollout(args) -> int:
 
     _use_compile_cache(None if args.no_compile_cache else args.compile_cache)
     import simjax
-    from simjax.rollout import auto_threads, concat_batch, concurrent, split_batch
+    from simjax.rollout import chunk_count, concat_batch, concurrent, split_batch
     model = simjax.load_model(args.model)
     data = _initial_batch(model, args.batch, args.seed, args.noise)
-    nthread = (auto_threads(args.batch, jax.tree_util.tree_leaves(data))
-               if args.threads is None else args.threads)
-    if nthread < 1 or args.batch % nthread:
-        raise SystemExit(f"--threads {nthread} must be positive and divide --batch "
-                         f"{args.batch}")
-    datas = split_batch(data, nthread)
+    try:
+        datas = split_batch(data, chunk_count(args.batch, data, args.threads))
+    except ValueError as e:
+        raise SystemExit(f"--threads: {e}")
     chunk = max(1, min(args.chunk, args.steps))
     rng = np.random.default_rng(args.seed + 1)
 

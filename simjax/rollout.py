@@ -323,11 +323,12 @@ def _cores():
         return os.cpu_count() or 1
 
 
-def auto_threads(nbatch, leaves=()):
-    """The chunk count :func:`rollout_batch` uses by default: 1 unless every leaf in
-    ``leaves`` is a concrete array on a CPU device; then the largest count up to the
-    usable cores that divides ``nbatch`` into chunks of at least :data:`MIN_CHUNK`."""
-    for x in leaves:
+def auto_threads(nbatch, tree=()):
+    """The chunk count :func:`rollout_batch` uses by default: 1 unless every leaf of
+    the pytree ``tree`` (the batch's inputs) is a concrete array on a CPU device; then
+    the largest count up to the usable cores that divides ``nbatch`` into chunks of at
+    least :data:`MIN_CHUNK`."""
+    for x in jax.tree_util.tree_leaves(tree):
         if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array):
             return 1
         if any(d.platform != "cpu" for d in x.devices()):
@@ -336,6 +337,18 @@ def auto_threads(nbatch, leaves=()):
         if nbatch % t == 0:
             return t
     return 1
+
+
+def chunk_count(nbatch, tree, threads=None):
+    """``threads`` checked against the batch size ``nbatch`` (ValueError unless it is
+    positive and divides it), or for None :func:`auto_threads` of ``tree``."""
+    if threads is None:
+        return auto_threads(nbatch, tree)
+    n = int(threads)
+    if n < 1 or nbatch % n:
+        raise ValueError(f"threads={threads} must be positive and divide the batch size "
+                         f"{nbatch}")
+    return n
 
 
 def rollout_batch(model, data, ctrl=None, nstep=None, devices=None, model_axes=None,
@@ -390,11 +403,7 @@ def rollout_batch(model, data, ctrl=None, nstep=None, devices=None, model_axes=N
     fn, shardings = _batched_fn(_axes_key(model_axes), nstep, bool(checkpoint),
                                 bool(return_data), mesh)
     if mesh is None:
-        leaves = jax.tree_util.tree_leaves((data, ctrl))
-        n = auto_threads(nbatch, leaves) if threads is None else int(threads)
-        if n < 1 or nbatch % n:
-            raise ValueError(f"rollout_batch: threads={threads} must be positive and "
-                             f"divide the batch size {nbatch}")
+        n = chunk_count(nbatch, (data, ctrl), threads)
         if n > 1:
             return _rollout_chunks(fn, model, data, ctrl, model_axes, n)
     if mesh is not None:
@@ -422,11 +431,14 @@ def _rollout_chunks(fn, model, data, ctrl, model_axes, n):
         models = [model] * n
     else:
         # the batched Model leaves are cut with the batch; the shared ones are kept
-        flat_axes = jax.tree_util.tree_leaves(model_axes, is_leaf=lambda x: x is None)
-        leaves, treedef = jax.tree_util.tree_flatten(model)
-        cut = [split_batch(x, n) if ax is not None else [x] * n
-               for ax, x in zip(flat_axes, leaves)]
-        models = [jax.tree_util.tree_unflatten(treedef, [c[i] for c in cut])
-                  for i in range(n)]
+        size = datas[0].qpos.shape[0]
+        sizes = jax.tree_util.tree_map(lambda ax, x: None if ax is None else np.shape(x)[0],
+                                       model_axes, model, is_leaf=lambda x: x is None)
+        if any(k != size * n for k in jax.tree_util.tree_leaves(sizes)):
+            raise ValueError(f"rollout_batch: the batched Model leaves need the leading "
+                             f"batch size {size * n}")
+        models = [jax.tree_util.tree_map(
+            lambda ax, x, i=i: x if ax is None else x[i * size:(i + 1) * size],
+            model_axes, model, is_leaf=lambda x: x is None) for i in range(n)]
     outs = concurrent(fn, list(zip(models, datas, ctrls)))
     return concat_batch(outs)

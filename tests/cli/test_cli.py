@@ -84,7 +84,7 @@ def test_rollout_writes_trajectory_and_plot(tmp_path, capsys):
     z3 = np.load(out3)
     for k in ("qpos", "qvel", "ctrl", "sensordata", "time"):
         np.testing.assert_allclose(z3[k], z[k], rtol=0, atol=1e-12)
-    with pytest.raises(SystemExit, match="must be positive and divide --batch 3"):
+    with pytest.raises(SystemExit, match="must be positive and divide the batch size 3"):
         main(["rollout", str(xml), "--batch", "3", "--steps", "2", "--threads", "2",
               "--no-compile-cache"])
     png = tmp_path / "traj.png"

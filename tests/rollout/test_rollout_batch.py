@@ -148,6 +148,9 @@ def test_threads_match_one_program():
         simjax.rollout_batch(m, data, ctrl, threads=3)
     with pytest.raises(ValueError, match="divide the batch size 8"):
         simjax.rollout_batch(m, data, ctrl, threads=0)
+    wrong = m.replace(body_mass=jnp.asarray(m.body_mass)[None] * jnp.ones((16, 1)))
+    with pytest.raises(ValueError, match="leading batch size 8"):
+        simjax.rollout_batch(wrong, data, ctrl, model_axes=axes, threads=2)
 
 
 def test_concurrent_and_chunks():
