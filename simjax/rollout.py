@@ -48,7 +48,7 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
     """Step ``data`` ``nstep`` times, applying ``ctrl[t]`` before step t (mj_step each).
 
     model: Model; data: Data (one world); ctrl: (nstep, nu) controls, or None to keep
-    ``data.ctrl`` (then ``nstep`` is required). Returns a :class:`Trajectory` of the
+    ``data.ctrl`` (then ``nstep`` is required); ValueError for another shape. Returns a :class:`Trajectory` of the
     states after every step, or ``(trajectory, final_data)`` if ``return_data``.
     ``checkpoint`` rematerialises steps in reverse-mode autodiff to save memory.
     """
@@ -56,6 +56,9 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
         if nstep is None:
             raise ValueError("rollout needs ctrl or nstep")
         ctrl = jnp.broadcast_to(data.ctrl, (nstep,) + data.ctrl.shape)
+    elif jnp.ndim(ctrl) != 2 or jnp.shape(ctrl)[1] != model.nu:
+        raise ValueError(f"rollout: ctrl must be (nstep, nu={model.nu}), got "
+                         f"{tuple(jnp.shape(ctrl))}")
     elif nstep is not None and nstep != ctrl.shape[0]:
         raise ValueError(f"ctrl has {ctrl.shape[0]} steps, nstep is {nstep}")
 
@@ -391,8 +394,9 @@ def rollout_batch(model, data, ctrl=None, nstep=None, devices=None, model_axes=N
     (nbatch,) = batch
     if ctrl is not None:
         ctrl = jnp.asarray(ctrl)
-        if ctrl.ndim != 3 or ctrl.shape[0] != nbatch:
-            raise ValueError(f"rollout_batch: ctrl must be (B={nbatch}, nstep, nu), got "
+        if ctrl.ndim != 3 or ctrl.shape[0] != nbatch or ctrl.shape[2] != model.nu:
+            raise ValueError(f"rollout_batch: ctrl must be (B={nbatch}, nstep, "
+                             f"nu={model.nu}), got "
                              f"{ctrl.shape}")
         if nstep is not None and nstep != ctrl.shape[1]:
             raise ValueError(f"ctrl has {ctrl.shape[1]} steps, nstep is {nstep}")

@@ -46,7 +46,7 @@ from simjax.engine import tree_linalg
 from simjax.engine.constraint_layout import (  # noqa: F401
     CONTACT_ELLIPTIC, CONTACT_FRICTIONLESS, CONTACT_KINDS, CONTACT_PYRAMIDAL, EQUALITY,
     FRICTION_DOF, FRICTION_TENDON, LIMIT_JOINT, LIMIT_TENDON, _disabled, friction_masks,
-    layout, make_efc, nefc_capacity, slot_dims)
+    data_layout, layout, make_efc, nefc_capacity, slot_dims)
 from simjax.engine.constraint_rows import (  # noqa: F401
     _anchors, _check_friction_structure, _contact_geometry, _contact_rows, _eq_rows, _f,
     _friction_rows, _limit_rows, _quat_axis, _weld_quats, put_at, take)
@@ -272,7 +272,7 @@ def make_constraint(m, d):
     where its rows share them (a contact's rows, a connect's three rows).
     """
     _check_friction_structure(m)
-    lay = layout(m, slot_dims(d))
+    lay = data_layout(m, d)
     if lay.nefc == 0:
         return d
     dtype = d.qpos.dtype

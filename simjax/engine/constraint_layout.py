@@ -160,6 +160,26 @@ def _layout(m, dims):
     return out
 
 
+def data_layout(m, d) -> Layout:
+    """:func:`layout` of ``m`` for the contact slots of ``d``, checked against the rows
+    ``d`` holds (trace time).
+
+    MuJoCo sizes its constraint rows on every step; simjax's are a capacity fixed when
+    Data is made, from the model's structure and the options that decide which rows
+    exist: ``opt.disableflags`` (constraint, equality, frictionloss, limit, contact) and
+    ``opt.cone``. Raises ValueError where ``d`` holds another number of rows: it was
+    made for another model, or before one of those options changed; ``make_data`` with
+    the model as it is now makes a Data that fits."""
+    lay = layout(m, slot_dims(d))
+    have = d.efc_J.shape[0]
+    if have != lay.nefc:
+        raise ValueError(
+            f"Data holds {have} constraint rows but the model's options give {lay.nefc}: "
+            "the Data was made for another model, or before opt.disableflags or "
+            "opt.cone changed; make it again with simjax.make_data(model)")
+    return lay
+
+
 def nefc_capacity(m, contact_dims) -> int:
     """Number of efc rows (capacity) for ``m`` and the contact slot dimensions."""
     return layout(m, contact_dims).nefc

@@ -176,8 +176,10 @@ def forward(m, d: Data) -> Data:
     """Forward dynamics (mj_forward): everything in Data from the state and inputs.
 
     Computes kinematics, inertia, forces, qacc and sensordata without integrating;
-    time and state are unchanged.
+    time and state are unchanged. Raises ValueError where ``d`` does not fit ``m``
+    (:func:`simjax.engine.io.check_data`).
     """
+    io.check_data(m, d)
     return _forward(m, d, sensors=True)
 
 
@@ -634,7 +636,12 @@ def step(m, d: Data) -> Data:
     Under ``vmap``, smooth RK4 steps of small models (see :func:`_use_batch_minor`)
     are evaluated with the worlds on the minor axis of every array
     (:mod:`simjax.engine.batch_minor`): same results up to float rounding.
+
+    Raises ValueError where ``d`` does not fit ``m`` (:func:`simjax.engine.io.
+    check_data`; its constraint rows: :func:`simjax.engine.constraint_layout.
+    data_layout`).
     """
+    io.check_data(m, d)
     if _use_batch_minor(m):
         return batch_minor.batch_minor(functools.partial(_step, m))(d)
     # jax.numpy's jits traced in line (see simjax.engine.inline)

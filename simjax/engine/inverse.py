@@ -23,6 +23,7 @@ import numpy as np
 
 from simjax.engine import derivative
 from simjax.engine import gc_pause
+from simjax.engine import io
 from simjax.engine import passive
 from simjax.engine import precision
 from simjax.engine import sensor
@@ -143,8 +144,10 @@ def inverse(m, d: Data) -> Data:
 
     Runs the position and velocity stages (with their sensors and, if enabled, the
     energies), the inverse constraint stage and the acceleration sensors; qacc is
-    returned unchanged. Units: generalised forces (N or N m per dof).
+    returned unchanged. Units: generalised forces (N or N m per dof). Raises ValueError
+    where ``d`` does not fit ``m`` (:func:`simjax.engine.io.check_data`).
     """
+    io.check_data(m, d)
     discrete = bool(m.opt.enableflags & EnableBit.INVDISCRETE) and m.nv > 0
     if discrete and m.opt.integrator == IntegratorType.RK4:
         raise UnsupportedFeatureError("discrete inverse dynamics with the RK4 integrator")

@@ -24,6 +24,45 @@ def _mocap_bodies(model):
     return bodies[np.argsort(mocapid[bodies])]
 
 
+#: the state and input fields :func:`check_data` checks (those a user sets or carries
+#: from step to step; the others a step computes)
+CHECKED_FIELDS = DATA_FIELD_NAMES[:DATA_FIELD_NAMES.index("sensordata") + 1]
+
+
+def check_data(model, data) -> None:
+    """Check that the state and input arrays of ``data`` (:data:`CHECKED_FIELDS`) have
+    the shapes ``model`` gives one world (trace time: shapes only, no values).
+
+    Raises TypeError for MuJoCo's mjModel or mjData, ValueError naming the field: a
+    batch of worlds handed to a function that takes one (a leading axis more; map it with ``jax.vmap`` or use
+    ``simjax.rollout_batch``), or a Data made for another model. MuJoCo does not check
+    this; a mismatched jax array otherwise fails deep in the pipeline on a broadcast."""
+    _not_mujoco(model, "Model", "simjax.load_model(path or XML string)")
+    _not_mujoco(data, "Data", "simjax.make_data(model)")
+    shapes = {name: shape for name, shape, _ in DATA_FIELDS}
+    for name in CHECKED_FIELDS:
+        want = field_shape(model, shapes[name])
+        have = tuple(np.shape(getattr(data, name)))
+        if have == want:
+            continue
+        if len(have) == len(want) + 1 and have[1:] == want:
+            raise ValueError(
+                f"Data.{name} has shape {have}: a batch of {have[0]} worlds, where one "
+                "world is taken; map the function over the batch with jax.vmap, or use "
+                "simjax.rollout_batch")
+        raise ValueError(
+            f"Data.{name} has shape {have} where the model gives {want}: the Data was "
+            "made for another model; make it with simjax.make_data(model)")
+
+
+def _not_mujoco(obj, kind, make):
+    """TypeError where ``obj`` is one of MuJoCo's own structs (mjModel, mjData), which
+    simjax does not read: it compiles the MJCF itself."""
+    if type(obj).__module__.split(".")[0] == "mujoco":
+        raise TypeError(f"got MuJoCo's {type(obj).__name__} where simjax's {kind} is "
+                        f"taken: simjax builds its own, with {make}")
+
+
 def make_data(model, dtype=None, ncon_max=None) -> Data:
     """A Data at the model's reference state (mj_makeData followed by mj_resetData).
 
@@ -32,7 +71,9 @@ def make_data(model, dtype=None, ncon_max=None) -> Data:
     :func:`simjax.engine.forward.forward` runs. ``dtype`` defaults to the model's float
     dtype (float64 under ``jax_enable_x64``). ``ncon_max``: contact capacity (slots of
     ``Data.contact``); default :func:`simjax.engine.collision.contact_capacity`.
+    Raises TypeError for MuJoCo's mjModel (simjax compiles its own, ``load_model``).
     """
+    _not_mujoco(model, "Model", "simjax.load_model(path or XML string)")
     ftype = _float_dtype(model, dtype)
     kw = {name: jnp.asarray(x) for name, x in
           reset_fields(model, DATA_FIELD_NAMES, ftype).items()}

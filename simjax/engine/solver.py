@@ -163,11 +163,11 @@ def fwd_constraint(m, d):
     reference_constraint to have run.
     """
     tables.precision_guard()
-    nefc = d.efc_J.shape[0]
+    lay = C.data_layout(m, d)
     zero_v = jnp.zeros_like(d.qacc_smooth)
-    if nefc == 0 or m.nv == 0:
+    if lay.nefc == 0 or m.nv == 0:
         return d.replace(qacc=d.qacc_smooth, qfrc_constraint=zero_v)
-    lay = C.layout(m, C.slot_dims(d))
+    nefc = lay.nefc
     spec = spec_from_layout(lay, m.nv)
     p = _problem(m, d, lay)
     p["efc_b"] = where(d.efc_active, matvec(d.efc_J, d.qacc_smooth) - d.efc_aref, 0.0)
@@ -346,9 +346,9 @@ def inv_constraint(m, d):
     reference_constraint (the position and velocity stages) to have run on ``d``.
     Differentiable (no iterations)."""
     zero_v = jnp.zeros(m.nv, d.qpos.dtype)
-    if d.efc_J.shape[0] == 0 or m.nv == 0:
+    lay = C.data_layout(m, d)
+    if lay.nefc == 0 or m.nv == 0:
         return d.replace(qfrc_constraint=zero_v)
-    lay = C.layout(m, C.slot_dims(d))
     spec = spec_from_layout(lay, m.nv)
     p = _problem(m, d, lay)
     force, state, _ = update(spec, p, d.efc_J @ d.qacc - d.efc_aref, "fs")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import geom_poses, load, normalize_quaternions
-from simjax.engine import io
+from simjax.engine import constraint, io
 from simjax.engine.collision import driver, pairs
 from simjax.engine.data import WARN_CONTACTFULL
 
@@ -409,11 +409,17 @@ def test_filterparent_disabled():
 
 
 def test_contact_disabled():
+    """With contacts off no contact is made; the Data keeps the slots of the model with
+    them on (so that turning them on again is reported by the row check, not silently
+    without contacts), and has no contact rows."""
+    _, on = load("gym_hopper/hopper.xml", constraints=True)
     for flag in (mujoco.mjtDisableBit.mjDSBL_CONTACT, mujoco.mjtDisableBit.mjDSBL_CONSTRAINT):
         mjm, m = load("gym_hopper/hopper.xml", constraints=True, edit=_edit_flags(dis=flag))
         d = io.make_data(m)
-        assert d.contact.dist.shape[0] == 0
+        assert d.contact.dist.shape[0] == io.make_data(on).contact.dist.shape[0] > 0
         assert int(collide_fn(m)(d).ncon) == 0
+        kinds = {b.kind for b in constraint.layout(m, constraint.slot_dims(d)).blocks}
+        assert not kinds & set(constraint.CONTACT_KINDS)
 
 
 def _deepest(mjd, k, dim=None):

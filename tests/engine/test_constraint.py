@@ -152,3 +152,38 @@ def test_capacity_is_static():
     assert constraint.nefc_capacity(m, [3, 3, 1]) == n0 + 4 + 4 + 1
     m2 = m.replace(opt=m.opt.replace(cone=1))
     assert constraint.nefc_capacity(m2, [3, 6]) == n0 + 3 + 6
+
+
+_BOX = """
+<mujoco>
+  <worldbody>
+    <geom type="plane" size="1 1 .1"/>
+    <body pos="0 0 .09">
+      <freejoint/>
+      <geom type="box" size=".1 .1 .1"/>
+      <body pos=".2 0 0">
+        <joint type="hinge" axis="0 1 0" range="-10 10"/>
+        <geom type="capsule" size=".02" fromto="0 0 0 .2 0 0"/>
+      </body>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
+@pytest.mark.parametrize("bit", ["CONTACT", "CONSTRAINT", "LIMIT"])
+def test_data_rows_checked_against_the_model_options(bit):
+    """A Data's constraint rows are a capacity fixed when it is made (MuJoCo sizes its
+    rows per step): stepping it with a model whose options give other rows raises a
+    ValueError that says what to do, both ways, and a Data made again steps."""
+    import simjax
+    from simjax.types import DisableBit
+    m = simjax.load_model(_BOX)
+    flag = int(getattr(DisableBit, bit))
+    off = m.replace(opt=m.opt.replace(disableflags=m.opt.disableflags | flag))
+    for model, data in ((off, simjax.make_data(m)), (m, simjax.make_data(off))):
+        with pytest.raises(ValueError, match="constraint rows.*make_data"):
+            simjax.step(model, data)
+    d = simjax.step(off, simjax.make_data(off))
+    assert np.isfinite(np.asarray(d.qacc)).all()
+    assert (int(d.nefc) > 0) if bit == "LIMIT" else (int(d.nefc) == 0)

@@ -54,6 +54,13 @@ def test_argument_errors():
     data, ctrl = _inputs(m, 3, 4)
     with pytest.raises(ValueError, match="ctrl must be"):
         simjax.rollout_batch(m, data, ctrl[0])
+    # controls for another number of actuators: named as the ctrl argument's shape
+    with pytest.raises(ValueError, match=rf"ctrl must be \(B=3, nstep, nu={m.nu}\)"):
+        simjax.rollout_batch(m, data, jnp.concatenate([ctrl, ctrl], -1))
+    one = jax.tree_util.tree_map(lambda x: x[0], data)
+    for bad in (ctrl[0, :, 0], jnp.concatenate([ctrl[0], ctrl[0]], -1)):
+        with pytest.raises(ValueError, match=rf"rollout: ctrl must be \(nstep, nu={m.nu}\)"):
+            simjax.rollout(m, one, bad)
     with pytest.raises(ValueError, match="needs ctrl or nstep"):
         simjax.rollout_batch(m, data)
     with pytest.raises(ValueError, match="not a multiple"):

@@ -367,7 +367,16 @@ def dim_split(m, ncon_max) -> dict:
 
 
 def make_contacts(m, ncon_max, ftype):
-    """Empty contact buffer for ``m`` with ``ncon_max`` slots (default capacity if None)."""
+    """Empty contact buffer for ``m`` with ``ncon_max`` slots (default capacity if None).
+
+    The slots are those of ``m`` with contacts on, whatever its ``DisableBit.CONTACT``
+    and ``DisableBit.CONSTRAINT`` (MuJoCo's contact arena does not depend on them
+    either): a Data made with contacts off keeps its slots, so that the model with them
+    on gives it other constraint rows, which :func:`~simjax.engine.constraint_layout.
+    data_layout` reports, rather than silently no contacts."""
+    off = int(DisableBit.CONSTRAINT | DisableBit.CONTACT)
+    if m.opt.disableflags & off:
+        m = m.replace(opt=m.opt.replace(disableflags=int(m.opt.disableflags) & ~off))
     if ncon_max is None:
         ncon_max = contact_capacity(m)
     split = dim_split(m, int(ncon_max))
