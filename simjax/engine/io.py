@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from simjax import types
 from simjax.engine import constraint
 from simjax.engine.data import DATA_FIELD_NAMES, DATA_FIELDS, Data, field_shape
 
@@ -33,12 +34,14 @@ def check_data(model, data) -> None:
     """Check that the state and input arrays of ``data`` (:data:`CHECKED_FIELDS`) have
     the shapes ``model`` gives one world (trace time: shapes only, no values).
 
-    Raises TypeError for MuJoCo's mjModel or mjData, ValueError naming the field: a
+    The model's parameter arrays are checked too (:func:`check_model`). Raises
+    TypeError for MuJoCo's mjModel or mjData, ValueError naming the field: a
     batch of worlds handed to a function that takes one (a leading axis more; map it with ``jax.vmap`` or use
     ``simjax.rollout_batch``), or a Data made for another model. MuJoCo does not check
     this; a mismatched jax array otherwise fails deep in the pipeline on a broadcast."""
     _not_mujoco(model, "Model", "simjax.load_model(path or XML string)")
     _not_mujoco(data, "Data", "simjax.make_data(model)")
+    check_model(model)
     shapes = {name: shape for name, shape, _ in DATA_FIELDS}
     for name in CHECKED_FIELDS:
         want = field_shape(model, shapes[name])
@@ -53,6 +56,35 @@ def check_data(model, data) -> None:
         raise ValueError(
             f"Data.{name} has shape {have} where the model gives {want}: the Data was "
             "made for another model; make it with simjax.make_data(model)")
+
+
+def check_model(model) -> None:
+    """Check that the parameter arrays of ``model`` (its float jax leaves, the arrays a
+    user changes with ``replace``) have the shapes its counts give them in mjModel's
+    layout (:data:`simjax.types.FIELD_SPEC`; trace time, shapes only).
+
+    Raises ValueError naming the field: a batch of models handed to a function that
+    takes one (a leading axis more: map it with ``jax.vmap`` over the model's batched
+    leaves, or pass ``model_axes`` to ``simjax.rollout_batch``), or an array of another
+    size."""
+    counts = {c: int(getattr(model, c, 0) or 0) for c in types.MODEL_COUNTS}
+    for name in types.FIELD_SPEC:
+        if types.is_static_field(name):
+            continue
+        value = getattr(model, name, None)
+        if value is None:
+            continue
+        want = types.field_shape(name, counts)
+        have = tuple(np.shape(value))
+        if have == want:
+            continue
+        if len(have) == len(want) + 1 and have[1:] == want:
+            raise ValueError(
+                f"Model.{name} has shape {have}: a batch of {have[0]} models, where one "
+                "is taken; map over it with jax.vmap, or pass model_axes to "
+                "simjax.rollout_batch")
+        raise ValueError(f"Model.{name} has shape {have} where the model's sizes give "
+                         f"{want} (mjModel's layout)")
 
 
 def _not_mujoco(obj, kind, make):
@@ -129,6 +161,8 @@ def reset_keyframe(model, data: Data, key_id) -> Data:
         if idx < 0:
             raise KeyError(f"no keyframe named '{key_id}'")
         key_id = idx
+    from simjax.engine.support import checked_id
+    key_id = checked_id(key_id, model.nkey, "keyframe")
     new = make_data(model, dtype=data.qpos.dtype, ncon_max=data.contact.dist.shape[0])
     ftype = new.qpos.dtype
 

@@ -7,10 +7,12 @@ velocities (mj_objectVelocity), position integration and differencing
 (mj_integratePos, mj_differentiatePos) and energies (mj_energyPos, mj_energyVel).
 
 All require the position stage (kinematics, com_pos, and for inertia helpers crb and
-factor_m) to have run on ``d``. Body ids may be Python ints or traced integers.
+factor_m) to have run on ``d``. Body ids may be Python ints or traced integers; a
+concrete id out of range raises IndexError (:func:`checked_id`).
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -20,12 +22,30 @@ from simjax.types import DisableBit, JointType
 
 
 # --------------------------------------------------------------------------- Jacobians
+def checked_id(i, n, what):
+    """``i`` itself (an id or an array of ids), after an IndexError where it is concrete
+    and an id lies outside [0, n): jax clamps an out-of-range index (a wrong object,
+    silently) and Python's negative indices count from the end, where MuJoCo's ids are
+    0..n-1. A traced id (under jit or vmap) cannot be checked and is used as it is."""
+    if isinstance(i, jax.core.Tracer):
+        return i
+    k = np.asarray(i)
+    if k.dtype.kind not in "iu":
+        return i
+    bad = k[(k < 0) | (k >= n)]
+    if bad.size:
+        have = f"{n} ({what} ids 0..{n - 1})" if n else "none"
+        raise IndexError(f"{what} id {int(bad.flat[0])} out of range: the model has {have}")
+    return i
+
+
 def jac(m, d, point, body):
     """Jacobians of a world point attached to ``body`` (mj_jac).
 
     point: (3,) world position. Returns (jacp, jacr), each (3, nv): translational and
     rotational velocity of the point per unit dof velocity, world frame.
     """
+    body = checked_id(body, m.nbody, "body")
     dtype = d.qpos.dtype
     mask = jnp.asarray(tables.get(m).anc_dof, dtype)[body]
     offset = point - d.subtree_com[jnp.asarray(m.body_rootid)[body]]
@@ -36,26 +56,29 @@ def jac(m, d, point, body):
 
 def jac_body(m, d, body):
     """Jacobians of the body frame origin (mj_jacBody): (jacp, jacr), (3, nv) each."""
-    return jac(m, d, d.xpos[body], body)
+    return jac(m, d, d.xpos[checked_id(body, m.nbody, "body")], body)
 
 
 def jac_body_com(m, d, body):
     """Jacobians of the body centre of mass (mj_jacBodyCom): (jacp, jacr)."""
-    return jac(m, d, d.xipos[body], body)
+    return jac(m, d, d.xipos[checked_id(body, m.nbody, "body")], body)
 
 
 def jac_geom(m, d, geom):
     """Jacobians of a geom centre (mj_jacGeom): (jacp, jacr)."""
+    geom = checked_id(geom, m.ngeom, "geom")
     return jac(m, d, d.geom_xpos[geom], jnp.asarray(m.geom_bodyid)[geom])
 
 
 def jac_site(m, d, site):
     """Jacobians of a site (mj_jacSite): (jacp, jacr)."""
+    site = checked_id(site, m.nsite, "site")
     return jac(m, d, d.site_xpos[site], jnp.asarray(m.site_bodyid)[site])
 
 
 def jac_subtree_com(m, d, body):
     """Translational Jacobian (3, nv) of the subtree centre of mass (mj_jacSubtreeCom)."""
+    body = checked_id(body, m.nbody, "body")
     dtype = d.qpos.dtype
     tab = tables.get(m)
     mass = jnp.asarray(m.body_mass, dtype)
@@ -119,7 +142,7 @@ def apply_ft(m, d, force, torque, point, bodies):
     force, torque: (n, 3) world frame (either may be None); point: (n, 3) world
     application points; bodies: (n,) static body ids. Vectorised over all n at once.
     """
-    bodies = np.asarray(bodies)
+    bodies = np.asarray(checked_id(bodies, m.nbody, "body"))
     # on component arrays (n,): a cross product along a last axis of 3 and a dot over
     # 6 cost XLA CPU concatenations and a reduction kernel (humanoid's xfrc_applied:
     # 0.95 -> 0.67 us per world)
@@ -146,7 +169,7 @@ def xfrc_accumulate(m, d):
 def object_velocity(m, d, bodies, pos, rot=None):
     """6D velocity (n, 6, rot:lin) of frames at ``pos`` rigidly attached to ``bodies``
     (mj_objectVelocity); in the frames ``rot`` (n, 3, 3) if given, else world axes."""
-    bodies = np.asarray(bodies)
+    bodies = np.asarray(checked_id(bodies, m.nbody, "body"))
     vel = math.transform_motion(
         math.take(d.cvel, bodies), pos,
         math.take(d.subtree_com, np.asarray(m.body_rootid)[bodies]), rot)

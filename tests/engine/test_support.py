@@ -115,3 +115,29 @@ def test_reset_and_keyframe():
             np.testing.assert_allclose(getattr(dk, f), getattr(mjd, f), err_msg=f)
     batched = jax.vmap(lambda k: reset_keyframe(m, d, k))(jnp.zeros(3, jnp.int32))
     assert batched.qpos.shape == (3, mjm.nq)
+
+
+def test_ids_out_of_range_raise():
+    """A concrete id outside 0..n-1 raises IndexError (jax would clamp it to another
+    object, silently; a negative one would count from the end); traced ids pass."""
+    import jax
+    import jax.numpy as jnp
+    import simjax
+    xml = ('<mujoco><worldbody><body><joint type="hinge"/><geom size=".1"/>'
+           '<site name="s"/></body></worldbody></mujoco>')
+    m = simjax.load_model(xml)
+    d = simjax.forward(m, simjax.make_data(m))
+    for fn, bad, what in ((simjax.jac_body, 2, "body"), (simjax.jac_body_com, -1, "body"),
+                          (simjax.jac_geom, 1, "geom"), (simjax.jac_site, 1, "site"),
+                          (simjax.jac_subtree_com, 5, "body")):
+        with pytest.raises(IndexError, match=f"{what} id {bad} out of range"):
+            fn(m, d, bad)
+    with pytest.raises(IndexError, match="body id 2 out of range: the model has 2"):
+        simjax.apply_ft(m, d, jnp.ones((1, 3)), None, jnp.zeros((1, 3)), [2])
+    with pytest.raises(IndexError, match="keyframe id 0 out of range: the model has none"):
+        simjax.reset_keyframe(m, d, 0)
+    # concrete in range, numpy and jax scalars, and traced ids
+    ref = simjax.jac_body(m, d, 1)[0]
+    for body in (np.int32(1), jnp.int32(1)):
+        np.testing.assert_array_equal(simjax.jac_body(m, d, body)[0], ref)
+    np.testing.assert_array_equal(jax.jit(lambda b: simjax.jac_body(m, d, b)[0])(1), ref)
