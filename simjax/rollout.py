@@ -48,8 +48,9 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
     """Step ``data`` ``nstep`` times, applying ``ctrl[t]`` before step t (mj_step each).
 
     model: Model; data: Data (one world); ctrl: (nstep, nu) controls, or None to keep
-    ``data.ctrl`` (then ``nstep`` is required); ValueError for another shape. Returns a :class:`Trajectory` of the
-    states after every step, or ``(trajectory, final_data)`` if ``return_data``.
+    ``data.ctrl`` (then ``nstep`` is required); ValueError for another shape. Returns
+    a :class:`Trajectory` of the states after every step, or ``(trajectory,
+    final_data)`` if ``return_data``.
     ``checkpoint`` rematerialises steps in reverse-mode autodiff to save memory.
     """
     if ctrl is None:

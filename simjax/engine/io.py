@@ -35,27 +35,20 @@ def check_data(model, data) -> None:
     the shapes ``model`` gives one world (trace time: shapes only, no values).
 
     The model's parameter arrays are checked too (:func:`check_model`). Raises
-    TypeError for MuJoCo's mjModel or mjData, ValueError naming the field: a
-    batch of worlds handed to a function that takes one (a leading axis more; map it with ``jax.vmap`` or use
-    ``simjax.rollout_batch``), or a Data made for another model. MuJoCo does not check
-    this; a mismatched jax array otherwise fails deep in the pipeline on a broadcast."""
+    TypeError for MuJoCo's mjModel or mjData, ValueError naming the field: a batch of
+    worlds handed to a function that takes one (a leading axis more; map it with
+    ``jax.vmap`` or use ``simjax.rollout_batch``), or a Data made for another model.
+    MuJoCo does not check this; a mismatched jax array otherwise fails deep in the
+    pipeline on a broadcast."""
     _not_mujoco(model, "Model", "simjax.load_model(path or XML string)")
     _not_mujoco(data, "Data", "simjax.make_data(model)")
     check_model(model)
     shapes = {name: shape for name, shape, _ in DATA_FIELDS}
     for name in CHECKED_FIELDS:
-        want = field_shape(model, shapes[name])
-        have = tuple(np.shape(getattr(data, name)))
-        if have == want:
-            continue
-        if len(have) == len(want) + 1 and have[1:] == want:
-            raise ValueError(
-                f"Data.{name} has shape {have}: a batch of {have[0]} worlds, where one "
-                "world is taken; map the function over the batch with jax.vmap, or use "
-                "simjax.rollout_batch")
-        raise ValueError(
-            f"Data.{name} has shape {have} where the model gives {want}: the Data was "
-            "made for another model; make it with simjax.make_data(model)")
+        _check_shape("Data", name, getattr(data, name), field_shape(model, shapes[name]),
+                     "worlds", "map the function over the batch with jax.vmap, or use "
+                     "simjax.rollout_batch", "the Data was made for another model; make "
+                     "it with simjax.make_data(model)")
 
 
 def check_model(model) -> None:
@@ -69,22 +62,25 @@ def check_model(model) -> None:
     size."""
     counts = {c: int(getattr(model, c, 0) or 0) for c in types.MODEL_COUNTS}
     for name in types.FIELD_SPEC:
-        if types.is_static_field(name):
-            continue
-        value = getattr(model, name, None)
-        if value is None:
-            continue
-        want = types.field_shape(name, counts)
-        have = tuple(np.shape(value))
-        if have == want:
-            continue
-        if len(have) == len(want) + 1 and have[1:] == want:
-            raise ValueError(
-                f"Model.{name} has shape {have}: a batch of {have[0]} models, where one "
-                "is taken; map over it with jax.vmap, or pass model_axes to "
-                "simjax.rollout_batch")
-        raise ValueError(f"Model.{name} has shape {have} where the model's sizes give "
-                         f"{want} (mjModel's layout)")
+        value = None if types.is_static_field(name) else getattr(model, name, None)
+        if value is not None:
+            _check_shape("Model", name, value, types.field_shape(name, counts), "models",
+                         "map over it with jax.vmap, or pass model_axes to "
+                         "simjax.rollout_batch", "mjModel's layout for the model's sizes")
+
+
+def _check_shape(owner, name, value, want, unit, batched, other):
+    """ValueError where ``value`` (field ``name`` of ``owner``) is not of shape ``want``:
+    with ``batched`` where it has one leading axis more (a batch of ``unit``), else with
+    ``other``."""
+    have = tuple(np.shape(value))
+    if have == want:
+        return
+    if len(have) == len(want) + 1 and have[1:] == want:
+        raise ValueError(f"{owner}.{name} has shape {have}: a batch of {have[0]} {unit}, "
+                         f"where one is taken; {batched}")
+    raise ValueError(f"{owner}.{name} has shape {have} where the model gives {want}: "
+                     f"{other}")
 
 
 def _not_mujoco(obj, kind, make):

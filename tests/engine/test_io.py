@@ -42,7 +42,8 @@ def test_data_of_another_model_is_named(fn):
 def test_checked_fields_are_the_inputs():
     from simjax.engine import io
     assert io.CHECKED_FIELDS[0] == "time" and io.CHECKED_FIELDS[-1] == "sensordata"
-    assert {"qpos", "qvel", "act", "ctrl", "mocap_pos", "eq_active"} <= set(io.CHECKED_FIELDS)
+    inputs = {"qpos", "qvel", "act", "ctrl", "mocap_pos", "eq_active"}
+    assert inputs <= set(io.CHECKED_FIELDS)
     assert "xpos" not in io.CHECKED_FIELDS
 
 
@@ -68,7 +69,7 @@ def test_model_parameters_checked():
     m = simjax.load_model(_chain(2))
     d = simjax.make_data(m)
     with pytest.raises(ValueError, match=r"Model\.body_mass has shape \(2,\) where the "
-                                         r"model's sizes give \(3,\)"):
+                                         r"model gives \(3,\): mjModel's layout"):
         simjax.step(m.replace(body_mass=jnp.ones(2)), d)
     masses = jnp.linspace(1.0, 2.0, 4)[:, None] * m.body_mass
     with pytest.raises(ValueError, match=r"Model\.body_mass has shape \(4, 3\): a batch "

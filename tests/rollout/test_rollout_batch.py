@@ -59,7 +59,8 @@ def test_argument_errors():
         simjax.rollout_batch(m, data, jnp.concatenate([ctrl, ctrl], -1))
     one = jax.tree_util.tree_map(lambda x: x[0], data)
     for bad in (ctrl[0, :, 0], jnp.concatenate([ctrl[0], ctrl[0]], -1)):
-        with pytest.raises(ValueError, match=rf"rollout: ctrl must be \(nstep, nu={m.nu}\)"):
+        with pytest.raises(ValueError, match=rf"rollout: ctrl must be \(nstep, "
+                                             rf"nu={m.nu}\)"):
             simjax.rollout(m, one, bad)
     with pytest.raises(ValueError, match="needs ctrl or nstep"):
         simjax.rollout_batch(m, data)
