@@ -397,8 +397,7 @@ def rollout_batch(model, data, ctrl=None, nstep=None, devices=None, model_axes=N
         ctrl = jnp.asarray(ctrl)
         if ctrl.ndim != 3 or ctrl.shape[0] != nbatch or ctrl.shape[2] != model.nu:
             raise ValueError(f"rollout_batch: ctrl must be (B={nbatch}, nstep, "
-                             f"nu={model.nu}), got "
-                             f"{ctrl.shape}")
+                             f"nu={model.nu}), got {ctrl.shape}")
         if nstep is not None and nstep != ctrl.shape[1]:
             raise ValueError(f"ctrl has {ctrl.shape[1]} steps, nstep is {nstep}")
         nstep = None

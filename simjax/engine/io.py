@@ -7,6 +7,7 @@ import numpy as np
 from simjax import types
 from simjax.engine import constraint
 from simjax.engine.data import DATA_FIELD_NAMES, DATA_FIELDS, Data, field_shape
+from simjax.engine.support import checked_id
 
 
 def _float_dtype(model, dtype=None):
@@ -157,7 +158,6 @@ def reset_keyframe(model, data: Data, key_id) -> Data:
         if idx < 0:
             raise KeyError(f"no keyframe named '{key_id}'")
         key_id = idx
-    from simjax.engine.support import checked_id
     key_id = checked_id(key_id, model.nkey, "keyframe")
     new = make_data(model, dtype=data.qpos.dtype, ncon_max=data.contact.dist.shape[0])
     ftype = new.qpos.dtype

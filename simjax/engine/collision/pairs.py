@@ -140,11 +140,14 @@ def _mixed_condim(m, g1, g2):
                                                       np.maximum(cd[g1], cd[g2])))
 
 
+#: the disable bits that turn every contact off (no candidate pair)
+CONTACTS_OFF = int(DisableBit.CONSTRAINT | DisableBit.CONTACT)
+
+
 def candidate_pairs(m):
     """(g1, g2, ipair) numpy arrays of every geom pair mj_collision may test."""
     nbody, ngeom = m.nbody, m.ngeom
-    off = DisableBit.CONSTRAINT | DisableBit.CONTACT
-    if ngeom < 2 or nbody < 2 or (m.opt.disableflags & off):
+    if ngeom < 2 or nbody < 2 or (m.opt.disableflags & CONTACTS_OFF):
         z = np.zeros(0, np.int64)
         return z, z, z
     gtype = np.asarray(m.geom_type)
@@ -374,9 +377,9 @@ def make_contacts(m, ncon_max, ftype):
     either): a Data made with contacts off keeps its slots, so that the model with them
     on gives it other constraint rows, which :func:`~simjax.engine.constraint_layout.
     data_layout` reports, rather than silently no contacts."""
-    off = int(DisableBit.CONSTRAINT | DisableBit.CONTACT)
-    if m.opt.disableflags & off:
-        m = m.replace(opt=m.opt.replace(disableflags=int(m.opt.disableflags) & ~off))
+    if m.opt.disableflags & CONTACTS_OFF:
+        m = m.replace(opt=m.opt.replace(
+            disableflags=int(m.opt.disableflags) & ~CONTACTS_OFF))
     if ncon_max is None:
         ncon_max = contact_capacity(m)
     split = dim_split(m, int(ncon_max))
