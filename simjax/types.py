@@ -135,6 +135,9 @@ class IntegratorType(enum.IntEnum):
     RK4 = 1
     IMPLICIT = 2
     IMPLICITFAST = 3
+    #: MuJoCo 4's discrete-time integrator (mjINT_DISCRETE): parsed, refused by the
+    #: engine (simjax.engine.forward.check_options)
+    DISCRETE = 4
 
 
 class ConeType(enum.IntEnum):

@@ -39,6 +39,7 @@ from simjax.engine import tables
 from simjax.engine import tendon
 from simjax.engine import tree_level
 from simjax.engine import tree_linalg
+from simjax.engine.collision.pairs import CONTACTS_OFF
 from simjax.engine.solver_rows import batched_like
 from simjax.engine.data import (DATA_FIELD_NAMES, NWARNING, WARN_BADQACC, WARN_BADQPOS,
                                 WARN_BADQVEL, Data)
@@ -56,12 +57,23 @@ def fwd_position(m, d: Data) -> Data:
     return _fwd_position(m, d)[0]
 
 
-def _check_sleep(m):
-    """Sleeping trees (MuJoCo 4's mjENBL_SLEEP) freeze where their velocities stay
-    below opt.sleep_tolerance; simjax does not sleep, so it refuses such a model
-    rather than run it awake."""
-    if m.opt.enableflags & EnableBit.SLEEP:
+def check_options(m):
+    """Refuse, at trace time, the options of MuJoCo 4 that change its dynamics and that
+    simjax does not implement, rather than run without them: sleeping trees
+    (mjENBL_SLEEP: frozen where their velocities stay below opt.sleep_tolerance), the
+    discrete-time integrator (mjINT_DISCRETE), its IPC contacts (mjENBL_IPC) and
+    speculative contacts (mjENBL_SPECULATIVE: contacts made ahead of impact, active at
+    a positive distance; moot where contacts are off). Raises
+    UnsupportedFeatureError naming the option."""
+    flags = m.opt.enableflags
+    if flags & EnableBit.SLEEP:
         raise UnsupportedFeatureError("sleeping islands (EnableBit.SLEEP)")
+    if m.opt.integrator == IntegratorType.DISCRETE:
+        raise UnsupportedFeatureError("the discrete integrator (IntegratorType.DISCRETE)")
+    if flags & EnableBit.IPC:
+        raise UnsupportedFeatureError("IPC contacts (EnableBit.IPC)")
+    if flags & EnableBit.SPECULATIVE and not m.opt.disableflags & CONTACTS_OFF:
+        raise UnsupportedFeatureError("speculative contacts (EnableBit.SPECULATIVE)")
 
 
 def _fwd_position(m, d: Data, euler_diag=None):
@@ -71,7 +83,7 @@ def _fwd_position(m, d: Data, euler_diag=None):
     tree_linalg.factor_ld_pair by LAPACK, see _PAIR_LAPACK): (Data, that factor or None,
     both factors packed for tree_level.solve_ld_pair or None). Without it, qLD alone
     may come packed as well (level_ld.factor_ld_packed)."""
-    _check_sleep(m)
+    check_options(m)
     d = smooth.kinematics(m, d)
     d = smooth.com_pos(m, d)
     d = smooth.camlight(m, d)

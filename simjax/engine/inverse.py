@@ -30,7 +30,7 @@ from simjax.engine import sensor
 from simjax.engine import smooth
 from simjax.engine import tables
 from simjax.engine.data import Data
-from simjax.engine.forward import _euler_damped, energy, fwd_position, fwd_velocity
+from simjax.engine.forward import _euler_damped, check_options, energy, fwd_position, fwd_velocity
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import DisableBit, EnableBit, IntegratorType
 
@@ -148,6 +148,7 @@ def inverse(m, d: Data) -> Data:
     where ``d`` does not fit ``m`` (:func:`simjax.engine.io.check_data`).
     """
     io.check_data(m, d)
+    check_options(m)
     discrete = bool(m.opt.enableflags & EnableBit.INVDISCRETE) and m.nv > 0
     if discrete and m.opt.integrator == IntegratorType.RK4:
         raise UnsupportedFeatureError("discrete inverse dynamics with the RK4 integrator")

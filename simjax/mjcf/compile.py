@@ -16,7 +16,7 @@ from simjax.errors import MJCFError, UnsupportedFeatureError
 from simjax.mjcf import layout
 from simjax.mjcf import objects as obj
 from simjax.mjcf.tree import TreeBuilder
-from simjax.types import ConeType, IntegratorType, JacobianType, SolverType
+from simjax.types import ConeType, EnableBit, IntegratorType, JacobianType, SolverType
 
 _FLAG_DISABLE = ("constraint", "equality", "frictionloss", "limit", "contact", "spring",
                  "damper", "gravity", "clampctrl", "warmstart", "filterparent", "actuation",
@@ -101,7 +101,8 @@ _OPT_INT = ("iterations", "ls_iterations", "noslip_iterations", "ccd_iterations"
             "sdf_iterations", "sdf_initpoints")
 _ENUMS = {"integrator": {"euler": IntegratorType.EULER, "rk4": IntegratorType.RK4,
                          "implicit": IntegratorType.IMPLICIT,
-                         "implicitfast": IntegratorType.IMPLICITFAST},
+                         "implicitfast": IntegratorType.IMPLICITFAST,
+                         "discrete": IntegratorType.DISCRETE},
           "cone": {"pyramidal": ConeType.PYRAMIDAL, "elliptic": ConeType.ELLIPTIC},
           "jacobian": {"dense": JacobianType.DENSE, "sparse": JacobianType.SPARSE,
                        "auto": JacobianType.AUTO},
@@ -119,9 +120,11 @@ def _options(root) -> dict:
                integrator=0, cone=0, jacobian=2, solver=2, iterations=100, ls_iterations=50,
                noslip_iterations=0, ccd_iterations=35, sdf_iterations=10, sdf_initpoints=40,
                disableflags=0, enableflags=0, disableactuator=0)
+    last = None                 # the last <option> element (where errors are reported)
     for el in root.children:
         if el.tag != "option":
             continue
+        last = el
         a, g = el.attrs, el.given
         for k in _OPT_FLOAT + ("o_margin",):
             if k in g:
@@ -159,6 +162,10 @@ def _options(root) -> dict:
                         opt["enableflags"] &= ~(1 << i)
     if opt["timestep"] <= 0:
         raise MJCFError("timestep must be positive")
+    if (opt["enableflags"] & EnableBit.IPC
+            and opt["integrator"] != IntegratorType.DISCRETE):
+        # MuJoCo 4.0's compiler refuses it too (mj_checkDiscrete)
+        raise last.error("flag ipc requires integrator='discrete'")
     return opt
 
 

@@ -157,3 +157,45 @@ def test_sleep_flag_refused(constraint):
         '<geom size=".1"/></body></worldbody></mujoco>')
     with pytest.raises(UnsupportedFeatureError, match="sleeping"):
         jax.eval_shape(simjax.step, m, make_data(m))
+
+
+_FREE_BOX = ('<mujoco><option {}>{}</option><worldbody><geom type="plane" size="1 1 .1"/>'
+             '<body pos="0 0 .3"><freejoint/><geom type="box" size=".1 .1 .1"/></body>'
+             '</worldbody></mujoco>')
+
+
+@pytest.mark.parametrize("option,flag,feature", [
+    ('integrator="discrete"', '', "discrete integrator"),
+    ('integrator="discrete"', '<flag ipc="enable"/>', "discrete integrator"),
+    ('', '<flag speculative="enable"/>', "speculative contacts")])
+def test_mujoco4_options_refused(option, flag, feature):
+    """MuJoCo 4's discrete integrator (its trajectories differ from every other
+    integrator's: measured on the corpus' humanoid, ant and shadow hand), its IPC
+    contacts and speculative contacts (active at a positive distance: MuJoCo 4.0.0
+    stops a sphere falling at 20 m/s one step before it reaches the floor) are not
+    implemented: the model loads, and forward, step and inverse refuse it by name."""
+    import simjax
+    from simjax.errors import UnsupportedFeatureError
+    m = simjax.load_model(_FREE_BOX.format(option, flag))
+    for fn in (simjax.forward, simjax.step, simjax.inverse):
+        with pytest.raises(UnsupportedFeatureError, match=feature):
+            jax.eval_shape(fn, m, make_data(m))
+
+
+def test_mujoco4_options_set_at_run_time():
+    """The same options set on a loaded model (``Model.replace``) are refused as
+    well; speculative contacts are moot, and allowed, where contacts are off."""
+    import simjax
+    from simjax.errors import UnsupportedFeatureError
+    from simjax.types import DisableBit, EnableBit, IntegratorType
+    m = simjax.load_model(_FREE_BOX.format("", ""))
+    d = make_data(m)
+    for opt, feature in ((dict(integrator=int(IntegratorType.DISCRETE)), "discrete"),
+                         (dict(enableflags=int(EnableBit.IPC)), "IPC"),
+                         (dict(enableflags=int(EnableBit.SPECULATIVE)), "speculative")):
+        with pytest.raises(UnsupportedFeatureError, match=feature):
+            jax.eval_shape(simjax.step, m.replace(opt=m.opt.replace(**opt)), d)
+    off = m.replace(opt=m.opt.replace(enableflags=int(EnableBit.SPECULATIVE),
+                                      disableflags=int(DisableBit.CONTACT)))
+    out = simjax.step(off, make_data(off))
+    assert int(out.ncon) == 0 and float(out.time) == m.opt.timestep

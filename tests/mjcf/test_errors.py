@@ -236,6 +236,18 @@ def test_unsupported_feature_is_named(xml, feature):
     assert info.value.line is not None
 
 
+def test_ipc_needs_the_discrete_integrator():
+    """MuJoCo 4.0.0 refuses the ipc flag without integrator="discrete" ("flag ipc
+    requires integrator='discrete'"); simjax's loader says so at the option element."""
+    import simjax
+    xml = ('<mujoco>\n<option {}><flag ipc="enable"/></option><worldbody><body>'
+           '<freejoint/><geom size=".1"/></body></worldbody></mujoco>')
+    with pytest.raises(MJCFError, match="flag ipc requires integrator='discrete'") as info:
+        simjax.load_model(xml.format(""))
+    assert info.value.line == 2 and "option" in info.value.element
+    assert simjax.load_model(xml.format('integrator="discrete"')).opt.integrator == 4
+
+
 def test_body_sleep_policies():
     """never / allowed compile (they matter only to sleeping, which the engine refuses);
     init, a tree that starts asleep, is named."""

@@ -380,9 +380,11 @@ def _mesh_ridges(t1, g1, t2, g2, n):
     return out
 
 
-def convex_convex(g1, g2, margin, t1=None, t2=None):
+def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True):
     """Convex-convex contact (see the module docstring). Returns 1 slot for curved
-    pairs, 5 slots (at most 4 valid) for box/mesh pairs."""
+    pairs, 5 slots (at most 4 valid) for box/mesh pairs and the cylinder patches;
+    without ``multi`` (MuJoCo's DisableBit.MULTICCD, :data:`SINGLE`) 1 slot for every
+    pair, the single contact."""
     dirs, s = _candidates(t1, g1, t2, g2, margin)
     k = argmax(s)
     n, sbest = dirs[k], s[k]
@@ -392,10 +394,10 @@ def convex_convex(g1, g2, margin, t1=None, t2=None):
         n, sbest = _refine(t1, g1, t2, g2, n, sbest, scale)
     dist, a, b = _sep(t1, g1, t2, g2, n)
     if poly:
-        return poly_contacts(t1, g1, t2, g2, n, dist, margin)
+        return poly_contacts(t1, g1, t2, g2, n, dist, margin, single=not multi)
     if (t1, t2) in _CYL_PATCH:
         from simjax.engine.collision.convex_cylinder import cylinder_contacts
-        return cylinder_contacts(t1, g1, t2, g2, n, dist, margin)
+        return cylinder_contacts(t1, g1, t2, g2, n, dist, margin, single=not multi)
     if t1 == GT.CAPSULE:
         a = _capsule_witness(g1, n, a, b)
     return _witness(t1, t2, n, dist, a, b, margin)
@@ -419,8 +421,8 @@ def _witness(t1, t2, n, dist, a, b, margin):
     return one(dist, pos, n, dist <= margin)
 
 
-def _make(fn, t1, t2):
-    f = functools.partial(fn, t1=t1, t2=t2) if fn is convex_convex else \
+def _make(fn, t1, t2, **kw):
+    f = functools.partial(fn, t1=t1, t2=t2, **kw) if fn is convex_convex else \
         functools.partial(fn, t2=t2)
     f.types = (t1, t2)
     return f
@@ -440,4 +442,11 @@ _CYL_PATCH = ((GT.CYLINDER, GT.CYLINDER), (GT.CYLINDER, GT.BOX), (GT.CYLINDER, G
               (GT.CAPSULE, GT.CYLINDER), (GT.CAPSULE, GT.MESH))
 MAXCON = {f: (4 if (k[0] in _POLY and k[1] in _POLY) or k in _CYL_PATCH else 1)
           for k, f in CONVEX.items()}
+#: the colliders of pairs with several contacts and their single-contact forms, for
+#: models with DisableBit.MULTICCD (MuJoCo's mj_maxContact: 1 contact for the pairs
+#: mjc_Convex collides; box-box, capsule-box and the plane pairs have colliders of
+#: their own, unaffected)
+SINGLE = {f: _make(convex_convex, *k, multi=False) for k, f in CONVEX.items()
+          if MAXCON[f] > 1}
+MAXCON.update({f: 1 for f in SINGLE.values()})
 MAXCON.update({PLANE[GT.ELLIPSOID]: 1, PLANE[GT.MESH]: 4, PLANE_SDF: 4})

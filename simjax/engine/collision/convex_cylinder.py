@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from simjax.engine.collision import convex as C
 from simjax.engine.collision import convex_polytope as CP
-from simjax.engine.collision.common import Pre, dot
+from simjax.engine.collision.common import Pre, dot, one
 from simjax.types import GeomType as GT
 
 #: the feature spans both caps when c^2 * 2h < CAP_TOL (c: cosine of the normal with
@@ -130,12 +130,15 @@ def _pad(x, n):
     return jnp.concatenate([x, jnp.zeros((n - x.shape[0], 3), x.dtype)])
 
 
-def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
+def cylinder_contacts(t1, g1, t2, g2, n, dist, margin, single=False):
     """Contacts of a cylinder (geom1) against a box, mesh or cylinder (geom2), given
     the penetration normal ``n`` (geom1 to geom2) and signed distance ``dist`` (see the
     module docstring). Returns a Pre of 5 slots: the single contact, then up to 4 patch
-    contacts (either the first or the others valid)."""
+    contacts (either the first or the others valid); with ``single`` (MuJoCo's
+    DisableBit.MULTICCD) a Pre of 1 slot, the single contact."""
     A, B = _side(t1, g1, n), _side(t2, g2, -n)
+    if single:
+        return one(dist, _single_contact(t1, g1, A, B, n, dist), n, dist <= margin)
     na, nb = A["fn"], B["fn"]
     nna, nnb = jnp.sum(A["fok"]), jnp.sum(B["fok"])
     # faces facing each other, each towards the other geom; the most opposed pair
@@ -197,14 +200,19 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin):
     dd = dd + 2 * half
     live = jnp.arange(4) < nsel
     mvalid = multi & (cnt >= 1) & live & (jnp.min(jnp.where(live, dd, jnp.inf)) < margin)
-    if t1 == GT.CAPSULE:
-        spos = _capsule_pos(g1, A0, B, n, dist)
-    else:
-        spos = _single_pos(A, B, n, dist)
+    spos = _single_contact(t1, g1, A0, B, n, dist)
     svalid = (dist <= margin) & ~(multi & (cnt >= 1))
     return Pre(jnp.concatenate([dist[None], dd]), jnp.concatenate([spos[None], mpos]),
                jnp.concatenate([n[None], jnp.where(multi, mnrm, n)]),
                jnp.zeros((5, 3), n.dtype), jnp.concatenate([svalid[None], mvalid]))
+
+
+def _single_contact(t1, g1, A, B, n, dist):
+    """Position of the single contact of geom1 (type ``t1``, side ``A``) against
+    geom2 (side ``B``)."""
+    if t1 == GT.CAPSULE:
+        return _capsule_pos(g1, A, B, n, dist)
+    return _single_pos(A, B, n, dist)
 
 
 def _capsule_pos(g, A, B, n, dist):

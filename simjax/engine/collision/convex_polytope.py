@@ -15,8 +15,8 @@ import numpy as np
 from simjax.engine import inline
 from simjax.engine.math import clip
 from simjax.engine.solver_gather import cumcount
-from simjax.engine.collision.common import (Pre, argmax, cross, dot, normalize, safe_norm,
-                                            first_where as _first)
+from simjax.engine.collision.common import (Pre, argmax, cross, dot, normalize, one,
+                                            safe_norm, first_where as _first)
 from simjax.types import GeomType as GT
 
 
@@ -43,6 +43,17 @@ _BOX_NORMALS = np.array([[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1]
                          [0, 0, -1]], np.float64)
 _BOX_VFACE = np.array([[0 if v & 1 else 1, 2 if v & 2 else 3, 4 if v & 4 else 5]
                        for v in range(8)])
+
+
+def _witness(A, B, ia, da, ib, db, n, dist):
+    """Position of the single contact (EPA's witness) of the support features ``ia``
+    of ``A`` (dimension ``da``) and ``ib`` of ``B``: a vertex against anything, moved
+    half the distance along ``n``, or the midpoint of the closest points of two
+    edges."""
+    a0, b0 = A[0][ia[0]], B[0][ib[0]]
+    ca, cb = _segments(a0, A[0][ia[1]], b0, B[0][ib[1]])
+    return jnp.where(da == 1, a0 + 0.5 * dist * n,
+                     jnp.where(db == 1, b0 - 0.5 * dist * n, 0.5 * (ca + cb)))
 
 
 def _polytope(t, geo):
@@ -226,14 +237,18 @@ def _segments(a0, a1, b0, b1):
     return a0 + s * u, b0 + t * v
 
 
-def poly_contacts(t1, g1, t2, g2, n, dist, margin):
+def poly_contacts(t1, g1, t2, g2, n, dist, margin, single=False):
     """Contacts of two polytopes (boxes, meshes) given the penetration normal ``n`` and
     signed distance ``dist``: MuJoCo's multicontact (face-face or edge-face: the
     incident feature clipped by the reference face, at most 4 points by polygonQuad),
-    else the single EPA witness of the support features. Returns a Pre of 5 slots."""
+    else the single EPA witness of the support features. Returns a Pre of 5 slots;
+    with ``single`` (MuJoCo's DisableBit.MULTICCD) a Pre of 1 slot, the witness."""
     A, B = _polytope(t1, g1), _polytope(t2, g2)
     ia, da = _feature(A, n)
     ib, db = _feature(B, -n)
+    spos = _witness(A, B, ia, da, ib, db, n, dist)
+    if single:
+        return one(dist, spos, n, dist <= margin)
     fa, oka = _feature_faces(A, ia, da)
     fb, okb = _feature_faces(B, ib, db)
     na, nb = A[3][fa], B[3][fb]                                   # (D, 3)
@@ -300,11 +315,6 @@ def poly_contacts(t1, g1, t2, g2, n, dist, margin):
     mpos = x1 + 0.5 * dd[:, None] * mnrm
     mvalid = multi & (cnt >= 1) & (jnp.arange(4) < nsel) & (jnp.min(
         jnp.where(jnp.arange(4) < nsel, dd, jnp.inf)) < margin)
-    # single witness (EPA): vertex against anything, or the closest points of two edges
-    a0, b0 = A[0][ia[0]], B[0][ib[0]]
-    ca, cb = _segments(a0, A[0][ia[1]], b0, B[0][ib[1]])
-    spos = jnp.where(da == 1, a0 + 0.5 * dist * n,
-                     jnp.where(db == 1, b0 - 0.5 * dist * n, 0.5 * (ca + cb)))
     svalid = ~(multi & (cnt >= 1)) & (dist <= margin)
     return Pre(jnp.concatenate([dist[None], dd]), jnp.concatenate([spos[None], mpos]),
                jnp.concatenate([n[None], jnp.where(multi, mnrm, n)]),

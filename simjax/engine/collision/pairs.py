@@ -265,9 +265,12 @@ def plan(m) -> Plan:
         pd = np.asarray(m.pair_dim)
         dim = np.where(ipair >= 0, pd[np.maximum(ipair, 0)], dim)
     rank = mujoco_rank(m, g1, g2, ipair)
+    # one contact for the convex pairs with several (MuJoCo's mj_maxContact)
+    single = convex.SINGLE if m.opt.disableflags & DisableBit.MULTICCD else {}
     groups = {}
     for k in np.argsort(rank, kind="stable"):        # groups list pairs in MuJoCo order
         fn = COLLIDERS[(int(gtype[g1[k]]), int(gtype[g2[k]]))]
+        fn = single.get(fn, fn)
         if fn is hfield.hfield_convex:      # per pair: static grid data and window
             fn = hfield.collider_for(m, int(g1[k]), int(g2[k]), int(ipair[k]))
         groups.setdefault(fn, []).append(k)
