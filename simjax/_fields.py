@@ -63,6 +63,8 @@ MODEL_FIELDS = (
     ("jnt_range", "f", "njnt", 2, "joint limits"),
     ("jnt_actfrcrange", "f", "njnt", 2, "range of total actuator force"),
     ("jnt_margin", "f", "njnt", 1, "min distance for limit detection"),
+    ("jnt_springyield", "f", "njnt", 1, "spring yield (elasto-plastic; 0: elastic)"),
+    ("jnt_plasticadr", "i", "njnt", 1, "address in plastic state; -1: none"),
     ("jnt_user", "f", "njnt", 'nuser_jnt', "user data"),
     ("dof_bodyid", "i", "nv", 1, "id of dof's body"),
     ("dof_jntid", "i", "nv", 1, "id of dof's joint"),
@@ -183,6 +185,8 @@ MODEL_FIELDS = (
     ("tendon_range", "f", "ntendon", 2, "tendon length limits"),
     ("tendon_actfrcrange", "f", "ntendon", 2, "range of total actuator force"),
     ("tendon_margin", "f", "ntendon", 1, "min distance for limit detection"),
+    ("tendon_springyield", "f", "ntendon", 1, "spring yield (elasto-plastic; 0: elastic)"),
+    ("tendon_plasticadr", "i", "ntendon", 1, "address in plastic state; -1: none"),
     ("tendon_stiffness", "f", "ntendon", 1, "linear stiffness coefficient"),
     ("tendon_stiffnesspoly", "f", "ntendon", 'mjNPOLY', "high-order stiffness coefficients"),
     ("tendon_damping", "f", "ntendon", 1, "linear damping coefficient"),
@@ -268,4 +272,5 @@ MODEL_FIELDS = (
     ("key_ctrl", "f", "nkey", 'nu', "key control"),
     ("key_mpos", "f", "nkey", "nmocap*3", "mocap body position"),
     ("key_mquat", "f", "nkey", "nmocap*4", "mocap body quaternion"),
+    ("key_plastic", "f", "nkey", "nplastic", "key plastic state"),
 )

@@ -280,7 +280,7 @@ MODEL_COUNTS = (
     "nmesh", "nmat", "nmeshvert", "nmeshface", "nhfield", "nhfielddata", "ntendon", "nwrap",
     "nsensor", "nsensordata", "nkey", "nmocap", "neq", "npair", "nexclude", "nplugin",
     "npluginstate", "nnumeric", "nnumericdata", "ntuple", "ntupledata", "ntree",
-    "nactuator", "nout", "nhistory", "ngravcomp", "nuserdata",
+    "nactuator", "nout", "nhistory", "nplastic", "ngravcomp", "nuserdata",
     "nuser_body", "nuser_jnt", "nuser_geom", "nuser_site", "nuser_cam",
     "nuser_tendon", "nuser_actuator", "nuser_sensor", "nbvh", "nbvhstatic", "nmeshframe",
 )

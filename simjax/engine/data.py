@@ -63,6 +63,7 @@ DATA_FIELDS = (
     ("qacc_warmstart", ("nv",), "f"),
     ("plugin_state", ("npluginstate",), "f"),
     ("history", ("nhistory",), "f"),
+    ("plastic", ("nplastic",), "f"),
     ("ctrl", ("nu",), "f"),
     ("qfrc_applied", ("nv",), "f"),
     ("xfrc_applied", ("nbody", 6), "f"),

@@ -30,6 +30,7 @@ from simjax.engine import io
 from simjax.engine import level_ld
 from simjax.engine import math
 from simjax.engine import passive
+from simjax.engine import plastic
 from simjax.engine import precision
 from simjax.engine import sensor
 from simjax.engine import smooth
@@ -45,7 +46,7 @@ from simjax.engine.data import (DATA_FIELD_NAMES, NWARNING, WARN_BADQACC, WARN_B
                                 WARN_BADQVEL, Data)
 from simjax.errors import UnsupportedFeatureError
 from simjax.plugins import engine as plugins
-from simjax.types import DisableBit, EnableBit, IntegratorType
+from simjax.types import DisableBit, EnableBit, IntegratorType, SensorType
 
 #: mjMAXVAL: |values| above this count as divergence (mju_isBad).
 MAXVAL = 1e10
@@ -175,11 +176,34 @@ def fwd_constraint(m, d: Data) -> Data:
     return solver.fwd_constraint(m, d)
 
 
-def energy(m, d: Data) -> Data:
-    """Potential and kinetic energy into d.energy when EnableBit.ENERGY is set."""
-    if not (m.opt.enableflags & EnableBit.ENERGY):
-        return d.replace(energy=jnp.zeros(2, d.qpos.dtype))
-    return d.replace(energy=jnp.stack([support.energy_pos(m, d), support.energy_vel(m, d)]))
+def energy(m, d: Data, sensors=False, zero=True) -> Data:
+    """Potential and kinetic energy into d.energy when EnableBit.ENERGY is set.
+
+    Without it, as MuJoCo 4.0.0 (measured), where the sensor stages ran (``sensors``: a
+    bool, or traced) the energy sensors' values: its E_POTENTIAL and E_KINETIC sensors
+    both run at the position stage and write the energy they compute into d.energy,
+    which mj_forwardSkip then zeroes unless a potential-energy sensor ran. So forward
+    (``zero``) leaves [potential, kinetic or as it was] with an E_POTENTIAL sensor,
+    else zeros; mj_inverse, which zeroes nothing (``zero`` False), leaves each entry
+    an energy sensor computed, the others as they were."""
+    dtype = d.qpos.dtype
+    if m.opt.enableflags & EnableBit.ENERGY:
+        return d.replace(energy=jnp.stack([support.energy_pos(m, d),
+                                           support.energy_vel(m, d)]))
+    old = d.energy.astype(dtype)
+    base = jnp.zeros(2, dtype) if zero else old
+    types = np.asarray(m.sensor_type).reshape(m.nsensor)
+    ran = sensors is not False and not _sensors_off(m)
+    pot_s, kin_s = (ran and bool(np.any(types == t))
+                    for t in (SensorType.E_POTENTIAL, SensorType.E_KINETIC))
+    if not (pot_s or kin_s) or (zero and not pot_s):
+        return d.replace(energy=base)
+    pot = support.energy_pos(m, d) if pot_s else old[0]
+    kin = support.energy_vel(m, d) if kin_s else old[1]
+    out = jnp.stack([pot, kin])
+    if sensors is not True:
+        out = math.where(sensors, out, base)
+    return d.replace(energy=out)
 
 
 @gc_pause.gc_paused
@@ -225,7 +249,7 @@ def _forward_parts(m, d: Data, sensors, euler_diag=None):
     d = run(sensor.sensor_pos, d)
     d = fwd_velocity(m, d)
     d = run(sensor.sensor_vel, d)
-    d = energy(m, d)
+    d = energy(m, d, sensors)
     d = fwd_actuation(m, d)
     d, qacc_euler = _fwd_acceleration(m, d, pair)
     d = fwd_constraint(m, d)
@@ -243,12 +267,14 @@ def _history(m, d: Data):
     return history.advance(m, d, lambda ids: sensor.compute(m, d, ids))
 
 
-def _advance(m, d: Data, act_dot, qacc, qvel=None, hist=None) -> Data:
+def _advance(m, d: Data, act_dot, qacc, qvel=None, hist=None, start=None) -> Data:
     """Advance history buffers, activations, velocities, positions and time by one step
-    (mj_advance).
+    (mj_advance), then the plastic state (:func:`simjax.engine.plastic.update`).
 
     Positions integrate with ``qvel`` if given (RK4), else with the new velocity
     (semi-implicit Euler). ``hist``: the advanced history buffers, if already computed.
+    ``start``: (ten_length, ten_J) of the step's forward where ``d`` holds another
+    stage's (RK4), else None (``d``'s).
     """
     h = jnp.asarray(m.opt.timestep, d.qpos.dtype)
     out = {}
@@ -262,6 +288,9 @@ def _advance(m, d: Data, act_dot, qacc, qvel=None, hist=None) -> Data:
     new_qvel = d.qvel + h * qacc
     out["qvel"] = new_qvel
     out["qpos"] = support.integrate_pos(m, d.qpos, new_qvel if qvel is None else qvel, h)
+    if m.nplastic:
+        length, ten_j = (d.ten_length, d.ten_J) if start is None else start
+        out["plastic"] = plastic.update(m, d.plastic, d.qpos, out["qpos"], length, ten_j)
     out["time"] = d.time + h
     out["qacc_warmstart"] = d.qacc
     d = d.replace(**out)
@@ -380,7 +409,17 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
     t0, qpos0, qvel0, act0 = d.time, d.qpos, d.qvel, d.act
     hist = (_history(m, d) if m.nhistory else None) if not evaluate_first else (
         d.history if m.nhistory else None)
-    keep = (d.sensordata, d.energy)
+    # the first stage's sensors (what step returns: the later stages skip the sensors)
+    # and, for the plastic tendons' update, its tendon lengths and Jacobian. The energy
+    # is the last stage's: mj_forwardSkip recomputes it where it skips the sensors
+    # (MuJoCo 4.0.0, measured: the first stage's was off by up to 4.4 J on a swinging
+    # double pendulum)
+    plastic_tendons = bool(m.nplastic) and bool(
+        np.any(np.asarray(m.tendon_plasticadr) >= 0))
+
+    def kept(d):
+        return (d.sensordata,) + ((d.ten_length, d.ten_J) if plastic_tendons else ())
+    keep = kept(d)
     b0 = _RK4_B[0]
     held = evaluate_first and autoreset
     # the held worlds' qacc chosen in the last stage's kernel of the acceleration sum
@@ -414,7 +453,7 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
             if not autoreset:
                 d = d.replace(warning=_count_warning(d.warning, WARN_BADQACC, bad))
             keep = jax.tree_util.tree_map(lambda x, k: math.where(first, x, k),
-                                          (d.sensordata, d.energy), keep)
+                                          kept(d), keep)
             if m.nhistory:
                 dd = d
                 hist = jax.lax.cond(first, lambda: _history(m, dd), lambda: hist)
@@ -447,9 +486,8 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
     init = init + (keep, hist, bada0)
     (d, _, _, _, dqvel, dqacc, dact, keep, hist, bada), _ = inline.scan(
         stage, init, jnp.asarray(rows, dtype), consts_inside=True)
-    d = d.replace(time=t0, qpos=qpos0, qvel=qvel0, act=act0, sensordata=keep[0],
-                  energy=keep[1])
-    out = _advance(m, d, dact, dqacc, dqvel, hist)
+    d = d.replace(time=t0, qpos=qpos0, qvel=qvel0, act=act0, sensordata=keep[0])
+    out = _advance(m, d, dact, dqacc, dqvel, hist, start=keep[1:] or None)
     # MuJoCo 4.0.0 leaves the acceleration it integrated (the B-weighted sum of the
     # stages) in qacc, while qacc_warmstart and act_dot are the last stage's; a world
     # held for a bad qacc keeps that qacc exactly
@@ -542,7 +580,7 @@ RESET_FIELDS = (DATA_FIELD_NAMES[:DATA_FIELD_NAMES.index("sensordata") + 1] +
 #: Fields the integrators advance (mj_advance): a world whose qacc is bad keeps their
 #: values from before the step.
 ADVANCED_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart", "plugin_state",
-                   "history")
+                   "history", "plastic")
 
 
 #: Rank of each state check, in mj_step's order of precedence (a bad qacc is seen
@@ -629,10 +667,10 @@ def step(m, d: Data) -> Data:
     second time; it splits this over two steps instead:
 
     - the step that finds the bad qacc returns the world not integrated: time, qpos,
-      qvel, act, qacc_warmstart, history and plugin_state as they came in, every other
-      field as this step's forward computed them from that state (all consistent with
-      it: exactly what MuJoCo's mjData holds when mj_checkAcc looks at qacc), qacc the
-      bad value, and mjWARN_BADQACC counted;
+      qvel, act, qacc_warmstart, history, plugin_state and plastic as they came in,
+      every other field as this step's forward computed them from that state (all
+      consistent with it: exactly what MuJoCo's mjData holds when mj_checkAcc looks at
+      qacc), qacc the bad value, and mjWARN_BADQACC counted;
     - the next step sees the bad qacc it was given and resets the world before its
       forward (as a bad qpos or qvel does), with the warning counters cleared but
       mjWARN_BADQACC = 1, then forwards and integrates. Its result equals the result of

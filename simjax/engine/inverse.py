@@ -158,7 +158,7 @@ def inverse(m, d: Data) -> Data:
     d = sensor.sensor_pos(m, d)
     d = inv_velocity(m, d)
     d = sensor.sensor_vel(m, d)
-    d = energy(m, d)
+    d = energy(m, d, sensors=True, zero=False)
     qacc = d.qacc
     if discrete:
         d = d.replace(qacc=discrete_acc(m, d))

@@ -142,6 +142,9 @@ def reset_fields(model, names, dtype=None) -> dict:
     if "history" in out and getattr(model, "nhistory", 0):
         from simjax.engine import history
         out["history"] = history.init(model, ftype)
+    if "plastic" in out and getattr(model, "nplastic", 0):
+        from simjax.engine import plastic
+        out["plastic"] = plastic.init(model, ftype)
     return {name: out[name] for name in names}
 
 
@@ -151,7 +154,8 @@ def reset_keyframe(model, data: Data, key_id) -> Data:
     ``key_id``: keyframe index (Python or traced int, so batches of worlds may reset to
     different keyframes under vmap) or keyframe name. Everything is reset as by
     :func:`make_data`, then time, qpos, qvel, act, ctrl and mocap poses are loaded from
-    the keyframe. ``data`` only supplies the float dtype.
+    the keyframe (and the plastic state, ``key_plastic``). ``data`` only supplies the
+    float dtype.
     """
     if isinstance(key_id, str):
         idx = model.name2id("key", key_id)
@@ -168,6 +172,8 @@ def reset_keyframe(model, data: Data, key_id) -> Data:
     kw = dict(time=jnp.asarray(model.key_time, ftype).reshape(model.nkey)[key_id],
               qpos=row(model.key_qpos, model.nq), qvel=row(model.key_qvel, model.nv),
               act=row(model.key_act, model.na), ctrl=row(model.key_ctrl, model.nu))
+    if getattr(model, "nplastic", 0):
+        kw["plastic"] = row(model.key_plastic, model.nplastic)
     if model.nmocap:
         kw["mocap_pos"] = row(model.key_mpos, 3 * model.nmocap).reshape(model.nmocap, 3)
         kw["mocap_quat"] = row(model.key_mquat, 4 * model.nmocap).reshape(model.nmocap, 4)

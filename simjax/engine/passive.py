@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import math
+from simjax.engine import plastic
 from simjax.engine import smooth
 from simjax.engine import support
 from simjax.engine import tables
@@ -50,14 +51,15 @@ def poly_potential(linear, poly, x, odd):
 
 
 # --------------------------------------------------------------------------- springs
-def _joint_spring_dofs(m, qpos, dtype):
-    """Joint spring forces (nv,), or None without joints (mj_springdamper, springs)."""
+def _joint_spring_dofs(m, qpos, dtype, qspring):
+    """Joint spring forces (nv,), or None without joints (mj_springdamper, springs),
+    about the references ``qspring`` (nq,) (:func:`simjax.engine.plastic.
+    spring_refs`)."""
     jtype = np.asarray(m.jnt_type)
     qadr = np.asarray(m.jnt_qposadr)
     dadr = np.asarray(m.jnt_dofadr)
     k = _f(m.jnt_stiffness, dtype)
     poly = _f(m.jnt_stiffnesspoly, dtype).reshape(m.njnt, 2)
-    qspring = _f(m.qpos_spring, dtype)
     parts = []   # (dof indices, forces)
     # joints whose stiffness is known (not traced) to be zero have no spring: skip
     # them statically (a free joint's quaternion difference is costly)
@@ -134,7 +136,7 @@ def _tendon_spring_damper(m, d, spring_on, damper_on):
     frc_s, frc_d = zero, zero
     if spring_on:
         length = d.ten_length
-        rng = _f(m.tendon_lengthspring, dtype).reshape(m.ntendon, 2)
+        rng = plastic.spring_refs(m, d, dtype)[1]
         x = math.where(length > rng[:, 1], length - rng[:, 1],
                        math.where(length < rng[:, 0], length - rng[:, 0], 0.0))
         spoly = _f(m.tendon_stiffnesspoly, dtype).reshape(m.ntendon, 2)
@@ -410,7 +412,8 @@ def passive(m, d):
     if not m.nv or not (spring_on or damper_on):
         return d.replace(qfrc_spring=zero, qfrc_damper=zero, qfrc_gravcomp=zero,
                          qfrc_fluid=zero, qfrc_adhesion=zero, qfrc_passive=zero)
-    spring = _joint_spring_dofs(m, d.qpos, dtype) if spring_on and m.njnt else zero
+    spring = (_joint_spring_dofs(m, d.qpos, dtype, plastic.spring_refs(m, d, dtype)[0])
+              if spring_on and m.njnt else zero)
     damper = zero
     if damper_on:
         damping, poly = dof_damping(m, dtype)

@@ -312,6 +312,8 @@ def set0(model):
     stat, dof_length = _stat(m, kin, M)
     out["dof_length"] = dof_length
     out["tendon_lengthspring"] = _lengthspring(m, spring_len)
+    if getattr(m, "nplastic", 0) and m.nkey:
+        out["key_plastic"] = _key_plastic(m, qspring, out["tendon_lengthspring"])
     arrays = {k: leaf(v) for k, v in out.items() if k not in _STATIC_OUT}
     arrays.update({k: np.asarray(v) for k, v in out.items() if k in _STATIC_OUT})
     old = model.stat
@@ -495,6 +497,15 @@ def _stat(m, kin, M):
     if m.nv:
         stat["meaninertia"] = np.trace(M) / m.nv
     return stat, dof_length
+
+
+def _key_plastic(m, qspring, lengthspring):
+    """The keyframes' plastic states, the entries a keyframe leaves unset (NaN, from
+    the compiler) the initial ones (:func:`simjax.engine.plastic.init`)."""
+    from simjax.engine.plastic import _init_sources
+    key = np.array(m.key_plastic, dtype=np.float64).reshape(m.nkey, m.nplastic)
+    init = np.concatenate([qspring, np.asarray(lengthspring).reshape(-1)])
+    return np.where(np.isnan(key), init[_init_sources(m)[0]], key)
 
 
 def _lengthspring(m, length=None):

@@ -264,8 +264,10 @@ def differentiate_pos(m, qpos1, qpos2, dt):
 
 # --------------------------------------------------------------------------- energy
 def energy_pos(m, d):
-    """Potential energy (mj_energyPos): gravity plus joint and tendon springs."""
+    """Potential energy (mj_energyPos): gravity plus joint and tendon springs (their
+    references the plastic ones where they yield, :mod:`simjax.engine.plastic`)."""
     from simjax.engine.passive import poly_potential
+    from simjax.engine.plastic import spring_refs
     dtype = d.qpos.dtype
     energy = jnp.zeros((), dtype)
     if not (m.opt.disableflags & DisableBit.GRAVITY):
@@ -276,7 +278,7 @@ def energy_pos(m, d):
     if m.njnt:
         k = jnp.asarray(m.jnt_stiffness, dtype)
         poly = jnp.asarray(m.jnt_stiffnesspoly, dtype).reshape(m.njnt, 2)
-        qs = jnp.asarray(m.qpos_spring, dtype)
+        qs = spring_refs(m, d, dtype)[0]
         qadr = np.asarray(m.jnt_qposadr)
         g = _joint_groups(m)
         scalar = np.concatenate([g[JointType.HINGE], g[JointType.SLIDE]])
@@ -297,7 +299,7 @@ def energy_pos(m, d):
             energy = energy + jnp.sum(poly_potential(k[rot], poly[rot], r, False))
     if m.ntendon:
         length = d.ten_length
-        rng = jnp.asarray(m.tendon_lengthspring, dtype).reshape(m.ntendon, 2)
+        rng = spring_refs(m, d, dtype)[1]
         x = math.where(length > rng[:, 1], length - rng[:, 1],
                        math.where(length < rng[:, 0], length - rng[:, 0], 0.0))
         spoly = jnp.asarray(m.tendon_stiffnesspoly, dtype).reshape(m.ntendon, 2)

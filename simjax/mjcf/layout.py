@@ -208,6 +208,7 @@ def assemble(root, s, opt, bodies, meshes, hfields, mesh_names, hfield_names, id
     _mesh_fields(f, meshes, hfields)
     _bvh_fields(f, kw, meshes)
     _tendon_fields(f, tendon_recs, wraps, nuser)
+    _plastic_fields(f, kw, jnt, tendon_recs)
     _actuator_fields(f, act_recs, nuser)
     _sensor_fields(f, sensor_recs, nuser)
     f["actuator_historyadr"], f["sensor_historyadr"] = hist_act, hist_sens
@@ -290,6 +291,7 @@ def _joint_fields(f, jnt, dof, madr, dof_parent, dof_tree, nuser):
     f["jnt_range"] = _stack([j["range"] for j in jnt], 2)
     f["jnt_actfrcrange"] = _stack([j["actfrcrange"] for j in jnt], 2)
     f["jnt_margin"] = [j["margin"] for j in jnt]
+    f["jnt_springyield"] = [j["springyield"] for j in jnt]
     f["jnt_user"] = _user(jnt, nuser["nuser_jnt"])
     f["jnt_actuatorid"] = np.full(len(jnt), -1)
     f["dof_bodyid"] = [d["bodyid"] for d in dof]
@@ -477,6 +479,7 @@ def _tendon_fields(f, recs, wraps, nuser):
     f["tendon_range"] = _stack([t["range"] for t in recs], 2)
     f["tendon_actfrcrange"] = _stack([t["actfrcrange"] for t in recs], 2)
     f["tendon_margin"] = [t["margin"] for t in recs]
+    f["tendon_springyield"] = [t["springyield"] for t in recs]
     f["tendon_stiffness"] = [t["stiffness"][0] for t in recs]
     f["tendon_stiffnesspoly"] = _stack([t["stiffness"][1:] for t in recs], 2)
     f["tendon_damping"] = [t["damping"][0] for t in recs]
@@ -487,6 +490,22 @@ def _tendon_fields(f, recs, wraps, nuser):
     f["tendon_actuatorid"] = np.full(len(recs), -1)
     f["tendon_user"] = _user(recs, nuser["nuser_tendon"])
     f["wrap_type"], f["wrap_objid"], f["wrap_prm"] = wraps
+
+
+def _plastic_fields(f, kw, jnt, tendons):
+    """Addresses in the plastic state (MuJoCo 4's layout): every joint with a spring
+    yield (hinge, slide: its spring reference; ball: its reference quaternion), then
+    every tendon with one (its spring length range, 2 numbers)."""
+    adr = 0
+    for key, recs in (("jnt", jnt), ("tendon", tendons)):
+        out = np.full(len(recs), -1, np.int32)
+        for i, r in enumerate(recs):
+            if r["springyield"] > 0:
+                out[i] = adr
+                adr += (4 if key == "jnt" and r["type"] == JointType.BALL else
+                        2 if key == "tendon" else 1)
+        f[f"{key}_plasticadr"] = out
+    kw["nplastic"] = adr
 
 
 def _history_layout(act_recs, sensor_recs):
@@ -636,7 +655,10 @@ def _key_fields(f, root, kw, qpos0, bodies, size_attrs, act_recs):
     out = dict(key_time=np.zeros(nkey), key_qpos=np.tile(qpos0, (nkey, 1)),
                key_qvel=np.zeros((nkey, nv)), key_act=np.zeros((nkey, na)),
                key_ctrl=np.zeros((nkey, nu)), key_mpos=np.tile(mpos0, (nkey, 1)),
-               key_mquat=np.tile(mquat0, (nkey, 1)))
+               key_mquat=np.tile(mquat0, (nkey, 1)),
+               # NaN: the initial plastic state, filled in by reference.set0 once the
+               # tendons' spring lengths are known
+               key_plastic=np.full((nkey, kw["nplastic"]), np.nan))
     names = []
     for i, el in enumerate(keys):
         a = el.attrs
@@ -645,7 +667,8 @@ def _key_fields(f, root, kw, qpos0, bodies, size_attrs, act_recs):
         for attr, field, n in (("qpos", "key_qpos", nq), ("qvel", "key_qvel", nv),
                                ("act", "key_act", na), ("ctrl", "key_ctrl", nu),
                                ("mpos", "key_mpos", 3 * nmocap),
-                               ("mquat", "key_mquat", 4 * nmocap)):
+                               ("mquat", "key_mquat", 4 * nmocap),
+                               ("plastic", "key_plastic", kw["nplastic"])):
             v = a.get(attr)
             if v is None:
                 continue

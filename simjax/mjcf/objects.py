@@ -104,6 +104,9 @@ def tendons(els, ids, s):
         if sl.size == 1:
             sl = np.array([sl[0], sl[0]])
         stiff, damp = _poly3(a["stiffness"]), _poly3(a["damping"])
+        yld = float(_get(a, "springyield", 0.0))
+        if yld < 0:
+            raise el.error("springyield cannot be negative in tendon")
         recs.append(dict(name=a.get("name") or "", adr=adr, num=len(wtype) - adr,
                          limited=limited, range=rng, actfrclimited=afl, actfrcrange=afr,
                          solref_lim=a["solreflimit"], solimp_lim=a["solimplimit"],
@@ -111,7 +114,8 @@ def tendons(els, ids, s):
                          margin=float(a["margin"]), stiffness=stiff, damping=damp,
                          armature=float(_get(a, "armature", 0.0)),
                          frictionloss=float(a["frictionloss"]), lengthspring=sl,
-                         group=int(_get(a, "group", 0)), user=a.get("user"), el=el))
+                         springyield=yld, group=int(_get(a, "group", 0)),
+                         user=a.get("user"), el=el))
     return recs, np.array(wtype, np.int32), np.array(wobj, np.int32), np.array(wprm)
 
 

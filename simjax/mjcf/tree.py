@@ -266,7 +266,7 @@ class TreeBuilder:
                         solreffriction=s.default_solref, solimpfriction=s.default_solimp,
                         actfrclimited=False, actfrcrange=np.zeros(2), actgravcomp=False,
                         group=int(_get(a, "group", 0)), springdamper=np.zeros(2),
-                        user=np.zeros(0))
+                        springyield=0.0, user=np.zeros(0))
         jtype = JOINT_TYPES[a["type"]]
         rng = np.array(a["range"], dtype=np.float64)
         limited = self._limited(el, a["limited"], rng, jtype != JointType.FREE, "joint", "")
@@ -303,6 +303,15 @@ class TreeBuilder:
         sd = np.asarray(_get(a, "springdamper", [0, 0]), dtype=np.float64)
         if (sd[0] or sd[1]) and (sd[0] <= 0 or sd[1] <= 0):
             raise el.error("when defined, springdamper values must be positive in joint")
+        # elasto-plastic spring (MuJoCo 4): the elastic range, an angle for hinge and
+        # ball joints (in the model's angle units)
+        yld = float(_get(a, "springyield", 0.0))
+        if yld < 0:
+            raise el.error("springyield cannot be negative in joint")
+        if yld and jtype == JointType.FREE:
+            raise el.error("springyield should not be defined in free joint")
+        if jtype in (JointType.HINGE, JointType.BALL):
+            yld *= s.to_rad
         return dict(el=el, name=a.get("name") or "", type=jtype, pos=pos, axis=axis,
                     limited=limited, range=rng, ref=ref, springref=springref,
                     stiffness=_poly3(a["stiffness"]), damping=_poly3(a["damping"]),
@@ -313,7 +322,7 @@ class TreeBuilder:
                     solimpfriction=np.asarray(a["solimpfriction"]),
                     actfrclimited=actfrclimited, actfrcrange=afr,
                     actgravcomp=bool(a["actuatorgravcomp"]), group=int(a["group"]),
-                    springdamper=sd, user=_arr(a.get("user")))
+                    springdamper=sd, springyield=yld, user=_arr(a.get("user")))
 
     def _limited(self, el, flag, rng, allowed, entity, attr):
         """Resolve a true/false/auto limit flag (checklimited + islimited)."""

@@ -1,5 +1,6 @@
 """forward() against mujoco.mj_forward at random states, constraints disabled (float64)."""
 import jax
+import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest
@@ -199,3 +200,34 @@ def test_mujoco4_options_set_at_run_time():
                                       disableflags=int(DisableBit.CONTACT)))
     out = simjax.step(off, make_data(off))
     assert int(out.ncon) == 0 and float(out.time) == m.opt.timestep
+
+
+@pytest.mark.parametrize("sensors", ["<e_potential/><e_kinetic/>", "<e_potential/>",
+                                     "<e_kinetic/>", '<jointpos joint="j"/>'])
+def test_energy_field_without_the_flag(sensors):
+    """Without EnableBit.ENERGY, Data.energy holds what MuJoCo 4.0.0's energy sensors
+    leave there (they write it at the position stage, and mj_forwardSkip zeroes it
+    unless a potential-energy sensor ran; mj_inverse zeroes nothing): after step
+    (Euler, RK4, implicitfast), forward and inverse, to rounding. It was always zero."""
+    import simjax
+    xml = ('<mujoco><option integrator="{}"/><worldbody><body pos="0 0 1"><joint name="j" '
+           'type="hinge" axis="0 1 0" stiffness="3"/><geom type="capsule" fromto="0 0 0 1 '
+           '0 0" size=".05"/></body></worldbody><sensor>{}</sensor></mujoco>')
+    for integrator in ("Euler", "RK4", "implicitfast"):
+        text = xml.format(integrator, sensors)
+        mjm = mujoco.MjModel.from_xml_string(text)
+        mjd = mujoco.MjData(mjm)
+        mjd.qvel[0] = 1
+        m = simjax.load_model(text)
+        d = make_data(m).replace(qvel=jnp.asarray([1.0]))
+        for _ in range(3):
+            mujoco.mj_step(mjm, mjd)
+            d = simjax.step(m, d)
+            np.testing.assert_allclose(np.asarray(d.energy), mjd.energy, atol=1e-12)
+        mujoco.mj_forward(mjm, mjd)
+        d = simjax.forward(m, d)
+        np.testing.assert_allclose(np.asarray(d.energy), mjd.energy, atol=1e-12)
+        mjd.energy[:] = [7, 8]
+        mujoco.mj_inverse(mjm, mjd)
+        d = simjax.inverse(m, d.replace(energy=jnp.asarray([7.0, 8.0])))
+        np.testing.assert_allclose(np.asarray(d.energy), mjd.energy, atol=1e-12)

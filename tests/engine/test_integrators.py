@@ -105,13 +105,17 @@ def _rk4_model(autoreset):
 
 def test_rk4_leaves_mujoco_qacc_and_stage_fields():
     """After an RK4 step qacc is the acceleration integrated (the B-weighted stage sum),
-    qacc_warmstart and act_dot the last stage's, as MuJoCo 4.0.0 leaves them: a free
-    body in contact, a damped hinge and a filter actuator, float64."""
+    qacc_warmstart, act_dot and the energy the last stage's, as MuJoCo 4.0.0 leaves
+    them: a free body in contact, a damped hinge and a filter actuator, float64. (The
+    energy was the first stage's: mj_forwardSkip recomputes it in the later stages.)"""
     import simjax
+    from simjax.types import EnableBit
     xml = _RK4_XML.replace('<motor joint="h"/>', '<motor joint="h"/><general joint="h" '
                            'dyntype="filter" dynprm="0.1" gainprm="1"/>')
     mjm = mujoco.MjModel.from_xml_string(xml)
+    mjm.opt.enableflags |= int(EnableBit.ENERGY)
     m = simjax.load_model(xml)
+    m = m.replace(opt=m.opt.replace(enableflags=int(mjm.opt.enableflags)))
     rng = np.random.default_rng(3)
     qvel = 0.5 * rng.standard_normal(mjm.nv)
     qpos = mjm.qpos0.copy()
@@ -130,7 +134,7 @@ def test_rk4_leaves_mujoco_qacc_and_stage_fields():
         assert np.abs(mjd.qacc - mjd.qacc_warmstart).max() > 1e-3
         np.testing.assert_allclose(mjd.qacc, (mjd.qvel - qvel0) / mjm.opt.timestep,
                                    rtol=1e-9, atol=1e-9)
-        for name in ("qpos", "qvel", "act", "qacc", "qacc_warmstart", "act_dot"):
+        for name in ("qpos", "qvel", "act", "qacc", "qacc_warmstart", "act_dot", "energy"):
             np.testing.assert_allclose(np.asarray(getattr(d, name)), getattr(mjd, name),
                                        rtol=1e-9, atol=1e-9, err_msg=name)
 
