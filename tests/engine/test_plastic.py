@@ -2,7 +2,8 @@
 MuJoCo 4.0.0 in float64: the compiled fields, the plastic state after reset and
 keyframes, trajectories with every integrator, and the compiler's errors. The model
 written here holds every kind: a hinge, a ball and a slide joint, a fixed and a
-spatial tendon with yields, and a spring without one."""
+spatial tendon with yields (the spatial one across the ball joint), and a spring
+without one."""
 from __future__ import annotations
 
 import jax
@@ -31,6 +32,7 @@ XML = """<mujoco>
         <body pos="1 0 0">
           <joint name="b" type="ball" stiffness="3" springyield="10" damping=".02"/>
           <geom type="box" size=".3 .1 .05" pos=".3 0 0"/>
+          <site name="s3" pos=".6 0 .1"/>
         </body>
       </body>
     </body>
@@ -42,9 +44,9 @@ XML = """<mujoco>
   </worldbody>
   <tendon>
     <fixed name="u" stiffness="7" springyield="0.02"><joint joint="h2" coef="1"/></fixed>
-    <spatial name="t" stiffness="50" springyield="0.05" springlength="1.6 1.8"
+    <spatial name="t" stiffness="50" springyield="0.05" springlength="2.1 2.3"
              damping=".1">
-      <site site="s0"/><site site="s1"/><site site="s2"/>
+      <site site="s0"/><site site="s1"/><site site="s2"/><site site="s3"/>
     </spatial>
   </tendon>
   <actuator><motor joint="h1"/><motor joint="h2"/><motor joint="s"/></actuator>
