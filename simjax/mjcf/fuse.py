@@ -9,7 +9,8 @@ its parent's (not the world's; mjCBody::AccumulateInertia), its geoms, sites and
 cameras move to the end of the parent's lists and its child bodies take its place in
 the parent's, all re-expressed in the parent's frame (mjuu_frameaccum). Bodies are
 visited in order and a fused body's place is visited again, so chains of static bodies
-collapse. Ids of everything after a fused element shift, as in MuJoCo.
+collapse. Ids of everything after a fused element shift, as in MuJoCo. A body with
+``fuse="false"`` (MuJoCo 4) stays.
 """
 from __future__ import annotations
 
@@ -70,7 +71,9 @@ def fuse_static(root, bodies):
         # the body's name and skips it on any error); unnamed bodies are not checked
         named_ref = body.name and (body.name in refs or any(
             x["name"] and x["name"] in force_sites for x in body.sites))
-        if named_ref or body.joints or body.mocap:
+        # MuJoCo 4's body attribute fuse="false" keeps a body out of the fusing
+        kept = body.el is not None and body.el.attrs.get("fuse") == "false"
+        if named_ref or kept or body.joints or body.mocap:
             i += 1
             continue
         par = bodies[body.parent]

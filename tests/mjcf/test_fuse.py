@@ -61,3 +61,17 @@ def test_force_sensor_site_keeps_named_body():
     mjm, _ = same_model(XML.format(fuse="true", discard="false").replace(
         "<sensor>", '<sensor><force site="tip"/>'))
     assert "hand" in [mjm.body(i).name for i in range(mjm.nbody)]
+
+
+def test_body_fuse_false_stays():
+    """MuJoCo 4's body attribute fuse="false" keeps a static body (under the world or
+    inside a moving body) out of the fusing: every field and the trajectory as
+    MuJoCo's (it was ignored: the bodies fused)."""
+    xml = XML.format(fuse="true", discard="false")
+    xml = xml.replace('<body name="static_top"', '<body name="static_top" fuse="false"')
+    xml = xml.replace('<body name="finger"', '<body name="finger" fuse="false"')
+    mjm, m = same_model(xml)
+    assert [mjm.body(i).name for i in range(mjm.nbody)] == [
+        "world", "static_top", "a", "arm", "finger", "nail", "kept"]
+    assert m.nbody == mjm.nbody
+    assert_same_trajectory(mjm, m, 100, 1e-9)
