@@ -84,7 +84,9 @@ def test_reset_and_keyframes():
         np.testing.assert_allclose(np.asarray(d.qpos), mjd.qpos, atol=1e-15)
 
 
-@pytest.mark.parametrize("integrator", ["Euler", "RK4", "implicitfast", "implicit"])
+@pytest.mark.parametrize("integrator", [
+    "Euler", "RK4", pytest.param("implicitfast", marks=pytest.mark.slow),
+    pytest.param("implicit", marks=pytest.mark.slow)])
 def test_trajectory(integrator):
     """300 steps driven by sinusoidal motors, some spring yielding at every step: qpos,
     qvel, the plastic state and the potential energy (springs about the plastic
