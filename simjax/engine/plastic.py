@@ -9,8 +9,8 @@ every step, the excess becomes permanent). Layout (``jnt_plasticadr``,
 ball joint's reference quaternion (4), a tendon's spring length range (2, the dead
 band's low and high ends).
 
-The rules below were measured on MuJoCo 4.0.0 (float64), whose source simjax does not
-have (``tests/engine/test_plastic.py``, identical to rounding):
+The rules below reproduce MuJoCo 4.0.0, measured in float64 against it
+(``tests/engine/test_plastic.py``, identical to rounding):
 
 - the spring forces (and the potential energy) read the plastic references: a hinge
   or slide spring ``-k (q - p)``, a ball ``-k subQuat(q, p)``, a tendon its dead band
@@ -19,10 +19,10 @@ have (``tests/engine/test_plastic.py``, identical to rounding):
   - hinge, slide: e = q' - p; where |e| > yield, p = q' - yield sign(e);
   - ball: e = subQuat(q', p), n = |e|; where n > yield, p = quatIntegrate(p, e,
     (n - yield) / n) (p turned towards q' until the angle left is the yield);
-  - tendon: its length after the step to first order, L = L + ten_J dq with L and
-    ten_J those of the step's forward and dq = differentiatePos(q, q'); where L > hi +
-    yield both ends move up by L - hi - yield, where L < lo - yield down by lo - yield
-    - L;
+  - tendon: its length after the step to first order, L' = L + ten_J dq with L and
+    ten_J those of the step's forward and dq = differentiatePos(q, q'); where L' > hi
+    + yield both ends move up by the excess L' - (hi + yield), where L' < lo - yield
+    down by (lo - yield) - L';
 - mj_resetData sets the initial references (qpos_spring, tendon_lengthspring), a
   keyframe its ``key_plastic`` (defaults: the same).
 """
