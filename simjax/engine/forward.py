@@ -414,8 +414,7 @@ def _rk4(m, d: Data, evaluate_first: bool, autoreset: bool = True):
     # is the last stage's: mj_forwardSkip recomputes it where it skips the sensors
     # (MuJoCo 4.0.0, measured: the first stage's was off by up to 4.4 J on a swinging
     # double pendulum)
-    plastic_tendons = bool(m.nplastic) and bool(
-        np.any(np.asarray(m.tendon_plasticadr) >= 0))
+    plastic_tendons = plastic.has_tendons(m)
 
     def kept(d):
         return (d.sensordata,) + ((d.ten_length, d.ten_J) if plastic_tendons else ())

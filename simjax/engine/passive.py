@@ -129,14 +129,14 @@ def tendon_damping(m, dtype):
     return _damping(m, dtype, "tendon", m.tendon_damping, m.tendon_dampingpoly, m.ntendon)
 
 
-def _tendon_spring_damper(m, d, spring_on, damper_on):
-    """Tendon spring (dead-band lengthspring) and damper forces along the tendon."""
+def _tendon_spring_damper(m, d, rng, damper_on):
+    """Tendon spring (dead band ``rng`` (ntendon, 2), None: springs off) and damper
+    forces along the tendon."""
     dtype = d.qpos.dtype
     zero = jnp.zeros(m.ntendon, dtype)
     frc_s, frc_d = zero, zero
-    if spring_on:
+    if rng is not None:
         length = d.ten_length
-        rng = plastic.spring_refs(m, d, dtype)[1]
         x = math.where(length > rng[:, 1], length - rng[:, 1],
                        math.where(length < rng[:, 0], length - rng[:, 0], 0.0))
         spoly = _f(m.tendon_stiffnesspoly, dtype).reshape(m.ntendon, 2)
@@ -412,14 +412,16 @@ def passive(m, d):
     if not m.nv or not (spring_on or damper_on):
         return d.replace(qfrc_spring=zero, qfrc_damper=zero, qfrc_gravcomp=zero,
                          qfrc_fluid=zero, qfrc_adhesion=zero, qfrc_passive=zero)
-    spring = (_joint_spring_dofs(m, d.qpos, dtype, plastic.spring_refs(m, d, dtype)[0])
+    # the springs' references (the plastic ones where they yield), made once for both
+    qspring, lengthspring = plastic.spring_refs(m, d, dtype) if spring_on else (None, None)
+    spring = (_joint_spring_dofs(m, d.qpos, dtype, qspring)
               if spring_on and m.njnt else zero)
     damper = zero
     if damper_on:
         damping, poly = dof_damping(m, dtype)
         damper = -d.qvel * poly_force(damping, poly, d.qvel, True)
     if m.ntendon:
-        ts, td = _tendon_spring_damper(m, d, spring_on, damper_on)
+        ts, td = _tendon_spring_damper(m, d, lengthspring, damper_on)
         spring, damper = spring + ts, damper + td
     qfrc_gc = gravcomp(m, d)
     qfrc_fl = fluid(m, d)

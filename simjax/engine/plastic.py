@@ -50,6 +50,11 @@ def _tendons(m):
     return np.nonzero(np.asarray(m.tendon_plasticadr).reshape(m.ntendon) >= 0)[0]
 
 
+def has_tendons(m):
+    """Whether a tendon of ``m`` has a plastic state (static)."""
+    return bool(m.nplastic) and len(_tendons(m)) > 0
+
+
 def init(m, dtype):
     """The initial plastic state (nplastic,): the joints' spring references
     (qpos_spring) and the tendons' spring length ranges (tendon_lengthspring)."""
@@ -57,12 +62,12 @@ def init(m, dtype):
         return np.zeros(0, dtype)
     qspring = jnp.asarray(m.qpos_spring, dtype).reshape(m.nq)
     rng = jnp.asarray(m.tendon_lengthspring, dtype).reshape(m.ntendon, 2)
-    return math.take(jnp.concatenate([qspring, rng.reshape(-1)]), _init_sources(m)[0])
+    return math.take(jnp.concatenate([qspring, rng.reshape(-1)]), sources(m))
 
 
-def _init_sources(m):
+def sources(m):
     """(nplastic,) positions in [qpos_spring, tendon_lengthspring.ravel()] of each
-    plastic entry, and the tendons with one."""
+    plastic entry (static)."""
     src = np.zeros(m.nplastic, np.int64)
     qadr = np.asarray(m.jnt_qposadr)
     jadr = np.asarray(m.jnt_plasticadr).reshape(m.njnt)
@@ -70,11 +75,10 @@ def _init_sources(m):
     src[jadr[scalar]] = qadr[scalar]
     for j in ball:
         src[jadr[j]:jadr[j] + 4] = qadr[j] + np.arange(4)
-    tendon = _tendons(m)
     tadr = np.asarray(m.tendon_plasticadr).reshape(m.ntendon)
-    for t in tendon:
+    for t in _tendons(m):
         src[tadr[t]:tadr[t] + 2] = m.nq + 2 * t + np.arange(2)
-    return src, tendon
+    return src
 
 
 def spring_refs(m, d, dtype):
@@ -85,7 +89,7 @@ def spring_refs(m, d, dtype):
     rng = jnp.asarray(m.tendon_lengthspring, dtype).reshape(m.ntendon, 2)
     if not m.nplastic:
         return qspring, rng
-    src = _init_sources(m)[0]
+    src = sources(m)
     # each model entry replaced by at most one plastic entry: a gather, not a scatter
     pick = np.arange(m.nq + 2 * m.ntendon) + m.nplastic
     pick[src] = np.arange(m.nplastic)

@@ -502,10 +502,10 @@ def _stat(m, kin, M):
 def _key_plastic(m, qspring, lengthspring):
     """The keyframes' plastic states, the entries a keyframe leaves unset (NaN, from
     the compiler) the initial ones (:func:`simjax.engine.plastic.init`)."""
-    from simjax.engine.plastic import _init_sources
+    from simjax.engine.plastic import sources
     key = np.array(m.key_plastic, dtype=np.float64).reshape(m.nkey, m.nplastic)
     init = np.concatenate([qspring, np.asarray(lengthspring).reshape(-1)])
-    return np.where(np.isnan(key), init[_init_sources(m)[0]], key)
+    return np.where(np.isnan(key), init[sources(m)], key)
 
 
 def _lengthspring(m, length=None):
