@@ -129,3 +129,27 @@ def f32(tree):
     return jax.tree_util.tree_map(
         lambda x: x.astype(jnp.float32) if jnp.issubdtype(jnp.result_type(x), jnp.floating)
         else x, tree)
+
+
+def touching_poses(mjm, n, seed, depths=(1e-4, 1e-3, 5e-3, 2e-2)):
+    """Poses (qpos) of a scene of two free bodies, each one geom, just overlapping:
+    random orientations; the second body moved along a random direction from the first
+    to where MuJoCo's collision first reports a contact (bisection on the offset, to
+    about 5e-10), then back into the first by one of ``depths``."""
+    rng = np.random.default_rng(seed)
+    mjd = mujoco.MjData(mjm)
+
+    def quat():
+        q = rng.standard_normal(4)
+        return q / np.linalg.norm(q)
+
+    for _ in range(n):
+        q1, u, q2 = quat(), rng.standard_normal(3), quat()
+        u /= np.linalg.norm(u)
+        lo, hi = 0.0, 0.5
+        for _ in range(30):
+            mid = 0.5 * (lo + hi)
+            mjd.qpos[:] = np.r_[0, 0, 0, q1, mid * u, q2]
+            mujoco.mj_forward(mjm, mjd)
+            lo, hi = (mid, hi) if mjd.ncon else (lo, mid)
+        yield np.r_[0, 0, 0, q1, (lo - rng.choice(depths)) * u, q2]

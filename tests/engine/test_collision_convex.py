@@ -9,7 +9,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import geom_poses
+from engine_helpers import geom_poses, touching_poses
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import io
 from simjax.engine.collision import driver, narrow
@@ -84,6 +84,85 @@ def test_patches_match_mujoco(ground, margin):
         npatch += patch
     assert npatch >= 6
     assert margin == 0 or nabove >= 4          # patch points above the face, in margin
+
+
+# --------------------------------------------------------------------------- edge in face
+#: an irregular hull of 6 vertices (triangular faces) and a box, each on a free body
+_HULL = ('<mesh name="hull" vertex="-.1 -.08 -.06  .1 -.08 -.06  0 .09 -.06  0 0 .08 '
+         ' .05 .05 .05  -.07 .02 .04"/>')
+_PAIR = """<mujoco><asset>{hull}</asset><worldbody>
+  <body><freejoint/><geom {g1}/></body><body><freejoint/><geom {g2}/></body>
+</worldbody></mujoco>"""
+_GEOMS = {"box": 'type="box" size=".1 .07 .05"', "mesh": 'type="mesh" mesh="hull"',
+          "capsule": 'type="capsule" size=".06 .1"',
+          "ellipsoid": 'type="ellipsoid" size=".1 .07 .05"',
+          "cylinder": 'type="cylinder" size=".08 .06"'}
+
+
+def _pair_model(g1, g2):
+    return mujoco.MjModel.from_xml_string(
+        _PAIR.format(hull=_HULL, g1=_GEOMS[g1], g2=_GEOMS[g2]))
+
+
+def _touching_contacts(mjm, n, seed):
+    """(simjax's contacts, MuJoCo's Data) at ``n`` touching poses of a _PAIR scene."""
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    collide = jax.jit(lambda d: driver.collision(m, d))
+    for q in touching_poses(mjm, n, seed):
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        yield jax.tree_util.tree_map(np.asarray, collide(geom_poses(d0, mjd)).contact), mjd
+
+
+@pytest.mark.parametrize("g1", ["box", "mesh"])
+def test_edge_in_face_either_way(g1):
+    """A box or a hull touching a hull (60 poses, overlaps 1e-4 to 2e-2), where the
+    optimum is often an edge against an edge: same contact count as MuJoCo 4.0.0 at
+    every pose, each contact's position and depth to 1e-8, normal to 1e-7 (measured
+    2.2e-9 and 3.0e-8: EPA's tolerance for single contacts, MuJoCo's float32 hull
+    vertices for the patches).
+    MuJoCo's multicontact tries geom1's edge in geom2's faces and, when that fails,
+    geom2's edge in geom1's faces; the patch is then the crossing point of the edges,
+    reported twice (the edge clipped at its crossing, its other end above the face).
+    simjax tried only the first and reported one contact at 3 of these poses (box) and
+    3 (hull), where MuJoCo reports two, its normal (the face's) 0.1 to 4.6 degrees from
+    the edges' common normal."""
+    mjm = _pair_model(g1, "mesh")
+    twice = 0
+    for c, mjd in _touching_contacts(mjm, 60, 3):
+        idx = np.nonzero(c.valid)[0]
+        assert len(idx) == mjd.ncon
+        for mc in mjd.contact[:mjd.ncon]:
+            i = idx[np.argmin([np.linalg.norm(c.pos[j] - mc.pos) for j in idx])]
+            assert np.linalg.norm(c.pos[i] - mc.pos) < 1e-8
+            assert abs(c.dist[i] - mc.dist) < 1e-8
+            assert np.abs(c.frame[i][0] - mc.frame[:3]).max() < 1e-7
+        twice += mjd.ncon == 2 and np.allclose(*mjd.contact.pos[:2], atol=1e-12)
+    assert twice >= 2
+
+
+@pytest.mark.parametrize("g1", ["capsule", "ellipsoid"])
+def test_curved_touching_hull(g1):
+    """A capsule or an ellipsoid touching a hull (100 poses, overlaps 1e-4 to 2e-2),
+    MuJoCo's GJK/EPA pairs: same contact count at every pose; simjax's depth never
+    deeper than MuJoCo's EPA bound by more than 1e-6 (measured 8.6e-7; the capsule's
+    contacts equal MuJoCo's to 4e-9). At a hull face's normal three vertices tie as
+    the hull's support, and the optimum may lie along any of the three ridges from
+    there (where two of them stay the support): the refine tried only the two through
+    the first-ranked vertex, and stopped on the face normal: here 7 ellipsoid contacts
+    up to 2e-3 too deep and one capsule contact 3.5e-5 too deep (now at most 8.6e-7 and
+    5.7e-10)."""
+    mjm = _pair_model(g1, "mesh")
+    ncon = 0
+    for c, mjd in _touching_contacts(mjm, 100, 7):
+        idx = np.nonzero(c.valid)[0]
+        assert len(idx) == mjd.ncon
+        if mjd.ncon:
+            assert mjd.contact.dist[:mjd.ncon].min() - c.dist[idx].min() < 1e-6
+        ncon += mjd.ncon
+    assert ncon >= 90
 
 
 # --------------------------------------------------------------------------- large hulls
@@ -254,11 +333,10 @@ def test_ellipsoid_mesh_deep():
     """An ellipsoid overlapping a random convex mesh (200 random poses, as
     :func:`test_ellipsoid_box_deep`): same contact counts, simjax's depth never
     shallower than MuJoCo's EPA bound. The refine steps along the mesh's ridges (the
-    planes where its best support vertex changes to the second or third best). Here 7
-    of 120 contacts are more than 1e-6 deeper than MuJoCo (measured); without those
-    steps a separated pose got a contact. Over 200 poses with centres within 0.12 the
-    steps took such contacts from 57 to 10 of 168 (worst 5.5e-3 -> 1.3e-3): still short
-    of the optimum there, where the ascent meets several ridges at once."""
+    planes where the support switches between two of its three best vertices). Here 1
+    of 120 contacts is more than 1e-6 deeper than MuJoCo (1.4e-3; measured), 7 when
+    only the ridges through the best vertex were tried; without ridge steps a
+    separated pose got a contact."""
     pts = np.random.default_rng(7).standard_normal((40, 3)) * [0.08, 0.06, 0.05]
     mjm = mujoco.MjModel.from_xml_string(
         f'<mujoco><asset><mesh name="rock" vertex="{" ".join(map(str, pts.ravel()))}"/>'
@@ -271,7 +349,7 @@ def test_ellipsoid_mesh_deep():
         deep += bool(c.dist[i] - mc.dist < -1e-6)
         ncon += 1
     print("ellipsoid-mesh: contacts", ncon, "more than 1e-6 deeper than MuJoCo", deep)
-    assert ncon >= 100 and deep <= 0.1 * ncon
+    assert ncon >= 100 and deep <= 2
 
 
 @pytest.mark.slow                                       # ~25 s, mostly compile

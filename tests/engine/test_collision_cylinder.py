@@ -260,6 +260,52 @@ def test_capsule_across_cylinder_side():
     assert checked == 12
 
 
+_RIDGES = {
+    "wedge": ('<asset><mesh name="wedge" vertex="-.2 -.3 -.1  .2 -.3 -.1  0 -.3 0  -.2 .3 '
+              '-.1  .2 .3 -.1  0 .3 0"/></asset>', '<geom type="mesh" mesh="wedge"/>'),
+    "box edge": ("", '<geom type="box" size=".2 .3 .2" euler="0 45 0" '
+                     'pos="0 0 -.2828427"/>')}
+
+
+@pytest.mark.parametrize("ground", sorted(_RIDGES))
+def test_cap_on_ridge(ground):
+    """A cylinder standing cap down on a ridge along y at z = 0 (a wedge mesh's, a box's
+    edge), tilted 0 to 20 degrees, 60 poses around touching: same contact count as
+    MuJoCo 4.0.0 at every pose (37 with 2 contacts, 7 with 1); the 2 contacts are the
+    ridge clipped by the cap (geom2's edge in geom1's face), to 1e-12 (measured 7e-17,
+    normal 1.3e-14); single contacts (the rim on the ridge: EPA, whose normal is loose
+    there) to 1e-4 in position, 1e-6 in depth, 1e-2 in the normal (measured 5.8e-6,
+    5.8e-7, 2.0e-3). simjax tried only the cylinder's side edge against the ground's
+    faces and gave 1 contact at the 37 poses."""
+    asset, geom = _RIDGES[ground]
+    mjm = mujoco.MjModel.from_xml_string(
+        f'<mujoco>{asset}<worldbody>{geom}<body pos="0 0 .1"><freejoint/>'
+        '<geom type="cylinder" size=".05 .03"/></body></worldbody></mujoco>')
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    rng = np.random.default_rng(5)
+    npatch = 0
+    for _ in range(60):
+        axis = np.r_[rng.standard_normal(2), 0]
+        ang = np.radians(rng.choice([0, 0.5, 3, 8, 20]) * rng.uniform(0.5, 1))
+        q = np.r_[rng.uniform(-0.02, 0.02, 2), 0, _quat(axis, ang)]
+        q[2] = 0.03 * np.cos(ang) + 0.05 * np.sin(ang) + rng.uniform(-0.008, 0.001)
+        mjd.qpos[:] = q
+        mujoco.mj_forward(mjm, mjd)
+        c = jax.tree_util.tree_map(np.asarray, _collide(m, geom_poses(d0, mjd)).contact)
+        idx = np.nonzero(c.valid)[0]
+        assert len(idx) == mjd.ncon
+        tol = (1e-12, 1e-12, 1e-12) if mjd.ncon > 1 else (1e-4, 1e-6, 1e-2)
+        for mc in mjd.contact[:mjd.ncon]:
+            i = idx[np.argmin([np.linalg.norm(c.pos[j] - mc.pos) for j in idx])]
+            assert np.linalg.norm(c.pos[i] - mc.pos) < tol[0]
+            assert abs(c.dist[i] - mc.dist) < tol[1]
+            assert np.abs(c.frame[i][0] - mc.frame[:3]).max() < tol[2]
+        npatch += mjd.ncon > 1
+    assert npatch >= 30
+
+
 def test_side_segment_across_axis_ignores_rounding():
     """A direction across the cylinder's axis whose axial part is rounding (+-1e-33 or
     +-1e-15, c * c far below CAP_TOL) gives one side segment, from the +z rim to the -z

@@ -36,7 +36,11 @@ a fixed-shape formulation that jit/vmap/grad handle well:
   (face-face) or the reference normal, the depth the witnesses' separation along it,
   the position geom1's witness moved half the depth along the normal (MuJoCo 4.0.0,
   matched to 1e-12). Otherwise an edge in a face (|cosine| < EDGE_TOL) clips the edge
-  by the face (at most its two farthest points). With a positive margin the patch is
+  by the face (at most its two farthest points): geom1's edge in geom2's faces when
+  geom1's feature is an edge or vertex no larger than geom2's, and, failing that,
+  geom2's edge in geom1's faces (MuJoCo 4.0.0 tries both: an edge crossing an edge
+  gives their crossing point twice, the clipped edge's other end lying above the
+  face). With a positive margin the patch is
   built whenever the pair is within the margin, points up to the margin above the
   reference face kept (as MuJoCo 4.0.0). Hull polygons are formed as MuJoCo's
   compiler does (hull triangles grouped by normal angles rounded to 0.01 rad, boundary
@@ -84,15 +88,12 @@ Differences from MuJoCo (deliberate or not yet implemented):
   start vertex, which MuJoCo takes from its compiler's hull triangle order (qhull's
   face order, mjCMesh::MakePolygons); simjax starts at the smallest hull vertex id, so
   e.g. a hexagonal prism face resting on a box may give 4 other corners than MuJoCo.
-  Some edge-face cases of mesh pairs give 2 contacts in MuJoCo and 1 here (seen with a
-  cube mesh vertex on a hexagonal prism mesh near its rim): MuJoCo reports the same
-  point twice (equal position and depth), simjax once.
 - Meshes whose hull MuJoCo does not build (no mesh_graph) get polygons here; MuJoCo
   skips multi-contact for them.
 - The refine can stop short of the optimum where sep(n) has a ridge it does not step
-  along (it steps along a capsule's, cylinder's or box's, and a mesh's next to its
-  best support vertex): an ellipsoid against a mesh hull (6% of random deep poses,
-  up to 1.3e-3 too deep), a sphere against a mesh hull whose nearest feature is an
+  along (it steps along a capsule's, cylinder's or box's, and a mesh's between its
+  three best support vertices) or in another local optimum: an ellipsoid deep in a
+  mesh hull (1 of 120 random deep poses, 1.4e-3 too deep), a sphere against a mesh hull whose nearest feature is an
   edge or a vertex (shadow hand object on finger meshes: 1.1e-5 too deep, normal 0.03
   rad off, in 2 of 5 such contacts; MuJoCo's GJK is exact there), and deep random
   capsule-cylinder
@@ -335,9 +336,9 @@ def _refine(t1, g1, t2, g2, n, s, scale):
     axes (the optimum when an edge of the box is the deepest feature): each box adds
     three such trials. Without them, ellipsoids against boxes stalled on those
     ridges, up to 1e-2 too deep (tests/engine/test_collision_convex.py). A mesh's
-    support switches between its best vertex and the next ones: each mesh adds two
-    trials (:func:`_mesh_ridges`); ellipsoids against a random hull still stop short
-    in some poses (about 6%, up to 1.3e-3 too deep) where several ridges meet."""
+    support switches between its three best vertices: each mesh adds three trials
+    (:func:`_mesh_ridges`); ellipsoids deep in a random hull still stop short in some
+    poses (1 of 120, 1.4e-3 too deep), in another local optimum."""
     axes = [g.mat[:, 2] for t, g in ((t1, g1), (t2, g2)) if t in (GT.CAPSULE, GT.CYLINDER)]
     axes += [g.mat[:, k] for t, g in ((t1, g1), (t2, g2)) if t == GT.BOX for k in range(3)]
 
@@ -363,19 +364,23 @@ def _refine(t1, g1, t2, g2, n, s, scale):
 
 
 def _mesh_ridges(t1, g1, t2, g2, n):
-    """For each mesh of the pair, the directions (world, unit) from its second and
-    third best support vertices to its best along ``n`` (geom 2: along -n). A mesh's
-    support switches between the best vertex and such a one where n crosses the plane
-    normal to their difference: near a ridge of sep, the ridge is that plane, as a
-    box axis is a box's. (The hull's padding vertices, repeats of its last one, are
-    left out: as a second best they gave no direction.)"""
+    """For each mesh of the pair, the directions (world, unit) between each two of its
+    three best support vertices along ``n`` (geom 2: along -n). A mesh's support
+    switches between two such vertices where n crosses the plane normal to their
+    difference: near a ridge of sep, the ridge is that plane, as a box axis is a box's.
+    On a hull face's normal (a SAT candidate) the face's three vertices tie, their
+    ranking is rounding, and the optimum may lie along any of the three ridges that
+    start there: with the two through the first-ranked vertex only, the refine stayed
+    on the face normal (ellipsoids and capsules touching a hull up to 2e-3 too deep).
+    (The hull's padding vertices, repeats of its last one, are left out: as a second
+    best they gave no direction.)"""
     out = []
     for t, g, sgn in ((t1, g1, 1.0), (t2, g2, -1.0)):
         if t != GT.MESH:
             continue
         k, _ = best3(g.vert, g.extra["nvert"], g.mat.T @ (sgn * n))
-        for j in (1, 2):
-            e, _ = normalize((g.vert[k[0]] - g.vert[k[j]]) @ g.mat.T)
+        for i, j in ((0, 1), (0, 2), (1, 2)):
+            e, _ = normalize((g.vert[k[i]] - g.vert[k[j]]) @ g.mat.T)
             out.append(e)
     return out
 

@@ -20,8 +20,9 @@ Then, as for polytopes: two faces facing each other (cosine < -FACE_TOL, each fa
 the other geom along the normal) give a face-face patch (geom2's face clipped by geom1's
 side planes, polygonQuad beyond 4 points); otherwise an edge lying in a face of the
 other geom (|cosine| < EDGE_TOL; edge of geom1 first when its feature is not larger or
-it has no face) gives at most its two farthest clipped points; otherwise the single
-contact of the curved pair. Witnesses, depths and normals as
+it has no face, then the edge of geom2, except a cylinder's rim point) gives at most its
+two farthest clipped points; otherwise the single contact of the curved pair.
+Witnesses, depths and normals as
 :func:`simjax.engine.collision.convex_polytope.poly_contacts`.
 
 Quantities set by EPA's iterations in MuJoCo, taken here by rule: whether the
@@ -147,15 +148,20 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin, single=False):
     (i, j), ff = CP._first(okf & (cosf < -CP.FACE_TOL), cosf)
     # an edge of geom1 in a face of geom2 (first face, then first edge), or conversely
     try1 = ~ff & (A["dim"] < 3) & (nnb > 0) & ((A["dim"] <= B["dim"]) | (nna == 0))
-    try2 = ~ff & ~try1 & (B["dim"] < 3)
     m1 = (B["fok"] & (nb @ n < 0))[:, None] & A["eok"][None] & (
         jnp.abs(nb @ A["en"].T) < CP.EDGE_TOL)
-    m2 = (A["fok"] & (na @ n > 0))[:, None] & B["eok"][None] & (
+    # a cylinder geom2's rim point offers no side edge to geom1's faces (measured on
+    # MuJoCo 4.0.0: cylinder pairs with the cap of geom1 against the rim of geom2)
+    eok2 = B["eok"] & ~B["point"] if t2 == GT.CYLINDER else B["eok"]
+    m2 = (A["fok"] & (na @ n > 0))[:, None] & eok2[None] & (
         jnp.abs(na @ B["en"].T) < CP.EDGE_TOL)
     (jb, iea), ef = CP._first(m1)
     (ja, ieb), fe = CP._first(m2)
     ef = try1 & ef
-    fe = try2 & fe
+    # geom2's edge in geom1's faces when geom1's edge was not tried or gave no pair
+    # (MuJoCo 4.0.0, as convex_polytope.poly_contacts): a cap standing on a mesh's or
+    # box's ridge clips the ridge
+    fe = ~ff & ~ef & (B["dim"] < 3) & fe
     multi = (ff | ef | fe) & A["ok"] & B["ok"] & (dist < margin)
     # a capsule's edge (geom1) in a face: MuJoCo 4.0.0 takes the edge through its
     # witness on the capsule inflated by half the margin, keeps clipped points up to

@@ -263,7 +263,9 @@ def poly_contacts(t1, g1, t2, g2, n, dist, margin, single=False):
     (jb, iea), ef = _first((cosa < EDGE_TOL) & okb[:, None] & okea[None], cosa)
     (ja, ieb), fe = _first((cosb < EDGE_TOL) & oka[:, None] & okeb[None], cosb)
     ef = ~ff & (da < 3) & (da <= db) & ef
-    fe = ~ff & ~((da < 3) & (da <= db)) & (db < 3) & fe
+    # B's edge in A's faces when A's edge was not tried or gave no pair: MuJoCo 4.0.0
+    # (measured; its 3.12 source returned there instead)
+    fe = ~ff & ~ef & (db < 3) & fe
     # MuJoCo 4.0 builds the patch whenever the pair is within the margin (points up to
     # the margin above the reference face kept)
     multi = (ff | ef | fe) & A[5] & B[5] & (dist < margin)
