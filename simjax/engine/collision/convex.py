@@ -92,7 +92,7 @@ Differences from MuJoCo (deliberate or not yet implemented):
   skips multi-contact for them.
 - The refine can stop short of the optimum where sep(n) has a ridge it does not step
   along (it steps along a capsule's, cylinder's or box's, and a mesh's between its
-  three best support vertices) or in another local optimum: an ellipsoid deep in a
+  four best support vertices) or in another local optimum: an ellipsoid deep in a
   mesh hull (1 of 120 random deep poses, 1.4e-3 too deep), a sphere against a mesh hull whose nearest feature is an
   edge or a vertex (shadow hand object on finger meshes: 1.1e-5 too deep, normal 0.03
   rad off, in 2 of 5 such contacts; MuJoCo's GJK is exact there), and deep random
@@ -114,15 +114,15 @@ from simjax.engine.collision.common import Pre, argmax, argmin, cross, dot, norm
 # attach_meshes, mesh_table and plane_table are also read from here
 from simjax.engine.collision.convex_hull import (  # noqa: F401
     attach_meshes, mesh_table, plane_table)
-from simjax.engine.collision.convex_polytope import best3, poly_contacts
+from simjax.engine.collision.convex_polytope import poly_contacts
 # MAX_EDGE_PAIRS: pairs of edge directions scored with full supports (beyond: edge_axis)
 from simjax.engine.collision.convex_edges import MAX_EDGE_PAIRS, edge_axis, uses_search
 from simjax.types import GeomType as GT
 
 # the module's own names and the hull tables other modules read from here
-__all__ = ["local_support", "support", "plane_convex", "mesh_support", "convex_convex", "CONVEX",
-           "PLANE", "PLANE_SDF", "MAXCON", "REFINE_ITERS", "MAX_EDGE_PAIRS", "SUPPORT_CHUNK",
-           "attach_meshes", "mesh_table", "plane_table"]
+__all__ = ["local_support", "support", "refine", "plane_convex", "mesh_support",
+           "convex_convex", "CONVEX", "PLANE", "PLANE_SDF", "MAXCON", "REFINE_ITERS",
+           "MAX_EDGE_PAIRS", "SUPPORT_CHUNK", "attach_meshes", "mesh_table", "plane_table"]
 
 #: refinement iterations for curved pairs
 REFINE_ITERS = 40
@@ -326,8 +326,11 @@ def _evaluated(t1, g1, t2, g2, d):
     return dot(_support_pts(t2, g2, -d) - _support_pts(t1, g1, d), d)
 
 
-def _refine(t1, g1, t2, g2, n, s, scale):
-    """Projected gradient ascent of sep over unit directions (fixed iterations). A
+def refine(t1, g1, t2, g2, n, s, scale):
+    """Projected gradient ascent of sep(n) (geom1 to geom2, types ``t1``, ``t2``; a
+    mesh's Geom needs ``vert`` and ``extra["nvert"]``) over unit directions, REFINE_ITERS
+    iterations from direction ``n`` (3,) with sep ``s``; ``scale`` (length) sets the
+    first step. Returns the best direction (3,) and its sep. A
     capsule's support jumps from one end to the other where n crosses the plane
     normal to its axis, so sep has a ridge there (the optimum when the capsule's side
     crosses the other geom); plain steps zigzag across it and stall, so each capsule
@@ -336,7 +339,7 @@ def _refine(t1, g1, t2, g2, n, s, scale):
     axes (the optimum when an edge of the box is the deepest feature): each box adds
     three such trials. Without them, ellipsoids against boxes stalled on those
     ridges, up to 1e-2 too deep (tests/engine/test_collision_convex.py). A mesh's
-    support switches between its three best vertices: each mesh adds three trials
+    support switches between its four best vertices: each mesh adds six trials
     (:func:`_mesh_ridges`); ellipsoids deep in a random hull still stop short in some
     poses (1 of 120, 1.4e-3 too deep), in another local optimum."""
     axes = [g.mat[:, 2] for t, g in ((t1, g1), (t2, g2)) if t in (GT.CAPSULE, GT.CYLINDER)]
@@ -365,23 +368,28 @@ def _refine(t1, g1, t2, g2, n, s, scale):
 
 def _mesh_ridges(t1, g1, t2, g2, n):
     """For each mesh of the pair, the directions (world, unit) between each two of its
-    three best support vertices along ``n`` (geom 2: along -n). A mesh's support
+    four best support vertices along ``n`` (geom 2: along -n). A mesh's support
     switches between two such vertices where n crosses the plane normal to their
     difference: near a ridge of sep, the ridge is that plane, as a box axis is a box's.
-    On a hull face's normal (a SAT candidate) the face's three vertices tie, their
-    ranking is rounding, and the optimum may lie along any of the three ridges that
-    start there: with the two through the first-ranked vertex only, the refine stayed
-    on the face normal (ellipsoids and capsules touching a hull up to 2e-3 too deep).
-    (The hull's padding vertices, repeats of its last one, are left out: as a second
-    best they gave no direction.)"""
+    On a hull face's normal (a SAT candidate) the face's vertices tie, their ranking is
+    rounding, and the optimum may lie along any ridge that starts there (one per edge
+    of the face): with the two through the first-ranked vertex only, the refine stayed
+    on the face normal (ellipsoids and capsules touching a triangle of a hull up to
+    2e-3 too deep); with the three best vertices, on a quadrilateral's (a cylinder 1.2
+    cm into a height field prism's side, where it was apart). (The hull's padding
+    vertices, repeats of its last one, are left out: as a second best they gave no
+    direction.)"""
     out = []
     for t, g, sgn in ((t1, g1, 1.0), (t2, g2, -1.0)):
         if t != GT.MESH:
             continue
-        k, _ = best3(g.vert, g.extra["nvert"], g.mat.T @ (sgn * n))
-        for i, j in ((0, 1), (0, 2), (1, 2)):
-            e, _ = normalize((g.vert[k[i]] - g.vert[k[j]]) @ g.mat.T)
-            out.append(e)
+        pr = jnp.where(jnp.arange(g.vert.shape[0]) < g.extra["nvert"],
+                       g.vert @ (g.mat.T @ (sgn * n)), -jnp.inf)
+        k = jax.lax.top_k(pr, min(4, g.vert.shape[0]))[1]
+        for i in range(k.shape[0]):
+            for j in range(i + 1, k.shape[0]):
+                e, _ = normalize((g.vert[k[i]] - g.vert[k[j]]) @ g.mat.T)
+                out.append(e)
     return out
 
 
@@ -396,7 +404,7 @@ def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True):
     poly = t1 in _POLY and t2 in _POLY
     if not poly:
         scale = jnp.maximum(jnp.max(g1.size) + jnp.max(g2.size), 1e-9)
-        n, sbest = _refine(t1, g1, t2, g2, n, sbest, scale)
+        n, sbest = refine(t1, g1, t2, g2, n, sbest, scale)
     dist, a, b = _sep(t1, g1, t2, g2, n)
     if poly:
         return poly_contacts(t1, g1, t2, g2, n, dist, margin, single=not multi)

@@ -11,8 +11,8 @@ from MuJoCo):
   the top triangle);
 - capsules: ``_capsule_prism`` (closest points outside, separating axes crossing);
 - boxes, meshes, ellipsoids, cylinders: ``_convex_prism`` (separating axes, refined
-  over unit directions for curved geoms; the ellipsoid's Newton polish and the
-  cylinder's per-vertex optimum).
+  over unit directions for curved geoms: the ellipsoid's own ascent and Newton polish,
+  the cylinder's by convex.py's ridge-stepping ascent and per-vertex optimum).
 """
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import inline
+from simjax.engine.collision import convex as CV
 from simjax.engine.collision.common import (MINVAL, argmax, argmin, cross, dot, normalize,
                                             safe_norm, sel)
+from simjax.engine.collision.primitive import Geom
 from simjax.engine.math import clip, where
 from simjax.types import GeomType as GT
 
@@ -384,7 +386,18 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     s = _mesh_sep(vert, mat, pos, mesh, v, dirs, nrm.shape[0]) if t == GT.MESH else sep(dirs)
     k = argmax(s)
     n, sb = dirs[k], s[k]
-    if t not in (GT.BOX, GT.MESH):
+    if t == GT.CYLINDER:
+        # the ascent with steps kept on the ridges of the cylinder (its axis) and of the
+        # prism (between its best vertices), as convex-convex pairs
+        eye = jnp.eye(3, dtype=dt)
+        prism = Geom(jnp.zeros(3, dt), eye, jnp.zeros(3, dt), v,
+                     {"nvert": jnp.asarray(6)})
+        scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
+        n, sb = CV.refine(GT.MESH, prism, t, Geom(pos, mat, size), n, sb, scale)
+        cands = jnp.concatenate([n[None], jax.vmap(
+            lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
+        n = cands[argmax(sep(cands))]
+    elif t not in (GT.BOX, GT.MESH):
         scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
 
         def body(carry, _):
@@ -428,7 +441,42 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
             (safe_norm(ld[:2]) * size[0] > tol)
     a = v[argmax(v @ n)]
     use_a = prism_unique & ~geom_unique
-    return dist, sel(use_a, a + n * (0.5 * dist), pos_b), n
+    wit = sel(use_a, a + n * (0.5 * dist), pos_b)
+    # an edge against an edge: the midpoint of their closest points (EPA's witnesses,
+    # unique there), not an end of the geom's edge
+    b0, b1, geom_edge = _support_edge(t, size, vert, mat, pos, -n, tol)
+    top = jnp.argsort(v @ n)
+    prism_edge = (pv[-1] - pv[-2] <= tol) & (pv[-2] - pv[-3] > tol)
+    ca, cb = _seg_seg(v[top[-1]], v[top[-2]], b0, b1)
+    return dist, sel(prism_edge & geom_edge, 0.5 * (ca + cb), wit), n
+
+
+def _support_edge(t, size, vert, mat, pos, d, tol):
+    """The geom's support segment along world direction ``d`` (two world points) and
+    whether the support feature is exactly an edge (within ``tol`` along d): a box's
+    edge (one local component of d near zero), a mesh's two best vertices, a
+    cylinder's side line (d across the axis)."""
+    dt = mat.dtype
+    ld = mat.T @ d
+    if t == GT.BOX:
+        small = jnp.abs(ld) * size <= tol
+        j = argmax(small)
+        base = sel(ld >= 0, size, -size)
+        pick = jnp.arange(3) == j
+        p0, p1 = sel(pick, -size, base), sel(pick, size, base)
+        edge = jnp.sum(small) == 1
+    elif t == GT.MESH:
+        pr = jnp.asarray(vert, dt) @ ld
+        k = jax.lax.top_k(pr, 3)[1]
+        p0, p1 = vert[k[0]], vert[k[1]]
+        edge = (pr[k[0]] - pr[k[1]] <= tol) & (pr[k[1]] - pr[k[2]] > tol)
+    else:                                                   # cylinder
+        xy, nxy = normalize(ld * jnp.asarray([1.0, 1.0, 0.0], dt))
+        rim = xy * size[0]
+        ez = jnp.asarray([0.0, 0.0, 1.0], dt) * size[1]
+        p0, p1 = rim - ez, rim + ez
+        edge = (jnp.abs(ld[2]) * size[1] <= tol) & (nxy * size[0] > tol)
+    return p0 @ mat.T + pos, p1 @ mat.T + pos, edge
 
 
 def _point_cylinder_dir(p, c, a, r, h):
