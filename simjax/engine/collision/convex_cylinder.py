@@ -97,7 +97,7 @@ def _poly_side(t, g, u):
     """Support feature of box or mesh ``g`` along world direction ``u``."""
     P = CP._polytope(t, g)
     idx, dim = CP._feature(P, u)
-    f, fok = CP._feature_faces(P, idx, dim)
+    f, fok = CP._feature_faces(P, idx, dim, u)
     e, end, eok = CP._feature_edges(P, idx, dim)
     vw, fvert, fnum = P[0], P[1], P[2]
     return dict(dim=dim, fn=P[3][f], fok=fok, faces=vw[jnp.maximum(fvert[f], 0)],

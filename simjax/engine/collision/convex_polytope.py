@@ -87,15 +87,21 @@ def _feature(poly, u):
     return idx, dim
 
 
-def _feature_faces(poly, idx, dim):
-    """Polygons adjacent to a support feature (meshNormals/boxNormals): ids (D,), mask."""
+def _feature_faces(poly, idx, dim, u):
+    """Polygons adjacent to a support feature along ``u`` (meshNormals/boxNormals): ids
+    (D,), mask. A face feature whose three vertices share no polygon (a flat region of
+    a mesh split into several polygons, its vertices tied to rounding) takes the
+    polygons at its first vertex that face ``u`` (cosine > FACE_TOL): MuJoCo's EPA face
+    there has vertices of one polygon, simjax's three best vertices may not."""
     fvert, vface = poly[1], poly[4]
     cand = vface[idx[0]]
     ok = cand >= 0
     fv = fvert[jnp.maximum(cand, 0)]                               # (D, PV)
     has1 = jnp.any(fv == idx[1], axis=-1)
     has2 = jnp.any(fv == idx[2], axis=-1)
-    ok = ok & ((dim < 2) | has1) & ((dim < 3) | has2)
+    common = ok & ((dim < 2) | has1) & ((dim < 3) | has2)
+    facing = ok & (poly[3][jnp.maximum(cand, 0)] @ u > FACE_TOL)
+    ok = jnp.where((dim == 3) & ~jnp.any(common), facing, common)
     return jnp.maximum(cand, 0), ok
 
 
@@ -249,8 +255,8 @@ def poly_contacts(t1, g1, t2, g2, n, dist, margin, single=False):
     spos = _witness(A, B, ia, da, ib, db, n, dist)
     if single:
         return one(dist, spos, n, dist <= margin)
-    fa, oka = _feature_faces(A, ia, da)
-    fb, okb = _feature_faces(B, ib, db)
+    fa, oka = _feature_faces(A, ia, da, n)
+    fb, okb = _feature_faces(B, ib, db, -n)
     na, nb = A[3][fa], B[3][fb]                                   # (D, 3)
     # MuJoCo takes the first qualifying pair in its polygon order; simjax the best
     # aligned (the same whenever one pair qualifies)
