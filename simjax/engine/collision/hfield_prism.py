@@ -28,7 +28,7 @@ from simjax.engine.collision.primitive import Geom
 from simjax.engine.math import clip, where
 from simjax.types import GeomType as GT
 
-#: refinement iterations for curved geoms (ellipsoid, cylinder) against a prism
+#: refinement iterations for ellipsoids against a prism (cylinders: convex.REFINE_ITERS)
 REFINE_ITERS = 60
 
 _FIXED_DIRS = np.array([(x, y, z) for x in (-1, 0, 1) for y in (-1, 0, 1) for z in (-1, 0, 1)
@@ -394,10 +394,11 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
                      {"nvert": jnp.asarray(6)})
         scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
         n, sb = CV.refine(GT.MESH, prism, t, Geom(pos, mat, size), n, sb, scale)
+        # and the exact optimum of each prism vertex alone
         cands = jnp.concatenate([n[None], jax.vmap(
             lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
         n = cands[argmax(sep(cands))]
-    elif t not in (GT.BOX, GT.MESH):
+    elif t == GT.ELLIPSOID:
         scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
 
         def body(carry, _):
@@ -413,14 +414,10 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
                     sel(better, eta * 1.5, eta * 0.3)), None
 
         (n, sb, _), _ = inline.scan(body, (n, sb, 1.0 / scale), None, length=REFINE_ITERS)
-        if t == GT.ELLIPSOID:      # polish from the refined and the top-face normals
-            starts = jnp.concatenate([n[None], nrm[:1]])
-            cands = jax.vmap(lambda n0: _ellipsoid_polish(size, mat, pos, v, n0, sep))(starts)
-            n = cands[argmax(sep(cands))]
-        else:       # cylinder: exact optimum of each prism vertex alone
-            cands = jnp.concatenate([n[None], jax.vmap(
-                lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
-            n = cands[argmax(sep(cands))]
+        # polish from the refined and the top-face normals
+        starts = jnp.concatenate([n[None], nrm[:1]])
+        cands = jax.vmap(lambda n0: _ellipsoid_polish(size, mat, pos, v, n0, sep))(starts)
+        n = cands[argmax(sep(cands))]
     b = _support(t, size, vert, mat, pos, -n)
     dist = sep(n)
     pos_b = b - n * (0.5 * dist)
