@@ -12,8 +12,7 @@ from MuJoCo):
 - capsules: ``_capsule_prism`` (closest points outside, separating axes crossing);
 - boxes, meshes, ellipsoids, cylinders: ``_convex_prism`` (separating axes, refined
   over unit directions for curved geoms: the ellipsoid's own ascent and Newton polish,
-  the cylinder's by convex.py's ridge-stepping ascent and per-vertex optimum; boxes
-  and meshes apart from the prism by convex.py's ascent, to GJK's distance).
+  the cylinder's by convex.py's ridge-stepping ascent and per-vertex optimum).
 """
 from __future__ import annotations
 
@@ -387,28 +386,21 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     s = _mesh_sep(vert, mat, pos, mesh, v, dirs, nrm.shape[0]) if t == GT.MESH else sep(dirs)
     k = argmax(s)
     n, sb = dirs[k], s[k]
-    eye = jnp.eye(3, dtype=dt)
-    prism = Geom(jnp.zeros(3, dt), eye, jnp.zeros(3, dt), v, {"nvert": jnp.asarray(6)})
-    scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
-    if t in (GT.BOX, GT.MESH):
-        # apart (within the margin), the maximum of the separation over all directions
-        # is the distance (GJK's, which MuJoCo's inflated shapes give); the separating
-        # axes bound it from below (vertex-edge closest features lie off them), so
-        # ascend from the best axis there
-        mverts = None if vert is None else jnp.asarray(vert, dt)
-        geom = Geom(pos, mat, size, mverts,
-                    None if vert is None else {"nvert": jnp.asarray(mverts.shape[0])})
-        n2, s2 = CV.refine(GT.MESH, prism, t, geom, n, sb, scale)
-        n = sel((sb > 0) & (s2 > sb), n2, n)
-    elif t == GT.CYLINDER:
+    if t == GT.CYLINDER:
         # the ascent with steps kept on the ridges of the cylinder (its axis) and of the
         # prism (between its best vertices), as convex-convex pairs
+        eye = jnp.eye(3, dtype=dt)
+        prism = Geom(jnp.zeros(3, dt), eye, jnp.zeros(3, dt), v,
+                     {"nvert": jnp.asarray(6)})
+        scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
         n, sb = CV.refine(GT.MESH, prism, t, Geom(pos, mat, size), n, sb, scale)
         # and the exact optimum of each prism vertex alone
         cands = jnp.concatenate([n[None], jax.vmap(
             lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
         n = cands[argmax(sep(cands))]
     elif t == GT.ELLIPSOID:
+        scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
+
         def body(carry, _):
             n, sb, eta = carry
             b = _support(t, size, vert, mat, pos, -n)
