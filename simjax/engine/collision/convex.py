@@ -326,11 +326,12 @@ def _evaluated(t1, g1, t2, g2, d):
     return dot(_support_pts(t2, g2, -d) - _support_pts(t1, g1, d), d)
 
 
-def refine(t1, g1, t2, g2, n, s, scale):
+def refine(t1, g1, t2, g2, n, s, scale, iters=None):
     """Projected gradient ascent of sep(n) (geom1 to geom2, types ``t1``, ``t2``; a
-    mesh's Geom needs ``vert`` and ``extra["nvert"]``) over unit directions, REFINE_ITERS
-    iterations from direction ``n`` (3,) with sep ``s``; ``scale`` (length) sets the
-    first step. Returns the best direction (3,) and its sep. A
+    mesh's Geom needs ``vert`` and ``extra["nvert"]``) over unit directions, ``iters``
+    (default REFINE_ITERS) iterations from direction ``n`` (3,) with sep ``s``;
+    ``scale`` (length) sets the first step. Returns the best direction (3,) and its
+    sep. A
     capsule's support jumps from one end to the other where n crosses the plane
     normal to its axis, so sep has a ridge there (the optimum when the capsule's side
     crosses the other geom); plain steps zigzag across it and stall, so each capsule
@@ -362,7 +363,8 @@ def refine(t1, g1, t2, g2, n, s, scale):
         eta = jnp.where(anyb, eta * 1.5, eta * 0.3)
         return (n, s, eta), None
 
-    (n, s, _), _ = inline.scan(body, (n, s, 1.0 / scale), None, length=REFINE_ITERS)
+    (n, s, _), _ = inline.scan(body, (n, s, 1.0 / scale), None,
+                               length=REFINE_ITERS if iters is None else iters)
     return n, s
 
 

@@ -28,8 +28,12 @@ from simjax.engine.collision.primitive import Geom
 from simjax.engine.math import clip, where
 from simjax.types import GeomType as GT
 
-#: refinement iterations for ellipsoids against a prism (cylinders: convex.REFINE_ITERS)
+#: refinement iterations for ellipsoids against a prism
 REFINE_ITERS = 60
+#: iterations of convex.refine for cylinders against a prism: on the tests' random
+#: field, 20 gave the contacts of 40 (distance errors, counts) at 131 against 294 ms
+#: per collision call (256 worlds, float64; the former plain ascent: 60 ms)
+CYLINDER_ITERS = 20
 
 _FIXED_DIRS = np.array([(x, y, z) for x in (-1, 0, 1) for y in (-1, 0, 1) for z in (-1, 0, 1)
                         if (x, y, z) != (0, 0, 0)], np.float64)
@@ -393,7 +397,8 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
         prism = Geom(jnp.zeros(3, dt), eye, jnp.zeros(3, dt), v,
                      {"nvert": jnp.asarray(6)})
         scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
-        n, sb = CV.refine(GT.MESH, prism, t, Geom(pos, mat, size), n, sb, scale)
+        n, sb = CV.refine(GT.MESH, prism, t, Geom(pos, mat, size), n, sb, scale,
+                          iters=CYLINDER_ITERS)
         # and the exact optimum of each prism vertex alone
         cands = jnp.concatenate([n[None], jax.vmap(
             lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
