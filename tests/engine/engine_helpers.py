@@ -153,3 +153,16 @@ def touching_poses(mjm, n, seed, depths=(1e-4, 1e-3, 5e-3, 2e-2)):
             mujoco.mj_forward(mjm, mjd)
             lo, hi = (mid, hi) if mjd.ncon else (lo, mid)
         yield np.r_[0, 0, 0, q1, (lo - rng.choice(depths)) * u, q2]
+
+
+def assert_contacts_match(c, mjd, pos_tol, dist_tol, normal_tol=np.inf):
+    """simjax's contacts ``c`` (numpy Contact) have MuJoCo's count (``mjd.ncon``), and
+    each MuJoCo contact's nearest simjax contact its position, distance and normal
+    within the tolerances."""
+    idx = np.nonzero(c.valid)[0]
+    assert len(idx) == mjd.ncon
+    for mc in mjd.contact[:mjd.ncon]:
+        i = idx[np.argmin([np.linalg.norm(c.pos[j] - mc.pos) for j in idx])]
+        assert np.linalg.norm(c.pos[i] - mc.pos) < pos_tol
+        assert abs(c.dist[i] - mc.dist) < dist_tol
+        assert np.abs(c.frame[i][0] - mc.frame[:3]).max() < normal_tol

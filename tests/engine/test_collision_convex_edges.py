@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.spatial import ConvexHull
 
-from engine_helpers import geom_poses
+from engine_helpers import assert_contacts_match, geom_poses
 from mujoco_oracle import corpus_path, model_from_mujoco
 from simjax.engine import io
 from simjax.engine.collision import convex, convex_edges, driver, narrow
@@ -173,12 +173,7 @@ def test_trossen_meshes_contacts():
     for mjd in _random_overlaps(mjm, 20, 0, (5e-4, 4e-3)):
         mujoco.mj_forward(mjm, mjd)
         c = jax.tree_util.tree_map(np.asarray, collide(m, geom_poses(d0, mjd)).contact)
-        idx = np.nonzero(c.valid)[0]
-        assert len(idx) == mjd.ncon
-        for mc in mjd.contact[:mjd.ncon]:
-            i = idx[np.argmin([np.linalg.norm(c.pos[j] - mc.pos) for j in idx])]
-            assert np.linalg.norm(c.pos[i] - mc.pos) < 5e-3
-            assert abs(c.dist[i] - mc.dist) < 2e-4
+        assert_contacts_match(c, mjd, 5e-3, 2e-4)
         ncon.append(mjd.ncon)
     assert max(ncon) == 4 and ncon.count(4) >= 5
 

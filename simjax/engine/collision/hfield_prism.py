@@ -428,36 +428,28 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     pos_b = b - n * (0.5 * dist)
     if t not in (GT.BOX, GT.MESH, GT.CYLINDER):
         return dist, pos_b, n
-    # witness: the geom's support point when unique, else the prism's when unique
-    tol = 1e-9 * (jnp.max(jnp.abs(v)) + jnp.max(size) + jnp.max(jnp.abs(pos)))
-    pv = jnp.sort(v @ n)
-    prism_unique = pv[-1] - pv[-2] > tol
-    ld = mat.T @ n
-    if t == GT.BOX:
-        geom_unique = jnp.all(jnp.abs(ld) * size > tol)
-    elif t == GT.MESH:
-        gv = jnp.sort(-(jnp.asarray(vert, dt) @ ld))
-        geom_unique = gv[-1] - gv[-2] > tol
-    else:
-        geom_unique = (jnp.abs(ld[2]) * size[1] > tol) & \
-            (safe_norm(ld[:2]) * size[0] > tol)
-    a = v[argmax(v @ n)]
-    use_a = prism_unique & ~geom_unique
-    wit = sel(use_a, a + n * (0.5 * dist), pos_b)
-    # an edge against an edge: the midpoint of their closest points (EPA's witnesses,
+    # witness: the geom's support point when unique, else the prism's when unique; an
+    # edge against an edge: the midpoint of their closest points (EPA's witnesses,
     # unique there), not an end of the geom's edge
-    b0, b1, geom_edge = _support_edge(t, size, vert, mat, pos, -n, tol)
-    top = jnp.argsort(v @ n)
-    prism_edge = (pv[-1] - pv[-2] <= tol) & (pv[-2] - pv[-3] > tol)
-    ca, cb = _seg_seg(v[top[-1]], v[top[-2]], b0, b1)
+    tol = 1e-9 * (jnp.max(jnp.abs(v)) + jnp.max(size) + jnp.max(jnp.abs(pos)))
+    pr = v @ n
+    top = jnp.argsort(pr)
+    pv = pr[top]
+    prism_unique = pv[-1] - pv[-2] > tol
+    prism_edge = ~prism_unique & (pv[-2] - pv[-3] > tol)
+    b0, b1, geom_unique, geom_edge = _support_feature(t, size, vert, mat, pos, -n, tol)
+    a = v[top[-1]]
+    wit = sel(prism_unique & ~geom_unique, a + n * (0.5 * dist), pos_b)
+    ca, cb = _seg_seg(a, v[top[-2]], b0, b1)
     return dist, sel(prism_edge & geom_edge, 0.5 * (ca + cb), wit), n
 
 
-def _support_edge(t, size, vert, mat, pos, d, tol):
-    """The geom's support segment along world direction ``d`` (two world points) and
-    whether the support feature is exactly an edge (within ``tol`` along d): a box's
-    edge (one local component of d near zero), a mesh's two best vertices, a
-    cylinder's side line (d across the axis)."""
+def _support_feature(t, size, vert, mat, pos, d, tol):
+    """The geom's support segment along world direction ``d`` (two world points),
+    whether the support point is unique and whether the support feature is exactly an
+    edge (ties within ``tol`` along d): a box's vertex / edge (no / one local component
+    of d near zero), a mesh's best vertex / two best vertices, a cylinder's rim point /
+    side line (d across the axis)."""
     dt = mat.dtype
     ld = mat.T @ d
     if t == GT.BOX:
@@ -466,19 +458,22 @@ def _support_edge(t, size, vert, mat, pos, d, tol):
         base = sel(ld >= 0, size, -size)
         pick = jnp.arange(3) == j
         p0, p1 = sel(pick, -size, base), sel(pick, size, base)
-        edge = jnp.sum(small) == 1
+        unique, edge = ~jnp.any(small), jnp.sum(small) == 1
     elif t == GT.MESH:
         pr = jnp.asarray(vert, dt) @ ld
         k = jax.lax.top_k(pr, 3)[1]
         p0, p1 = vert[k[0]], vert[k[1]]
-        edge = (pr[k[0]] - pr[k[1]] <= tol) & (pr[k[1]] - pr[k[2]] > tol)
+        unique = pr[k[0]] - pr[k[1]] > tol
+        edge = ~unique & (pr[k[1]] - pr[k[2]] > tol)
     else:                                                   # cylinder
         xy, nxy = normalize(ld * jnp.asarray([1.0, 1.0, 0.0], dt))
         rim = xy * size[0]
         ez = jnp.asarray([0.0, 0.0, 1.0], dt) * size[1]
         p0, p1 = rim - ez, rim + ez
-        edge = (jnp.abs(ld[2]) * size[1] <= tol) & (nxy * size[0] > tol)
-    return p0 @ mat.T + pos, p1 @ mat.T + pos, edge
+        across = jnp.abs(ld[2]) * size[1] <= tol
+        unique = ~across & (nxy * size[0] > tol)
+        edge = across & (nxy * size[0] > tol)
+    return p0 @ mat.T + pos, p1 @ mat.T + pos, unique, edge
 
 
 def _point_cylinder_dir(p, c, a, r, h):
