@@ -13,7 +13,10 @@ a fixed-shape formulation that jit/vmap/grad handle well:
   is attained at a hull face normal or a cross product of hull edges (separating axis
   theorem), all evaluated exactly (beyond ``MAX_EDGE_PAIRS`` pairs of edge directions,
   only the edge pairs that are faces of the Minkowski difference, without support
-  searches: convex_edges.py). Curved shapes: the best of a set of candidate
+  searches: convex_edges.py). Apart, the maximum may instead lie along the closest
+  points of a vertex and an edge or vertex, no axis: ``corner_axis`` adds that
+  direction, from the vertices nearest the other geom along the best axis (all of a
+  box's, ``CORNER_K`` of a mesh's). Curved shapes: the best of a set of candidate
   directions is refined by projected gradient ascent (fixed iteration count), with a
   second trial step kept on the ridge where a capsule's or cylinder's support
   switches ends (the optimum when its side crosses the other geom).
@@ -407,6 +410,10 @@ def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True):
     if not poly:
         scale = jnp.maximum(jnp.max(g1.size) + jnp.max(g2.size), 1e-9)
         n, sbest = refine(t1, g1, t2, g2, n, sbest, scale)
+    else:
+        # apart within the margin: the closest points' direction when it is not an axis
+        nc = corner_axis(near_vertices(t1, g1, n), near_vertices(t2, g2, -n))
+        n = jnp.where(_evaluated(t1, g1, t2, g2, nc[None])[0] > sbest, nc, n)
     dist, a, b = _sep(t1, g1, t2, g2, n)
     if poly:
         return poly_contacts(t1, g1, t2, g2, n, dist, margin, single=not multi)
@@ -416,6 +423,50 @@ def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True):
     if t1 == GT.CAPSULE:
         a = _capsule_witness(g1, n, a, b)
     return _witness(t1, t2, n, dist, a, b, margin)
+
+
+#: vertices per mesh that corner_axis pairs (the nearest to the other geom along the best
+#: axis)
+CORNER_K = 8
+
+
+def near_vertices(t, geo, d, k=CORNER_K):
+    """World vertices of a box (all 8) or mesh (its hull's ``k`` largest along world
+    direction ``d``): those the closest feature toward ``d`` is likely made of."""
+    if t == GT.BOX:
+        from simjax.engine.collision.convex_polytope import _box_verts
+        return _box_verts(geo.size) @ geo.mat.T + geo.pos
+    idx = jax.lax.top_k(geo.vert @ (geo.mat.T @ d), min(k, geo.vert.shape[0]))[1]
+    return geo.vert[idx] @ geo.mat.T + geo.pos
+
+
+def _seg_points(p, a, b):
+    """Closest points of segments ab (S, 3) to points p (P, 3): (P, S, 3)."""
+    ab = b - a
+    t = dot(p[:, None] - a[None], ab[None]) / jnp.maximum(dot(ab, ab), 1e-30)[None]
+    return a[None] + clip(t, 0.0, 1.0)[..., None] * ab[None]
+
+
+def corner_axis(pa, pb):
+    """Unit direction from the hull of points ``pa`` (A, 3) to that of ``pb`` (B, 3), two
+    disjoint convex sets, of their nearest (point, segment) pair: each point of one set
+    against the segment between every two points of the other (a point alone
+    included). Makes the separating axes exact for polytopes apart: their closest
+    points are a vertex and a face, two edges, or a vertex and an edge or vertex; in
+    the first two cases (interiors) the face normal or the edges' cross product is an
+    axis already, in the last only this direction is (the axes then bound the distance
+    from below), when the pair's vertices are among the points given. The segments
+    between other points lie in their hulls, never nearer than the distance, so they
+    cannot win. Meaningless for overlapping sets, where, as any direction, it separates
+    them less than the best axis."""
+    ia, ib = np.triu_indices(pb.shape[0])
+    ja, jb = np.triu_indices(pa.shape[0])
+    ya = _seg_points(pa, pb[ia], pb[ib])                              # points of B
+    xb = _seg_points(pb, pa[ja], pa[jb])                              # points of A
+    d = jnp.concatenate([(ya - pa[:, None]).reshape(-1, 3),
+                         (pb[:, None] - xb).reshape(-1, 3)])
+    n, _ = normalize(d[argmin(dot(d, d))])
+    return n
 
 
 def _capsule_witness(g, n, a, b):

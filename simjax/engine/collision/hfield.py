@@ -29,7 +29,7 @@ distance negative in penetration, position midway between the two surfaces):
   face has no unique witness: simjax takes an end, MuJoCo's EPA another point).
 - boxes and meshes: separating-axis theorem over face normals and edge crosses of both
   (exact penetration depth and normal) and, for shapes apart within the margin, the
-  direction of the nearest vertex-edge pair (hfield_prism._corner_axis): exact
+  direction of the nearest vertex-edge pair (convex.corner_axis): exact
   distance, as GJK's.
   MuJoCo 4.0.0 with margin 0 returns box / prism penetrations that are not the
   minimum translation (see the tests); with a margin it agrees with simjax.
@@ -106,14 +106,6 @@ def _static_margin(m, g1, g2, ipair):
     return float(gm[g1] + gm[g2] + gg[g1] + gg[g2])
 
 
-def _adj_edges(adj):
-    """A hull's edges as vertex index pairs (E, 2) from its adjacency (V, D), -1 padded."""
-    i, k = np.nonzero(adj >= 0)
-    j = adj[i, k]
-    keep = i < j
-    return np.stack([i[keep], j[keep]], 1)
-
-
 def window(m, g1, g2, ipair=-1, margin=True):
     """Static sub-grid window (cells along x, cells along y) for height-field geom g1
     and geom g2: enough cells for the bounding box of g2 (half extent at most
@@ -162,8 +154,7 @@ def collider_for(m, g1, g2, ipair=-1):
         from simjax.engine.collision import convex
         mid = int(np.asarray(m.geom_dataid)[g2])
         tab = convex.mesh_table(m, [mid])          # this mesh only: no padding
-        mesh = (tab["vert"][0], tab["normal"][0], tab["edge"][0], tab["hface"][0],
-                _adj_edges(tab["adj"][0]))
+        mesh = (tab["vert"][0], tab["normal"][0], tab["edge"][0], tab["hface"][0])
     dx, dy = 2 * size[0] / (ncol - 1), 2 * size[1] / (nrow - 1)
     rb = float(np.asarray(m.geom_rbound)[g2])
     maxcon = min(MAXCONPAIR, 2 * nc0 * nr0)

@@ -381,8 +381,6 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
         dirs += [c, -c]
     cdif, _ = normalize(pos - jnp.mean(v, 0))
     dirs += [cdif[None], jnp.asarray(_FIXED_DIRS, dt), mat.T, -mat.T]
-    if t in (GT.BOX, GT.MESH):
-        dirs.append(_corner_axis(t, size, vert, mat, pos, mesh, v)[None])
     dirs = jnp.concatenate(dirs)
 
     def sep(n):
@@ -392,7 +390,14 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     s = _mesh_sep(vert, mat, pos, mesh, v, dirs, nrm.shape[0]) if t == GT.MESH else sep(dirs)
     k = argmax(s)
     n, sb = dirs[k], s[k]
-    if t == GT.CYLINDER:
+    if t in (GT.BOX, GT.MESH):
+        # apart within the margin: the closest points' direction when it is not an
+        # axis (convex.corner_axis; the axes alone bound the distance from below, up to
+        # 2.7e-3 off on the tests' random field)
+        geo = Geom(pos, mat, size, vert)
+        nc = CV.corner_axis(v, CV.near_vertices(t, geo, -n))
+        n = sel(sep(nc[None])[0] > sb, nc, n)
+    elif t == GT.CYLINDER:
         # the ascent with steps kept on the ridges of the cylinder (its axis) and of the
         # prism (between its best vertices), as convex-convex pairs
         eye = jnp.eye(3, dtype=dt)
@@ -444,42 +449,6 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
     wit = sel(prism_unique & ~geom_unique, a + n * (0.5 * dist), pos_b)
     ca, cb = _seg_seg(a, v[top[-2]], b0, b1)
     return dist, sel(prism_edge & geom_edge, 0.5 * (ca + cb), wit), n
-
-
-#: a box's corners (corner index bits x = 1, y = 2, z = 4) and its 12 edges as corner
-#: pairs
-_BOX_CORNERS = np.array([[(1 if i & 1 else -1), (1 if i & 2 else -1), (1 if i & 4 else -1)]
-                         for i in range(8)], np.float64)
-_BOX_EDGES = np.array([(i, i | b) for b in (1, 2, 4) for i in range(8) if not i & b])
-
-
-def _corner_axis(t, size, vert, mat, pos, mesh, v):
-    """Separating-axis candidate that makes the axes exact for a box or mesh apart from
-    prism v: the direction (prism to geom) of the nearest of the pairs (geom vertex,
-    its closest point on a prism edge) and (prism vertex, its closest point on a geom
-    edge).
-
-    The closest points of two disjoint polytopes are a vertex and a face, two edges,
-    or a vertex and an edge or vertex. In the first two cases (interiors) the face
-    normal or the edges' cross product is already an axis and the best axis'
-    separation is the distance; in the last, only the direction of the closest points
-    is, and it is this one (the axes alone bound the distance from below: up to
-    2.7e-3 on the tests' random field). Meaningless for overlapping shapes, where, as
-    any direction, it separates them less than the best axis."""
-    if t == GT.BOX:
-        gv = jnp.asarray(_BOX_CORNERS, v.dtype) * size @ mat.T + pos
-        ge = _BOX_EDGES
-    else:
-        gv = vert @ mat.T + pos
-        ge = mesh[4]
-    pe = _prism_edges(v)
-    ya = _seg_closest(gv[:, None], pe[None, :, 0], pe[None, :, 1]).reshape(-1, 3)
-    xa = jnp.broadcast_to(gv[:, None], (gv.shape[0], 9, 3)).reshape(-1, 3)
-    xb = _seg_closest(v[:, None], gv[ge[:, 0]][None], gv[ge[:, 1]][None]).reshape(-1, 3)
-    yb = jnp.broadcast_to(v[:, None], (6, ge.shape[0], 3)).reshape(-1, 3)
-    dxy = jnp.concatenate([xa - ya, xb - yb])
-    n, _ = normalize(dxy[argmin(dot(dxy, dxy))])
-    return n
 
 
 def _support_feature(t, size, vert, mat, pos, d, tol):
