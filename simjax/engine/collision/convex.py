@@ -19,7 +19,10 @@ a fixed-shape formulation that jit/vmap/grad handle well:
   box's, ``CORNER_K`` of a mesh's). Curved shapes: the best of a set of candidate
   directions is refined by projected gradient ascent (fixed iteration count), with a
   second trial step kept on the ridge where a capsule's or cylinder's support
-  switches ends (the optimum when its side crosses the other geom).
+  switches ends (the optimum when its side crosses the other geom). Apart within a
+  margin the separation is flat near the optimum and the ascent may stop short: where
+  a margin may be non-zero (``APART``) the curved pairs take GJK's direction and
+  witnesses there (MuJoCo's own algorithm apart; gjk.py).
   A mesh's support value along its own face normals is static (precomputed per hull,
   ``hface``), and its other support points are found in bounded chunks of (direction,
   vertex) products, so hulls of thousands of vertices cost little memory per world.
@@ -398,11 +401,12 @@ def _mesh_ridges(t1, g1, t2, g2, n):
     return out
 
 
-def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True):
+def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True, apart=False):
     """Convex-convex contact (see the module docstring). Returns 1 slot for curved
     pairs, 5 slots (at most 4 valid) for box/mesh pairs and the cylinder patches;
     without ``multi`` (MuJoCo's DisableBit.MULTICCD, :data:`SINGLE`) 1 slot for every
-    pair, the single contact."""
+    pair, the single contact. ``apart`` (:data:`APART`): a curved pair apart within the
+    margin takes GJK's direction (:func:`_gjk_apart`)."""
     dirs, s = _candidates(t1, g1, t2, g2, margin)
     k = argmax(s)
     n, sbest = dirs[k], s[k]
@@ -410,6 +414,17 @@ def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True):
     if not poly:
         scale = jnp.maximum(jnp.max(g1.size) + jnp.max(g2.size), 1e-9)
         n, sbest = refine(t1, g1, t2, g2, n, sbest, scale)
+        if t1 == GT.CYLINDER and t2 in _POLY:
+            # a vertex against the cylinder's rim: the refine may stop short of the
+            # optimum (1e-2 rad off apart within the margin); the vertices nearest the
+            # cylinder each have it in closed form
+            pts = near_vertices(t2, g2, -n)
+            cands = -jax.vmap(lambda p: point_cylinder_dir(
+                p, g1.pos, g1.mat[:, 2], g1.size[0], g1.size[1]))(pts)
+            cands = jnp.concatenate([n[None], cands])
+            n = cands[argmax(_evaluated(t1, g1, t2, g2, cands))]
+        if apart:
+            n, mid, found = _gjk_apart(t1, g1, t2, g2, n, sbest, margin)
     else:
         # apart within the margin: the closest points' direction when it is not an axis
         nc = corner_axis(near_vertices(t1, g1, n), near_vertices(t2, g2, -n))
@@ -419,10 +434,17 @@ def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True):
         return poly_contacts(t1, g1, t2, g2, n, dist, margin, single=not multi)
     if (t1, t2) in _CYL_PATCH:
         from simjax.engine.collision.convex_cylinder import cylinder_contacts
-        return cylinder_contacts(t1, g1, t2, g2, n, dist, margin, single=not multi)
-    if t1 == GT.CAPSULE:
-        a = _capsule_witness(g1, n, a, b)
-    return _witness(t1, t2, n, dist, a, b, margin)
+        pre = cylinder_contacts(t1, g1, t2, g2, n, dist, margin, single=not multi)
+    else:
+        if t1 == GT.CAPSULE:
+            a = _capsule_witness(g1, n, a, b)
+        pre = _witness(t1, t2, n, dist, a, b, margin)
+    if apart:
+        # a single contact apart: at GJK's witnesses' midpoint (MuJoCo's contact point;
+        # unique where a support, a cylinder's cap say, is not)
+        alone = found & (jnp.sum(pre.valid) == 1)
+        pre = pre._replace(pos=jnp.where(alone & pre.valid[:, None], mid, pre.pos))
+    return pre
 
 
 #: vertices per mesh that corner_axis pairs (the nearest to the other geom along the best
@@ -467,6 +489,55 @@ def corner_axis(pa, pb):
                          (pb[:, None] - xb).reshape(-1, 3)])
     n, _ = normalize(d[argmin(dot(d, d))])
     return n
+
+
+def point_cylinder_dir(p, c, a, r, h):
+    """Direction n maximising the separation of point p from a cylinder (centre c,
+    unit axis a, radius r, half length h), from p: towards the cylinder's closest point
+    when p is outside, away from the nearest side / cap when inside."""
+    x = p - c
+    z = dot(a, x)
+    rv = x - z * a
+    rdir, rho = normalize(rv)
+    outside = (rho > r) | (jnp.abs(z) > h)
+    q = c + clip(z, -h, h) * a + jnp.minimum(rho, r) * rdir
+    n_out, _ = normalize(q - p)
+    cap = jnp.abs(z) - h > rho - r
+    n_in = jnp.where(cap, -jnp.sign(z) * a, -rdir)
+    return jnp.where(outside, n_out, n_in)
+
+
+#: GJK's tolerance and iterations for curved pairs apart (MuJoCo's ccd_tolerance and
+#: ccd_iterations defaults)
+CCD_TOL = 1e-6
+CCD_ITERS = 35
+
+
+def _gjk_apart(t1, g1, t2, g2, n, s, margin):
+    """A curved pair apart within the margin: the direction of GJK's witness points
+    (MuJoCo's mjc_ccd before EPA, :func:`simjax.engine.collision.gjk._search`), where
+    the refine's ascent of the flat separation can stop short (up to 6e-5 in distance
+    and 0.1 rad in normal between two cylinders); ``n`` elsewhere. ``s``: the refine's
+    separation (a lower bound of the distance); GJK runs only where some world of the
+    batch has a pair with 0 < s < margin (:func:`chunked.batch_max`). Returns (the
+    direction, the witnesses' midpoint, whether GJK found the pair apart). Not
+    differentiated (the contact's distance is, as the separation along the
+    direction)."""
+    from simjax.engine.collision import gjk
+    from simjax.engine.collision.chunked import batch_max
+
+    def run():
+        geo = jax.lax.stop_gradient(((g1.pos, g1.mat, g1.size, g1.vert),
+                                     (g2.pos, g2.mat, g2.size, g2.vert)))
+        dist, x1, x2, status = gjk._search(t1, geo[0], t2, geo[1],
+                                           jax.lax.stop_gradient(margin), CCD_TOL,
+                                           CCD_ITERS)
+        ng, ln = normalize(x2 - x1)
+        # (a sphere's or capsule's core apart while the geoms overlap: status 0 too)
+        found = (status == 0) & (dist > 0) & (ln > 0)
+        return jnp.where(found, ng, n), 0.5 * (x1 + x2), found
+    need = batch_max(((s > 0) & (s < margin)).astype(jnp.int32)) > 0
+    return jax.lax.cond(need, run, lambda: (n, jnp.zeros_like(n), jnp.zeros((), bool)))
 
 
 def _capsule_witness(g, n, a, b):
@@ -515,4 +586,14 @@ MAXCON = {f: (4 if (k[0] in _POLY and k[1] in _POLY) or k in _CYL_PATCH else 1)
 SINGLE = {f: _make(convex_convex, *k, multi=False) for k, f in CONVEX.items()
           if MAXCON[f] > 1}
 MAXCON.update({f: 1 for f in SINGLE.values()})
+#: the curved pairs' colliders (and their single-contact forms) that take GJK's
+#: direction apart within the margin: chosen by the plan where a margin may be non-zero
+#: (pairs.plan); with margin 0 no pair apart makes a contact, and GJK's code (about 3 s
+#: of compile per pair type) is left out
+APART = {f: _make(convex_convex, *f.types, multi=f.keywords.get("multi", True),
+                  apart=True)
+         for f in list(CONVEX.values()) + list(SINGLE.values())
+         if isinstance(f, functools.partial) and f.func is convex_convex
+         and not (f.types[0] in _POLY and f.types[1] in _POLY)}
+MAXCON.update({a: MAXCON[f] for f, a in APART.items()})
 MAXCON.update({PLANE[GT.ELLIPSOID]: 1, PLANE[GT.MESH]: 4, PLANE_SDF: 4})

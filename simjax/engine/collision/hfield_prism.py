@@ -408,7 +408,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
                           iters=CYLINDER_ITERS)
         # and the exact optimum of each prism vertex alone
         cands = jnp.concatenate([n[None], jax.vmap(
-            lambda p: _point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
+            lambda p: CV.point_cylinder_dir(p, pos, mat[:, 2], size[0], size[1]))(v)])
         n = cands[argmax(sep(cands))]
     elif t == GT.ELLIPSOID:
         scale = jnp.maximum(jnp.max(size) + jnp.max(jnp.abs(v)), 1e-9)
@@ -481,22 +481,6 @@ def _support_feature(t, size, vert, mat, pos, d, tol):
         unique = ~across & (nxy * size[0] > tol)
         edge = across & (nxy * size[0] > tol)
     return p0 @ mat.T + pos, p1 @ mat.T + pos, unique, edge
-
-
-def _point_cylinder_dir(p, c, a, r, h):
-    """Direction n maximising the separation of point p from a cylinder (centre c,
-    unit axis a, radius r, half length h): towards the closest point when p is
-    outside, away from the nearest side / cap when inside."""
-    x = p - c
-    z = dot(a, x)
-    rv = x - z * a
-    rdir, rho = normalize(rv)
-    outside = (rho > r) | (jnp.abs(z) > h)
-    q = c + clip(z, -h, h) * a + jnp.minimum(rho, r) * rdir
-    n_out, _ = normalize(q - p)
-    cap = jnp.abs(z) - h > rho - r
-    n_in = sel(cap, -jnp.sign(z) * a, -rdir)
-    return sel(outside, n_out, n_in)
 
 
 def _ellipsoid_polish(size, mat, pos, v, n0, sep):

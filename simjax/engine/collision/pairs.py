@@ -14,10 +14,11 @@ import warnings
 
 import numpy as np
 
+from simjax.engine import tables
 from simjax.engine.collision import convex, hfield, primitive
 from simjax.engine.data import make_contact
 from simjax.errors import UnsupportedFeatureError
-from simjax.types import DisableBit, GeomType as GT
+from simjax.types import DisableBit, EnableBit, GeomType as GT
 
 
 #: smallest default contact capacity of a contact dim (when its pairs allow as many)
@@ -130,7 +131,16 @@ def _key(m):
                   int(m.opt.sdf_initpoints))).encode())
     if m.nhfield:                  # height-field windows depend on concrete margins
         h.update(hfield.margin_key(m))
+    h.update(b"margins" if _margins(m) else b"")
     return h.hexdigest()
+
+
+def _margins(m):
+    """Whether a contact's detection margin may be non-zero (traced parameters may):
+    the curved convex pairs then take GJK's direction apart (convex.APART)."""
+    if m.opt.enableflags & EnableBit.OVERRIDE:
+        return tables._nonzero(m.opt, ["o_margin"])
+    return tables._nonzero(m, ["geom_margin", "geom_gap", "pair_margin", "pair_gap"])
 
 
 def _mixed_condim(m, g1, g2):
@@ -267,10 +277,12 @@ def plan(m) -> Plan:
     rank = mujoco_rank(m, g1, g2, ipair)
     # one contact for the convex pairs with several (MuJoCo's mj_maxContact)
     single = convex.SINGLE if m.opt.disableflags & DisableBit.MULTICCD else {}
+    apart = convex.APART if _margins(m) else {}
     groups = {}
     for k in np.argsort(rank, kind="stable"):        # groups list pairs in MuJoCo order
         fn = COLLIDERS[(int(gtype[g1[k]]), int(gtype[g2[k]]))]
         fn = single.get(fn, fn)
+        fn = apart.get(fn, fn)
         if fn is hfield.hfield_convex:      # per pair: static grid data and window
             fn = hfield.collider_for(m, int(g1[k]), int(g2[k]), int(ipair[k]))
         groups.setdefault(fn, []).append(k)
