@@ -441,9 +441,12 @@ def convex_convex(g1, g2, margin, t1=None, t2=None, multi=True, apart=False):
         pre = _witness(t1, t2, n, dist, a, b, margin)
     if apart:
         # a single contact apart: at GJK's witnesses' midpoint (MuJoCo's contact point;
-        # unique where a support, a cylinder's cap say, is not)
+        # unique where a support, a cylinder's cap say, is not), differentiated as the
+        # support point (which slides over curved surfaces; GJK's witnesses, fixed in
+        # the geoms' frames, do not)
         alone = found & (jnp.sum(pre.valid) == 1)
-        pre = pre._replace(pos=jnp.where(alone & pre.valid[:, None], mid, pre.pos))
+        moved = pre.pos + jax.lax.stop_gradient(mid - pre.pos)
+        pre = pre._replace(pos=jnp.where(alone & pre.valid[:, None], moved, pre.pos))
     return pre
 
 
@@ -520,9 +523,9 @@ def _gjk_apart(t1, g1, t2, g2, n, s, margin):
     and 0.1 rad in normal between two cylinders); ``n`` elsewhere. ``s``: the refine's
     separation (a lower bound of the distance); GJK runs only where some world of the
     batch has a pair with 0 < s < margin (:func:`chunked.batch_max`). Returns (the
-    direction, the witnesses' midpoint, whether GJK found the pair apart). Not
-    differentiated (the contact's distance is, as the separation along the
-    direction)."""
+    direction, the witnesses' midpoint, whether GJK found the pair apart): the
+    direction's value with the refine's derivative, the midpoint not differentiated
+    (the contact's position is, as the support point along the direction)."""
     from simjax.engine.collision import gjk
     from simjax.engine.collision.chunked import batch_max
 
@@ -535,7 +538,10 @@ def _gjk_apart(t1, g1, t2, g2, n, s, margin):
         ng, ln = normalize(x2 - x1)
         # (a sphere's or capsule's core apart while the geoms overlap: status 0 too)
         found = (status == 0) & (dist > 0) & (ln > 0)
-        return jnp.where(found, ng, n), 0.5 * (x1 + x2), found
+        # GJK's value with the refine's derivative (the optimum's motion, which GJK's
+        # stopped iteration does not give)
+        n_out = jnp.where(found, n + jax.lax.stop_gradient(ng - n), n)
+        return n_out, 0.5 * (x1 + x2), found
     need = batch_max(((s > 0) & (s < margin)).astype(jnp.int32)) > 0
     return jax.lax.cond(need, run, lambda: (n, jnp.zeros_like(n), jnp.zeros((), bool)))
 
