@@ -115,12 +115,13 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.math import clip
-from simjax.engine.collision.common import Pre, argmax, argmin, cross, dot, normalize, one
+from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot, normalize,
+                                            one, sel)
 # static hull tables (convex_hull.py) and box/mesh multi-contact (convex_polytope.py);
 # attach_meshes, mesh_table and plane_table are also read from here
 from simjax.engine.collision.convex_hull import (  # noqa: F401
     attach_meshes, mesh_table, plane_table)
-from simjax.engine.collision.convex_polytope import poly_contacts
+from simjax.engine.collision.convex_polytope import _box_verts, poly_contacts
 # MAX_EDGE_PAIRS: pairs of edge directions scored with full supports (beyond: edge_axis)
 from simjax.engine.collision.convex_edges import MAX_EDGE_PAIRS, edge_axis, uses_search
 from simjax.types import GeomType as GT
@@ -459,17 +460,17 @@ def near_vertices(t, geo, d, k=CORNER_K):
     """World vertices of a box (all 8) or mesh (its hull's ``k`` largest along world
     direction ``d``): those the closest feature toward ``d`` is likely made of."""
     if t == GT.BOX:
-        from simjax.engine.collision.convex_polytope import _box_verts
         return _box_verts(geo.size) @ geo.mat.T + geo.pos
     idx = jax.lax.top_k(geo.vert @ (geo.mat.T @ d), min(k, geo.vert.shape[0]))[1]
     return geo.vert[idx] @ geo.mat.T + geo.pos
 
 
-def _seg_points(p, a, b):
-    """Closest points of segments ab (S, 3) to points p (P, 3): (P, S, 3)."""
+def seg_closest(p, a, b):
+    """Closest points of segments ab to points p (..., 3, broadcast together)."""
     ab = b - a
-    t = dot(p[:, None] - a[None], ab[None]) / jnp.maximum(dot(ab, ab), 1e-30)[None]
-    return a[None] + clip(t, 0.0, 1.0)[..., None] * ab[None]
+    den = dot(ab, ab)
+    s = clip(dot(p - a, ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
+    return a + s[..., None] * ab
 
 
 def corner_axis(pa, pb):
@@ -486,8 +487,8 @@ def corner_axis(pa, pb):
     them less than the best axis."""
     ia, ib = np.triu_indices(pb.shape[0])
     ja, jb = np.triu_indices(pa.shape[0])
-    ya = _seg_points(pa, pb[ia], pb[ib])                              # points of B
-    xb = _seg_points(pb, pa[ja], pa[jb])                              # points of A
+    ya = seg_closest(pa[:, None], pb[ia][None], pb[ib][None])         # points of B
+    xb = seg_closest(pb[:, None], pa[ja][None], pa[jb][None])         # points of A
     d = jnp.concatenate([(ya - pa[:, None]).reshape(-1, 3),
                          (pb[:, None] - xb).reshape(-1, 3)])
     n, _ = normalize(d[argmin(dot(d, d))])

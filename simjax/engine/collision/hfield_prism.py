@@ -103,14 +103,6 @@ def _prism_edges(v):
     return jnp.stack([jnp.concatenate([t, b, b]), jnp.concatenate([roll(t), roll(b), t])], 1)
 
 
-def _seg_closest(p, a, b):
-    """Closest point of segment ab to points p (..., 3)."""
-    ab = b - a
-    den = dot(ab, ab)
-    s = clip(dot(p - a, ab) / sel(den > MINVAL, den, 1.0), 0.0, 1.0)
-    return a + s[..., None] * ab
-
-
 def _point_prism(p, v, nrm, off):
     """Closest point on the prism boundary to point p (outside): the projection of p
     on a face plane where it falls in that face (a convex polytope's face is its part
@@ -127,7 +119,7 @@ def _point_prism(p, v, nrm, off):
     viol = sel(jnp.eye(5, dtype=bool), -1.0, viol)
     inface = (s > 0) & jnp.all(viol <= 0, axis=1)
     edges = _prism_edges(v)
-    qe = _seg_closest(p, edges[:, 0], edges[:, 1])              # (9, 3)
+    qe = CV.seg_closest(p, edges[:, 0], edges[:, 1])            # (9, 3)
     cand = jnp.concatenate([q, qe])
     dc = cand - p
     d2 = sel(jnp.concatenate([inface, jnp.ones(9, bool)]), dot(dc, dc), jnp.inf)
