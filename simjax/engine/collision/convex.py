@@ -252,6 +252,25 @@ def mesh_support(vert, mat, pos, d):
     return vert[k] @ mat.T + pos
 
 
+def mesh_extent(vert, mat, pos, d):
+    """Least and greatest ``d . x`` over a mesh's vertices x (world; hull vertices
+    ``vert`` (V, 3) in its frame, rotation ``mat``, position ``pos``) for directions d
+    (K, 3): ((K,), (K,)), the support values along -d and d without the support
+    points (what SAT scoring reads). Chunked as mesh_support."""
+    def ext(dk):                                  # one direction (3,)
+        loc = dk @ mat
+        # three broadcast products: one fused kernel with the reductions (a dot of
+        # contraction 3 ran 1.6x slower here)
+        pr = sum(loc[i] * vert[:, i] for i in range(3))
+        return jnp.min(pr), jnp.max(pr)
+    if d.shape[0] * vert.shape[0] <= SUPPORT_CHUNK:
+        lo, hi = jax.vmap(ext)(d)
+    else:
+        lo, hi = inline.map(ext, d, batch_size=max(1, SUPPORT_CHUNK // vert.shape[0]))
+    off = d @ pos
+    return lo + off, hi + off
+
+
 def _support_pts(t, geo, d):
     """World support points for world directions d (K, 3) (meshes: mesh_support)."""
     if t != GT.MESH:
@@ -301,8 +320,11 @@ def _candidates(t1, g1, t2, g2, margin):
 
 def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
     """sep of _candidates' directions (its order: f1, -f1, f2, -f2, the rest): a
-    mesh's support value along its own face normals from its hull table, every other
-    support point evaluated (as _sep)."""
+    mesh's support value along its own face normals from its hull table, the other
+    geom's along them from one product with its vertices where it is a mesh too
+    (:func:`mesh_extent`: the Trossen arm's mesh-mesh group 1276 -> 660 us per
+    world-step, float32, batch 64, where the support points were found and dotted
+    again), every other support point evaluated (as _sep)."""
     g1, g2, dirs = jax.lax.stop_gradient((g1, g2, dirs))
     n1 = 2 * nf1
     n2 = n1 + 2 * nf2
@@ -315,12 +337,22 @@ def _scores(t1, g1, t2, g2, dirs, nf1, nf2):
     d1, d2 = dirs[:n1], dirs[n1:n2]
     if m1:                                        # h1 along f1, -f1 from the table
         _, (hp, hm) = _face_dirs(t1, g1)
-        s1 = dot(_support_pts(t2, g2, -d1), d1) - jnp.concatenate([hp, hm])
+        if m2:                                    # g2's extent along f1: one product
+            lo, hi = mesh_extent(g2.vert, g2.mat, g2.pos, d1[:nf1])
+            h2 = jnp.concatenate([lo, -hi])
+        else:
+            h2 = dot(_support_pts(t2, g2, -d1), d1)
+        s1 = h2 - jnp.concatenate([hp, hm])
     else:
         s1 = evaluated(d1)
     if m2:                                        # h2 along -f2 (n = f2), f2 (n = -f2)
         _, (hp, hm) = _face_dirs(t2, g2)
-        s2 = -jnp.concatenate([hm, hp]) - dot(_support_pts(t1, g1, d2), d2)
+        if m1:
+            lo, hi = mesh_extent(g1.vert, g1.mat, g1.pos, d2[:nf2])
+            h1 = jnp.concatenate([hi, -lo])
+        else:
+            h1 = dot(_support_pts(t1, g1, d2), d2)
+        s2 = -jnp.concatenate([hm, hp]) - h1
     else:
         s2 = evaluated(d2)
     return jnp.concatenate([s1, s2, evaluated(dirs[n2:])])
