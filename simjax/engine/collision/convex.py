@@ -115,6 +115,8 @@ import numpy as np
 
 from simjax.engine import inline
 from simjax.engine.math import clip
+from simjax.engine.collision import gjk
+from simjax.engine.collision.chunked import batch_max
 from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot, normalize,
                                             one, sel)
 # static hull tables (convex_hull.py) and box/mesh multi-contact (convex_polytope.py);
@@ -237,18 +239,22 @@ def _sep(t1, g1, t2, g2, n):
     return dot(b - a, n), a, b
 
 
+def _chunked(f, d, nvert):
+    """``f(d)`` for directions d (K, 3) against ``nvert`` vertices, in chunks of at most
+    SUPPORT_CHUNK (direction, vertex) products (lax.map, f vmapped over each chunk's
+    directions) where the whole would hold more, so memory stays bounded for large
+    hulls and many directions."""
+    if d.shape[0] * nvert <= SUPPORT_CHUNK:
+        return f(d)
+    return inline.map(f, d, batch_size=max(1, SUPPORT_CHUNK // nvert))
+
+
 def mesh_support(vert, mat, pos, d):
     """Support points (K, 3) of a mesh (hull vertices ``vert`` (V, 3) in its frame,
     rotation ``mat``, position ``pos``) for directions d (K, 3) of the outer frame. The
-    vertex argmax is taken in chunks of at most SUPPORT_CHUNK (direction, vertex)
-    products (lax.map), so memory stays bounded for large hulls and many directions;
-    the points are those of the unchunked argmax."""
-    def idx(dk):
-        return argmax((dk @ mat) @ vert.T)
-    if d.shape[0] * vert.shape[0] <= SUPPORT_CHUNK:
-        k = idx(d)
-    else:
-        k = inline.map(idx, d, batch_size=max(1, SUPPORT_CHUNK // vert.shape[0]))
+    vertex argmax is taken in bounded chunks (:func:`_chunked`); the points are those
+    of the unchunked argmax."""
+    k = _chunked(lambda dk: argmax((dk @ mat) @ vert.T), d, vert.shape[0])
     return vert[k] @ mat.T + pos
 
 
@@ -256,17 +262,14 @@ def mesh_extent(vert, mat, pos, d):
     """Least and greatest ``d . x`` over a mesh's vertices x (world; hull vertices
     ``vert`` (V, 3) in its frame, rotation ``mat``, position ``pos``) for directions d
     (K, 3): ((K,), (K,)), the support values along -d and d without the support
-    points (what SAT scoring reads). Chunked as mesh_support."""
-    def ext(dk):                                  # one direction (3,)
+    points (what SAT scoring reads), in bounded chunks (:func:`_chunked`)."""
+    def ext(dk):                                  # directions (..., 3)
         loc = dk @ mat
         # three broadcast products: one fused kernel with the reductions (a dot of
         # contraction 3 ran 1.6x slower here)
-        pr = sum(loc[i] * vert[:, i] for i in range(3))
-        return jnp.min(pr), jnp.max(pr)
-    if d.shape[0] * vert.shape[0] <= SUPPORT_CHUNK:
-        lo, hi = jax.vmap(ext)(d)
-    else:
-        lo, hi = inline.map(ext, d, batch_size=max(1, SUPPORT_CHUNK // vert.shape[0]))
+        pr = sum(loc[..., i, None] * vert[:, i] for i in range(3))
+        return jnp.min(pr, -1), jnp.max(pr, -1)
+    lo, hi = _chunked(ext, d, vert.shape[0])
     off = d @ pos
     return lo + off, hi + off
 
@@ -559,9 +562,6 @@ def _gjk_apart(t1, g1, t2, g2, n, s, margin):
     direction, the witnesses' midpoint, whether GJK found the pair apart): the
     direction's value with the refine's derivative, the midpoint not differentiated
     (the contact's position is, as the support point along the direction)."""
-    from simjax.engine.collision import gjk
-    from simjax.engine.collision.chunked import batch_max
-
     def run():
         geo = jax.lax.stop_gradient(((g1.pos, g1.mat, g1.size, g1.vert),
                                      (g2.pos, g2.mat, g2.size, g2.vert)))
