@@ -11,7 +11,7 @@ import pytest
 
 from engine_helpers import f32, geom_poses, normalize_quaternions
 from simjax.engine import io
-from simjax.engine.collision import broadphase, chunked, driver, narrow, primitive
+from simjax.engine.collision import broadphase, chunked, driver, narrow, pairs, primitive
 from simjax.types import GeomType
 
 
@@ -182,9 +182,9 @@ def test_plane_group_past_pair_capacity(monkeypatch):
     _assert_one_world(mjm, mjd, jax.jit(lambda d: driver.collision(m, d))(d))
 
 
-def _assert_mujoco_depths(mjm, got, qs):
+def _assert_mujoco_depths(mjm, got, qs, atol=1e-9):
     """Each world's contact count and depths (batched collision output ``got`` at the
-    poses ``qs``) equal MuJoCo's."""
+    poses ``qs``) equal MuJoCo's (to ``atol``)."""
     mjd = mujoco.MjData(mjm)
     for i, q in enumerate(qs):
         mjd.qpos[:] = q
@@ -192,7 +192,7 @@ def _assert_mujoco_depths(mjm, got, qs):
         assert int(got.ncon[i]) == mjd.ncon
         dist = np.asarray(got.contact.dist[i])[np.asarray(got.contact.valid[i])]
         np.testing.assert_allclose(np.sort(dist), np.sort(mjd.contact.dist[:mjd.ncon]),
-                                   rtol=0, atol=1e-9)
+                                   rtol=0, atol=atol)
 
 
 def test_group_skip():
@@ -392,7 +392,7 @@ def test_mesh_scene_float32_keeps_every_pair():
 
 
 def test_mesh_group_chunks(monkeypatch):
-    """A mesh-mesh group of more than ``CHUNK_MIN`` candidates (21 pairs) runs its
+    """A mesh-mesh group of more than ``MESH_CHUNK_MIN`` candidates (21 pairs) runs its
     passing pairs chunk by chunk (``MESH_CHUNK`` pairs each), their hull tables gathered
     by geom id: every world's contacts (count, geoms, distances, positions, frames, in
     MuJoCo's order; a pair's own contacts by depth) equal those of every candidate run
@@ -405,6 +405,9 @@ def test_mesh_group_chunks(monkeypatch):
     mesh = (GeomType.MESH, GeomType.MESH)
     grp = next(g for g in p.groups if getattr(g.fn, "types", None) == mesh)
     assert len(grp.cand) == 21 and chunked._chunks(grp.fn, len(grp.cand))
+    # a mesh pair's search is costly: two candidates already run in chunks, where a
+    # group without mesh data waits for more than CHUNK_MIN
+    assert chunked._chunks(grp.fn, 2) and not chunked._chunks(primitive.capsule_box, 2)
     assert chunked.chunk_of(grp.fn) == chunked.MESH_CHUNK
     prm = driver.pair_params(m, p, jnp.float64)
     dm = prm["margin"] + prm["gap"]
@@ -422,23 +425,107 @@ def test_mesh_group_chunks(monkeypatch):
     ref, rorder = collide()
     np.testing.assert_array_equal(np.asarray(got.ncon), np.asarray(ref.ncon))
     assert int(np.sum(np.asarray(got.ncon) > 1)) >= 2
-    def by_depth(c, i, k):
-        # MuJoCo's order across pairs, each pair's contacts by depth
-        g = np.asarray(c.geom[i])[k]
-        d = np.asarray(c.dist[i])[k]
-        pair_rank = np.unique(g, axis=0, return_inverse=True)[1].ravel()
-        first = {}
-        for j, r in enumerate(pair_rank):
-            first.setdefault(r, j)
-        return k[np.lexsort((d, [first[r] for r in pair_rank]))]
+    _assert_same_contacts(got, order, ref, rorder)
 
-    for i in range(len(ds)):
+
+def _by_depth(c, i, k):
+    """Contact slots ``k`` of world ``i`` (in MuJoCo's order) with each pair's contacts
+    sorted by depth."""
+    g = np.asarray(c.geom[i])[k]
+    d = np.asarray(c.dist[i])[k]
+    pair_rank = np.unique(g, axis=0, return_inverse=True)[1].ravel()
+    first = {}
+    for j, r in enumerate(pair_rank):
+        first.setdefault(r, j)
+    return k[np.lexsort((d, [first[r] for r in pair_rank]))]
+
+
+def _assert_same_contacts(got, order, ref, rorder):
+    """Two batched collision outputs (with their ``contact_order``) hold the same
+    contacts to 1e-12, MuJoCo's order across pairs (a pair's own by depth: an edge
+    patch's two points come in the order of the edge's end vertices, which tie in
+    their projection on the normal to rounding)."""
+    np.testing.assert_array_equal(np.asarray(got.ncon), np.asarray(ref.ncon))
+    for i in range(len(got.ncon)):
         n = int(got.ncon[i])
-        k = by_depth(got.contact, i, np.asarray(order[i])[:n])
-        rk = by_depth(ref.contact, i, np.asarray(rorder[i])[:n])
+        k = _by_depth(got.contact, i, np.asarray(order[i])[:n])
+        rk = _by_depth(ref.contact, i, np.asarray(rorder[i])[:n])
         np.testing.assert_array_equal(np.asarray(got.contact.geom[i])[k],
                                       np.asarray(ref.contact.geom[i])[rk])
         for f in ("dist", "pos", "frame"):
             np.testing.assert_allclose(np.asarray(getattr(got.contact, f)[i])[k],
                                        np.asarray(getattr(ref.contact, f)[i])[rk],
                                        rtol=0, atol=1e-12)
+
+
+def _ball_vertices(n=24, r=0.07):
+    """n points on a sphere of radius r (a Fibonacci lattice, slightly squashed so no
+    two hull faces are parallel by symmetry)."""
+    k = np.arange(n) + 0.5
+    z = 1 - 2 * k / n
+    a = np.pi * (1 + 5 ** 0.5) * k
+    p = np.stack([np.sqrt(1 - z * z) * np.cos(a), np.sqrt(1 - z * z) * np.sin(a), z], 1)
+    return r * p * [1.0, 0.9, 0.8]
+
+
+# six free copies of the hexahedron and a 24-vertex ball: 21 mesh-mesh candidates,
+# 15 of two 8-vertex hulls and 6 with the ball
+_MESH_BUCKET_SCENE = _MESH_CHUNK_SCENE.replace(
+    '</asset>', '<mesh name="ball" vertex="%s"/></asset>' % " ".join(
+        f"{x:.6f}" for x in _ball_vertices().ravel())).replace(
+    '<body><freejoint/><geom type="mesh" mesh="hex"/></body>' * 7,
+    '<body><freejoint/><geom type="mesh" mesh="hex"/></body>' * 6 +
+    '<body><freejoint/><geom type="mesh" mesh="ball"/></body>')
+
+
+def test_mesh_group_buckets(monkeypatch):
+    """A mesh-mesh group of at least ``MESH_BUCKET_MIN`` (set to 16) candidates splits
+    by hull size: the 15 pairs of 8-vertex hulls (at most half the ball's 24 vertices)
+    form a group of their own, the 6 with the ball another, in MuJoCo's pair order each. The
+    contacts (counts, geoms, depths, positions, frames, in MuJoCo's order) equal the
+    unsplit group's to 1e-12 (a pair's own contacts by depth, as in
+    test_mesh_group_chunks), and the counts and depths MuJoCo's, in worlds where pairs
+    of both groups touch."""
+    from mujoco_oracle import model_from_mujoco
+    monkeypatch.setattr(pairs, "MESH_BUCKET_MIN", 16)
+    monkeypatch.setattr(pairs, "_CACHE", {})
+    mjm = mujoco.MjModel.from_xml_string(_MESH_BUCKET_SCENE)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    mesh = (GeomType.MESH, GeomType.MESH)
+    groups = [g for g in driver.plan(m).groups if getattr(g.fn, "types", None) == mesh]
+    ball = int(np.flatnonzero(np.asarray(m.geom_dataid) == 1)[0])
+    p = driver.plan(m)
+    assert [len(g.cand) for g in groups] == [15, 6]
+    assert not np.isin([p.g1[groups[0].cand], p.g2[groups[0].cand]], ball).any()
+    assert np.all((p.g1[groups[1].cand] == ball) | (p.g2[groups[1].cand] == ball))
+    for g in groups:
+        assert np.all(np.diff(p.rank[g.cand]) > 0)
+    rng = np.random.default_rng(5)
+    qs, ds = [], []
+    for i in range(5):
+        q = normalize_quaternions(mjm, rng.standard_normal(mjm.nq)).reshape(-1, 7)
+        q[:, :3] = rng.uniform(0, 0.25, (len(q), 3))
+        mjd.qpos[:] = q.ravel()
+        mujoco.mj_kinematics(mjm, mjd)
+        qs.append(q.ravel().copy())
+        ds.append(geom_poses(io.make_data(m, ncon_max=200), mjd))
+    batch = jax.tree_util.tree_map(lambda *x: np.stack(x), *ds)
+
+    def collide():
+        got = jax.jit(jax.vmap(lambda d: driver.collision(m, d)))(batch)
+        return got, jax.jit(jax.vmap(lambda d: driver.contact_order(m, d)))(got)
+    got, order = collide()
+    # patch depths here differ from MuJoCo's by up to 1.5e-9 (relative 1.2e-7), hex-hex
+    # pairs as well as the ball's, and the unsplit group's are the same to 1e-12: not
+    # the split's doing
+    _assert_mujoco_depths(mjm, got, qs, atol=2e-9)
+    monkeypatch.setattr(pairs, "MESH_BUCKET_FRACTION", 0.0)
+    monkeypatch.setattr(pairs, "_CACHE", {})
+    assert sum(getattr(g.fn, "types", None) == mesh for g in driver.plan(m).groups) == 1
+    ref, rorder = collide()
+    touching = [{tuple(sorted(g)) for g in np.asarray(got.contact.geom[i])[
+        np.asarray(got.contact.valid[i])].tolist()} for i in range(len(qs))]
+    assert any(any(ball in g for g in t) and any(ball not in g for g in t)
+               for t in touching)
+    _assert_same_contacts(got, order, ref, rorder)

@@ -327,6 +327,19 @@ def plane_table(m, ids=None):
     return tab
 
 
+_SIZE_CACHE: dict = {}
+
+
+def hull_sizes(m):
+    """(nmesh,) vertex count of each mesh's convex hull (numpy; cached per mesh data)."""
+    key = _mesh_key(m)
+    out = _SIZE_CACHE.get(key)
+    if out is None:
+        out = np.asarray([len(_hull_vertices(v)) for v in _mesh_vertices(m)], np.int64)
+        _SIZE_CACHE[key] = out
+    return out
+
+
 def _cast(xp, x, ftype):
     """Table ``x`` as an ``xp`` array, floats in ``ftype``."""
     return xp.asarray(x, ftype) if x.dtype.kind == "f" else xp.asarray(x)
