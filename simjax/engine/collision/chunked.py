@@ -96,7 +96,7 @@ MESH_CHUNK = 1
 #: not CHUNK_MIN (16): a pair's search costs tens to hundreds of us per world, so
 #: running the pairs that fail the broadphase costs more than the chunk scan.
 #: mjx_convex (three mesh-mesh and three box-mesh candidates, float32, batch 64,
-#: settled states): step 558 -> 305 us per world-step, its compile 19.8 -> 20.4 s CPU
+#: settled states): step 558 -> 305 us per world-step, its compile 19.8 -> 20.4 s wall
 MESH_CHUNK_MIN = 1
 
 

@@ -306,7 +306,7 @@ def plan(m) -> Plan:
 #: group per collider). The Trossen arm (33 candidates, hulls of 67-194 vertices; its
 #: gripper fingers, the pair in contact, go to the 8-pair group of hulls up to 96
 #: vertices): step 957 and 934 -> 487 and 465 us per world-step, the step's compile
-#: 11.4 and 10.7 -> 15.4 and 14.5 s CPU (float32, batch 64, settled states,
+#: 11.4 and 10.7 -> 15.4 and 14.5 s wall (float32, batch 64, settled states,
 #: alternating separate processes). Small groups are left whole: mjx_convex's three
 #: mesh-mesh pairs split 1 + 2 compiled 9 s longer and ran no faster (its pair in
 #: contact in the larger part)
