@@ -468,37 +468,48 @@ def _ball_vertices(n=24, r=0.07):
     return r * p * [1.0, 0.9, 0.8]
 
 
-# six free copies of the hexahedron and a 24-vertex ball: 21 mesh-mesh candidates,
-# 15 of two 8-vertex hulls and 6 with the ball
+# five free copies of the hexahedron, a 14-vertex ball and a 24-vertex one: 21
+# mesh-mesh candidates, 10 of two 8-vertex hulls, 5 of a hexahedron and the small ball,
+# 6 with the large ball
 _MESH_BUCKET_SCENE = _MESH_CHUNK_SCENE.replace(
-    '</asset>', '<mesh name="ball" vertex="%s"/></asset>' % " ".join(
-        f"{x:.6f}" for x in _ball_vertices().ravel())).replace(
+    '</asset>', ''.join('<mesh name="%s" vertex="%s"/>' % (name, " ".join(
+        f"{x:.6f}" for x in _ball_vertices(n, r).ravel()))
+        for name, n, r in (("ball", 24, 0.07), ("bead", 14, 0.05))) + '</asset>').replace(
     '<body><freejoint/><geom type="mesh" mesh="hex"/></body>' * 7,
-    '<body><freejoint/><geom type="mesh" mesh="hex"/></body>' * 6 +
+    '<body><freejoint/><geom type="mesh" mesh="hex"/></body>' * 5 +
+    '<body><freejoint/><geom type="mesh" mesh="bead"/></body>'
     '<body><freejoint/><geom type="mesh" mesh="ball"/></body>')
 
 
 def test_mesh_group_buckets(monkeypatch):
     """A mesh-mesh group of at least ``MESH_BUCKET_MIN`` (set to 16) candidates splits
-    by hull size: the 15 pairs of 8-vertex hulls (at most half the ball's 24 vertices)
-    form a group of their own, the 6 with the ball another, in MuJoCo's pair order each. The
-    contacts (counts, geoms, depths, positions, frames, in MuJoCo's order) equal the
-    unsplit group's to 1e-12 (a pair's own contacts by depth, as in
+    by hull size, again within its smaller part: the 6 pairs with the 24-vertex ball,
+    then (at most 3/4 of 14 vertices) the 10 pairs of 8-vertex hexahedra apart from the
+    5 of a hexahedron and the 14-vertex bead, three groups in MuJoCo's pair order each.
+    The contacts (counts, geoms, depths, positions, frames, in MuJoCo's order) equal
+    the unsplit group's to 1e-12 (a pair's own contacts by depth, as in
     test_mesh_group_chunks), and the counts and depths MuJoCo's, in worlds where pairs
-    of both groups touch."""
+    of two groups touch."""
     from mujoco_oracle import model_from_mujoco
     monkeypatch.setattr(pairs, "MESH_BUCKET_MIN", 16)
+    monkeypatch.setattr(pairs, "MESH_BUCKETS", 3)
     monkeypatch.setattr(pairs, "_CACHE", {})
     mjm = mujoco.MjModel.from_xml_string(_MESH_BUCKET_SCENE)
     mjd = mujoco.MjData(mjm)
     m = model_from_mujoco(mjm)
     mesh = (GeomType.MESH, GeomType.MESH)
-    groups = [g for g in driver.plan(m).groups if getattr(g.fn, "types", None) == mesh]
-    ball = int(np.flatnonzero(np.asarray(m.geom_dataid) == 1)[0])
     p = driver.plan(m)
-    assert [len(g.cand) for g in groups] == [15, 6]
-    assert not np.isin([p.g1[groups[0].cand], p.g2[groups[0].cand]], ball).any()
-    assert np.all((p.g1[groups[1].cand] == ball) | (p.g2[groups[1].cand] == ball))
+    groups = [g for g in p.groups if getattr(g.fn, "types", None) == mesh]
+    did = np.asarray(m.geom_dataid)
+    ball = int(np.flatnonzero(did == 1)[0])
+    bead = int(np.flatnonzero(did == 2)[0])
+    assert sorted(len(g.cand) for g in groups) == [5, 6, 10]
+
+    def members(g):
+        return set(p.g1[g.cand]) | set(p.g2[g.cand])
+    by_len = {len(g.cand): members(g) for g in groups}
+    assert ball in by_len[6] and ball not in by_len[5] | by_len[10]
+    assert bead in by_len[5] and bead not in by_len[10]
     for g in groups:
         assert np.all(np.diff(p.rank[g.cand]) > 0)
     rng = np.random.default_rng(5)
@@ -524,8 +535,12 @@ def test_mesh_group_buckets(monkeypatch):
     monkeypatch.setattr(pairs, "_CACHE", {})
     assert sum(getattr(g.fn, "types", None) == mesh for g in driver.plan(m).groups) == 1
     ref, rorder = collide()
-    touching = [{tuple(sorted(g)) for g in np.asarray(got.contact.geom[i])[
+    group_of = {}
+    for k, g in enumerate(groups):
+        for a, b in zip(p.g1[g.cand], p.g2[g.cand]):
+            group_of[(int(a), int(b))] = k
+    touching = [{group_of[tuple(g)] for g in np.asarray(got.contact.geom[i])[
         np.asarray(got.contact.valid[i])].tolist()} for i in range(len(qs))]
-    assert any(any(ball in g for g in t) and any(ball not in g for g in t)
-               for t in touching)
+    assert any(len(t) >= 2 for t in touching)
+    assert set().union(*touching) == {0, 1, 2}
     _assert_same_contacts(got, order, ref, rorder)

@@ -300,30 +300,35 @@ def plan(m) -> Plan:
     return p
 
 
-#: in a mesh-mesh SAT group of at least MESH_BUCKET_MIN candidates, the pairs whose
-#: largest hull has at most MESH_BUCKET_FRACTION of the vertices of the group's largest
-#: hull run as a group of their own, their tables padded to their own meshes (0: one
-#: group per collider). The Trossen arm (33 candidates, hulls of 67-194 vertices; its
-#: gripper fingers, the pair in contact, go to the 8-pair group of hulls up to 96
-#: vertices): step 957 and 934 -> 487 and 465 us per world-step, the step's compile
-#: 11.4 and 10.7 -> 15.4 and 14.5 s wall (float32, batch 64, settled states,
-#: alternating separate processes). Small groups are left whole: mjx_convex's three
-#: mesh-mesh pairs split 1 + 2 compiled 9 s longer and ran no faster (its pair in
-#: contact in the larger part)
-MESH_BUCKET_FRACTION = 0.5
+#: a mesh-mesh SAT group of at least MESH_BUCKET_MIN candidates splits by hull size:
+#: the pairs whose larger hull has at most MESH_BUCKET_FRACTION of the vertices of the
+#: largest hull among them form a group of their own, their tables padded to their own
+#: meshes, and so again among those, up to MESH_BUCKETS groups (0 fraction: one group
+#: per collider). The Trossen arm (33 candidates, hulls of 67-194 vertices): 23 pairs up
+#: to 194 vertices, 9 up to 99 and the gripper fingers (67 each), the pair in contact,
+#: alone. Float32, batch 64, settled states, alternating separate processes: one group
+#: -> two (fraction 1/2, at most two groups) step 957 and 934 -> 487 and 465 us per
+#: world-step, compile 11.4 and 10.7 -> 15.4 and 14.5 s wall; two -> three (three runs
+#: each) collision 542, 405, 414 -> 354, 214, 229 us, step 681, 476, 589 -> 371, 478,
+#: 430 us, compile 19.1, 17.2, 17.6 -> 24.1, 23.5, 23.6 s wall. Small groups are left
+#: whole: mjx_convex's three mesh-mesh pairs split 1 + 2 compiled 9 s longer and ran no
+#: faster (its pair in contact in the larger part)
+MESH_BUCKET_FRACTION = 0.75
 MESH_BUCKET_MIN = 16
+MESH_BUCKETS = 3
 
 
 def _mesh_buckets(m, g1, g2, groups):
     """The plan's groups as (collider, candidates) pairs, a mesh-mesh SAT group split
-    in two by hull size (:data:`MESH_BUCKET_FRACTION`).
+    by hull size (:data:`MESH_BUCKET_FRACTION`).
 
     Why: a group's hull tables are padded to its largest mesh, and the SAT search's
     cost grows with the padded sizes (face normals against vertices, edges against
     edges): the Trossen arm's gripper fingers (67-vertex hulls), the one pair in
     contact, paid for the shoulder's 194 vertices. The price is one more compile of
-    the collider (several seconds), paid back only where the pairs in contact are
-    among the small ones: so only large groups split."""
+    the collider per group (several seconds), paid back where the pairs in contact are
+    among the small hulls (a robot's fingers and pads, more often than its large link
+    shells): so only large groups split, into three at most."""
     out = []
     for fn, ks in groups.items():
         types = getattr(fn, "types", None)
@@ -335,12 +340,14 @@ def _mesh_buckets(m, g1, g2, groups):
         did = np.asarray(m.geom_dataid)
         ks = np.asarray(ks)
         size = np.maximum(nv[did[g1[ks]]], nv[did[g2[ks]]])
-        small = size <= MESH_BUCKET_FRACTION * size.max()
-        if small.any() and not small.all():
-            out.append((fn, list(ks[small])))
-            out.append((fn, list(ks[~small])))
-        else:
-            out.append((fn, list(ks)))
+        rest = np.ones(len(ks), bool)
+        for _ in range(MESH_BUCKETS - 1):
+            small = rest & (size <= MESH_BUCKET_FRACTION * size[rest].max())
+            if not small.any() or small.sum() == rest.sum():
+                break
+            out.append((fn, list(ks[rest & ~small])))       # the larger hulls
+            rest = small
+        out.append((fn, list(ks[rest])))
     return out
 
 
