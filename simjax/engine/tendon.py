@@ -218,9 +218,8 @@ def _wrap_inside(end, radius):
     z in (0, 1) with A = r/|end0|, B = r/|end1| and G the angle between the end points.
     MuJoCo 4.0's points lie within ~3e-7 rad of the exact root but on no Newton iterate
     of its published loop (tolerance 1e-6 on f) that could be reproduced, so simjax
-    returns the exact root: Newton steps safeguarded by bisection on the bracket
-    (0, 1 - 1e-7) over a fixed number of iterations (f(0) = G > 0; when
-    f(1 - 1e-7) > 0 there is no root and the mid direction is used, as MuJoCo does).
+    returns the exact root (:func:`_inside_root`; f(0) = G > 0; when f(1 - 1e-7) > 0
+    there is no root and the mid direction is used, as MuJoCo does).
 
     Returns (0 or -1, (ax, ay, bx, by)) with both points equal.
     """
@@ -244,38 +243,73 @@ def _wrap_inside(end, radius):
     fail = fail | (cosg < -1 + math.MINVAL)
     default = cosg > 1 - math.MINVAL
     g = _acos(cosg)
-
-    def fun(z):
-        return _asin(A * z) + _asin(B * z) - 2 * _asin(z) + g
-
-    def dfun(z):
-        def inv(c):
-            return 1.0 / math.maximum(math.MINVAL, math.safe_sqrt(1 - z * z * c * c))
-        return A * inv(A) + B * inv(B) - 2 * inv(jnp.ones_like(z))
-
-    hi = jnp.full_like(radius, zinit)
-    default = default | (fun(hi) > 0)
-    lo = jnp.zeros_like(radius)
-
-    def body(carry, _):
-        z, lo, hi = carry
-        f = fun(z)
-        lo = jnp.where(f > 0, z, lo)
-        hi = jnp.where(f > 0, hi, z)
-        df = dfun(z)
-        step = z - f / jnp.where(df < -math.MINVAL, df, -1.0)
-        ok = (df < -math.MINVAL) & (step > lo) & (step < hi)
-        z = jnp.where(f == 0, z, jnp.where(ok, step, 0.5 * (lo + hi)))
-        return (z, lo, hi), None
-
-    (z, _, _), _ = inline.scan(body, (hi, lo, hi), None, length=niter)
+    default = default | (_inside_f(jnp.full_like(radius, zinit), A, B, g) > 0)
+    t = _inside_root(A, B, g, zinit, niter)
+    z = jnp.sin(t)
     use_a = x0 * y1 - y0 * x1 > 0
     vx, vy = _normalize2(jnp.where(use_a, x0, x1), jnp.where(use_a, y0, y1))
-    ang = _asin(z) - jnp.where(use_a, _asin(A * z), _asin(B * z))
+    ang = t - jnp.where(use_a, _asin(A * z), _asin(B * z))
     px = radius * (jnp.cos(ang) * vx - jnp.sin(ang) * vy)
     py = radius * (jnp.sin(ang) * vx + jnp.cos(ang) * vy)
     px, py = jnp.where(default, mx, px), jnp.where(default, my, py)
     return jnp.where(fail, -1.0, 0.0), (px, py, px, py)
+
+
+def _inside_f(z, A, B, g):
+    """The inside wrap's equation asin(A z) + asin(B z) - 2 asin(z) + G."""
+    return _asin(A * z) + _asin(B * z) - 2 * _asin(z) + g
+
+
+def _inside_f_angle(t, A, B, g):
+    """:func:`_inside_f` at z = sin(t), and its derivative in t, (F, dF/dt)."""
+    s, c = jnp.sin(t), jnp.cos(t)
+
+    def term(k):
+        ks = k * s
+        return _asin(ks), k * c / math.maximum(math.MINVAL, math.safe_sqrt(1 - ks * ks))
+    (fa, da), (fb, db) = term(A), term(B)
+    return fa + fb - 2 * t + g, da + db - 2
+
+
+def _inside_root(A, B, g, zinit, niter):
+    """The angle t = asin(z) of the root z of :func:`_inside_f` in (0, zinit) for each
+    segment, (n,). In t the equation is smooth up to the bracket's end, where in z its
+    derivative grows without bound near 1. Newton steps safeguarded by bisection on the
+    bracket (0, asin(zinit)), from its middle, run in a loop until no segment's iterate
+    moves by more than a few ulps (at most ``niter``). Counted in float64 with NumPy:
+    in t, a median of 5 steps, 99% within 11, at most 55 (12904 roots of random A, B in
+    (0.01, 0.999), G in (1e-4, 3.1)); in z from zinit (60 fixed steps before), a median
+    of 9, 10% over 40, up to 60 (3353 roots, A, B in (0.05, 0.95), G in (0.01, 3)).
+    wrap_sidesite (batch 1024, float32): smooth position 32.7 -> 13.5 us per world-step,
+    the corpus survey's rollout 73K -> 167-173K steps/s.
+
+    Its derivative is the implicit one, not the loop's: the loop runs on values without
+    gradient, and the output is its root t* plus the derivative (not the value) of one
+    more Newton step from it, -F(t*)/F'(t*): in A, B and G, -(dF/dtheta)/F' at the root
+    (implicit function theorem). So no loop is on the differentiated path."""
+    As, Bs, gs = (jax.lax.stop_gradient(v) for v in (A, B, g))
+    tol = 4 * jnp.finfo(jnp.result_type(A)).eps
+
+    def body(c):
+        it, t, lo, hi, _ = c
+        f, df = _inside_f_angle(t, As, Bs, gs)
+        lo = jnp.where(f > 0, t, lo)
+        hi = jnp.where(f > 0, hi, t)
+        step = t - f / jnp.where(df < -math.MINVAL, df, -1.0)
+        ok = (df < -math.MINVAL) & (step > lo) & (step < hi)
+        new = jnp.where(f == 0, t, jnp.where(ok, step, 0.5 * (lo + hi)))
+        moving = jnp.any(jnp.abs(new - t) > tol * t)
+        return it + 1, new, lo, hi, moving
+
+    hi = jnp.full_like(As, np.arcsin(zinit))
+    lo = jnp.zeros_like(As)
+    init = (jnp.zeros((), jnp.int32), 0.5 * hi, lo, hi, jnp.ones((), bool))
+    t = inline.while_loop(lambda c: c[4] & (c[0] < niter), body, init)[1]
+    f, df = _inside_f_angle(t, A, B, g)
+    ok = df < -math.MINVAL
+    step = -jnp.where(ok, f / jnp.where(ok, df, -1.0), 0.0)
+    # the step's derivative, not its value (t where the loop stopped short, at niter)
+    return t + (step - jax.lax.stop_gradient(step))
 
 
 def wrap(x0, x1, xpos, xmat, radius, is_cyl, side, has_side):
