@@ -47,6 +47,7 @@ import numpy as np
 from simjax.engine import constraint as C
 from simjax.engine import inline, tables, tree_linalg
 from simjax.engine.data import NISLAND
+from simjax.engine.collision.pairs import resting_rows
 from simjax.engine.math import matvec, reduce_fused, take, where
 from simjax.engine.pgs import _islands, _noslip, _pgs, _row_trees, block_order
 from simjax.engine.solver_cost import Spec, gradient, spec_from_layout, update
@@ -194,6 +195,8 @@ def fwd_constraint(m, d):
             ps = dict(ps, rowisl=rowisl, dofisl=dofisl)
             spec = dataclasses.replace(spec, nisl=nisl)
 
+        if not (m.opt.disableflags & (DisableBit.CONTACT | DisableBit.CONSTRAINT)):
+            spec = dataclasses.replace(spec, resting=resting_rows(m))
         caps = row_capacity(spec)
         if caps[0] + sum(k * dim for k, (_, _, dim) in zip(caps[1], spec.ell)) < nefc:
             rows = gather_rows(spec, ps, caps)

@@ -22,7 +22,9 @@ class Spec:
     """Static structure of the rows: masks (numpy) and elliptic blocks (start, n, dim);
     ``nisl`` the number of constraint islands the primal solvers iterate on separately
     (1: one problem; else the island capacity, rows and dofs in ``p['rowisl']``,
-    ``p['dofisl']``)."""
+    ``p['dofisl']``); ``resting`` the scalar rows of the model's rigid objects resting
+    on static geoms (:func:`~simjax.engine.collision.pairs.resting_rows`; 0 where
+    contacts are off), a floor on the row chunks' size."""
     eq: np.ndarray
     fric: np.ndarray
     ineq: np.ndarray
@@ -30,10 +32,11 @@ class Spec:
     nefc: int
     nv: int
     nisl: int = 1
+    resting: int = 0
 
     def __hash__(self):
         return hash((self.eq.tobytes(), self.fric.tobytes(), self.ell, self.nefc, self.nv,
-                     self.nisl))
+                     self.nisl, self.resting))
 
     def __eq__(self, other):
         return hash(self) == hash(other)

@@ -39,3 +39,38 @@ def test_count_below_matches_searchsorted(n):
     q = np.arange(1, 41, dtype=np.int32)
     got = jax.jit(count_below)(jnp.asarray(cs), jnp.asarray(q))
     np.testing.assert_array_equal(np.asarray(got), np.searchsorted(cs, q, side="left"))
+
+
+_RESTING = """<mujoco><option cone="{cone}"/><worldbody>
+  <geom type="plane" size="5 5 .1" condim="1"/>
+  <body pos="0 0 .2"><freejoint/><geom type="box" size=".1 .1 .1"/></body>
+  <body pos="1 0 .2"><freejoint/><geom type="box" size=".1 .1 .1" condim="1"/></body>
+  <body pos="2 0 .2"><freejoint/><geom type="sphere" size=".1"/></body>
+  <body pos="3 0 .2"><freejoint/><geom type="box" size=".1 .1 .1"/>
+    <geom type="sphere" size=".15" pos="0 0 .1"/></body>
+  <body pos="0 2 .5"><joint type="hinge"/><geom type="capsule" size=".05 .2"/>
+    <body pos="0 0 .5"><joint type="hinge"/><geom type="capsule" size=".05 .2"/></body>
+  </body>
+</worldbody></mujoco>"""
+
+
+@pytest.mark.parametrize("cone,rows", [("pyramidal", 40), ("elliptic", 4)])
+def test_resting_rows_size_chunk_zero(cone, rows):
+    """Rigid objects (trees of one body) on the plane count their largest patch against
+    it (a box 4 contacts: 16 pyramidal rows of condim 3, 4 of condim 1, the pair's
+    condim the larger of the two; a sphere 1 contact: 4 rows; a body of a box and a
+    sphere its box's 16), an articulated arm nothing, elliptic contacts of condim 3
+    nothing (their rows are blocks); chunk 0 holds them."""
+    import dataclasses
+    import simjax
+    from simjax.engine import constraint as C
+    from simjax.engine.collision.pairs import resting_rows
+    from simjax.engine.solver_cost import spec_from_layout
+    from simjax.engine.solver_gather import row_capacity
+    m = simjax.load_model(_RESTING.format(cone=cone))
+    assert resting_rows(m) == rows
+    spec = spec_from_layout(C.data_layout(m, simjax.make_data(m)), m.nv)
+    base = row_capacity(spec)[0]
+    assert base < 40
+    got = row_capacity(dataclasses.replace(spec, resting=rows))[0]
+    assert got == max(base, rows)

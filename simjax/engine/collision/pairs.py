@@ -400,6 +400,35 @@ def _default_split(m) -> dict:
     return out
 
 
+def resting_rows(m) -> int:
+    """Scalar constraint rows (pyramidal or frictionless contacts) of rigid objects,
+    trees of one moving body, resting on static geoms: per body, the largest contact
+    count of one of its pairs against a static geom, times that pair's rows per
+    contact (pyramidal 2 (dim - 1), frictionless 1; elliptic contacts none), summed."""
+    p = plan(m)
+    gb = np.asarray(m.geom_bodyid)
+    root = np.asarray(m.body_rootid)
+    moving = np.asarray(m.body_weldid)[gb] != 0
+    single = moving & (np.bincount(root, minlength=m.nbody)[root[gb]] == 1)
+    elliptic = int(m.opt.cone) == 1
+    per = {}
+    for grp in p.groups:
+        if grp.fn is sdf_pair:
+            # an SDF pair's slots (opt.sdf_initpoints) are no count of resting contacts
+            continue
+        for k in grp.cand:
+            a, b = int(p.g1[k]), int(p.g2[k])
+            if moving[a] == moving[b]:
+                continue
+            g = a if moving[a] else b
+            dim = int(p.dim[k])
+            if not single[g] or (elliptic and dim > 1):
+                continue
+            rows = grp.maxcon * (1 if dim == 1 else 2 * (dim - 1))
+            per[root[gb[g]]] = max(per.get(root[gb[g]], 0), rows)
+    return int(sum(per.values()))
+
+
 def _numeric(m, name) -> int:
     """First value of the model's custom numeric ``name`` as an int, or -1 when absent
     (MJX's ``collision_driver._numeric``)."""
