@@ -358,9 +358,10 @@ def _wrap_inside_where_needed(end, radius, inside):
     """:func:`_wrap_inside` under a ``lax.cond`` that skips it when no segment wraps
     from inside (``inside`` (n,) bool); under ``vmap`` the predicate is made unbatched
     (:func:`~simjax.engine.solver_worlds.any_world`), so the branch stays a branch: it
-    runs for the whole batch when one world needs it. Its 60 Newton steps are a loop of
-    their own, which cost most of the run time of a short batch (arm26's length-range
-    simulation, 12 worlds x 1000 steps: 1.64 -> 0.69 s without it, no segment inside).
+    runs for the whole batch when one world needs it. Its Newton steps are a loop of
+    their own (60 fixed steps when measured), which cost most of the run time of a short
+    batch (arm26's length-range simulation, 12 worlds x 1000 steps: 1.64 -> 0.69 s
+    without it, no segment inside).
     Skipped, its outputs are -1 (no wrap), never selected."""
     def skip(end, radius):
         none = jnp.full_like(radius, -1.0)
