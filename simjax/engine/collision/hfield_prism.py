@@ -23,7 +23,7 @@ import numpy as np
 from simjax.engine import inline
 from simjax.engine.collision import convex as CV
 from simjax.engine.collision.common import (MINVAL, argmax, argmin, cross, dot, normalize,
-                                            safe_norm, sel)
+                                            rot, rot_t, safe_norm, sel)
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.math import clip, where
 from simjax.types import GeomType as GT
@@ -51,9 +51,19 @@ _FIXED_DIRS /= np.linalg.norm(_FIXED_DIRS, axis=1, keepdims=True)
 
 
 # --------------------------------------------------------------------------- supports
+def _top(n, v):
+    """max_k n . v_k over the prism's vertices v (6, 3) for directions n (..., 3),
+    written out: vmapped over prisms and worlds, ``n @ v.T`` was a batched matrix
+    kernel of its own (contraction 3; YNNPACK on CPU), the largest of touch_grid's
+    settled step."""
+    x, y, z = n[..., 0:1], n[..., 1:2], n[..., 2:3]
+    return jnp.max(x * v[:, 0] + y * v[:, 1] + z * v[:, 2], -1)
+
+
 def _support(t, size, vert, mat, pos, d):
-    """World (height-field frame) support point of a geom for directions d (..., 3)."""
-    ld = d @ mat
+    """World (height-field frame) support point of a geom for directions d (..., 3)
+    (the rotations written out, as :func:`_top`)."""
+    ld = rot_t(mat, d)
     if t == GT.SPHERE:
         u, _ = normalize(ld)
         loc = u * size[0]
@@ -77,7 +87,7 @@ def _support(t, size, vert, mat, pos, d):
         loc = vert[argmax(pr)]
     else:
         raise ValueError(t)
-    return loc @ mat.T + pos
+    return rot(mat, loc) + pos
 
 
 # --------------------------------------------------------------------------- prisms
@@ -296,7 +306,7 @@ def _sphere_canon(z, p, dx, dy, base, r):
 def _sep_axes(axes, v, lo):
     """Separation along unit axes (A, 3) of a prism (vertices v) and a shape whose
     minimum projection along each axis is lo (A,): min(shape) - max(prism)."""
-    return lo - jnp.max(axes @ v.T, -1)
+    return lo - _top(axes, v)
 
 
 def _capsule_prism(v, base, a0, a1, r):
@@ -365,7 +375,7 @@ def _mesh_sep(vert, mat, pos, mesh, v, dirs, nfirst):
     rest = jnp.concatenate([dirs[:nfirst], dirs[nfirst + 2 * nf:]])
     hr = dot(convex.mesh_support(vert, mat, pos, -rest), rest)
     hm = jnp.concatenate([hr[:nfirst], off - hface[:, 1], -off - hface[:, 0], hr[nfirst:]])
-    return hm - jnp.max(dirs @ v.T, -1)
+    return hm - _top(dirs, v)
 
 
 def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
@@ -387,7 +397,7 @@ def _convex_prism(t, size, vert, mat, pos, mesh, v, base):
 
     def sep(n):
         b = _support(t, size, vert, mat, pos, -n)
-        return dot(b, n) - jnp.max(n @ v.T, -1)
+        return dot(b, n) - _top(n, v)
 
     s = _mesh_sep(vert, mat, pos, mesh, v, dirs, nrm.shape[0]) if t == GT.MESH else sep(dirs)
     k = argmax(s)
