@@ -373,10 +373,15 @@ def contact_capacity(m) -> int:
     return int(sum(_default_split(m).values()))
 
 
+def _moving(m):
+    """Per geom, whether its body moves (is not welded to the world), (ngeom,) bool."""
+    return np.asarray(m.body_weldid)[np.asarray(m.geom_bodyid)] != 0
+
+
 def _default_split(m) -> dict:
     """Default slots per contact dim (see :func:`contact_capacity`)."""
     p = plan(m)
-    moving = np.asarray(m.body_weldid)[np.asarray(m.geom_bodyid)] != 0
+    moving = _moving(m)
     budget = _numeric(m, "max_contact_points")
     out = {}
     for dim in p.dims:
@@ -408,7 +413,7 @@ def resting_rows(m) -> int:
     p = plan(m)
     gb = np.asarray(m.geom_bodyid)
     root = np.asarray(m.body_rootid)
-    moving = np.asarray(m.body_weldid)[gb] != 0
+    moving = _moving(m)
     single = moving & (np.bincount(root, minlength=m.nbody)[root[gb]] == 1)
     elliptic = int(m.opt.cone) == 1
     per = {}
