@@ -204,8 +204,9 @@ def _polygon_quad(poly, n, tie=0.0):
         a, b, c, d, m, res, ph = s
         nb, nc, nd = (jnp.where(ph == 2, nx(b), b), jnp.where(ph == 1, nx(c), c),
                       jnp.where(ph == 0, nx(d), d))
-        grow = ar(a, nb, nc, nd) > m * (1.0 + tie)
-        m = jnp.where(grow, ar(a, nb, nc, nd), m)
+        area = ar(a, nb, nc, nd)
+        grow = area > m * (1.0 + tie)
+        m = jnp.where(grow, area, m)
         b, c, d = jnp.where(grow, nb, b), jnp.where(grow, nc, c), jnp.where(grow, nd, d)
         res = jnp.where(grow, jnp.stack([a, b, c, d]), res)
         # phase: d grown -> 1; c grown stays 1, else 2; b grown stays 2, else 0

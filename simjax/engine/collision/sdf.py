@@ -65,13 +65,6 @@ from simjax.types import GeomType
 
 MAXVAL = 1e10
 MINVAL = 1e-15
-_LINE_SEARCH = 15     # alpha = 2 * 0.5^k > 1e-4 holds for k <= 14: at most 15 trials
-#: the line searches' trials in a loop that stops at the accepted one, on values without
-#: gradient (:func:`_halvings`), not all 15 run masked: the torus scene's collision
-#: (batch 64, float32, settled states) 2967 -> 2133 us CPU per world-step; its
-#: contacts and, in float64, their depths' and positions' derivatives the same (to
-#: 1.8e-15 at 6 states). False: every trial masked (kept to compare)
-_SEARCH_LOOP = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,41 +232,26 @@ def _pair_fns(s2: Shape, s1: Shape, size2, size1, prm2, prm1, relmat, relpos):
     return collision, collision_grad, intersection, intersection_grad, midsurface_grad
 
 
-def _descend(x, fun, grad, niter, fun_ng=None):
+def _descend(x, fun, grad, niter, fun_ng):
     """stepGradient: ``niter`` steps of backtracking gradient descent; returns the
     final point and its objective value (MAXVAL after a non-finite gradient).
 
-    ``fun_ng``: ``fun`` of inputs without gradient. Given, each step's line search
+    ``fun_ng``: ``fun`` of inputs without gradient. Each step's line search
     (:func:`_halvings`) runs on it in a loop that stops at the first accepted trial,
     and the accepted point is then made once, with gradient, from the trial's step
     size: the same points and derivatives as every trial run and the accepted one
-    selected (the step sizes 2^-k carry no derivative). Without it, the fixed
-    ``_LINE_SEARCH`` trials run masked."""
+    selected (the step sizes 2^-k carry no derivative). That way (all 15 trials run
+    masked) the torus scene's collision took 2967 us CPU per world-step, this way
+    2133 (batch 64, float32, settled states); the contacts and, in float64, their
+    depths' and positions' derivatives were the same (to 1.8e-15 at 6 states)."""
     def step(carry, _):
         x, dist, done = carry
         g = grad(x)
         bad = jnp.any(jnp.isnan(g) | (jnp.abs(g) > MAXVAL))
         dist0 = fun(x)
-        if fun_ng is not None:
-            alpha = _halvings(fun_ng, *jax.lax.stop_gradient((x, g, dist0)))
-            xt = x - alpha * g
-            dt = fun(xt)
-        else:
-            def trial(c, _):
-                alpha, wolfe, xt, dt, searching = c
-                alpha_n, wolfe_n = alpha * 0.5, wolfe * 0.5
-                xn = x - alpha_n * g
-                dn = fun(xn)
-                keep = searching
-                alpha = jnp.where(keep, alpha_n, alpha)
-                wolfe = jnp.where(keep, wolfe_n, wolfe)
-                xt = jnp.where(keep, xn, xt)
-                dt = jnp.where(keep, dn, dt)
-                searching = keep & (alpha > 1e-4) & (dt - dist0 > wolfe)
-                return (alpha, wolfe, xt, dt, searching), None
-            init = (jnp.asarray(2.0, x.dtype), -0.1 * 2.0 * jnp.dot(g, g), x, dist0,
-                    jnp.asarray(True))
-            (_, _, xt, dt, _), _ = inline.scan(trial, init, None, length=_LINE_SEARCH)
+        alpha = _halvings(fun_ng, *jax.lax.stop_gradient((x, g, dist0)))
+        xt = x - alpha * g
+        dt = fun(xt)
         # no improvement: keep the previous point and stop (MuJoCo 4.0 behaviour)
         worse = dist0 < dt
         stop = done | bad | worse
@@ -289,17 +267,15 @@ def _descend(x, fun, grad, niter, fun_ng=None):
 def _halvings(fun, x, g, dist0):
     """The step size (2 halved k times) at which stepGradient's backtracking line
     search from ``x`` along ``-g`` stops: the first trial that meets the Armijo
-    condition (constant 0.1), or alpha at 1e-4 (at most ``_LINE_SEARCH`` trials). A
-    loop that stops there (under vmap, when every point has: the trials past it were
-    run masked before, 15 a step)."""
+    condition (constant 0.1), or the first alpha at or below 1e-4 (2 * 0.5^k > 1e-4
+    for k <= 14: at most 15 trials). A loop that stops there (under vmap, when every
+    point has)."""
     def trial(c):
-        alpha, wolfe, _, n = c
+        alpha, wolfe, _ = c
         alpha, wolfe = alpha * 0.5, wolfe * 0.5
-        searching = (alpha > 1e-4) & (fun(x - alpha * g) - dist0 > wolfe)
-        return alpha, wolfe, searching, n + 1
-    init = (jnp.asarray(2.0, x.dtype), -0.1 * 2.0 * jnp.dot(g, g), jnp.asarray(True),
-            jnp.zeros((), jnp.int32))
-    return inline.while_loop(lambda c: c[2] & (c[3] < _LINE_SEARCH), trial, init)[0]
+        return alpha, wolfe, (alpha > 1e-4) & (fun(x - alpha * g) - dist0 > wolfe)
+    init = (jnp.asarray(2.0, x.dtype), -0.1 * 2.0 * jnp.dot(g, g), jnp.asarray(True))
+    return inline.while_loop(lambda c: c[2], trial, init)[0]
 
 
 def make_frame(normal):
@@ -343,8 +319,6 @@ def collide_pair(s1: Shape, s2: Shape, pos1, mat1, pos2, mat2, aabb1, aabb2, siz
     # the objectives of the inputs without gradient, for the line searches' loops
     col_ng, _, inter_ng, _, _ = _pair_fns(s2, s1, *jax.lax.stop_gradient(
         (size2, size1, params2, params1, r21, p21)))
-    if not _SEARCH_LOOP:
-        col_ng = inter_ng = None
 
     def one(x):
         x, _ = _descend(x, col, col_g, niter, col_ng)
