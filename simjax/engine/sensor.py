@@ -655,14 +655,24 @@ def _write(m, d, ids, vals):
     return math.take(jnp.concatenate([vals.astype(d.sensordata.dtype), d.sensordata]), src)
 
 
+def _geom_distances(m, d, groups):
+    """{type: values} of the stage's geom distance sensors, the three types' geom pairs
+    measured together (sensor_geom.geom_distance_groups); {} without them."""
+    from simjax.engine import sensor_geom
+    geom = [(t, ids) for t, ids in groups if t in sensor_geom.TYPES]
+    return sensor_geom.geom_distance_groups(m, d, geom) if geom else {}
+
+
 def _stage(m, d, stage, values_fn):
     if m.opt.disableflags & DisableBit.SENSOR or not m.nsensor:
         return d
     p = plan(m)
     dtype = d.qpos.dtype
     ids_all, vals_all = [], []
+    ready = _geom_distances(m, d, p.groups[stage])
     for t, ids in p.groups[stage]:
-        vals = values_fn(m, d, t, ids).reshape(-1).astype(dtype)
+        vals = ready[t] if t in ready else values_fn(m, d, t, ids)
+        vals = vals.reshape(-1).astype(dtype)
         ids_all.append(ids)
         vals_all.append(_cutoff(m, ids, vals, dtype))
     if ids_all:

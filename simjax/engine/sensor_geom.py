@@ -12,7 +12,7 @@ Per pair, as MuJoCo 4.0 does:
 - pairs MuJoCo collides with mjc_Convex or mjc_BoxBox (ellipsoids, cylinders, meshes,
   box-box, and spheres/capsules against those): GJK distance with the witness points
   as the segment (:mod:`simjax.engine.collision.gjk`, native CCD); penetrating pairs
-  (MuJoCo's EPA) take their depth and segment from the deepest contact of simjax's
+  (MuJoCo's EPA) take their depth and segment from the single contact of simjax's
   convex collider (the same penetration, found by separating axes);
 - the other pairs (plane-*, sphere-sphere/capsule/cylinder/box, capsule-capsule/box):
   the pair's collision function with the cutoff as margin, its deepest contact.
@@ -92,7 +92,11 @@ def _ccd(m, d, g1, g2, cutoff):
     dist, x1, x2, status = jax.vmap(one)(p1, m1, s1, p2, m2, s2, cutoff)
     flip = t1 > t2
     a, b = (g2, g1) if flip else (g1, g2)
+    # the single-contact form (MuJoCo's mjc_Convex without multi-contact: EPA's witness
+    # points, as mj_geomDistance's): the same depth as the patch's deepest contact,
+    # without the patch code to compile
     fn = convex.CONVEX[(min(t1, t2), max(t1, t2))]
+    fn = convex.SINGLE.get(fn, fn)
     pre = _collide(m, d, fn, a, b, jnp.zeros_like(cutoff))
     pen, pen_ft = jax.vmap(lambda p, c: _deepest(p, c, flip))(pre, cutoff)
     sep = status == 0
@@ -184,11 +188,11 @@ def _values(m, d, ids):
             jnp.where(take[:, None], fromto[pick], 0.0))
 
 
-def geom_distance_sensor(m, d, t, ids):
-    """Values of the geom distance sensors ``ids`` of type ``t`` (GEOMDIST (1,),
-    GEOMNORMAL (3,) unit or zero, GEOMFROMTO (6,) per sensor, world frame, length
-    units), concatenated."""
-    dist, fromto = _values(m, d, ids)
+#: the sensor types measured here
+TYPES = (SensorType.GEOMDIST, SensorType.GEOMNORMAL, SensorType.GEOMFROMTO)
+
+
+def _format(t, dist, fromto):
     if t == SensorType.GEOMDIST:
         return dist
     if t == SensorType.GEOMNORMAL:
@@ -196,3 +200,26 @@ def geom_distance_sensor(m, d, t, ids):
         n, _ = math.normalize(v)
         return jnp.where(jnp.any(v != 0, axis=1, keepdims=True), n, 0.0).reshape(-1)
     return fromto.reshape(-1)
+
+
+def geom_distance_sensor(m, d, t, ids):
+    """Values of the geom distance sensors ``ids`` of type ``t`` (GEOMDIST (1,),
+    GEOMNORMAL (3,) unit or zero, GEOMFROMTO (6,) per sensor, world frame, length
+    units), concatenated."""
+    return _format(t, *_values(m, d, ids))
+
+
+def geom_distance_groups(m, d, groups):
+    """{type: values} of the geom distance sensors in ``groups`` ((type, ids) pairs, as
+    :func:`geom_distance_sensor`), their geom pairs measured together: one collider and
+    one GJK instance per pair kind for all three sensor types (one per type and kind
+    compiled each; tests/engine/sensor_models/geomdist.xml's forward compiled in 52 s
+    that way, 7 pair kinds shared by the three types)."""
+    ids = np.concatenate([np.asarray(i) for _, i in groups])
+    dist, fromto = _values(m, d, ids)
+    out, k = {}, 0
+    for t, i in groups:
+        n = len(i)
+        out[t] = _format(t, dist[k:k + n], fromto[k:k + n])
+        k += n
+    return out
