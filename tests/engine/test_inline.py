@@ -96,3 +96,34 @@ def test_scan_builds_uniform_constants_inside():
     for a, b in zip(jax.tree_util.tree_leaves(jax.jit(inside)(c0)),
                     jax.tree_util.tree_leaves(jax.jit(plain)(c0))):
         np.testing.assert_array_equal(a, b)
+
+
+def test_scan_body_equations_copied(monkeypatch):
+    """``consts_inside`` copies the traced body's equations into the scan's trace (no
+    second evaluation of its jaxpr); the scan's body, its gradient and its values are
+    those of the evaluated copy."""
+    table, zeros = np.array([1.0, 2.0, 5.0]), np.zeros(3)
+
+    def body(c, x):
+        return jnp.sin(c * table + zeros) * x, jnp.sum(c)
+
+    def traced():
+        # a new function each time: jax caches traces by function
+        def run(c):
+            return inline.inlined(lambda c: inline.scan(body, c, jnp.arange(1.0, 4.0),
+                                                        consts_inside=True))(c)
+        return (str(jax.make_jaxpr(run)(c0)), jax.jit(run)(c0),
+                jax.grad(lambda c: run(c)[0].sum())(c0))
+    c0 = jnp.array([0.3, -0.2, 0.7])
+    evaluated = []
+    real = jax.core.eval_jaxpr
+    monkeypatch.setattr(jax.core, "eval_jaxpr",
+                        lambda *a, **k: evaluated.append(1) or real(*a, **k))
+    copied = traced()
+    assert not evaluated
+    monkeypatch.setattr(inline, "COPY_EQUATIONS", False)
+    again = traced()
+    assert evaluated and again[0] == copied[0]
+    for a, b in zip(jax.tree_util.tree_leaves(copied[1:]),
+                    jax.tree_util.tree_leaves(again[1:])):
+        np.testing.assert_array_equal(a, b)
