@@ -37,6 +37,8 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
+from simjax.engine import inline
+
 # --------------------------------------------------------------------------- rules
 # A rule takes (equation, operand values, their batched flags, batch size) with batched
 # values carrying the batch as their last axis, and returns (output(s), batched
@@ -459,7 +461,7 @@ def batch_minor(fn):
         flat, tree = jax.tree_util.tree_flatten(args)
         closed, out_shape = trace(
             tree, [jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) for x in flat])
-        out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat)
+        out = inline._replay(closed.jaxpr, closed.consts, flat)
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), out)
 
     @call.def_vmap

@@ -544,7 +544,7 @@ def _hoisted(fn, arg):
     def g(a, *hoisted):
         it = iter(hoisted)
         full = [next(it) if t else c for c, t in zip(consts, traced)]
-        out = jax.core.eval_jaxpr(closed.jaxpr, full, *jax.tree_util.tree_leaves(a))
+        out = inline._replay(closed.jaxpr, full, jax.tree_util.tree_leaves(a))
         return jax.tree_util.tree_unflatten(out_tree, out)
 
     return g, [c for c, t in zip(consts, traced) if t]
