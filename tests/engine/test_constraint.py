@@ -184,6 +184,7 @@ def test_data_rows_checked_against_the_model_options(bit):
     for model, data in ((off, simjax.make_data(m)), (m, simjax.make_data(off))):
         with pytest.raises(ValueError, match="constraint rows.*make_data"):
             simjax.step(model, data)
-    d = simjax.step(off, simjax.make_data(off))
+    # (jitted: op by op, each of the solver's loops compiled on its own took longer)
+    d = jax.jit(simjax.step)(off, simjax.make_data(off))
     assert np.isfinite(np.asarray(d.qacc)).all()
     assert (int(d.nefc) > 0) if bit == "LIMIT" else (int(d.nefc) == 0)
