@@ -160,30 +160,66 @@ COPY_EQUATIONS = True
 
 def _replay(jaxpr, consts, args):
     """``jaxpr``'s outputs for ``consts`` and ``args`` in the trace being built: its
-    equations copied in (jax's own inlining of a jit, ``inline_jaxpr_into_trace``: no
-    abstract evaluation, no rule lookups per equation), or evaluated again with
-    ``eval_jaxpr`` where the current trace is not a jaxpr trace (or with
-    :data:`COPY_EQUATIONS` off). Used by :func:`_consts_inside`, the solver's loops
-    (solver_worlds._hoisted) and batch_minor's calls. The bench's RK4 ant
+    equations copied in (:func:`_copy_equations`: no abstract evaluation, no rule
+    lookups per equation), or evaluated again with ``eval_jaxpr`` where the current
+    trace is not a jaxpr trace (or with :data:`COPY_EQUATIONS` off, or where a jax
+    version lacks the internals the copy uses). Used by :func:`_consts_inside`, the
+    solver's loops (solver_worlds._hoisted) and batch_minor's calls. The bench's RK4 ant
     (jit(vmap(fori_loop of 4 steps)), 1024 worlds, float32; fresh processes, 4
     alternated pairs): trace 0.69-0.79 -> 0.62-0.66 s wall, lowering and XLA within
-    their noise; the humanoid and shadow hand within noise (their solver loops run
-    under vmap's rule, where the body is batched, not copied). The lowered program is
-    the same up to the order of its constants; outputs bit-identical (float32,
+    their noise; in one process, 6 alternated rounds, with the equations' own source
+    locations: trace 0.78 -> 0.67 s CPU (medians), lowering 0.29 -> 0.27. The humanoid
+    and shadow hand within noise (their solver loops run under vmap's rule, where the
+    body is batched, not copied). The optimised program is the same but for its
+    numbering (instructions, source frames); outputs bit-identical (float32,
     float64)."""
     from jax._src import core as jcore
-    from jax._src import source_info_util
     from jax._src.interpreters import partial_eval as pe
     trace = getattr(getattr(jcore, "trace_ctx", None), "trace", None)
     if not (COPY_EQUATIONS and isinstance(trace, getattr(pe, "DynamicJaxprTrace", ()))
-            and hasattr(pe, "inline_jaxpr_into_trace")):
-        # (also where a jax version lacks these internals)
+            and hasattr(trace, "emit_eqn") and hasattr(pe, "try_constant_folding")):
         return jax.core.eval_jaxpr(jaxpr, consts, *args)
+    return _copy_equations(trace, jaxpr, consts, args)
+
+
+def _copy_equations(trace, jaxpr, consts, args):
+    """jax's ``inline_jaxpr_into_trace`` (how jax inlines a jit's jaxpr), except that
+    each equation keeps its own source location (its traceback; its name stack under
+    the caller's), as ``eval_jaxpr`` keeps it: jax's version gives every copied
+    equation the caller's, which left the RK4 ant's optimised program 453 distinct
+    stack frames instead of 1535 (the kernels' attribution in bench/profiling.py and in
+    profiler traces)."""
+    from jax._src import core as jcore
+    from jax._src import effects
+    from jax._src import source_info_util
+    from jax._src.interpreters import partial_eval as pe
     src = source_info_util.current()
-    tracers = [trace.to_jaxpr_tracer(x, src) for x in (*consts, *args)]
-    closed = pe.convert_constvars_jaxpr(jaxpr)
-    out = pe.inline_jaxpr_into_trace(trace, src, closed, (), *tracers)
-    return [trace.to_jaxpr_tracer(x, src) for x in out]
+    env = dict(zip([*jaxpr.constvars, *jaxpr.invars],
+                   [trace.to_jaxpr_tracer(x, src) for x in (*consts, *args)]))
+
+    def read(x, where):
+        if isinstance(x, jcore.Literal):
+            return pe.DynamicJaxprTracer(trace, x.aval, x, where)
+        return env[x]
+
+    for eqn in jaxpr.eqns:
+        where = eqn.source_info.replace(
+            name_stack=src.name_stack + eqn.source_info.name_stack)
+        ins = [read(v, where) for v in eqn.invars]
+        avals = [v.aval for v in eqn.outvars]
+        folded = pe.try_constant_folding(eqn.primitive, ins, eqn.params, avals)
+        if folded is not None:
+            outs = [trace.new_const(c, source_info=where, aval=a)
+                    for c, a in zip(folded, avals)]
+        else:
+            effs = ({e.replace(env[e.input].val)
+                     if isinstance(e, effects.JaxprInputEffect) else e
+                     for e in eqn.effects} if eqn.effects else eqn.effects)
+            outs = trace.emit_eqn(ins, avals, eqn.primitive, eqn.params, effs, where,
+                                  eqn.ctx)
+        for v, t in zip(eqn.outvars, outs):
+            env.setdefault(v, t)
+    return [trace.to_jaxpr_tracer(read(v, src), src) for v in jaxpr.outvars]
 
 
 #: whether :func:`scan` builds a body's uniform constants inside where asked

@@ -121,6 +121,14 @@ def test_scan_body_equations_copied(monkeypatch):
                         lambda *a, **k: evaluated.append(1) or real(*a, **k))
     copied = traced()
     assert not evaluated
+    # each copied equation keeps its own source location (the body's line), as
+    # eval_jaxpr's
+    scan = next(e for e in jax.make_jaxpr(lambda c: inline.inlined(
+        lambda c: inline.scan(body, c, jnp.arange(1.0, 4.0), consts_inside=True))(c))(
+            c0).jaxpr.eqns if e.primitive.name == "scan")
+    sin = next(e for e in scan.params["jaxpr"].jaxpr.eqns if e.primitive.name == "sin")
+    names = [f.function_name for f in sin.source_info.traceback.frames]
+    assert any(n.endswith("<locals>.body") for n in names), str(names)
     monkeypatch.setattr(inline, "COPY_EQUATIONS", False)
     again = traced()
     assert evaluated and again[0] == copied[0]
