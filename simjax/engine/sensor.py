@@ -469,9 +469,6 @@ def _pos_values(m, d, t, ids):
         return d.subtree_com[oi]
     if t == S.INSIDESITE:
         return _insidesite(m, d, ids)
-    if t in (S.GEOMDIST, S.GEOMNORMAL, S.GEOMFROMTO):
-        from simjax.engine import sensor_geom
-        return sensor_geom.geom_distance_sensor(m, d, t, ids)
     if t == S.E_POTENTIAL:
         return jnp.broadcast_to(support.energy_pos(m, d), (len(ids),))
     if t == S.E_KINETIC:
@@ -744,9 +741,11 @@ def compute(m, d, ids):
             d = smooth.subtree_vel(m, d)
         if st == Stage.ACC and types & set(_NEEDS_RNEPOST):
             d = rne_post_constraint(m, d)
-        for t in sorted(types):
-            tids = sel[stype[sel] == t]
-            vals = fn(m, d, SensorType(t), tids).reshape(-1).astype(dtype)
+        groups = [(SensorType(t), sel[stype[sel] == t]) for t in sorted(types)]
+        ready = _geom_distances(m, d, groups)
+        for t, tids in groups:
+            vals = ready[t] if t in ready else fn(m, d, t, tids)
+            vals = vals.reshape(-1).astype(dtype)
             parts.append(_cutoff(m, tids, vals, dtype))
             order.append(tids)
     if not parts:

@@ -202,18 +202,12 @@ def _format(t, dist, fromto):
     return fromto.reshape(-1)
 
 
-def geom_distance_sensor(m, d, t, ids):
-    """Values of the geom distance sensors ``ids`` of type ``t`` (GEOMDIST (1,),
-    GEOMNORMAL (3,) unit or zero, GEOMFROMTO (6,) per sensor, world frame, length
-    units), concatenated."""
-    return _format(t, *_values(m, d, ids))
-
-
 def geom_distance_groups(m, d, groups):
-    """{type: values} of the geom distance sensors in ``groups`` ((type, ids) pairs, as
-    :func:`geom_distance_sensor`), their geom pairs measured together: one collider and
-    one GJK instance per pair kind for all three sensor types (one per type and kind
-    before). With the single-contact collider for penetration (:func:`_ccd`), the
+    """{type: values} of the geom distance sensors in ``groups`` ((type, ids) pairs):
+    GEOMDIST (1,), GEOMNORMAL (3,) unit or zero, GEOMFROMTO (6,) per sensor, world
+    frame, length units, concatenated. Their geom pairs are measured together: one
+    collider and one GJK instance per pair kind for all three sensor types (one per
+    type and kind before). With the single-contact collider for penetration (:func:`_ccd`), the
     forward of tests/engine/sensor_models/geomdist.xml (float32, fresh processes, 2
     each) compiled in 26-29 s against 48-56 s."""
     ids = np.concatenate([np.asarray(i) for _, i in groups])
