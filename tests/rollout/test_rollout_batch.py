@@ -206,30 +206,37 @@ def test_auto_threads():
 
 def test_bench_backend_keeps_chunks():
     """The bench's simjax backend steps its batch as chunks at once and keeps them cut
-    between calls; its steps equal one program's over the batch."""
+    between calls; each world steps (and differentiates) as the chunk program steps it
+    in any batch. The reference is that program on a batch that straddles the chunks
+    (worlds 8-23 of 32): one program compiled, not a second one for the whole batch."""
     backends = pytest.importorskip("bench.backends")
     import mujoco
     mjm = mujoco.MjModel.from_xml_path(CARTPOLE)
-    one = backends.SimJax(mjm, 32, 2, CARTPOLE, 0, threads=1)
     two = backends.SimJax(mjm, 32, 2, CARTPOLE, 0, threads=2)
     assert two.threads == 2 and [c.qpos.shape[0] for c in two.chunks] == [16, 16]
-    for b in (one, two):
-        b.compile()
-        b.run()
-        b.run()
+
+    def middle(d):
+        return jax.tree_util.tree_map(lambda x: x[8:24], d)
+    ref = middle(two.data)
+    two.compile()
+    two.run()
+    two.run()
+    for _ in range(2):
+        ref = two._compiled(ref)
     joined = concat_batch(two.chunks)
-    np.testing.assert_allclose(joined.qpos, one.data.qpos, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(joined.qvel, one.data.qvel, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(joined.qpos[8:24], ref.qpos, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(joined.qvel[8:24], ref.qvel, rtol=0, atol=1e-12)
     # the worlds differ, so a swap of the chunks would show
     assert float(jnp.max(jnp.abs(joined.qpos[0] - joined.qpos[-1]))) > 1e-4
-    # the gradient over the chunks: each world's own, as over the whole batch
-    for b in (one, two):
-        b.compile_grad()
-    loss, grad = one._compiled_grad(one.data.qvel, one.data)
+    # the gradient over the chunks: each world's own, whatever batch it is in
+    two.compile_grad()
     parts = [two._compiled_grad(c.qvel, c) for c in two.chunks]
-    np.testing.assert_allclose(jnp.concatenate([p[0] for p in parts]), loss, rtol=1e-12)
-    np.testing.assert_allclose(jnp.concatenate([p[1] for p in parts]), grad, rtol=0,
-                               atol=1e-12)
+    mid = middle(joined)
+    loss, grad = two._compiled_grad(mid.qvel, mid)
+    np.testing.assert_allclose(jnp.concatenate([p[0] for p in parts])[8:24], loss,
+                               rtol=1e-12)
+    np.testing.assert_allclose(jnp.concatenate([p[1] for p in parts])[8:24], grad,
+                               rtol=0, atol=1e-12)
     assert two.run_grad() > 0 and two.memory_grad() is not None
 
 
