@@ -116,7 +116,7 @@ import numpy as np
 from simjax.engine import inline
 from simjax.engine.math import clip
 from simjax.engine.collision import gjk
-from simjax.engine.collision.chunked import batch_max
+from simjax.engine.collision.chunked import _run_or_skip, batch_max
 from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot, normalize,
                                             one, sel)
 # static hull tables (convex_hull.py) and box/mesh multi-contact (convex_polytope.py);
@@ -576,7 +576,19 @@ def _gjk_apart(t1, g1, t2, g2, n, s, margin):
         n_out = jnp.where(found, n + jax.lax.stop_gradient(ng - n), n)
         return n_out, 0.5 * (x1 + x2), found
     need = batch_max(((s > 0) & (s < margin)).astype(jnp.int32)) > 0
-    return jax.lax.cond(need, run, lambda: (n, jnp.zeros_like(n), jnp.zeros((), bool)))
+    skip = lambda types: (n, jnp.zeros_like(n), jnp.zeros((), bool))  # noqa: E731
+    if _APART_AS_CALL:
+        # GJK in its branch as a jit call, batched once under vmap, not twice
+        return _run_or_skip(need, run, skip)
+    return jax.lax.cond(need, run, lambda: skip(None))
+
+
+#: :func:`_gjk_apart`'s GJK branch through :func:`chunked._run_or_skip` (a ``jax.jit``
+#: call in the branch, which jax batches once under vmap; read at trace time). False:
+#: GJK's equations in the branch itself, which jax batches twice (kept to compare).
+#: The pusher's step traced at batch 64 under cProfile: _gjk_apart 0.79 and 0.85 ->
+#: 0.70 and 0.71 s; outputs bit-identical
+_APART_AS_CALL = True
 
 
 def _capsule_witness(g, n, a, b):
