@@ -30,7 +30,8 @@ MINVAL = 1e-15
 #: made, kept to compare). vmap batches a loop body again for every round in which an
 #: unbatched initial value is found batched in it (here the simplex, its weights and
 #: the flags: a second round). The pusher's step traced at batch 64, under cProfile:
-#: the apart pairs' GJK (convex._gjk_apart) 1.87 -> 0.79 s; its forward's trace
+#: the apart pairs' GJK (convex._gjk_apart) 1.09-1.40 -> 0.82-1.55 s (medians 1.24 ->
+#: 0.92, 5 fresh processes each); its forward's trace
 #: (fresh processes, 3 pairs) 1.77-1.97 -> 1.70-1.84 s CPU; the geom distance sensor
 #: scene (tests/engine/sensor_models/geomdist.xml, 23 pair kinds) forward at batch 64
 #: 18.2 and 17.6 -> 15.9 and 16.5 s CPU; outputs bit-identical
