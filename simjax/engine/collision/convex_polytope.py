@@ -15,7 +15,7 @@ import numpy as np
 from simjax.engine import inline
 from simjax.engine.math import clip
 from simjax.engine.solver_gather import cumcount
-from simjax.engine.solver_worlds import any_world
+from simjax.engine.solver_worlds import any_world, batched_like
 from simjax.engine.collision.common import (Pre, argmax, cross, dot, normalize, one,
                                             safe_norm, first_where as _first)
 from simjax.types import GeomType as GT
@@ -222,6 +222,9 @@ def _polygon_quad(poly, n, tie=0.0):
 
     i0 = jnp.asarray(0, jnp.int32)
     st = (i0, i0 + 1, i0 + 2, i0 + 3, ar(0, 1, 2, 3), jnp.arange(4, dtype=jnp.int32), i0)
+    # under vmap every value batched from the start: the body batched once, not again
+    # for the indices found batched in it
+    st = batched_like(st, jax.lax.stop_gradient(n))
     return inline.while_loop(lambda s: s[0] < n, body, st)[5]
 
 
