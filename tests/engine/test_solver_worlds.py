@@ -267,3 +267,32 @@ def test_live_loop_lazy(lazy, shared_nact, monkeypatch):
                 for w in range(size)]
         np.testing.assert_allclose(np.asarray(got[0]), want, rtol=1e-6)
         np.testing.assert_array_equal(np.asarray(got[1]), cap)
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_batched_like_batches_every_vmap_level(nested, monkeypatch):
+    """A loop whose start is made batched_like its input is batched in one round of
+    the carry fixpoint at every vmap level (two nested vmaps, as a collider's pairs
+    inside the batch's worlds); with batched_like at the innermost level only
+    (_NESTED False) the outer level takes a second round; without it, both do. The
+    values are the same either way."""
+    from simjax.engine import inline
+    from simjax.engine import solver_worlds as R
+    rounds = pytest.importorskip("bench.profile_batching").rounds
+    monkeypatch.setattr(R, "_NESTED", nested)
+
+    def walk(x, start):
+        init = (jnp.zeros(()), jnp.zeros(3))
+        if start:
+            init = R.batched_like(init, x)
+        return inline.fori_loop(0, 4, lambda i, c: (c[0] + x[0], c[1] * 0.5 + x), init)
+
+    x = jnp.arange(12.0).reshape(2, 2, 3)
+    for start in (True, False):
+        fn = jax.vmap(jax.vmap(lambda v, s=start: walk(v, s)))
+        found = rounds(fn, x)
+        assert sum(v[1] for v in found.values()) == 2        # batched at both levels
+        most = [v[0] for v in found.values()]
+        assert most == ([1] if start and nested else [2]), (start, nested, found)
+        ref = jax.vmap(jax.vmap(lambda v: walk(v, False)))(x)
+        np.testing.assert_array_equal(jax.jit(fn)(x)[1], ref[1])
