@@ -207,9 +207,9 @@ def geom_distance_groups(m, d, groups):
     GEOMDIST (1,), GEOMNORMAL (3,) unit or zero, GEOMFROMTO (6,) per sensor, world
     frame, length units, concatenated. Their geom pairs are measured together: one
     collider and one GJK instance per pair kind for all three sensor types (one per
-    type and kind before). With the single-contact collider for penetration (:func:`_ccd`), the
-    forward of tests/engine/sensor_models/geomdist.xml (float32, fresh processes, 2
-    each) compiled in 26-29 s against 48-56 s."""
+    type and kind before). With the single-contact collider for penetration
+    (:func:`_ccd`), the forward of tests/engine/sensor_models/geomdist.xml (float32,
+    fresh processes, 2 each) compiled in 26-29 s against 48-56 s."""
     ids = np.concatenate([np.asarray(i) for _, i in groups])
     dist, fromto = _values(m, d, ids)
     out, k = {}, 0

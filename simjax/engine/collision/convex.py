@@ -575,12 +575,15 @@ def _gjk_apart(t1, g1, t2, g2, n, s, margin):
         # stopped iteration does not give)
         n_out = jnp.where(found, n + jax.lax.stop_gradient(ng - n), n)
         return n_out, 0.5 * (x1 + x2), found
+
+    def skip(types=None):       # (_run_or_skip passes run's output types: unused)
+        return n, jnp.zeros_like(n), jnp.zeros((), bool)
+
     need = batch_max(((s > 0) & (s < margin)).astype(jnp.int32)) > 0
-    skip = lambda types: (n, jnp.zeros_like(n), jnp.zeros((), bool))  # noqa: E731
     if _APART_AS_CALL:
         # GJK in its branch as a jit call, batched once under vmap, not twice
         return _run_or_skip(need, run, skip)
-    return jax.lax.cond(need, run, lambda: skip(None))
+    return jax.lax.cond(need, run, skip)
 
 
 #: :func:`_gjk_apart`'s GJK branch through :func:`chunked._run_or_skip` (a ``jax.jit``
