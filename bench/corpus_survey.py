@@ -90,6 +90,9 @@ def main():
                     help="chunks of the batch at once (default: as simjax.rollout_batch)")
     args = ap.parse_args()
     models = args.models.split(",") if args.models else _models()
+    sys.path.insert(0, ROOT)
+    from bench.run import cpu_model
+    print(f"processor: {cpu_model()}, {os.cpu_count()} cores")
     print(f"{'model':60s} {'simjax':>9s} {'C':>9s} {'simjax/C':>8s} {'compile':>8s}")
     for rel in models:
         code = _CHILD.format(root=ROOT, path=os.path.join(CORPUS, rel), batch=args.batch,

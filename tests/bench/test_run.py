@@ -77,3 +77,19 @@ def test_simjax_threads_option_and_note(monkeypatch, tmp_path, argv, threads):
     meta = dict(device="d", cpu="c", jax="0", mujoco="4", date="x", command="c")
     one = [_row("ant", 64, "simjax", sps=1.0)]
     assert "chunk(s) at once" not in run.markdown(one, meta)
+
+
+def test_cpu_model_names_the_processor(tmp_path, monkeypatch):
+    """The report names the processor (/proc/cpuinfo's model name on Linux): runs on
+    two kinds of processor are not comparable."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n"
+                    "model name\t: Intel(R) Xeon(R)  Processor @ 2.80GHz\n")
+    real_open = open
+
+    def fake_open(path, *a, **kw):
+        return real_open(info if path == "/proc/cpuinfo" else path, *a, **kw)
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert run.cpu_model() == "Intel(R) Xeon(R) Processor @ 2.80GHz"
+    info.write_text("processor\t: 0\n")
+    assert run.cpu_model() == (run.platform.processor() or run.platform.machine())

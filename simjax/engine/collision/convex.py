@@ -99,11 +99,10 @@ Differences from MuJoCo (deliberate or not yet implemented):
 - The refine can stop short of the optimum where sep(n) has a ridge it does not step
   along (it steps along a capsule's, cylinder's or box's, and a mesh's between its
   four best support vertices) or in another local optimum: an ellipsoid deep in a
-  mesh hull (1 of 120 random deep poses, 1.4e-3 too deep), a sphere against a mesh
-  hull whose nearest feature is an edge or a vertex (shadow hand object on finger
-  meshes: 1.1e-5 too deep, normal 0.03 rad off, in 2 of 5 such contacts; MuJoCo's GJK
-  is exact there), and deep random capsule-cylinder overlaps with several local
-  optima (3 of 108 poses off by up to 3.6e-3 in depth).
+  mesh hull (1 of 120 random deep poses, 1.4e-3 too deep) and deep random
+  capsule-cylinder overlaps with several local optima (3 of 108 poses off by up to
+  3.6e-3 in depth). (Spheres against meshes, once among these, now take the exact
+  distance of convex_sphere.py.)
 """
 from __future__ import annotations
 
