@@ -3,7 +3,8 @@ profile_contact --compile-stages / --attribute."""
 import jax
 import jax.numpy as jnp
 
-from bench.profiling import compile_stats, hlo_attribution, hlo_stats
+from bench.profiling import (compile_stats, hlo_attribution, hlo_stats,
+                             runtime_attribution)
 
 
 def _loop(x):
@@ -39,3 +40,27 @@ def test_hlo_attribution_keys_unframed_kernels_by_opcode():
     assert stage["(no source frame: copy)"] >= 1, stage
     unframed = [k for k in stage if "test_profiling." not in k]
     assert all(k.startswith("(no source frame: ") for k in unframed), stage
+
+
+def _heavy(x):
+    return jnp.cumsum(jnp.sin(x) * jnp.cos(x), axis=-1)
+
+
+def _two_parts(x):
+    return _heavy(x) + jax.lax.fori_loop(0, 3, lambda i, c: c * 2 + 1, x)
+
+
+def test_runtime_attribution_charges_traced_kernels_to_functions():
+    """The profiler's kernel events are charged to the functions of the package on the
+    kernels' stacks (the loop's own event left out: its kernels are events too)."""
+    fn = jax.jit(jax.vmap(_two_parts))
+    x = jnp.ones((64, 256))
+    compiled = fn.lower(x).compile()
+    spent, count = runtime_attribution(compiled, (x,), nrun=2, package="tests")
+    assert spent and set(spent) == set(count)
+    assert all(v >= 0 for v in spent.values())
+    keys = " ".join(spent)
+    assert "test_profiling._heavy" in keys, spent
+    # the loop body's kernels run 3 times a call
+    loop = [k for k in count if "<lambda>" in k or "_two_parts" in k]
+    assert loop and max(count[k] for k in loop) >= 3, count
