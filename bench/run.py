@@ -82,7 +82,7 @@ def cpu_model():
     """The processor's model name (Linux: /proc/cpuinfo's "model name", e.g. "AMD EPYC
     ..." or "Intel(R) Xeon(R) ..."), else ``platform.processor()`` or the machine type.
     Runs on different processors of one kind of machine are not comparable: the same
-    commit's ant rollout ran 0.37x MuJoCo C on a 2-core AMD EPYC and 0.21-0.29x on a
+    commit's ant rollout ran 0.37x MuJoCo C on a 2-core AMD EPYC and 0.21-0.31x on a
     2-core Intel Xeon (Ice Lake), its compile 3.3 s against 4.0-5.5 s."""
     try:
         with open("/proc/cpuinfo") as f:
