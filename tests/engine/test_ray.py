@@ -15,7 +15,7 @@ import pytest
 import simjax
 from mujoco_oracle import model_from_mujoco
 from sensor_helpers import assert_sensors_match, oracle
-from simjax.engine import fwd_position, make_data, ray
+from simjax.engine import make_data, ray, smooth
 
 TOL = 1e-11
 SIZE = (1.2, 0.8, 0.5, 0.2)
@@ -66,7 +66,7 @@ def _mj_rays(mjm, mjd, pnt, vec):
 
 
 def _compare(m, mjm, mjd, pnt, vec):
-    d = jax.jit(fwd_position)(m, make_data(m))
+    d = jax.jit(smooth.kinematics)(m, make_data(m))
     fn = jax.jit(lambda p, v: ray.ray(m, d, p, v, np.full(len(pnt), -1)))
     dist, gid, nrm = map(np.asarray, fn(jnp.asarray(pnt), jnp.asarray(vec)))
     ref_dist, ref_gid, ref_nrm = _mj_rays(mjm, mjd, pnt, vec)
@@ -127,7 +127,7 @@ def test_gradient_of_distance():
     """jax.grad of a surface hit's distance with respect to the ray origin matches
     central differences (the hit triangle does not change within the step)."""
     mjm, _, (m, _) = _models(7, 9, True)
-    d = jax.jit(fwd_position)(m, make_data(m))
+    d = jax.jit(smooth.kinematics)(m, make_data(m))
     vec = jnp.asarray([[0.2, -0.1, -1.0]])
 
     @jax.jit
@@ -178,7 +178,7 @@ def test_sdf_rays():
     pnt = tgt + rng.normal(0, 1, (n, 3))
     vec = (tgt - pnt) / np.linalg.norm(tgt - pnt, axis=1, keepdims=True)
     vec[:120] *= rng.uniform(0.5, 2, (120, 1))
-    d = jax.jit(fwd_position)(m, make_data(m))
+    d = jax.jit(smooth.kinematics)(m, make_data(m))
     fn = jax.jit(lambda p, v: ray.ray(m, d, p, v, np.full(n, -1)))
     dist, gid, nrm = map(np.asarray, fn(jnp.asarray(pnt), jnp.asarray(vec)))
     ref_dist, ref_gid, ref_nrm = _mj_rays(mjm, mjd, pnt, vec)
@@ -225,7 +225,7 @@ def test_geomgroup_and_static_filters(geomgroup, flg_static):
     mjd = mujoco.MjData(mjm)
     mujoco.mj_forward(mjm, mjd)
     m = model_from_mujoco(mjm)
-    d = jax.jit(fwd_position)(m, make_data(m))
+    d = jax.jit(smooth.kinematics)(m, make_data(m))
     rng = np.random.default_rng(2)
     n = 300
     tgt = mjd.geom_xpos[rng.integers(1, mjm.ngeom, n)] + rng.normal(0, 0.1, (n, 3))
