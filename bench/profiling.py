@@ -185,6 +185,14 @@ def kernel_ops(text):
             yield op, line, chain(int(sf.group(1))) if sf else []
 
 
+def _package_frames(chain, package):
+    """The frames of ``chain`` (:func:`kernel_ops`) in ``package`` as (module,
+    function), outermost first; modules as ``collision/gjk`` (``engine/`` and ``.py``
+    left out)."""
+    return [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn)
+            for f, fn, _ in chain if package + "/" in f]
+
+
 def no_source_key(op):
     """The attribution key of a kernel whose instruction names no stack frame, by opcode.
 
@@ -231,8 +239,7 @@ def hlo_attribution(text, package="simjax",
     import collections
     stage, leaf = collections.Counter(), collections.Counter()
     for op, _, chain in kernel_ops(text):
-        frames = [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn)
-                  for f, fn, _ in chain if package in f]
+        frames = _package_frames(chain, package)
         st = next((f"{mod}.{fn}" for mod, fn in frames
                    if not any(mod.endswith(s) or s.endswith(mod) for s in skip_modules)),
                   None)
@@ -257,19 +264,12 @@ def runtime_attribution(compiled, args, nrun=5, depth=1, package="simjax"):
     by these figures, and time changes by CPU time (:func:`cpu_time`): a function
     whose kernels run many times (a loop of row updates) is overstated."""
     import collections
-    text = compiled.as_text()
-    chain = _stack_frames(text)
     where = {}
-    for line in text.splitlines():
-        mt = _INSTR.match(line)
-        if not mt or mt.group(2) in ("while", "conditional", "call"):
-            continue
-        sf = re.search(r"stack_frame_id=(\d+)", line)
-        frames = [(f.split(package + "/")[-1][:-3].replace("engine/", ""), fn)
-                  for f, fn, _ in (chain(int(sf.group(1))) if sf else [])
-                  if package + "/" in f]
-        where[mt.group(1)] = " < ".join(
-            f"{mod}.{fn}" for mod, fn in frames[::-1][:depth]) or "(none)"
+    for op, line, chain in kernel_ops(compiled.as_text()):
+        if op not in ("while", "conditional", "call"):
+            where[_INSTR.match(line).group(1)] = " < ".join(
+                f"{mod}.{fn}" for mod, fn in _package_frames(chain, package)[::-1][:depth]
+            ) or "(none)"
     spent, count = collections.Counter(), collections.Counter()
     for e in traced_events(lambda a: compiled(*a), args, nrun):
         # ("end: <kernel>" events, the completion of some kernels, are not counted)
