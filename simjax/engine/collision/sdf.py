@@ -243,7 +243,11 @@ def _descend(x, fun, grad, niter, fun_ng):
     selected (the step sizes 2^-k carry no derivative). That way (all 15 trials run
     masked) the torus scene's collision took 2967 us CPU per world-step, this way
     2133 (batch 64, float32, settled states); the contacts and, in float64, their
-    depths' and positions' derivatives were the same (to 1.8e-15 at 6 states)."""
+    depths' and positions' derivatives were the same (to 1.8e-15 at 6 states). A step
+    skipped by a conditional where every point of the batch had stopped
+    (``solver_worlds.any_world``) gained nothing: the torus scene's 4-step rollout
+    (batch 64, float32, settled states, paired in one process, Intel Xeon) 1.078 [0.93,
+    1.225] of the time without it, 8 rounds."""
     def step(carry, _):
         x, dist, done = carry
         g = grad(x)
