@@ -433,7 +433,16 @@ def collide_pairs(m, d, g1, g2):
     mesh, :func:`simjax.engine.collision.mesh_sdf.collide_pair`), so the program grows
     with the number of kinds, not of pairs. Returns ``(dist (n, k), pos (n, k, 3),
     frame (n, k, 3, 3), valid (n, k))`` with k = :func:`slots`, rows in the order of
-    the pairs."""
+    the pairs.
+
+    Every pair runs, whether or not it passes the broadphase (the caller drops the
+    contacts of those that do not). Measured and not taken: a kind skipped (a branch
+    on ``chunked.batch_max``) where none of its pairs passes in any world. The torus
+    scene's settled states (MuJoCo's state after 400 steps: 6 of its 12 pairs pass
+    the bounding spheres, none of the 3 torus-plane pairs) gave 0.954 [0.837, 1.273]
+    of the time without it (4-step rollouts, batch 64, float32, 8 paired rounds), the
+    medians of the two 4917 against 4667 us per world-step: no gain seen; float32
+    outputs moved by rounding (qvel 1.5e-8)."""
     g1, g2 = np.asarray(g1, np.int64), np.asarray(g2, np.int64)
     aabb = jnp.asarray(m.geom_aabb).reshape(-1, 6)
     size = jnp.asarray(m.geom_size).reshape(-1, 3)
