@@ -274,9 +274,9 @@ def _halvings(fun, x, g, dist0):
     condition (constant 0.1), or the first alpha at or below 1e-4 (2 * 0.5^k > 1e-4
     for k <= 14: at most 15 trials). A loop that stops there (under vmap, when every
     point has). Points whose descent has stopped still search (their trials are
-    dropped): starting them stopped left the torus scene's step where it was (batch
-    64, float32, settled states: 3922 -> 4280 us CPU per world-step, one measurement
-    each), the loop's length being set by the points still descending."""
+    dropped): starting them stopped gained nothing in one measurement each (the torus
+    scene, batch 64, float32, settled states: 3922 us CPU per world-step without, 4280
+    with)."""
     def trial(c):
         alpha, wolfe, _ = c
         alpha, wolfe = alpha * 0.5, wolfe * 0.5
