@@ -93,6 +93,23 @@ def test_argmax_argmin_read_one_stored_copy():
         np.testing.assert_array_equal(run(pts), ref(jax.vmap(d2)(pts), -1))
 
 
+def test_top_k_as_lax_top_k():
+    """common.top_k (picks by reductions for k <= SMALL_TOPK_MAX) gives lax.top_k's
+    indices: ties to the lower index, -inf padding, NaN as the largest, under two vmaps
+    (a collider's pairs inside the worlds, where lax.top_k is a sort on XLA CPU)."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, size=(4, 5, 67)).astype(np.float32)     # many ties
+    x[:, :, 60:] = -np.inf                                             # padding
+    x[1, 2, 7] = np.nan
+    x[2, 0, :] = -np.inf                                               # all padding
+    for k in (1, 3, 4, 6):
+        ours = jax.jit(jax.vmap(jax.vmap(partial(C.top_k, k=k))))(x)
+        ref = jax.vmap(jax.vmap(lambda r: jax.lax.top_k(r, k)[1]))(x)
+        np.testing.assert_array_equal(ours, ref)
+    with np.testing.assert_raises(ValueError):
+        C.top_k(jnp.zeros(2), 3)
+
+
 def test_first_where():
     """common.first_where: (index, any) of the True entry with the least score, else of
     the first True entry in row-major order; (0, 0) and False when none."""

@@ -117,7 +117,7 @@ from simjax.engine.math import clip
 from simjax.engine.collision import gjk
 from simjax.engine.collision.chunked import _run_or_skip, batch_max
 from simjax.engine.collision.common import (MINVAL, Pre, argmax, argmin, cross, dot, normalize,
-                                            one, sel)
+                                            one, sel, top_k)
 # static hull tables (convex_hull.py) and box/mesh multi-contact (convex_polytope.py);
 # attach_meshes, mesh_table and plane_table are also read from here
 from simjax.engine.collision.convex_hull import (  # noqa: F401
@@ -428,7 +428,7 @@ def _mesh_ridges(t1, g1, t2, g2, n):
             continue
         pr = jnp.where(jnp.arange(g.vert.shape[0]) < g.extra["nvert"],
                        g.vert @ (g.mat.T @ (sgn * n)), -jnp.inf)
-        k = jax.lax.top_k(pr, min(4, g.vert.shape[0]))[1]
+        k = top_k(pr, min(4, g.vert.shape[0]))
         for i in range(k.shape[0]):
             for j in range(i + 1, k.shape[0]):
                 e, _ = normalize((g.vert[k[i]] - g.vert[k[j]]) @ g.mat.T)
@@ -495,7 +495,7 @@ def near_vertices(t, geo, d, k=CORNER_K):
     direction ``d``): those the closest feature toward ``d`` is likely made of."""
     if t == GT.BOX:
         return _box_verts(geo.size) @ geo.mat.T + geo.pos
-    idx = jax.lax.top_k(geo.vert @ (geo.mat.T @ d), min(k, geo.vert.shape[0]))[1]
+    idx = top_k(geo.vert @ (geo.mat.T @ d), min(k, geo.vert.shape[0]))
     return geo.vert[idx] @ geo.mat.T + geo.pos
 
 

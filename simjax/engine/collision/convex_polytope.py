@@ -17,7 +17,7 @@ from simjax.engine.math import clip
 from simjax.engine.solver_gather import cumcount
 from simjax.engine.solver_worlds import any_world, batched_like
 from simjax.engine.collision.common import (Pre, argmax, cross, dot, normalize, one,
-                                            safe_norm, first_where as _first)
+                                            safe_norm, top_k, first_where as _first)
 from simjax.types import GeomType as GT
 
 
@@ -76,7 +76,7 @@ def best3(vert, nvert, u):
     padding) farthest along ``u`` (in vert's frame), best first, and every vertex's
     projection (padding -inf)."""
     pr = jnp.where(jnp.arange(vert.shape[0]) < nvert, vert @ u, -jnp.inf)
-    return jax.lax.top_k(pr, 3)[1], pr
+    return top_k(pr, 3), pr
 
 
 def _feature(poly, u):

@@ -23,7 +23,7 @@ import numpy as np
 from simjax.engine import inline
 from simjax.engine.collision import convex as CV
 from simjax.engine.collision.common import (MINVAL, argmax, argmin, cross, dot, normalize,
-                                            rot, rot_t, safe_norm, sel)
+                                            rot, rot_t, safe_norm, sel, top_k)
 from simjax.engine.collision.primitive import Geom
 from simjax.engine.math import clip, where
 from simjax.types import GeomType as GT
@@ -481,7 +481,7 @@ def _support_feature(t, size, vert, mat, pos, d, tol):
         unique, edge = ~jnp.any(small), jnp.sum(small) == 1
     elif t == GT.MESH:
         pr = jnp.asarray(vert, dt) @ ld
-        k = jax.lax.top_k(pr, 3)[1]
+        k = top_k(pr, 3)
         p0, p1 = vert[k[0]], vert[k[1]]
         unique = pr[k[0]] - pr[k[1]] > tol
         edge = ~unique & (pr[k[1]] - pr[k[2]] > tol)
