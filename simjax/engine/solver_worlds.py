@@ -16,7 +16,12 @@ from simjax.engine import inline
 from simjax.engine.math import reduce_fused, where
 
 
-_WORLD_BLOCK = 128   # worlds per block of :func:`where_needed`
+#: worlds per block of :func:`where_needed`. Blocks of 32 inside the Newton loop's
+#: trips of 128 worlds (each block computed only where one of its worlds needs a new
+#: factor) against one block: the solve alone on settled states (batch 1024, float32,
+#: 10 paired rounds) humanoid 0.989 [0.895, 1.112], ant 0.888 [0.815, 1.342]; blocks of
+#: 64, humanoid 1.025 [0.919, 1.240]: noise, outputs bit-identical
+_WORLD_BLOCK = 128
 
 
 #: whether the batch's work follows the worlds that need it (:func:`where_needed`'s
