@@ -159,9 +159,10 @@ def _clip(ref, kref, nref, inc, kinc, size, margin=0.0):
         # cumcount's triangular products, not jnp.cumsum (two reduce-windows on XLA
         # CPU): the Trossen finger pair's collider 507 -> 430 us per world (float32,
         # batch 64, paired rounds), outputs bit-identical
-        # a scatter (a loop over the rows on XLA CPU); each slot's source row found by
-        # a (slot, row) compare and sum and gathered instead: the Trossen fingers'
-        # mesh-mesh group 3.55x [2.91, 4.65] slower (batch 64, 8 paired rounds)
+        # the write below is a scatter (XLA CPU loops over its rows); finding each
+        # slot's source row by a (slot, row) compare and sum and gathering it instead
+        # made the Trossen fingers' mesh-mesh group 3.55x [2.91, 4.65] slower (batch
+        # 64, 8 paired rounds)
         pos = jnp.where(val, cumcount(val) - 1, 2 * size)
         new = jnp.zeros_like(poly).at[pos].set(pts, mode="drop")
         use = e < kref
