@@ -299,10 +299,10 @@ def _chunked(fn, take, ok, count, most, found, ftype, nrow=None):
 _RANK_MAX = 64
 # Measured and not taken: the key stored (one reduction) before the (n, n) compare,
 # into which XLA fuses the key's producer (the colliders' contact tests, evaluated per
-# entry pair). A profiler trace charged the ant's ranking 8.7 -> 1.5 us per world-step,
-# but the step's CPU time did not move (batch 1024, float32, 12 paired rounds): ant
-# 0.985 [0.910, 1.180], humanoid 1.014 [0.882, 1.505], barkour 0.993 [0.762, 1.200],
-# shadow hand 1.011 [0.926, 1.094]; float32 outputs bit-identical
+# entry pair). A profiler trace (batch 512) charged the ant's ranking 8.7 -> 1.5 us per
+# world-step, but the step's CPU time did not move (batch 1024, float32, 12 paired
+# rounds): ant 0.985 [0.910, 1.180], humanoid 1.014 [0.882, 1.505], barkour 0.993
+# [0.762, 1.200], shadow hand 1.011 [0.926, 1.094]; float32 outputs bit-identical
 
 
 def _first_k_ranked(key, k):
