@@ -22,6 +22,10 @@ position stage, after the velocity stage, before the solver and after the solver
 With --attribute: the whole step compiled once and its kernels attributed, by the stack
 frames in the optimised HLO, to the pipeline stage (first simjax function outside
 forward.py) and to the innermost simjax module (e.g. tree_linalg inside the solver).
+With --ablate-solve R: the whole step against the step whose constraint solve is left
+out (qacc = qacc_smooth, the rows still made), timed alternately for R paired rounds:
+the solve's true share of the step (a profiler trace's per-kernel figures overstate
+small kernels, and --parts runs each stage on the whole Data).
 
 Worlds are settled into contact with MuJoCo C (one world, then jittered copies), so the
 profile runs on resting contact states. Times are process CPU time (time.process_time)
@@ -77,6 +81,8 @@ def main():
                     help="the whole step's kernels attributed to stages and modules")
     ap.add_argument("--skip-step", action="store_true",
                     help="with --compile-stages: do not compile the whole step")
+    ap.add_argument("--ablate-solve", type=int, default=0, metavar="ROUNDS",
+                    help="the step with and without its constraint solve, paired rounds")
     args = ap.parse_args()
     import simjax
     import importlib
@@ -97,6 +103,12 @@ def main():
               f"batch {args.batch}  {dt}")
 
         step1 = lambda dd: forward.step(m, dd)
+        if args.ablate_solve:
+            full, bare = ablate_solve(m, batch, args.ablate_solve)
+            print(f"  step {full:8.2f} us CPU / world-step, without the solve {bare:8.2f}: "
+                  f"the solve {full - bare:.2f} ({(full - bare) / full:.0%}); medians of "
+                  f"{args.ablate_solve} paired rounds")
+            continue
         if args.attribute:
             attribute(m, batch)
             continue
@@ -271,6 +283,30 @@ def compile_stages(m, batch, prefixes=False, whole=True):
             _row(name, compile_stats(jax.vmap(lambda dd, fn=fn: fn(m, dd)), batch))
     if whole:
         _row("whole step", compile_stats(jax.vmap(lambda dd: forward.step(m, dd)), batch))
+
+
+def ablate_solve(m, batch, rounds):
+    """(step, step without the constraint solve): medians of ``rounds`` paired rounds of
+    process CPU microseconds per world-step over ``batch`` (a batched Data). The second
+    program is traced with ``solver.fwd_constraint`` giving qacc = qacc_smooth."""
+    import importlib
+    from simjax.engine import solver
+    forward = importlib.import_module("simjax.engine.forward")
+    size = jax.tree_util.tree_leaves(batch)[0].shape[0]
+    orig = solver.fwd_constraint
+    progs = []
+    for fn in (orig, lambda m_, d: d.replace(qacc=d.qacc_smooth)):
+        solver.fwd_constraint = fn
+        try:
+            progs.append(jax.jit(jax.vmap(lambda dd: forward.step(m, dd)))
+                         .lower(batch).compile())
+        finally:
+            solver.fwd_constraint = orig
+    times = [[], []]
+    for r in range(rounds):
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            times[i].append(1e6 * cpu_time(progs[i], batch) / size)
+    return float(np.median(times[0])), float(np.median(times[1]))
 
 
 def attribute(m, batch, min_leaf=8):
