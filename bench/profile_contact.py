@@ -285,14 +285,12 @@ def compile_stages(m, batch, prefixes=False, whole=True):
         _row("whole step", compile_stats(jax.vmap(lambda dd: forward.step(m, dd)), batch))
 
 
-def ablate_solve(m, batch, rounds):
-    """(step, step without the constraint solve): medians of ``rounds`` paired rounds of
-    process CPU microseconds per world-step over ``batch`` (a batched Data). The second
-    program is traced with ``solver.fwd_constraint`` giving qacc = qacc_smooth."""
+def ablate_programs(m, batch):
+    """The batched step compiled twice for ``batch`` (a batched Data): as it is, and with
+    ``solver.fwd_constraint`` giving qacc = qacc_smooth (the solver restored after)."""
     import importlib
     from simjax.engine import solver
     forward = importlib.import_module("simjax.engine.forward")
-    size = jax.tree_util.tree_leaves(batch)[0].shape[0]
     orig = solver.fwd_constraint
     progs = []
     for fn in (orig, lambda m_, d: d.replace(qacc=d.qacc_smooth)):
@@ -302,6 +300,14 @@ def ablate_solve(m, batch, rounds):
                          .lower(batch).compile())
         finally:
             solver.fwd_constraint = orig
+    return progs
+
+
+def ablate_solve(m, batch, rounds):
+    """(step, step without the constraint solve, :func:`ablate_programs`): medians of
+    ``rounds`` paired rounds of process CPU microseconds per world-step over ``batch``."""
+    size = jax.tree_util.tree_leaves(batch)[0].shape[0]
+    progs = ablate_programs(m, batch)
     times = [[], []]
     for r in range(rounds):
         for i in ((0, 1) if r % 2 == 0 else (1, 0)):

@@ -198,10 +198,11 @@ def pick3(v, i):
 SHORT_ARG = 16
 
 
-def _first(x, best):
+def _first(x, best, among=None):
     """Index of the first entry of ``x`` (last axis) equal to ``best`` (its minimum or
-    maximum, kept dims) or NaN: jnp.argmin / jnp.argmax exactly (a NaN counts as the
-    extreme), as two plain reductions, provided both read the same values: ``x`` must be
+    maximum, kept dims) or NaN, among the entries where ``among`` (a mask like ``x``;
+    None: all): jnp.argmin / jnp.argmax exactly (a NaN counts as the extreme), as two
+    plain reductions, provided both read the same values: ``x`` must be
     stored (:func:`once`, a reduction's output, an argument), not an expression that
     XLA would fuse into both reductions and compute twice (the two kernels may round
     differently, e.g. one contracts a multiply-add and the other not; then no entry
@@ -209,6 +210,8 @@ def _first(x, best):
     a minor axis as a scalar loop, several times slower on long axes."""
     n = x.shape[-1]
     hit = (x == best) | (x != x)
+    if among is not None:
+        hit = hit & among
     iota = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
     i = jnp.min(lax.select(hit, iota, lax.full_like(iota, n)), axis=-1)
     return jnp.minimum(i, n - 1)
@@ -277,10 +280,7 @@ def top_k(x, k):
     out = []
     for _ in range(k):
         xm = lax.select(taken, lax.full_like(x, -jnp.inf), x)
-        best = jnp.max(xm, axis=-1, keepdims=True)
-        hit = ~taken & ((xm == best) | (xm != xm))
-        i = jnp.minimum(jnp.min(lax.select(hit, iota, lax.full_like(iota, n)), axis=-1),
-                        n - 1)
+        i = _first(xm, jnp.max(xm, axis=-1, keepdims=True), ~taken)
         out.append(i)
         taken = taken | (iota == i[..., None])
     return jnp.stack(out, -1)
