@@ -25,8 +25,9 @@ two farthest clipped points; otherwise the single contact of the curved pair.
 Witnesses, depths and normals as
 :func:`simjax.engine.collision.convex_polytope.poly_contacts`.
 
-Quantities set by EPA's iterations in MuJoCo, taken here by rule: whether the
-cylinder's feature spans both caps (CAP_TOL); a support point along the axis (the cap's
+Quantities set by EPA's (or, for geoms apart within the margin, GJK's) iterations in
+MuJoCo, taken here by rule: whether the cylinder's feature spans both caps (CAP_TOL,
+SEP_TOL); a support point along the axis (the cap's
 centre here, a rim point at a rounding-set azimuth in MuJoCo: no side segment then);
 polygonQuad's choice among quadrilaterals of equal area (QUAD_TIE).
 """
@@ -44,6 +45,14 @@ from simjax.types import GeomType as GT
 #: the axis, 2h: the cylinder's length): MuJoCo 4.0.0's EPA separates the caps' support
 #: points only above this (measured: |c| ~7.5e-6 for 2h = 0.2, ~4.2e-6 for 2h = 0.6)
 CAP_TOL = 1.1e-11
+#: geoms apart (within the margin): the feature spans both caps when
+#: |c| * 2h * dist < SEP_TOL, the two rims' difference in distance times the distance.
+#: MuJoCo 4.0.0 then stops GJK, not EPA, and GJK keeps both rims only below this
+#: (measured on a cylinder lying on another's cap, 1 mm to 8 mm apart with margin 0.01:
+#: products up to 3e-13 gave the side line's 2 contacts, from 1.2e-12 one rim point; the
+#: switch lies at 5e-13 for radii 0.2 and 0.3, near 1e-12 for radius 0.05). Under
+#: CAP_TOL alone a cylinder tilted by 1e-5 degrees got 2 contacts where MuJoCo gives 1
+SEP_TOL = 6e-13
 #: normal within this cosine of the axis: the support point is the cap's centre here,
 #: a rim point at an azimuth set by EPA's rounding in MuJoCo; no side segment is offered
 AXIS_TOL = 1e-9
@@ -56,12 +65,15 @@ _ANG = -np.arange(16) * np.pi / 8
 _COS, _SIN = np.cos(_ANG), np.sin(_ANG)
 
 
-def _cyl_side(g, u):
-    """Support feature of cylinder ``g`` along world direction ``u``."""
+def _cyl_side(g, u, dist=None):
+    """Support feature of cylinder ``g`` along world direction ``u``; ``dist``: the
+    pair's signed distance (positive: apart, :data:`SEP_TOL`), None: penetrating."""
     dt = g.mat.dtype
     axis = g.mat[:, 2]
     c = dot(u, axis)
     both = c * c * 2 * g.size[1] < CAP_TOL
+    if dist is not None:
+        both = jnp.where(dist > 0, jnp.abs(c) * 2 * g.size[1] * dist < SEP_TOL, both)
     # a feature on both caps starts on the +z rim: c's sign is rounding there (|c| can
     # be ~1e-33), and XLA may evaluate it in several fusions that round differently, so
     # the edge's start and end took opposite signs and the side segment ran off the
@@ -121,10 +133,10 @@ def _capsule_side(g, u, inflate=0.0):
                 ok=jnp.asarray(True), point=jnp.asarray(True), line=jnp.asarray(False))
 
 
-def _side(t, g, u):
+def _side(t, g, u, dist):
     if t == GT.CAPSULE:
         return _capsule_side(g, u)
-    return _cyl_side(g, u) if t == GT.CYLINDER else _poly_side(t, g, u)
+    return _cyl_side(g, u, dist) if t == GT.CYLINDER else _poly_side(t, g, u)
 
 
 def _pad(x, n):
@@ -137,7 +149,7 @@ def cylinder_contacts(t1, g1, t2, g2, n, dist, margin, single=False):
     module docstring). Returns a Pre of 5 slots: the single contact, then up to 4 patch
     contacts (either the first or the others valid); with ``single`` (MuJoCo's
     DisableBit.MULTICCD) a Pre of 1 slot, the single contact."""
-    A, B = _side(t1, g1, n), _side(t2, g2, -n)
+    A, B = _side(t1, g1, n, dist), _side(t2, g2, -n, dist)
     if single:
         return one(dist, _single_contact(t1, g1, A, B, n, dist), n, dist <= margin)
     na, nb = A["fn"], B["fn"]
