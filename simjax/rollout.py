@@ -144,6 +144,11 @@ def _axes_key(model_axes):
     return treedef, tuple(leaves)
 
 
+# Measured and not taken: donating the batch's Data to the program (``donate_argnums``),
+# so that XLA need not copy it into the step loop's carry. On the bench's batched
+# rollout of the ant (jit(vmap(fori_loop(step))), batch 1024, float32, paired in one
+# process) the program's copies went 194 -> 115, but it ran 1.12x [1.07, 1.20] slower
+# over 4 steps a call (8 rounds) and 1.17x [1.00, 1.29] over 16 (6 rounds).
 @functools.lru_cache(maxsize=64)
 def _batched_fn(axes_key, nstep, checkpoint, return_data, mesh):
     """jit(vmap(rollout)) for one configuration; with a mesh, batch-sharded in and out."""
