@@ -12,7 +12,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from engine_helpers import assert_contacts_match, geom_poses
+from engine_helpers import assert_contacts_match, f32, geom_poses
 from mujoco_oracle import model_from_mujoco
 from simjax.engine import io
 from simjax.engine.collision import driver
@@ -186,11 +186,11 @@ def test_cylinder_apart_on_cap():
     """A cylinder lying on a wider cylinder's cap, apart within the margin (1-6 mm,
     margin 0.01): MuJoCo 4.0.0 (GJK) gives the side line's 2 contacts only while the
     two rims' difference in distance times the distance is below about 5e-13
-    (``SEP_TOL``), else one rim point, where the penetrating rule (``CAP_TOL``) kept the
-    line up to tilts of 7e-6. Tilts whose product lies in the band where GJK's choice
-    turns are left out. Counts equal; the rim point to 1e-9 (measured 1.4e-10), the
-    line's ends to 1e-5 (GJK's witnesses along the line: measured 6.1e-6), depths and
-    normals to 1e-9."""
+    (``SEP_TOL``; 2h = 0.2 here), else one rim point, where the penetrating rule
+    (``CAP_TOL``) kept the line up to tilts of 7e-6. Tilts whose product lies in the
+    band where GJK's choice turns are left out. Counts equal; the rim point to 1e-9
+    (measured 1.4e-10), the line's ends to 1e-5 (GJK's witnesses along the line:
+    measured 6.1e-6), depths and normals to 1e-9."""
     xml = """<mujoco><worldbody><geom type="cylinder" size=".5 .1" margin=".01"/>
       <body pos="0 0 1"><freejoint/><geom type="cylinder" size=".2 .1"/></body>
     </worldbody></mujoco>"""
@@ -200,19 +200,46 @@ def test_cylinder_apart_on_cap():
     d0 = io.make_data(m)
     rng = np.random.default_rng(3)
     counts = {1: 0, 2: 0}
-    for c in (0.0, 1e-10, 1e-8, 1e-7, 1e-6, 5e-6):
+    for cz in (0.0, 1e-10, 1e-8, 1e-7, 1e-6, 5e-6):       # cosine of normal and axis
         for gap in (0.001, 0.003, 0.006):
-            if 1.5e-13 < c * 0.2 * gap < 1.5e-12:
+            if 1.5e-13 < cz * 0.2 * gap < 1.5e-12:
                 continue
             q = _qmul(_quat([0, 0, 1], rng.uniform(0, 2 * np.pi)),
-                      _qmul(_quat([1, 0, 0], np.pi / 2 + np.arcsin(c)),
+                      _qmul(_quat([1, 0, 0], np.pi / 2 + np.arcsin(cz)),
                             _quat([0, 0, 1], rng.uniform(0, 2 * np.pi))))
             mjd.qpos[:] = np.r_[rng.uniform(-.1, .1, 2), 0.3 + gap, q]
             mujoco.mj_forward(mjm, mjd)
-            c_ = jax.tree_util.tree_map(np.asarray, _collide(m, geom_poses(d0, mjd)).contact)
-            assert_contacts_match(c_, mjd, 1e-9 if mjd.ncon == 1 else 1e-5, 1e-9, 1e-9)
+            con = jax.tree_util.tree_map(np.asarray,
+                                         _collide(m, geom_poses(d0, mjd)).contact)
+            assert_contacts_match(con, mjd, 1e-9 if mjd.ncon == 1 else 1e-5, 1e-9, 1e-9)
             counts[mjd.ncon] += 1
     assert counts[1] >= 8 and counts[2] >= 6, counts
+
+
+def test_cylinder_apart_on_cap_float32():
+    """The same cylinder lying flat, 5 mm apart (MuJoCo: the line's 2 contacts at every
+    pose), in float32: c's rounding (the direction's, up to about 1.5e-5) stays below
+    ``SEP_EPS`` epsilons, so every pose keeps the line (measured: 7 of 20 with 8
+    epsilons, 0 by ``SEP_TOL`` alone)."""
+    xml = """<mujoco><worldbody><geom type="cylinder" size=".5 .1" margin=".01"/>
+      <body pos="0 0 1"><freejoint/><geom type="cylinder" size=".2 .1"/></body>
+    </worldbody></mujoco>"""
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjd = mujoco.MjData(mjm)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    rng = np.random.default_rng(0)
+    ds = []
+    for _ in range(20):
+        q = _qmul(_quat([0, 0, 1], rng.uniform(0, 2 * np.pi)),
+                  _qmul(_quat([1, 0, 0], np.pi / 2), _quat([0, 0, 1], rng.uniform(0, 7))))
+        mjd.qpos[:] = np.r_[rng.uniform(-.1, .1, 2), 0.305, q]
+        mujoco.mj_forward(mjm, mjd)
+        assert mjd.ncon == 2
+        ds.append(geom_poses(d0, mjd))
+    batch = f32(jax.tree_util.tree_map(lambda *x: jnp.stack(x), *ds))
+    c = jax.jit(jax.vmap(lambda d: driver.collision(f32(m), d)))(batch).contact
+    np.testing.assert_array_equal(np.asarray(c.valid).sum(1), 2)
 
 
 @pytest.mark.slow

@@ -48,11 +48,19 @@ CAP_TOL = 1.1e-11
 #: geoms apart (within the margin): the feature spans both caps when
 #: |c| * 2h * dist < SEP_TOL, the two rims' difference in distance times the distance.
 #: MuJoCo 4.0.0 then stops GJK, not EPA, and GJK keeps both rims only below this
-#: (measured on a cylinder lying on another's cap, 1 mm to 8 mm apart with margin 0.01:
-#: products up to 3e-13 gave the side line's 2 contacts, from 1.2e-12 one rim point; the
-#: switch lies at 5e-13 for radii 0.2 and 0.3, near 1e-12 for radius 0.05). Under
-#: CAP_TOL alone a cylinder tilted by 1e-5 degrees got 2 contacts where MuJoCo gives 1
+#: (measured on a cylinder lying on another's cap, 1 mm to 8 mm apart with margin 0.01,
+#: 4 random poses per tilt and distance: products up to 3e-13 gave the side line's 2
+#: contacts, from 1.5e-12 one rim point, either in between; the switch near 5e-13 for
+#: radii 0.2 and 0.3, near 1e-12 for radius 0.05). Under CAP_TOL alone a cylinder
+#: tilted by 1e-5 degrees got 2 contacts where MuJoCo gives 1. Below c's rounding
+#: (SEP_EPS units of the dtype's epsilon) the feature spans both caps whatever the
+#: distance, so that in float32 a cylinder lying flat keeps its line rather than a rim
+#: point picked by rounding (a body resting in the margin, where MuJoCo's contacts with
+#: a margin hold it, saw its support jump from rim to rim). Measured, float32, 20 flat
+#: poses 5 mm apart (MuJoCo: 2 contacts each): the line kept in 7 with 8 units, 14
+#: with 32, 20 with 128 (19 under CAP_TOL alone); float64's floor is 2.8e-14
 SEP_TOL = 6e-13
+SEP_EPS = 128
 #: normal within this cosine of the axis: the support point is the cap's centre here,
 #: a rim point at an azimuth set by EPA's rounding in MuJoCo; no side segment is offered
 AXIS_TOL = 1e-9
@@ -73,7 +81,9 @@ def _cyl_side(g, u, dist=None):
     c = dot(u, axis)
     both = c * c * 2 * g.size[1] < CAP_TOL
     if dist is not None:
-        both = jnp.where(dist > 0, jnp.abs(c) * 2 * g.size[1] * dist < SEP_TOL, both)
+        sep = ((jnp.abs(c) * 2 * g.size[1] * dist < SEP_TOL)
+               | (jnp.abs(c) < SEP_EPS * jnp.finfo(dt).eps))
+        both = jnp.where(dist > 0, sep, both)
     # a feature on both caps starts on the +z rim: c's sign is rounding there (|c| can
     # be ~1e-33), and XLA may evaluate it in several fusions that round differently, so
     # the edge's start and end took opposite signs and the side segment ran off the
