@@ -300,14 +300,17 @@ def test_shuffle_table_matches_loop():
     the shuffle loop (:func:`pgs._shuffle`, MuJoCo's shuffle_int) reaches, sweep after
     sweep: every island size up to 13 alone, and three islands of 5, 1 and 6 blocks
     (positions 0-4, 5, 6-11) with two inactive blocks after them."""
+    import jax
     import jax.numpy as jnp
+    # compiled once per shape (eager, each call traced its loop again: 16 s)
+    shuffle = jax.jit(pgs._shuffle)
     nmax, sweeps = 13, 7
     table = pgs._shuffle_table(nmax, sweeps)
     for n in range(nmax + 1):
         perm = jnp.arange(nmax, dtype=jnp.int32)
         gen = (jnp.zeros(1, jnp.uint32), jnp.ones(1, jnp.uint32))
         for t in range(1, sweeps + 1):
-            perm, gen = pgs._shuffle(perm, gen, jnp.asarray([n]), jnp.asarray([0]))
+            perm, gen = shuffle(perm, gen, jnp.asarray([n]), jnp.asarray([0]))
             np.testing.assert_array_equal(np.asarray(perm)[:n], table[n, t, :n])
     rng = np.random.default_rng(0)
     perm0 = jnp.asarray(rng.permutation(14), jnp.int32)          # block ids by position
@@ -319,7 +322,7 @@ def test_shuffle_table_matches_loop():
     perm = perm0
     gen = (jnp.zeros(3, jnp.uint32), jnp.ones(3, jnp.uint32))
     for t in range(1, sweeps + 1):
-        perm, gen = pgs._shuffle(perm, gen, nblk, first)
+        perm, gen = shuffle(perm, gen, nblk, first)
         got = shuffled(jnp.int32(t))
         np.testing.assert_array_equal(np.asarray(got), np.asarray(perm))
     assert pgs._shuffle_table(164, 50) is None                  # too large: the loop
