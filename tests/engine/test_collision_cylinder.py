@@ -182,6 +182,31 @@ def test_capsule_lying_on_face(ground, margin):
     assert npatch >= 5 and ntie == 0
 
 
+_CAP_SCENE = """<mujoco><worldbody><geom type="cylinder" size=".5 .1" margin=".01"/>
+  <body pos="0 0 1"><freejoint/><geom type="cylinder" size=".2 .1"/></body>
+</worldbody></mujoco>"""
+
+
+def _lying_on_cap(rng, n, cz, gap):
+    """The cylinder of _CAP_SCENE lying on the other's cap ``gap`` above it, its axis at
+    cosine ``cz`` with the vertical, random spin, heading and place: ``n`` poses as
+    (MuJoCo's data after mj_forward, simjax's Data with MuJoCo's geom poses) and the
+    model (mjm, m)."""
+    mjm = mujoco.MjModel.from_xml_string(_CAP_SCENE)
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m)
+    out = []
+    for _ in range(n):
+        mjd = mujoco.MjData(mjm)
+        q = _qmul(_quat([0, 0, 1], rng.uniform(0, 2 * np.pi)),
+                  _qmul(_quat([1, 0, 0], np.pi / 2 + np.arcsin(cz)),
+                        _quat([0, 0, 1], rng.uniform(0, 2 * np.pi))))
+        mjd.qpos[:] = np.r_[rng.uniform(-.1, .1, 2), 0.3 + gap, q]
+        mujoco.mj_forward(mjm, mjd)
+        out.append((mjd, geom_poses(d0, mjd)))
+    return (mjm, m), out
+
+
 def test_cylinder_apart_on_cap():
     """A cylinder lying on a wider cylinder's cap, apart within the margin (1-6 mm,
     margin 0.01): MuJoCo 4.0.0 (GJK) gives the side line's 2 contacts only while the
@@ -191,26 +216,14 @@ def test_cylinder_apart_on_cap():
     band where GJK's choice turns are left out. Counts equal; the rim point to 1e-9
     (measured 1.4e-10), the line's ends to 1e-5 (GJK's witnesses along the line:
     measured 6.1e-6), depths and normals to 1e-9."""
-    xml = """<mujoco><worldbody><geom type="cylinder" size=".5 .1" margin=".01"/>
-      <body pos="0 0 1"><freejoint/><geom type="cylinder" size=".2 .1"/></body>
-    </worldbody></mujoco>"""
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    mjd = mujoco.MjData(mjm)
-    m = model_from_mujoco(mjm)
-    d0 = io.make_data(m)
     rng = np.random.default_rng(3)
     counts = {1: 0, 2: 0}
     for cz in (0.0, 1e-10, 1e-8, 1e-7, 1e-6, 5e-6):       # cosine of normal and axis
         for gap in (0.001, 0.003, 0.006):
             if 1.5e-13 < cz * 0.2 * gap < 1.5e-12:
                 continue
-            q = _qmul(_quat([0, 0, 1], rng.uniform(0, 2 * np.pi)),
-                      _qmul(_quat([1, 0, 0], np.pi / 2 + np.arcsin(cz)),
-                            _quat([0, 0, 1], rng.uniform(0, 2 * np.pi))))
-            mjd.qpos[:] = np.r_[rng.uniform(-.1, .1, 2), 0.3 + gap, q]
-            mujoco.mj_forward(mjm, mjd)
-            con = jax.tree_util.tree_map(np.asarray,
-                                         _collide(m, geom_poses(d0, mjd)).contact)
+            (_, m), [(mjd, d)] = _lying_on_cap(rng, 1, cz, gap)
+            con = jax.tree_util.tree_map(np.asarray, _collide(m, d).contact)
             assert_contacts_match(con, mjd, 1e-9 if mjd.ncon == 1 else 1e-5, 1e-9, 1e-9)
             counts[mjd.ncon] += 1
     assert counts[1] >= 8 and counts[2] >= 6, counts
@@ -219,25 +232,11 @@ def test_cylinder_apart_on_cap():
 def test_cylinder_apart_on_cap_float32():
     """The same cylinder lying flat, 5 mm apart (MuJoCo: the line's 2 contacts at every
     pose), in float32: c's rounding (the direction's, up to about 1.5e-5) stays below
-    ``SEP_EPS`` epsilons, so every pose keeps the line (measured: 7 of 20 with 8
-    epsilons, 0 by ``SEP_TOL`` alone)."""
-    xml = """<mujoco><worldbody><geom type="cylinder" size=".5 .1" margin=".01"/>
-      <body pos="0 0 1"><freejoint/><geom type="cylinder" size=".2 .1"/></body>
-    </worldbody></mujoco>"""
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    mjd = mujoco.MjData(mjm)
-    m = model_from_mujoco(mjm)
-    d0 = io.make_data(m)
-    rng = np.random.default_rng(0)
-    ds = []
-    for _ in range(20):
-        q = _qmul(_quat([0, 0, 1], rng.uniform(0, 2 * np.pi)),
-                  _qmul(_quat([1, 0, 0], np.pi / 2), _quat([0, 0, 1], rng.uniform(0, 7))))
-        mjd.qpos[:] = np.r_[rng.uniform(-.1, .1, 2), 0.305, q]
-        mujoco.mj_forward(mjm, mjd)
-        assert mjd.ncon == 2
-        ds.append(geom_poses(d0, mjd))
-    batch = f32(jax.tree_util.tree_map(lambda *x: jnp.stack(x), *ds))
+    ``SEP_EPS`` epsilons, so every pose keeps the line (measured on these poses: 8 of
+    20 with 8 epsilons, 16 with 32, 1 by ``SEP_TOL`` alone)."""
+    (_, m), poses = _lying_on_cap(np.random.default_rng(0), 20, 0.0, 0.005)
+    assert all(mjd.ncon == 2 for mjd, _ in poses)
+    batch = f32(jax.tree_util.tree_map(lambda *x: jnp.stack(x), *[d for _, d in poses]))
     c = jax.jit(jax.vmap(lambda d: driver.collision(f32(m), d)))(batch).contact
     np.testing.assert_array_equal(np.asarray(c.valid).sum(1), 2)
 
