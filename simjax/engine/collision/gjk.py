@@ -214,6 +214,15 @@ def _subdistance(simplex, n):
     return jnp.where(n == 4, l4, jnp.where(n == 3, l3, jnp.where(n == 2, l2, l1)))
 
 
+#: the subalgorithm as one ``jax.jit`` (XLA inlines it), traced once per dtype
+#: whatever the pair, where each GJK loop body traced it afresh, and batched once per
+#: batch size (jax caches a call's batching by its jaxpr and axes)
+_SUBDISTANCE_CALL = jax.jit(inline.inlined(_subdistance))
+#: read at trace time; False: the subalgorithm's equations in each loop body (kept to
+#: compare)
+_SUB_AS_CALL = True
+
+
 # ------------------------------------------------------------------ supports
 def _to_local(mat, d):
     return jnp.stack([mat[0, 0] * d[0] + mat[1, 0] * d[1] + mat[2, 0] * d[2],
@@ -304,7 +313,8 @@ def _gjk(sup1, sup2, x1, x2, cutoff, tol, kmax, discrete):
         s = jnp.where(slot[:, None], s_k, st["s"])
         s1 = jnp.where(slot[:, None], v1, st["s1"])
         s2 = jnp.where(slot[:, None], v2, st["s2"])
-        lam = _subdistance(s, n + 1)
+        lam = (inline.outside(_SUBDISTANCE_CALL) if _SUB_AS_CALL else _subdistance)(
+            s, n + 1)
         # drop the vertices with zero weight, keeping the order of the others
         keep = lam != 0
         # slot j takes the j-th kept vertex (one-hot rows, taken by selects)
