@@ -318,14 +318,39 @@ def split_batch(tree, n):
         raise ValueError(f"split_batch: leading sizes {sorted(map(str, sizes))} do not "
                          f"split into {n} equal chunks")
     size = next(iter(sizes)) // n
-    return [jax.tree_util.tree_unflatten(treedef, [x[i * size:(i + 1) * size]
+    return [jax.tree_util.tree_unflatten(treedef, [_rows(x, i * size, (i + 1) * size)
                                                    for x in leaves]) for i in range(n)]
 
 
+def _on_host(x):
+    """Whether ``x`` is a concrete jax array held on CPU devices only."""
+    return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            and x.is_fully_addressable
+            and all(dev.platform == "cpu" for dev in x.devices()))
+
+
+def _rows(x, lo, hi):
+    """Rows lo:hi of the leaf ``x``. A CPU array is cut as a NumPy view and put back
+    (a copy of the rows): sliced by jax, op by op, every leaf shape compiled a program
+    of its own on a batch's first cut (the ant's Data: 107 leaves, 1.18 s at 2 chunks
+    against 0.02 s cut so; 0.05 s either way once compiled)."""
+    if _on_host(x):
+        return jax.device_put(np.asarray(x)[lo:hi], x.sharding)
+    return x[lo:hi]
+
+
 def concat_batch(trees):
-    """The chunks ``trees`` (equal structure) joined along their leading axis."""
+    """The chunks ``trees`` (equal structure) joined along their leading axis: one
+    compiled program for the whole pytree (cached by its structure and shapes; op by op,
+    each leaf shape compiled its own: the ant's Data of 2 chunks 0.89 -> 0.34 s on the
+    first call)."""
     if len(trees) == 1:
         return trees[0]
+    return _concat(list(trees))
+
+
+@jax.jit
+def _concat(trees):
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *trees)
 
 
@@ -451,7 +476,7 @@ def _rollout_chunks(fn, model, data, ctrl, model_axes, n):
             raise ValueError(f"rollout_batch: the batched Model leaves need the leading "
                              f"batch size {size * n}")
         models = [jax.tree_util.tree_map(
-            lambda ax, x, i=i: x if ax is None else x[i * size:(i + 1) * size],
+            lambda ax, x, i=i: x if ax is None else _rows(x, i * size, (i + 1) * size),
             model_axes, model, is_leaf=lambda x: x is None) for i in range(n)]
     outs = concurrent(fn, list(zip(models, datas, ctrls)))
     return concat_batch(outs)

@@ -43,7 +43,7 @@ def test_batch_matches_single_world_rollouts():
     assert traj.qpos.shape == (3, 15, m.nq)
     single = jax.jit(simjax.rollout)
     for i in range(3):
-        ref = single(m, jax.tree_util.tree_map(lambda x: x[i], data), ctrl[i])
+        ref = single(m, jax.tree_util.tree_map(lambda x: np.asarray(x)[i], data), ctrl[i])
         np.testing.assert_allclose(traj.qpos[i], ref.qpos, rtol=0, atol=1e-12)
         np.testing.assert_allclose(traj.qvel[i], ref.qvel, rtol=0, atol=1e-12)
     np.testing.assert_allclose(final.qpos, traj.qpos[:, -1], rtol=0, atol=0)
@@ -167,6 +167,16 @@ def test_concurrent_and_chunks():
     y = jnp.arange(6)
     parts = split_batch((x, y), 3)
     assert [p[0].shape for p in parts] == [(2, 2)] * 3
+    # jax arrays stay jax arrays of their dtype (cut on the host), NumPy ones NumPy views
+    for p, k in zip(parts, range(3)):
+        assert all(isinstance(v, jax.Array) for v in p)
+        assert (p[0].dtype, p[1].dtype) == (x.dtype, y.dtype)
+        np.testing.assert_array_equal(p[1], np.arange(2 * k, 2 * k + 2))
+    host = np.arange(6.0)
+    assert split_batch(host, 2)[1].base is host
+    # the same cut inside a trace (jax's own slices)
+    traced = jax.jit(lambda x: split_batch(x, 3)[2])(x)
+    np.testing.assert_array_equal(traced, x[4:])
     out = concurrent(f, parts)          # the first call with this signature: compiled first
     out2 = concurrent(f, parts)         # then all at once
     # not a jit: the first chunk alone on the first call, then the rest
