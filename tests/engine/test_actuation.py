@@ -192,8 +192,13 @@ def test_body_transmission_on_mujoco_contacts(cone, condim):
                       exclude=jnp.asarray(pad(mjd.contact.exclude), jnp.int32),
                       valid=jnp.asarray(np.arange(n) < mjd.ncon))
     d = make_data(m).replace(qpos=jnp.asarray(mjd.qpos))
-    d = smooth.com_pos(m, smooth.kinematics(m, d))
-    d = actuation.transmission(m, d.replace(contact=con, ncon=jnp.asarray(mjd.ncon)))
+
+    @jax.jit        # (op by op, each operation compiled on its own took longer)
+    def run(d, con):
+        d = smooth.com_pos(m, smooth.kinematics(m, d))
+        return actuation.transmission(m, d.replace(contact=con,
+                                                   ncon=jnp.asarray(mjd.ncon)))
+    d = run(d, con)
     ref = _moment(mjm, mjd)
     assert np.abs(ref).max() > 0.1
     assert rel_err(d.actuator_moment, ref) < 1e-12

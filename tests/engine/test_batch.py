@@ -35,7 +35,7 @@ def test_vmap_worlds_matches_single(humanoid_batch):
     m, batch, out = humanoid_batch
     single = jax.jit(step)
     for i in (0, 5):
-        ref = single(m, jax.tree_util.tree_map(lambda x: x[i], batch))
+        ref = single(m, jax.tree_util.tree_map(lambda x: np.asarray(x)[i], batch))
         np.testing.assert_allclose(out.qpos[i], ref.qpos, atol=1e-12)
         np.testing.assert_allclose(out.qvel[i], ref.qvel, atol=1e-10)
 

@@ -92,8 +92,8 @@ def test_smooth_step_batch_minor_matches_single(path, monkeypatch):
     assert calls, "the batched step did not run batch-minor"
     single = jax.jit(two)
     for i in (0, 5):
-        ref = single(jax.tree_util.tree_map(lambda x: x[i], batch))
-        _assert_trees_close(jax.tree_util.tree_map(lambda x: x[i], out), ref,
+        ref = single(jax.tree_util.tree_map(lambda x: np.asarray(x)[i], batch))
+        _assert_trees_close(jax.tree_util.tree_map(lambda x: np.asarray(x)[i], out), ref,
                             rtol=1e-9, atol=1e-9)
 
 

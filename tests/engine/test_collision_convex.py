@@ -261,18 +261,24 @@ def test_large_mesh_scores_and_memory(nvert):
         t1, t2 = types
         for k in grp.cand:
             g1, g2 = p.g1[k:k + 1], p.g2[k:k + 1]
-            i1, geo1 = narrow._geoms(m, d, g1, slice(None), jnp.float64)
-            i2, geo2 = narrow._geoms(m, d, g2, slice(None), jnp.float64)
-            # the SAT tables (sphere-mesh pairs run convex_sphere at run time)
-            sat = convex._make(convex.convex_convex, t1, t2)
-            geo1, geo2 = convex.attach_meshes(m, sat, geo1, geo2, i1, i2, jnp.float64)
 
-            def one(g):
-                return jax.tree_util.tree_map(lambda x: x[0], g)
+            # (compiled: op by op, each operation compiled on its own took longer)
+            @jax.jit
+            def scores(d, g1=g1, g2=g2, t1=t1, t2=t2):
+                i1, geo1 = narrow._geoms(m, d, g1, slice(None), jnp.float64)
+                i2, geo2 = narrow._geoms(m, d, g2, slice(None), jnp.float64)
+                # the SAT tables (sphere-mesh pairs run convex_sphere at run time)
+                sat = convex._make(convex.convex_convex, t1, t2)
+                geo1, geo2 = convex.attach_meshes(m, sat, geo1, geo2, i1, i2,
+                                                  jnp.float64)
 
-            geo1, geo2 = one(geo1), one(geo2)
-            dirs, s = convex._candidates(t1, geo1, t2, geo2, jnp.zeros(()))
-            want, _, _ = convex._sep(t1, geo1, t2, geo2, dirs)
+                def one(g):
+                    return jax.tree_util.tree_map(lambda x: x[0], g)
+
+                geo1, geo2 = one(geo1), one(geo2)
+                dirs, s = convex._candidates(t1, geo1, t2, geo2, jnp.zeros(()))
+                return s, convex._sep(t1, geo1, t2, geo2, dirs)[0]
+            s, want = scores(d)
             np.testing.assert_allclose(np.asarray(s), np.asarray(want), rtol=0, atol=1e-14)
             seen.add((int(t1), int(t2)))
     assert {(2, 7), (6, 7), (7, 7)} <= seen

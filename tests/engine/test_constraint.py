@@ -181,10 +181,12 @@ def test_data_rows_checked_against_the_model_options(bit):
     m = simjax.load_model(_BOX)
     flag = int(getattr(DisableBit, bit))
     off = m.replace(opt=m.opt.replace(disableflags=m.opt.disableflags | flag))
+    # (jitted: the check is made while the step is traced, where op by op every stage
+    # before the constraint rows ran first, each operation compiled on its own)
+    step = jax.jit(simjax.step)
     for model, data in ((off, simjax.make_data(m)), (m, simjax.make_data(off))):
         with pytest.raises(ValueError, match="constraint rows.*make_data"):
-            simjax.step(model, data)
-    # (jitted: op by op, each of the solver's loops compiled on its own took longer)
-    d = jax.jit(simjax.step)(off, simjax.make_data(off))
+            step(model, data)
+    d = step(off, simjax.make_data(off))
     assert np.isfinite(np.asarray(d.qacc)).all()
     assert (int(d.nefc) > 0) if bit == "LIMIT" else (int(d.nefc) == 0)

@@ -91,7 +91,7 @@ def test_forward_matches_mujoco(rel):
     batch = jax.vmap(lambda st: to_data(base, st))(stacked)
     out = jax.jit(jax.vmap(forward, in_axes=(None, 0)))(m, batch)
     for i in range(NSTATE):
-        d = jax.tree_util.tree_map(lambda x: x[i], out)
+        d = jax.tree_util.tree_map(lambda x: np.asarray(x)[i], out)
         for k in FIELDS:
             err = rel_err(getattr(d, k), ref[i][k])
             assert err < 1e-8, f"{rel} state {i}: {k} differs by {err:.2e}"
@@ -198,7 +198,7 @@ def test_mujoco4_options_set_at_run_time():
             jax.eval_shape(simjax.step, m.replace(opt=m.opt.replace(**opt)), d)
     off = m.replace(opt=m.opt.replace(enableflags=int(EnableBit.SPECULATIVE),
                                       disableflags=int(DisableBit.CONTACT)))
-    out = simjax.step(off, make_data(off))
+    out = jax.jit(simjax.step)(off, make_data(off))
     assert int(out.ncon) == 0 and float(out.time) == m.opt.timestep
 
 
@@ -213,6 +213,9 @@ def test_energy_field_without_the_flag(sensors):
     xml = ('<mujoco><option integrator="{}"/><worldbody><body pos="0 0 1"><joint name="j" '
            'type="hinge" axis="0 1 0" stiffness="3"/><geom type="capsule" fromto="0 0 0 1 '
            '0 0" size=".05"/></body></worldbody><sensor>{}</sensor></mujoco>')
+    # (compiled: op by op, each operation compiled on its own took longer)
+    jstep, jforward, jinverse = (jax.jit(f) for f in (simjax.step, simjax.forward,
+                                                       simjax.inverse))
     for integrator in ("Euler", "RK4", "implicitfast"):
         text = xml.format(integrator, sensors)
         mjm = mujoco.MjModel.from_xml_string(text)
@@ -222,12 +225,12 @@ def test_energy_field_without_the_flag(sensors):
         d = make_data(m).replace(qvel=jnp.asarray([1.0]))
         for _ in range(3):
             mujoco.mj_step(mjm, mjd)
-            d = simjax.step(m, d)
+            d = jstep(m, d)
             np.testing.assert_allclose(np.asarray(d.energy), mjd.energy, atol=1e-12)
         mujoco.mj_forward(mjm, mjd)
-        d = simjax.forward(m, d)
+        d = jforward(m, d)
         np.testing.assert_allclose(np.asarray(d.energy), mjd.energy, atol=1e-12)
         mjd.energy[:] = [7, 8]
         mujoco.mj_inverse(mjm, mjd)
-        d = simjax.inverse(m, d.replace(energy=jnp.asarray([7.0, 8.0])))
+        d = jinverse(m, d.replace(energy=jnp.asarray([7.0, 8.0])))
         np.testing.assert_allclose(np.asarray(d.energy), mjd.energy, atol=1e-12)

@@ -309,7 +309,7 @@ def test_batched_euler_step_matches_single(monkeypatch):
     out = jax.jit(jax.vmap(two))(batch)
     assert calls, "the batched step did not solve on the packed factors"
     for i in (0, 4):
-        ref = jax.jit(two)(jax.tree_util.tree_map(lambda x: x[i], batch))
+        ref = jax.jit(two)(jax.tree_util.tree_map(lambda x: np.asarray(x)[i], batch))
         for (p, x), y in zip(jax.tree_util.tree_leaves_with_path(ref),
                              jax.tree_util.tree_leaves(out)):
             np.testing.assert_allclose(np.asarray(y[i]), np.asarray(x), rtol=1e-9,

@@ -126,7 +126,7 @@ def test_ids_out_of_range_raise():
     xml = ('<mujoco><worldbody><body><joint type="hinge"/><geom size=".1"/>'
            '<site name="s"/></body></worldbody></mujoco>')
     m = simjax.load_model(xml)
-    d = simjax.forward(m, simjax.make_data(m))
+    d = jax.jit(simjax.forward)(m, simjax.make_data(m))
     for fn, bad, what in ((simjax.jac_body, 2, "body"), (simjax.jac_body_com, -1, "body"),
                           (simjax.jac_geom, 1, "geom"), (simjax.jac_site, 1, "site"),
                           (simjax.jac_subtree_com, 5, "body")):
