@@ -44,7 +44,7 @@ from simjax.engine import dcmotor
 from simjax.engine import math
 from simjax.engine.muscle import muscle_bias, muscle_dynamics, muscle_gain  # noqa: F401
 from simjax.engine import tables as tables_mod
-from simjax.engine.data import WARN_BADCTRL, count_warning
+from simjax.engine.data import WARN_BADCTRL, count_warning, put
 from simjax.plugins import engine as plugins
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import BiasType, DisableBit, DynType, GainType, JointType, TrnType
@@ -465,7 +465,7 @@ def initial_ctrl(m, dtype):
         spec = np.asarray(m.actuator_ctrlspec).reshape(-1)
         adr = np.asarray(m.actuator_ctrladr).reshape(-1)
         ctrl[adr[(gain == _GAIN_SO3) & (spec == _CHART_QUAT)]] = 1.0
-    return jnp.asarray(ctrl, dtype)
+    return put(ctrl.astype(dtype))
 
 
 def _disabled_mask(m):

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 
-from simjax.engine.data import EFC_FIELDS, EFC_SCALARS, EFC_SHAPES
+from simjax.engine.data import EFC_FIELDS, EFC_SCALARS, EFC_SHAPES, put
 from simjax.errors import UnsupportedFeatureError
 from simjax.types import ConeType, DisableBit, EqType, JointType
 
@@ -192,10 +191,11 @@ def make_efc(m, contact_dims, ftype):
     out = {}
     for name, shape, kind in EFC_FIELDS:
         shp = (n,) + tuple(m.nv if s == "nv" else s for s in shape)
-        dt = {"f": ftype, "i": jnp.int32, "b": jnp.bool_}[kind]
-        out[name] = jnp.zeros(shp, dt)
-    out["efc_type"] = jnp.asarray(lay.efc_type, jnp.int32)
-    out["efc_id"] = jnp.asarray(lay.efc_id, jnp.int32)
+        dt = {"f": ftype, "i": np.int32, "b": np.bool_}[kind]
+        out[name] = put(np.zeros(shp, dt))
+    out["efc_type"] = put(np.asarray(lay.efc_type, np.int32))
+    out["efc_id"] = put(np.asarray(lay.efc_id, np.int32))
     for name, kind in EFC_SCALARS:
-        out[name] = jnp.zeros(EFC_SHAPES.get(name, ()), {"f": ftype, "i": jnp.int32}[kind])
+        dt = {"f": ftype, "i": np.int32}[kind]
+        out[name] = put(np.zeros(EFC_SHAPES.get(name, ()), dt))
     return out

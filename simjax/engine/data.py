@@ -174,18 +174,28 @@ jax.tree_util.register_dataclass(Contact, data_fields=list(CONTACT_FIELD_NAMES),
                                  meta_fields=["slot_dim"])
 
 
+def put(x):
+    """``jnp.asarray(x)`` (dtype canonicalised as jax does) for a NumPy array or scalar
+    ``x``, put on the default device (a constant inside a trace) without compiling:
+    outside a trace ``jnp.asarray`` and ``jnp.zeros`` compile and run a program per
+    shape and dtype (jax 0.10.2; the humanoid's first make_data in a process compiled
+    47 of them, about 1 s). Anything else (jax arrays, tracers) goes to jnp.asarray."""
+    import jax.numpy as jnp
+    if isinstance(x, (np.ndarray, np.generic)):
+        return jax.device_put(x)
+    return jnp.asarray(x)
+
+
 def make_contact(ncon_max, dims, ftype):
     """An empty Contact buffer with ``ncon_max`` slots; ``dims`` (ncon_max,) the static
     contact dimension of each slot."""
-    import jax.numpy as jnp
-    import numpy as np
     kw = {}
     for name, shape, kind in CONTACT_FIELDS:
-        dt = {"f": ftype, "i": jnp.int32, "b": jnp.bool_}[kind]
-        kw[name] = jnp.zeros((ncon_max,) + shape, dt)
-    kw["dim"] = jnp.asarray(np.asarray(dims, np.int32).reshape(ncon_max))
-    kw["geom"] = jnp.full((ncon_max, 2), -1, jnp.int32)
-    kw["efc_address"] = jnp.full((ncon_max,), -1, jnp.int32)
+        dt = {"f": ftype, "i": np.int32, "b": np.bool_}[kind]
+        kw[name] = put(np.zeros((ncon_max,) + shape, dt))
+    kw["dim"] = put(np.asarray(dims, np.int32).reshape(ncon_max))
+    kw["geom"] = put(np.full((ncon_max, 2), -1, np.int32))
+    kw["efc_address"] = put(np.full((ncon_max,), -1, np.int32))
     return Contact(**kw, slot_dim=tuple(int(x) for x in np.asarray(dims).reshape(ncon_max)))
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from simjax import types
 from simjax.engine import constraint
-from simjax.engine.data import DATA_FIELD_NAMES, DATA_FIELDS, Data, field_shape
+from simjax.engine.data import DATA_FIELD_NAMES, DATA_FIELDS, Data, field_shape, put
 from simjax.engine.support import checked_id
 
 
@@ -104,11 +104,11 @@ def make_data(model, dtype=None, ncon_max=None) -> Data:
     """
     _not_mujoco(model, "Model", "simjax.load_model(path or XML string)")
     ftype = _float_dtype(model, dtype)
-    kw = {name: jnp.asarray(x) for name, x in
+    kw = {name: put(x) for name, x in
           reset_fields(model, DATA_FIELD_NAMES, ftype).items()}
     from simjax.engine.collision import make_contacts
     kw["contact"] = make_contacts(model, ncon_max, ftype)
-    kw["ncon"] = jnp.zeros((), jnp.int32)
+    kw["ncon"] = put(np.zeros((), np.int32))
     kw.update(constraint.make_efc(model, kw["contact"].slot_dim, ftype))
     return Data(**kw)
 
