@@ -323,10 +323,12 @@ def split_batch(tree, n):
 
 
 def _on_host(x):
-    """Whether ``x`` is a concrete jax array held on CPU devices only."""
-    return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-            and x.is_fully_addressable
-            and all(dev.platform == "cpu" for dev in x.devices()))
+    """Whether ``x`` is a concrete jax array held whole on one CPU device (a sharded one
+    is cut by jax, its chunks sharded as jax makes them)."""
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        return False
+    devices = x.devices()
+    return len(devices) == 1 and next(iter(devices)).platform == "cpu"
 
 
 def _rows(x, lo, hi):
