@@ -55,10 +55,10 @@ def _initial_batch(model, batch, seed, noise):
     """Data for ``batch`` worlds: qpos0 with hinge/slide joints perturbed by ``noise``
     (rad or m) and velocities of the same scale, reproducible from ``seed``."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     import simjax
+    from simjax.engine.data import put
     rng = np.random.default_rng(seed)
     d0 = simjax.make_data(model)
     qpos = np.tile(np.asarray(model.qpos0, np.float64), (batch, 1))
@@ -67,8 +67,12 @@ def _initial_batch(model, batch, seed, noise):
         qpos[:, model.jnt_qposadr[j]] += noise * rng.standard_normal(batch)
     qvel = noise * rng.standard_normal((batch, model.nv))
     dt = d0.qpos.dtype
-    return jax.vmap(lambda q, v: d0.replace(qpos=q, qvel=v))(
-        jnp.asarray(qpos, dt), jnp.asarray(qvel, dt))
+    # every leaf repeated in NumPy and put on the device: the batch jax.vmap of
+    # d0.replace gives, whose broadcasts, op by op, compiled a program per leaf shape
+    # (the ant at 1024 worlds: 0.88-1.05 s)
+    batched = jax.tree_util.tree_map(
+        lambda x: put(np.broadcast_to(np.asarray(x), (batch,) + np.shape(x))), d0)
+    return batched.replace(qpos=put(qpos.astype(dt)), qvel=put(qvel.astype(dt)))
 
 
 def _default_cache_dir() -> str:
