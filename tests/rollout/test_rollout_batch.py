@@ -172,6 +172,10 @@ def test_concurrent_and_chunks():
         assert all(isinstance(v, jax.Array) for v in p)
         assert (p[0].dtype, p[1].dtype) == (x.dtype, y.dtype)
         np.testing.assert_array_equal(p[1], np.arange(2 * k, 2 * k + 2))
+    # committed to a device where the batch was, as jax's own slices are
+    assert not any(v.committed for p in parts for v in p)
+    on0 = jax.device_put(x, jax.devices()[0])
+    assert all(p.committed for p in split_batch(on0, 3))
     host = np.arange(6.0)
     assert split_batch(host, 2)[1].base is host
     # the same cut inside a trace (jax's own slices)
