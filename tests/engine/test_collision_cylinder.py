@@ -6,6 +6,8 @@ line) and tilted onto its rim (1 point), at heights around touching; and a free
 capsule lying on a mesh slab or a cylinder's cap (2 points) or tilted (1 point)."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import mujoco
@@ -187,14 +189,20 @@ _CAP_SCENE = """<mujoco><worldbody><geom type="cylinder" size=".5 .1" margin=".0
 </worldbody></mujoco>"""
 
 
+@functools.lru_cache(maxsize=None)
+def _cap_models():
+    """(mjm, m, a Data of m) of _CAP_SCENE, built once for every pose."""
+    mjm = mujoco.MjModel.from_xml_string(_CAP_SCENE)
+    m = model_from_mujoco(mjm)
+    return mjm, m, io.make_data(m)
+
+
 def _lying_on_cap(rng, n, cz, gap):
     """The cylinder of _CAP_SCENE lying on the other's cap ``gap`` above it, its axis at
     cosine ``cz`` with the vertical, random spin, heading and place: ``n`` poses as
     (MuJoCo's data after mj_forward, simjax's Data with MuJoCo's geom poses) and the
     model (mjm, m)."""
-    mjm = mujoco.MjModel.from_xml_string(_CAP_SCENE)
-    m = model_from_mujoco(mjm)
-    d0 = io.make_data(m)
+    mjm, m, d0 = _cap_models()
     out = []
     for _ in range(n):
         mjd = mujoco.MjData(mjm)
