@@ -23,6 +23,7 @@ from simjax.engine import batch_minor
 from simjax.engine import collision
 from simjax.engine import constraint
 from simjax.engine import derivative
+from simjax.engine import eager
 from simjax.engine import gc_pause
 from simjax.engine import history
 from simjax.engine import inline
@@ -208,6 +209,7 @@ def energy(m, d: Data, sensors=False, zero=True) -> Data:
 
 @gc_pause.gc_paused
 @precision.full_f32
+@eager.compiled_when_eager(io.check_data)
 def forward(m, d: Data) -> Data:
     """Forward dynamics (mj_forward): everything in Data from the state and inputs.
 
@@ -664,6 +666,7 @@ def _select_fields(pred, a, b, names):
 
 @gc_pause.gc_paused
 @precision.full_f32
+@eager.compiled_when_eager(io.check_data)
 def step(m, d: Data) -> Data:
     """Advance the simulation by one timestep (mj_step).
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simjax.engine import derivative
+from simjax.engine import eager
 from simjax.engine import gc_pause
 from simjax.engine import io
 from simjax.engine import passive
@@ -139,6 +140,7 @@ def inv_constraint(m, d: Data) -> Data:
 
 @gc_pause.gc_paused
 @precision.full_f32
+@eager.compiled_when_eager(io.check_data)
 def inverse(m, d: Data) -> Data:
     """Inverse dynamics (mj_inverse): qfrc_inverse (nv,) from qpos, qvel and qacc.
 

@@ -1,0 +1,123 @@
+"""Entry points called eagerly run as one compiled program (simjax.engine.eager)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import simjax
+from simjax.engine import eager
+
+# two hinges, the first past its limit (a constraint row), a motor and sensors
+XML = """<mujoco>
+  <worldbody>
+    <body><joint name="h" type="hinge" axis="0 1 0" range="-.2 .2" limited="true"/>
+      <geom type="capsule" size=".03" fromto="0 0 0 .2 0 0"/>
+      <body pos=".2 0 0"><joint type="hinge" axis="0 1 0"/>
+        <geom type="capsule" size=".03" fromto="0 0 0 .2 0 0"/></body></body>
+  </worldbody>
+  <actuator><motor name="m" joint="h" gear="2"/></actuator>
+  <sensor><jointpos joint="h"/><actuatorfrc actuator="m"/></sensor>
+</mujoco>"""
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = simjax.load_model(XML)
+    d = simjax.make_data(m).replace(qpos=np.array([0.3, 0.1]), qvel=np.array([0.2, -0.1]),
+                                   ctrl=np.array([0.3]))
+    return m, d
+
+
+class _Compiles:
+    """Counts XLA compiles (jax.monitoring's backend-compile events) while active."""
+
+    def __enter__(self):
+        self.n = 0
+        self._on = True
+
+        def listen(event, duration, **kw):
+            if self._on and event == "/jax/core/compile/backend_compile_duration":
+                self.n += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        return self
+
+    def __exit__(self, *exc):
+        self._on = False
+
+
+def _traced(fn, m, d):
+    """fn(m, d) traced in line: under jit(vmap) over a batch of one world."""
+    one = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], d)
+    out = jax.jit(jax.vmap(fn, in_axes=(None, 0)))(m, one)
+    return jax.tree_util.tree_map(lambda x: x[0], out)
+
+
+def _close(a, b, rtol=1e-10, atol=1e-12):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("name", ["forward", "step", "inverse"])
+def test_eager_call_is_one_program_with_traced_values(model, name):
+    m, d = model
+    fn = getattr(simjax, name)
+    arg = simjax.forward(m, d) if name == "inverse" else d
+    programs = fn.jitted._cache_size()
+    with _Compiles() as c:
+        out = fn(m, arg)
+    # one program (op by op: a program per operation and shape, unless cached); its
+    # values those of the in-line trace
+    assert fn.jitted._cache_size() == programs + 1
+    assert c.n <= 1, c.n
+    assert int(out.nefc) >= 1
+    _close(out, _traced(fn, m, arg))
+    with _Compiles() as c:
+        again = fn(m, arg)
+    assert c.n == 0 and fn.jitted._cache_size() == programs + 1
+    _close(again, out, rtol=0, atol=0)
+
+
+def test_same_structure_other_values_reuse_the_program(model):
+    m, d = model
+    first = simjax.forward(m, d)
+    programs = simjax.forward.jitted._cache_size()
+    heavier = m.replace(opt=m.opt.replace(gravity=jnp.asarray([0.0, 0.0, -20.0])))
+    with _Compiles() as c:
+        out = simjax.forward(heavier, d)
+    assert c.n == 0 and simjax.forward.jitted._cache_size() == programs
+    assert not np.allclose(out.qacc, first.qacc)
+    _close(out, _traced(simjax.forward, heavier, d))
+
+
+def test_traced_and_disabled_jit_calls_run_in_line(model):
+    seen = []
+
+    def f(x):
+        seen.append(type(x).__name__)
+        return x * 2
+
+    plain = eager.compiled_when_eager(lambda x: None)(f)
+    plain(jnp.ones(2))                      # eager: traced by its jit
+    jax.vmap(plain)(jnp.arange(3.0))
+    jax.grad(plain)(1.0)
+    with jax.disable_jit():
+        plain(jnp.ones(2))
+    assert seen[0] == "DynamicJaxprTracer"
+    assert seen[1] == "BatchTracer"
+    assert seen[2] in ("JVPTracer", "LinearizeTracer")
+    assert seen[3] == "ArrayImpl"
+    m, d = model
+    out = jax.jit(jax.vmap(lambda q: simjax.forward(m, d.replace(qpos=q))))(
+        jnp.stack([d.qpos, d.qpos + 0.01]))
+    np.testing.assert_allclose(out.qacc[0], simjax.forward(m, d).qacc, rtol=1e-9,
+                               atol=1e-10)
+    g = jax.jit(jax.grad(lambda v: simjax.step(m, d.replace(qvel=v)).qpos[1]))(d.qvel)
+    assert np.all(np.isfinite(g)) and np.any(g != 0)
+
+
+def test_bad_data_raises_before_compiling(model):
+    m, d = model
+    with _Compiles() as c, pytest.raises(ValueError, match="qpos"):
+        simjax.forward(m, d.replace(qpos=np.zeros(3)))
+    assert c.n == 0
