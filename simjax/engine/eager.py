@@ -21,6 +21,7 @@ ms, 2 ms (op by op, every call traced its loops again).
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 
@@ -45,9 +46,13 @@ def compiled_when_eager(check):
     ``run.jitted`` (its compile cache: ``run.jitted._cache_size()``)."""
     def wrap(fn):
         jitted = jax.jit(fn)
+        signature = inspect.signature(fn)
 
         @functools.wraps(fn)
-        def run(*args):
+        def run(*args, **kwargs):
+            if kwargs:
+                # arguments by name (``step(m, d=data)``) as the positional ones
+                args = signature.bind(*args, **kwargs).args
             check(*args)
             if WHOLE and _concrete(args):
                 return jitted(*args)

@@ -73,7 +73,7 @@ def test_eager_call_is_one_program_with_traced_values(model, name):
     assert int(out.nefc) >= 1
     _close(out, _traced(fn, m, arg))
     with _Compiles() as c:
-        again = fn(m, arg)
+        again = fn(m, d=arg)                # by name too
     assert c.n == 0 and fn.jitted._cache_size() == programs + 1
     _close(again, out, rtol=0, atol=0)
 
