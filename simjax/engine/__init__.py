@@ -1,8 +1,9 @@
 """The simulation pipeline, pure JAX (one module per MuJoCo stage).
 
 Re-exports the functions a user calls: :func:`make_data`, :func:`reset`,
-:func:`reset_keyframe`, :func:`forward`, :func:`step`, :func:`inverse`, the sensor
-stages, the Jacobian and inertia queries of :mod:`simjax.engine.support`, and the
+:func:`reset_keyframe`, :func:`forward`, :func:`step`, :func:`inverse`, the pipeline
+and sensor stages (each, called eagerly, one compiled program: :mod:`simjax.engine.
+eager`), the Jacobian and inertia queries of :mod:`simjax.engine.support`, and the
 :class:`Data` type.
 """
 from simjax.engine.data import Data
@@ -17,6 +18,21 @@ from simjax.engine.support import (apply_ft, differentiate_pos, energy_pos, ener
                                    full_m, integrate_pos, jac, jac_body, jac_body_com,
                                    jac_geom, jac_site, jac_subtree_com, mul_m, pack_m,
                                    solve_m)
+
+from simjax.engine import eager as _eager, io as _io
+
+
+def _check(m, d, *_):
+    _io.check_data(m, d)
+
+
+# the stages called eagerly run as one compiled program each, as step, forward and
+# inverse do (simjax.engine.eager); the engine's own calls use the modules' functions
+(fwd_position, fwd_velocity, fwd_actuation, fwd_acceleration, fwd_constraint, euler,
+ rk4, implicit, sensor_pos, sensor_vel, sensor_acc, rne_post_constraint) = (
+    _eager.compiled_when_eager(_check)(f) for f in (
+        fwd_position, fwd_velocity, fwd_actuation, fwd_acceleration, fwd_constraint,
+        euler, rk4, implicit, sensor_pos, sensor_vel, sensor_acc, rne_post_constraint))
 
 __all__ = [
     "Data", "make_data", "reset", "reset_keyframe", "forward", "step", "euler", "rk4",

@@ -8,8 +8,11 @@ programs and dispatched thousands of operations. So :func:`simjax.forward`,
 enabled, run through ``jax.jit`` instead: one program per model structure and Data
 shapes, compiled on the first call and reused by the later ones (a model of other
 values but the same structure reuses it; the model is an argument of the program, not
-a constant inside it). Inside a trace (``jit``, ``vmap``, ``grad``, ...) and under
-``jax.disable_jit()`` they trace in line as before.
+a constant inside it). The pipeline and sensor stages that :mod:`simjax.engine` exports
+(``fwd_position`` ... ``sensor_acc``, ``euler``, ``rk4``, ``implicit``) do the same
+there (the engine's own calls use its modules' functions, unwrapped). Inside a trace
+(``jit``, ``vmap``, ``grad``, ...) and under ``jax.disable_jit()`` they trace in line
+as before.
 
 Measured (2-core Intel Xeon, a fresh process each, jaxlib 0.10.2, float32, the
 initial state; first call, then the next two), op by op -> one program:

@@ -121,3 +121,21 @@ def test_bad_data_raises_before_compiling(model):
     with _Compiles() as c, pytest.raises(ValueError, match="qpos"):
         simjax.forward(m, d.replace(qpos=np.zeros(3)))
     assert c.n == 0
+
+
+def test_stages_called_eagerly_are_one_program_each(model):
+    """simjax.engine's pipeline and sensor stages, as forward runs them in order."""
+    from simjax import engine
+    m, d = model
+    names = ["fwd_position", "sensor_pos", "fwd_velocity", "sensor_vel", "fwd_actuation",
+             "fwd_acceleration", "fwd_constraint", "sensor_acc"]
+    x = d
+    for name in names:
+        fn = getattr(engine, name)
+        programs = fn.jitted._cache_size()
+        x = fn(m, x)
+        assert fn.jitted._cache_size() == programs + 1, name
+    _close(x, simjax.forward(m, d), rtol=1e-9, atol=1e-10)
+    with pytest.raises(TypeError, match="MuJoCo's MjData"):
+        mujoco = pytest.importorskip("mujoco")
+        engine.fwd_position(m, mujoco.MjData(mujoco.MjModel.from_xml_string(XML)))
