@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simjax.engine import eager
 from simjax.engine.forward import step as _step
 from simjax.engine.gc_pause import gc_paused
 
@@ -52,6 +53,9 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
     a :class:`Trajectory` of the states after every step, or ``(trajectory,
     final_data)`` if ``return_data``.
     ``checkpoint`` rematerialises steps in reverse-mode autodiff to save memory.
+    Called eagerly (concrete arrays, jit enabled), it runs as one ``jax.jit`` program,
+    compiled once per model structure, shapes, ``checkpoint`` and ``return_data``
+    (:mod:`simjax.engine.eager`).
     """
     if ctrl is None:
         if nstep is None:
@@ -62,7 +66,15 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
                          f"{tuple(jnp.shape(ctrl))}")
     elif nstep is not None and nstep != ctrl.shape[0]:
         raise ValueError(f"ctrl has {ctrl.shape[0]} steps, nstep is {nstep}")
+    if eager.WHOLE and eager._concrete((model, data, ctrl)):
+        # called eagerly: one compiled program, reused by later calls (op by op, the
+        # scan's body was traced and compiled again on every call: simjax.engine.eager)
+        return _rollout_jit(model, data, ctrl, checkpoint, return_data)
+    return _rollout(model, data, ctrl, checkpoint, return_data)
 
+
+def _rollout(model, data, ctrl, checkpoint, return_data):
+    """:func:`rollout` of validated arguments (``ctrl`` (nstep, nu))."""
     def body(d, u):
         d = _step(model, d.replace(ctrl=u.astype(d.ctrl.dtype)))
         return d, Trajectory(d.qpos, d.qvel, d.act, d.time, d.sensordata)
@@ -71,6 +83,9 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
         body = jax.checkpoint(body)
     final, traj = jax.lax.scan(body, _batched_with(data, (model, ctrl)), ctrl)
     return (traj, final) if return_data else traj
+
+
+_rollout_jit = jax.jit(_rollout, static_argnums=(3, 4))
 
 
 def _batched_with(tree, like):

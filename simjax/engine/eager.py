@@ -12,7 +12,9 @@ a constant inside it). The pipeline and sensor stages that :mod:`simjax.engine` 
 (``fwd_position`` ... ``sensor_acc``, ``euler``, ``rk4``, ``implicit``) do the same
 there (the engine's own calls use its modules' functions, unwrapped). Inside a trace
 (``jit``, ``vmap``, ``grad``, ...) and under ``jax.disable_jit()`` they trace in line
-as before.
+as before. :func:`simjax.rollout` reads the same switch: called eagerly, its scan was
+traced and compiled again on every call (the cartpole, 20 steps: 3.0-4.0 s a call), and
+is now compiled on the first (3.9 s) and reused (3-5 ms).
 
 Measured (2-core Intel Xeon, a fresh process each, jaxlib 0.10.2, float32, the
 initial state; first call, then the next two), op by op -> one program:

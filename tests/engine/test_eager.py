@@ -139,3 +139,23 @@ def test_stages_called_eagerly_are_one_program_each(model):
     with pytest.raises(TypeError, match="MuJoCo's MjData"):
         mujoco = pytest.importorskip("mujoco")
         engine.fwd_position(m, mujoco.MjData(mujoco.MjModel.from_xml_string(XML)))
+
+
+def test_rollout_called_eagerly_compiles_once(model):
+    """simjax.rollout called eagerly: compiled on the first call only (op by op, its
+    scan's body was traced and compiled again on every call); the trajectory that of
+    stepping one step at a time."""
+    m, d = model
+    ctrl = np.array([[0.1], [-0.2], [0.3]])
+    traj = simjax.rollout(m, d, ctrl)
+    with _Compiles() as c:
+        again = simjax.rollout(m, d, ctrl + 1.0)
+        traj2, final = simjax.rollout(m, d, ctrl, return_data=True)
+    assert c.n == 1, c.n                    # return_data is static: its own program
+    assert not np.allclose(again.qpos, traj.qpos)
+    _close(traj2, traj, rtol=0, atol=0)
+    x = d
+    for t in range(3):
+        x = simjax.step(m, x.replace(ctrl=ctrl[t]))
+        np.testing.assert_allclose(traj.qpos[t], x.qpos, rtol=1e-12, atol=1e-14)
+    _close(final, x, rtol=1e-12, atol=1e-14)
