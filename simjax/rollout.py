@@ -66,7 +66,7 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
                          f"{tuple(jnp.shape(ctrl))}")
     elif nstep is not None and nstep != ctrl.shape[0]:
         raise ValueError(f"ctrl has {ctrl.shape[0]} steps, nstep is {nstep}")
-    if eager.WHOLE and eager._concrete((model, data, ctrl)):
+    if eager.called_eagerly((model, data, ctrl)):
         # called eagerly: one compiled program, reused by later calls (op by op, the
         # scan's body was traced and compiled again on every call: simjax.engine.eager)
         return _rollout_jit(model, data, ctrl, checkpoint, return_data)

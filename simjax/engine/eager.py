@@ -35,8 +35,11 @@ import jax
 WHOLE = True
 
 
-def _concrete(args) -> bool:
-    """Whether ``args`` hold no tracer and jit is enabled (an eager call)."""
+def called_eagerly(args) -> bool:
+    """Whether ``args`` (a tree) hold no tracer and jit is enabled, with
+    :data:`WHOLE` on: a call to run as one compiled program."""
+    if not WHOLE:
+        return False
     if jax.config.jax_disable_jit:
         return False
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))
@@ -44,11 +47,12 @@ def _concrete(args) -> bool:
 
 def compiled_when_eager(check):
     """Decorator: ``fn(*args)`` through ``jax.jit(fn)`` when called eagerly
-    (:func:`_concrete`), else ``fn`` itself; ``check(*args)`` first either way, so that
-    arguments jit cannot take (MuJoCo's own MjModel, a Data of another model) raise its
-    clear error rather than jit's. ``fn`` must take only arrays and pytrees of arrays
-    (Model, Data): they become the compiled program's arguments. The jitted function is
-    ``run.jitted`` (its compile cache: ``run.jitted._cache_size()``)."""
+    (:func:`called_eagerly`), else ``fn`` itself; ``check(*args)`` first either way,
+    so that arguments jit cannot take (MuJoCo's own MjModel, a Data of another
+    model) raise its clear error rather than jit's. ``fn`` must take only arrays and
+    pytrees of arrays (Model, Data): they become the compiled program's arguments.
+    The jitted function is ``run.jitted`` (its compile cache:
+    ``run.jitted._cache_size()``)."""
     def wrap(fn):
         jitted = jax.jit(fn)
         signature = inspect.signature(fn)
@@ -59,7 +63,7 @@ def compiled_when_eager(check):
                 # arguments by name (``step(m, d=data)``) as the positional ones
                 args = signature.bind(*args, **kwargs).args
             check(*args)
-            if WHOLE and _concrete(args):
+            if called_eagerly(args):
                 return jitted(*args)
             return fn(*args)
 
