@@ -54,7 +54,7 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
     final_data)`` if ``return_data``.
     ``checkpoint`` rematerialises steps in reverse-mode autodiff to save memory.
     Called eagerly (concrete arrays, jit enabled), it runs as one ``jax.jit`` program,
-    compiled once per model structure, shapes, ``checkpoint`` and ``return_data``
+    compiled once per model object, shapes, ``checkpoint`` and ``return_data``
     (:mod:`simjax.engine.eager`).
     """
     if ctrl is None:
@@ -69,7 +69,8 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
     if eager.called_eagerly((model, data, ctrl)):
         # called eagerly: one compiled program, reused by later calls (op by op, the
         # scan's body was traced and compiled again on every call: simjax.engine.eager)
-        return _rollout_jit(model, data, ctrl, checkpoint, return_data)
+        return eager.program(_PROGRAMS, _rollout, model, static_argnums=(2, 3))(
+            data, ctrl, checkpoint, return_data)
     return _rollout(model, data, ctrl, checkpoint, return_data)
 
 
@@ -85,7 +86,8 @@ def _rollout(model, data, ctrl, checkpoint, return_data):
     return (traj, final) if return_data else traj
 
 
-_rollout_jit = jax.jit(_rollout, static_argnums=(3, 4))
+#: rollout's programs for eager calls (simjax.engine.eager.program)
+_PROGRAMS = {}
 
 
 def _batched_with(tree, like):

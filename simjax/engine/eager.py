@@ -1,20 +1,21 @@
 """The engine's entry points called eagerly run as one compiled program.
 
 Outside a trace, jax runs a function op by op: each operation is compiled on its own
-(once per shape and dtype, then cached) and dispatched alone. A MuJoCo user's habit,
-``d = simjax.forward(m, d)`` on concrete arrays, then compiled hundreds of small
-programs and dispatched thousands of operations. So :func:`simjax.forward`,
-:func:`simjax.step` and :func:`simjax.inverse` called on concrete arrays, with jit
-enabled, run through ``jax.jit`` instead: one program per model structure and Data
-shapes, compiled on the first call and reused by the later ones (a model of other
-values but the same structure reuses it; the model is an argument of the program, not
-a constant inside it). The pipeline and sensor stages that :mod:`simjax.engine` exports
-(``fwd_position`` ... ``sensor_acc``, ``euler``, ``rk4``, ``implicit``) do the same
-there (the engine's own calls use its modules' functions, unwrapped). Inside a trace
-(``jit``, ``vmap``, ``grad``, ...) and under ``jax.disable_jit()`` they trace in line
-as before. :func:`simjax.rollout` reads the same switch: called eagerly, its scan was
-traced and compiled again on every call (the cartpole, 20 steps: 3.0-4.0 s a call), and
-is now compiled on the first (3.9 s) and reused (3-5 ms).
+(once per shape and dtype, then cached) and dispatched alone. A MuJoCo user's habit, ``d
+= simjax.forward(m, d)`` on concrete arrays, then compiled hundreds of small programs
+and dispatched thousands of operations. So :func:`simjax.forward`, :func:`simjax.step`
+and :func:`simjax.inverse` called on concrete arrays, with jit enabled, run through
+``jax.jit`` instead: one program per model object and Data shapes, compiled on the first
+call with a model and reused by the later ones with the same model object (its arrays
+are the program's constants, concrete at trace time as they are op by op; a model of
+other values, ``m.replace(...)``, compiles its own). The pipeline and sensor stages that
+:mod:`simjax.engine` exports (``fwd_position`` ... ``sensor_acc``, ``euler``, ``rk4``,
+``implicit``) do the same there (the engine's own calls use its modules' functions,
+unwrapped). Inside a trace (``jit``, ``vmap``, ``grad``, ...) and under
+``jax.disable_jit()`` they trace in line as before. :func:`simjax.rollout` reads the
+same switch: called eagerly, its scan was traced and compiled again on every call (the
+cartpole, 20 steps: 3.0-4.0 s a call), and is now compiled on the first (3.9 s) and
+reused (3-5 ms).
 
 Measured (2-core Intel Xeon, a fresh process each, jaxlib 0.10.2, float32, the
 initial state; first call, then the next two), op by op -> one program:
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 
 import jax
 
@@ -45,17 +47,38 @@ def called_eagerly(args) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))
 
 
+def program(cache, fn, m, **jit_kwargs):
+    """``jax.jit`` of ``fn(m, *args)`` for the model ``m``, made once per model object and
+    kept in ``cache`` ({id: (weak reference to the model, jitted)}) while the model
+    lives. The
+    model's arrays are the program's constants, concrete when it is traced, as they are
+    op by op: trace-time checks and choices that read them (a non-zero armature on a
+    geom-wrapping tendon raises, a zero friction loss made non-zero raises, NumPy paths
+    for concrete parameters) behave as before; passed as an argument they would be
+    tracers."""
+    entry = cache.get(id(m))
+    if entry is not None and entry[0]() is m:
+        return entry[1]
+    key = id(m)
+    # the entry leaves with its model (the callback runs before the id can be reused);
+    # the program reaches the model through the weak reference only (a strong one, as
+    # functools.partial's, would keep model and program alive for good)
+    ref = weakref.ref(m, lambda _, key=key: cache.pop(key, None))
+    jitted = jax.jit(lambda *args: fn(ref(), *args), **jit_kwargs)
+    cache[key] = (ref, jitted)
+    return jitted
+
+
 def compiled_when_eager(check):
-    """Decorator: ``fn(*args)`` through ``jax.jit(fn)`` when called eagerly
-    (:func:`called_eagerly`), else ``fn`` itself; ``check(*args)`` first either way,
-    so that arguments jit cannot take (MuJoCo's own MjModel, a Data of another
-    model) raise its clear error rather than jit's. ``fn`` must take only arrays and
-    pytrees of arrays (Model, Data): they become the compiled program's arguments.
-    The jitted function is ``run.jitted`` (its compile cache:
-    ``run.jitted._cache_size()``)."""
+    """Decorator for ``fn(m, d, ...)``: called eagerly (:func:`called_eagerly`), it runs
+    through :func:`program` (one ``jax.jit`` program per model object, Data and the
+    other arguments its arguments), else ``fn`` itself; ``check(*args)`` first either
+    way, so that arguments jit cannot take (MuJoCo's own MjModel, a Data of another
+    model) raise its clear error rather than jit's. The programs are ``run.programs``
+    ({id(model): (weak reference, jitted)})."""
     def wrap(fn):
-        jitted = jax.jit(fn)
         signature = inspect.signature(fn)
+        programs = {}
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
@@ -64,10 +87,10 @@ def compiled_when_eager(check):
                 args = signature.bind(*args, **kwargs).args
             check(*args)
             if called_eagerly(args):
-                return jitted(*args)
+                return program(programs, fn, args[0])(*args[1:])
             return fn(*args)
 
-        run.jitted = jitted
+        run.programs = programs
         return run
 
     return wrap

@@ -545,6 +545,27 @@ def armature(m, dtype):
     return arm
 
 
+def _armature_np(m, dtype):
+    """:func:`armature` in NumPy where the model's arrays are concrete, else None. Read
+    from the model's own arrays: inside a jit that closes over the model (an eager call,
+    :mod:`simjax.engine.eager`) they are concrete, while jax.numpy's results are
+    traced."""
+    from simjax.engine import smooth
+    dt = np.dtype(dtype)
+    try:
+        arm = np.asarray(m.tendon_armature, dt).reshape(m.ntendon)
+        if m.nactuator:
+            share = smooth._actuator_share(m, "tendon")
+            if share.any():
+                gear = np.asarray(m.actuator_gear, dt).reshape(-1, 6)[
+                    np.asarray(m.actuator_outadr), 0]
+                arm = arm + share.astype(dt) @ (np.asarray(m.actuator_armature, dt)
+                                                * gear * gear)
+    except jax.errors.TracerArrayConversionError:
+        return None
+    return arm
+
+
 def _point_acc(m, d, bodies, points):
     """jacDot(point) @ qvel (n, 3) and the point velocities (n, 3) (mj_jacDot,
     mj_objectVelocity), for world points on static bodies."""
@@ -585,10 +606,7 @@ def tendon_bias(m, d):
         return jnp.zeros(m.nv, dtype)
     tab = tables(m)
     arm = armature(m, dtype)
-    try:
-        arm_np = np.asarray(arm)
-    except Exception:
-        arm_np = None
+    arm_np = _armature_np(m, dtype)
     if arm_np is not None and not np.any(arm_np):
         return jnp.zeros(m.nv, dtype)
     if not len(tab.seg_tendon):

@@ -1,4 +1,6 @@
 """Entry points called eagerly run as one compiled program (simjax.engine.eager)."""
+import gc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,46 +65,63 @@ def test_eager_call_is_one_program_with_traced_values(model, name):
     m, d = model
     fn = getattr(simjax, name)
     arg = simjax.forward(m, d) if name == "inverse" else d
-    programs = fn.jitted._cache_size()
     with _Compiles() as c:
         out = fn(m, arg)
     # one program (op by op: a program per operation and shape, unless cached); its
     # values those of the in-line trace
-    assert fn.jitted._cache_size() == programs + 1
+    assert fn.programs[id(m)][0]() is m
     assert c.n <= 1, c.n
     assert int(out.nefc) >= 1
     _close(out, _traced(fn, m, arg))
     with _Compiles() as c:
         again = fn(m, d=arg)                # by name too
-    assert c.n == 0 and fn.jitted._cache_size() == programs + 1
+    assert c.n == 0
     _close(again, out, rtol=0, atol=0)
 
 
-def test_same_structure_other_values_reuse_the_program(model):
+def test_other_model_values_get_their_own_program(model):
+    """The model's arrays are the program's constants (concrete at trace time, as op by
+    op): a model of other values compiles its own, which leaves with it."""
     m, d = model
     first = simjax.forward(m, d)
-    programs = simjax.forward.jitted._cache_size()
     heavier = m.replace(opt=m.opt.replace(gravity=jnp.asarray([0.0, 0.0, -20.0])))
     with _Compiles() as c:
         out = simjax.forward(heavier, d)
-    assert c.n == 0 and simjax.forward.jitted._cache_size() == programs
+    assert c.n == 1 and id(heavier) in simjax.forward.programs
     assert not np.allclose(out.qacc, first.qacc)
     _close(out, _traced(simjax.forward, heavier, d))
+    key = id(heavier)
+    del heavier
+    gc.collect()
+    assert key not in simjax.forward.programs and id(m) in simjax.forward.programs
+
+
+def test_concrete_model_checks_still_raise(model):
+    """A trace-time check on the model's values (a friction loss made non-zero where
+    the structure has no row) raises as it did op by op; with the model an argument
+    of the program it would have been a tracer and the check skipped."""
+    m, d = model
+    with pytest.raises(ValueError, match="frictionloss"):
+        simjax.forward(m.replace(dof_frictionloss=np.array([0.5, 0.0])), d)
 
 
 def test_traced_and_disabled_jit_calls_run_in_line(model):
     seen = []
 
-    def f(x):
+    class Owner:                            # stands for the model (weakly referenced)
+        pass
+
+    def f(owner, x):
         seen.append(type(x).__name__)
         return x * 2
 
-    plain = eager.compiled_when_eager(lambda x: None)(f)
-    plain(jnp.ones(2))                      # eager: traced by its jit
-    jax.vmap(plain)(jnp.arange(3.0))
-    jax.grad(plain)(1.0)
+    plain = eager.compiled_when_eager(lambda owner, x: None)(f)
+    owner = Owner()
+    plain(owner, jnp.ones(2))               # eager: traced by its jit
+    jax.vmap(lambda x: plain(owner, x))(jnp.arange(3.0))
+    jax.grad(lambda x: plain(owner, x))(1.0)
     with jax.disable_jit():
-        plain(jnp.ones(2))
+        plain(owner, jnp.ones(2))
     assert seen[0] == "DynamicJaxprTracer"
     assert seen[1] == "BatchTracer"
     assert seen[2] in ("JVPTracer", "LinearizeTracer")
@@ -132,9 +151,8 @@ def test_stages_called_eagerly_are_one_program_each(model):
     x = d
     for name in names:
         fn = getattr(engine, name)
-        programs = fn.jitted._cache_size()
         x = fn(m, x)
-        assert fn.jitted._cache_size() == programs + 1, name
+        assert fn.programs[id(m)][0]() is m, name
     _close(x, simjax.forward(m, d), rtol=1e-9, atol=1e-10)
     with pytest.raises(TypeError, match="MuJoCo's MjData"):
         mujoco = pytest.importorskip("mujoco")
