@@ -1,8 +1,8 @@
 """The engine's entry points called eagerly run as one compiled program.
 
 Outside a trace, jax runs a function op by op: each operation is compiled on its own
-(once per shape and dtype, then cached) and dispatched alone. A MuJoCo user's habit, ``d
-= simjax.forward(m, d)`` on concrete arrays, then compiled hundreds of small programs
+(once per shape and dtype, then cached) and dispatched alone. A MuJoCo user's habit,
+``d = simjax.forward(m, d)`` on concrete arrays, then compiled hundreds of small programs
 and dispatched thousands of operations. So :func:`simjax.forward`, :func:`simjax.step`
 and :func:`simjax.inverse` called on concrete arrays, with jit enabled, run through
 ``jax.jit`` instead: one program per model object and Data shapes, compiled on the first
@@ -12,17 +12,22 @@ other values, ``m.replace(...)``, compiles its own). The pipeline and sensor sta
 :mod:`simjax.engine` exports (``fwd_position`` ... ``sensor_acc``, ``euler``, ``rk4``,
 ``implicit``) do the same there (the engine's own calls use its modules' functions,
 unwrapped). Inside a trace (``jit``, ``vmap``, ``grad``, ...) and under
-``jax.disable_jit()`` they trace in line as before. :func:`simjax.rollout` reads the
-same switch: called eagerly, its scan was traced and compiled again on every call (the
-cartpole, 20 steps: 3.0-4.0 s a call), and is now compiled on the first (3.9 s) and
-reused (3-5 ms).
+``jax.disable_jit()`` they trace in line as before. :func:`simjax.rollout` does the
+same (:func:`program`); op by op its scan was traced and compiled again on every call.
+Checks on values that the engine derives by jax.numpy from the model are traced inside
+the program: read from the model's own arrays they stay concrete (as
+``tendon._armature_np`` does).
 
 Measured (2-core Intel Xeon, a fresh process each, jaxlib 0.10.2, float32, the
-initial state; first call, then the next two), op by op -> one program:
-MuJoCo's humanoid ``forward`` 27.7 s, 1.63 s, 1.41 s -> 4.1 s, 3 ms, 3 ms; its ``step``
-32.2 s, 1.80 s, 1.99 s -> 4.7 s, 3 ms, 3 ms; the cartpole of ``models/`` ``forward``
-8.4 s, 0.61 s, 0.62 s -> 2.2 s, 2 ms, 1 ms and ``step`` 3.8 s, 2.1 s, 1.9 s -> 2.9 s, 2
-ms, 2 ms (op by op, every call traced its loops again).
+initial state; first call, then the next two), op by op -> one program: MuJoCo's
+humanoid ``forward`` 27.7 s, 1.63 s, 1.41 s -> 3.4 s, 3 ms, 4 ms; its ``step`` 32.2 s,
+1.80 s, 1.99 s -> 4.4 s, 3 ms, 3 ms; its ``fwd_position`` 21.4 s, 0.20 s -> 2.1 s, 3
+ms; the cartpole of ``models/`` ``forward`` 8.4 s, 0.61 s, 0.62 s -> 1.9 s, 2 ms, 2 ms
+and ``step`` 3.8 s, 2.1 s, 1.9 s -> 2.1 s, 3 ms, 2 ms (op by op, every call traced its
+loops again); its ``rollout`` of 20 steps 4.0 s, 3.0 s, 3.4 s -> 2.1 s, 2 ms, 2 ms.
+With the model an argument of the program instead (one program per model structure),
+the humanoid's ``forward`` took 4.1 s, and checks on the model's values were skipped
+(a traced model).
 """
 from __future__ import annotations
 
