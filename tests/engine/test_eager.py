@@ -154,8 +154,8 @@ def test_stages_called_eagerly_are_one_program_each(model):
         x = fn(m, x)
         assert fn.programs[id(m)][0]() is m, name
     _close(x, simjax.forward(m, d), rtol=1e-9, atol=1e-10)
+    mujoco = pytest.importorskip("mujoco")
     with pytest.raises(TypeError, match="MuJoCo's MjData"):
-        mujoco = pytest.importorskip("mujoco")
         engine.fwd_position(m, mujoco.MjData(mujoco.MjModel.from_xml_string(XML)))
 
 
