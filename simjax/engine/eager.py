@@ -55,16 +55,15 @@ def called_eagerly(args) -> bool:
 def program(cache, fn, m, **jit_kwargs):
     """``jax.jit`` of ``fn(m, *args)`` for the model ``m``, made once per model object and
     kept in ``cache`` ({id: (weak reference to the model, jitted)}) while the model
-    lives. The
-    model's arrays are the program's constants, concrete when it is traced, as they are
-    op by op: trace-time checks and choices that read them (a non-zero armature on a
-    geom-wrapping tendon raises, a zero friction loss made non-zero raises, NumPy paths
-    for concrete parameters) behave as before; passed as an argument they would be
-    tracers."""
-    entry = cache.get(id(m))
+    lives. The model's arrays are the program's constants, concrete when it is traced,
+    as they are op by op: trace-time checks and choices that read them (a non-zero
+    armature on a geom-wrapping tendon raises, a zero friction loss made non-zero
+    raises, NumPy paths for concrete parameters) behave as before; passed as an
+    argument they would be tracers."""
+    key = id(m)
+    entry = cache.get(key)
     if entry is not None and entry[0]() is m:
         return entry[1]
-    key = id(m)
     # the entry leaves with its model (the callback runs before the id can be reused);
     # the program reaches the model through the weak reference only (a strong one, as
     # functools.partial's, would keep model and program alive for good)

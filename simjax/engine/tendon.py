@@ -533,15 +533,18 @@ def _paths(m, d, tab, p0, w0, w1, wrapped):
 
 
 # --------------------------------------------------------------------------- bias
-def armature(m, dtype):
-    """Tendon armature incl. what actuators pass to their tendon (ntendon,)."""
+def armature(m, dtype, xp=jnp):
+    """Tendon armature incl. what actuators pass to their tendon (ntendon,), in ``xp``
+    (jax.numpy, or NumPy for a concrete model: :func:`_armature_np`)."""
     from simjax.engine import smooth
-    arm = jnp.asarray(m.tendon_armature, dtype).reshape(m.ntendon)
+    arm = xp.asarray(m.tendon_armature, dtype).reshape(m.ntendon)
     if m.nactuator:
         share = smooth._actuator_share(m, "tendon")
         if share.any():
-            arm = arm + jnp.asarray(share, dtype) @ (
-                jnp.asarray(m.actuator_armature, dtype) * smooth._gear2(m, dtype))
+            gear = xp.asarray(m.actuator_gear, dtype).reshape(-1, 6)[
+                np.asarray(m.actuator_outadr), 0]
+            arm = arm + xp.asarray(share, dtype) @ (
+                xp.asarray(m.actuator_armature, dtype) * (gear * gear))
     return arm
 
 
@@ -550,20 +553,10 @@ def _armature_np(m, dtype):
     from the model's own arrays: inside a jit that closes over the model (an eager call,
     :mod:`simjax.engine.eager`) they are concrete, while jax.numpy's results are
     traced."""
-    from simjax.engine import smooth
-    dt = np.dtype(dtype)
     try:
-        arm = np.asarray(m.tendon_armature, dt).reshape(m.ntendon)
-        if m.nactuator:
-            share = smooth._actuator_share(m, "tendon")
-            if share.any():
-                gear = np.asarray(m.actuator_gear, dt).reshape(-1, 6)[
-                    np.asarray(m.actuator_outadr), 0]
-                arm = arm + share.astype(dt) @ (np.asarray(m.actuator_armature, dt)
-                                                * gear * gear)
+        return armature(m, np.dtype(dtype), np)
     except jax.errors.TracerArrayConversionError:
         return None
-    return arm
 
 
 def _point_acc(m, d, bodies, points):
