@@ -1,6 +1,4 @@
 """Entry points called eagerly run as one compiled program (simjax.engine.eager)."""
-import gc
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,6 +46,12 @@ class _Compiles:
         self._on = False
 
 
+def _has_program(fn, m):
+    """Whether ``fn`` (an entry point) holds a program for the model ``m``'s arrays."""
+    leaves, treedef = jax.tree_util.tree_flatten(m)
+    return (treedef, tuple(map(id, leaves))) in fn.programs
+
+
 def _traced(fn, m, d):
     """fn(m, d) traced in line: under jit(vmap) over a batch of one world."""
     one = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], d)
@@ -69,7 +73,7 @@ def test_eager_call_is_one_program_with_traced_values(model, name):
         out = fn(m, arg)
     # one program (op by op: a program per operation and shape, unless cached); its
     # values those of the in-line trace
-    assert fn.programs[id(m)][0]() is m
+    assert _has_program(fn, m)
     assert c.n <= 1, c.n
     assert int(out.nefc) >= 1
     _close(out, _traced(fn, m, arg))
@@ -81,19 +85,31 @@ def test_eager_call_is_one_program_with_traced_values(model, name):
 
 def test_other_model_values_get_their_own_program(model):
     """The model's arrays are the program's constants (concrete at trace time, as op by
-    op): a model of other values compiles its own, which leaves with it."""
+    op): a model of other values compiles its own; the programs used last are kept
+    (eager.KEEP), the others dropped."""
     m, d = model
     first = simjax.forward(m, d)
     heavier = m.replace(opt=m.opt.replace(gravity=jnp.asarray([0.0, 0.0, -20.0])))
     with _Compiles() as c:
         out = simjax.forward(heavier, d)
-    assert c.n == 1 and id(heavier) in simjax.forward.programs
+    assert c.n == 1 and _has_program(simjax.forward, heavier)
     assert not np.allclose(out.qacc, first.qacc)
     _close(out, _traced(simjax.forward, heavier, d))
-    key = id(heavier)
-    del heavier
-    gc.collect()
-    assert key not in simjax.forward.programs and id(m) in simjax.forward.programs
+    # the same arrays in another Model object (as vmap rebuilds an unbatched model):
+    # the same program
+    same = jax.tree_util.tree_map(lambda x: x, heavier)
+    assert same is not heavier
+    with _Compiles() as c:
+        _close(simjax.forward(same, d), out, rtol=0, atol=0)
+    assert c.n == 0
+    simjax.forward(m, d)                    # m used last
+    others = [m.replace(opt=m.opt.replace(timestep=jnp.asarray(0.001 * (k + 1))))
+              for k in range(eager.KEEP - 1)]
+    for other in others:
+        simjax.forward(other, d)
+    assert len(simjax.forward.programs) == eager.KEEP
+    assert not _has_program(simjax.forward, heavier)
+    assert all(_has_program(simjax.forward, x) for x in [m] + others)
 
 
 def test_concrete_model_checks_still_raise(model):
@@ -106,26 +122,29 @@ def test_concrete_model_checks_still_raise(model):
 
 
 def test_traced_and_disabled_jit_calls_run_in_line(model):
-    seen = []
-
-    class Owner:                            # stands for the model (weakly referenced)
-        pass
+    """Under jit (and scan, a staged trace) and disable_jit the function runs in line;
+    under vmap and grad outside jit, and with jit enabled, its jit program is batched
+    or differentiated whole (the function traced by jit)."""
+    seen, whole = [], []
 
     def f(owner, x):
         seen.append(type(x).__name__)
         return x * 2
 
-    plain = eager.compiled_when_eager(lambda owner, x: None)(f)
-    owner = Owner()
+    # the check runs before the choice: it records the choice the call will make
+    plain = eager.compiled_when_eager(
+        lambda *args: whole.append(eager.called_eagerly(args)))(f)
+    owner = jnp.zeros(1)                    # stands for the model
     plain(owner, jnp.ones(2))               # eager: traced by its jit
     jax.vmap(lambda x: plain(owner, x))(jnp.arange(3.0))
-    jax.grad(lambda x: plain(owner, x))(1.0)
+    jax.grad(lambda x: plain(owner, x))(2.0)
+    jax.jit(lambda x: plain(owner, x))(jnp.ones(3))
+    jax.lax.scan(lambda c, x: (plain(owner, c), None), jnp.ones(4), None, length=1)
+    jax.vmap(lambda o, x: plain(o, x))(jnp.zeros((2, 1)), jnp.ones(2))   # batched model
     with jax.disable_jit():
         plain(owner, jnp.ones(2))
-    assert seen[0] == "DynamicJaxprTracer"
-    assert seen[1] == "BatchTracer"
-    assert seen[2] in ("JVPTracer", "LinearizeTracer")
-    assert seen[3] == "ArrayImpl"
+    assert whole == [True] * 3 + [False] * 4, whole
+    assert seen == ["DynamicJaxprTracer"] * 5 + ["BatchTracer", "ArrayImpl"], seen
     m, d = model
     out = jax.jit(jax.vmap(lambda q: simjax.forward(m, d.replace(qpos=q))))(
         jnp.stack([d.qpos, d.qpos + 0.01]))
@@ -133,6 +152,45 @@ def test_traced_and_disabled_jit_calls_run_in_line(model):
                                atol=1e-10)
     g = jax.jit(jax.grad(lambda v: simjax.step(m, d.replace(qvel=v)).qpos[1]))(d.qvel)
     assert np.all(np.isfinite(g)) and np.any(g != 0)
+
+
+def test_vmap_called_eagerly_is_one_program(model):
+    """jax.vmap of an entry point outside jit: its program batched whole, compiled on
+    the first call only (op by op, every operation batched and dispatched alone), its
+    values those of jit(vmap)."""
+    m, d = model
+    batch = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), d)
+    batch = batch.replace(qvel=batch.qvel.at[1].add(0.5))
+    step = jax.vmap(simjax.step, in_axes=(None, 0))
+    out = step(m, batch)
+    with _Compiles() as c:
+        again = step(m, batch)
+    assert c.n == 0
+    _close(again, out, rtol=0, atol=0)
+    _close(out, jax.jit(step)(m, batch))
+    assert not np.allclose(out.qpos[0], out.qpos[1])
+
+
+def test_grad_called_eagerly_is_compiled(model):
+    """jax.grad through entry points called outside jit: their programs differentiated
+    whole (the forward and backward passes compiled once); the gradient that of
+    jit(grad)."""
+    m, d = model
+
+    def loss(v):
+        x = d.replace(qvel=v)
+        for _ in range(2):
+            x = simjax.step(m, x)
+        return jnp.sum(x.qpos ** 2) + x.qacc[1]
+
+    g = jax.grad(loss)(d.qvel)
+    with _Compiles() as c:
+        again = jax.grad(loss)(d.qvel)
+    assert c.n == 0
+    np.testing.assert_array_equal(again, g)
+    np.testing.assert_allclose(g, jax.jit(jax.grad(loss))(d.qvel), rtol=1e-10,
+                               atol=1e-12)
+    assert np.all(g != 0)
 
 
 def test_bad_data_raises_before_compiling(model):
@@ -152,7 +210,7 @@ def test_stages_called_eagerly_are_one_program_each(model):
     for name in names:
         fn = getattr(engine, name)
         x = fn(m, x)
-        assert fn.programs[id(m)][0]() is m, name
+        assert _has_program(fn, m), name
     _close(x, simjax.forward(m, d), rtol=1e-9, atol=1e-10)
     mujoco = pytest.importorskip("mujoco")
     with pytest.raises(TypeError, match="MuJoCo's MjData"):
