@@ -123,8 +123,8 @@ def test_concrete_model_checks_still_raise(model):
 
 def test_traced_and_disabled_jit_calls_run_in_line(model):
     """Under jit (and scan, a staged trace) and disable_jit the function runs in line;
-    under vmap and grad outside jit, and with jit enabled, its jit program is batched
-    or differentiated whole (the function traced by jit)."""
+    under vmap and grad outside jit, with jit enabled, its jit program is batched or
+    differentiated whole (the function traced by jit), the model batched too."""
     seen, whole = [], []
 
     def f(owner, x):
@@ -143,8 +143,8 @@ def test_traced_and_disabled_jit_calls_run_in_line(model):
     jax.vmap(lambda o, x: plain(o, x))(jnp.zeros((2, 1)), jnp.ones(2))   # batched model
     with jax.disable_jit():
         plain(owner, jnp.ones(2))
-    assert whole == [True] * 3 + [False] * 4, whole
-    assert seen == ["DynamicJaxprTracer"] * 5 + ["BatchTracer", "ArrayImpl"], seen
+    assert whole == [True] * 3 + [False] * 2 + [True, False], whole
+    assert seen == ["DynamicJaxprTracer"] * 6 + ["ArrayImpl"], seen
     m, d = model
     out = jax.jit(jax.vmap(lambda q: simjax.forward(m, d.replace(qpos=q))))(
         jnp.stack([d.qpos, d.qpos + 0.01]))
@@ -235,3 +235,34 @@ def test_rollout_called_eagerly_compiles_once(model):
         x = simjax.step(m, x.replace(ctrl=ctrl[t]))
         np.testing.assert_allclose(traj.qpos[t], x.qpos, rtol=1e-12, atol=1e-14)
     _close(final, x, rtol=1e-12, atol=1e-14)
+
+
+def test_traced_model_arrays_are_the_programs_arguments(model):
+    """A model batched by vmap or differentiated by grad outside jit: its traced arrays
+    are the program's arguments (its concrete ones still constants): compiled once, the
+    values those of jit."""
+    m, d = model
+
+    def loss(damping):
+        x = simjax.step(m.replace(dof_damping=damping), d)
+        return jnp.sum(x.qvel ** 2)
+
+    damping, other = jnp.asarray([0.3, 0.1]), jnp.asarray([0.4, 0.2])
+    g = jax.grad(loss)(damping)
+    with _Compiles() as c:
+        again = jax.grad(loss)(other)
+    assert c.n == 0
+    np.testing.assert_allclose(g, jax.jit(jax.grad(loss))(damping), rtol=1e-10, atol=1e-12)
+    assert np.all(g != 0) and not np.allclose(again, g)
+
+    def fall(z):
+        return simjax.forward(m.replace(opt=m.opt.replace(gravity=jnp.stack([0.0, 0.0, z]))),
+                              d).qacc
+
+    zs = jnp.asarray([-9.81, -20.0, 0.0])
+    out = jax.vmap(fall)(zs)
+    with _Compiles() as c:
+        jax.vmap(fall)(zs)
+    assert c.n == 0
+    _close(out, jax.jit(jax.vmap(fall))(zs))
+    assert not np.allclose(out[0], out[1])
