@@ -68,12 +68,18 @@ def called_eagerly(args) -> bool:
         return False
     if jax.config.jax_disable_jit:
         return False
-    base = eager_transforms()
+    base = eager_transforms() if TRANSFORMS else None
     if base is None:
         # a jax that does not expose its traces: concrete arguments only, as before
         return not any(isinstance(x, jax.core.Tracer)
                        for x in jax.tree_util.tree_leaves(args))
     return base
+
+
+#: whether calls under transformations that evaluate eagerly (:func:`eager_transforms`)
+#: run the program too, read at call time (False: only calls on concrete arguments, the
+#: others in line, kept to compare)
+TRANSFORMS = True
 
 
 #: the traces between a call and eager evaluation under which a ``jax.jit`` program is
