@@ -87,7 +87,7 @@ def _rollout(model, data, ctrl, checkpoint, return_data):
 
 
 #: rollout's programs for eager calls (simjax.engine.eager.program)
-_PROGRAMS = {}
+_PROGRAMS = eager.Programs()
 
 
 def _batched_with(tree, like):
