@@ -110,6 +110,11 @@ def test_other_model_values_get_their_own_program(model):
     assert len(simjax.forward.programs) == eager.KEEP
     assert not _has_program(simjax.forward, heavier)
     assert all(_has_program(simjax.forward, x) for x in [m] + others)
+    # a model object whose program was dropped gets a new one
+    with _Compiles() as c:
+        _close(simjax.forward(heavier, d), out, rtol=0, atol=0)
+    assert c.n == 1 and _has_program(simjax.forward, heavier)
+    assert len(simjax.forward.programs) == eager.KEEP
 
 
 def test_concrete_model_checks_still_raise(model):
