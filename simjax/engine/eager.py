@@ -117,8 +117,8 @@ class Programs(dict):
     concrete arrays, None where traced): (the arrays, jitted)}, oldest first; and
     ``objects``, {id(model): (weak reference to the model, key)} for models of concrete
     arrays, so that a call with a model object seen before finds its program without
-    flattening the model (the humanoid: the lookup 162 -> 7 us, its eager ``step`` 1.25-1.37
-    -> 1.19 ms a call, best of five runs of 200 calls)."""
+    flattening the model (the humanoid: the lookup 162 -> 7 us, its eager ``step``
+    1.25-1.37 -> 1.19 ms a call, best of five runs of 200 calls)."""
 
     def __init__(self):
         super().__init__()
@@ -179,8 +179,8 @@ def _jitted(fn, leaves, treedef, traced, static_argnums):
 
 def compiled_when_eager(check):
     """Decorator for ``fn(m, d, ...)``: called eagerly (:func:`called_eagerly`), it runs
-    through :func:`program` (one ``jax.jit`` program per model object, Data and the
-    other arguments its arguments), else ``fn`` itself; ``check(*args)`` first either
+    through :func:`program` (one ``jax.jit`` program per model, Data and the other
+    arguments its arguments), else ``fn`` itself; ``check(*args)`` first either
     way, so that arguments jit cannot take (MuJoCo's own MjModel, a Data of another
     model) raise its clear error rather than jit's. The programs are ``run.programs``
     (:func:`program`'s cache)."""

@@ -261,8 +261,8 @@ def test_traced_model_arrays_are_the_programs_arguments(model):
     assert np.all(g != 0) and not np.allclose(again, g)
 
     def fall(z):
-        return simjax.forward(m.replace(opt=m.opt.replace(gravity=jnp.stack([0.0, 0.0, z]))),
-                              d).qacc
+        gravity = jnp.stack([0.0, 0.0, z])
+        return simjax.forward(m.replace(opt=m.opt.replace(gravity=gravity)), d).qacc
 
     zs = jnp.asarray([-9.81, -20.0, 0.0])
     out = jax.vmap(fall)(zs)
