@@ -53,9 +53,9 @@ def rollout(model, data, ctrl=None, nstep=None, checkpoint=True, return_data=Fal
     a :class:`Trajectory` of the states after every step, or ``(trajectory,
     final_data)`` if ``return_data``.
     ``checkpoint`` rematerialises steps in reverse-mode autodiff to save memory.
-    Called eagerly (concrete arrays, jit enabled), it runs as one ``jax.jit`` program,
-    compiled once per model object, shapes, ``checkpoint`` and ``return_data``
-    (:mod:`simjax.engine.eager`).
+    Called eagerly (outside ``jit``, under ``vmap`` and ``grad`` too), it runs as one
+    ``jax.jit`` program, compiled once per model (its arrays), shapes, ``checkpoint`` and
+    ``return_data`` (:mod:`simjax.engine.eager`).
     """
     if ctrl is None:
         if nstep is None:

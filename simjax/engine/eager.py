@@ -71,7 +71,8 @@ def called_eagerly(args) -> bool:
         return False
     base = eager_transforms() if TRANSFORMS else None
     if base is None:
-        # a jax that does not expose its traces: concrete arguments only, as before
+        # TRANSFORMS off, or a jax that does not expose its traces: concrete arguments
+        # only, as before
         return not any(isinstance(x, jax.core.Tracer)
                        for x in jax.tree_util.tree_leaves(args))
     return base

@@ -375,8 +375,10 @@ def _all_zero(x):
         return False
 
 
-def _gear2(m, dtype):
-    gear = _f(m.actuator_gear, dtype).reshape(-1, 6)[np.asarray(m.actuator_outadr), 0]
+def _gear2(m, dtype, xp=jnp):
+    """Squared first gear of every actuator (nu,), in ``xp`` (jax.numpy, or NumPy)."""
+    gear = xp.asarray(m.actuator_gear, dtype).reshape(-1, 6)[
+        np.asarray(m.actuator_outadr), 0]
     return gear * gear
 
 

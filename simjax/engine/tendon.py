@@ -541,10 +541,8 @@ def armature(m, dtype, xp=jnp):
     if m.nactuator:
         share = smooth._actuator_share(m, "tendon")
         if share.any():
-            gear = xp.asarray(m.actuator_gear, dtype).reshape(-1, 6)[
-                np.asarray(m.actuator_outadr), 0]
             arm = arm + xp.asarray(share, dtype) @ (
-                xp.asarray(m.actuator_armature, dtype) * (gear * gear))
+                xp.asarray(m.actuator_armature, dtype) * smooth._gear2(m, dtype, xp))
     return arm
 
 
