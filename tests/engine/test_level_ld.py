@@ -26,7 +26,8 @@ def _batch(mjm, m, seed):
     return rng, qpos, d0, qm
 
 
-@pytest.mark.parametrize("packed_solve", [False, True])
+@pytest.mark.parametrize("packed_solve", [pytest.param(False, marks=pytest.mark.slow),
+                                          True])
 @pytest.mark.parametrize("path", _MODELS)
 def test_factor_solve_packed(path, packed_solve, monkeypatch):
     """factor_ld_packed and solve_ld_packed (vmapped: a batch not a multiple of the

@@ -85,7 +85,8 @@ def test_reset_and_keyframes():
 
 
 @pytest.mark.parametrize("integrator", [
-    "Euler", "RK4", pytest.param("implicitfast", marks=pytest.mark.slow),
+    "Euler", pytest.param("RK4", marks=pytest.mark.slow),
+    pytest.param("implicitfast", marks=pytest.mark.slow),
     pytest.param("implicit", marks=pytest.mark.slow)])
 def test_trajectory(integrator):
     """300 steps driven by sinusoidal motors, some spring yielding at every step: qpos,

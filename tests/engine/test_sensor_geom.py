@@ -113,7 +113,8 @@ def test_geom_distance_errors():
         jax.jit(forward)(m, make_data(m))
 
 
-@pytest.mark.parametrize("pair", [("ellipsoid", "box"), ("capsule", "mesh")])
+@pytest.mark.parametrize("pair", [
+    ("ellipsoid", "box"), pytest.param(("capsule", "mesh"), marks=pytest.mark.slow)])
 def test_geom_distance_gradient(pair):
     """jax.grad of a GJK pair's distance with respect to qpos (positions and
     orientations of both bodies) matches central finite differences."""

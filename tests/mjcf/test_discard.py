@@ -66,7 +66,8 @@ XML = """<mujoco><compiler discardvisual="{discard}"/>
 </mujoco>"""
 
 
-@pytest.mark.parametrize("discard", ["true", "false"])
+@pytest.mark.parametrize("discard", ["true", pytest.param("false",
+                                                         marks=pytest.mark.slow)])
 def test_scene(discard):
     mjm, m = same_model(XML.format(discard=discard))
     if discard == "true":

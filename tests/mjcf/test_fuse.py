@@ -46,7 +46,8 @@ XML = """<mujoco><compiler fusestatic="{fuse}" discardvisual="{discard}"/>
 
 
 @pytest.mark.parametrize("fuse,discard", [("true", "false"), ("true", "true"),
-                                          ("false", "false")])
+                                          pytest.param("false", "false",
+                                                       marks=pytest.mark.slow)])
 def test_scene(fuse, discard):
     mjm, m = same_model(XML.format(fuse=fuse, discard=discard))
     if fuse == "true":
