@@ -12,7 +12,10 @@ model of other values, ``m.replace(...)``, compiles its own). The pipeline and s
 stages that :mod:`simjax.engine` exports (``fwd_position`` ... ``sensor_acc``,
 ``euler``, ``rk4``, ``implicit``) do the same there (the engine's own calls use its
 modules' functions, unwrapped). :func:`simjax.rollout` does the same (:func:`program`);
-op by op its scan was traced and compiled again on every call.
+op by op its scan was traced and compiled again on every call. So do the support
+queries (``jac`` ... ``energy_vel``, :mod:`simjax.engine.support`), with their object ids
+static arguments (``compiled_when_eager(ids=True)``): the humanoid's ``solve_m`` took
+120-175 ms a call op by op (its loops over the tree's levels), 0.1-0.2 ms as a program.
 
 Under transformations that evaluate eagerly (``jax.vmap``, ``jax.grad``, ``jax.jvp``,
 ``jax.jacfwd`` ... outside any ``jit``; :func:`eager_transforms`) the program is called
@@ -178,16 +181,24 @@ def _jitted(fn, leaves, treedef, traced, static_argnums):
     return held, jax.jit(call, static_argnums=tuple(i + 1 for i in static_argnums))
 
 
-def compiled_when_eager(check):
+def compiled_when_eager(check, ids=False):
     """Decorator for ``fn(m, d, ...)``: called eagerly (:func:`called_eagerly`), it runs
     through :func:`program` (one ``jax.jit`` program per model, Data and the other
     arguments its arguments), else ``fn`` itself; ``check(*args)`` first either
     way, so that arguments jit cannot take (MuJoCo's own MjModel, a Data of another
     model) raise its clear error rather than jit's. The programs are ``run.programs``
-    (:func:`program`'s cache)."""
+    (:func:`program`'s cache; with ``ids``, one such cache per pattern of static
+    arguments).
+
+    ``ids``: the concrete integer arguments (object ids: a Python or NumPy integer, a
+    concrete jax integer scalar, a sequence or array of them) are the program's static
+    arguments, as Python ints or tuples of ints, so that ``fn`` sees them concrete as it
+    does op by op: it checks their range (an IndexError) and indexes by them statically.
+    A program is compiled per id (the same id again reuses it)."""
     def wrap(fn):
         signature = inspect.signature(fn)
         programs = Programs()
+        by_statics = {}
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
@@ -196,10 +207,45 @@ def compiled_when_eager(check):
                 args = signature.bind(*args, **kwargs).args
             check(*args)
             if called_eagerly(args):
-                return program(programs, fn, args[0])(*args[1:])
+                if not ids:
+                    return program(programs, fn, args[0])(*args[1:])
+                rest, static = _static_ids(args[1:])
+                cache = by_statics.setdefault(static, Programs())
+                return program(cache, fn, args[0], static)(*rest)
             return fn(*args)
 
-        run.programs = programs
+        run.programs = programs if not ids else by_statics
         return run
 
     return wrap
+
+
+def _static_ids(args):
+    """(args with each concrete integer argument as a Python int or a tuple of ints,
+    their positions): :func:`compiled_when_eager`'s static ids."""
+    import numpy as np
+    out, static = [], []
+    for i, a in enumerate(args):
+        if isinstance(a, (list, tuple)) and a and all(_is_int(x) for x in a):
+            a = tuple(int(x) for x in a)
+        elif _is_int(a):
+            k = np.asarray(a)
+            a = int(k) if k.ndim == 0 else tuple(int(x) for x in k.reshape(-1))
+        else:
+            out.append(a)
+            continue
+        out.append(a)
+        static.append(i)
+    return out, tuple(static)
+
+
+def _is_int(x):
+    """Whether ``x`` is a concrete integer (not a bool): a Python or NumPy integer, or a
+    NumPy or concrete jax array of integers."""
+    import numpy as np
+    if isinstance(x, (bool, np.bool_)) or isinstance(x, jax.core.Tracer):
+        return False
+    if isinstance(x, (int, np.integer)):
+        return True
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and np.dtype(dtype).kind in "iu"

@@ -271,3 +271,54 @@ def test_traced_model_arrays_are_the_programs_arguments(model):
     assert c.n == 0
     _close(out, jax.jit(jax.vmap(fall))(zs))
     assert not np.allclose(out[0], out[1])
+
+
+def test_support_queries_called_eagerly(model):
+    """The Jacobian, inertia, force and energy queries called eagerly: one program per
+    model and id (the ids static: the same id again compiles nothing), values those of
+    the queries traced in line; an id out of range still raises IndexError."""
+    from simjax.engine import support
+    m, d = model
+    d = simjax.forward(m, d)
+    vec = np.array([0.3, -0.7])
+    force, point = np.array([[0.0, 0.0, 2.0]]), np.array([[0.1, 0.0, 0.0]])
+    calls = [(simjax.jac_body, support.jac_body, (2,)),
+             (simjax.jac_body_com, support.jac_body_com, (1,)),
+             (simjax.jac_geom, support.jac_geom, (np.int32(1),)),
+             (simjax.jac, support.jac, (np.array([0.1, 0.2, 0.0]), 2)),
+             (simjax.jac_subtree_com, support.jac_subtree_com, (jnp.asarray(1),)),
+             (simjax.mul_m, support.mul_m, (vec,)),
+             (simjax.solve_m, support.solve_m, (vec,)),
+             (simjax.apply_ft, support.apply_ft, (force, None, point, [2])),
+             (simjax.energy_pos, support.energy_pos, ()),
+             (simjax.energy_vel, support.energy_vel, ())]
+    for fn, inline, args in calls:
+        got = fn(m, d, *args)
+        ref = jax.jit(lambda m, d: inline(m, d, *args))(m, d)
+        _close(got, ref, rtol=1e-12, atol=1e-14)
+        with _Compiles() as c:
+            fn(m, d, *args)
+        assert c.n == 0, fn.__name__
+    with _Compiles() as c:
+        simjax.jac_body(m, d, 1)                        # another id: its own program
+    assert c.n == 1
+    with pytest.raises(IndexError, match="body id 3 out of range"):
+        simjax.jac_body(m, d, 3)
+    with pytest.raises(IndexError, match="body id 5 out of range"):
+        simjax.apply_ft(m, d, force, None, point, np.array([5]))
+    # under jit the queries trace in line (a traced id as it is)
+    jp, _ = jax.jit(lambda b: simjax.jac_body(m, d, b))(2)
+    _close(jp, support.jac_body(m, d, 2)[0], rtol=1e-12, atol=1e-14)
+
+
+def test_checked_model_object_is_not_checked_again(model):
+    """check_model passes a model object once; a replaced model (a new object) is
+    checked, and a bad one raises."""
+    from simjax.engine import io
+    m, _ = model
+    io.check_model(m)
+    assert io._CHECKED_MODELS[id(m)]() is m
+    bad = m.replace(dof_damping=np.zeros(3))
+    with pytest.raises(ValueError, match="dof_damping"):
+        io.check_model(bad)
+    assert id(bad) not in io._CHECKED_MODELS
