@@ -32,6 +32,9 @@ def _mocap_bodies(model):
 #: the state and input fields :func:`check_data` checks (those a user sets or carries
 #: from step to step; the others a step computes)
 CHECKED_FIELDS = DATA_FIELD_NAMES[:DATA_FIELD_NAMES.index("sensordata") + 1]
+#: (name, symbolic shape) of the checked fields
+_CHECKED_SHAPES = tuple((name, shape) for name, shape, _ in DATA_FIELDS
+                        if name in CHECKED_FIELDS)
 
 
 def check_data(model, data) -> None:
@@ -47,9 +50,8 @@ def check_data(model, data) -> None:
     _not_mujoco(model, "Model", "simjax.load_model(path or XML string)")
     _not_mujoco(data, "Data", "simjax.make_data(model)")
     check_model(model)
-    shapes = {name: shape for name, shape, _ in DATA_FIELDS}
-    for name in CHECKED_FIELDS:
-        _check_shape("Data", name, getattr(data, name), field_shape(model, shapes[name]),
+    for name, shape in _CHECKED_SHAPES:
+        _check_shape("Data", name, getattr(data, name), field_shape(model, shape),
                      "worlds", "map the function over the batch with jax.vmap, or use "
                      "simjax.rollout_batch", "the Data was made for another model; make "
                      "it with simjax.make_data(model)")
