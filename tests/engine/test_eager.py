@@ -322,3 +322,21 @@ def test_checked_model_object_is_not_checked_again(model):
     with pytest.raises(ValueError, match="dof_damping"):
         io.check_model(bad)
     assert id(bad) not in io._CHECKED_MODELS
+
+
+def test_position_maps_called_eagerly(model):
+    """integrate_pos and differentiate_pos called eagerly: one program per model (the
+    time step an argument), values those traced in line."""
+    from simjax.engine import support
+    m, d = model
+    v = np.array([0.4, -1.2])
+    q1 = simjax.integrate_pos(m, d.qpos, v, 0.01)
+    _close(q1, jax.jit(support.integrate_pos)(m, d.qpos, v, 0.01), rtol=1e-14, atol=1e-15)
+    with _Compiles() as c:
+        q2 = simjax.integrate_pos(m, d.qpos, v, 0.02)
+        back = simjax.differentiate_pos(m, d.qpos, q2, 0.02)
+    assert c.n == 1, c.n                     # differentiate_pos's first call alone
+    _close(back, v, rtol=1e-12, atol=1e-12)
+    mujoco = pytest.importorskip("mujoco")
+    with pytest.raises(TypeError, match="MuJoCo's MjModel"):
+        simjax.integrate_pos(mujoco.MjModel.from_xml_string(XML), d.qpos, v, 0.01)
