@@ -142,7 +142,9 @@ def assert_same_trajectory(mjm, model, nstep, atol, seed=0):
     mjd = mujoco.MjData(mjm)
     mjd.qvel[:] = np.random.default_rng(seed).normal(size=mjm.nv)
     d = simjax.make_data(model).replace(qvel=jax.numpy.asarray(mjd.qvel))
-    step = jax.jit(simjax.step)
+    # called eagerly: one program per model, its values constants (smaller than with the
+    # model an argument of jax.jit: this module checks the compiled model, not tracing)
+    step = simjax.step
     for _ in range(nstep):
         mujoco.mj_step(mjm, mjd)
         d = step(model, d)
