@@ -36,12 +36,14 @@ def _check(m, d, *_):
 
 # the support queries too: their ids (bodies, geoms, sites) static, concrete in the
 # program as op by op (the humanoid's solve_m: 120-175 ms a call op by op, 0.1-0.2 ms)
-(jac, jac_body, jac_body_com, jac_geom, jac_site, jac_subtree_com, mul_m, solve_m,
- apply_ft, energy_pos, energy_vel) = (
-    _eager.compiled_when_eager(_check, ids=True)(f) for f in (
-        jac, jac_body, jac_body_com, jac_geom, jac_site, jac_subtree_com, mul_m,
-        solve_m, apply_ft, energy_pos, energy_vel))
-
+jac, jac_body, jac_body_com, jac_subtree_com = (
+    _eager.compiled_when_eager(_check, ids=("body",))(f)
+    for f in (jac, jac_body, jac_body_com, jac_subtree_com))
+jac_geom = _eager.compiled_when_eager(_check, ids=("geom",))(jac_geom)
+jac_site = _eager.compiled_when_eager(_check, ids=("site",))(jac_site)
+apply_ft = _eager.compiled_when_eager(_check, ids=("bodies",))(apply_ft)
+mul_m, solve_m, energy_pos, energy_vel = (
+    _eager.compiled_when_eager(_check)(f) for f in (mul_m, solve_m, energy_pos, energy_vel))
 
 
 def _check_model(m, *_):

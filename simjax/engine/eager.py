@@ -14,7 +14,7 @@ stages that :mod:`simjax.engine` exports (``fwd_position`` ... ``sensor_acc``,
 modules' functions, unwrapped). :func:`simjax.rollout` does the same (:func:`program`);
 op by op its scan was traced and compiled again on every call. So do the support
 queries (``jac`` ... ``energy_vel``, :mod:`simjax.engine.support`), with their object ids
-static arguments (``compiled_when_eager(ids=True)``): the humanoid's ``solve_m`` took
+static arguments (``compiled_when_eager(ids=...)``): the humanoid's ``solve_m`` took
 120-175 ms a call op by op (its loops over the tree's levels), 0.1-0.2 ms as a program.
 
 Under transformations that evaluate eagerly (``jax.vmap``, ``jax.grad``, ``jax.jvp``,
@@ -55,6 +55,7 @@ import inspect
 import weakref
 
 import jax
+import numpy as np
 
 #: whether entry points called eagerly run as one ``jax.jit`` program, read at call time
 #: (False: op by op, kept to compare)
@@ -181,24 +182,24 @@ def _jitted(fn, leaves, treedef, traced, static_argnums):
     return held, jax.jit(call, static_argnums=tuple(i + 1 for i in static_argnums))
 
 
-def compiled_when_eager(check, ids=False):
+def compiled_when_eager(check, ids=()):
     """Decorator for ``fn(m, d, ...)``: called eagerly (:func:`called_eagerly`), it runs
     through :func:`program` (one ``jax.jit`` program per model, Data and the other
     arguments its arguments), else ``fn`` itself; ``check(*args)`` first either
     way, so that arguments jit cannot take (MuJoCo's own MjModel, a Data of another
     model) raise its clear error rather than jit's. The programs are ``run.programs``
-    (:func:`program`'s cache; with ``ids``, one such cache per pattern of static
-    arguments).
+    (:func:`program`'s cache; with ``ids``, {static positions: such a cache}).
 
-    ``ids``: the concrete integer arguments (object ids: a Python or NumPy integer, a
-    concrete jax integer scalar, a sequence or array of them) are the program's static
-    arguments, as Python ints or tuples of ints, so that ``fn`` sees them concrete as it
-    does op by op: it checks their range (an IndexError) and indexes by them statically.
-    A program is compiled per id (the same id again reuses it)."""
+    ``ids``: names of ``fn``'s object id parameters. Where concrete (a Python or NumPy
+    integer, a concrete jax integer array, a sequence of them) they are the program's
+    static arguments, as a Python int or a tuple of ints, so that ``fn`` sees them
+    concrete as it does op by op: it checks their range (an IndexError) and indexes by
+    them statically. A program is compiled per id (the same id again reuses it)."""
     def wrap(fn):
         signature = inspect.signature(fn)
-        programs = Programs()
-        by_statics = {}
+        names = list(signature.parameters)
+        id_pos = tuple(names.index(n) - 1 for n in ids)      # among the args after m
+        programs = Programs() if not ids else {}
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
@@ -206,46 +207,39 @@ def compiled_when_eager(check, ids=False):
                 # arguments by name (``step(m, d=data)``) as the positional ones
                 args = signature.bind(*args, **kwargs).args
             check(*args)
-            if called_eagerly(args):
-                if not ids:
-                    return program(programs, fn, args[0])(*args[1:])
-                rest, static = _static_ids(args[1:])
-                cache = by_statics.setdefault(static, Programs())
-                return program(cache, fn, args[0], static)(*rest)
-            return fn(*args)
+            if not called_eagerly(args):
+                return fn(*args)
+            if not ids:
+                return program(programs, fn, args[0])(*args[1:])
+            rest = list(args[1:])
+            static = []
+            for i in id_pos:
+                if i < len(rest) and _is_ids(rest[i]):
+                    rest[i] = _as_static(rest[i])
+                    static.append(i)
+            cache = programs.setdefault(tuple(static), Programs())
+            return program(cache, fn, args[0], tuple(static))(*rest)
 
-        run.programs = programs if not ids else by_statics
+        run.programs = programs
         return run
 
     return wrap
 
 
-def _static_ids(args):
-    """(args with each concrete integer argument as a Python int or a tuple of ints,
-    their positions): :func:`compiled_when_eager`'s static ids."""
-    import numpy as np
-    out, static = [], []
-    for i, a in enumerate(args):
-        if isinstance(a, (list, tuple)) and a and all(_is_int(x) for x in a):
-            a = tuple(int(x) for x in a)
-        elif _is_int(a):
-            k = np.asarray(a)
-            a = int(k) if k.ndim == 0 else tuple(int(x) for x in k.reshape(-1))
-        else:
-            out.append(a)
-            continue
-        out.append(a)
-        static.append(i)
-    return out, tuple(static)
-
-
-def _is_int(x):
-    """Whether ``x`` is a concrete integer (not a bool): a Python or NumPy integer, or a
-    NumPy or concrete jax array of integers."""
-    import numpy as np
-    if isinstance(x, (bool, np.bool_)) or isinstance(x, jax.core.Tracer):
+def _is_ids(x):
+    """Whether ``x`` is concrete integer ids (not bools): a Python or NumPy integer, a
+    NumPy or concrete jax array of integers, or a non-empty sequence of integers."""
+    if isinstance(x, (list, tuple)):
+        return bool(x) and all(_is_ids(y) and np.ndim(y) == 0 for y in x)
+    if isinstance(x, (bool, np.bool_, jax.core.Tracer)):
         return False
     if isinstance(x, (int, np.integer)):
         return True
     dtype = getattr(x, "dtype", None)
     return dtype is not None and np.dtype(dtype).kind in "iu"
+
+
+def _as_static(x):
+    """Concrete ids ``x`` (:func:`_is_ids`) as a Python int, or a tuple of ints."""
+    k = np.asarray(x)
+    return int(k) if k.ndim == 0 else tuple(int(v) for v in k.reshape(-1))

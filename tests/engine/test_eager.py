@@ -286,8 +286,10 @@ def test_support_queries_called_eagerly(model):
              (simjax.jac_body_com, support.jac_body_com, (1,)),
              (simjax.jac_geom, support.jac_geom, (np.int32(1),)),
              (simjax.jac, support.jac, (np.array([0.1, 0.2, 0.0]), 2)),
+             (simjax.jac, support.jac, (np.array([0, 1, 0]), 2)),    # ints, not ids
              (simjax.jac_subtree_com, support.jac_subtree_com, (jnp.asarray(1),)),
              (simjax.mul_m, support.mul_m, (vec,)),
+             (simjax.mul_m, support.mul_m, (np.array([1, -2]),)),
              (simjax.solve_m, support.solve_m, (vec,)),
              (simjax.apply_ft, support.apply_ft, (force, None, point, [2])),
              (simjax.energy_pos, support.energy_pos, ()),
