@@ -47,7 +47,6 @@ mul_m, solve_m, energy_pos, energy_vel = (
 
 
 def _check_model(m, *_):
-    _io._not_mujoco(m, "Model", "simjax.load_model(path or XML string)")
     _io.check_model(m)
 
 

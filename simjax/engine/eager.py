@@ -187,8 +187,8 @@ def compiled_when_eager(check, ids=()):
     through :func:`program` (one ``jax.jit`` program per model, Data and the other
     arguments its arguments), else ``fn`` itself; ``check(*args)`` first either
     way, so that arguments jit cannot take (MuJoCo's own MjModel, a Data of another
-    model) raise its clear error rather than jit's. The programs are ``run.programs``
-    (:func:`program`'s cache; with ``ids``, {static positions: such a cache}).
+    model) raise its clear error rather than jit's. The programs are ``run.programs``,
+    {positions of the static ids: :func:`program`'s cache} (``()`` without static ids).
 
     ``ids``: names of ``fn``'s object id parameters. Where concrete (a Python or NumPy
     integer, a concrete jax integer array, a sequence of them) they are the program's
@@ -199,7 +199,7 @@ def compiled_when_eager(check, ids=()):
         signature = inspect.signature(fn)
         names = list(signature.parameters)
         id_pos = tuple(names.index(n) - 1 for n in ids)      # among the args after m
-        programs = Programs() if not ids else {}
+        programs = {}
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
@@ -209,8 +209,6 @@ def compiled_when_eager(check, ids=()):
             check(*args)
             if not called_eagerly(args):
                 return fn(*args)
-            if not ids:
-                return program(programs, fn, args[0])(*args[1:])
             rest = list(args[1:])
             static = []
             for i in id_pos:

@@ -47,9 +47,8 @@ def check_data(model, data) -> None:
     ``jax.vmap`` or use ``simjax.rollout_batch``), or a Data made for another model.
     MuJoCo does not check this; a mismatched jax array otherwise fails deep in the
     pipeline on a broadcast."""
-    _not_mujoco(model, "Model", "simjax.load_model(path or XML string)")
-    _not_mujoco(data, "Data", "simjax.make_data(model)")
     check_model(model)
+    _not_mujoco(data, "Data", "simjax.make_data(model)")
     for name, shape in _CHECKED_SHAPES:
         _check_shape("Data", name, getattr(data, name), field_shape(model, shape),
                      "worlds", "map the function over the batch with jax.vmap, or use "
@@ -62,14 +61,15 @@ def check_model(model) -> None:
     user changes with ``replace``) have the shapes its counts give them in mjModel's
     layout (:data:`simjax.types.FIELD_SPEC`; trace time, shapes only).
 
-    Raises ValueError naming the field: a batch of models handed to a function that
-    takes one (a leading axis more: map it with ``jax.vmap`` over the model's batched
-    leaves, or pass ``model_axes`` to ``simjax.rollout_batch``), or an array of another
-    size.
+    Raises TypeError for MuJoCo's mjModel, ValueError naming the field: a batch of
+    models handed to a function that takes one (a leading axis more: map it with
+    ``jax.vmap`` over the model's batched leaves, or pass ``model_axes`` to
+    ``simjax.rollout_batch``), or an array of another size.
 
     A model object that passed is not checked again (a Model is frozen: ``replace``
-    makes a new one): the check took 0.19 ms a call on the humanoid, a sixth of its
+    makes a new one): the check took 0.19 ms a call on the humanoid, a fifth of its
     eager ``step``."""
+    _not_mujoco(model, "Model", "simjax.load_model(path or XML string)")
     seen = _CHECKED_MODELS.get(id(model))
     if seen is not None and seen() is model:
         return

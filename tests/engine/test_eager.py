@@ -49,7 +49,7 @@ class _Compiles:
 def _has_program(fn, m):
     """Whether ``fn`` (an entry point) holds a program for the model ``m``'s arrays."""
     leaves, treedef = jax.tree_util.tree_flatten(m)
-    return (treedef, tuple(map(id, leaves))) in fn.programs
+    return (treedef, tuple(map(id, leaves))) in fn.programs[()]
 
 
 def _traced(fn, m, d):
@@ -107,14 +107,14 @@ def test_other_model_values_get_their_own_program(model):
               for k in range(eager.KEEP - 1)]
     for other in others:
         simjax.forward(other, d)
-    assert len(simjax.forward.programs) == eager.KEEP
+    assert len(simjax.forward.programs[()]) == eager.KEEP
     assert not _has_program(simjax.forward, heavier)
     assert all(_has_program(simjax.forward, x) for x in [m] + others)
     # a model object whose program was dropped gets a new one
     with _Compiles() as c:
         _close(simjax.forward(heavier, d), out, rtol=0, atol=0)
     assert c.n == 1 and _has_program(simjax.forward, heavier)
-    assert len(simjax.forward.programs) == eager.KEEP
+    assert len(simjax.forward.programs[()]) == eager.KEEP
 
 
 def test_concrete_model_checks_still_raise(model):
