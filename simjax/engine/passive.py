@@ -367,7 +367,8 @@ def fluid(m, d):
     """Fluid forces (nv,) (mj_fluid): inertia-box or ellipsoid model per body.
 
     Skipped statically when density and viscosity are concretely zero; when they are
-    traced, a ``lax.cond`` on them skips the work at run time.
+    traced, a ``lax.cond`` on them skips the work at run time (not where they are
+    differentiated: :func:`tables.on_or_differentiated`).
     """
     dtype = d.qpos.dtype
     dens, visc = tables.concrete(m.opt.density), tables.concrete(m.opt.viscosity)
@@ -385,6 +386,7 @@ def fluid(m, d):
     if dens is not None and visc is not None:
         return compute(d)
     on = (jnp.asarray(m.opt.density) != 0) | (jnp.asarray(m.opt.viscosity) != 0)
+    on = tables.on_or_differentiated(on, m.opt.density, m.opt.viscosity)
     return jax.lax.cond(on, compute, lambda d: jnp.zeros(m.nv, dtype), d)
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from simjax.types import JointType, WrapType
@@ -63,6 +64,31 @@ def has_surfacevel(m):
     """Whether a geom may have a surface velocity (MuJoCo's ``flg_surfacevel``; a
     traced ``geom_surfacevel`` counts as non-zero). Static."""
     return _nonzero(m, ("geom_surfacevel",))
+
+
+@jax.custom_jvp
+def _differentiated(x):
+    """False; True where ``x`` carries a tangent (the JVP rule's primal output), as it
+    does inside ``jax.grad``, ``jax.jvp`` and ``jax.jacfwd`` with respect to ``x``."""
+    return jnp.zeros((), bool)
+
+
+@_differentiated.defjvp
+def _differentiated_jvp(primals, tangents):
+    return jnp.ones((), bool), np.zeros((), jax.dtypes.float0)
+
+
+def on_or_differentiated(on, *params):
+    """``on`` or, where one of the traced model ``params`` is being differentiated,
+    True: the predicate of a ``lax.cond`` that skips a term at run time where the
+    parameters make it exactly zero (zero density and viscosity for the fluid forces,
+    zero surface velocities). The term is smooth through zero, but the skipped branch
+    has no derivative: without this, ``jax.grad`` with respect to ``opt.density`` at
+    zero gave 0 (the ant: -0.817 by central differences). Out of differentiation the
+    skip stands."""
+    for x in params:
+        on = on | _differentiated(x)
+    return on
 
 
 # JAX (0.10) converts a numpy array used inside a traced function through a cache keyed

@@ -250,3 +250,22 @@ def test_grad_wrt_adhesion_and_surface_velocity():
                    for i in range(2)], 1)
     assert np.all(np.abs(fd) > 1e-5), fd
     np.testing.assert_allclose(jac, fd, rtol=1e-5)
+
+
+def test_surface_velocity_derivative_at_zero():
+    """A traced ``geom_surfacevel`` of zeros skips the surface velocities at run time;
+    differentiated, they are computed: the contact rows' velocity, linear in the
+    floor's surface speed, has the derivative vel(1) - vel(0), not zero."""
+    mjm = mujoco.MjModel.from_xml_string(DRAG.replace('surfacevel="0.5 0 0 0 0 0"',
+                                                      'surfacevel="0 0 0 0 0 0"'))
+    m = model_from_mujoco(mjm)
+    d0 = io.make_data(m).replace(qpos=jnp.asarray([0, 0, 0.099, 1, 0, 0, 0.0]))
+    shape = np.shape(m.geom_surfacevel)
+
+    def vel(p):
+        sv = jnp.zeros(shape, p.dtype).reshape(-1, 6).at[0, 0].set(p).reshape(shape)
+        return simjax.forward(m.replace(geom_surfacevel=sv), d0).efc_vel
+    deriv = np.asarray(jax.jit(jax.jacfwd(vel))(jnp.zeros(())))
+    ref = np.asarray(jax.jit(vel)(jnp.ones(()))) - np.asarray(jax.jit(vel)(jnp.zeros(())))
+    assert np.abs(ref).max() > 0.1
+    np.testing.assert_allclose(deriv, ref, rtol=0, atol=1e-12)

@@ -49,3 +49,25 @@ def test_ellipsoid_fluid_at_low_speed(scale):
                                        atol=1e-12 * max(lin, 1e-300))
             np.testing.assert_allclose(ours[b, 3:], ref[b, 3:], rtol=0,
                                        atol=1e-12 * np.abs(ref[b, 3:]).max())
+
+
+@pytest.mark.parametrize("field", ["density", "viscosity"])
+def test_fluid_derivative_at_zero(field):
+    """Density and viscosity zero (the fluid skipped at run time): the derivative of
+    the ellipsoid model's force, linear in each, is the force at 1 (the other 0); the
+    skipped branch alone would give zero."""
+    mjm = mujoco.MjModel.from_xml_string(XML)
+    m = model_from_mujoco(mjm)
+    rng = np.random.default_rng(1)
+    d = make_data(m).replace(qvel=jnp.asarray(rng.normal(size=m.nv)))
+    zero = m.opt.replace(density=jnp.zeros(()), viscosity=jnp.zeros(()))
+
+    def force(x):
+        return forward(m.replace(opt=zero.replace(**{field: x})), d).qfrc_fluid
+    deriv = jax.jit(jax.jacfwd(force))(jnp.zeros(()))
+    ref = np.asarray(jax.jit(force)(jnp.ones(())))
+    assert np.abs(ref).max() > 1e-3
+    np.testing.assert_allclose(deriv, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    grad = jax.jit(jax.grad(lambda x: force(x) @ jnp.arange(m.nv, dtype=ref.dtype)))
+    np.testing.assert_allclose(grad(jnp.zeros(())), ref @ np.arange(m.nv),
+                               rtol=1e-12, atol=0)
