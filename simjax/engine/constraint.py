@@ -551,11 +551,7 @@ def _add_surface_vel(m, d, lay, vel):
     (:func:`tables.on_or_differentiated`)."""
     def add(vel):
         return math.where(d.efc_active, vel + _surface_rows(m, d, lay), 0.0)
-    if tables.concrete(m.geom_surfacevel) is not None:
-        return add(vel)
-    on = tables.on_or_differentiated(jnp.any(jnp.asarray(m.geom_surfacevel) != 0),
-                                     m.geom_surfacevel)
-    return jax.lax.cond(on, add, lambda v: v, vel)
+    return tables.run_if_nonzero(m, ("geom_surfacevel",), add, lambda v: v, vel)
 
 
 def _adhesion_rows(m, d, lay):
@@ -589,7 +585,8 @@ def reference_constraint(m, d):
     kbip = d.efc_KBIP
     aref = -kbip[:, 1] * vel - kbip[:, 0] * kbip[:, 2] * (d.efc_pos - d.efc_margin)
     if tables.has_adhesion(m) and any(b.kind in CONTACT_KINDS for b in lay.blocks):
-        aref = aref + _adhesion_rows(m, d, lay)
+        aref = tables.run_if_nonzero(m, tables.ADHESION, lambda a: a + _adhesion_rows(
+            m, d, lay), lambda a: a, aref)
     for blk in lay.blocks:
         if blk.kind in ("connect", "weld"):
             jdv = _jdotv_eq(m, d, blk)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -368,7 +367,7 @@ def fluid(m, d):
 
     Skipped statically when density and viscosity are concretely zero; when they are
     traced, a ``lax.cond`` on them skips the work at run time (not where they are
-    differentiated: :func:`tables.on_or_differentiated`).
+    differentiated: :func:`tables.run_if_nonzero`).
     """
     dtype = d.qpos.dtype
     dens, visc = tables.concrete(m.opt.density), tables.concrete(m.opt.viscosity)
@@ -383,23 +382,24 @@ def fluid(m, d):
             total = total + support.apply_ft(m, d, force, torque, grp.point, grp.bodies)
         return total
 
-    if dens is not None and visc is not None:
-        return compute(d)
-    on = (jnp.asarray(m.opt.density) != 0) | (jnp.asarray(m.opt.viscosity) != 0)
-    on = tables.on_or_differentiated(on, m.opt.density, m.opt.viscosity)
-    return jax.lax.cond(on, compute, lambda d: jnp.zeros(m.nv, dtype), d)
+    return tables.run_if_nonzero(m.opt, ("density", "viscosity"), compute,
+                                 lambda d: jnp.zeros(m.nv, dtype), d)
 
 
 def adhesion(m, d):
     """qfrc_adhesion (nv,): the adhesive contacts' constant pull, -adhesion along each
     contact normal, J_n' (-adhesion) summed over the valid contacts (mj_adhesion; N and
-    N m in generalised coordinates). Zero without adhesion or contacts (static)."""
+    N m in generalised coordinates). Zero without adhesion or contacts (static); with
+    traced adhesion parameters, skipped at run time where they are zero
+    (:func:`tables.run_if_nonzero`)."""
     zero = jnp.zeros(m.nv, d.qpos.dtype)
     con = getattr(d, "contact", None)
     if (con is None or con.dist.shape[0] == 0 or not tables.has_adhesion(m)
             or not contacts_possible(m)):
         return zero
-    return -(con.adhesion * con.valid) @ normal_jacobian(m, d)
+    return tables.run_if_nonzero(
+        m, tables.ADHESION, lambda: -(con.adhesion * con.valid) @ normal_jacobian(m, d),
+        lambda: zero)
 
 
 # --------------------------------------------------------------------------- mj_passive

@@ -53,17 +53,37 @@ def _nonzero(m, names):
     return False
 
 
+#: the model fields of contact adhesion
+ADHESION = ("geom_adhesion", "pair_adhesion")
+
+
 def has_adhesion(m):
     """Whether contacts may be adhesive (MuJoCo's ``flg_adhesion``: a non-zero
     ``geom_adhesion`` or ``pair_adhesion``; a traced field counts as non-zero). Static:
     a model without adhesion traces none of it."""
-    return _nonzero(m, ("geom_adhesion", "pair_adhesion"))
+    return _nonzero(m, ADHESION)
 
 
 def has_surfacevel(m):
     """Whether a geom may have a surface velocity (MuJoCo's ``flg_surfacevel``; a
     traced ``geom_surfacevel`` counts as non-zero). Static."""
     return _nonzero(m, ("geom_surfacevel",))
+
+
+def run_if_nonzero(m, names, fn, zero, *args):
+    """``fn(*args)``, a term that is exactly ``zero`` where the model fields ``names``
+    are all zero: called as is where they are concrete (the callers check statically
+    that some may be non-zero), else under a ``lax.cond`` on any being non-zero (a
+    branch at run time where the model is not batched) that takes ``fn`` where they
+    are differentiated (:func:`on_or_differentiated`). ``zero``: a function of
+    ``args`` giving the skipped branch's value."""
+    fields = [getattr(m, n) for n in names if getattr(m, n, None) is not None]
+    if all(concrete(x) is not None for x in fields):
+        return fn(*args)
+    on = jnp.zeros((), bool)
+    for x in fields:
+        on = on | jnp.any(jnp.asarray(x) != 0)
+    return jax.lax.cond(on_or_differentiated(on, *fields), fn, zero, *args)
 
 
 @jax.custom_jvp

@@ -252,20 +252,28 @@ def test_grad_wrt_adhesion_and_surface_velocity():
     np.testing.assert_allclose(jac, fd, rtol=1e-5)
 
 
-def test_surface_velocity_derivative_at_zero():
-    """A traced ``geom_surfacevel`` of zeros skips the surface velocities at run time;
-    differentiated, they are computed: the contact rows' velocity, linear in the
-    floor's surface speed, has the derivative vel(1) - vel(0), not zero."""
+@pytest.mark.parametrize("field", ["geom_surfacevel", "geom_adhesion"])
+def test_derivative_at_zero(field):
+    """Traced surface velocities or adhesion of zeros are skipped at run time;
+    differentiated, they are computed: the rows' velocity (surface speed) and the
+    reference and passive pull (adhesion), linear in the floor's parameter for a
+    penetrating ball, have the derivative out(1) - out(0), not zero."""
     mjm = mujoco.MjModel.from_xml_string(DRAG.replace('surfacevel="0.5 0 0 0 0 0"',
-                                                      'surfacevel="0 0 0 0 0 0"'))
+                                                      'surfacevel="0 0 0 0 0 0"')
+                                         .replace('adhesion="2"', 'adhesion="0"'))
     m = model_from_mujoco(mjm)
-    d0 = io.make_data(m).replace(qpos=jnp.asarray([0, 0, 0.099, 1, 0, 0, 0.0]))
-    shape = np.shape(m.geom_surfacevel)
+    d0 = io.make_data(m).replace(qpos=jnp.asarray([0, 0, 0.099, 1, 0, 0, 0.0]),
+                                 qvel=jnp.asarray([0.1, 0, -0.2, 0, 0.3, 0]))
+    shape = np.shape(getattr(m, field))
 
-    def vel(p):
-        sv = jnp.zeros(shape, p.dtype).reshape(-1, 6).at[0, 0].set(p).reshape(shape)
-        return simjax.forward(m.replace(geom_surfacevel=sv), d0).efc_vel
-    deriv = np.asarray(jax.jit(jax.jacfwd(vel))(jnp.zeros(())))
-    ref = np.asarray(jax.jit(vel)(jnp.ones(()))) - np.asarray(jax.jit(vel)(jnp.zeros(())))
-    assert np.abs(ref).max() > 0.1
-    np.testing.assert_allclose(deriv, ref, rtol=0, atol=1e-12)
+    def out(p):
+        x = jnp.zeros(shape, p.dtype).reshape(m.ngeom, -1).at[0, 0].set(p).reshape(shape)
+        d = simjax.forward(m.replace(**{field: x}), d0)
+        return (d.efc_vel,) if field == "geom_surfacevel" else (d.efc_aref,
+                                                                d.qfrc_adhesion)
+    deriv = jax.jit(jax.jacfwd(out))(jnp.zeros(()))
+    one, zero = jax.jit(out)(jnp.ones(())), jax.jit(out)(jnp.zeros(()))
+    for dv, a, b in zip(deriv, one, zero):
+        ref = np.asarray(a) - np.asarray(b)
+        assert np.abs(ref).max() > 0.1
+        np.testing.assert_allclose(dv, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
