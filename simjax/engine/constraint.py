@@ -547,8 +547,8 @@ def _add_surface_vel(m, d, lay, vel):
     """``vel`` with the surface velocities added (:func:`_surface_rows`). A traced
     ``geom_surfacevel`` (the model a jit argument) adds them under a ``lax.cond`` on
     any being non-zero, which skips them at run time for the usual zeros (the ant's
-    rollout: 1.11x the time with them computed), except where they are differentiated
-    (:func:`tables.on_or_differentiated`)."""
+    rollout with the model a jit argument: 1.11 -> 1.05x the closed-over time),
+    except where they are differentiated (:func:`tables.run_if_nonzero`)."""
     def add(vel):
         return math.where(d.efc_active, vel + _surface_rows(m, d, lay), 0.0)
     return tables.run_if_nonzero(m, ("geom_surfacevel",), add, lambda v: v, vel)

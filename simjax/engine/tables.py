@@ -102,10 +102,12 @@ def on_or_differentiated(on, *params):
     """``on`` or, where one of the traced model ``params`` is being differentiated,
     True: the predicate of a ``lax.cond`` that skips a term at run time where the
     parameters make it exactly zero (zero density and viscosity for the fluid forces,
-    zero surface velocities). The term is smooth through zero, but the skipped branch
-    has no derivative: without this, ``jax.grad`` with respect to ``opt.density`` at
-    zero gave 0 (the ant: -0.817 by central differences). Out of differentiation the
-    skip stands."""
+    zero surface velocities or adhesion). Such a term is linear in its parameters, but
+    the skipped branch has no derivative: without this, ``jax.jacfwd`` of the
+    ellipsoid model's fluid force with respect to ``opt.density`` at zero gave zero
+    instead of the force at density 1. (The inertia-box model's terms are MuJoCo's
+    ``density > 0`` and ``viscosity > 0`` branches, whose derivative at zero is zero
+    either way.) Out of differentiation the skip stands."""
     for x in params:
         on = on | _differentiated(x)
     return on
