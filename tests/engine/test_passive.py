@@ -4,7 +4,8 @@ float64, at speeds from 1 m/s down past mjMINVAL.
 Thin ellipsoids (a playing card's 0.25 mm x 64 mm x 94 mm) at low speed are where
 MuJoCo 4.0.0's projected area and Kutta lift differ from a clamped formula; below a speed
 of mjMINVAL both are zero. The forces scale as speed^2, so each case is compared relative
-to its own largest force (agreement seen: ~1e-15 relative).
+to its own largest force (agreement seen: ~1e-15 relative). Their derivatives with
+respect to density and viscosity at zero, where a traced model skips them at run time.
 """
 import jax
 import jax.numpy as jnp
