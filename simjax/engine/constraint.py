@@ -261,9 +261,9 @@ def _cat_rows(xs):
 _SPREAD_REPEAT = True
 
 
-def _spread(x, start, nel, k, row_el):
-    """Rows of the elements' values ``x`` (elements, ...): block b's ``nel[b]`` elements
-    from ``start[b]`` each repeated ``k[b]`` times (``x[row_el]``).
+def _spread(x, nel, k):
+    """Rows of the elements' values ``x`` (elements, ...): block b's ``nel[b]`` elements,
+    which follow the blocks before it, each repeated ``k[b]`` times.
 
     As repeats (a broadcast and reshape per block) rather than a gather: XLA CPU fuses
     the values' arithmetic into a gather and runs it per row in a scalar loop. With the
@@ -273,8 +273,10 @@ def _spread(x, start, nel, k, row_el):
     rounds, repeats / gather: model as an argument ant (timestep alone traced) 0.897,
     humanoid 0.968, barkour 0.899, shadow hand 0.947; closed over ant 0.979, humanoid
     1.009, barkour 0.954, shadow hand 1.008. Outputs bit-identical."""
+    start = np.concatenate([[0], np.cumsum(nel)[:-1]]).astype(int)
     if not _SPREAD_REPEAT:
-        return take(x, row_el)
+        return take(x, np.concatenate([s + np.repeat(np.arange(n), r)
+                                       for s, n, r in zip(start, nel, k)]))
     parts = [x[s:s + n] if r == 1 else jnp.repeat(x[s:s + n], r, 0)
              for s, n, r in zip(start, nel, k)]
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
@@ -317,16 +319,12 @@ def make_constraint(m, d):
     el = [jnp.concatenate([jnp.asarray(p[1][i], dtype) for p in parts]) for i in range(4)]
     imp, impp, K, B = _imp_kb(m, *el)
     nel = [len(p[0]["active"]) // p[2] for p in parts]
-    start = np.concatenate([[0], np.cumsum(nel)[:-1]])
-    row_el = np.concatenate([st + np.repeat(np.arange(ne), p[2])
-                             for st, ne, p in zip(start, nel, parts)])
     # spread to the rows as one (elements, 4) array: taken one by one, the impedance's
     # exponential and the rows' impedance were two kernels of their own (the bench
     # rollouts: 2 kernels fewer on each of barkour, ant, humanoid, shadow hand; float64
     # outputs bit-identical)
     kbip = jnp.stack([K, B, imp, impp], 1)
-    K, B, imp, impp = math.unstack(_spread(kbip, start, nel, [p[2] for p in parts],
-                                           row_el), 1)
+    K, B, imp, impp = math.unstack(_spread(kbip, nel, [p[2] for p in parts]), 1)
     K = math.where(np.concatenate([p[3] for p in parts]), 0.0, K)
     if any(p[4] is not None for p in parts):
         use, bf = ([jnp.zeros(len(p[0]["active"]), (bool, dtype)[i]) if p[4] is None
